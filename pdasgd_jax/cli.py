@@ -1,0 +1,62 @@
+"""Command line: ``python -m pdasgd_jax train ...`` (flags generated from ``Config``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Callable, Sequence
+
+from pdasgd_jax.config import Config
+
+_TYPES: dict[str, Callable] = {"str": str, "int": int, "float": float}
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in dataclasses.fields(Config):
+        meta = f.metadata
+        group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        flag = "--" + f.name.replace("_", "-")
+        help_text = meta["help"] + (f" (default: {f.default})" if f.default not in (None, "") else "")
+        if f.type == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"])
+            continue
+        base = f.type.split("|")[0].strip()
+        group.add_argument(flag, type=_TYPES[base], default=f.default, choices=meta["choices"], help=help_text,
+                           metavar=None if meta["choices"] else base.upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pdasgd_jax",
+                                     description="Asynchronous and delay-tolerant SGD in JAX (PD-ASGD, DaSGD and baselines).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train one configuration", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_config_flags(train)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    return Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from pdasgd_jax.data import DatasetNotPreparedError
+    from pdasgd_jax.reporting import NonFiniteLossError
+
+    try:
+        if args.command == "train":
+            from pdasgd_jax.train import train_and_evaluate
+
+            config = config_from_args(args).validate()
+            summary = train_and_evaluate(config)
+            print(f"test_accuracy={summary['test_accuracy']:.4f} wall_time={summary['wall_time']:.1f}s "
+                  f"examples={summary['examples']}" + (f" out={config.out}" if config.out else ""))
+    except (ValueError, DatasetNotPreparedError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,82 @@
+"""Everything a run is built from a ``Config``: data, staged model, optimizer, kernels, evaluation."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import optax
+
+from pdasgd_jax import data, kernels, models
+from pdasgd_jax.config import Config
+from pdasgd_jax.stages import StagedModel, Variables
+
+EVAL_BATCH_SIZE = 512
+
+
+def make_optimizer(name: str, lr: float, *, momentum: float = 0.9, weight_decay: float = 0.0) -> optax.GradientTransformation:
+    """The optax optimizer named ``sgd``, ``momentum`` or ``adamw``."""
+    if name == "adamw":
+        return optax.adamw(lr, weight_decay=weight_decay)
+    if name not in ("sgd", "momentum"):
+        raise ValueError(f"unknown optimizer {name!r}; choose one of sgd, momentum, adamw")
+    base = optax.sgd(lr, momentum=momentum if name == "momentum" else None)
+    return optax.chain(optax.add_decayed_weights(weight_decay), base) if weight_decay else base
+
+
+@dataclasses.dataclass
+class Experiment:
+    """A validated config with its dataset, model, initial variables and optimizer."""
+
+    config: Config
+    dataset: data.Dataset
+    model: StagedModel
+    variables: Variables
+    tx: optax.GradientTransformation
+
+    @classmethod
+    def from_config(cls, config: Config) -> "Experiment":
+        config.validate()
+        dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
+        model, variables = models.build_model(config.model_name, dataset, seed=config.seed)
+        tx = make_optimizer(config.optimizer, config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        return cls(config, dataset, model, variables, tx)
+
+    @functools.cached_property
+    def kernels(self) -> kernels.StageKernels:
+        return kernels.StageKernels(self.model, self.tx)
+
+    @functools.cached_property
+    def _eval_step(self):
+        return kernels.make_eval_step(self.model)
+
+    @property
+    def total_examples(self) -> int:
+        """Training budget in examples: ``epochs`` passes over the training split."""
+        return int(round(self.config.epochs * len(self.dataset.train)))
+
+    def evaluate(self, params: Any, states: Any) -> dict[str, float]:
+        """Test loss and accuracy of ``(params, states)`` in eval mode over the whole test split."""
+        loss_sum, correct = 0.0, 0
+        for x, y, mask in data.eval_batches(self.dataset.test, EVAL_BATCH_SIZE):
+            l, c = self._eval_step(params, states, x, y, mask)
+            loss_sum, correct = loss_sum + l, correct + c
+        n = len(self.dataset.test)
+        loss_sum, correct = jax.device_get((loss_sum, correct))
+        return {"test_loss": float(loss_sum) / n, "test_accuracy": float(correct) / n}
+
+    def train_stream(self, batch_size: int, *, shard_index: int = 0, num_shards: int = 1):
+        """Endless shuffled training batches for one worker, epoch after epoch."""
+        if data.batches_per_epoch(self.dataset.train, batch_size, num_shards) == 0:
+            raise ValueError(
+                f"--batch-size {batch_size} x {num_shards} worker(s) exceeds the {len(self.dataset.train)} "
+                f"training examples of {self.dataset.name}"
+            )
+        epoch = 0
+        while True:
+            yield from data.train_batches(self.dataset.train, batch_size, seed=self.config.seed, epoch=epoch,
+                                          shard_index=shard_index, num_shards=num_shards)
+            epoch += 1
+

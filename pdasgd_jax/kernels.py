@@ -1,0 +1,178 @@
+"""Pure functional, jitted kernels shared by every algorithm.
+
+Per stage ``m`` (algorithms.md §3):
+
+* ``forward(m)``: training-mode stage forward; the caller keeps the stage input for a
+  ``live`` backward.
+* ``forward_stashed(m)``: the same forward that also returns the stage's VJP, i.e. the
+  residuals at the weights it read (weight stashing: JAX arrays are immutable, so the
+  old version simply stays alive).
+* ``backward_stashed(m)``: ``(g_m, delta_{m-1})`` from the stored VJP.
+* ``backward_live(m)``: ``(g_m, delta_{m-1})`` re-linearised at the *current* weights with
+  the stored stage input; costs one extra stage forward.
+* ``update(m)``: one optax step on stage ``m`` with its own optimizer state.
+
+Whole-model kernels (``train_step``, ``eval_step``) chain the same stage functions and
+serve the synchronous baselines and evaluation.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from pdasgd_jax.stages import StagedModel
+
+PyTree = Any
+
+
+def init_opt_states(tx: optax.GradientTransformation, params: Sequence[PyTree]) -> tuple[PyTree, ...]:
+    """One optimizer state per stage: every algorithm uses this layout."""
+    return tuple(tx.init(p) for p in params)
+
+
+def apply_stage_update(tx: optax.GradientTransformation, params: PyTree, opt_state: PyTree, grads: PyTree) -> tuple[PyTree, PyTree]:
+    """One optax step on one stage (unjitted building block)."""
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+class StageKernels:
+    """Jitted per-stage kernels of one model under one optax optimizer.
+
+    Example::
+
+        k = StageKernels(model, optax.sgd(0.1))
+        y, s, vjp = k.forward_stashed(0)(params[0], states[0], x)
+        loss, delta = k.loss_grad(y, labels)
+        g, _ = k.backward_stashed(0)(vjp, delta)
+        params0, opt0 = k.update(0)(params[0], opt_states[0], g)
+    """
+
+    def __init__(self, model: StagedModel, tx: optax.GradientTransformation):
+        self.model = model
+        self.tx = tx
+        self._forward = [jax.jit(functools.partial(_forward, st)) for st in model.stages]
+        self._forward_stashed = [
+            jax.jit(functools.partial(_forward_vjp, st, m > 0)) for m, st in enumerate(model.stages)
+        ]
+        self._backward_live = [
+            jax.jit(functools.partial(_backward_live, st, m > 0)) for m, st in enumerate(model.stages)
+        ]
+        self._backward_stashed = jax.jit(_apply_vjp)
+        self._update = jax.jit(functools.partial(apply_stage_update, tx))
+        self.loss_grad: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]] = jax.jit(
+            jax.value_and_grad(model.loss)
+        )
+
+    @property
+    def num_stages(self) -> int:
+        return self.model.num_stages
+
+    def forward(self, m: int) -> Callable:
+        """``(params_m, state_m, x) -> (y, new_state_m)``."""
+        return self._forward[m]
+
+    def forward_stashed(self, m: int) -> Callable:
+        """``(params_m, state_m, x) -> (y, new_state_m, vjp_m)``."""
+        return self._forward_stashed[m]
+
+    def backward_stashed(self, m: int) -> Callable:
+        """``(vjp_m, delta_m) -> (g_m, delta_{m-1})``; ``delta_{-1}`` is ``None``."""
+        return self._backward_stashed
+
+    def backward_live(self, m: int) -> Callable:
+        """``(params_m_live, state_m, x_in, delta_m) -> (g_m, delta_{m-1})``."""
+        return self._backward_live[m]
+
+    def update(self, m: int) -> Callable:
+        """``(params_m, opt_state_m, g_m) -> (params_m, opt_state_m)``."""
+        return self._update
+
+
+def _forward(stage, params, state, x):
+    return stage.apply(params, state, x, train=True)
+
+
+def _forward_vjp(stage, needs_input_grad, params, state, x):
+    if needs_input_grad:
+        y, vjp, new_state = jax.vjp(lambda p, s, x_: stage.apply(p, s, x_, train=True), params, state, x, has_aux=True)
+    else:  # the first stage's input is data (possibly integer tokens): no cotangent
+        y, vjp, new_state = jax.vjp(lambda p, s: stage.apply(p, s, x, train=True), params, state, has_aux=True)
+    return y, new_state, vjp
+
+
+def _apply_vjp(vjp, delta):
+    cotangents = vjp(delta)
+    g = cotangents[0]
+    delta_in = cotangents[2] if len(cotangents) == 3 else None
+    return g, delta_in
+
+
+def _backward_live(stage, needs_input_grad, params, state, x, delta):
+    _, _, vjp = _forward_vjp(stage, needs_input_grad, params, state, x)
+    return _apply_vjp(vjp, delta)
+
+
+def chained_gradients(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree], x: jax.Array, labels: jax.Array) -> tuple[jax.Array, tuple[PyTree, ...]]:
+    """Loss and per-stage gradients by chaining the stashed per-stage kernels.
+
+    The reference the layer-wise algorithms are checked against: it must equal
+    ``jax.grad`` of the whole model.
+    """
+    vjps = []
+    for m in range(kernels.num_stages):
+        x, _, vjp = kernels.forward_stashed(m)(params[m], states[m], x)
+        vjps.append(vjp)
+    loss, delta = kernels.loss_grad(x, labels)
+    grads = [None] * kernels.num_stages
+    for m in reversed(range(kernels.num_stages)):
+        grads[m], delta = kernels.backward_stashed(m)(vjps[m], delta)
+    return loss, tuple(grads)
+
+
+class TrainState(NamedTuple):
+    """Everything a synchronous step carries: per-stage params, states, optimizer states."""
+
+    params: tuple[PyTree, ...]
+    states: tuple[PyTree, ...]
+    opt_states: tuple[PyTree, ...]
+
+
+def make_train_step(model: StagedModel, tx: optax.GradientTransformation, axis_name: str | None = None) -> Callable:
+    """A whole-model SGD step ``(TrainState, x, y) -> (TrainState, loss)`` (unjitted).
+
+    With ``axis_name`` the gradients, loss and non-trainable states are averaged over that
+    mapped axis (the data parallel all-reduce); call it inside ``shard_map`` or ``vmap``.
+    """
+
+    def step(ts: TrainState, x, labels):
+        (loss, new_states), grads = jax.value_and_grad(model.loss_and_states, has_aux=True)(ts.params, ts.states, x, labels)
+        if axis_name is not None:
+            grads, loss, new_states = jax.lax.pmean((grads, loss, new_states), axis_name)
+        stepped = [apply_stage_update(tx, p, o, g) for p, o, g in zip(ts.params, ts.opt_states, grads)]
+        params = tuple(p for p, _ in stepped)
+        opt_states = tuple(o for _, o in stepped)
+        return TrainState(params, tuple(new_states), opt_states), loss
+
+    return step
+
+
+def make_eval_step(model: StagedModel) -> Callable:
+    """Jitted ``(params, states, x, y, mask) -> (loss_sum, correct_count)`` in eval mode.
+
+    ``mask`` marks real examples so a padded last batch counts exactly.
+    """
+
+    @jax.jit
+    def eval_step(params, states, x, labels, mask):
+        logits, _ = model.apply(params, states, x, train=False)
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        correct = (jnp.argmax(logits, -1) == labels) & mask
+        return jnp.sum(jnp.where(mask, losses, 0.0)), jnp.sum(correct)
+
+    return eval_step

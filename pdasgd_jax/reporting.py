@@ -1,0 +1,147 @@
+"""Run records: metrics.jsonl, summary.json, plots, NaN/inf detection and early stopping.
+
+Every algorithm reports through one ``Recorder``: it calls ``observe`` after its steps and
+``finish`` at the end, so metrics have the same form whatever produced them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from tqdm.auto import tqdm
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A training loss became NaN or infinite."""
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    """Writes JSON through a temporary file and a rename, so readers never see half a file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+class Recorder:
+    """Collects training losses, evaluates on schedule and writes the run's files.
+
+    Args:
+      evaluate: ``(params, states) -> {"test_loss", "test_accuracy"}``.
+      total_examples: the run's budget, for the progress bar.
+      eval_every: examples between evaluations.
+      out_dir: where to write; ``None`` keeps everything in memory.
+      target_accuracy: ``observe`` returns True once an evaluation reaches it.
+      progress: show a tqdm progress bar.
+    """
+
+    def __init__(self, evaluate: Callable[[Any, Any], dict[str, float]], *, total_examples: int, eval_every: int,
+                 out_dir: str | None = None, target_accuracy: float | None = None, progress: bool = True):
+        self._evaluate = evaluate
+        self.total_examples = total_examples
+        self.eval_every = eval_every
+        self.out_dir = out_dir
+        self.target_accuracy = target_accuracy
+        self.rows: list[dict[str, Any]] = []
+        self._pending_losses: list[Any] = []
+        self._pending_first_step = 0
+        self._next_eval = eval_every
+        self._start = time.perf_counter()
+        self._bar = tqdm(total=total_examples, unit="ex", disable=not progress, dynamic_ncols=True)
+        self._examples = 0
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            open(self._metrics_path, "w").close()
+
+    @property
+    def _metrics_path(self) -> str:
+        return os.path.join(self.out_dir, "metrics.jsonl")
+
+    @property
+    def wall_time(self) -> float:
+        return time.perf_counter() - self._start
+
+    def add_loss(self, step: int, loss: Any) -> None:
+        """Queues a step's loss (a device scalar is fine: it is read at the next check)."""
+        if not self._pending_losses:
+            self._pending_first_step = step
+        self._pending_losses.append(loss)
+
+    def _drain_losses(self) -> float:
+        """Mean of the queued losses; raises ``NonFiniteLossError`` at the first bad one."""
+        if not self._pending_losses:
+            return float("nan")
+        losses = np.asarray([np.asarray(l, dtype=np.float64) for l in self._pending_losses])
+        self._pending_losses = []
+        bad = np.flatnonzero(~np.isfinite(losses))
+        if bad.size:
+            raise NonFiniteLossError(
+                f"training loss became {losses[bad[0]]} at step {self._pending_first_step + int(bad[0])}; "
+                "lower --lr or check the data"
+            )
+        return float(losses.mean())
+
+    def eval_due(self, examples: int) -> bool:
+        return examples >= self._next_eval or examples >= self.total_examples
+
+    def observe(self, *, step: int, examples: int, params: Any, states: Any, force: bool = False, **extra: Any) -> bool:
+        """Progress update; evaluates when due (or ``force``). Returns True when the target is reached."""
+        self._bar.update(examples - self._examples)
+        self._examples = examples
+        if not (force or self.eval_due(examples)):
+            return False
+        while self._next_eval <= examples:
+            self._next_eval += self.eval_every
+        row = {"step": step, "examples": examples, "wall_time": self.wall_time, "loss": self._drain_losses(),
+               **self._evaluate(params, states), **extra}
+        self.rows.append(row)
+        self._bar.set_postfix(loss=f"{row['loss']:.4f}", acc=f"{row['test_accuracy']:.4f}")
+        if self.out_dir:
+            with open(self._metrics_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return self.target_accuracy is not None and row["test_accuracy"] >= self.target_accuracy
+
+    def finish(self, *, config: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Writes summary.json and the plots; returns the summary."""
+        self._bar.close()
+        last = self.rows[-1] if self.rows else {}
+        summary = {
+            "config": config,
+            "test_accuracy": last.get("test_accuracy"),
+            "test_loss": last.get("test_loss"),
+            "wall_time": self.wall_time,
+            "steps": last.get("step"),
+            "examples": last.get("examples"),
+            "reached_target": bool(self.target_accuracy is not None and last
+                                   and last["test_accuracy"] >= self.target_accuracy),
+            **(extra or {}),
+        }
+        summary["examples_per_s"] = (summary["examples"] or 0) / max(summary["wall_time"], 1e-9)
+        if self.out_dir:
+            write_json_atomic(os.path.join(self.out_dir, "summary.json"), _jsonable(summary))
+            from pdasgd_jax.plots import plot_run
+
+            plot_run(self.rows, os.path.join(self.out_dir, "curves.png"), title=config.get("algo", ""))
+        return summary
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(obj) else str(obj)
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    return obj

@@ -1,0 +1,93 @@
+"""End-to-end training: the synchronous baselines, outputs, and failure on bad input."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from pdasgd_jax import Config, train_and_evaluate
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.reporting import NonFiniteLossError
+from pdasgd_jax.train import RUNNERS
+
+
+def _final_params(algo, **overrides):
+    """Runs an algorithm through the public runner and returns its final parameters."""
+    config = Config(algo=algo, progress=False, **overrides).validate()
+    exp = Experiment.from_config(config)
+    from pdasgd_jax.reporting import Recorder
+
+    rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    return RUNNERS[algo](exp, rec)
+
+
+def test_sgd_on_digits_learns_and_writes_outputs(tmp_path):
+    out = tmp_path / "run"
+    summary = train_and_evaluate(Config(algo="sgd", epochs=3, out=str(out), progress=False))
+    assert summary["test_accuracy"] > 0.9
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    assert {"step", "examples", "wall_time", "loss", "test_accuracy"} <= set(rows[0])
+    assert [r["examples"] for r in rows] == sorted(r["examples"] for r in rows)
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["config"]["algo"] == "sgd" and saved["test_accuracy"] == summary["test_accuracy"]
+    assert (out / "curves.png").stat().st_size > 0
+
+
+def test_sync_on_eight_devices_matches_sgd_on_the_global_batch():
+    assert jax.device_count() == 8
+    sgd = _final_params("sgd", epochs=0.5, batch_size=64, seed=1)
+    sync = _final_params("sync", epochs=0.5, batch_size=64, seed=1, workers=8)
+    assert sync.extra["devices"] == 8 and sgd.step == sync.step
+    for a, b in zip(jax.tree.leaves(sgd.params), jax.tree.leaves(sync.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+
+
+def test_sync_on_one_device_equals_sgd_exactly_in_steps():
+    sgd = _final_params("sgd", epochs=0.2, seed=2)
+    sync = _final_params("sync", epochs=0.2, seed=2, workers=1)
+    for a, b in zip(jax.tree.leaves(sgd.params), jax.tree.leaves(sync.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_same_seed_same_result_different_seed_differs():
+    a = _final_params("sgd", epochs=0.2, seed=5)
+    b = _final_params("sgd", epochs=0.2, seed=5)
+    c = _final_params("sgd", epochs=0.2, seed=6)
+    leaves = lambda r: [np.asarray(x) for x in jax.tree.leaves(r.params)]
+    assert all(np.array_equal(x, y) for x, y in zip(leaves(a), leaves(b)))
+    assert not all(np.array_equal(x, y) for x, y in zip(leaves(a), leaves(c)))
+
+
+def test_target_accuracy_stops_early():
+    summary = train_and_evaluate(Config(algo="sgd", epochs=20, target_accuracy=0.8, eval_every=200, progress=False))
+    assert summary["reached_target"] and summary["test_accuracy"] >= 0.8
+    assert summary["examples"] < 20 * 1438
+
+
+def test_exploding_loss_stops_with_a_clear_error():
+    with pytest.raises(NonFiniteLossError, match="training loss became (nan|inf)"):
+        train_and_evaluate(Config(algo="sgd", optimizer="sgd", lr=1e9, epochs=1, progress=False))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"dataset": "imagenet"}, "unknown dataset 'imagenet'"),
+    ({"model": "vgg"}, "unknown model 'vgg'"),
+    ({"algo": "magic"}, "--algo 'magic' is not allowed"),
+    ({"optimizer": "lion"}, "--optimizer 'lion' is not allowed"),
+    ({"lr": 0.0}, "--lr 0.0 must be a positive number"),
+    ({"batch_size": -4}, "--batch-size -4 must be a positive number"),
+    ({"epochs": 0}, "--epochs 0 must be a positive number"),
+    ({"momentum": 1.5}, r"--momentum 1.5 is outside \[0, 1\)"),
+    ({"delay_steps": 9, "period": 4}, "--delay-steps 9 exceeds --period 4"),
+])
+def test_bad_config_values_are_named(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        Config(**overrides).validate()
+
+
+def test_batch_larger_than_dataset_is_rejected():
+    with pytest.raises(ValueError, match="--batch-size 4096"):
+        train_and_evaluate(Config(batch_size=4096, progress=False))

@@ -93,6 +93,10 @@ class StageKernels:
         """``(params_m, opt_state_m, g_m) -> (params_m, opt_state_m)``."""
         return self._update
 
+    def apply_update(self, m: int, params: PyTree, opt_state: PyTree, grads: PyTree) -> tuple[PyTree, PyTree]:
+        """``update(m)`` with the stage index first: the form ``ParameterStore`` takes."""
+        return self._update(params, opt_state, grads)
+
 
 def _forward(stage, params, state, x):
     return stage.apply(params, state, x, train=True)

@@ -1,0 +1,280 @@
+"""Policy-free stage operations on a ``ParameterStore``, their event log, and replay.
+
+An algorithm (PD-ASGD, its block variant, ASGD) is a *policy*: which worker runs which
+operation of which job, and when. The operations themselves are the same everywhere:
+
+* ``start_job``: take a batch;
+* ``forward_stage(job, m)``: read the latest stage ``m`` (recording its version), run its
+  forward, keep what the backward needs, write the new non-trainable state;
+* ``loss``: loss and ``delta_M``;
+* ``backward_stage(job, m)``: ``(g_m, delta_{m-1})`` with ``stashed`` or ``live`` weights;
+* ``update_stage(job, m)``: apply ``g_m`` to the store (a layer-wise partial update);
+  staleness ``tau_m = version replaced - version read by the forward``.
+
+The simulator calls them in virtual-time order, the runtime's threads call them
+concurrently; both can record an ``EventLog``, and ``replay`` re-executes a log with the
+logged versions and lands on the same parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import numpy as np
+
+from pdasgd_jax.kernels import StageKernels
+from pdasgd_jax.store import ParameterStore
+
+PyTree = Any
+BACKWARD_WEIGHTS = ("stashed", "live")
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One logged operation.
+
+    ``version`` means: ``start``: the batch id; ``forward``: the params version read;
+    ``backward``: the live params version read (-1 when stashed); ``update``/``state``: the
+    version replaced. ``state_version`` is the state version a ``forward`` read.
+    """
+
+    seq: int
+    kind: str
+    job: int
+    stage: int = -1
+    version: int = -1
+    state_version: int = -1
+    worker: str = ""
+    time: float = 0.0
+
+
+class EventLog:
+    """Thread-safe append-only log; ``seq`` orders events consistently with the updates."""
+
+    def __init__(self):
+        self._events: list[Event] = []
+        self._seq = itertools.count()
+
+    def record(self, kind: str, job: int, **fields: Any) -> None:
+        # next() on itertools.count and list.append are each atomic under the GIL.
+        self._events.append(Event(next(self._seq), kind, job, **fields))
+
+    @property
+    def events(self) -> list[Event]:
+        return sorted(self._events, key=lambda e: e.seq)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+
+class StalenessStats:
+    """Per-stage staleness of every applied update."""
+
+    def __init__(self, num_stages: int):
+        self._taus: list[list[int]] = [[] for _ in range(num_stages)]
+
+    def add(self, m: int, tau: int) -> None:
+        self._taus[m].append(tau)
+
+    def per_stage(self) -> list[np.ndarray]:
+        return [np.asarray(t, dtype=np.int64) for t in self._taus]
+
+    @property
+    def num_updates(self) -> int:
+        return sum(len(t) for t in self._taus)
+
+    def summary(self) -> dict[str, Any]:
+        """Mean, max and histogram (counts of tau = 0, 1, ...) per stage."""
+        out = []
+        for taus in self.per_stage():
+            if taus.size == 0:
+                out.append({"mean": 0.0, "max": 0, "histogram": []})
+            else:
+                out.append({"mean": float(taus.mean()), "max": int(taus.max()),
+                            "histogram": np.bincount(taus).tolist()})
+        return {"per_stage": out, "updates": self.num_updates}
+
+
+@dataclasses.dataclass
+class Job:
+    """One batch travelling through the stages: what the forward stored for the backward."""
+
+    id: int
+    batch_id: int
+    x: Any
+    labels: Any
+    device: jax.Device | None
+    records: list[Any]
+    read_versions: list[int]
+    new_states: list[Any]
+    grads: list[Any]
+    delta: Any = None
+    loss: Any = None
+
+
+class StageExecutor:
+    """Runs stage operations of jobs against a store, logging them if a log is given.
+
+    Args:
+      kernels: the jitted per-stage kernels.
+      store: the shared parameter store.
+      backward_weights: ``stashed`` (the weights the forward read) or ``live`` (current).
+      log: optional ``EventLog``.
+      clock: returns the time stamped on events (wall clock or the simulator's).
+    """
+
+    def __init__(self, kernels: StageKernels, store: ParameterStore, *, backward_weights: str = "stashed",
+                 log: EventLog | None = None, clock: Callable[[], float] = lambda: 0.0):
+        if backward_weights not in BACKWARD_WEIGHTS:
+            raise ValueError(f"backward_weights {backward_weights!r} is not one of {BACKWARD_WEIGHTS}")
+        self.kernels = kernels
+        self.store = store
+        self.live = backward_weights == "live"
+        self.log = log
+        self.clock = clock
+        self.staleness = StalenessStats(store.num_stages)
+        self._stateful = [bool(jax.tree.leaves(store.read_state(m).value)) for m in range(store.num_stages)]
+        self._updates_lock = threading.Lock()
+
+    def _record(self, kind: str, job: Job, **fields: Any) -> None:
+        if self.log is not None:
+            self.log.record(kind, job.id, time=self.clock(), **fields)
+
+    def start_job(self, job_id: int, batch_id: int, x: Any, labels: Any, *, device: jax.Device | None = None,
+                  worker: str = "") -> Job:
+        m = self.store.num_stages
+        if device is not None:
+            x, labels = jax.device_put((x, labels), device)
+        job = Job(job_id, batch_id, x, labels, device, [None] * m, [-1] * m, [None] * m, [None] * m)
+        self._record("start", job, version=batch_id, worker=worker)
+        return job
+
+    def _local(self, job: Job, tree: PyTree) -> PyTree:
+        return tree if job.device is None else jax.device_put(tree, job.device)
+
+    def forward_stage(self, job: Job, m: int, *, version: int | None = None, state_version: int | None = None,
+                      commit_state: bool = True, worker: str = "") -> None:
+        """Stage ``m``'s forward on the latest weights, or on ``version`` when replaying."""
+        slots = self.store.slots[m]
+        if version is None:
+            (params, _), version = slots.params.read()
+        else:
+            params = slots.params.at(version)[0]
+        if state_version is None:
+            state, state_version = slots.state.read()
+        else:
+            state = slots.state.at(state_version)
+        params, state = self._local(job, (params, state))
+        if self.live:
+            y, new_state = self.kernels.forward(m)(params, state, job.x)
+            job.records[m] = (job.x, state)
+        else:
+            y, new_state, job.records[m] = self.kernels.forward_stashed(m)(params, state, job.x)
+        job.x = y
+        job.read_versions[m] = version
+        job.new_states[m] = new_state
+        self._record("forward", job, stage=m, version=version, state_version=state_version, worker=worker)
+        if commit_state:
+            self.commit_state(job, m, worker=worker)
+
+    def commit_state(self, job: Job, m: int, *, expect: int | None = None, worker: str = "") -> None:
+        """Writes the non-trainable state the job's forward produced for stage ``m``."""
+        new_state, job.new_states[m] = job.new_states[m], None
+        if not self._stateful[m]:
+            return
+        before = self.store.write_state(
+            m, new_state, on_commit=lambda v: self._record("state", job, stage=m, version=v, worker=worker))
+        _check_expected("state", job, m, before, expect)
+
+    def loss(self, job: Job, *, worker: str = "") -> Any:
+        """Loss of the job's output and the cotangent ``delta_M`` the backward starts from."""
+        job.loss, job.delta = self.kernels.loss_grad(job.x, job.labels)
+        job.x = None
+        self._record("loss", job, worker=worker)
+        return job.loss
+
+    def backward_stage(self, job: Job, m: int, *, live_version: int | None = None, worker: str = "") -> None:
+        """``(g_m, delta_{m-1})`` for stage ``m``; frees what the forward stored for it."""
+        record, job.records[m] = job.records[m], None
+        if self.live:
+            slots = self.store.slots[m]
+            if live_version is None:
+                (params, _), live_version = slots.params.read()
+            else:
+                params = slots.params.at(live_version)[0]
+            x_in, state = record
+            job.grads[m], job.delta = self.kernels.backward_live(m)(self._local(job, params), state, x_in, job.delta)
+        else:
+            job.grads[m], job.delta = self.kernels.backward_stashed(m)(record, job.delta)
+        self._record("backward", job, stage=m, version=live_version if self.live else -1, worker=worker)
+
+    def update_stage(self, job: Job, m: int, *, expect: int | None = None, worker: str = "") -> int:
+        """Applies the job's ``g_m`` to the store; returns its staleness ``tau_m``."""
+        grads, job.grads[m] = job.grads[m], None
+        before = self.store.apply_gradient(
+            m, grads, on_commit=lambda v: self._record("update", job, stage=m, version=v, worker=worker))
+        _check_expected("update", job, m, before, expect)
+        tau = before - job.read_versions[m]
+        with self._updates_lock:
+            self.staleness.add(m, tau)
+        return tau
+
+    # Whole-job conveniences used by the policies.
+    def forward_all(self, job: Job, *, worker: str = "") -> Any:
+        for m in range(self.store.num_stages):
+            self.forward_stage(job, m, worker=worker)
+        return self.loss(job, worker=worker)
+
+    def backward_all(self, job: Job, *, layerwise: bool, worker: str = "") -> None:
+        """Backward over all stages: updates stage by stage (``layerwise``) or all at the end."""
+        stages = range(self.store.num_stages - 1, -1, -1)
+        for m in stages:
+            self.backward_stage(job, m, worker=worker)
+            if layerwise:
+                self.update_stage(job, m, worker=worker)
+        if not layerwise:
+            for m in stages:
+                self.update_stage(job, m, worker=worker)
+
+
+def _check_expected(kind: str, job: Job, m: int, before: int, expect: int | None) -> None:
+    if expect is not None and before != expect:
+        raise RuntimeError(f"replay diverged: {kind} of job {job.id} on stage {m} replaced version {before}, "
+                           f"the log says {expect}")
+
+
+def replay(events: Iterable[Event], kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree],
+           opt_states: Sequence[PyTree], batch: Callable[[int], tuple[Any, Any]], *,
+           backward_weights: str) -> StageExecutor:
+    """Re-executes a logged run from its initial variables; returns the executor (its store
+    holds the final parameters, its ``staleness`` the replayed statistics).
+
+    Args:
+      events: the run's ``EventLog.events``.
+      batch: ``batch_id -> (x, labels)``, the same data stream the run used.
+    """
+    store = ParameterStore(params, states, opt_states, kernels.apply_update, keep_history=True)
+    ex = StageExecutor(kernels, store, backward_weights=backward_weights)
+    jobs: dict[int, Job] = {}
+    for e in sorted(events, key=lambda e: e.seq):
+        if e.kind == "start":
+            jobs[e.job] = ex.start_job(e.job, e.version, *batch(e.version))
+            continue
+        job = jobs[e.job]
+        if e.kind == "forward":
+            ex.forward_stage(job, e.stage, version=e.version, state_version=e.state_version, commit_state=False)
+        elif e.kind == "state":
+            ex.commit_state(job, e.stage, expect=e.version)
+        elif e.kind == "loss":
+            ex.loss(job)
+        elif e.kind == "backward":
+            ex.backward_stage(job, e.stage, live_version=e.version if ex.live else None)
+        elif e.kind == "update":
+            ex.update_stage(job, e.stage, expect=e.version)
+        else:
+            raise ValueError(f"unknown event kind {e.kind!r} in the log")
+    return ex

@@ -1,0 +1,124 @@
+"""A versioned per-stage parameter store shared by the simulator and the threaded runtime.
+
+Each stage holds two ``VersionedSlot``s: its trainable parameters together with their
+optimizer state, and its non-trainable state (BatchNorm statistics). A slot's value and
+version travel together in one immutable tuple, so a read is a single reference load
+(no lock: readers never block writers), and a write is an atomic read-modify-write under
+that slot's own lock, so no update is ever lost and stages never wait for each other.
+Old versions can be kept for replay; JAX arrays are immutable, so keeping a version is
+only keeping a reference.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Generic, NamedTuple, Sequence, TypeVar
+
+import jax
+
+T = TypeVar("T")
+PyTree = Any
+
+
+class Versioned(NamedTuple, Generic[T]):
+    value: T
+    version: int
+
+
+class VersionedSlot(Generic[T]):
+    """One value with a version counter; lock-free reads, atomic updates, optional history."""
+
+    def __init__(self, value: T, *, keep_history: bool = False):
+        self._current = Versioned(value, 0)
+        self._lock = threading.Lock()
+        self._history: dict[int, T] | None = {0: value} if keep_history else None
+
+    def read(self) -> Versioned[T]:
+        return self._current
+
+    def update(self, fn: Callable[[T], T], on_commit: Callable[[int], None] | None = None) -> int:
+        """Replaces the value by ``fn(value)`` atomically; returns the version it replaced.
+
+        ``on_commit(version_before)`` runs inside the lock, so whatever it records (an event
+        sequence number) is ordered exactly like the updates themselves.
+        """
+        with self._lock:
+            before = self._current
+            new = Versioned(fn(before.value), before.version + 1)
+            self._current = new
+            if self._history is not None:
+                self._history[new.version] = new.value
+            if on_commit is not None:
+                on_commit(before.version)
+            return before.version
+
+    def at(self, version: int) -> T:
+        """The value at ``version`` (history must be kept)."""
+        if self._history is None:
+            raise RuntimeError("this slot keeps no history; create the store with keep_history=True")
+        return self._history[version]
+
+
+class StageSlots(NamedTuple):
+    params: VersionedSlot  # value: (params_m, opt_state_m)
+    state: VersionedSlot  # value: non-trainable state_m
+
+
+class ParameterStore:
+    """Per-stage versioned parameters, optimizer states and non-trainable states.
+
+    Args:
+      params, states, opt_states: per-stage trees (tuples of length M).
+      update: ``update(m, params_m, opt_state_m, grads_m) -> (params_m, opt_state_m)``,
+        typically ``StageKernels.update(m)``.
+      home_devices: optional device per stage; parameters live there and gradients are
+        moved there before the update (``replication="shared"``).
+      keep_history: keep every version (for replay and tests).
+    """
+
+    def __init__(self, params: Sequence[PyTree], states: Sequence[PyTree], opt_states: Sequence[PyTree],
+                 update: Callable[[int, PyTree, PyTree, PyTree], tuple[PyTree, PyTree]], *,
+                 home_devices: Sequence[jax.Device] | None = None, keep_history: bool = False):
+        if not len(params) == len(states) == len(opt_states):
+            raise ValueError(f"got {len(params)} params, {len(states)} states, {len(opt_states)} optimizer states")
+        self.home_devices = tuple(home_devices) if home_devices is not None else None
+        if self.home_devices is not None and len(self.home_devices) != len(params):
+            raise ValueError(f"got {len(self.home_devices)} home devices for {len(params)} stages")
+        self._update = update
+        self.slots = tuple(
+            StageSlots(VersionedSlot(self._home(m, (p, o)), keep_history=keep_history),
+                       VersionedSlot(self._home(m, s), keep_history=keep_history))
+            for m, (p, s, o) in enumerate(zip(params, states, opt_states))
+        )
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.slots)
+
+    def _home(self, m: int, tree: PyTree) -> PyTree:
+        return tree if self.home_devices is None else jax.device_put(tree, self.home_devices[m])
+
+    def read_params(self, m: int) -> Versioned:
+        """Latest ``((params_m, opt_state_m), version)`` of stage ``m``, without locking."""
+        return self.slots[m].params.read()
+
+    def apply_gradient(self, m: int, grads: PyTree, on_commit: Callable[[int], None] | None = None) -> int:
+        """Applies one optimizer step to stage ``m`` atomically; returns the version it replaced."""
+        grads = self._home(m, grads)
+        return self.slots[m].params.update(lambda po: self._update(m, po[0], po[1], grads), on_commit)
+
+    def read_state(self, m: int) -> Versioned:
+        return self.slots[m].state.read()
+
+    def write_state(self, m: int, state: PyTree, on_commit: Callable[[int], None] | None = None) -> int:
+        """Replaces stage ``m``'s non-trainable state (last writer wins, as in the paper's setting)."""
+        state = self._home(m, state)
+        return self.slots[m].state.update(lambda _: state, on_commit)
+
+    def versions(self) -> tuple[int, ...]:
+        return tuple(s.params.read().version for s in self.slots)
+
+    def snapshot(self) -> tuple[tuple[PyTree, ...], tuple[PyTree, ...], tuple[PyTree, ...]]:
+        """Current ``(params, states, opt_states)``, one tree per stage (not one consistent instant)."""
+        po = [s.params.read().value for s in self.slots]
+        return (tuple(p for p, _ in po), tuple(s.state.read().value for s in self.slots), tuple(o for _, o in po))

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 from pdasgd_jax.config import Config
 
 _TYPES: dict[str, Callable] = {"str": str, "int": int, "float": float}
+BENCHMARKS = ("parity", "delays", "sim-speed", "runtime", "overlap", "mfu")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train one configuration", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_config_flags(train)
+    bench = sub.add_parser("bench", help="run a benchmark protocol of algorithms.md §6")
+    bench.add_argument("name", choices=BENCHMARKS, help="which benchmark")
+    bench.add_argument("--out", default="bench_out", help="directory for <name>.json and <name>.md")
+    bench.add_argument("--quick", action="store_true", help="a small, fast version (for tests and smoke checks)")
     return parser
 
 
@@ -53,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = train_and_evaluate(config)
             print(f"test_accuracy={summary['test_accuracy']:.4f} wall_time={summary['wall_time']:.1f}s "
                   f"examples={summary['examples']}" + (f" out={config.out}" if config.out else ""))
+        elif args.command == "bench":
+            from pdasgd_jax.bench import run_benchmark
+
+            print(run_benchmark(args.name, args.out, quick=args.quick))
     except (ValueError, DatasetNotPreparedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

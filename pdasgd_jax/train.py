@@ -69,6 +69,23 @@ def run_sync(exp: Experiment, rec: Recorder) -> RunResult:
 RUNNERS: dict[str, Runner] = {"sgd": run_sgd, "sync": run_sync}
 
 
+def select_runner(config: Config) -> Runner:
+    """The runner of ``config.algo``: simulated on the virtual clock, threaded, or SPMD."""
+    if config.simulate:
+        from pdasgd_jax.simulate import run_simulated
+
+        return run_simulated
+    if config.algo in ("asgd", "pdasgd", "pdasgd-block"):
+        from pdasgd_jax.runtime import run_runtime
+
+        return run_runtime
+    if config.algo in ("local", "dasgd"):
+        from pdasgd_jax import averaging_runner
+
+        return {"local": averaging_runner.run_local, "dasgd": averaging_runner.run_dasgd}[config.algo]
+    return RUNNERS[config.algo]
+
+
 def train_and_evaluate(config: Config) -> dict[str, Any]:
     """Trains ``config.algo`` on ``config.dataset`` and returns the run summary.
 
@@ -81,13 +98,12 @@ def train_and_evaluate(config: Config) -> dict[str, Any]:
         print(summary["test_accuracy"])
     """
     config.validate()
-    if config.algo not in RUNNERS:
-        raise ValueError(f"--algo {config.algo!r} is not available; available: {', '.join(RUNNERS)}")
+    runner = select_runner(config)
     exp = Experiment.from_config(config)
     rec = Recorder(exp.evaluate, total_examples=exp.total_examples,
                    eval_every=config.eval_every or len(exp.dataset.train), out_dir=config.out,
                    target_accuracy=config.target_accuracy, progress=config.progress)
-    result = RUNNERS[config.algo](exp, rec)
+    result = runner(exp, rec)
     if not rec.rows or rec.rows[-1]["examples"] != result.examples:
         rec.observe(step=result.step, examples=result.examples, params=result.params, states=result.states, force=True)
     return rec.finish(config=config.to_dict(), extra=result.extra)

@@ -1,0 +1,460 @@
+"""Timing and delay models for the virtual clock and the real runtime (algorithms.md §5).
+
+* ``DelayModel``: injected delays drawn from a named distribution, plus the ``straggler``
+  slow-down. An operation whose compute takes ``d`` seconds (already scaled by its worker's
+  speed factor) is followed by ``idle_time = d * (slowdown - 1) + sample`` seconds of idle
+  time, so it lasts ``d * slowdown + sample`` in all. Idle time is waiting, not device work:
+  the simulator frees the device during it and the real runtime sleeps through it.
+* ``CommModel`` and ``TimingModel``: how long each per-stage kernel, all-reduce and
+  parameter transfer takes, per worker, and how concurrent kernels share a device.
+* ``calibrate``, ``from_flops`` and ``stage_forward_flops``: where the costs come from.
+* ``rng_for``: one independent random stream per (seed, purpose, worker), so that the same
+  seed gives bitwise the same delays in the simulator and in the runtime.
+
+Example::
+
+    timing = delays.calibrate(k, params, states, opt_states, x, y, cache_key="mlp-digits-b32-sgd")
+    delay = delays.DelayModel.from_config(config, timing.step_compute_time())
+    rng = delays.rng_for(config.seed, "delay", worker)
+    busy = timing.forward_time(m, worker)
+    idle = delay.idle_time(rng, busy)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import statistics
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from pdasgd_jax.config import DELAY_MODELS, Config
+from pdasgd_jax.kernels import StageKernels
+
+PyTree = Any
+
+
+def rng_for(seed: int, *stream_ids: int | str) -> np.random.Generator:
+    """An independent generator for one stream (a purpose, a worker) derived from ``seed``.
+
+    Streams are NumPy ``SeedSequence`` spawn keys, so ``rng_for(s)``, ``rng_for(s, 0)`` and
+    ``rng_for(s, 0, 0)`` all differ (``default_rng([s, 0])`` would equal ``default_rng(s)``).
+    Strings are hashed with CRC-32, which is stable across processes.
+
+    Example::
+
+        rngs = [rng_for(config.seed, "delay", w) for w in range(num_workers)]
+    """
+    keys = tuple(zlib.crc32(s.encode()) if isinstance(s, str) else s for s in stream_ids)
+    if seed < 0 or any(k < 0 for k in keys):
+        raise ValueError(f"seed {seed} and stream ids {stream_ids} must be non-negative integers or strings")
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=keys))
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _finite_non_negative(what: str, value: float) -> None:
+    _require(math.isfinite(value) and value >= 0, f"{what} {value!r} must be a finite number >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayModel:
+    """An injected-delay distribution; durations are in the unit of ``mean`` (seconds).
+
+    ``sample`` draws additive idle delays whose expectation is ``mean``:
+
+    * ``none``: always 0 (``mean`` must be 0);
+    * ``constant``: always ``mean``;
+    * ``uniform``: uniform on ``[0, 2 * mean]``;
+    * ``exponential``: exponential with mean ``mean``;
+    * ``lognormal``: ``exp(N(mu, sigma^2))`` with ``mu = log(mean) - sigma^2 / 2`` (heavy tail);
+    * ``straggler``: a constant ``mean`` (0 by default); its randomness is ``slowdown``.
+
+    ``slowdown`` is 1 for every model but ``straggler``, which draws ``factor`` with
+    probability ``prob``. Whether a draw applies per kernel or per step is the caller's
+    choice: one ``idle_time`` per operation it models.
+
+    Example::
+
+        model = DelayModel("lognormal", mean=0.01, sigma=1.5)
+        model.sample(rng_for(0, "delay"), size=3)  # three durations, mean 0.01 s each
+    """
+
+    name: str = "none"
+    mean: float = 0.0
+    sigma: float = 1.0
+    prob: float = 0.1
+    factor: float = 3.0
+
+    def __post_init__(self):
+        _require(self.name in DELAY_MODELS, f"unknown delay model {self.name!r}; choose one of {', '.join(DELAY_MODELS)}")
+        _finite_non_negative("delay mean", self.mean)
+        _require(self.name != "none" or self.mean == 0,
+                 f"delay mean {self.mean!r} needs a delay model other than 'none'")
+        _require(math.isfinite(self.sigma) and self.sigma > 0, f"lognormal sigma {self.sigma!r} must be > 0")
+        _require(0 <= self.prob <= 1, f"straggler probability {self.prob!r} is outside [0, 1]")
+        _require(math.isfinite(self.factor) and self.factor >= 1, f"straggler factor {self.factor!r} must be >= 1")
+
+    @classmethod
+    def from_config(cls, config: Config, step_compute_time: float) -> DelayModel:
+        """The config's delay model, its mean converted from steps of compute to seconds.
+
+        Args:
+          config: reads ``delay_model``, ``delay_mean`` (in multiples of one step's
+            compute), ``delay_sigma``, ``straggler_prob`` and ``straggler_factor``.
+          step_compute_time: seconds of one step's compute, usually
+            ``TimingModel.step_compute_time()``.
+        """
+        _finite_non_negative("step compute time", step_compute_time)
+        return cls(config.delay_model, config.delay_mean * step_compute_time, config.delay_sigma,
+                   config.straggler_prob, config.straggler_factor)
+
+    def sample(self, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> float | np.ndarray:
+        """Additive delays ``>= 0``: a float when ``size`` is None, else an array of that shape."""
+        shape = () if size is None else size
+        if self.mean == 0:
+            draws = np.zeros(shape)
+        elif self.name == "uniform":
+            draws = rng.uniform(0.0, 2.0 * self.mean, shape)
+        elif self.name == "exponential":
+            draws = rng.exponential(self.mean, shape)
+        elif self.name == "lognormal":
+            draws = rng.lognormal(math.log(self.mean) - self.sigma**2 / 2, self.sigma, shape)
+        else:  # constant, straggler
+            draws = np.full(shape, self.mean)
+        return float(draws) if size is None else draws
+
+    def slowdown(self, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> float | np.ndarray:
+        """Multiplicative slow-down: ``factor`` with probability ``prob`` for ``straggler``, else 1."""
+        shape = () if size is None else size
+        if self.name == "straggler":
+            draws = np.where(rng.random(shape) < self.prob, self.factor, 1.0)
+        else:
+            draws = np.ones(shape)
+        return float(draws) if size is None else draws
+
+    def idle_time(self, rng: np.random.Generator, duration: float) -> float:
+        """Idle seconds to add after an operation whose compute took ``duration`` seconds.
+
+        Draws the slow-down first, then the additive delay, from the same stream.
+        """
+        _finite_non_negative("operation duration", duration)
+        return duration * (self.slowdown(rng) - 1.0) + self.sample(rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class CommModel:
+    """Communication cost: latency ``alpha`` (seconds) and bandwidth ``beta`` (bytes/second).
+
+    The default (0 latency, infinite bandwidth) makes communication free.
+
+    Example::
+
+        net = CommModel(alpha=20e-6, beta=10e9)
+        net.allreduce_time(4 * 11_000_000, num_workers=8)  # ResNet-18 gradients over 8 devices
+    """
+
+    alpha: float = 0.0
+    beta: float = math.inf
+
+    def __post_init__(self):
+        _finite_non_negative("latency alpha", self.alpha)
+        _require(self.beta > 0, f"bandwidth beta {self.beta!r} must be > 0 bytes/s")
+
+    def transfer_time(self, nbytes: float) -> float:
+        """One point-to-point message (a parameter push or pull): ``alpha + nbytes / beta``."""
+        _finite_non_negative("message size", nbytes)
+        return self.alpha + nbytes / self.beta
+
+    def allreduce_time(self, nbytes: float, num_workers: int) -> float:
+        """Ring all-reduce of ``nbytes`` per worker: ``alpha + 2 (D - 1) / D * nbytes / beta``.
+
+        Reduce-scatter then all-gather each move ``(D - 1) / D`` of the buffer through every
+        link. A ring pays ``2 (D - 1)`` latencies; ``alpha`` counts them together, so fit it
+        per all-reduce. One worker communicates nothing and takes 0.
+        """
+        _finite_non_negative("message size", nbytes)
+        _require(num_workers >= 1, f"num_workers {num_workers!r} must be >= 1")
+        if num_workers == 1:
+            return 0.0
+        return self.alpha + 2 * (num_workers - 1) / num_workers * nbytes / self.beta
+
+
+def tree_nbytes(tree: PyTree) -> int:
+    """Bytes of all arrays in a tree: the message size of a stage's parameters or gradients."""
+    return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingModel:
+    """Durations (seconds) of every operation on a virtual clock.
+
+    Attributes:
+      forward: per-stage forward cost (the stashing forward, which keeps the VJP residuals).
+      backward: per-stage stashed backward cost, typically about twice the forward.
+      update: per-stage optimizer step cost.
+      loss: cost of the loss and its gradient with respect to the logits.
+      worker_factors: slow-down factor of worker ``w`` (``3.0``: three times slower); a
+        worker past the end of the tuple has factor 1, so ``(3.0,)`` is one straggler.
+      comm: all-reduce and transfer costs.
+      concurrency: total throughput, in kernels' solo speed, of a device running several
+        kernels at once. 1.0: one kernel at a time, concurrent work serialises (workers on
+        a device queue for it); 2.0: two concurrent kernels each run at full speed.
+
+    Example::
+
+        timing = TimingModel(forward=(1e-3, 2e-3), backward=(2e-3, 4e-3), update=(1e-4, 1e-4),
+                             worker_factors=(3.0,))
+        timing.forward_time(1, worker=0)  # 6e-3: worker 0 is the straggler
+    """
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    update: tuple[float, ...]
+    loss: float = 0.0
+    worker_factors: tuple[float, ...] = ()
+    comm: CommModel = CommModel()
+    concurrency: float = 1.0
+
+    def __post_init__(self):
+        for name in ("forward", "backward", "update", "worker_factors"):
+            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
+        _require(len(self.forward) >= 1, "a timing model needs at least one stage")
+        _require(len(self.backward) == len(self.update) == len(self.forward),
+                 f"stage costs disagree on the number of stages: forward {len(self.forward)}, "
+                 f"backward {len(self.backward)}, update {len(self.update)}")
+        for name in ("forward", "backward", "update"):
+            for m, cost in enumerate(getattr(self, name)):
+                _finite_non_negative(f"{name} cost of stage {m}", cost)
+        _finite_non_negative("loss cost", self.loss)
+        for w, factor in enumerate(self.worker_factors):
+            _require(math.isfinite(factor) and factor > 0, f"speed factor {factor!r} of worker {w} must be > 0")
+        _require(math.isfinite(self.concurrency) and self.concurrency >= 1,
+                 f"device concurrency {self.concurrency!r} must be >= 1")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.forward)
+
+    def worker_factor(self, worker: int) -> float:
+        """Slow-down factor of ``worker`` (1 for workers not listed in ``worker_factors``)."""
+        _require(worker >= 0, f"worker {worker!r} must be >= 0")
+        return self.worker_factors[worker] if worker < len(self.worker_factors) else 1.0
+
+    def forward_time(self, m: int, worker: int = 0) -> float:
+        """Stage ``m``'s forward on ``worker``."""
+        return self.forward[m] * self.worker_factor(worker)
+
+    def backward_time(self, m: int, worker: int = 0, *, live: bool = False) -> float:
+        """Stage ``m``'s backward on ``worker``; ``live`` re-runs the stage forward first."""
+        cost = self.backward[m] + (self.forward[m] if live else 0.0)
+        return cost * self.worker_factor(worker)
+
+    def update_time(self, m: int, worker: int = 0) -> float:
+        """Stage ``m``'s optimizer step on ``worker``."""
+        return self.update[m] * self.worker_factor(worker)
+
+    def loss_time(self, worker: int = 0) -> float:
+        """The loss and its gradient on ``worker``."""
+        return self.loss * self.worker_factor(worker)
+
+    def step_compute_time(self) -> float:
+        """One full training step on a factor-1 worker: the unit of ``Config.delay_mean``."""
+        return sum(self.forward) + sum(self.backward) + sum(self.update) + self.loss
+
+    def kernel_rate(self, num_concurrent: int) -> float:
+        """Speed of each of ``num_concurrent`` kernels sharing a device, relative to solo.
+
+        ``min(n, concurrency) / n``: at ``concurrency`` 1, ``n`` kernels together take as long
+        as in a row, whether the scheduler shares the device or queues them.
+        """
+        _require(num_concurrent >= 1, f"num_concurrent {num_concurrent!r} must be >= 1")
+        return min(num_concurrent, self.concurrency) / num_concurrent
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; an infinite bandwidth is written as ``None``."""
+        out = dataclasses.asdict(self)
+        out["comm"]["beta"] = None if math.isinf(self.comm.beta) else self.comm.beta
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TimingModel:
+        """Inverse of ``to_dict``."""
+        comm = d["comm"]
+        beta = math.inf if comm["beta"] is None else comm["beta"]
+        return cls(**{**d, "comm": CommModel(comm["alpha"], beta)})
+
+
+def from_flops(stage_forward_flops: Sequence[float], rate_flops_per_s: float, *, backward_factor: float = 2.0,
+               stage_update_flops: Sequence[float] | None = None, loss_flops: float = 0.0) -> TimingModel:
+    """Costs proportional to FLOP counts on a device sustaining ``rate_flops_per_s``.
+
+    Example::
+
+        timing = from_flops(stage_forward_flops(k, params, states, x), rate_flops_per_s=50e12)
+    """
+    _require(math.isfinite(rate_flops_per_s) and rate_flops_per_s > 0, f"FLOP rate {rate_flops_per_s!r} must be > 0")
+    _finite_non_negative("backward factor", backward_factor)
+    updates = stage_update_flops if stage_update_flops is not None else [0.0] * len(stage_forward_flops)
+    return TimingModel(forward=[f / rate_flops_per_s for f in stage_forward_flops],
+                       backward=[backward_factor * f / rate_flops_per_s for f in stage_forward_flops],
+                       update=[u / rate_flops_per_s for u in updates],
+                       loss=loss_flops / rate_flops_per_s)
+
+
+def stage_forward_flops(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree], x: jax.Array) -> tuple[float, ...]:
+    """Per-stage forward FLOPs from XLA's cost analysis of the compiled kernels (no compute).
+
+    Raises:
+      RuntimeError: the backend's cost analysis reports no FLOP count; measure the kernels
+        with ``calibrate`` instead.
+    """
+    flops = []
+    h = x
+    for m in range(kernels.num_stages):
+        fn = kernels.forward(m)
+        analysis = jax.jit(fn).lower(params[m], states[m], h).compile().cost_analysis()
+        if not analysis or analysis.get("flops", -1) < 0:
+            raise RuntimeError(f"XLA's cost analysis on {jax.default_backend()} reports no FLOP count for the "
+                               f"forward of stage {m}; measure the kernels with delays.calibrate instead")
+        flops.append(float(analysis["flops"]))
+        h, _ = jax.eval_shape(fn, params[m], states[m], h)
+    return tuple(flops)
+
+
+def _median_time(fn: Callable, *args: Any, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))  # compiles and warms up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _measure(kernels: StageKernels, params, states, opt_states, x, y, repeats: int) -> TimingModel:
+    num_stages = kernels.num_stages
+    forward, backward, update = [0.0] * num_stages, [0.0] * num_stages, [0.0] * num_stages
+    vjps, h = [], x
+    for m in range(num_stages):
+        forward[m] = _median_time(kernels.forward_stashed(m), params[m], states[m], h, repeats=repeats)
+        h, _, vjp = kernels.forward_stashed(m)(params[m], states[m], h)
+        vjps.append(vjp)
+    loss = _median_time(kernels.loss_grad, h, y, repeats=repeats)
+    _, delta = kernels.loss_grad(h, y)
+    grads = [None] * num_stages
+    for m in reversed(range(num_stages)):
+        backward[m] = _median_time(kernels.backward_stashed(m), vjps[m], delta, repeats=repeats)
+        grads[m], delta = kernels.backward_stashed(m)(vjps[m], delta)
+    for m in range(num_stages):
+        update[m] = _median_time(kernels.update(m), params[m], opt_states[m], grads[m], repeats=repeats)
+    return TimingModel(forward, backward, update, loss)
+
+
+_CALIBRATIONS: dict[str, TimingModel] = {}
+
+
+def clear_calibration_cache() -> None:
+    """Forgets the in-process calibrations (the JSON files stay)."""
+    _CALIBRATIONS.clear()
+
+
+def _cache_path(cache_dir: str | os.PathLike, key: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", key)[:80]
+    return Path(cache_dir) / f"timing-{slug}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
+
+
+def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2)
+        os.replace(tmp, path)  # readers see the old file or the whole new one, never a part
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def calibrate(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree], opt_states: Sequence[PyTree],
+              x: jax.Array, y: jax.Array, *, repeats: int = 10, cache_key: str | None = None,
+              cache_dir: str | os.PathLike | None = None) -> TimingModel:
+    """Measures every per-stage kernel on this machine: the median of ``repeats`` timed calls.
+
+    Each kernel is compiled and run once before timing; ``forward`` is the stashing
+    forward and ``backward`` the stashed backward. The result has no worker factors, free
+    communication and concurrency 1; set those with ``dataclasses.replace``.
+
+    Args:
+      kernels: the model's kernels under the optimizer whose update is timed.
+      params, states, opt_states: per-stage trees, as the algorithms hold them.
+      x, y: one batch, of the batch size the run will use.
+      repeats: timed calls per kernel.
+      cache_key: names the model, batch shape, optimizer and device (e.g.
+        ``"mlp-digits-b32-sgd-cpu"``); a second call with the same key returns the first
+        call's ``TimingModel`` without measuring. None: always measure.
+      cache_dir: also keep calibrations as JSON files here, across processes.
+
+    Raises:
+      ValueError: ``repeats < 1``, ``cache_dir`` without ``cache_key``, or a cached
+        calibration under ``cache_key`` has a different number of stages than ``kernels``.
+
+    Example::
+
+        timing = calibrate(k, variables.params, variables.states, opt_states, x, y,
+                           cache_key="mlp-digits-b32-sgd-cpu", cache_dir="~/.cache/pdasgd_jax")
+    """
+    _require(repeats >= 1, f"repeats {repeats!r} must be >= 1")
+    _require(cache_dir is None or cache_key is not None, f"cache_dir {str(cache_dir)!r} needs a cache_key")
+    path = None if cache_dir is None else _cache_path(Path(cache_dir).expanduser(), cache_key)
+    timing = _CALIBRATIONS.get(cache_key) if cache_key is not None else None
+    if timing is None and path is not None and path.exists():
+        timing = TimingModel.from_dict(json.loads(path.read_text())["timing"])
+    if timing is not None:
+        _require(timing.num_stages == kernels.num_stages,
+                 f"the calibration cached under {cache_key!r} has {timing.num_stages} stages but the kernels have "
+                 f"{kernels.num_stages}; use another cache_key" + (f" or delete {path}" if path else ""))
+    else:
+        timing = _measure(kernels, params, states, opt_states, x, y, repeats)
+        if path is not None:
+            _write_atomically(path, {"key": cache_key, "timing": timing.to_dict()})
+    if cache_key is not None:
+        _CALIBRATIONS[cache_key] = timing
+    return timing
+
+
+def measure_concurrency(fn: Callable, *args: Any, repeats: int = 10) -> float:
+    """Calibrates ``TimingModel.concurrency``: how much faster two concurrent calls finish.
+
+    Times one call of ``fn(*args)`` alone and two calls from two threads at once (medians
+    of ``repeats``); returns ``2 * alone / together`` clipped to ``[1, 2]``. Meaningful on
+    an accelerator with one kernel; on a CPU it measures idle cores.
+
+    Example::
+
+        c = measure_concurrency(k.forward(0), params[0], states[0], x)
+        timing = dataclasses.replace(timing, concurrency=c)
+    """
+    _require(repeats >= 1, f"repeats {repeats!r} must be >= 1")
+    alone = _median_time(fn, *args, repeats=repeats)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        def both() -> None:
+            for future in [pool.submit(fn, *args) for _ in range(2)]:
+                jax.block_until_ready(future.result())
+
+        together = _median_time(both, repeats=repeats)
+    return min(2.0, max(1.0, 2 * alone / together))

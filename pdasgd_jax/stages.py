@@ -61,7 +61,7 @@ class Stage:
 
     def apply(self, params: PyTree, state: PyTree, x: jax.Array, *, train: bool) -> tuple[jax.Array, PyTree]:
         """Runs the stage; returns its output and its updated non-trainable state."""
-        module = nnx.merge(self.train_def if train else self.eval_def, params, state)
+        module = nnx.merge(self.train_def if train else self.eval_def, params, state, copy=True)
         y = module(x)
         _, _, new_state = nnx.split(module, nnx.Param, ...)
         return y, new_state

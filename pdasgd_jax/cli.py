@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", choices=BENCHMARKS, help="which benchmark")
     bench.add_argument("--out", default="bench_out", help="directory for <name>.json and <name>.md")
     bench.add_argument("--quick", action="store_true", help="a small, fast version (for tests and smoke checks)")
+    compare = sub.add_parser("compare", help="overlay finished runs in one plot and one table")
+    compare.add_argument("runs", nargs="+", help="run directories (each with summary.json and metrics.jsonl)")
+    compare.add_argument("--plot", default="compare.png", help="path of the overlaid PNG plot")
     return parser
 
 
@@ -58,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = train_and_evaluate(config)
             print(f"test_accuracy={summary['test_accuracy']:.4f} wall_time={summary['wall_time']:.1f}s "
                   f"examples={summary['examples']}" + (f" out={config.out}" if config.out else ""))
+        elif args.command == "compare":
+            from pdasgd_jax.compare import compare_runs
+
+            print(compare_runs(args.runs, args.plot))
         elif args.command == "bench":
             from pdasgd_jax.bench import run_benchmark
 

@@ -2,29 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+Rows = Sequence[dict[str, Any]]
 
-def plot_run(rows: Sequence[dict[str, Any]], path: str, *, title: str = "") -> None:
-    """Loss and accuracy against examples processed and against time (virtual if recorded)."""
-    if not rows:
+
+def _time_key(rows: Rows) -> str:
+    return "virtual_time" if "virtual_time" in rows[0] else "wall_time"
+
+
+def plot_runs(runs: Mapping[str, Rows], path: str, *, title: str = "") -> None:
+    """Train loss and test accuracy against examples processed and against time, one line per run.
+
+    Time is virtual time for simulated runs and wall time otherwise.
+    """
+    runs = {label: rows for label, rows in runs.items() if rows}
+    if not runs:
         return
-    time_key = "virtual_time" if "virtual_time" in rows[0] else "wall_time"
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for col, x_key in enumerate(("examples", time_key)):
-        xs = [r[x_key] for r in rows]
-        axes[0, col].plot(xs, [r["loss"] for r in rows], marker=".", label="train loss")
-        axes[0, col].plot(xs, [r["test_loss"] for r in rows], marker=".", label="test loss")
-        axes[0, col].set_ylabel("loss")
-        axes[0, col].legend()
-        axes[1, col].plot(xs, [r["test_accuracy"] for r in rows], marker=".", color="C2")
+    for label, rows in runs.items():
+        for col, x_key in enumerate(("examples", _time_key(rows))):
+            xs = [r[x_key] for r in rows]
+            axes[0, col].plot(xs, [r["loss"] for r in rows], marker=".", label=label)
+            axes[1, col].plot(xs, [r["test_accuracy"] for r in rows], marker=".", label=label)
+    for col, x_label in enumerate(("examples", "time (s)")):
+        axes[0, col].set_ylabel("train loss")
         axes[1, col].set_ylabel("test accuracy")
-        axes[1, col].set_xlabel(x_key.replace("_", " ") + (" (s)" if "time" in x_key else ""))
+        axes[1, col].set_xlabel(x_label)
+        axes[0, col].legend(fontsize="small")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

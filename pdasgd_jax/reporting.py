@@ -127,9 +127,15 @@ class Recorder:
         summary["examples_per_s"] = (summary["examples"] or 0) / max(summary["wall_time"], 1e-9)
         if self.out_dir:
             write_json_atomic(os.path.join(self.out_dir, "summary.json"), _jsonable(summary))
-            from pdasgd_jax.plots import plot_run
+            from pdasgd_jax.compare import TABLE_COLUMNS, markdown_table, summary_row
+            from pdasgd_jax.plots import plot_runs
 
-            plot_run(self.rows, os.path.join(self.out_dir, "curves.png"), title=config.get("algo", ""))
+            algo = config.get("algo", "")
+            plot_runs({algo: self.rows}, os.path.join(self.out_dir, "curves.png"), title=algo)
+            with open(os.path.join(self.out_dir, "summary.md"), "w") as f:
+                f.write(f"# Run summary: {algo} on {config.get('dataset')}\n\n"
+                        + markdown_table([summary_row(summary)], TABLE_COLUMNS) + "\n\n"
+                        + markdown_table(self.rows, ("step", "examples", "wall_time", "loss", "test_accuracy")) + "\n")
         return summary
 
 

@@ -46,3 +46,19 @@ def test_module_entry_point_trains(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "test_accuracy=" in proc.stdout
     assert json.loads((out / "summary.json").read_text())["test_accuracy"] > 0.8
+
+
+def test_compare_overlays_runs_in_one_plot_and_table(tmp_path, capsys):
+    runs = []
+    for name, lr in (("fast", "0.05"), ("slow", "0.005")):
+        runs.append(str(tmp_path / name))
+        assert main(["train", "--epochs", "0.5", "--no-progress", "--lr", lr, "--out", runs[-1]]) == 0
+        assert (tmp_path / name / "summary.md").read_text().startswith("# Run summary: sgd on digits")
+    capsys.readouterr()
+    plot = tmp_path / "both.png"
+    assert main(["compare", *runs, "--plot", str(plot)]) == 0
+    table = capsys.readouterr().out
+    assert "| fast | sgd | digits" in table and "| slow | sgd | digits" in table
+    assert plot.stat().st_size > 0
+    assert main(["compare", str(tmp_path / "missing")]) == 2
+    assert "has no summary.json" in capsys.readouterr().err

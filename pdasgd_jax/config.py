@@ -11,11 +11,12 @@ import dataclasses
 import math
 from typing import Any
 
+from pdasgd_jax.optim import MERGES
+
 ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd")
 OPTIMIZERS = ("sgd", "momentum", "adamw")
 DELAY_MODELS = ("none", "constant", "uniform", "exponential", "lognormal", "straggler")
 BACKWARD_WEIGHTS = ("stashed", "live")
-MERGES = ("correct", "overwrite")
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
 
 
@@ -93,6 +94,12 @@ class Config:
             raise ValueError(f"--target-accuracy {self.target_accuracy} is outside (0, 1]")
         if self.delay_steps > self.period:
             raise ValueError(f"--delay-steps {self.delay_steps} exceeds --period {self.period}; need 0 <= d <= H")
+        if self.algo == "local" and self.delay_steps:
+            raise ValueError(f"--delay-steps {self.delay_steps} applies to --algo dasgd; local SGD has no delay")
+        if self.algo == "dasgd":
+            from pdasgd_jax.optim import AveragingRule
+
+            AveragingRule(self.period, self.delay_steps, self.merge)  # raises on a schedule that cannot work
         models.check_model_fits(self.model_name, self.dataset, data.DATASET_MODALITY[self.dataset])
         return self
 

@@ -1,23 +1,35 @@
-"""Synchronous data parallel training over a device mesh with ``jax.shard_map``.
+"""Data parallel programs over a device mesh: synchronous SGD, local SGD and DaSGD.
 
-The global batch is split over the mesh axis ``data``; each device computes the gradient
-of its shard and ``pmean`` all-reduces gradients, loss and BatchNorm statistics before the
-(replicated) optimizer step. On a one-device mesh this is plain minibatch SGD.
+``sync``: the global batch is split over the mesh axis ``data``; each device computes the
+gradient of its shard and ``pmean`` all-reduces gradients, loss and BatchNorm statistics
+before the (replicated) optimizer step. On a one-device mesh this is plain minibatch SGD.
+
+``local`` / ``dasgd`` (algorithms.md §4): D workers, each with its own parameters, states
+and optimizer states (a leading worker axis on every leaf), run local steps on their own
+data and average on the schedule of ``optim.AveragingRule``. One round of H steps is one
+compiled program (``make_round_program``); the per-worker round is written once with an
+``axis_name`` and runs either under ``jax.vmap`` on one device or under ``jax.shard_map``
+with the worker axis sharded over a mesh (``worker_mesh`` decides which).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding, SingleDeviceSharding
 
-from pdasgd_jax.kernels import TrainState, make_train_step
-from pdasgd_jax.stages import StagedModel
+from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
+from pdasgd_jax.optim import AveragingRule, AxisName, OuterState
+from pdasgd_jax.stages import StagedModel, Variables
 
 DATA_AXIS = "data"
+WORKER_AXIS = "workers"
+# The block of workers that one device holds, vmapped inside shard_map.
+_LOCAL_AXIS = "local_workers"
 
 
 def data_mesh(num_devices: int = 0, axis_name: str = DATA_AXIS) -> Mesh:
@@ -55,3 +67,100 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def replicated(mesh: Mesh) -> NamedSharding:
     """Sharding of a value every device holds in full."""
     return NamedSharding(mesh, P())
+
+
+class WorkerState(NamedTuple):
+    """What a worker carries from round to round (stacked: a leading worker axis on every leaf).
+
+    Attributes:
+      train: the worker's parameters, non-trainable states and optimizer states.
+      outer: the outer optimizer's ``OuterState`` (the same on every worker), or ``()``.
+    """
+
+    train: TrainState
+    outer: OuterState | tuple
+
+
+def make_round(model: StagedModel, tx: optax.GradientTransformation, rule: AveragingRule, axis_name: AxisName) -> Callable:
+    """One worker's round of ``H = rule.period`` local steps (unjitted, per worker).
+
+    ``(WorkerState, x_HxB..., y_HxB) -> (WorkerState, loss_H)``, to be mapped over the
+    workers with ``axis_name`` (``vmap`` or ``shard_map``). Round ``k`` covers local steps
+    ``kH .. kH+H-1``; row ``i`` of the inputs is the worker's batch ``kH + i`` of its own
+    stream. The snapshot is the state at the round's start and its average (parameters
+    and non-trainable states) is issued there; rows ``0 .. d-1`` feed the steps that run
+    while the average is in flight; then the merge; rows ``d .. H-1`` feed the remaining
+    steps (none when ``d = H``: the merge ends the round). Written as two scans with the
+    ``pmean`` before the first, the collective's result is needed only after ``d`` steps,
+    so XLA can overlap it with them.
+    """
+    local_step = make_train_step(model, tx)
+    d = rule.delay
+
+    def local_steps(ts: TrainState, x_SxB: jax.Array, y_SxB: jax.Array) -> tuple[TrainState, jax.Array]:
+        return jax.lax.scan(lambda ts, xy: local_step(ts, *xy), ts, (x_SxB, y_SxB))
+
+    def round_fn(ws: WorkerState, x_HxB: jax.Array, y_HxB: jax.Array) -> tuple[WorkerState, jax.Array]:
+        snapshot = (ws.train.params, ws.train.states)
+        average = rule.average(snapshot, axis_name)
+        train, loss_in_flight = local_steps(ws.train, x_HxB[:d], y_HxB[:d])
+        params, outer = rule.merge_params(train.params, snapshot[0], average[0], ws.outer)
+        states = rule.merge_tree(train.states, snapshot[1], average[1])
+        train, loss_after = local_steps(train._replace(params=params, states=states), x_HxB[d:], y_HxB[d:])
+        return WorkerState(train, outer), jnp.concatenate([loss_in_flight, loss_after])
+
+    return round_fn
+
+
+def worker_mesh(num_workers: int) -> Mesh | None:
+    """Where ``num_workers`` workers run: a mesh to shard them over, or ``None`` for vmap.
+
+    The rule: the workers are spread evenly over the largest number ``m`` of devices that
+    divides ``num_workers`` (``m <= jax.device_count()``), ``num_workers / m`` per device,
+    with ``shard_map``; when that is one device they are vmapped on ``jax.devices()[0]``.
+    A multi-process run needs a mesh over every process's devices: a multiple of
+    ``jax.device_count()`` workers.
+    """
+    if num_workers < 1:
+        raise ValueError(f"need at least one worker; got {num_workers}")
+    devices = jax.devices()
+    m = max(k for k in range(1, min(num_workers, len(devices)) + 1) if num_workers % k == 0)
+    return Mesh(np.array(devices[:m]), (WORKER_AXIS,)) if m > 1 else None
+
+
+def worker_sharding(mesh: Mesh | None) -> Sharding:
+    """Sharding of an array with a leading worker axis."""
+    return SingleDeviceSharding(jax.devices()[0]) if mesh is None else NamedSharding(mesh, P(WORKER_AXIS))
+
+
+def make_round_program(model: StagedModel, tx: optax.GradientTransformation, rule: AveragingRule, mesh: Mesh | None) -> Callable:
+    """Jitted round ``(WorkerState_D, x_DxHxB..., y_DxHxB) -> (WorkerState_D, loss_DxH)``.
+
+    Every argument carries a leading worker axis of size D; with a mesh it is sharded
+    along the mesh's axis (``worker_sharding``). The ``WorkerState`` passed in is donated.
+    """
+    # The workers' state is donated: D copies of the model and optimizer state per round
+    # would otherwise be live twice.
+    if mesh is None:
+        return jax.jit(jax.vmap(make_round(model, tx, rule, WORKER_AXIS), axis_name=WORKER_AXIS), donate_argnums=0)
+    per_device = jax.vmap(make_round(model, tx, rule, (WORKER_AXIS, _LOCAL_AXIS)), axis_name=_LOCAL_AXIS)
+    spec = P(WORKER_AXIS)
+    # vma typing cannot mix a vmap axis and a mesh axis in one pmean (jax 0.10.2 rejects
+    # it); nothing here is replicated (every leaf has the worker axis), so AD is unaffected.
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(spec, spec, spec), out_specs=(spec, spec),
+                                 check_vma=False), donate_argnums=0)
+
+
+def init_workers(variables: Variables, tx: optax.GradientTransformation, rule: AveragingRule, num_workers: int, sharding: Sharding) -> WorkerState:
+    """``num_workers`` identical workers starting from ``variables``, placed with ``sharding``."""
+    params = jax.device_get(variables.params)
+    one = WorkerState(TrainState(params, jax.device_get(variables.states), jax.device_get(init_opt_states(tx, params))),
+                      jax.device_get(rule.init_outer(params)))
+    # From host arrays every process can place its own workers (multi-process meshes).
+    return jax.tree.map(lambda x: jax.device_put(np.broadcast_to(x, (num_workers, *np.shape(x))), sharding), one)
+
+
+def make_worker_mean(mesh: Mesh | None) -> Callable:
+    """Jitted mean over the leading worker axis of a tree (replicated over ``mesh``)."""
+    return jax.jit(lambda tree: jax.tree.map(lambda x: x.mean(0).astype(x.dtype), tree),
+                   out_shardings=None if mesh is None else replicated(mesh))

@@ -1,0 +1,99 @@
+"""Runners for local SGD (``local``) and DaSGD (``dasgd``) over the workers of a mesh.
+
+``--workers`` D workers (0: one per device), each with ``--batch-size`` examples per local
+step from its own shard of the data (``Experiment.train_stream(..., shard_index=w,
+num_shards=D)``). Training proceeds in whole rounds of ``--period`` H steps, each one
+compiled program (``spmd.make_round_program``); the run ends after the round that reaches
+the example budget (or the target accuracy). After each round the recorder gets the
+per-step losses and the workers' mean model.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Sharding
+
+from pdasgd_jax import spmd
+# The module, not RunResult itself: train.py imports this module to list its runners.
+from pdasgd_jax import train as train_lib
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.optim import AveragingRule
+from pdasgd_jax.reporting import Recorder
+
+# DiLoCo's outer Nesterov momentum.
+OUTER_MOMENTUM = 0.9
+
+
+def outer_optimizer(name: str, lr: float) -> optax.GradientTransformation | None:
+    """The outer optimizer ``none``, ``sgd`` or ``nesterov`` (momentum 0.9) with rate ``lr``."""
+    if name == "none":
+        return None
+    if name == "sgd":
+        return optax.sgd(lr)
+    if name == "nesterov":
+        return optax.sgd(lr, momentum=OUTER_MOMENTUM, nesterov=True)
+    raise ValueError(f"unknown outer optimizer {name!r}; choose one of none, sgd, nesterov")
+
+
+def run_local(exp: Experiment, rec: Recorder) -> train_lib.RunResult:
+    """Local SGD: DaSGD with no delay, the average merged as soon as it is taken."""
+    return _run_rounds(exp, rec, delay=0)
+
+
+def run_dasgd(exp: Experiment, rec: Recorder) -> train_lib.RunResult:
+    """DaSGD: the average started every ``--period`` steps is merged ``--delay-steps`` later."""
+    return _run_rounds(exp, rec, delay=exp.config.delay_steps)
+
+
+def _run_rounds(exp: Experiment, rec: Recorder, delay: int) -> train_lib.RunResult:
+    cfg = exp.config
+    num_workers = cfg.workers or jax.device_count()
+    rule = AveragingRule(cfg.period, delay, cfg.merge, outer_optimizer(cfg.outer_optimizer, cfg.outer_lr))
+    mesh = spmd.worker_mesh(num_workers)
+    if jax.process_count() > 1 and (mesh is None or mesh.size != jax.device_count()):
+        raise ValueError(f"--workers {num_workers} must be a multiple of the {jax.device_count()} devices of a "
+                         f"{jax.process_count()}-process run, so that every process holds workers")
+    sharding = spmd.worker_sharding(mesh)
+    program = spmd.make_round_program(exp.model, exp.tx, rule, mesh)
+    worker_mean = spmd.make_worker_mean(mesh)
+    ws = spmd.init_workers(exp.variables, exp.tx, rule, num_workers, sharding)
+    streams = {w: exp.train_stream(cfg.batch_size, shard_index=w, num_shards=num_workers)
+               for w in _local_workers(sharding, num_workers)}
+    step = examples = 0
+    while examples < exp.total_examples:
+        ws, loss_DxH = program(ws, *_next_round(streams, cfg.period, num_workers, sharding))
+        params, states, loss_H = worker_mean((ws.train.params, ws.train.states, loss_DxH))
+        for i in range(cfg.period):
+            rec.add_loss(step + i + 1, loss_H[i])
+        step += cfg.period
+        examples += num_workers * cfg.batch_size * cfg.period
+        if rec.observe(step=step, examples=examples, params=params, states=states):
+            break
+    extra = {"devices": 1 if mesh is None else mesh.size, "workers": num_workers,
+             "placement": "vmap" if mesh is None else "shard_map"}
+    return train_lib.RunResult(params, states, step, examples, extra)
+
+
+def _local_workers(sharding: Sharding, num_workers: int) -> list[int]:
+    """The workers whose data this process feeds (all of them in a single-process run)."""
+    rows = range(num_workers)
+    return sorted({w for (index,) in sharding.addressable_devices_indices_map((num_workers,)).values() for w in rows[index]})
+
+
+def _next_round(streams: dict[int, Iterator], period: int, num_workers: int, sharding: Sharding) -> tuple[jax.Array, jax.Array]:
+    """The next ``period`` batches of every local worker as global ``(D, H, B, ...)`` arrays."""
+    rounds = {w: [next(stream) for _ in range(period)] for w, stream in streams.items()}
+    x = {w: np.stack([x for x, _ in batches]) for w, batches in rounds.items()}
+    y = {w: np.stack([y for _, y in batches]) for w, batches in rounds.items()}
+    return _to_global(x, num_workers, sharding), _to_global(y, num_workers, sharding)
+
+
+def _to_global(per_worker: dict[int, np.ndarray], num_workers: int, sharding: Sharding) -> jax.Array:
+    """One array with a leading worker axis, built from this process's workers only."""
+    shape = (num_workers, *next(iter(per_worker.values())).shape)
+    rows = range(num_workers)
+    return jax.make_array_from_callback(shape, sharding, lambda index: np.stack([per_worker[w] for w in rows[index[0]]]))

@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train one configuration", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_config_flags(train)
+    hosts = train.add_argument_group("multi-host (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)")
+    hosts.add_argument("--coordinator-address", help="host:port of process 0 for jax.distributed")
+    hosts.add_argument("--num-processes", type=int, help="number of processes in the run")
+    hosts.add_argument("--process-id", type=int, help="this process's index")
     bench = sub.add_parser("bench", help="run a benchmark protocol of algorithms.md §6")
     bench.add_argument("name", choices=BENCHMARKS, help="which benchmark")
     bench.add_argument("--out", default="bench_out", help="directory for <name>.json and <name>.md")
@@ -57,7 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train":
             from pdasgd_jax.train import train_and_evaluate
 
+            from pdasgd_jax.distributed import initialize_from_env_or_args
+
             config = config_from_args(args).validate()
+            initialize_from_env_or_args(args.coordinator_address, args.num_processes, args.process_id)
             summary = train_and_evaluate(config)
             print(f"test_accuracy={summary['test_accuracy']:.4f} wall_time={summary['wall_time']:.1f}s "
                   f"examples={summary['examples']}" + (f" out={config.out}" if config.out else ""))

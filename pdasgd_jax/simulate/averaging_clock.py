@@ -1,0 +1,71 @@
+"""Virtual time of the step-synchronous algorithms: ``sync``, ``local`` and ``dasgd``.
+
+Their arithmetic does not depend on timing (every worker takes the same steps whatever the
+clock says), so a simulated run executes the real SPMD program and this module only says
+*when* each step ends. Each worker ``w`` advances its own clock by its step's compute
+(scaled by its speed factor) plus injected idle time. Then:
+
+* ``sync``: every step ends for everyone at the slowest worker's finish plus one gradient
+  all-reduce.
+* ``local`` / ``dasgd``: at a snapshot step ``t0`` (every ``H`` steps) the all-reduce of
+  the model can start only once the slowest worker has reached it (``S = max_w T_w``) and
+  ends at ``E = S + allreduce``; communication uses the network, not the device, so the
+  workers keep computing; at the merge step ``t0 + d`` worker ``w`` waits until ``E``
+  (``T_w = max(T_w, E)``). With ``d = 0`` (local SGD) that is a full barrier plus the whole
+  all-reduce; with ``d`` steps of compute at least as long as the all-reduce, no wait at all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
+
+
+def _step_costs(timing: TimingModel, delays: DelayModel, num_workers: int, steps: int, seed: int) -> np.ndarray:
+    """``(steps, workers)`` durations: compute at each worker's speed plus its injected idle time."""
+    base = timing.step_compute_time()
+    costs = np.empty((steps, num_workers))
+    for w in range(num_workers):
+        rng = rng_for(seed, "step-delays", w)
+        compute = base * timing.worker_factor(w)
+        costs[:, w] = [compute + delays.idle_time(rng, compute) for _ in range(steps)]
+    return costs
+
+
+def sync_step_end_times(timing: TimingModel, delays: DelayModel, *, num_workers: int, steps: int, grad_nbytes: int,
+                        seed: int) -> np.ndarray:
+    """Virtual time at which each of ``steps`` synchronous data parallel steps ends."""
+    costs = _step_costs(timing, delays, num_workers, steps, seed)
+    allreduce = timing.comm.allreduce_time(grad_nbytes, num_workers)
+    return np.cumsum(costs.max(axis=1) + allreduce)
+
+
+def averaging_step_end_times(timing: TimingModel, delays: DelayModel, *, num_workers: int, steps: int, period: int,
+                             delay: int, model_nbytes: int, seed: int) -> np.ndarray:
+    """Virtual time at which each local step of ``local``/``dasgd`` ends (the slowest worker's).
+
+    Args:
+      period: ``H``, steps between snapshots (snapshots at steps ``0, H, 2H, ...``).
+      delay: ``d``, steps between a snapshot and its merge (``0 <= d <= H``).
+      model_nbytes: bytes all-reduced per average (parameters and non-trainable state).
+    """
+    if not 0 <= delay <= period:
+        raise ValueError(f"delay {delay} must be in [0, period={period}]")
+    costs = _step_costs(timing, delays, num_workers, steps, seed)
+    allreduce = timing.comm.allreduce_time(model_nbytes, num_workers)
+    clock = np.zeros(num_workers)
+    ends = np.empty(steps)
+    average_done = None
+    for t in range(steps):
+        if t % period == 0:
+            if delay == period and average_done is not None:
+                clock = np.maximum(clock, average_done)  # d = H: the merge closes the previous round
+            average_done = clock.max() + allreduce
+        if delay < period and t % period == delay:
+            clock = np.maximum(clock, average_done)
+        clock = clock + costs[t]
+        ends[t] = clock.max()
+    if delay == period and steps % period == 0:
+        ends[-1] = max(ends[-1], average_done)
+    return ends

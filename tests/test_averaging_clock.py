@@ -1,0 +1,69 @@
+"""Virtual time of sync, local SGD and DaSGD: the closed forms of communication hiding."""
+
+import numpy as np
+import pytest
+
+from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
+from pdasgd_jax.simulate.averaging_clock import averaging_step_end_times, sync_step_end_times
+
+STEP = 1.0  # one step of compute
+NBYTES = 10**6
+
+
+def timing(allreduce_seconds: float, workers: int, factors=()) -> TimingModel:
+    # Ring all-reduce time = alpha + 2(D-1)/D * bytes/beta: pick beta so it equals the target.
+    beta = 2 * (workers - 1) / workers * NBYTES / allreduce_seconds
+    return TimingModel(forward=(0.25,), backward=(0.5,), update=(0.25,), worker_factors=factors,
+                       comm=CommModel(alpha=0.0, beta=beta))
+
+
+def test_timing_helper_gives_one_step_and_the_asked_allreduce():
+    t = timing(2.5, 8)
+    assert t.step_compute_time() == pytest.approx(STEP)
+    assert t.comm.allreduce_time(NBYTES, 8) == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("d, allreduce", [(2, 2.0), (4, 3.5), (8, 8.0)])
+def test_dasgd_hides_an_allreduce_of_up_to_d_steps(d, allreduce):
+    ends = averaging_step_end_times(timing(allreduce, 8), DelayModel(), num_workers=8, steps=64, period=8,
+                                    delay=d, model_nbytes=NBYTES, seed=0)
+    per_step = ends[-1] / 64
+    assert per_step == pytest.approx(STEP, rel=0.02)
+
+
+def test_local_sgd_and_sync_pay_the_full_allreduce():
+    t = timing(2.0, 8)
+    local = averaging_step_end_times(t, DelayModel(), num_workers=8, steps=64, period=8, delay=0,
+                                     model_nbytes=NBYTES, seed=0)
+    sync = sync_step_end_times(t, DelayModel(), num_workers=8, steps=64, grad_nbytes=NBYTES, seed=0)
+    assert local[-1] == pytest.approx(64 * STEP + 8 * 2.0)  # one exposed all-reduce per round
+    assert sync[-1] == pytest.approx(64 * (STEP + 2.0))  # one per step
+
+
+def test_a_longer_allreduce_shows_only_its_excess_over_d_steps():
+    ends = averaging_step_end_times(timing(5.0, 4), DelayModel(), num_workers=4, steps=32, period=8, delay=2,
+                                    model_nbytes=NBYTES, seed=0)
+    assert ends[-1] == pytest.approx(32 * STEP + 4 * (5.0 - 2 * STEP))
+
+
+def test_a_straggler_sets_the_pace_at_every_barrier():
+    t = timing(1e-9, 4, factors=(3.0,))
+    sync = sync_step_end_times(t, DelayModel(), num_workers=4, steps=10, grad_nbytes=NBYTES, seed=0)
+    assert sync[-1] == pytest.approx(30 * STEP, rel=1e-6)
+
+
+def test_random_delays_are_reproducible_by_seed():
+    delays = DelayModel("exponential", mean=0.5)
+    kw = dict(num_workers=4, steps=40, period=4, delay=2, model_nbytes=NBYTES)
+    a = averaging_step_end_times(timing(1.0, 4), delays, seed=1, **kw)
+    b = averaging_step_end_times(timing(1.0, 4), delays, seed=1, **kw)
+    c = averaging_step_end_times(timing(1.0, 4), delays, seed=2, **kw)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert np.all(np.diff(a) > 0)
+
+
+def test_bad_delay_is_named():
+    with pytest.raises(ValueError, match="delay 9 must be in"):
+        averaging_step_end_times(timing(1.0, 2), DelayModel(), num_workers=2, steps=4, period=8, delay=9,
+                                 model_nbytes=1, seed=0)

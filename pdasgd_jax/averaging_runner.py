@@ -61,9 +61,13 @@ def _run_rounds(exp: Experiment, rec: Recorder, delay: int) -> train_lib.RunResu
     program = spmd.make_round_program(exp.model, exp.tx, rule, mesh)
     worker_mean = spmd.make_worker_mean(mesh)
     ws = spmd.init_workers(exp.variables, exp.tx, rule, num_workers, sharding)
-    streams = {w: exp.train_stream(cfg.batch_size, shard_index=w, num_shards=num_workers)
-               for w in _local_workers(sharding, num_workers)}
     step = examples = 0
+    restored = rec.resume_state(like=ws)
+    if restored is not None:
+        ws = jax.device_put(restored[0], sharding)
+        step, examples = restored[1]["step"], restored[1]["examples"]
+    streams = {w: exp.train_stream(cfg.batch_size, shard_index=w, num_shards=num_workers, start=step)
+               for w in _local_workers(sharding, num_workers)}
     while examples < exp.total_examples:
         ws, loss_DxH = program(ws, *_next_round(streams, cfg.period, num_workers, sharding))
         params, states, loss_H = worker_mean((ws.train.params, ws.train.states, loss_DxH))
@@ -71,7 +75,7 @@ def _run_rounds(exp: Experiment, rec: Recorder, delay: int) -> train_lib.RunResu
             rec.add_loss(step + i + 1, loss_H[i])
         step += cfg.period
         examples += num_workers * cfg.batch_size * cfg.period
-        if rec.observe(step=step, examples=examples, params=params, states=states):
+        if rec.observe(step=step, examples=examples, params=params, states=states, state=lambda: ws):
             break
     extra = {"devices": 1 if mesh is None else mesh.size, "workers": num_workers,
              "placement": "vmap" if mesh is None else "shard_map"}

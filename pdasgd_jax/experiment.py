@@ -67,16 +67,17 @@ class Experiment:
         loss_sum, correct = jax.device_get((loss_sum, correct))
         return {"test_loss": float(loss_sum) / n, "test_accuracy": float(correct) / n}
 
-    def train_stream(self, batch_size: int, *, shard_index: int = 0, num_shards: int = 1):
-        """Endless shuffled training batches for one worker, epoch after epoch."""
-        if data.batches_per_epoch(self.dataset.train, batch_size, num_shards) == 0:
+    def train_stream(self, batch_size: int, *, shard_index: int = 0, num_shards: int = 1, start: int = 0):
+        """Endless shuffled training batches for one worker, epoch after epoch, from its batch ``start`` on."""
+        per_epoch = data.batches_per_epoch(self.dataset.train, batch_size, num_shards)
+        if per_epoch == 0:
             raise ValueError(
                 f"--batch-size {batch_size} x {num_shards} worker(s) exceeds the {len(self.dataset.train)} "
                 f"training examples of {self.dataset.name}"
             )
-        epoch = 0
+        epoch, offset = divmod(start, per_epoch)
         while True:
             yield from data.train_batches(self.dataset.train, batch_size, seed=self.config.seed, epoch=epoch,
-                                          shard_index=shard_index, num_shards=num_shards)
-            epoch += 1
+                                          shard_index=shard_index, num_shards=num_shards, start=offset)
+            epoch, offset = epoch + 1, 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from typing import Any, Callable
@@ -16,6 +17,8 @@ from typing import Any, Callable
 import numpy as np
 
 from tqdm.auto import tqdm
+
+from pdasgd_jax.checkpoint import CHECKPOINT_DIR, RunCheckpointer
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -41,10 +44,15 @@ class Recorder:
       out_dir: where to write; ``None`` keeps everything in memory.
       target_accuracy: ``observe`` returns True once an evaluation reaches it.
       progress: show a tqdm progress bar.
+      checkpoint: with ``out_dir``, save the runner's state at every evaluation
+        (``out_dir/checkpoints``).
+      resume: continue the run recorded in ``out_dir`` (see ``resume_state``); otherwise
+        its earlier metrics and checkpoints are discarded.
     """
 
     def __init__(self, evaluate: Callable[[Any, Any], dict[str, float]], *, total_examples: int, eval_every: int,
-                 out_dir: str | None = None, target_accuracy: float | None = None, progress: bool = True):
+                 out_dir: str | None = None, target_accuracy: float | None = None, progress: bool = True,
+                 checkpoint: bool = False, resume: bool = False):
         self._evaluate = evaluate
         self.total_examples = total_examples
         self.eval_every = eval_every
@@ -57,9 +65,17 @@ class Recorder:
         self._start = time.perf_counter()
         self._bar = tqdm(total=total_examples, unit="ex", disable=not progress, dynamic_ncols=True)
         self._examples = 0
+        self._time_offset = 0.0
+        self._checkpointer = None
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
-            open(self._metrics_path, "w").close()
+            if not resume:
+                open(self._metrics_path, "w").close()
+                shutil.rmtree(os.path.join(out_dir, CHECKPOINT_DIR), ignore_errors=True)
+            if checkpoint or resume:
+                self._checkpointer = RunCheckpointer(out_dir)
+        self._resume = resume
+        self.resumed_from_step: int | None = None
 
     @property
     def _metrics_path(self) -> str:
@@ -67,7 +83,25 @@ class Recorder:
 
     @property
     def wall_time(self) -> float:
-        return time.perf_counter() - self._start
+        return self._time_offset + time.perf_counter() - self._start
+
+    def resume_state(self, like: Any) -> tuple[Any, dict[str, Any]] | None:
+        """The runner state of the newest checkpoint (shaped like ``like``) and its metadata,
+        with the recorded metrics rewound to it; ``None`` when there is nothing to resume."""
+        restored = self._checkpointer.restore_latest(like) if self._resume else None
+        if restored is None:
+            return None
+        state, meta = restored
+        with open(self._metrics_path) as f:
+            self.rows = [row for row in map(json.loads, f) if row["step"] <= meta["step"]]
+        with open(self._metrics_path, "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in self.rows)
+        self._time_offset = meta["wall_time"]
+        self.resumed_from_step = meta["step"]
+        self._next_eval = meta["next_eval"]
+        self._bar.update(meta["examples"])
+        self._examples = meta["examples"]
+        return state, meta
 
     def add_loss(self, step: int, loss: Any) -> None:
         """Queues a step's loss (a device scalar is fine: it is read at the next check)."""
@@ -92,8 +126,12 @@ class Recorder:
     def eval_due(self, examples: int) -> bool:
         return examples >= self._next_eval or examples >= self.total_examples
 
-    def observe(self, *, step: int, examples: int, params: Any, states: Any, force: bool = False, **extra: Any) -> bool:
-        """Progress update; evaluates when due (or ``force``). Returns True when the target is reached."""
+    def observe(self, *, step: int, examples: int, params: Any, states: Any, force: bool = False,
+                state: Callable[[], Any] | None = None, **extra: Any) -> bool:
+        """Progress update; evaluates when due (or ``force``). Returns True when the target is reached.
+
+        ``state`` returns the runner's whole state; it is checkpointed after each evaluation.
+        """
         self._bar.update(examples - self._examples)
         self._examples = examples
         if not (force or self.eval_due(examples)):
@@ -107,6 +145,9 @@ class Recorder:
         if self.out_dir:
             with open(self._metrics_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
+        if self._checkpointer is not None and state is not None:
+            self._checkpointer.save(step, state(), {"step": step, "examples": examples, "wall_time": row["wall_time"],
+                                                    "next_eval": self._next_eval})
         return self.target_accuracy is not None and row["test_accuracy"] >= self.target_accuracy
 
     def finish(self, *, config: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -120,6 +161,7 @@ class Recorder:
             "wall_time": self.wall_time,
             "steps": last.get("step"),
             "examples": last.get("examples"),
+            "resumed_from_step": self.resumed_from_step,
             "reached_target": bool(self.target_accuracy is not None and last
                                    and last["test_accuracy"] >= self.target_accuracy),
             **(extra or {}),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -10,7 +12,10 @@ from pdasgd_jax import spmd
 from pdasgd_jax.config import Config
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.checkpoint import CHECKPOINT_DIR
+from pdasgd_jax.reporting import Recorder, write_json_atomic
+
+CONFIG_FILE = "config.json"
 
 
 class RunResult(NamedTuple):
@@ -26,15 +31,23 @@ class RunResult(NamedTuple):
 Runner = Callable[[Experiment, Recorder], RunResult]
 
 
-def run_synchronous_loop(exp: Experiment, rec: Recorder, step_fn: Callable, ts: TrainState, put: Callable, batch_size: int) -> tuple[TrainState, int, int]:
-    """Runs ``step_fn`` over the training stream until the example budget or the target."""
+def run_synchronous_loop(exp: Experiment, rec: Recorder, step_fn: Callable, ts: TrainState, put: Callable,
+                         place_state: Callable, batch_size: int) -> tuple[TrainState, int, int]:
+    """Runs ``step_fn`` over the training stream until the example budget or the target,
+    continuing from the run's checkpoint when there is one."""
     step = examples = 0
-    for x, y in exp.train_stream(batch_size):
+    restored = rec.resume_state(like=ts)
+    if restored is not None:
+        ts, meta = place_state(restored[0]), restored[1]
+        step, examples = meta["step"], meta["examples"]
+    for x, y in exp.train_stream(batch_size, start=step):
+        if examples >= exp.total_examples:
+            break
         ts, loss = step_fn(ts, put(x), put(y))
         step += 1
         examples += batch_size
         rec.add_loss(step, loss)
-        if rec.observe(step=step, examples=examples, params=ts.params, states=ts.states) or examples >= exp.total_examples:
+        if rec.observe(step=step, examples=examples, params=ts.params, states=ts.states, state=lambda: ts):
             break
     return ts, step, examples
 
@@ -47,7 +60,8 @@ def _initial_state(exp: Experiment) -> TrainState:
 def run_sgd(exp: Experiment, rec: Recorder) -> RunResult:
     """Plain minibatch SGD on one device with one fused jitted step."""
     step_fn = jax.jit(make_train_step(exp.model, exp.tx))
-    ts, step, examples = run_synchronous_loop(exp, rec, step_fn, _initial_state(exp), lambda a: a, exp.config.batch_size)
+    ts, step, examples = run_synchronous_loop(exp, rec, step_fn, _initial_state(exp), lambda a: a, jax.device_put,
+                                              exp.config.batch_size)
     return RunResult(ts.params, ts.states, step, examples, {"devices": 1})
 
 
@@ -57,11 +71,13 @@ def run_sync(exp: Experiment, rec: Recorder) -> RunResult:
     d = mesh.size
     if exp.config.batch_size % d:
         raise ValueError(f"--batch-size {exp.config.batch_size} is not divisible by the {d} devices of the mesh")
-    ts = jax.device_put(_initial_state(exp), spmd.replicated(mesh))
+    def replicate(tree):
+        return jax.device_put(tree, spmd.replicated(mesh))
+
     sharding = spmd.batch_sharding(mesh)
     ts, step, examples = run_synchronous_loop(
-        exp, rec, spmd.make_sync_step(exp.model, exp.tx, mesh), ts, lambda a: jax.device_put(a, sharding),
-        exp.config.batch_size,
+        exp, rec, spmd.make_sync_step(exp.model, exp.tx, mesh), replicate(_initial_state(exp)),
+        lambda a: jax.device_put(a, sharding), replicate, exp.config.batch_size,
     )
     return RunResult(ts.params, ts.states, step, examples, {"devices": d})
 
@@ -86,10 +102,12 @@ def select_runner(config: Config) -> Runner:
     return RUNNERS[config.algo]
 
 
-def train_and_evaluate(config: Config) -> dict[str, Any]:
+def train_and_evaluate(config: Config, *, resume: bool = False) -> dict[str, Any]:
     """Trains ``config.algo`` on ``config.dataset`` and returns the run summary.
 
-    Writes ``metrics.jsonl``, ``summary.json`` and ``curves.png`` to ``config.out`` if set.
+    Writes ``config.json``, ``metrics.jsonl``, ``summary.json``, ``summary.md``,
+    ``curves.png`` and checkpoints (at every evaluation) to ``config.out`` if set. With
+    ``resume``, continues from the newest checkpoint in ``config.out``.
 
     Example::
 
@@ -99,11 +117,29 @@ def train_and_evaluate(config: Config) -> dict[str, Any]:
     """
     config.validate()
     runner = select_runner(config)
+    if resume and not (config.out and os.path.isdir(os.path.join(config.out, CHECKPOINT_DIR))):
+        raise ValueError(f"nothing to resume: {config.out!r} holds no checkpoints")
     exp = Experiment.from_config(config)
+    if config.out and not resume:
+        os.makedirs(config.out, exist_ok=True)
+        write_json_atomic(os.path.join(config.out, CONFIG_FILE), config.to_dict())
+    # Orbax writes from one process here; a multi-process run would need every process to
+    # join the save (not supported yet), so such runs are not checkpointed.
+    multi_process = jax.process_count() > 1
     rec = Recorder(exp.evaluate, total_examples=exp.total_examples,
                    eval_every=config.eval_every or len(exp.dataset.train), out_dir=config.out,
-                   target_accuracy=config.target_accuracy, progress=config.progress)
+                   target_accuracy=config.target_accuracy, progress=config.progress, checkpoint=config.out is not None and not multi_process, resume=resume)
     result = runner(exp, rec)
     if not rec.rows or rec.rows[-1]["examples"] != result.examples:
         rec.observe(step=result.step, examples=result.examples, params=result.params, states=result.states, force=True)
     return rec.finish(config=config.to_dict(), extra=result.extra)
+
+
+def resume_run(run_dir: str) -> dict[str, Any]:
+    """Continues the run saved in ``run_dir`` (its ``config.json`` and newest checkpoint)."""
+    path = os.path.join(run_dir, CONFIG_FILE)
+    if not os.path.exists(path):
+        raise ValueError(f"{run_dir!r} is not a run directory: it has no {CONFIG_FILE}")
+    with open(path) as f:
+        config = Config(**{**json.load(f), "out": run_dir})
+    return train_and_evaluate(config, resume=True)

@@ -1,0 +1,86 @@
+"""Checkpoints: resume gives the uninterrupted result; a killed write never corrupts the last one."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from pdasgd_jax import Config, train_and_evaluate
+from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.cli import main
+from pdasgd_jax.train import resume_run
+
+
+def _rows(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("algo, extra", [("sgd", {}), ("sync", {"workers": 8, "batch_size": 64}),
+                                         ("dasgd", {"workers": 4, "period": 4, "delay_steps": 2})])
+def test_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path, algo, extra):
+    common = dict(algo=algo, epochs=2, eval_every=400, seed=3, progress=False, **extra)
+    whole = train_and_evaluate(Config(out=str(tmp_path / "whole"), **common))
+    # "Interrupt" after the first epoch: a run with half the budget leaves its checkpoints behind.
+    part_dir = str(tmp_path / "part")
+    part = train_and_evaluate(Config(out=part_dir, **{**common, "epochs": 1}))
+    with open(os.path.join(part_dir, "config.json")) as f:
+        saved = json.load(f)
+    saved["epochs"] = 2  # the interrupted run was meant to go on
+    with open(os.path.join(part_dir, "config.json"), "w") as f:
+        json.dump(saved, f)
+    resumed = resume_run(part_dir)
+    assert resumed["resumed_from_step"] == part["steps"] and whole["resumed_from_step"] is None
+    assert resumed["examples"] == whole["examples"] and resumed["steps"] == whole["steps"]
+    assert resumed["test_accuracy"] == whole["test_accuracy"]
+    assert resumed["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
+    rows = _rows(os.path.join(part_dir, "metrics.jsonl"))
+    whole_rows = _rows(tmp_path / "whole" / "metrics.jsonl")
+    # The shortened run also evaluated at its own end; otherwise the evaluations coincide.
+    assert {r["step"] for r in whole_rows} <= {r["step"] for r in rows}
+    assert rows[-1] | {"wall_time": 0} == whole_rows[-1] | {"wall_time": 0}
+
+
+def test_resume_needs_a_run_directory(tmp_path, capsys):
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+
+
+def test_fresh_run_in_a_used_directory_starts_over(tmp_path):
+    out = str(tmp_path / "run")
+    first = train_and_evaluate(Config(epochs=1, out=out, progress=False))
+    again = train_and_evaluate(Config(epochs=1, out=out, progress=False))
+    assert again["steps"] == first["steps"]
+    assert len(_rows(os.path.join(out, "metrics.jsonl"))) == 1
+
+
+_WRITER = textwrap.dedent("""
+    import sys, numpy as np
+    from pdasgd_jax.checkpoint import RunCheckpointer
+    ckpt = RunCheckpointer(sys.argv[1])
+    for step in range(1, 10**6):
+        ckpt.save(step, {"w": np.full((512, 512), step, np.float32)}, {"step": step})
+        print(step, flush=True)
+""")
+
+
+def test_a_checkpoint_write_killed_midway_leaves_the_last_good_one(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        for _ in range(3):  # let a few checkpoints complete, then kill in the middle of the next ones
+            proc.stdout.readline()
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+        proc.stdout.close()
+    state, meta = RunCheckpointer(str(tmp_path)).restore_latest(like={"w": np.zeros((512, 512), np.float32)})
+    assert meta["step"] >= 3
+    np.testing.assert_array_equal(state["w"], np.full((512, 512), meta["step"], np.float32))

@@ -1,0 +1,146 @@
+"""``run_simulated(exp, rec)``: any algorithm on the virtual clock, reported like a real run."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+
+from pdasgd_jax import delays
+# The module, not RunResult itself: train.py imports the simulator when it selects a runner.
+from pdasgd_jax import train as train_lib
+from pdasgd_jax.delays import DelayModel, TimingModel
+from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import init_opt_states
+from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.simulate import policies
+from pdasgd_jax.simulate.plots import plot_staleness
+from pdasgd_jax.simulate.scheduler import Scheduler
+from pdasgd_jax.simulate.simulation import Simulation, num_jobs
+from pdasgd_jax.simulate.sync import run_sync
+from pdasgd_jax.store import ParameterStore
+
+SYNCHRONOUS = ("sgd", "sync")
+ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block")
+CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pdasgd_jax")
+
+
+def calibrated_timing(exp: Experiment, batch_size: int) -> TimingModel:
+    """Per-stage kernel costs of ``exp``'s model measured on this machine (cached per model,
+    batch size, optimizer and device, in memory and under ``CACHE_DIR``)."""
+    config = exp.config
+    x, y = next(exp.train_stream(batch_size))
+    v = exp.variables
+    device = jax.devices()[0]
+    key = (f"{config.model_name}-{config.dataset}-b{batch_size}-{config.optimizer}"
+           f"{'-wd' if config.weight_decay else ''}-{device.platform}-{device.device_kind}")
+    return delays.calibrate(exp.kernels, v.params, v.states, init_opt_states(exp.tx, v.params), x, y,
+                            cache_key=key, cache_dir=CACHE_DIR)
+
+
+def simulated_workers(exp: Experiment) -> int:
+    """Simulated devices: ``--workers``, where 0 (all devices on a real run) means one."""
+    return exp.config.workers or 1
+
+
+def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None = None,
+                  log: EventLog | None = None) -> train_lib.RunResult:
+    """Runs ``exp.config.algo`` on the virtual clock with the real kernels.
+
+    Reports to ``rec`` with ``virtual_time`` on every observation; ``RunResult.extra`` holds
+    the virtual time, the virtual time to ``--target-accuracy``, per-stage staleness and
+    worker and device utilisation. Writes ``staleness.png`` to ``--out`` if set.
+
+    Args:
+      exp: the experiment; ``sgd``, ``sync``, ``asgd``, ``pdasgd`` and ``pdasgd-block``.
+      rec: the run's recorder.
+      timing: the timing model; default: calibrated from the real kernels on this machine
+        (machine-dependent: pass a fixed one, e.g. ``delays.from_flops``, for bitwise
+        reproducible runs across machines).
+      log: records the run's stage operations for ``executor.replay`` (asynchronous algorithms).
+
+    Example::
+
+        config = Config(algo="pdasgd", simulate=True, workers=4, delay_model="exponential",
+                        delay_mean=1.0, progress=False)
+        exp = Experiment.from_config(config)
+        rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=1000)
+        result = run_simulated(exp, rec)
+        result.extra["staleness"]["per_stage"][0]["mean"]
+    """
+    config = exp.config
+    workers = 1 if config.algo == "sgd" else simulated_workers(exp)
+    if config.algo in SYNCHRONOUS:
+        if config.batch_size % workers:
+            raise ValueError(f"--batch-size {config.batch_size} is not divisible by the {workers} simulated workers")
+        worker_batch = config.batch_size // workers
+    elif config.algo in ASYNCHRONOUS:
+        worker_batch = config.batch_size
+    else:
+        raise ValueError(f"--algo {config.algo} has no simulator; simulate one of "
+                         f"{', '.join(SYNCHRONOUS + ASYNCHRONOUS)}")
+    timing = timing or calibrated_timing(exp, worker_batch)
+    delay = DelayModel.from_config(config, timing.step_compute_time())
+    if config.algo in SYNCHRONOUS:
+        ts, steps, examples, now, utilisation, staleness = run_sync(exp, rec, timing, delay, workers)
+        result = train_lib.RunResult(ts.params, ts.states, steps, examples, {})
+    else:
+        result, now, utilisation, staleness = _run_asynchronous(exp, rec, timing, delay, workers, log)
+    target = config.target_accuracy
+    result.extra.update({
+        "simulated": True,
+        "devices": workers,
+        "virtual_time": now,
+        "virtual_time_to_target": next((r["virtual_time"] for r in rec.rows
+                                        if target is not None and r["test_accuracy"] >= target), None),
+        "staleness": staleness.summary(),
+        "utilisation": utilisation,
+        "timing": timing.to_dict(),
+    })
+    if config.out:
+        plot_staleness(result.extra, os.path.join(config.out, "staleness.png"))
+    return result
+
+
+def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay: DelayModel, workers: int,
+                      log: EventLog | None) -> tuple[train_lib.RunResult, float, dict[str, Any], StalenessStats]:
+    config = exp.config
+    v = exp.variables
+    scheduler = Scheduler()
+    store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), exp.kernels.apply_update)
+    executor = StageExecutor(exp.kernels, store, log=log, clock=lambda: scheduler.now,
+                             backward_weights=config.backward_weights if config.algo != "asgd" else "stashed")
+    done, finished_at = 0, 0.0
+
+    def on_job_done(job: Job) -> None:
+        nonlocal done, finished_at
+        done += 1
+        finished_at = scheduler.now
+        rec.add_loss(done, job.loss)
+        params, states, _ = store.snapshot()
+        if rec.observe(step=done, examples=done * config.batch_size, params=params, states=states,
+                       virtual_time=scheduler.now):
+            scheduler.stop()
+
+    sim = Simulation(scheduler, executor, timing, delay, seed=config.seed,
+                     batches=exp.train_stream(config.batch_size),
+                     max_jobs=num_jobs(exp.total_examples, config.batch_size), num_devices=workers,
+                     on_job_done=on_job_done)
+    if config.algo == "asgd":
+        policies.spawn_asgd(sim)
+    else:
+        policies.spawn_pdasgd(sim, forward_workers=config.forward_workers, backward_workers=config.backward_workers,
+                              queue=config.queue_capacity, layerwise=config.algo == "pdasgd")
+    scheduler.run()
+    now = finished_at  # the workers' idle time after the last update is not training time
+    params, states, _ = store.snapshot()
+    examples = done * config.batch_size
+    if not rec.rows or rec.rows[-1]["examples"] != examples:
+        rec.observe(step=done, examples=examples, params=params, states=states, force=True, virtual_time=now)
+    total = max(now, 1e-30)
+    utilisation = {"workers": {p.name: p.busy / total for p in scheduler.processes},
+                   "devices": [d.busy / total for d in sim.devices]}
+    result = train_lib.RunResult(params, states, done, examples, {"jobs_started": sim.started})
+    return result, now, utilisation, executor.staleness

@@ -1,0 +1,260 @@
+"""A deterministic discrete-event scheduler on a virtual clock.
+
+Simulated workers are generators that yield requests to the scheduler:
+
+* ``Kernel(device, work, at_start, priority)``: ``work`` seconds of device work. The
+  device starts it when a slot is free; ``at_start()`` runs at that instant (this is when a
+  kernel *reads*: the store's versions current at its virtual start), and the worker
+  resumes at its end (so code after the ``yield`` runs at the end: this is when it
+  *writes*).
+* ``Sleep(duration)``: idle time (injected delays, communication): no device work.
+* ``Put(channel, item)`` / ``Get(channel)``: a bounded FIFO channel; a full channel blocks
+  the putter, an empty one the getter.
+
+Determinism: events are ordered by ``(time, phase, sequence number)``. At one instant all
+*end* events (kernel ends, wake-ups: the writes) run before any *start* event (kernel
+starts: the reads), so an update that finishes at ``t`` is visible to a read that starts
+at ``t``; within a phase, events run in the order they were scheduled.
+
+Example::
+
+    sched = Scheduler()
+    dev = Device(sched, 0, TimingModel(forward=(1.0,), backward=(2.0,), update=(0.0,)))
+
+    def worker():
+        yield Kernel(dev, 1.0, lambda: print("starts at", sched.now))
+        yield Sleep(0.5)
+
+    sched.spawn("w0", worker())
+    sched.run()  # sched.now == 1.5
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import math
+from typing import Any, Callable, Generator, NamedTuple
+
+from pdasgd_jax.delays import TimingModel
+
+END, START = 0, 1  # event phases: at one instant, writes before reads
+BACKWARD, FORWARD = 0, 1  # kernel priorities on a device: lower runs first
+
+
+class Kernel(NamedTuple):
+    """Device work of ``work`` seconds (at full speed); see the module docstring."""
+
+    device: "Device"
+    work: float
+    at_start: Callable[[], Any] | None = None
+    priority: int = FORWARD
+
+
+class Sleep(NamedTuple):
+    """Idle time: the worker waits ``duration`` seconds without occupying a device."""
+
+    duration: float
+
+
+class Put(NamedTuple):
+    """Puts ``item`` into ``channel``; blocks while the channel is full."""
+
+    channel: "Channel"
+    item: Any
+
+
+class Get(NamedTuple):
+    """Takes the oldest item of ``channel`` (the ``yield``'s value); blocks while it is empty."""
+
+    channel: "Channel"
+
+
+Worker = Generator[Any, Any, None]
+
+
+class Process:
+    """A running worker generator and its accounting (busy = time inside its kernels)."""
+
+    __slots__ = ("name", "gen", "busy")
+
+    def __init__(self, name: str, gen: Worker):
+        self.name = name
+        self.gen = gen
+        self.busy = 0.0
+
+
+class Channel:
+    """A FIFO queue of ``capacity`` waiting items between workers (``capacity`` >= 1)."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"channel capacity {capacity!r} must be >= 1")
+        self.capacity = capacity
+        self.items: collections.deque = collections.deque()
+        self.getters: collections.deque[Process] = collections.deque()
+        self.putters: collections.deque[tuple[Process, Any]] = collections.deque()
+
+
+class _Running:
+    __slots__ = ("remaining", "work", "proc", "started")
+
+    def __init__(self, work: float, proc: Process, started: float):
+        self.remaining = work
+        self.work = work
+        self.proc = proc
+        self.started = started
+
+
+class Device:
+    """A device that runs up to ``ceil(concurrency)`` kernels at once.
+
+    Running kernels share it: each progresses at ``timing.kernel_rate(n)`` of its solo speed
+    while ``n`` run (``min(n, concurrency) / n``). With the default
+    concurrency 1 the device runs one kernel at a time and the others wait. Waiting
+    kernels start by priority (backward and update kernels before forward kernels), then
+    first come first served: a backward publishes updates and frees stored activations
+    sooner, the choice 1F1B pipeline schedules make; it also makes one device without
+    delays run PD-ASGD's jobs strictly one after another, i.e. plain SGD.
+    """
+
+    def __init__(self, scheduler: "Scheduler", index: int, timing: TimingModel):
+        self.scheduler = scheduler
+        self.index = index
+        self.slots = math.ceil(timing.concurrency)
+        self._rate = timing.kernel_rate
+        self._waiting: list[tuple[int, int, Process, Kernel]] = []
+        self._running: list[_Running] = []
+        self._last = 0.0
+        self._generation = 0
+        self._admit_pending = False
+        self.busy = 0.0  # virtual time with at least one kernel running
+
+    def request(self, proc: Process, kernel: Kernel) -> None:
+        heapq.heappush(self._waiting, (kernel.priority, next(self.scheduler._seq), proc, kernel))
+        if not self._admit_pending and len(self._running) < self.slots:
+            self._admit_pending = True
+            self.scheduler.call(START, self._admit)
+
+    def _advance(self) -> None:
+        """Charges the work done since the last change of the running set."""
+        now = self.scheduler.now
+        dt = now - self._last
+        if self._running and dt > 0:
+            progress = dt * self._rate(len(self._running))
+            for r in self._running:
+                r.remaining -= progress
+            self.busy += dt
+        self._last = now
+
+    def _reschedule(self) -> None:
+        self._generation += 1  # invalidates the previously scheduled end
+        if self._running:
+            first = min(r.remaining for r in self._running)
+            end = self.scheduler.now + max(first, 0.0) / self._rate(len(self._running))
+            self.scheduler.call_at(end, END, self._finish, self._generation)
+
+    def _admit(self) -> None:
+        self._admit_pending = False
+        self._advance()
+        while self._waiting and len(self._running) < self.slots:
+            _, _, proc, kernel = heapq.heappop(self._waiting)
+            if kernel.at_start is not None:
+                kernel.at_start()
+            self._running.append(_Running(kernel.work, proc, self.scheduler.now))
+        self._reschedule()
+
+    def _finish(self, generation: int) -> None:
+        if generation != self._generation:
+            return
+        self._advance()
+        first = min(r.remaining for r in self._running)
+        done = [r for r in self._running if r.remaining <= first + 1e-9 * r.work]
+        self._running = [r for r in self._running if r not in done]
+        self._reschedule()
+        if self._waiting and not self._admit_pending:
+            self._admit_pending = True
+            self.scheduler.call(START, self._admit)
+        for r in done:
+            r.proc.busy += self.scheduler.now - r.started
+            self.scheduler.resume(r.proc)
+
+
+class Scheduler:
+    """The virtual clock and its event heap; drives worker generators (see module docstring)."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.processes: list[Process] = []
+        self._heap: list[tuple[float, int, int, Callable, tuple]] = []
+        self._seq = itertools.count()
+        self._stopped = False
+
+    def call_at(self, time: float, phase: int, fn: Callable, *args: Any) -> None:
+        heapq.heappush(self._heap, (time, phase, next(self._seq), fn, args))
+
+    def call(self, phase: int, fn: Callable, *args: Any) -> None:
+        self.call_at(self.now, phase, fn, *args)
+
+    def spawn(self, name: str, gen: Worker) -> Process:
+        """Starts a worker at the current virtual time."""
+        proc = Process(name, gen)
+        self.processes.append(proc)
+        self.call(END, self.resume, proc)
+        return proc
+
+    def stop(self) -> None:
+        """Ends ``run`` after the current event (e.g. once the target accuracy is reached)."""
+        self._stopped = True
+
+    def run(self) -> float:
+        """Runs events until none is left (every worker finished or blocked) or ``stop``.
+
+        Returns the virtual time of the last event.
+        """
+        heap = self._heap
+        while heap and not self._stopped:
+            self.now, _, _, fn, args = heapq.heappop(heap)
+            fn(*args)
+        return self.now
+
+    def _wake(self, proc: Process, value: Any = None) -> None:
+        self.call(END, self.resume, proc, value)
+
+    def resume(self, proc: Process, value: Any = None) -> None:
+        """Advances ``proc`` until it waits: on a device, a sleep or a channel."""
+        while True:
+            try:
+                req = proc.gen.send(value)
+            except StopIteration:
+                return
+            value = None
+            if isinstance(req, Kernel):
+                req.device.request(proc, req)
+                return
+            if isinstance(req, Sleep):
+                if req.duration > 0:
+                    self.call_at(self.now + req.duration, END, self.resume, proc)
+                    return
+            elif isinstance(req, Put):
+                ch = req.channel
+                if ch.getters:
+                    self._wake(ch.getters.popleft(), req.item)
+                elif len(ch.items) < ch.capacity:
+                    ch.items.append(req.item)
+                else:
+                    ch.putters.append((proc, req.item))
+                    return
+            elif isinstance(req, Get):
+                ch = req.channel
+                if not ch.items:
+                    ch.getters.append(proc)
+                    return
+                value = ch.items.popleft()
+                if ch.putters:
+                    putter, item = ch.putters.popleft()
+                    ch.items.append(item)
+                    self._wake(putter)
+            else:
+                raise TypeError(f"worker {proc.name} yielded {req!r}, not a Kernel, Sleep, Put or Get")

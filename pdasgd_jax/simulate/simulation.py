@@ -1,0 +1,91 @@
+"""What the simulated workers of one run share: clock, devices, executor, models, data, budget."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from pdasgd_jax.delays import DelayModel, TimingModel, rng_for, tree_nbytes
+from pdasgd_jax.executor import Job, StageExecutor
+from pdasgd_jax.simulate.scheduler import Device, Scheduler, Sleep
+
+
+class Simulation:
+    """The shared world of the workers of one simulated run.
+
+    Args:
+      scheduler: the virtual clock; the executor's ``clock`` must read ``scheduler.now``.
+      executor: runs the real stage kernels against the shared store, in event order.
+      timing: kernel durations, per-device speed factors, communication, concurrency.
+      delay: the injected idle time each worker draws once per job it works on.
+      seed: the root of every random stream (one generator per worker).
+      batches: the training stream; a job takes the next batch (its id is its position).
+      max_jobs: jobs to start in all (the example budget over the per-worker batch).
+      num_devices: simulated devices; stage ``m`` lives on device ``m % num_devices``.
+      on_job_done: called with each job once all its updates are applied.
+
+    Speed factors are per device: ``timing.worker_factor(d)`` slows every worker on
+    device ``d`` (with one worker per device, as in ASGD and sync, the two agree).
+    """
+
+    def __init__(self, scheduler: Scheduler, executor: StageExecutor, timing: TimingModel, delay: DelayModel, *,
+                 seed: int, batches: Iterator[tuple[Any, Any]], max_jobs: int, num_devices: int,
+                 on_job_done: Callable[[Job], None]):
+        if timing.num_stages != executor.store.num_stages:
+            raise ValueError(f"the timing model has {timing.num_stages} stages but the model has "
+                             f"{executor.store.num_stages}")
+        self.scheduler = scheduler
+        self.executor = executor
+        self.timing = timing
+        self.delay = delay
+        self.seed = seed
+        self.max_jobs = max_jobs
+        self.num_stages = executor.store.num_stages
+        self.devices = [Device(scheduler, d, timing) for d in range(num_devices)]
+        self.started = 0
+        self._batches = batches
+        self._on_job_done = on_job_done
+        # Bytes of each stage's parameters: what a remote read pulls and a remote update pushes.
+        self._stage_bytes = [tree_nbytes(executor.store.read_params(m).value[0]) for m in range(self.num_stages)]
+
+    def next_job(self, worker: str) -> Job | None:
+        """Starts a job on the next batch of the stream, or None once the budget is spent."""
+        if self.started >= self.max_jobs:
+            return None
+        x, y = next(self._batches)
+        job = self.executor.start_job(self.started, self.started, x, y, worker=worker)
+        self.started += 1
+        return job
+
+    def job_done(self, job: Job) -> None:
+        self._on_job_done(job)
+
+    def transfer_time(self, m: int, device: Device) -> float:
+        """Moving stage ``m``'s parameters (or gradient) between ``device`` and its home device."""
+        if m % len(self.devices) == device.index:
+            return 0.0
+        return self.timing.comm.transfer_time(self._stage_bytes[m])
+
+    def forward_compute(self, device: Device) -> float:
+        """Device work of one job's forward pass (and loss) on ``device``."""
+        t, d = self.timing, device.index
+        return sum(t.forward_time(m, d) for m in range(self.num_stages)) + t.loss_time(d)
+
+    def backward_compute(self, device: Device) -> float:
+        """Device work of one job's backward pass and updates on ``device``."""
+        t, d, live = self.timing, device.index, self.executor.live
+        return sum(t.backward_time(m, d, live=live) + t.update_time(m, d) for m in range(self.num_stages))
+
+    def delay_rng(self, worker: str) -> np.random.Generator:
+        return rng_for(self.seed, "delay", worker)
+
+    def idle(self, rng: np.random.Generator, compute: float) -> Sleep:
+        """The injected idle time after a worker's ``compute`` seconds of work on a job."""
+        return Sleep(self.delay.idle_time(rng, compute))
+
+
+def num_jobs(total_examples: int, batch_size: int) -> int:
+    """Jobs needed to process at least ``total_examples`` (a last partial batch counts whole)."""
+    return math.ceil(total_examples / batch_size)

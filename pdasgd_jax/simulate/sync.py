@@ -1,0 +1,61 @@
+"""Synchronous data parallel SGD on the virtual clock (algorithms.md §1).
+
+``D`` workers each compute the gradient of their shard of the global batch and wait for the
+slowest: a step ends ``max_w (compute_w + delay_w) + all-reduce`` after the previous one
+(``averaging_clock.sync_step_end_times``). The arithmetic is that of plain SGD on the global
+batch, so the step runs as the fused whole-model kernel on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from pdasgd_jax import train as train_lib
+from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
+from pdasgd_jax.executor import StalenessStats
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
+from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.simulate.averaging_clock import sync_step_end_times
+from pdasgd_jax.simulate.simulation import num_jobs
+
+
+class _VirtualTimeRecorder:
+    """A ``Recorder`` whose observations of step ``s`` carry that step's virtual end time."""
+
+    def __init__(self, rec: Recorder, step_end_times: np.ndarray):
+        self._rec = rec
+        self._ends = step_end_times
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rec, name)
+
+    def observe(self, **kwargs: Any) -> bool:
+        return self._rec.observe(**kwargs, virtual_time=float(self._ends[kwargs["step"] - 1]))
+
+
+def run_sync(exp: Experiment, rec: Recorder, timing: TimingModel, delay: DelayModel, num_workers: int
+             ) -> tuple[TrainState, int, int, float, dict[str, Any], StalenessStats]:
+    """Runs ``num_workers``-way synchronous SGD with global batch ``--batch-size``.
+
+    Returns ``(TrainState, steps, examples, virtual_time, utilisation, staleness)``; no
+    update is ever stale.
+    """
+    v = exp.variables
+    batch_size = exp.config.batch_size
+    ends = sync_step_end_times(timing, delay, num_workers=num_workers, steps=num_jobs(exp.total_examples, batch_size),
+                               grad_nbytes=tree_nbytes(v.params), seed=exp.config.seed)
+    ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
+    ts, steps, examples = train_lib.run_synchronous_loop(
+        exp, _VirtualTimeRecorder(rec, ends), jax.jit(make_train_step(exp.model, exp.tx)), ts, lambda a: a,
+        jax.device_put, batch_size)
+    now = float(ends[steps - 1])
+    busy = [steps * timing.step_compute_time() * timing.worker_factor(w) / now for w in range(num_workers)]
+    staleness = StalenessStats(len(v.params))
+    for m in range(len(v.params)):
+        for _ in range(steps):
+            staleness.add(m, 0)
+    return ts, steps, examples, now, {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy}, staleness

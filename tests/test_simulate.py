@@ -1,0 +1,278 @@
+"""The virtual-clock simulator: scheduler semantics, identities with SGD, closed-form staleness,
+determinism and replay of its event log."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from pdasgd_jax import Config
+from pdasgd_jax.cli import main
+from pdasgd_jax.delays import CommModel, TimingModel
+from pdasgd_jax.executor import EventLog, replay
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
+from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.simulate import run_simulated
+from pdasgd_jax.simulate.scheduler import BACKWARD, Channel, Device, Get, Kernel, Put, Scheduler, Sleep
+from pdasgd_jax.train import RUNNERS
+
+# Dyadic costs (exact in binary floating point) for the 3-stage digits MLP.
+TIMING = TimingModel(forward=(1.0, 1.0, 1.0), backward=(2.0, 2.0, 2.0), update=(0.25, 0.25, 0.25), loss=0.5)
+STEP = TIMING.step_compute_time()  # 10.25
+
+
+def _simulate(timing=TIMING, log=None, **overrides):
+    config = Config(**{"simulate": True, "progress": False, "batch_size": 16, "epochs": 0.1, **overrides}).validate()
+    exp = Experiment.from_config(config)
+    rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every or 10**9,
+                   target_accuracy=config.target_accuracy, progress=False)
+    return exp, rec, run_simulated(exp, rec, timing=timing, log=log)
+
+
+def _sgd_params(exp, steps):
+    """Plain SGD with the fused whole-model step on the experiment's training stream."""
+    step = jax.jit(make_train_step(exp.model, exp.tx))
+    v = exp.variables
+    ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
+    stream = exp.train_stream(exp.config.batch_size)
+    for _ in range(steps):
+        ts, _ = step(ts, *next(stream))
+    return ts.params
+
+
+def _assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def _taus(events, num_stages):
+    """Per-stage staleness of every update, in the order applied, from an event log."""
+    read = {(e.job, e.stage): e.version for e in events if e.kind == "forward"}
+    taus = [[] for _ in range(num_stages)]
+    for e in events:
+        if e.kind == "update":
+            taus[e.stage].append(e.version - read[e.job, e.stage])
+    return taus
+
+
+# --- the scheduler ---------------------------------------------------------------------------
+
+def _device_run(concurrency, kernels):
+    """Runs one kernel per worker on one device; returns each worker's (start, end)."""
+    sched = Scheduler()
+    timing = TimingModel(forward=(1.0,), backward=(1.0,), update=(0.0,), concurrency=concurrency)
+    dev = Device(sched, 0, timing)
+    spans = {}
+
+    def worker(name, work, priority):
+        start = []
+        yield Kernel(dev, work, lambda: start.append(sched.now), priority)
+        spans[name] = (start[0], sched.now)
+
+    for name, work, priority in kernels:
+        sched.spawn(name, worker(name, work, priority))
+    sched.run()
+    return spans, dev
+
+
+def test_one_kernel_at_a_time_backward_first_then_fifo():
+    spans, dev = _device_run(1.0, [("f", 1.0, 1), ("b", 2.0, BACKWARD), ("f2", 1.0, 1)])
+    assert spans == {"b": (0.0, 2.0), "f": (2.0, 3.0), "f2": (3.0, 4.0)}
+    assert dev.busy == 4.0
+
+
+def test_concurrent_kernels_share_the_device_at_its_concurrency():
+    spans, _ = _device_run(2.0, [("a", 1.0, 1), ("b", 2.0, 1)])
+    assert spans == {"a": (0.0, 1.0), "b": (0.0, 2.0)}
+    # 1.5x: two kernels run at 0.75 each; after the first ends the second runs alone.
+    spans, _ = _device_run(1.5, [("a", 1.5, 1), ("b", 3.0, 1)])
+    assert spans["a"] == (0.0, 2.0) and spans["b"] == (0.0, 3.5)
+
+
+def test_a_full_channel_blocks_the_putter_and_idle_time_frees_the_device():
+    sched = Scheduler()
+    ch = Channel(1)
+    log = []
+
+    def producer():
+        for i in range(3):
+            yield Put(ch, i)
+            log.append(("put", i, sched.now))
+
+    def consumer():
+        yield Sleep(5.0)
+        for _ in range(3):
+            item = yield Get(ch)
+            log.append(("got", item, sched.now))
+            yield Sleep(1.0)
+
+    sched.spawn("p", producer())
+    sched.spawn("c", consumer())
+    assert sched.run() == 8.0
+    assert log == [("put", 0, 0.0), ("got", 0, 5.0), ("put", 1, 5.0), ("got", 1, 6.0), ("put", 2, 6.0),
+                   ("got", 2, 7.0)]
+
+
+# --- identities ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides", [
+    {"algo": "asgd"},
+    {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue": 1},
+    {"algo": "pdasgd", "backward_weights": "live"},
+    {"algo": "pdasgd-block", "backward_workers": 3},
+])
+def test_one_device_without_delays_is_plain_sgd(overrides):
+    """One device runs one kernel at a time, backward first: every job sees the previous
+    job's updates, so any F, B, Q is SGD step for step, in virtual time sum of the costs."""
+    exp, _, result = _simulate(**overrides)
+    assert result.step == 9
+    _assert_trees_close(result.params, _sgd_params(exp, 9))
+    assert all(s["max"] == 0 for s in result.extra["staleness"]["per_stage"])
+    live_forwards = sum(TIMING.forward) if overrides.get("backward_weights") == "live" else 0.0
+    assert result.extra["virtual_time"] == 9 * (STEP + live_forwards)
+    assert result.extra["utilisation"]["devices"] == [pytest.approx(1.0)]
+
+
+def test_sync_is_sgd_on_the_global_batch_and_waits_for_the_slowest():
+    sync_exp, _, sync = _simulate(algo="sync", workers=4, batch_size=64, epochs=0.5, delay_model="constant",
+                                  delay_mean=0.5)
+    config = Config(algo="sgd", progress=False, batch_size=64, epochs=0.5).validate()
+    exp = Experiment.from_config(config)
+    sgd = RUNNERS["sgd"](exp, Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9,
+                                       progress=False))
+    assert sync.step == sgd.step == 12
+    for a, b in zip(jax.tree.leaves(sync.params), jax.tree.leaves(sgd.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Each step: compute (the timing is per worker) plus the constant delay; free all-reduce.
+    assert sync.extra["virtual_time"] == pytest.approx(12 * 1.5 * STEP)
+    assert sync.extra["utilisation"]["devices"] == [pytest.approx(1 / 1.5)] * 4
+
+
+def test_remote_stages_cost_a_transfer_each_way():
+    """Stage m lives on device m % W. With W = 2, ASGD worker 0 pulls and pushes stage 1,
+    worker 1 stages 0 and 2: their first steps end at T + 2 alpha and T + 4 alpha."""
+    timing = dataclasses.replace(TIMING, comm=CommModel(alpha=1.0))
+    _, _, result = _simulate(timing, algo="asgd", workers=2, epochs=0.02)
+    assert result.step == 2
+    assert result.extra["virtual_time"] == STEP + 4.0
+    assert result.extra["utilisation"]["workers"] == {"w0": STEP / (STEP + 4.0), "w1": STEP / (STEP + 4.0)}
+
+
+# --- closed-form staleness -------------------------------------------------------------------
+
+# PD-ASGD with F = B = Q = 1 on a device that runs both workers' kernels at full speed
+# (concurrency 2), costs f_m (forward), l (loss), b_m + u_m (backward and update), and a
+# constant delay d each worker idles after its part of each job. Let
+#   T_F = sum_m f_m + l,   T_B = sum_m (b_m + u_m),
+#   F_m = sum_{k<m} f_k        (when, after a forward starts, it reads stage m),
+#   c_m = sum_{k>=m} (b_k + u_k) (when, after a backward starts, it updates stage m).
+# Backward-bound (T_B > T_F): the backward worker is never idle but for d; it takes job j at
+# s_j, s_{j+1} = s_j + T_B + d. The forward worker, blocked on the full channel with job j+1,
+# hands it over at s_j, idles d and reads stage m of job j+2 at s_j + d + F_m. Job j updates
+# stage m at s_j + c_m (after that read iff c_m > F_m + d), job j+1 at s_{j+1} + c_m (after),
+# job j-1 at s_j - T_B - d + c_m <= s_j (before), and job j+2 comes after j+1. So
+#   tau_m = [T_B > T_F] + [c_m > F_m + d].
+# Forward-bound (T_F > T_B): the backward worker waits for every job: job j is handed over at
+# a_j; the forward worker idles d and reads stage m of job j+1 at a_j + d + F_m, while job j
+# updates it at a_j + c_m and job j-1 finished by a_j; the same formula holds with [.] = 0.
+def _closed_form(f, l, bu, d):
+    t_f, t_b = sum(f) + l, sum(bu)
+    return [int(t_b > t_f) + int(sum(bu[m:]) > sum(f[:m]) + d) for m in range(len(f))]
+
+
+@pytest.mark.parametrize("f, l, b, u, k, expected", [
+    ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.0, [2, 2, 2]),  # backward-bound, d = 0
+    ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.1, [2, 2, 1]),  # d = 1.025
+    ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.5, [2, 1, 1]),  # d = 5.125
+    ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.8, [1, 1, 1]),  # d = 8.2
+    ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.0, [1, 1, 0]),  # forward-bound, d = 0
+    ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.1, [1, 0, 0]),  # d = 1.15
+])
+def test_pdasgd_pipeline_staleness_has_the_closed_form(f, l, b, u, k, expected):
+    timing = TimingModel(forward=f, backward=b, update=u, loss=l, concurrency=2.0)
+    d = k * timing.step_compute_time()
+    assert _closed_form(f, l, [bm + um for bm, um in zip(b, u)], d) == expected
+    log = EventLog()
+    _, _, result = _simulate(timing, log, algo="pdasgd", forward_workers=1, backward_workers=1, queue=1,
+                             batch_size=8, delay_model="constant" if k else "none", delay_mean=k)
+    taus = _taus(log.events, 3)
+    assert len(taus[0]) == 18
+    for m, tau in enumerate(expected):
+        assert taus[m][6:] == [tau] * 12, (m, taus[m])  # after the pipeline fills
+        assert max(taus[m]) == result.extra["staleness"]["per_stage"][m]["max"] == tau
+
+
+@pytest.mark.parametrize("delay_mean", [0.0, 0.5])
+def test_synchronised_asgd_workers_see_the_closed_form_staleness(delay_mean):
+    """W workers with identical constant timings stay in lock step: all read the same versions;
+    their updates of a stage land at one instant, in worker order, so worker w's update has
+    tau = w (histogram: each of 0..W-1 once per round; the max W-1 is the staleness of
+    desynchronised workers, where every other worker updates once between a read and a write).
+    Each worker is busy T of every T + d."""
+    exp, _, result = _simulate(algo="asgd", workers=3, delay_model="constant" if delay_mean else "none",
+                               delay_mean=delay_mean)
+    assert result.step == 9
+    for stats in result.extra["staleness"]["per_stage"]:
+        assert stats["histogram"] == [3, 3, 3] and stats["mean"] == 1.0
+    period = STEP * (1 + delay_mean)
+    assert result.extra["virtual_time"] == pytest.approx(3 * period - delay_mean * STEP)
+    for busy in result.extra["utilisation"]["workers"].values():
+        assert busy == pytest.approx(3 * STEP / result.extra["virtual_time"])
+
+
+# --- determinism, replay, reporting ----------------------------------------------------------
+
+STRAGGLER = TimingModel(forward=TIMING.forward, backward=TIMING.backward, update=TIMING.update, loss=TIMING.loss,
+                        worker_factors=(3.0,))
+NOISY = dict(algo="pdasgd", workers=2, backward_workers=2, delay_model="lognormal", delay_mean=1.0, eval_every=48)
+
+
+def _rows_without_wall_time(rec):
+    return [{k: v for k, v in r.items() if k != "wall_time"} for r in rec.rows]
+
+
+def test_same_seed_is_bitwise_identical_and_another_seed_differs():
+    _, rec_a, a = _simulate(STRAGGLER, seed=3, **NOISY)
+    _, rec_b, b = _simulate(STRAGGLER, seed=3, **NOISY)
+    _, _, c = _simulate(STRAGGLER, seed=4, **NOISY)
+    assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
+    assert _rows_without_wall_time(rec_a) == _rows_without_wall_time(rec_b)
+    assert all("virtual_time" in r for r in rec_a.rows) and len(rec_a.rows) == 3
+    assert a.extra == b.extra
+    assert a.extra["virtual_time"] != c.extra["virtual_time"]
+    assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(c.params)))
+    assert max(s["max"] for s in a.extra["staleness"]["per_stage"]) > 0
+
+
+@pytest.mark.parametrize("weights", ["stashed", "live"])
+def test_a_simulated_run_replays_to_the_same_parameters(weights):
+    log = EventLog()
+    exp, _, result = _simulate(STRAGGLER, log, backward_weights=weights, **NOISY)
+    v = exp.variables
+    stream = exp.train_stream(exp.config.batch_size)
+    batches = [next(stream) for _ in range(result.extra["jobs_started"])]
+    replayed = replay(log.events, exp.kernels, v.params, v.states, init_opt_states(exp.tx, v.params),
+                      lambda i: batches[i], backward_weights=weights)
+    _assert_trees_close(replayed.store.snapshot()[0], result.params, rtol=0, atol=0)
+    assert replayed.staleness.summary() == result.extra["staleness"]
+
+
+def test_target_accuracy_stops_the_virtual_clock_early():
+    _, rec, result = _simulate(algo="asgd", workers=2, epochs=3, eval_every=64, target_accuracy=0.6)
+    assert result.extra["virtual_time_to_target"] == rec.rows[-1]["virtual_time"] == result.extra["virtual_time"]
+    assert rec.rows[-1]["test_accuracy"] >= 0.6 and result.examples < 3 * 1438
+
+
+def test_cli_simulated_run_writes_virtual_time_staleness_and_utilisation(tmp_path):
+    out = tmp_path / "sim"
+    assert main(["train", "--algo", "pdasgd", "--simulate", "--epochs", "0.2", "--no-progress", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows and all(r["virtual_time"] > 0 for r in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["staleness"]["per_stage"]) == 3
+    assert set(summary["utilisation"]) == {"workers", "devices"}
+    assert summary["virtual_time"] == rows[-1]["virtual_time"]
+    assert (out / "staleness.png").stat().st_size > 0

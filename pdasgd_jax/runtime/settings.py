@@ -1,0 +1,109 @@
+"""What one runtime run does: algorithm, worker layout, devices, budget and injected delays.
+
+``RuntimeSettings.from_config`` reads the shared ``Config``; tests and benchmarks build
+settings directly (or ``dataclasses.replace`` them) to vary the layout while reusing one
+``Experiment`` and its compiled kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+
+from pdasgd_jax import delays
+from pdasgd_jax.executor import BACKWARD_WEIGHTS
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.simulate import calibrated_timing
+
+RUNTIME_ALGOS = ("asgd", "pdasgd", "pdasgd-block")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSettings:
+    """Layout and budget of one threaded run.
+
+    Attributes:
+      algo: ``asgd`` (W workers, each a whole step on one device), ``pdasgd`` (layer-wise
+        updates) or ``pdasgd-block`` (all stages updated at the end of the backward).
+      devices: the devices used. Worker group ``g`` runs on ``devices[g % len(devices)]``
+        and stage ``m``'s home (where its parameters live and its updates run) is
+        ``devices[m % len(devices)]``: stages are spread round-robin, so updates of
+        different stages land on different devices (``replication="shared"``).
+      groups: ``asgd``: the number of workers W; ``pdasgd``: the number of replicas, each
+        with ``forward_workers`` F, ``backward_workers`` B and one queue of
+        ``queue_capacity`` Q between them.
+      backward_weights: ``stashed`` or ``live`` (PD-ASGD; ASGD's backward uses the weights
+        its own forward read either way, so ``stashed``).
+      batch_size: examples per job.
+      num_examples: budget; the run processes ``ceil(num_examples / batch_size)`` batches.
+      delay: injected idle time in seconds (``delays.DelayModel``). As in the simulator,
+        every worker draws one idle time per job it works on, after its part of the job,
+        from its own stream ``delays.rng_for(seed, "delay", worker_name)``, with the
+        simulator's worker names, so both draw the same random numbers for the same seed.
+      seed: seed of the delay streams.
+      record_events: keep an ``EventLog`` (for replay and tests; costs memory per event).
+    """
+
+    algo: str
+    devices: tuple[jax.Device, ...]
+    groups: int
+    forward_workers: int = 1
+    backward_workers: int = 2
+    queue_capacity: int = 2
+    backward_weights: str = "stashed"
+    batch_size: int = 32
+    num_examples: int = 0
+    delay: delays.DelayModel = delays.DelayModel()
+    seed: int = 0
+    record_events: bool = False
+
+    def __post_init__(self):
+        if self.algo not in RUNTIME_ALGOS:
+            raise ValueError(f"the threaded runtime runs {', '.join(RUNTIME_ALGOS)}, not {self.algo!r}")
+        if self.backward_weights not in BACKWARD_WEIGHTS:
+            raise ValueError(f"backward_weights {self.backward_weights!r} is not one of {BACKWARD_WEIGHTS}")
+        if not self.devices:
+            raise ValueError("the runtime needs at least one device")
+        for name in ("groups", "forward_workers", "backward_workers", "queue_capacity", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)} must be >= 1")
+
+    @property
+    def pipelined(self) -> bool:
+        """True for PD-ASGD (forward and backward workers), False for ASGD."""
+        return self.algo != "asgd"
+
+    @property
+    def num_batches(self) -> int:
+        return math.ceil(self.num_examples / self.batch_size)
+
+    def device(self, group: int) -> jax.Device:
+        return self.devices[group % len(self.devices)]
+
+    def home_devices(self, num_stages: int) -> tuple[jax.Device, ...]:
+        return tuple(self.devices[m % len(self.devices)] for m in range(num_stages))
+
+    @classmethod
+    def from_config(cls, exp: Experiment, **overrides) -> "RuntimeSettings":
+        """Settings from ``exp.config``; a delay mean (in steps) is converted to seconds with
+        the simulator's calibration of this machine's kernels (``calibrated_timing``), so a
+        real and a simulated run of one config inject the same delays.
+
+        ``--workers`` (0: all devices) is W for ``asgd`` and the number of replicas for
+        ``pdasgd``; more groups than devices share devices round-robin.
+        """
+        config = exp.config
+        available = jax.devices()
+        groups = config.workers or len(available)
+        step_time = calibrated_timing(exp, config.batch_size).step_compute_time() if config.delay_mean > 0 else 0.0
+        settings = dict(
+            algo=config.algo, devices=tuple(available[:min(groups, len(available))]), groups=groups,
+            forward_workers=config.forward_workers, backward_workers=config.backward_workers,
+            queue_capacity=config.queue_capacity,
+            backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
+            batch_size=config.batch_size, num_examples=exp.total_examples,
+            delay=delays.DelayModel.from_config(config, step_time), seed=config.seed,
+        )
+        return cls(**{**settings, **overrides})

@@ -1,0 +1,377 @@
+"""The threaded runtime: training, lifecycle (stop, failure, interrupt), replay, no lost updates."""
+
+import _thread
+import collections
+import dataclasses
+import itertools
+import json
+import threading
+import time
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from pdasgd_jax import Config, stages, train_and_evaluate
+from pdasgd_jax.cli import main
+from pdasgd_jax.delays import DelayModel, rng_for
+from pdasgd_jax.executor import StageExecutor, replay
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import init_opt_states
+from pdasgd_jax.models.common import Flatten
+from pdasgd_jax.reporting import NonFiniteLossError, Recorder
+from pdasgd_jax.runtime import (BoundedQueue, QueueClosed, Runtime, RuntimeSettings, WorkerError, numbered_batches,
+                                run_runtime)
+from pdasgd_jax.runtime.control import Control
+from pdasgd_jax.simulate import calibrated_timing
+from pdasgd_jax.train import resume_run
+
+
+@pytest.fixture(scope="module")
+def exp():
+    # A rate that stays stable at the staleness of these runs (lr 0.05 sometimes oscillates).
+    return Experiment.from_config(Config(algo="pdasgd", batch_size=16, lr=0.02, progress=False))
+
+
+def _settings(exp, *, devices=1, **overrides):
+    base = dict(algo="pdasgd", devices=tuple(jax.devices()[:devices]), groups=devices, batch_size=16,
+                num_examples=16 * 40, queue_capacity=2)
+    return RuntimeSettings(**{**base, **overrides})
+
+
+def _recorder(exp, settings, **kw):
+    return Recorder(exp.evaluate, total_examples=settings.num_examples, eval_every=kw.pop("eval_every", 10**9),
+                    progress=False, **kw)
+
+
+def _runtime_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("pdasgd-")]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left_behind():
+    assert not _runtime_threads()
+    yield
+    assert not _runtime_threads(), "a runtime thread outlived its run"
+
+
+def _assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+# The queue -------------------------------------------------------------------------------
+
+def _blocked(fn):
+    """Runs ``fn`` in a thread; returns the thread and a list that receives its outcome."""
+    outcome = []
+
+    def target():
+        try:
+            outcome.append(fn())
+        except QueueClosed as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    time.sleep(0.05)
+    return t, outcome
+
+
+@pytest.mark.timeout(10)
+def test_queue_put_on_full_and_get_on_empty_wake_on_abort():
+    full, empty = BoundedQueue(1), BoundedQueue(1)
+    full.put("a")
+    putter, put_outcome = _blocked(lambda: full.put("b"))
+    getter, get_outcome = _blocked(empty.get)
+    assert putter.is_alive() and getter.is_alive()
+    full.abort()
+    putter.join(1)
+    assert not putter.is_alive() and isinstance(put_outcome[0], QueueClosed)
+    assert getter.is_alive()  # another queue's abort does not concern it
+    with pytest.raises(QueueClosed):
+        full.get()
+    empty.abort()
+    getter.join(1)
+    assert not getter.is_alive() and isinstance(get_outcome[0], QueueClosed)
+
+
+@pytest.mark.timeout(10)
+def test_a_prefetching_producer_refills_in_bursts():
+    q = BoundedQueue(4, refill_below=2)
+    for item in range(4):
+        q.put(item)
+    putter, outcome = _blocked(lambda: q.put(4))
+    assert q.get() == 0 and q.get() == 1
+    time.sleep(0.05)
+    assert putter.is_alive()  # two items left: not yet below the refill mark
+    assert q.get() == 2
+    putter.join(1)
+    assert not putter.is_alive() and len(q) == 2
+
+
+@pytest.mark.timeout(10)
+def test_queue_drains_after_its_last_producer_is_done():
+    q = BoundedQueue(2, producers=2)
+    q.put(1)
+    q.producer_done()
+    q.put(2)  # the second producer still may
+    getters = [_blocked(q.get) for _ in range(3)]
+    q.producer_done()
+    for t, _ in getters:
+        t.join(1)
+        assert not t.is_alive()
+    outcomes = [o[0] for _, o in getters]
+    assert sorted(o for o in outcomes if isinstance(o, int)) == [1, 2]
+    assert sum(isinstance(o, QueueClosed) for o in outcomes) == 1
+    with pytest.raises(QueueClosed):
+        q.put(3)
+
+
+# Training --------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algo, weights", [("pdasgd", "stashed"), ("pdasgd", "live"), ("pdasgd-block", "stashed"),
+                                           ("asgd", "stashed")])
+def test_runtime_trains_to_its_budget_and_reports(exp, algo, weights):
+    settings = _settings(exp, algo=algo, backward_weights=weights, groups=2 if algo == "asgd" else 1,
+                         num_examples=16 * 90 - 5)
+    rt = Runtime(exp, settings)
+    result = rt.run(_recorder(exp, settings))
+    jobs = settings.num_batches
+    assert result.step == jobs and result.examples == 16 * jobs
+    assert rt.store.versions() == (jobs,) * exp.model.num_stages
+    assert exp.evaluate(result.params, result.states)["test_accuracy"] > 0.8
+    extra = result.extra
+    assert extra["staleness"]["updates"] == jobs * exp.model.num_stages
+    assert len(extra["staleness"]["per_stage"]) == exp.model.num_stages
+    assert extra["throughput_examples_per_s"] > 0 and extra["devices"] == 1
+    assert all(0 < u["busy"] <= 1 for u in extra["utilisation"].values())
+    assert sum(u["jobs"] for n, u in extra["utilisation"].items() if "forward" not in n) == jobs
+    if algo == "asgd":
+        assert extra["workers"] == 2 and set(extra["utilisation"]) == {"w0", "w1"}
+        assert all(u["starved"] < 0.2 for u in extra["utilisation"].values())  # the feed keeps up
+    else:
+        assert (extra["forward_workers"], extra["backward_workers"], extra["queue_capacity"]) == (1, 2, 2)
+        assert extra["backward_weights"] == weights
+        assert extra["updates"] == ("layer" if algo == "pdasgd" else "block")
+
+
+@pytest.mark.timeout(60)
+def test_target_accuracy_stops_the_run_early(exp):
+    settings = _settings(exp, num_examples=16 * 10**4)
+    rec = _recorder(exp, settings, eval_every=160, target_accuracy=0.8)
+    result = Runtime(exp, settings).run(rec)
+    assert rec.rows[-1]["test_accuracy"] >= 0.8
+    assert result.examples < settings.num_examples // 10
+
+
+@pytest.mark.timeout(60)
+def test_nonfinite_loss_stops_every_worker(exp):
+    exploding = dataclasses.replace(exp, tx=optax.sgd(1e9))
+    settings = _settings(exploding, num_examples=16 * 10**4)
+    with pytest.raises(NonFiniteLossError, match="training loss became"):
+        Runtime(exploding, settings).run(_recorder(exploding, settings, eval_every=160))
+
+
+# Lifecycle -------------------------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+def test_worker_exception_reraises_with_its_traceback_and_stops_everything(exp, monkeypatch):
+    original = StageExecutor.backward_stage
+    calls = itertools.count()
+    failed_at = []
+
+    def failing(self, job, m, **kw):
+        if next(calls) == 7:
+            failed_at.append(time.monotonic())
+            raise ValueError("boom in a backward")
+        return original(self, job, m, **kw)
+
+    monkeypatch.setattr(StageExecutor, "backward_stage", failing)
+    settings = _settings(exp, num_examples=16 * 10**4)
+    with pytest.raises(WorkerError, match="runtime worker 'd0/backward[01]' failed") as info:
+        Runtime(exp, settings).run(_recorder(exp, settings))
+    assert time.monotonic() - failed_at[0] < 5
+    assert isinstance(info.value.__cause__, ValueError)
+    assert "boom in a backward" in str(info.value) and "in failing" in str(info.value)  # the worker's traceback
+
+
+@pytest.mark.timeout(30)
+def test_keyboard_interrupt_stops_cleanly(exp, monkeypatch):
+    original = StageExecutor.update_stage
+    calls = itertools.count()
+
+    def interrupting(self, job, m, **kw):
+        if next(calls) == 5:
+            _thread.interrupt_main()  # as if Ctrl-C reached the supervising main thread
+        return original(self, job, m, **kw)
+
+    monkeypatch.setattr(StageExecutor, "update_stage", interrupting)
+    settings = _settings(exp, num_examples=16 * 10**4)
+    rt = Runtime(exp, settings)
+    with pytest.raises(KeyboardInterrupt):
+        rt.run(_recorder(exp, settings))
+    assert rt.control.stopped
+
+
+def _queue_lengths_at_abort(monkeypatch):
+    seen = []
+    original = BoundedQueue.abort
+
+    def recording(self):
+        seen.append((len(self), self.capacity))
+        original(self)
+
+    monkeypatch.setattr(BoundedQueue, "abort", recording)
+    return seen
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("queue_state", ["full", "empty"])
+def test_stop_with_a_full_or_empty_queue_does_not_hang(exp, monkeypatch, queue_state):
+    """One side sleeps 10 s after each job (backward: the queue fills; forward: it stays
+    empty); the target is reached at the first evaluation, and the stop wakes every thread,
+    whether blocked on the queue or asleep."""
+    seen = _queue_lengths_at_abort(monkeypatch)
+    sleeper = "backward" if queue_state == "full" else "forward"
+    original = Control.sleep
+    monkeypatch.setattr(Control, "sleep",
+                        lambda self, s: original(self, 10.0) if sleeper in threading.current_thread().name else None)
+    settings = _settings(exp, num_examples=16 * 10**4, queue_capacity=1, backward_workers=1,
+                         delay=DelayModel("constant", mean=1e-6))
+    rec = _recorder(exp, settings, eval_every=16, target_accuracy=0.01)
+    start = time.monotonic()
+    result = Runtime(exp, settings).run(rec)
+    assert time.monotonic() - start < 5
+    assert 1 <= result.step <= 2
+    feed_abort, job_queue_abort = seen  # the feed's queue, then the replica's job queue, once each
+    assert job_queue_abort == ((1, 1) if queue_state == "full" else (0, 1))
+
+
+# Replay and lost updates -------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algo, weights", [("pdasgd", "stashed"), ("pdasgd-block", "live")])
+def test_replay_of_a_multi_device_run_reproduces_it(exp, algo, weights):
+    assert jax.device_count() == 8
+    settings = _settings(exp, devices=8, algo=algo, backward_weights=weights, forward_workers=2, backward_workers=3,
+                         queue_capacity=3, num_examples=16 * 48, record_events=True)
+    rt = Runtime(exp, settings)
+    result = rt.run(_recorder(exp, settings))
+    assert len({d for d in rt.store.home_devices}) == exp.model.num_stages  # stages spread over devices
+    events = rt.log.events
+    starts = [e for e in events if e.kind == "start"]
+    assert sorted(e.version for e in starts) == list(range(settings.num_batches))  # every batch exactly once
+    assert len({e.worker for e in starts}) > 2  # several forward workers took part
+    batches = list(itertools.islice(numbered_batches(exp, settings.batch_size), settings.num_batches))
+    v = exp.variables
+    replayed = replay(events, exp.kernels, v.params, v.states, init_opt_states(exp.tx, v.params),
+                      lambda b: (batches[b].x, batches[b].labels), backward_weights=weights)
+    _assert_trees_close(replayed.store.snapshot()[0], result.params)
+    for a, b in zip(replayed.staleness.per_stage(), rt.executor.staleness.per_stage()):
+        assert sorted(a.tolist()) == sorted(b.tolist())
+
+
+def _tiny_experiment(exp):
+    rngs = nnx.Rngs(1)
+    model, variables = stages.from_modules(
+        [nnx.Sequential(Flatten(), nnx.Linear(64, 8, rngs=rngs), nnx.relu),
+         nnx.Sequential(nnx.Linear(8, 8, rngs=rngs), nnx.relu),
+         nnx.Sequential(nnx.Linear(8, 8, rngs=rngs), nnx.relu),
+         nnx.Linear(8, 10, rngs=rngs)])
+    return dataclasses.replace(exp, model=model, variables=variables, tx=optax.sgd(0.01))
+
+
+@pytest.mark.timeout(60)
+def test_many_threads_lose_no_update(exp):
+    """F=4, B=8 on each of 8 devices (96 workers), tiny jobs: every gradient applied exactly once."""
+    tiny = _tiny_experiment(exp)
+    settings = _settings(tiny, devices=8, forward_workers=4, backward_workers=8, queue_capacity=8, batch_size=2,
+                         num_examples=2 * 400, record_events=True)
+    rt = Runtime(tiny, settings)
+    rt.run(_recorder(tiny, settings))
+    n = settings.num_batches
+    assert rt.store.versions() == (n,) * tiny.model.num_stages
+    updates = collections.defaultdict(list)
+    for e in rt.log.events:
+        if e.kind == "update":
+            updates[e.stage].append((e.version, e.job))
+    for m in range(tiny.model.num_stages):
+        assert sorted(version for version, _ in updates[m]) == list(range(n))  # each version replaced once
+        assert sorted(job for _, job in updates[m]) == list(range(n))  # each job updated the stage once
+    assert len({e.worker for e in rt.log.events if e.kind == "update"}) > 32
+
+
+# Injected delays ----------------------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+def test_injected_delays_come_from_one_stream_per_worker(exp, monkeypatch):
+    slept = collections.defaultdict(list)
+    monkeypatch.setattr(Control, "sleep", lambda self, s: slept[threading.current_thread().name].append(s))
+    delay = DelayModel("exponential", mean=0.002)
+    settings = _settings(exp, algo="asgd", groups=2, delay=delay, seed=3)
+    Runtime(exp, settings).run(_recorder(exp, settings))
+    for w in ("w0", "w1"):  # the simulator's worker names and streams
+        draws = slept[f"pdasgd-{w}"]
+        np.testing.assert_allclose(draws, delay.sample(rng_for(3, "delay", w), size=len(draws)))
+    assert sum(len(d) for d in slept.values()) == settings.num_batches
+
+
+@pytest.mark.timeout(30)
+def test_every_pdasgd_worker_sleeps_one_delay_per_job(exp):
+    settings = _settings(exp, delay=DelayModel("constant", mean=0.005), backward_workers=1, num_examples=16 * 12)
+    rt = Runtime(exp, settings)
+    rt.run(_recorder(exp, settings))
+    for w in rt.workers:
+        assert w.stats.jobs == 12
+        assert w.stats.idle == pytest.approx(12 * 0.005, rel=0.5)
+
+
+def test_delay_mean_is_in_steps_of_the_calibrated_compute(exp):
+    config = Config(algo="asgd", batch_size=16, delay_model="exponential", delay_mean=2.0, progress=False)
+    settings = RuntimeSettings.from_config(dataclasses.replace(exp, config=config))
+    step = calibrated_timing(exp, 16).step_compute_time()
+    assert settings.delay.name == "exponential" and settings.delay.mean == pytest.approx(2 * step)
+
+
+# End to end --------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_cli_trains_pdasgd_and_writes_staleness(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--algo", "pdasgd", "--epochs", "0.3", "--no-progress", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["staleness"]["updates"] == summary["steps"] * 3
+    assert summary["devices"] == 8 and summary["backward_workers"] == 2
+    assert (out / "metrics.jsonl").read_text().strip()
+
+
+@pytest.mark.timeout(60)
+def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path):
+    """One ASGD worker is deterministic (plain SGD), so resuming must change nothing."""
+    common = dict(algo="asgd", workers=1, epochs=0.5, eval_every=200, seed=3, progress=False)
+    whole = train_and_evaluate(Config(out=str(tmp_path / "whole"), **common))
+    part_dir = tmp_path / "part"
+    part = train_and_evaluate(Config(out=str(part_dir), **{**common, "epochs": 0.25}))
+    saved = json.loads((part_dir / "config.json").read_text())
+    (part_dir / "config.json").write_text(json.dumps({**saved, "epochs": 0.5}))  # it was meant to go on
+    resumed = resume_run(str(part_dir))
+    assert resumed["resumed_from_step"] == part["steps"]
+    assert (resumed["steps"], resumed["examples"]) == (whole["steps"], whole["examples"])
+    assert resumed["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-5)
+
+
+def test_a_batch_larger_than_the_dataset_fails_before_any_thread_starts(exp):
+    with pytest.raises(ValueError, match="--batch-size 4096 exceeds"):
+        Runtime(exp, _settings(exp, batch_size=4096))
+
+
+def test_run_runtime_uses_the_config(exp):
+    config = Config(algo="asgd", batch_size=16, epochs=0.1, workers=3, progress=False)
+    e = dataclasses.replace(exp, config=config)
+    result = run_runtime(e, Recorder(e.evaluate, total_examples=e.total_examples, eval_every=10**9, progress=False))
+    assert result.extra["workers"] == 3 and result.extra["devices"] == 3
+    assert result.examples >= e.total_examples

@@ -1,0 +1,132 @@
+"""``delays`` (algorithms.md §6): virtual time to a fixed test accuracy under injected delays.
+
+Digits with the MLP on the virtual clock, costs calibrated from the real kernels on this
+machine. ``W`` devices: sync and ASGD one worker each, PD-ASGD ``F = 1`` forward and
+``B = 2`` backward workers each (one device runs one kernel at a time); every worker draws
+an idle delay ``Exp(mean = k x one step's compute)`` per job (sync: per step, and the step
+waits for the slowest worker); optionally device 0 is a straggler, 3x slower. The
+per-worker batch is the same for all (sync's global batch is ``W`` times it).
+
+Learning rates are tuned per algorithm and cell: each algorithm gets the best of ``LRS``
+on seed 0 (sync profits from large rates on its ``W``-times larger batch, the asynchronous
+algorithms need small ones under staleness; one shared rate would pick the winner), then
+seeds 1 and 2 run at that rate. A run that does not reach the target within the budget,
+or diverges, counts as infinitely slow.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from pdasgd_jax.compare import markdown_table
+from pdasgd_jax.config import Config
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.reporting import NonFiniteLossError, Recorder
+from pdasgd_jax.simulate import calibrated_timing, run_simulated
+
+WORKERS = (4, 16, 64)
+DELAY_FACTORS = (0.0, 0.5, 1.0, 2.0, 4.0)
+STRAGGLER_FACTOR = 3.0
+LRS = (0.003125, 0.0125, 0.05, 0.2)
+SEEDS = (0, 1, 2)
+BATCH_SIZE = 16
+TARGET = 0.9
+EPOCHS = 30.0
+ALGORITHMS: dict[str, dict[str, Any]] = {
+    "sync": {"algo": "sync"},
+    "asgd": {"algo": "asgd"},
+    "pdasgd": {"algo": "pdasgd", "backward_weights": "stashed"},
+    "pdasgd-live": {"algo": "pdasgd", "backward_weights": "live"},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _base_experiment(seed: int, lr: float) -> Experiment:
+    """Data, model and compiled kernels shared by every run with this seed and rate."""
+    return Experiment.from_config(Config(seed=seed, lr=lr, progress=False))
+
+
+def time_to_target(algo: str, workers: int, k: float, straggler: bool, lr: float, seed: int, epochs: float) -> float:
+    """Virtual seconds until the test accuracy reaches ``TARGET`` (inf: never, or diverged)."""
+    overrides = ALGORITHMS[algo]
+    batch = BATCH_SIZE * workers if overrides["algo"] == "sync" else BATCH_SIZE
+    config = Config(**{**overrides, "simulate": True, "workers": workers, "batch_size": batch, "lr": lr,
+                       "seed": seed, "epochs": epochs, "target_accuracy": TARGET, "eval_every": BATCH_SIZE,
+                       "delay_model": "exponential" if k else "none", "delay_mean": k, "progress": False}).validate()
+    exp = copy.copy(_base_experiment(seed, lr))
+    exp.config = config
+    timing = calibrated_timing(exp, BATCH_SIZE)
+    if straggler:
+        timing = dataclasses.replace(timing, worker_factors=(STRAGGLER_FACTOR,))
+    rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every,
+                   target_accuracy=TARGET, progress=False)
+    try:
+        reached = run_simulated(exp, rec, timing=timing).extra["virtual_time_to_target"]
+    except NonFiniteLossError:
+        return math.inf
+    return math.inf if reached is None else reached
+
+
+def _cell(algo: str, workers: int, k: float, straggler: bool, lrs: tuple[float, ...], seeds: tuple[int, ...],
+          epochs: float) -> dict[str, Any]:
+    """Best rate on the first seed, then the other seeds at it."""
+    tuning = {lr: time_to_target(algo, workers, k, straggler, lr, seeds[0], epochs) for lr in lrs}
+    best = min(tuning, key=tuning.get)
+    times = [tuning[best]] + [time_to_target(algo, workers, k, straggler, best, s, epochs) for s in seeds[1:]]
+    reached = all(math.isfinite(t) for t in times)
+    return {"lr": best, "tuning": tuning, "times": times, "mean": float(np.mean(times)) if reached else math.inf,
+            "std": float(np.std(times)) if reached else math.nan}
+
+
+def _finite(x: Any) -> Any:
+    """JSON-ready: infinities (not reached) become None."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def _ratio(slower: float, faster: float) -> str:
+    if not math.isfinite(faster):
+        return "not reached"
+    return "ref. not reached" if not math.isfinite(slower) else f"{slower / faster:.2f}x"
+
+
+def _fmt(cell: dict[str, Any]) -> str:
+    if not math.isfinite(cell["mean"]):
+        return f"not reached (lr {cell['lr']})"
+    return f"{cell['mean'] * 1e3:.1f} ± {cell['std'] * 1e3:.1f} (lr {cell['lr']})"
+
+
+def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
+    """The whole grid (``quick``: 4 devices, k in {0, 1}, one rate and seed, short budget)."""
+    del out_dir
+    grid_workers, factors = ((4,), (0.0, 1.0)) if quick else (WORKERS, DELAY_FACTORS)
+    lrs, seeds, epochs = ((0.05,), SEEDS[:1], 3.0) if quick else (LRS, SEEDS, EPOCHS)
+    cells, rows = [], []
+    for workers in grid_workers:
+        for straggler in (False, True):
+            for k in factors:
+                by_algo = {algo: _cell(algo, workers, k, straggler, lrs, seeds, epochs) for algo in ALGORITHMS}
+                pd = by_algo["pdasgd"]["mean"]
+                speedup = {ref: by_algo[ref]["mean"] / pd if math.isfinite(pd) else 0.0 for ref in ("sync", "asgd")}
+                cells.append(_finite({"workers": workers, "k": k, "straggler": straggler, **by_algo,
+                                      "pdasgd_speedup": speedup}))
+                rows.append({"W": workers, "k": k, "straggler": "3x" if straggler else "-",
+                             **{f"{a} (ms)": _fmt(c) for a, c in by_algo.items()},
+                             **{f"pdasgd vs {ref}": _ratio(by_algo[ref]["mean"], pd) for ref in ("sync", "asgd")}})
+    results = {"target_accuracy": TARGET, "batch_size": BATCH_SIZE, "epochs_budget": epochs, "lrs": list(lrs),
+               "seeds": list(seeds), "straggler_factor": STRAGGLER_FACTOR, "cells": cells}
+    header = (f"delays: digits MLP, virtual time (ms, mean ± std over {len(seeds)} seed(s)) to test accuracy "
+              f"{TARGET}; "
+              f"batch {BATCH_SIZE} per worker; Exp(k x step compute) delay per worker per job; "
+              f"best lr of {list(lrs)} per cell")
+    columns = ("W", "k", "straggler", *(f"{a} (ms)" for a in ALGORITHMS), "pdasgd vs sync", "pdasgd vs asgd")
+    return results, header + "\n\n" + markdown_table(rows, columns)

@@ -1,0 +1,87 @@
+"""``parity`` (algorithms.md §6): final test accuracy of every algorithm at equal examples.
+
+Per dataset (digits with the MLP, MNIST-1D with the 1-D CNN) every algorithm gets the same
+example budget, per-worker batch and optimizer settings, over three seeds. The parallel
+algorithms use ``WORKERS`` workers; the asynchronous ones run on the virtual clock with the
+costs calibrated on this machine and an exponential per-step delay of mean one step's
+compute (so their staleness is that of a delayed cluster, not of one idle device); sync
+is simulated too (same arithmetic as on a mesh); local SGD and DaSGD run their SPMD
+programs (vmapped workers on one device).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import Any
+
+import numpy as np
+
+from pdasgd_jax.compare import markdown_table
+from pdasgd_jax.config import Config
+from pdasgd_jax.reporting import NonFiniteLossError
+from pdasgd_jax.train import train_and_evaluate
+
+WORKERS = 4
+BATCH_SIZE = 32
+SEEDS = (0, 1, 2)
+# Optimizer settings per dataset: where plain SGD trains well within the budget.
+DATASETS: dict[str, dict[str, Any]] = {
+    "digits": {"model": "mlp", "lr": 0.05, "epochs": 10.0},
+    "mnist1d": {"model": "cnn1d", "lr": 0.02, "epochs": 20.0},
+}
+ASYNC = {"simulate": True, "delay_model": "exponential", "delay_mean": 1.0}
+ALGORITHMS: dict[str, dict[str, Any]] = {
+    "sgd": {"algo": "sgd"},
+    "sync": {"algo": "sync", "simulate": True, "batch_size": WORKERS * BATCH_SIZE},
+    "asgd": {"algo": "asgd", **ASYNC},
+    "pdasgd (layer, stashed)": {"algo": "pdasgd", "backward_weights": "stashed", **ASYNC},
+    "pdasgd (layer, live)": {"algo": "pdasgd", "backward_weights": "live", **ASYNC},
+    "pdasgd-block (stashed)": {"algo": "pdasgd-block", "backward_weights": "stashed", **ASYNC},
+    "local": {"algo": "local", "period": 8},
+    "dasgd": {"algo": "dasgd", "period": 8, "delay_steps": 4},
+}
+
+
+def final_accuracy(config: Config) -> float:
+    """Final test accuracy of one run; NaN if its loss diverged."""
+    try:
+        return float(train_and_evaluate(config)["test_accuracy"])
+    except NonFiniteLossError:
+        return math.nan
+
+
+def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
+    """Runs the protocol (``quick``: digits, 2 epochs, one seed); returns results and table."""
+    del out_dir  # the runs' own files are not kept
+    datasets = {"digits": {**DATASETS["digits"], "epochs": 2.0}} if quick else DATASETS
+    seeds = SEEDS[:1] if quick else SEEDS
+    algorithms = dict(ALGORITHMS)
+    notes = []
+    if importlib.util.find_spec("pdasgd_jax.averaging_runner") is None:
+        algorithms = {k: v for k, v in algorithms.items() if v["algo"] not in ("local", "dasgd")}
+        notes.append("local and dasgd skipped: pdasgd_jax.averaging_runner is not available")
+    results: dict[str, Any] = {}
+    rows = []
+    for dataset, settings in datasets.items():
+        results[dataset] = {}
+        for label, overrides in algorithms.items():
+            accs = [final_accuracy(Config(**{"dataset": dataset, "workers": WORKERS, "batch_size": BATCH_SIZE,
+                                             "optimizer": "momentum", "momentum": 0.9, "seed": seed,
+                                             "progress": False, **settings, **overrides}))
+                    for seed in seeds]
+            finite = [a for a in accs if math.isfinite(a)]
+            mean, std = (float(np.mean(finite)), float(np.std(finite))) if finite else (math.nan, math.nan)
+            results[dataset][label] = {"test_accuracy": accs, "mean": mean, "std": std,
+                                       "diverged": len(accs) - len(finite)}
+            rows.append({"dataset": f"{dataset} ({settings['model']})", "algorithm": label,
+                         "test accuracy": f"{mean:.4f} ± {std:.4f}" + (f" ({len(accs) - len(finite)} diverged)"
+                                                                       if len(finite) < len(accs) else ""),
+                         "seeds": len(accs)})
+    settings_line = (f"{WORKERS} workers, batch {BATCH_SIZE} per worker, momentum 0.9; async: virtual clock, "
+                     f"Exp(1 step) delays; " + "; ".join(f"{d}: lr {s['lr']}, {s['epochs']:g} epochs"
+                                                          for d, s in datasets.items()))
+    results["settings"] = {"workers": WORKERS, "batch_size": BATCH_SIZE, "seeds": list(seeds),
+                           "datasets": datasets, "algorithms": algorithms, "notes": notes}
+    table = markdown_table(rows, ("dataset", "algorithm", "test accuracy", "seeds"))
+    return results, "\n".join([f"parity: {settings_line}", "", table, *notes])

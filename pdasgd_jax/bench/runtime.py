@@ -1,0 +1,296 @@
+"""``runtime`` (algorithms.md §6): the real threaded runtime on this machine's devices.
+
+Digits with the MLP. Two measurements:
+
+* **throughput**: examples/s of the runtime (PD-ASGD with ``F``/``B``/``Q``, ASGD with
+  ``W`` workers) against a sequential loop over the same executor operations
+  (``forward_all`` + ``backward_all`` on one thread, on the first device, same data
+  stream), no delays, at a host-bound (32) and a compute-bound (256) batch size; on one
+  device and, when there are more, on all of them. Each is timed from the first batch to
+  the parameters ready, after a warm-up run that compiles.
+* **time to target**: wall seconds until the test accuracy reaches ``TARGET`` with real
+  injected delays ``Exp(mean = k x one step's calibrated compute)`` (``time.sleep``), for
+  PD-ASGD (``W`` replicas of F=1, B=2) and ASGD (``W`` workers), each worker drawing one
+  delay per job, against ``sync`` under the same delays: one step on the ``W``-times
+  larger global batch, then a sleep of the maximum of the ``W`` workers' draws (the step
+  waits for the slowest). Beside each measured ratio, the simulator's prediction
+  (``run_simulated`` on the virtual clock, same configs, seeds and delay streams).
+  Workers share the devices round-robin, so on a one-device machine all ``W`` replicas
+  share it, while the simulator gives each its own device.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from pdasgd_jax.compare import markdown_table
+from pdasgd_jax.config import Config
+from pdasgd_jax.delays import DelayModel, rng_for
+from pdasgd_jax.executor import StageExecutor
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
+from pdasgd_jax.reporting import NonFiniteLossError, Recorder
+from pdasgd_jax.runtime import Runtime, RuntimeSettings, numbered_batches
+from pdasgd_jax.simulate import calibrated_timing, run_simulated
+from pdasgd_jax.store import ParameterStore
+from pdasgd_jax.train import run_synchronous_loop
+
+# Batch size -> batches per timed run (equal examples): host-bound and compute-bound steps.
+THROUGHPUT_BATCHES = {32: 600, 256: 75}
+DELAY_BATCH = 16
+WORKERS = 4
+TARGET = 0.9
+EVAL_EVERY = 128
+# Per-algorithm rates: the best of the ``delays`` benchmark's grid at W=4 for most delays
+# (sync's W-times larger batch takes a large rate, the asynchronous ones need small ones).
+ALGORITHMS: dict[str, dict[str, Any]] = {
+    "pdasgd": {"algo": "pdasgd", "batch_size": DELAY_BATCH, "lr": 0.0125},
+    "asgd": {"algo": "asgd", "batch_size": DELAY_BATCH, "lr": 0.0125},
+    "sync": {"algo": "sync", "batch_size": DELAY_BATCH * WORKERS, "lr": 0.2},
+}
+# (name, settings overrides); "sequential" is the baseline.
+LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("pdasgd F=1 B=1 Q=1", {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue_capacity": 1}),
+    ("pdasgd F=1 B=2 Q=2", {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 2, "queue_capacity": 2}),
+    ("asgd W=1", {"algo": "asgd"}),
+    ("asgd W=2 per device", {"algo": "asgd", "groups_per_device": 2}),
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _experiment(lr: float = Config.lr) -> Experiment:
+    """Digits MLP at this learning rate; the copies made by ``_with_config`` share its kernels."""
+    exp = Experiment.from_config(Config(lr=lr, progress=False))
+    # Creates the cached kernels and evaluation step now, so that every copy shares them.
+    exp.kernels  # noqa: B018
+    exp.evaluate(exp.variables.params, exp.variables.states)
+    return exp
+
+
+def _with_config(exp: Experiment, **changes: Any) -> Experiment:
+    """``exp`` under a changed config, sharing its data, model and compiled kernels."""
+    out = copy.copy(exp)
+    out.config = Config(**{**exp.config.to_dict(), **changes}).validate()
+    return out
+
+
+def _span(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+# Throughput ---------------------------------------------------------------------------------
+
+def sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_batches: int) -> float:
+    """Seconds of the single-threaded loop over the executor's operations on ``device``."""
+    v = exp.variables
+    store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), exp.kernels.apply_update,
+                           home_devices=(device,) * exp.model.num_stages)
+    ex = StageExecutor(exp.kernels, store)
+    start = time.perf_counter()
+    for batch in numbered_batches(exp, batch_size):
+        if batch.batch_id == num_batches:
+            break
+        job = ex.start_job(batch.batch_id, batch.batch_id, batch.x, batch.labels, device=device)
+        ex.forward_all(job)
+        ex.backward_all(job, layerwise=True)
+    jax.block_until_ready(store.snapshot())
+    return time.perf_counter() - start
+
+
+def runtime_seconds(exp: Experiment, settings: RuntimeSettings) -> float:
+    """Seconds of one runtime run, from starting the threads to the last job done (no evaluation)."""
+    rt = Runtime(exp, settings)
+    rt.run(Recorder(exp.evaluate, total_examples=settings.num_examples, eval_every=10**9, progress=False))
+    return rt.train_time
+
+
+def throughput(exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int, num_batches: int,
+               repeats: int) -> dict[str, Any]:
+    """Examples/s of the sequential loop and of every layout in ``LAYOUTS`` on ``devices``.
+
+    The repeats are interleaved (sequential, then every layout, ``repeats`` times), and each
+    layout's ratio is the median of its ratios to the sequential loop of the same round,
+    so a drift in the machine's speed affects both sides of a ratio alike.
+    """
+    runs: dict[str, Callable[[int], float]] = {"sequential": lambda n: sequential_loop(exp, devices[0], batch_size, n)}
+    for name, overrides in LAYOUTS:
+        overrides = dict(overrides)
+        groups = len(devices) * overrides.pop("groups_per_device", 1)
+        settings = RuntimeSettings(devices=devices, groups=groups, batch_size=batch_size, **overrides)
+        runs[name] = functools.partial(
+            lambda st, n: runtime_seconds(exp, dataclasses.replace(st, num_examples=n * batch_size)), settings)
+    for fn in runs.values():
+        fn(max(4, num_batches // 10))  # compiles for every device involved
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            rates[name].append(num_batches * batch_size / fn(num_batches))
+    out = {name: _span(r) for name, r in rates.items()}
+    for name, _ in LAYOUTS:
+        out[name]["vs_sequential"] = statistics.median(a / b for a, b in zip(rates[name], rates["sequential"]))
+    return out
+
+
+# Time to target under delays ------------------------------------------------------------------
+
+def _first_reaching(rec: Recorder, key: str) -> float:
+    return next((r[key] for r in rec.rows if r["test_accuracy"] >= TARGET), math.inf)
+
+
+def _recorder(exp: Experiment) -> Recorder:
+    return Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=EVAL_EVERY, target_accuracy=TARGET,
+                    progress=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_step(kernels: StageKernels) -> Callable:
+    """The whole-model SGD step, compiled once per model and optimizer (``kernels`` holds both)."""
+    return jax.jit(make_train_step(kernels.model, kernels.tx))
+
+
+def sync_with_delays(exp: Experiment) -> float:
+    """Wall seconds to ``TARGET`` of ``WORKERS``-way sync with real per-step delays."""
+    config = exp.config
+    step_compute = calibrated_timing(exp, DELAY_BATCH).step_compute_time()
+    delay = DelayModel.from_config(config, step_compute)
+    rngs = [rng_for(config.seed, "step-delays", w) for w in range(WORKERS)]  # the simulator's sync streams
+    fused = _fused_step(exp.kernels)
+
+    def step(ts: TrainState, x: jax.Array, y: jax.Array) -> tuple[TrainState, jax.Array]:
+        ts, loss = fused(ts, x, y)
+        jax.block_until_ready(loss)
+        time.sleep(max(delay.idle_time(rng, step_compute) for rng in rngs))  # the step waits for the slowest
+        return ts, loss
+
+    v = exp.variables
+    rec = _recorder(exp)
+    ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
+    run_synchronous_loop(exp, rec, step, ts, jax.device_put, jax.device_put, config.batch_size)
+    return _first_reaching(rec, "wall_time")
+
+
+def runtime_with_delays(exp: Experiment) -> float:
+    """Wall seconds to ``TARGET`` of the runtime (``exp.config.algo``) with real delays."""
+    rt = Runtime(exp, RuntimeSettings.from_config(exp))
+    rec = _recorder(exp)
+    rt.run(rec)
+    return _first_reaching(rec, "wall_time")
+
+
+def simulated(exp: Experiment) -> float:
+    """Virtual seconds to ``TARGET`` predicted by the simulator for the same config."""
+    sim = _with_config(exp, simulate=True)
+    rec = _recorder(sim)
+    timing = calibrated_timing(exp, DELAY_BATCH)
+    return run_simulated(sim, rec, timing=timing).extra["virtual_time_to_target"] or math.inf
+
+
+def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str, Any]:
+    """Measured and simulated seconds to ``TARGET`` of pdasgd, asgd and sync under ``Exp(k)`` delays."""
+    delay = {"delay_model": "exponential" if k else "none", "delay_mean": k}
+    common = dict(workers=WORKERS, epochs=epochs, eval_every=EVAL_EVERY, target_accuracy=TARGET, **delay)
+    out: dict[str, Any] = {"k": k}
+    for name, config in ALGORITHMS.items():
+        base = _experiment(lr=config["lr"])
+        out["delay_mean_s"] = k * calibrated_timing(base, DELAY_BATCH).step_compute_time()
+        warm_up = _with_config(base, **{**common, **config, "epochs": 0.1, "target_accuracy": None,
+                                        "delay_model": "none", "delay_mean": 0.0})
+        real = sync_with_delays if name == "sync" else runtime_with_delays
+        real(warm_up)  # compiles for this batch size
+        measured, predicted = [], []
+        for seed in seeds:
+            exp = _with_config(base, seed=seed, **common, **config)
+            for times, fn in ((measured, real), (predicted, simulated)):
+                try:
+                    times.append(fn(exp))
+                except NonFiniteLossError:
+                    times.append(math.inf)
+        out[name] = {"lr": config["lr"], "measured_s": measured, "simulated_s": predicted}
+    for name in ("pdasgd", "asgd"):
+        for kind in ("measured_s", "simulated_s"):
+            ratios = [_ratio(s, a) for s, a in zip(out["sync"][kind], out[name][kind])]
+            out[name][f"speedup_vs_sync_{kind[:-2]}"] = float(np.mean(ratios))
+    return out
+
+
+def _ratio(reference: float, time_s: float) -> float:
+    """How many times faster than the reference (0: never reached; inf: only the reference failed)."""
+    if not math.isfinite(time_s):
+        return 0.0
+    return reference / time_s
+
+
+# The benchmark ------------------------------------------------------------------------------
+
+def _fmt(span: dict[str, float]) -> str:
+    return f"{span['median']:.0f} [{span['min']:.0f}, {span['max']:.0f}]"
+
+
+def _seconds(values: list[float]) -> str:
+    if not all(math.isfinite(v) for v in values):
+        return "not reached"
+    return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+
+
+def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
+    """Throughput and time to target (``quick``: a quarter of the batches, one repeat, one seed, k = 10)."""
+    del out_dir
+    batches = {bs: n // 4 for bs, n in THROUGHPUT_BATCHES.items()} if quick else THROUGHPUT_BATCHES
+    repeats = 1 if quick else 5
+    factors, seeds, epochs = ((10.0,), (0,), 4.0) if quick else ((0.0, 2.0, 10.0), (0, 1, 2), 10.0)
+    base = _experiment()
+    all_devices = tuple(jax.devices())
+    placements = {"1 device": all_devices[:1]}
+    if len(all_devices) > 1:
+        placements[f"{len(all_devices)} devices"] = all_devices
+    results: dict[str, Any] = {"device": all_devices[0].device_kind, "num_devices": len(all_devices),
+                               "repeats": repeats, "throughput": {}}
+    rows = []
+    for where, devices in placements.items():
+        for bs, n in batches.items():
+            r = results["throughput"][f"{where}, batch {bs}"] = throughput(base, devices, bs, n, repeats)
+            common = {"devices": where, "batch": bs, "batches": n}
+            rows.append({**common, "layout": "sequential loop", "ex/s": _fmt(r["sequential"]), "vs sequential": "1.00x"})
+            rows += [{**common, "layout": name, "ex/s": _fmt(r[name]), "vs sequential": f"{r[name]['vs_sequential']:.2f}x"}
+                     for name, _ in LAYOUTS]
+    results["time_to_target"] = [time_to_target(k, seeds, epochs) for k in factors]
+    ttt_rows = []
+    for cell in results["time_to_target"]:
+        for name in ("pdasgd", "asgd", "sync"):
+            c = cell[name]
+            ttt_rows.append({"k": cell["k"], "delay mean (ms)": f"{cell['delay_mean_s'] * 1e3:.2f}", "algo": name,
+                             "lr": c["lr"],
+                             "measured (s)": _seconds(c["measured_s"]), "simulated (s)": _seconds(c["simulated_s"]),
+                             "vs sync measured": f"{c['speedup_vs_sync_measured']:.2f}x" if name != "sync" else "1.00x",
+                             "vs sync simulated": f"{c['speedup_vs_sync_simulated']:.2f}x" if name != "sync" else "1.00x"})
+    results.update(target_accuracy=TARGET, delay_batch=DELAY_BATCH, workers=WORKERS, seeds=list(seeds),
+                   epochs_budget=epochs)
+    header = (f"runtime: digits MLP on {len(all_devices)} x {results['device']}. Throughput, no delays: examples/s, "
+              f"median [min, max] of {repeats} interleaved run(s); ratio: median of the per-round ratios.")
+    ttt_header = (f"Time to test accuracy {TARGET}: W={WORKERS}, batch {DELAY_BATCH} per worker (sync: global "
+                  f"{DELAY_BATCH * WORKERS}), real Exp(k x step compute) sleeps per worker per job (sync: the max of "
+                  f"{WORKERS} draws per step); wall seconds, mean ± std over {len(seeds)} seed(s); simulated: the "
+                  "simulator's virtual seconds for the same configs; speedups: mean of per-seed ratios.")
+    table = "\n\n".join([
+        header, markdown_table(rows, ("devices", "batch", "batches", "layout", "ex/s", "vs sequential")), ttt_header,
+        markdown_table(ttt_rows, ("k", "delay mean (ms)", "algo", "lr", "measured (s)", "simulated (s)",
+                                  "vs sync measured", "vs sync simulated"))])
+    return _finite(results), table
+
+
+def _finite(x: Any) -> Any:
+    """JSON-ready: infinities (target not reached) become None."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return None if isinstance(x, float) and not math.isfinite(x) else x

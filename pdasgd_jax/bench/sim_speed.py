@@ -1,0 +1,113 @@
+"""``sim-speed`` (algorithms.md §6): simulator throughput relative to a plain jitted SGD loop.
+
+Same model (digits MLP), batch and number of steps for all three, compiled beforehand,
+each timed from the training stream to parameters ready (with ``block_until_ready``):
+
+* ``sgd``: a Python loop over the fused jitted whole-model step (the baseline);
+* ``event``: ``run_simulated`` of PD-ASGD with ``F = B = Q = 1`` on one device, calibrated
+  costs and ``Exp(1 step)`` delays (so forward and backward overlap and updates are stale):
+  every stage operation is one kernel dispatch through the executor in virtual-time order,
+  plus the scheduler's bookkeeping;
+* ``fastpath``: the same run's staleness schedule replayed as one jitted scan
+  (``fastpath.run_fixed_staleness``), batches stacked from the same stream.
+
+Reported: examples/s (median of the repeats, with min and max) and the ratios to ``sgd``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from pdasgd_jax.compare import markdown_table
+from pdasgd_jax.config import Config
+from pdasgd_jax.executor import EventLog
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
+from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.simulate import calibrated_timing, run_simulated
+from pdasgd_jax.simulate.fastpath import (current_params, init_ring_state, lags_from_log, make_fixed_staleness_steps,
+                                          ring_sizes)
+
+BATCH_SIZES = (32, 256)
+EPOCHS = 5.0
+REPEATS = 5
+
+
+def _rates(fn: Callable[[], Any], examples: int, repeats: int) -> dict[str, float]:
+    """Examples/s of ``fn`` (run once first to compile and warm up)."""
+    jax.block_until_ready(fn())
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        rates.append(examples / (time.perf_counter() - start))
+    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+
+
+def measure(batch_size: int, epochs: float, repeats: int) -> dict[str, Any]:
+    """The three throughputs for one batch size."""
+    exp = Experiment.from_config(Config(algo="pdasgd", simulate=True, forward_workers=1, backward_workers=1, queue=1,
+                                        delay_model="exponential", delay_mean=1.0, batch_size=batch_size,
+                                        epochs=epochs, eval_every=10**9, progress=False))
+    timing = calibrated_timing(exp, batch_size)
+    v = exp.variables
+    opt_states = init_opt_states(exp.tx, v.params)
+
+    def event(log: EventLog | None = None):
+        rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+        return run_simulated(exp, rec, timing=timing, log=log).params
+
+    log = EventLog()
+    event(log)
+    batch_ids, lags = lags_from_log(log.events, exp.model.num_stages)
+    steps = len(lags)
+    examples = steps * batch_size
+    step = jax.jit(make_train_step(exp.model, exp.tx))
+
+    def sgd():
+        ts = TrainState(v.params, v.states, opt_states)
+        stream = exp.train_stream(batch_size)
+        for _ in range(steps):
+            ts, _ = step(ts, *next(stream))
+        return ts.params
+
+    sizes = ring_sizes(lags)
+    scan = make_fixed_staleness_steps(exp.model, exp.tx, sizes)
+
+    def fastpath():
+        stream = exp.train_stream(batch_size)
+        batches = [next(stream) for _ in range(steps)]
+        xs = np.stack([batches[b][0] for b in batch_ids])
+        ys = np.stack([batches[b][1] for b in batch_ids])
+        rs, _ = scan(init_ring_state(v.params, v.states, opt_states, sizes), xs, ys, lags)
+        return current_params(rs)
+
+    out = {"steps": steps, "examples": examples, "sgd": _rates(sgd, examples, repeats),
+           "event": _rates(event, examples, repeats), "fastpath": _rates(fastpath, examples, repeats),
+           "max_lag": [n - 1 for n in sizes]}
+    for mode in ("event", "fastpath"):
+        out[f"{mode}_vs_sgd"] = out[mode]["median"] / out["sgd"]["median"]
+    return out
+
+
+def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
+    """Measures every batch size (``quick``: batch 32, one epoch, two repeats)."""
+    del out_dir
+    batch_sizes, epochs, repeats = ((32,), 1.0, 2) if quick else (BATCH_SIZES, EPOCHS, REPEATS)
+    results: dict[str, Any] = {"device": str(jax.devices()[0].device_kind), "repeats": repeats}
+    rows = []
+    for bs in batch_sizes:
+        r = results[f"batch_{bs}"] = measure(bs, epochs, repeats)
+        span = lambda m: f"{r[m]['median']:.0f} [{r[m]['min']:.0f}, {r[m]['max']:.0f}]"  # noqa: E731
+        rows.append({"batch": bs, "steps": r["steps"], "sgd ex/s": span("sgd"), "event ex/s": span("event"),
+                     "event / sgd": f"{r['event_vs_sgd']:.2f}x", "fastpath ex/s": span("fastpath"),
+                     "fastpath / sgd": f"{r['fastpath_vs_sgd']:.2f}x"})
+    header = (f"sim-speed: digits MLP, PD-ASGD (F=B=Q=1, one device, Exp(1 step) delays), {epochs:g} epoch(s); "
+              f"median [min, max] of {repeats} timed runs on {results['device']}")
+    columns = ("batch", "steps", "sgd ex/s", "event ex/s", "event / sgd", "fastpath ex/s", "fastpath / sgd")
+    return results, header + "\n\n" + markdown_table(rows, columns)

@@ -1,0 +1,684 @@
+"""Writes the Colab notebooks in ``notebooks/`` from the cell sources below.
+
+The notebooks are generated so they can be reviewed (and diffed) as code; edit this file,
+then run ``python scripts/make_notebooks.py``. ``--check`` exits with status 1 if a
+committed notebook differs from what this file generates. Outputs are never committed:
+the notebooks are written with empty outputs and execution counts.
+
+Every notebook starts the same way: a Colab-only install cell, a small-size switch
+(``PDASGD_SMALL``, small unless set to 0: CI and ``tests/test_notebooks.py`` execute the
+small versions), and a cell printing the devices. Its last cell prints one machine-checkable
+``RESULT key=value ...`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import nbformat
+
+NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+REPO_URL = "https://github.com/pdasgd-jax/pdasgd-jax"
+PIP_SPEC = f"pdasgd-jax @ git+{REPO_URL}"
+
+Cell = tuple[str, str]  # ("md" | "code", source)
+
+
+def md(source: str) -> Cell:
+    return ("md", source.strip("\n"))
+
+
+def code(source: str) -> Cell:
+    return ("code", source.strip("\n"))
+
+
+def colab_badge(name: str) -> str:
+    url = f"https://colab.research.google.com/github/pdasgd-jax/pdasgd-jax/blob/main/notebooks/{name}.ipynb"
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+
+
+INSTALL = code(f'''
+# On Colab, install pdasgd-jax from its repository. Anywhere else this cell does nothing:
+# install the package yourself (e.g. `pip install -e .` in a clone of the repository).
+import sys
+
+if "google.colab" in sys.modules:
+    %pip install -q "{PIP_SPEC}"
+''')
+
+SMALL_SWITCH = code('''
+import os
+
+# Small sizes by default (CI runs every notebook on two CPU cores in well under a minute);
+# set the environment variable PDASGD_SMALL=0, or SMALL = False here, for the full-size runs.
+SMALL = os.environ.get("PDASGD_SMALL", "1") == "1"
+print("small sizes" if SMALL else "full sizes")
+''')
+
+DEVICES = code('''
+import jax
+
+# JAX picks a GPU or TPU by itself when the runtime has one.
+print(jax.default_backend(), jax.devices())
+''')
+
+# Plotting helpers shared by the notebooks: a run's metrics.jsonl, and figures shown inline.
+SHOW = '''
+def show(fig):
+    """Displays `fig` as a PNG, whichever matplotlib backend is active (the library writes
+    its own plot files with the non-interactive Agg backend, which silences plt.show())."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    display(Image(buffer.getvalue()))
+'''
+
+HELPERS = code('''
+import io
+import json
+import pathlib
+
+import matplotlib.pyplot as plt
+from IPython.display import Image, display
+
+
+def load_rows(run_dir):
+    """The evaluations of a finished run: one dict per line of its metrics.jsonl."""
+    with open(pathlib.Path(run_dir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+''' + SHOW)
+
+PLOT_ONLY = code('''
+import io
+
+import matplotlib.pyplot as plt
+from IPython.display import Image, display
+
+''' + SHOW)
+
+
+def quickstart() -> list[Cell]:
+    return [
+        md(f'''
+# PD-ASGD quick start: asynchronous vs synchronous SGD on digits
+
+{colab_badge("quickstart")}
+
+**PD-ASGD** (asynchronous SGD with decoupled backpropagation and layer-wise updates,
+arXiv 2410.05985) runs forward and backward passes in separate worker threads: a forward
+worker pushes activations into a bounded queue, backward workers pop them and update each
+layer as soon as its gradient is ready, so every layer's update is slightly stale.
+
+This notebook trains the same MLP on scikit-learn's 8x8 digits (shipped with the package,
+no download) three ways, with one call each, `train_and_evaluate(Config(...))`:
+
+* `sgd`: plain minibatch SGD, one fused jitted step;
+* `sync`: synchronous data parallel SGD over the devices of this runtime (8 cores on a Colab TPU v2-8);
+* `pdasgd`: PD-ASGD on the real threaded runtime (1 forward and 2 backward worker threads).
+
+It then plots test accuracy against wall time and against examples processed, and shows the
+per-layer staleness PD-ASGD's updates had.
+'''),
+        INSTALL,
+        SMALL_SWITCH,
+        DEVICES,
+        HELPERS,
+        md('''
+## Three runs with one configuration
+
+Every run is a `Config`; `out=` makes it write `metrics.jsonl` (one row per evaluation),
+`summary.json` and `curves.png`. All three see the same number of examples with the same
+optimizer (SGD with momentum 0.9, learning rate 0.05, batch 32).
+'''),
+        code('''
+import math
+
+from pdasgd_jax import Config, train_and_evaluate
+
+EPOCHS = 5 if SMALL else 30
+RUNS = pathlib.Path("runs/quickstart")
+COMMON = dict(dataset="digits", epochs=EPOCHS, batch_size=32, lr=0.05, optimizer="momentum",
+              eval_every=320, seed=0, progress=False)
+
+configs = {
+    "sgd": Config(algo="sgd", **COMMON),
+    # The global batch of 32 is split over the devices (as many as divide it).
+    "sync": Config(algo="sync", workers=math.gcd(32, jax.device_count()), **COMMON),
+    # One replica: 1 forward and 2 backward worker threads, a queue of 2 between them.
+    "pdasgd": Config(algo="pdasgd", workers=1, forward_workers=1, backward_workers=2, **COMMON),
+}
+summaries = {}
+for name, config in configs.items():
+    config.out = str(RUNS / name)
+    s = summaries[name] = train_and_evaluate(config)
+    print(f"{name:7s} test accuracy {s['test_accuracy']:.4f}   wall time {s['wall_time']:5.2f} s   "
+          f"{s['examples_per_s']:8.0f} examples/s   devices {s['devices']}")
+'''),
+        md('''
+## Accuracy against wall time and against examples
+
+Wall time includes compilation, so on a tiny model the first evaluation of each run is
+dominated by it; against examples the three algorithms are compared per unit of data.
+'''),
+        code('''
+fig, (ax_time, ax_examples) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+for name in configs:
+    rows = load_rows(RUNS / name)
+    accuracy = [r["test_accuracy"] for r in rows]
+    ax_time.plot([r["wall_time"] for r in rows], accuracy, marker=".", label=name)
+    ax_examples.plot([r["examples"] for r in rows], accuracy, marker=".", label=name)
+ax_time.set(xlabel="wall time (s)", ylabel="test accuracy", title="accuracy vs wall time")
+ax_examples.set(xlabel="examples processed", title="accuracy vs examples")
+ax_time.legend()
+show(fig)
+'''),
+        md('''
+`compare_runs` does the same from the run directories: an overlaid plot (loss and accuracy
+against examples and time) and a markdown table of the summaries.
+'''),
+        code('''
+from IPython.display import Markdown
+
+from pdasgd_jax.compare import compare_runs
+
+table = compare_runs([str(RUNS / name) for name in configs], str(RUNS / "compare.png"))
+display(Markdown(table))
+display(Image(filename=str(RUNS / "compare.png")))
+'''),
+        md('''
+## How stale were PD-ASGD's updates?
+
+The staleness of an update is the number of updates other workers applied to the same
+layer between the forward pass reading it and the backward pass writing it. The first
+layer waits longest for its gradient, so it is the most stale; the queue capacity bounds it.
+'''),
+        code('''
+per_stage = summaries["pdasgd"]["staleness"]["per_stage"]
+fig, axes = plt.subplots(1, len(per_stage), figsize=(4 * len(per_stage), 3), sharey=True)
+for m, (ax, stats) in enumerate(zip(axes, per_stage)):
+    ax.bar(range(len(stats["histogram"])), stats["histogram"])
+    ax.set(title=f"stage {m}: mean {stats['mean']:.2f}, max {stats['max']}", xlabel="staleness")
+axes[0].set_ylabel("updates")
+show(fig)
+'''),
+        code('''
+print("RESULT " + " ".join(f"{name}_accuracy={s['test_accuracy']:.4f}" for name, s in summaries.items())
+      + f" test_accuracy={summaries['pdasgd']['test_accuracy']:.4f}")
+'''),
+    ]
+
+
+def staleness_simulation() -> list[Cell]:
+    return [
+        md(f'''
+# Staleness on a virtual clock: injected delays and worker counts
+
+{colab_badge("staleness_simulation")}
+
+With `simulate=True` every algorithm runs on a deterministic **virtual clock**: the real
+jitted kernels compute every gradient and update, while a timing model (per-stage kernel
+costs measured once on this machine) and a delay model (injected idle time per job) decide
+*when* each operation happens, and so which parameter versions each worker reads. This
+predicts how the algorithms behave with many devices and slow links on any machine, and
+the same seed gives the same run.
+
+Two sweeps on digits, same per-worker batch for everyone (synchronous SGD's global batch is
+`W` times it):
+
+1. **Injected delays**: each worker's job (sync: each step, which waits for the slowest
+   worker) is delayed by `Exp(mean = k x one step's compute)`; sync vs Hogwild!-style ASGD
+   vs PD-ASGD on `W` devices, accuracy against virtual time.
+2. **Worker counts**: how staleness grows with `W` for ASGD and PD-ASGD: histograms.
+'''),
+        INSTALL,
+        SMALL_SWITCH,
+        DEVICES,
+        HELPERS,
+        code('''
+from pdasgd_jax import Config, train_and_evaluate
+
+BATCH = 16                      # examples per job and worker
+EPOCHS = 4 if SMALL else 20
+TARGET = 0.9                    # for the time-to-accuracy column
+RUNS = pathlib.Path("runs/staleness")
+
+
+def learning_rate(algo, workers):
+    """0.05, shrunk beyond 4 asynchronous workers: staleness grows with W (see sweep 2)."""
+    return 0.05 if algo == "sync" else 0.05 * min(1.0, 4 / workers)
+
+
+def simulate(algo, workers, k, **overrides):
+    """One simulated run; returns (summary, evaluation rows)."""
+    out = RUNS / f"{algo}-W{workers}-k{k}"
+    config = Config(
+        algo=algo, simulate=True, workers=workers, dataset="digits", lr=learning_rate(algo, workers), epochs=EPOCHS,
+        batch_size=BATCH * workers if algo == "sync" else BATCH, eval_every=8 * BATCH,
+        delay_model="exponential" if k else "none", delay_mean=k, seed=0, progress=False,
+        out=str(out), **overrides)
+    return train_and_evaluate(config), load_rows(out)
+
+
+def time_to(rows, target=TARGET):
+    """Virtual seconds until the test accuracy first reaches `target` (None: never)."""
+    return next((r["virtual_time"] for r in rows if r["test_accuracy"] >= target), None)
+'''),
+        md('''
+## Sweep 1: injected delays
+
+PD-ASGD's workers are `F = 1` forward and `B = 2` backward threads per device; a device runs
+one kernel at a time, so extra workers only help by filling the idle time the delays create.
+'''),
+        code('''
+W = 4
+K_VALUES = [0.0, 2.0] if SMALL else [0.0, 0.5, 1.0, 2.0, 4.0]
+ALGOS = ["sync", "asgd", "pdasgd"]
+
+delay_runs = {(algo, k): simulate(algo, W, k) for k in K_VALUES for algo in ALGOS}
+print(f"{'algo':7s} {'k':>4s} {'accuracy':>9s} {'virtual ms':>11s} {'ms to ' + str(TARGET):>10s} {'staleness, stage 0':>19s}")
+for (algo, k), (s, rows) in delay_runs.items():
+    reached = time_to(rows)
+    stale = s["staleness"]["per_stage"][0]["mean"]
+    print(f"{algo:7s} {k:4.1f} {s['test_accuracy']:9.4f} {s['virtual_time'] * 1e3:11.2f} "
+          f"{'-' if reached is None else f'{reached * 1e3:.2f}':>10s} {stale:19.2f}")
+'''),
+        code('''
+fig, axes = plt.subplots(1, len(K_VALUES), figsize=(5 * len(K_VALUES), 3.8), sharey=True, squeeze=False)
+for ax, k in zip(axes[0], K_VALUES):
+    for algo in ALGOS:
+        rows = delay_runs[algo, k][1]
+        ax.plot([r["virtual_time"] * 1e3 for r in rows], [r["test_accuracy"] for r in rows], marker=".", label=algo)
+    ax.set(title=f"W = {W}, delay Exp(mean = {k} x step)", xlabel="virtual time (ms)")
+axes[0, 0].set_ylabel("test accuracy")
+axes[0, 0].legend()
+show(fig)
+'''),
+        md('''
+## Sweep 2: worker counts
+
+One delay level, more devices. ASGD's staleness grows with `W`: every update another worker
+applies between a read and the write counts. PD-ASGD's also grows with its queue and its `B`
+backward workers per device, and differs per layer: the first stage waits the longest for
+its gradient. At a fixed learning rate enough staleness stalls or diverges training (with
+momentum 0.9 especially: at 0.05, 16 workers already do), so `learning_rate` above divides
+the rate by `W / 4` beyond 4 workers, as staleness-aware ASGD does per update. The `delays`
+benchmark (`python -m pdasgd_jax bench delays`) instead tunes the learning rate per
+algorithm and cell before comparing times.
+'''),
+        code('''
+WORKER_COUNTS = [2, 8] if SMALL else [1, 4, 16, 64]
+K = 1.0
+
+worker_runs = {(algo, w): simulate(algo, w, K) for algo in ("asgd", "pdasgd") for w in WORKER_COUNTS}
+for (algo, w), (s, rows) in worker_runs.items():
+    means = ", ".join(f"{st['mean']:.2f}" for st in s["staleness"]["per_stage"])
+    print(f"{algo:7s} W={w:3d} accuracy {s['test_accuracy']:.4f}  virtual time {s['virtual_time'] * 1e3:7.2f} ms  "
+          f"mean staleness per stage [{means}]")
+'''),
+        code('''
+fig, axes = plt.subplots(2, len(WORKER_COUNTS), figsize=(4 * len(WORKER_COUNTS), 6), squeeze=False)
+for row, algo in enumerate(("asgd", "pdasgd")):
+    for col, w in enumerate(WORKER_COUNTS):
+        ax = axes[row, col]
+        per_stage = worker_runs[algo, w][0]["staleness"]["per_stage"]
+        for m, stats in enumerate(per_stage):
+            ax.step(range(len(stats["histogram"])), stats["histogram"], where="mid", label=f"stage {m}")
+        ax.set(title=f"{algo}, W = {w}", xlabel="staleness")
+    axes[row, 0].set_ylabel("updates")
+axes[0, 0].legend()
+fig.tight_layout()
+show(fig)
+'''),
+        code('''
+def mean_staleness(algo, w):
+    per_stage = worker_runs[algo, w][0]["staleness"]["per_stage"]
+    return sum(st["mean"] for st in per_stage) / len(per_stage)
+
+fig, ax = plt.subplots(figsize=(5, 3.5))
+for algo in ("asgd", "pdasgd"):
+    ax.plot(WORKER_COUNTS, [mean_staleness(algo, w) for w in WORKER_COUNTS], marker="o", label=algo)
+ax.set(xscale="log", xlabel="devices W", ylabel="mean staleness (all stages)")
+ax.legend()
+show(fig)
+'''),
+        code('''
+pd_summary = delay_runs["pdasgd", max(K_VALUES)][0]
+print(f"RESULT test_accuracy={pd_summary['test_accuracy']:.4f} "
+      f"staleness_min_workers={mean_staleness('pdasgd', min(WORKER_COUNTS)):.4f} "
+      f"staleness_max_workers={mean_staleness('pdasgd', max(WORKER_COUNTS)):.4f}")
+'''),
+    ]
+
+
+def dasgd() -> list[Cell]:
+    return [
+        md(f'''
+# Local SGD and DaSGD over devices
+
+{colab_badge("dasgd")}
+
+**Local SGD**: `D` workers each take `H` (`period`) optimizer steps on their own data, then
+their models are averaged. **DaSGD** (arXiv 2006.00441) starts that average and keeps
+training: the average, taken at step `t0`, is merged `d` (`delay_steps`) steps later, so the
+all-reduce runs while the workers compute and its time is hidden. The merge is either
+`correct` (the average plus the worker's own progress during the delay, `a + (theta - s)`)
+or `overwrite` (`a`). Each round of `H` steps is one compiled program (`shard_map` over a
+mesh of devices, one block of workers per device), so XLA can overlap the collective with
+the local steps.
+
+On a **Colab TPU** runtime with 8 cores (TPU v2-8) the 8 cores are 8 real devices and the
+`D = 8` workers below run one per core, averaging over the TPU interconnect. With fewer
+devices the workers are spread evenly over as many devices as divide `D` (vmapped within
+each); on a single GPU all of them are vmapped on it. On a CPU, the next cell asks XLA for
+8 host devices so the same program runs over a real 8-device mesh (no faster than one
+device, but the same collectives).
+'''),
+        INSTALL,
+        code('''
+import os
+
+# Must run before JAX starts; it only affects the CPU platform (GPU and TPU are untouched).
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+'''),
+        SMALL_SWITCH,
+        DEVICES,
+        HELPERS,
+        md('''
+## Runs
+
+All runs process the same number of examples with the same optimizer (SGD with momentum 0.9,
+learning rate 0.05). Local SGD and DaSGD use 16 examples per worker per step; synchronous SGD
+over the same 8 devices takes one step on a global batch of 8 x 16 = 128 wherever the local
+workers take one step each, and all-reduces gradients at every step.
+'''),
+        code('''
+from pdasgd_jax import Config, train_and_evaluate
+
+D = 8
+BATCH = 16
+EPOCHS = 6 if SMALL else 30
+PERIODS = [8] if SMALL else [4, 8, 16]
+RUNS = pathlib.Path("runs/dasgd")
+COMMON = dict(dataset="digits", workers=D, epochs=EPOCHS, lr=0.05, eval_every=4 * D * BATCH, seed=0, progress=False)
+
+configs = {"sync": Config(algo="sync", batch_size=D * BATCH, **COMMON)}
+for H in PERIODS:
+    configs[f"local H={H}"] = Config(algo="local", period=H, batch_size=BATCH, **COMMON)
+    for d, merge in [(H // 2, "correct"), (H // 2, "overwrite"), (H, "correct")]:
+        configs[f"dasgd H={H} d={d} {merge}"] = Config(
+            algo="dasgd", period=H, delay_steps=d, merge=merge, batch_size=BATCH, **COMMON)
+
+summaries = {}
+for name, config in configs.items():
+    config.out = str(RUNS / name.replace(" ", "_").replace("=", ""))
+    s = summaries[name] = train_and_evaluate(config)
+    print(f"{name:28s} test accuracy {s['test_accuracy']:.4f}  steps {s['steps']:4d}  "
+          f"wall time {s['wall_time']:5.2f} s  devices {s['devices']}  {s.get('placement', '')}")
+'''),
+        md('''
+## Accuracy against examples
+
+What to look for: the `correct` merge keeps the progress each worker made while the average
+was in flight, `overwrite` throws it away, and with `d = H` every merged average is a whole
+round old. On digits all of them end close together; the differences show early in training
+and grow with the period, the number of workers and harder data (try `dataset="mnist1d"`).
+'''),
+        code('''
+fig, axes = plt.subplots(1, len(PERIODS), figsize=(6 * len(PERIODS), 4), sharey=True, squeeze=False)
+for ax, H in zip(axes[0], PERIODS):
+    for name, config in configs.items():
+        if config.algo == "sync" or config.period == H:
+            rows = load_rows(config.out)
+            ax.plot([r["examples"] for r in rows], [r["test_accuracy"] for r in rows], marker=".", label=name)
+    ax.set(title=f"D = {D} workers, period H = {H}", xlabel="examples processed")
+    ax.legend(fontsize="small")
+axes[0, 0].set_ylabel("test accuracy")
+show(fig)
+'''),
+        md('''
+How much communication DaSGD hides is measured on real devices by the benchmark
+`python -m pdasgd_jax bench overlap` (step time with the all-reduce vs without it).
+'''),
+        code('''
+H = PERIODS[0]
+s = summaries[f"dasgd H={H} d={H // 2} correct"]
+print(f"RESULT test_accuracy={s['test_accuracy']:.4f} local_accuracy={summaries[f'local H={H}']['test_accuracy']:.4f} "
+      f"sync_accuracy={summaries['sync']['test_accuracy']:.4f}")
+'''),
+    ]
+
+
+def bring_your_own_model() -> list[Cell]:
+    return [
+        md(f'''
+# Bring your own model
+
+{colab_badge("bring_your_own_model")}
+
+The library works on a model as a **chain of stages**: stage `m` maps
+`x_m = f_m(theta_m, x_(m-1))`, and every algorithm updates the tuple of per-stage parameter
+trees (PD-ASGD updates one stage at a time). This notebook
+
+1. turns your own Flax NNX modules into a staged model with `from_modules`;
+2. checks that chaining the per-stage backward kernels gives exactly `jax.grad` of the whole model;
+3. trains the model with an optax optimizer, one jitted per-stage update per stage;
+4. trains it data-parallel with DaSGD's optax-style `delayed_averaging` inside your own
+   jitted step, with the workers under `jax.vmap(..., axis_name="workers")`.
+'''),
+        INSTALL,
+        SMALL_SWITCH,
+        DEVICES,
+        PLOT_ONLY,
+        md('''
+## Data
+
+scikit-learn's 8x8 digits (shipped with scikit-learn, no download), flattened to 64 features.
+'''),
+        code('''
+import numpy as np
+from sklearn.datasets import load_digits
+
+digits = load_digits()
+x_all = (digits.data / 16.0).astype(np.float32)
+y_all = digits.target.astype(np.int32)
+perm = np.random.default_rng(0).permutation(len(x_all))
+x_train, y_train = x_all[perm[:1437]], y_all[perm[:1437]]
+x_test, y_test = x_all[perm[1437:]], y_all[perm[1437:]]
+print(x_train.shape, x_test.shape)
+'''),
+        md('''
+## Your model as a list of NNX modules
+
+One module per stage; fold activations into the stage before them with `nnx.Sequential`.
+`from_modules` returns the pure description (`model`) and the per-stage arrays (`variables`).
+'''),
+        code('''
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from pdasgd_jax import StageKernels, chained_gradients, from_modules, make_eval_step
+
+rngs = nnx.Rngs(0)
+model, variables = from_modules(
+    [
+        nnx.Sequential(nnx.Linear(64, 128, rngs=rngs), nnx.LayerNorm(128, rngs=rngs), nnx.gelu),
+        nnx.Sequential(nnx.Linear(128, 128, rngs=rngs), nnx.gelu),
+        nnx.Linear(128, 10, rngs=rngs),
+    ],
+    names=["embed", "hidden", "head"],
+)
+for stage, params in zip(model.stages, variables.params):
+    print(f"{stage.name:7s} {sum(p.size for p in jax.tree.leaves(params)):6d} parameters")
+'''),
+        md('''
+## Chained per-stage gradients equal `jax.grad`
+
+`StageKernels` compiles, per stage, the forward (keeping its VJP), the backward and an
+optax update. `chained_gradients` runs the forwards, the loss, then the backwards from the
+last stage to the first: this is what PD-ASGD's backward workers do, one stage at a time.
+'''),
+        code('''
+tx = optax.sgd(0.05, momentum=0.9)
+kernels = StageKernels(model, tx)
+x, y = jnp.asarray(x_train[:64]), jnp.asarray(y_train[:64])
+
+loss, chained = chained_gradients(kernels, variables.params, variables.states, x, y)
+whole = jax.grad(lambda params: model.loss_and_states(params, variables.states, x, y)[0])(variables.params)
+grad_diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(chained), jax.tree.leaves(whole)))
+print(f"loss {float(loss):.4f}; largest difference between chained and jax.grad gradients: {grad_diff:.2e}")
+'''),
+        md('''
+## Training with per-stage optax updates
+
+Each stage has its own optimizer state (`init_opt_states`) and its own jitted update,
+`kernels.update(m)`: the building block of the layer-wise asynchronous algorithms. Run in
+order like this it is plain SGD with momentum.
+'''),
+        code('''
+from pdasgd_jax import init_opt_states
+
+EPOCHS = 5 if SMALL else 20
+BATCH = 32
+eval_step = make_eval_step(model)
+
+
+def accuracy(params, states):
+    _, correct = eval_step(params, states, jnp.asarray(x_test), jnp.asarray(y_test), jnp.ones(len(y_test), bool))
+    return int(correct) / len(y_test)
+
+
+params, states = list(variables.params), variables.states
+opt_states = list(init_opt_states(tx, params))
+rng = np.random.default_rng(0)
+curves = {"per-stage updates": [], "DaSGD, 4 workers": []}
+for epoch in range(EPOCHS):
+    order = rng.permutation(len(x_train))
+    for i in range(0, len(order) - BATCH + 1, BATCH):
+        idx = order[i:i + BATCH]
+        loss, grads = chained_gradients(kernels, params, states, jnp.asarray(x_train[idx]), jnp.asarray(y_train[idx]))
+        for m in reversed(range(model.num_stages)):  # the last stage's gradient is ready first
+            params[m], opt_states[m] = kernels.update(m)(params[m], opt_states[m], grads[m])
+    curves["per-stage updates"].append(accuracy(params, states))
+    print(f"epoch {epoch + 1}: loss {float(loss):.4f}, test accuracy {curves['per-stage updates'][-1]:.4f}")
+layerwise_accuracy = curves["per-stage updates"][-1]
+'''),
+        md('''
+## Data parallel DaSGD inside your own jitted step
+
+`delayed_averaging(inner, period, delay, axis_name)` is an optax transform: each worker runs
+`inner` on its own gradients and the workers' parameters are averaged over the mapped axis
+`axis_name` every `period` steps, the average merged `delay` steps after it was taken.
+Give every worker its own copy of the parameters and optimizer state (a leading worker axis),
+and map your step over the workers with `jax.vmap(..., axis_name="workers")` (or
+`jax.shard_map` over a device mesh, with the worker axis sharded).
+'''),
+        code('''
+from pdasgd_jax import delayed_averaging
+
+WORKERS, PERIOD, DELAY = 4, 8, 4
+da_tx = delayed_averaging(optax.sgd(0.05, momentum=0.9), period=PERIOD, delay=DELAY, axis_name="workers")
+
+
+def worker_step(params, opt_state, x, y):
+    def loss_fn(p):
+        return model.loss_and_states(p, variables.states, x, y)[0]  # no BatchNorm: states stay fixed
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = da_tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
+train_step = jax.jit(jax.vmap(worker_step, axis_name="workers"))
+
+# Every worker starts from the same model; delayed_averaging's init needs no collective.
+params_W = jax.tree.map(lambda a: jnp.broadcast_to(a, (WORKERS, *a.shape)), variables.params)
+opt_state_W = jax.vmap(da_tx.init)(params_W)
+shard = len(x_train) // WORKERS  # each worker trains on its own shard of the data
+step = 0
+for epoch in range(EPOCHS):
+    order = np.stack([w * shard + rng.permutation(shard) for w in range(WORKERS)])
+    for i in range(0, shard - BATCH + 1, BATCH):
+        idx_WxB = order[:, i:i + BATCH]
+        params_W, opt_state_W, loss_W = train_step(params_W, opt_state_W, x_train[idx_WxB], y_train[idx_WxB])
+        step += 1
+    mean_params = jax.tree.map(lambda a: a.mean(0), params_W)
+    curves["DaSGD, 4 workers"].append(accuracy(mean_params, variables.states))
+    print(f"epoch {epoch + 1}: step {step}, mean loss {float(loss_W.mean()):.4f}, "
+          f"test accuracy of the workers' mean {curves['DaSGD, 4 workers'][-1]:.4f}")
+dasgd_accuracy = curves["DaSGD, 4 workers"][-1]
+'''),
+        md('''
+Per epoch, DaSGD's 4 workers together see the same data as the single model, in a quarter
+of the steps each (on 4 devices: a quarter of the time).
+'''),
+        code('''
+fig, ax = plt.subplots(figsize=(5.5, 3.5))
+for label, accuracies in curves.items():
+    ax.plot(range(1, len(accuracies) + 1), accuracies, marker="o", label=label)
+ax.set(xlabel="epoch", ylabel="test accuracy")
+ax.legend()
+show(fig)
+'''),
+        md('''
+To run the library's own algorithms (PD-ASGD threads, the simulator, the compiled DaSGD
+rounds) on a built-in model, use `train_and_evaluate(Config(...))` as in the other notebooks.
+'''),
+        code('''
+print(f"RESULT test_accuracy={dasgd_accuracy:.4f} layerwise_accuracy={layerwise_accuracy:.4f} grad_max_abs_diff={grad_diff:.3e}")
+'''),
+    ]
+
+
+NOTEBOOKS = {
+    "quickstart": quickstart,
+    "staleness_simulation": staleness_simulation,
+    "dasgd": dasgd,
+    "bring_your_own_model": bring_your_own_model,
+}
+
+
+def build(name: str) -> nbformat.NotebookNode:
+    """The notebook ``name`` with deterministic cell ids and no outputs."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"},
+        "colab": {"provenance": [], "name": f"{name}.ipynb"},
+    }
+    for i, (kind, source) in enumerate(NOTEBOOKS[name]()):
+        make = nbformat.v4.new_markdown_cell if kind == "md" else nbformat.v4.new_code_cell
+        nb.cells.append(make(source, id=f"{name}-{i}"))
+    nbformat.validate(nb)
+    return nb
+
+
+def render(name: str) -> str:
+    return nbformat.writes(build(name)) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if a committed notebook is out of date")
+    args = parser.parse_args(argv)
+    stale = []
+    for name in NOTEBOOKS:
+        path = NOTEBOOK_DIR / f"{name}.ipynb"
+        text = render(name)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print("out of date (run python scripts/make_notebooks.py):\n  " + "\n  ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+# A bare Figure renders with Agg on savefig without touching pyplot's global backend,
+# so importing the library never changes a notebook user's inline plotting.
+from matplotlib.figure import Figure
 
 Rows = Sequence[dict[str, Any]]
 
@@ -24,7 +23,8 @@ def plot_runs(runs: Mapping[str, Rows], path: str, *, title: str = "") -> None:
     runs = {label: rows for label, rows in runs.items() if rows}
     if not runs:
         return
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    fig = Figure(figsize=(10, 7))
+    axes = fig.subplots(2, 2)
     for label, rows in runs.items():
         for col, x_key in enumerate(("examples", _time_key(rows))):
             xs = [r[x_key] for r in rows]
@@ -38,4 +38,3 @@ def plot_runs(runs: Mapping[str, Rows], path: str, *, title: str = "") -> None:
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

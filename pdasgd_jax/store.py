@@ -39,17 +39,20 @@ class VersionedSlot(Generic[T]):
     def update(self, fn: Callable[[T], T], on_commit: Callable[[int], None] | None = None) -> int:
         """Replaces the value by ``fn(value)`` atomically; returns the version it replaced.
 
-        ``on_commit(version_before)`` runs inside the lock, so whatever it records (an event
-        sequence number) is ordered exactly like the updates themselves.
+        ``on_commit(version_before)`` runs inside the lock and before the new version is
+        visible, so whatever it records (an event sequence number) is ordered exactly like
+        the updates themselves and ahead of every read that sees the new version.
         """
         with self._lock:
             before = self._current
             new = Versioned(fn(before.value), before.version + 1)
-            self._current = new
             if self._history is not None:
                 self._history[new.version] = new.value
+            # Record before publishing: a reader that sees the new version must find its
+            # update already in the log, or replay would order the read before the write.
             if on_commit is not None:
                 on_commit(before.version)
+            self._current = new
             return before.version
 
     def at(self, version: int) -> T:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+# A bare Figure renders with Agg on savefig without touching pyplot's global backend,
+# so importing the library never changes a notebook user's inline plotting.
+from matplotlib.figure import Figure
 
 
 def plot_staleness(summary_extra: dict[str, Any], path: str) -> None:
@@ -19,7 +18,8 @@ def plot_staleness(summary_extra: dict[str, Any], path: str) -> None:
       path: the PNG to write.
     """
     per_stage = summary_extra["staleness"]["per_stage"]
-    fig, axes = plt.subplots(len(per_stage), 1, figsize=(7, 1.6 + 1.4 * len(per_stage)), sharex=True, squeeze=False)
+    fig = Figure(figsize=(7, 1.6 + 1.4 * len(per_stage)))
+    axes = fig.subplots(len(per_stage), 1, sharex=True, squeeze=False)
     for m, (ax, stats) in enumerate(zip(axes[:, 0], per_stage)):
         counts = stats["histogram"]
         ax.bar(range(len(counts)), counts, width=0.8, color="C0")
@@ -28,4 +28,3 @@ def plot_staleness(summary_extra: dict[str, Any], path: str) -> None:
     axes[-1, 0].set_xlabel("staleness (updates applied between read and write)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -19,12 +19,11 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         meta = f.metadata
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         flag = "--" + f.name.replace("_", "-")
-        help_text = meta["help"] + (f" (default: {f.default})" if f.default not in (None, "") else "")
         if f.type == "bool":
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"])
             continue
         base = f.type.split("|")[0].strip()
-        group.add_argument(flag, type=_TYPES[base], default=f.default, choices=meta["choices"], help=help_text,
+        group.add_argument(flag, type=_TYPES[base], default=f.default, choices=meta["choices"], help=meta["help"],
                            metavar=None if meta["choices"] else base.upper())
 
 

@@ -57,6 +57,8 @@ class Config:
     delay_sigma: float = _field(1.0, "lognormal shape sigma (> 0)", group="delays")
     straggler_prob: float = _field(0.1, "straggler: probability an operation is slow, in [0, 1]", group="delays")
     straggler_factor: float = _field(3.0, "straggler: slow-down factor (>= 1)", group="delays")
+    comm_latency: float = _field(0.0, "simulator: latency alpha of one message or all-reduce, seconds (>= 0)", group="delays")
+    comm_bandwidth: float = _field(0.0, "simulator: bandwidth beta, bytes/s (0: infinite, communication is free)", group="delays")
     # Local SGD and DaSGD.
     period: int = _field(8, "local/dasgd: averaging period H in steps (>= 1)", group="averaging")
     delay_steps: int = _field(0, "dasgd: steps d between starting and merging the average, 0 <= d <= H", group="averaging")
@@ -82,7 +84,8 @@ class Config:
         _positive("forward-workers", self.forward_workers)
         _positive("backward-workers", self.backward_workers)
         _positive("delay-sigma", self.delay_sigma)
-        for name in ("weight_decay", "eval_every", "workers", "queue", "delay_mean", "delay_steps"):
+        for name in ("weight_decay", "eval_every", "workers", "queue", "delay_mean", "delay_steps",
+                     "comm_latency", "comm_bandwidth"):
             _non_negative(_flag(name), getattr(self, name))
         if not 0 <= self.momentum < 1:
             raise ValueError(f"--momentum {self.momentum} is outside [0, 1)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from typing import Any
 
@@ -10,12 +12,14 @@ import jax
 from pdasgd_jax import delays
 # The module, not RunResult itself: train.py imports the simulator when it selects a runner.
 from pdasgd_jax import train as train_lib
-from pdasgd_jax.delays import DelayModel, TimingModel
+from pdasgd_jax.config import Config
+from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
 from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.reporting import Recorder
 from pdasgd_jax.simulate import policies
+from pdasgd_jax.simulate.averaging import run_averaging
 from pdasgd_jax.simulate.plots import plot_staleness
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, num_jobs
@@ -24,6 +28,7 @@ from pdasgd_jax.store import ParameterStore
 
 SYNCHRONOUS = ("sgd", "sync")
 ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block")
+AVERAGING = ("local", "dasgd")
 CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pdasgd_jax")
 
 
@@ -40,6 +45,11 @@ def calibrated_timing(exp: Experiment, batch_size: int) -> TimingModel:
                             cache_key=key, cache_dir=CACHE_DIR)
 
 
+def comm_model(config: Config) -> CommModel:
+    """``--comm-latency`` and ``--comm-bandwidth`` (0: infinite) as a ``CommModel``."""
+    return CommModel(config.comm_latency, config.comm_bandwidth or math.inf)
+
+
 def simulated_workers(exp: Experiment) -> int:
     """Simulated devices: ``--workers``, where 0 (all devices on a real run) means one."""
     return exp.config.workers or 1
@@ -54,9 +64,11 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
     worker and device utilisation. Writes ``staleness.png`` to ``--out`` if set.
 
     Args:
-      exp: the experiment; ``sgd``, ``sync``, ``asgd``, ``pdasgd`` and ``pdasgd-block``.
+      exp: the experiment; ``sgd``, ``sync``, ``asgd``, ``pdasgd``, ``pdasgd-block``,
+        ``local`` and ``dasgd`` (``--batch-size`` per worker; sync: the global batch).
       rec: the run's recorder.
-      timing: the timing model; default: calibrated from the real kernels on this machine
+      timing: the timing model; default: calibrated from the real kernels on this machine,
+        with ``--comm-latency`` and ``--comm-bandwidth`` as its communication cost
         (machine-dependent: pass a fixed one, e.g. ``delays.from_flops``, for bitwise
         reproducible runs across machines).
       log: records the run's stage operations for ``executor.replay`` (asynchronous algorithms).
@@ -76,16 +88,19 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
         if config.batch_size % workers:
             raise ValueError(f"--batch-size {config.batch_size} is not divisible by the {workers} simulated workers")
         worker_batch = config.batch_size // workers
-    elif config.algo in ASYNCHRONOUS:
+    elif config.algo in ASYNCHRONOUS + AVERAGING:
         worker_batch = config.batch_size
     else:
         raise ValueError(f"--algo {config.algo} has no simulator; simulate one of "
-                         f"{', '.join(SYNCHRONOUS + ASYNCHRONOUS)}")
-    timing = timing or calibrated_timing(exp, worker_batch)
+                         f"{', '.join(SYNCHRONOUS + ASYNCHRONOUS + AVERAGING)}")
+    if timing is None:
+        timing = dataclasses.replace(calibrated_timing(exp, worker_batch), comm=comm_model(config))
     delay = DelayModel.from_config(config, timing.step_compute_time())
     if config.algo in SYNCHRONOUS:
         ts, steps, examples, now, utilisation, staleness = run_sync(exp, rec, timing, delay, workers)
         result = train_lib.RunResult(ts.params, ts.states, steps, examples, {})
+    elif config.algo in AVERAGING:
+        result, now, utilisation, staleness = run_averaging(exp, rec, timing, delay, workers)
     else:
         result, now, utilisation, staleness = _run_asynchronous(exp, rec, timing, delay, workers, log)
     target = config.target_accuracy

@@ -23,7 +23,7 @@ from pdasgd_jax.simulate.averaging_clock import sync_step_end_times
 from pdasgd_jax.simulate.simulation import num_jobs
 
 
-class _VirtualTimeRecorder:
+class VirtualTimeRecorder:
     """A ``Recorder`` whose observations of step ``s`` carry that step's virtual end time."""
 
     def __init__(self, rec: Recorder, step_end_times: np.ndarray):
@@ -50,12 +50,23 @@ def run_sync(exp: Experiment, rec: Recorder, timing: TimingModel, delay: DelayMo
                                grad_nbytes=tree_nbytes(v.params), seed=exp.config.seed)
     ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
     ts, steps, examples = train_lib.run_synchronous_loop(
-        exp, _VirtualTimeRecorder(rec, ends), jax.jit(make_train_step(exp.model, exp.tx)), ts, lambda a: a,
+        exp, VirtualTimeRecorder(rec, ends), jax.jit(make_train_step(exp.model, exp.tx)), ts, lambda a: a,
         jax.device_put, batch_size)
     now = float(ends[steps - 1])
-    busy = [steps * timing.step_compute_time() * timing.worker_factor(w) / now for w in range(num_workers)]
-    staleness = StalenessStats(len(v.params))
-    for m in range(len(v.params)):
+    busy = busy_fractions(timing, steps, now, num_workers)
+    return (ts, steps, examples, now, {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy},
+            fresh_updates(len(v.params), steps))
+
+
+def busy_fractions(timing: TimingModel, steps: int, now: float, num_workers: int) -> list[float]:
+    """Each worker's share of ``now`` spent computing its ``steps`` steps."""
+    return [steps * timing.step_compute_time() * timing.worker_factor(w) / now for w in range(num_workers)]
+
+
+def fresh_updates(num_stages: int, steps: int) -> StalenessStats:
+    """Staleness of a run whose every update applies to the model it was computed on: all 0."""
+    staleness = StalenessStats(num_stages)
+    for m in range(num_stages):
         for _ in range(steps):
             staleness.add(m, 0)
-    return ts, steps, examples, now, {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy}, staleness
+    return staleness

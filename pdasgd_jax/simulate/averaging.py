@@ -1,0 +1,51 @@
+"""Local SGD and DaSGD on the virtual clock (algorithms.md §4).
+
+Their arithmetic does not depend on timing, so the simulated run executes the real round
+program (``averaging_runner``: ``vmap`` over the simulated workers on one device, or
+``shard_map`` when the devices divide them) and ``averaging_clock`` says when each step
+ends: each worker's compute at its speed plus its injected delays, the model all-reduce
+``alpha + bytes/beta`` started at every snapshot and waited for at its merge ``d`` steps
+later. Every local update applies to the worker's current model (staleness 0); the merged
+average is ``d`` steps old, reported as ``average_delay_steps``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Any
+
+from pdasgd_jax import averaging_runner
+from pdasgd_jax import train as train_lib
+from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
+from pdasgd_jax.executor import StalenessStats
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.simulate.averaging_clock import averaging_step_end_times
+from pdasgd_jax.simulate.sync import VirtualTimeRecorder, busy_fractions, fresh_updates
+
+
+def run_averaging(exp: Experiment, rec: Recorder, timing: TimingModel, delay: DelayModel, num_workers: int
+                  ) -> tuple[train_lib.RunResult, float, dict[str, Any], StalenessStats]:
+    """Runs ``local`` or ``dasgd`` with ``num_workers`` simulated workers of ``--batch-size`` each.
+
+    Returns ``(RunResult, virtual_time, utilisation, staleness)`` like the other simulated runners.
+    """
+    config = exp.config
+    delay_steps = config.delay_steps if config.algo == "dasgd" else 0
+    v = exp.variables
+    rounds = math.ceil(exp.total_examples / (num_workers * config.batch_size * config.period))
+    ends = averaging_step_end_times(timing, delay, num_workers=num_workers, steps=rounds * config.period,
+                                    period=config.period, delay=delay_steps,
+                                    model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states), seed=config.seed)
+    # The round program sizes its worker axis from the config: pin it to the simulated workers.
+    exp = copy.copy(exp)
+    exp.config = dataclasses.replace(config, workers=num_workers)
+    runner = averaging_runner.run_dasgd if config.algo == "dasgd" else averaging_runner.run_local
+    result = runner(exp, VirtualTimeRecorder(rec, ends))
+    now = float(ends[result.step - 1])
+    busy = busy_fractions(timing, result.step, now, num_workers)
+    result.extra["average_delay_steps"] = delay_steps
+    return result, now, {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy}, \
+        fresh_updates(len(v.params), result.step)

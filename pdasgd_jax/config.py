@@ -30,7 +30,7 @@ class Config:
 
     algo: str = _field("sgd", "training algorithm", ALGORITHMS)
     dataset: str = _field("digits", "dataset: digits and mnist1d are offline; the TFDS ones must be prepared first")
-    model: str | None = _field(None, "model (default: the dataset's default model)")
+    model: str | None = _field(None, "model; None: the dataset's default model")
     optimizer: str = _field("momentum", "optax optimizer applied per stage", OPTIMIZERS)
     lr: float = _field(0.05, "learning rate (> 0)")
     momentum: float = _field(0.9, "momentum for --optimizer momentum, in [0, 1)")
@@ -41,7 +41,7 @@ class Config:
     out: str | None = _field(None, "output directory for metrics.jsonl, summary.json and plots")
     eval_every: int = _field(0, "examples between evaluations (0: once per epoch)")
     target_accuracy: float | None = _field(None, "stop once test accuracy reaches this fraction, in (0, 1]")
-    data_dir: str | None = _field(None, "TFDS data directory (default: TFDS's)")
+    data_dir: str | None = _field(None, "TFDS data directory; None: TFDS's default")
     progress: bool = _field(True, "show a tqdm progress bar")
     # Multi-worker settings shared by the parallel algorithms.
     workers: int = _field(0, "workers/devices (sync, local, dasgd: mesh size; asgd: workers; pdasgd: replicas); 0 = all devices", group="parallel")

@@ -2,7 +2,8 @@
 
 Per dataset (digits with the MLP, MNIST-1D with the 1-D CNN) every algorithm gets the same
 example budget, per-worker batch and optimizer settings, over three seeds. The parallel
-algorithms use ``WORKERS`` workers; the asynchronous ones run on the virtual clock with the
+asynchronous algorithms use ``WORKERS`` workers, the data parallel ones (sync, local SGD,
+DaSGD) ``DATA_PARALLEL_WORKERS`` (the DaSGD protocol's D = 8); the asynchronous ones run on the virtual clock with the
 costs calibrated on this machine and an exponential per-step delay of mean one step's
 compute (so their staleness is that of a delayed cluster, not of one idle device); sync
 is simulated too (same arithmetic as on a mesh); local SGD and DaSGD run their SPMD
@@ -11,7 +12,6 @@ programs (vmapped workers on one device).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from typing import Any
 
@@ -23,6 +23,7 @@ from pdasgd_jax.reporting import NonFiniteLossError
 from pdasgd_jax.train import train_and_evaluate
 
 WORKERS = 4
+DATA_PARALLEL_WORKERS = 8
 BATCH_SIZE = 32
 SEEDS = (0, 1, 2)
 # Optimizer settings per dataset: where plain SGD trains well within the budget.
@@ -33,13 +34,14 @@ DATASETS: dict[str, dict[str, Any]] = {
 ASYNC = {"simulate": True, "delay_model": "exponential", "delay_mean": 1.0}
 ALGORITHMS: dict[str, dict[str, Any]] = {
     "sgd": {"algo": "sgd"},
-    "sync": {"algo": "sync", "simulate": True, "batch_size": WORKERS * BATCH_SIZE},
+    "sync": {"algo": "sync", "simulate": True, "workers": DATA_PARALLEL_WORKERS,
+             "batch_size": DATA_PARALLEL_WORKERS * BATCH_SIZE},
     "asgd": {"algo": "asgd", **ASYNC},
     "pdasgd (layer, stashed)": {"algo": "pdasgd", "backward_weights": "stashed", **ASYNC},
     "pdasgd (layer, live)": {"algo": "pdasgd", "backward_weights": "live", **ASYNC},
     "pdasgd-block (stashed)": {"algo": "pdasgd-block", "backward_weights": "stashed", **ASYNC},
-    "local": {"algo": "local", "period": 8},
-    "dasgd": {"algo": "dasgd", "period": 8, "delay_steps": 4},
+    "local": {"algo": "local", "workers": DATA_PARALLEL_WORKERS, "period": 8},
+    "dasgd": {"algo": "dasgd", "workers": DATA_PARALLEL_WORKERS, "period": 8, "delay_steps": 4},
 }
 
 
@@ -57,19 +59,15 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     datasets = {"digits": {**DATASETS["digits"], "epochs": 2.0}} if quick else DATASETS
     seeds = SEEDS[:1] if quick else SEEDS
     algorithms = dict(ALGORITHMS)
-    notes = []
-    if importlib.util.find_spec("pdasgd_jax.averaging_runner") is None:
-        algorithms = {k: v for k, v in algorithms.items() if v["algo"] not in ("local", "dasgd")}
-        notes.append("local and dasgd skipped: pdasgd_jax.averaging_runner is not available")
     results: dict[str, Any] = {}
     rows = []
     for dataset, settings in datasets.items():
         results[dataset] = {}
         for label, overrides in algorithms.items():
-            accs = [final_accuracy(Config(**{"dataset": dataset, "workers": WORKERS, "batch_size": BATCH_SIZE,
-                                             "optimizer": "momentum", "momentum": 0.9, "seed": seed,
-                                             "progress": False, **settings, **overrides}))
-                    for seed in seeds]
+            configs = [Config(**{"dataset": dataset, "workers": WORKERS, "batch_size": BATCH_SIZE,
+                                 "optimizer": "momentum", "momentum": 0.9, "seed": seed, "progress": False,
+                                 **settings, **overrides}) for seed in seeds]
+            accs = [final_accuracy(config) for config in configs]
             finite = [a for a in accs if math.isfinite(a)]
             mean, std = (float(np.mean(finite)), float(np.std(finite))) if finite else (math.nan, math.nan)
             results[dataset][label] = {"test_accuracy": accs, "mean": mean, "std": std,
@@ -77,11 +75,12 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
             rows.append({"dataset": f"{dataset} ({settings['model']})", "algorithm": label,
                          "test accuracy": f"{mean:.4f} ± {std:.4f}" + (f" ({len(accs) - len(finite)} diverged)"
                                                                        if len(finite) < len(accs) else ""),
-                         "seeds": len(accs)})
-    settings_line = (f"{WORKERS} workers, batch {BATCH_SIZE} per worker, momentum 0.9; async: virtual clock, "
+                         "workers": 1 if overrides["algo"] == "sgd" else configs[0].workers, "seeds": len(accs)})
+    settings_line = (f"batch {BATCH_SIZE} per worker, momentum 0.9; async: virtual clock, "
                      f"Exp(1 step) delays; " + "; ".join(f"{d}: lr {s['lr']}, {s['epochs']:g} epochs"
                                                           for d, s in datasets.items()))
-    results["settings"] = {"workers": WORKERS, "batch_size": BATCH_SIZE, "seeds": list(seeds),
-                           "datasets": datasets, "algorithms": algorithms, "notes": notes}
-    table = markdown_table(rows, ("dataset", "algorithm", "test accuracy", "seeds"))
-    return results, "\n".join([f"parity: {settings_line}", "", table, *notes])
+    results["settings"] = {"workers": WORKERS, "data_parallel_workers": DATA_PARALLEL_WORKERS,
+                           "batch_size": BATCH_SIZE, "seeds": list(seeds), "datasets": datasets,
+                           "algorithms": algorithms}
+    table = markdown_table(rows, ("dataset", "algorithm", "workers", "test accuracy", "seeds"))
+    return results, "\n".join([f"parity: {settings_line}", "", table])

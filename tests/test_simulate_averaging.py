@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from pdasgd_jax import Config, train_and_evaluate
+from pdasgd_jax import Config
 from pdasgd_jax.cli import main
 from pdasgd_jax.delays import CommModel, from_flops
 from pdasgd_jax.experiment import Experiment

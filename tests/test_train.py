@@ -1,7 +1,6 @@
 """End-to-end training: the synchronous baselines, outputs, and failure on bad input."""
 
 import json
-import os
 
 import jax
 import numpy as np

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from pdasgd_jax.bench import json_ready
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.experiment import Experiment
@@ -99,15 +100,6 @@ def _cell(algo: str, workers: int, k: float, straggler: bool, lrs: tuple[float, 
             "std": float(np.std(times)) if reached else math.nan}
 
 
-def _finite(x: Any) -> Any:
-    """JSON-ready: infinities (not reached) become None."""
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return None if isinstance(x, float) and not math.isfinite(x) else x
-
-
 def _ratio(slower: float, faster: float) -> str:
     if not math.isfinite(faster):
         return "not reached"
@@ -134,7 +126,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
                 pd = by_algo["pdasgd"]["mean"]
                 speedup = {ref: by_algo[ref]["mean"] / pd if math.isfinite(pd) else 0.0 for ref in ("sync", "asgd")}
                 dasgd_vs_sync = _ratio(by_algo["sync"]["mean"], by_algo["dasgd"]["mean"])
-                cells.append(_finite({"workers": workers, "k": k, "straggler": straggler, **by_algo,
+                cells.append(json_ready({"workers": workers, "k": k, "straggler": straggler, **by_algo,
                                       "pdasgd_speedup": speedup}))
                 rows.append({"W": workers, "k": k, "straggler": "3x" if straggler else "-",
                              **{f"{a} (ms)": _fmt(c) for a, c in by_algo.items()},

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from pdasgd_jax.bench import json_ready
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.delays import DelayModel, rng_for
@@ -284,13 +285,5 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
         header, markdown_table(rows, ("devices", "batch", "batches", "layout", "ex/s", "vs sequential")), ttt_header,
         markdown_table(ttt_rows, ("k", "delay mean (ms)", "algo", "lr", "measured (s)", "simulated (s)",
                                   "vs sync measured", "vs sync simulated"))])
-    return _finite(results), table
+    return json_ready(results), table
 
-
-def _finite(x: Any) -> Any:
-    """JSON-ready: infinities (target not reached) become None."""
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return None if isinstance(x, float) and not math.isfinite(x) else x

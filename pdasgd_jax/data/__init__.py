@@ -13,7 +13,7 @@ from __future__ import annotations
 from pdasgd_jax.data.offline import load_digits, load_mnist1d
 from pdasgd_jax.data.pipeline import ArraySplit, Split, batches_per_epoch, eval_batches, train_batches
 from pdasgd_jax.data.spec import MODALITIES, Dataset
-from pdasgd_jax.data.tfds_loader import DatasetNotPreparedError
+from pdasgd_jax.data.tfds_loader import DatasetNotPreparedError  # noqa: F401  (re-exported for callers)
 
 OFFLINE_DATASETS = ("digits", "mnist1d")
 TFDS_DATASETS = ("mnist", "cifar10", "cifar100", "imdb_reviews")

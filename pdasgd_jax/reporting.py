@@ -85,6 +85,17 @@ class Recorder:
     def wall_time(self) -> float:
         return self._time_offset + time.perf_counter() - self._start
 
+    def resume_step(self) -> int | None:
+        """The step of the checkpoint ``resume_state`` will restore (``None``: not resuming, or
+        nothing saved), for runners that must rebuild their state's structure before restoring."""
+        return self._checkpointer.latest_step() if self._resume else None
+
+    @property
+    def reached_target(self) -> bool:
+        """Whether the latest evaluation reached ``target_accuracy``."""
+        return bool(self.target_accuracy is not None and self.rows
+                    and self.rows[-1]["test_accuracy"] >= self.target_accuracy)
+
     def resume_state(self, like: Any) -> tuple[Any, dict[str, Any]] | None:
         """The runner state of the newest checkpoint (shaped like ``like``) and its metadata,
         with the recorded metrics rewound to it; ``None`` when there is nothing to resume."""
@@ -148,7 +159,7 @@ class Recorder:
         if self._checkpointer is not None and state is not None:
             self._checkpointer.save(step, state(), {"step": step, "examples": examples, "wall_time": row["wall_time"],
                                                     "next_eval": self._next_eval})
-        return self.target_accuracy is not None and row["test_accuracy"] >= self.target_accuracy
+        return self.reached_target
 
     def finish(self, *, config: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Writes summary.json and the plots; returns the summary."""
@@ -162,8 +173,7 @@ class Recorder:
             "steps": last.get("step"),
             "examples": last.get("examples"),
             "resumed_from_step": self.resumed_from_step,
-            "reached_target": bool(self.target_accuracy is not None and last
-                                   and last["test_accuracy"] >= self.target_accuracy),
+            "reached_target": self.reached_target,
             **(extra or {}),
         }
         summary["examples_per_s"] = (summary["examples"] or 0) / max(summary["wall_time"], 1e-9)

@@ -55,6 +55,14 @@ class VersionedSlot(Generic[T]):
             self._current = new
             return before.version
 
+    def load(self, value: T) -> None:
+        """Replaces the current value, keeping its version (restoring a checkpointed value)."""
+        with self._lock:
+            version = self._current.version
+            if self._history is not None:
+                self._history[version] = value
+            self._current = Versioned(value, version)
+
     def at(self, version: int) -> T:
         """The value at ``version`` (history must be kept)."""
         if self._history is None:
@@ -73,7 +81,8 @@ class ParameterStore:
     Args:
       params, states, opt_states: per-stage trees (tuples of length M).
       update: ``update(m, params_m, opt_state_m, grads_m) -> (params_m, opt_state_m)``,
-        typically ``StageKernels.update(m)``.
+        typically ``StageKernels.apply_update``; kept as the public ``update_rule``, which a
+        resuming simulation swaps (an abstract rule while it replays its schedule).
       home_devices: optional device per stage; parameters live there and gradients are
         moved there before the update (``replication="shared"``).
       keep_history: keep every version (for replay and tests).
@@ -87,7 +96,7 @@ class ParameterStore:
         self.home_devices = tuple(home_devices) if home_devices is not None else None
         if self.home_devices is not None and len(self.home_devices) != len(params):
             raise ValueError(f"got {len(self.home_devices)} home devices for {len(params)} stages")
-        self._update = update
+        self.update_rule = update
         self.slots = tuple(
             StageSlots(VersionedSlot(self._home(m, (p, o)), keep_history=keep_history),
                        VersionedSlot(self._home(m, s), keep_history=keep_history))
@@ -108,7 +117,7 @@ class ParameterStore:
     def apply_gradient(self, m: int, grads: PyTree, on_commit: Callable[[int], None] | None = None) -> int:
         """Applies one optimizer step to stage ``m`` atomically; returns the version it replaced."""
         grads = self._home(m, grads)
-        return self.slots[m].params.update(lambda po: self._update(m, po[0], po[1], grads), on_commit)
+        return self.slots[m].params.update(lambda po: self.update_rule(m, po[0], po[1], grads), on_commit)
 
     def read_state(self, m: int) -> Versioned:
         return self.slots[m].state.read()
@@ -120,6 +129,18 @@ class ParameterStore:
 
     def versions(self) -> tuple[int, ...]:
         return tuple(s.params.read().version for s in self.slots)
+
+    def state_versions(self) -> tuple[int, ...]:
+        return tuple(s.state.read().version for s in self.slots)
+
+    def load(self, params: Sequence[PyTree], states: Sequence[PyTree], opt_states: Sequence[PyTree]) -> None:
+        """Replaces every stage's values (placed on its home device), keeping the versions.
+
+        For resuming: the versions are the schedule's bookkeeping, replayed, not restored.
+        """
+        for m, (slots, p, s, o) in enumerate(zip(self.slots, params, states, opt_states, strict=True)):
+            slots.params.load(self._home(m, (p, o)))
+            slots.state.load(self._home(m, s))
 
     def snapshot(self) -> tuple[tuple[PyTree, ...], tuple[PyTree, ...], tuple[PyTree, ...]]:
         """Current ``(params, states, opt_states)``, one tree per stage (not one consistent instant)."""

@@ -40,6 +40,8 @@ def run_synchronous_loop(exp: Experiment, rec: Recorder, step_fn: Callable, ts: 
     if restored is not None:
         ts, meta = place_state(restored[0]), restored[1]
         step, examples = meta["step"], meta["examples"]
+        if rec.reached_target:  # the run stopped at this checkpoint
+            return ts, step, examples
     for x, y in exp.train_stream(batch_size, start=step):
         if examples >= exp.total_examples:
             break

@@ -18,7 +18,7 @@ from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.reporting import Recorder
-from pdasgd_jax.simulate import policies
+from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.averaging import run_averaging
 from pdasgd_jax.simulate.plots import plot_staleness
 from pdasgd_jax.simulate.scheduler import Scheduler
@@ -121,11 +121,19 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
 
 def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay: DelayModel, workers: int,
                       log: EventLog | None) -> tuple[train_lib.RunResult, float, dict[str, Any], StalenessStats]:
+    """ASGD or PD-ASGD on the virtual clock; checkpointed at every evaluation (with ``--out``).
+
+    A resumed run replays its schedule on abstract kernels up to the checkpointed job, loads
+    the checkpoint there and goes on with the real kernels (``simulate/resume.py``), so it
+    ends bitwise where the uninterrupted run ends.
+    """
     config = exp.config
     v = exp.variables
+    resume_at = rec.resume_step() or 0
+    kernels = resume.AbstractKernels(exp.kernels) if resume_at else exp.kernels
     scheduler = Scheduler()
-    store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), exp.kernels.apply_update)
-    executor = StageExecutor(exp.kernels, store, log=log, clock=lambda: scheduler.now,
+    store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), kernels.apply_update)
+    executor = StageExecutor(kernels, store, log=log, clock=lambda: scheduler.now,
                              backward_weights=config.backward_weights if config.algo != "asgd" else "stashed")
     done, finished_at = 0, 0.0
 
@@ -133,10 +141,16 @@ def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay
         nonlocal done, finished_at
         done += 1
         finished_at = scheduler.now
+        if done <= resume_at:  # replaying up to the checkpoint, whose metrics are recorded already
+            if done == resume_at:
+                resume.restore(sim, rec, exp.kernels)
+                if rec.reached_target:
+                    scheduler.stop()
+            return
         rec.add_loss(done, job.loss)
         params, states, _ = store.snapshot()
         if rec.observe(step=done, examples=done * config.batch_size, params=params, states=states,
-                       virtual_time=scheduler.now):
+                       virtual_time=scheduler.now, state=lambda: resume.capture(sim)):
             scheduler.stop()
 
     sim = Simulation(scheduler, executor, timing, delay, seed=config.seed,
@@ -149,6 +163,9 @@ def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay
         policies.spawn_pdasgd(sim, forward_workers=config.forward_workers, backward_workers=config.backward_workers,
                               queue=config.queue_capacity, layerwise=config.algo == "pdasgd")
     scheduler.run()
+    if done < resume_at:
+        raise RuntimeError(f"the replayed schedule ended after {done} jobs, before the checkpoint after job "
+                           f"{resume_at}: resume with the run's own config")
     now = finished_at  # the workers' idle time after the last update is not training time
     params, states, _ = store.snapshot()
     examples = done * config.batch_size

@@ -26,6 +26,9 @@ class Simulation:
       num_devices: simulated devices; stage ``m`` lives on device ``m % num_devices``.
       on_job_done: called with each job once all its updates are applied.
 
+    ``in_flight`` holds the jobs started and not yet done, by id: what a checkpoint of the
+    run must save besides the store (their activations, stashed residuals, pending updates).
+
     Speed factors are per device: ``timing.worker_factor(d)`` slows every worker on
     device ``d`` (with one worker per device, as in ASGD and sync, the two agree).
     """
@@ -45,6 +48,7 @@ class Simulation:
         self.num_stages = executor.store.num_stages
         self.devices = [Device(scheduler, d, timing) for d in range(num_devices)]
         self.started = 0
+        self.in_flight: dict[int, Job] = {}
         self._batches = batches
         self._on_job_done = on_job_done
         # Bytes of each stage's parameters: what a remote read pulls and a remote update pushes.
@@ -56,10 +60,12 @@ class Simulation:
             return None
         x, y = next(self._batches)
         job = self.executor.start_job(self.started, self.started, x, y, worker=worker)
+        self.in_flight[job.id] = job
         self.started += 1
         return job
 
     def job_done(self, job: Job) -> None:
+        del self.in_flight[job.id]
         self._on_job_done(job)
 
     def transfer_time(self, m: int, device: Device) -> float:

@@ -1,0 +1,152 @@
+"""Checkpoint and resume of a simulated asynchronous run, bitwise equal to an uninterrupted run.
+
+A simulated run's schedule (which job reads which version, the virtual times, the
+staleness, the batch each job takes) depends only on the seed, the timing and delay models
+and the config, never on parameter values. So a checkpoint holds values only, and resuming
+rebuilds everything else by replaying the schedule:
+
+* ``capture`` (at an evaluation, inside ``on_job_done``): the store's values and, for every
+  in-flight job, its payload (activation ``x``, the stashed residuals or stage inputs its
+  backward still needs, pending non-trainable states and gradients, ``delta``, loss) as
+  flat leaves, with a digest of the schedule at that instant.
+* Resuming, the run starts over on ``AbstractKernels`` (every kernel evaluated by
+  ``jax.eval_shape``, memoized: nothing is computed) and the executor does its usual
+  bookkeeping: versions, staleness, the data stream, the event log, the event order. At the
+  checkpoint's ``on_job_done``, ``restore`` checks the digest, loads the values into the
+  store and the in-flight jobs (their treedefs, vjp ``Partial``s included, are those of the
+  abstract payloads), switches to the real kernels, and the run goes on.
+
+The alternative, saving the scheduler itself, fails on its workers: Python generators
+cannot be serialised. The replay costs a dictionary lookup per stage operation, and the
+normal path pays nothing: the real kernels are simply never swapped out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from pdasgd_jax.executor import Job
+from pdasgd_jax.kernels import StageKernels
+from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.simulate.simulation import Simulation
+
+PyTree = Any
+
+
+class AbstractKernels:
+    """``StageKernels`` with every kernel evaluated abstractly: outputs with the real
+    structure, shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), and no computation.
+
+    Memoized per input signature, so a long replay traces each kernel once and afterwards
+    costs a flatten and a dictionary lookup per call.
+    """
+
+    def __init__(self, kernels: StageKernels):
+        stages = range(kernels.num_stages)
+        self.num_stages = kernels.num_stages
+        self._forward = [_abstract(kernels.forward(m)) for m in stages]
+        self._forward_stashed = [_abstract(kernels.forward_stashed(m)) for m in stages]
+        self._backward_live = [_abstract(kernels.backward_live(m)) for m in stages]
+        self._backward_stashed = [_abstract(kernels.backward_stashed(m)) for m in stages]
+        self._update = [_abstract(kernels.update(m)) for m in stages]
+        self.loss_grad = _abstract(kernels.loss_grad)
+
+    def forward(self, m: int) -> Callable:
+        return self._forward[m]
+
+    def forward_stashed(self, m: int) -> Callable:
+        return self._forward_stashed[m]
+
+    def backward_live(self, m: int) -> Callable:
+        return self._backward_live[m]
+
+    def backward_stashed(self, m: int) -> Callable:
+        return self._backward_stashed[m]
+
+    def apply_update(self, m: int, params: PyTree, opt_state: PyTree, grads: PyTree) -> tuple[PyTree, PyTree]:
+        return self._update[m](params, opt_state, grads)
+
+
+def _abstract(fn: Callable) -> Callable:
+    """``jax.eval_shape(fn, *args)``, memoized on the arguments' treedef, shapes and dtypes."""
+    memo: dict[Any, Any] = {}
+
+    def evaluate(*args: Any) -> Any:
+        leaves, treedef = jax.tree.flatten(args)
+        key = (treedef, tuple((np.shape(l), l.dtype, getattr(l, "weak_type", False)) for l in leaves))
+        out = memo.get(key)
+        if out is None:
+            out = memo[key] = jax.eval_shape(fn, *args)
+        return out
+
+    return evaluate
+
+
+def _payload(job: Job) -> tuple:
+    """What a job carries from one stage operation to the next (its batch labels excepted:
+    the replay takes them from the data stream again)."""
+    return job.x, job.records, job.new_states, job.grads, job.delta, job.loss
+
+
+def _world(sim: Simulation) -> tuple[PyTree, list[Job]]:
+    """The values a checkpoint holds: the store's and the in-flight jobs' (by id)."""
+    jobs = [sim.in_flight[i] for i in sorted(sim.in_flight)]
+    return (sim.executor.store.snapshot(), [_payload(j) for j in jobs]), jobs
+
+
+def _schedule_digest(sim: Simulation, jobs: list[Job], leaves: list[Any]) -> np.ndarray:
+    """SHA-256 of the schedule's state: clock, versions, in-flight jobs and the values' shapes."""
+    store = sim.executor.store
+    schedule = {
+        "now": float(sim.scheduler.now).hex(),
+        "started": sim.started,
+        "versions": store.versions(),
+        "state_versions": store.state_versions(),
+        "jobs": [(j.id, j.batch_id, j.read_versions) for j in jobs],
+        "leaves": [(np.shape(l), str(l.dtype)) for l in leaves],
+    }
+    return np.frombuffer(hashlib.sha256(json.dumps(schedule).encode()).digest(), np.uint8)
+
+
+def capture(sim: Simulation) -> dict[str, Any]:
+    """The checkpoint of ``sim`` now: ``{"schedule": digest, "leaves": values}``."""
+    tree, jobs = _world(sim)
+    leaves = jax.tree.leaves(tree)
+    return {"schedule": _schedule_digest(sim, jobs, leaves), "leaves": leaves}
+
+
+def restore(sim: Simulation, rec: Recorder, kernels: StageKernels) -> None:
+    """Loads ``rec``'s checkpoint into ``sim`` replayed (abstractly) to that checkpoint's
+    instant, then switches its executor and store to ``kernels``.
+
+    Raises:
+      RuntimeError: the replayed schedule is not the checkpointed one (another timing model,
+        e.g. recalibrated on another machine, or another config).
+    """
+    tree, jobs = _world(sim)
+    leaves, treedef = jax.tree.flatten(tree)
+    digest = _schedule_digest(sim, jobs, leaves)
+    like = {"schedule": np.zeros_like(digest), "leaves": [np.zeros(np.shape(l), l.dtype) for l in leaves]}
+    try:
+        saved, _ = rec.resume_state(like=like)
+    except ValueError as e:  # orbax: the saved values do not fit the replayed structure
+        raise _diverged() from e
+    if not np.array_equal(saved["schedule"], digest):
+        raise _diverged()
+    (params, states, opt_states), payloads = jax.tree.unflatten(treedef, jax.device_put(list(saved["leaves"])))
+    store = sim.executor.store
+    store.load(params, states, opt_states)
+    for job, payload in zip(jobs, payloads, strict=True):
+        job.x, job.records, job.new_states, job.grads, job.delta, job.loss = payload
+    sim.executor.kernels = kernels
+    store.update_rule = kernels.apply_update
+
+
+def _diverged() -> RuntimeError:
+    return RuntimeError("the replayed schedule differs from the checkpointed run's: resume with the same config "
+                        "and timing model (a calibrated one is cached per machine; pass the run's own timing)")

@@ -1,0 +1,154 @@
+"""Resuming an interrupted simulated run ends bitwise where the uninterrupted run ends."""
+
+import copy
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from pdasgd_jax import Config, plots, train_and_evaluate
+from pdasgd_jax import train as train_lib
+from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.delays import TimingModel
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.simulate import resume
+from pdasgd_jax.simulate import run as sim_run
+from pdasgd_jax.train import resume_run
+
+# Fixed costs: no calibration, the same schedule on every machine.
+TIMING = TimingModel(forward=(1.0, 1.0, 1.0), backward=(2.0, 2.0, 2.0), update=(0.25, 0.25, 0.25), loss=0.5)
+# 45 jobs of 32 digits, an evaluation (and a checkpoint) every 10 or so; random idle times.
+COMMON = dict(simulate=True, epochs=1, eval_every=300, seed=1, progress=False, workers=2,
+              delay_model="exponential", delay_mean=0.5)
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.fixture
+def results(monkeypatch):
+    """Fixed timing, no plots, one compilation of the kernels per config, and every run's
+    ``(RunResult, Recorder)`` in a list."""
+    monkeypatch.setattr(sim_run, "calibrated_timing", lambda exp, batch_size: TIMING)
+    monkeypatch.setattr(sim_run, "plot_staleness", lambda *args: None)
+    monkeypatch.setattr(plots, "plot_runs", lambda *args, **kwargs: None)
+    experiments = {}
+    from_config = Experiment.from_config
+
+    def shared(config):  # the kernels compile once; the run directory is the run's own
+        key = json.dumps({**config.to_dict(), "out": None})
+        if key not in experiments:
+            exp = experiments[key] = from_config(config)
+            exp.kernels, exp._eval_step  # cached properties: the copies share them
+        exp = copy.copy(experiments[key])
+        exp.config = config
+        return exp
+
+    monkeypatch.setattr(train_lib.Experiment, "from_config", shared)
+    runs = []
+    select = train_lib.select_runner
+
+    def recording(config):
+        runner = select(config)
+        return lambda exp, rec: runs.append((runner(exp, rec), rec)) or runs[-1][0]
+
+    monkeypatch.setattr(train_lib, "select_runner", recording)
+    return runs
+
+
+def _interrupt_after_checkpoint(monkeypatch, last):
+    """Makes the run die right after the first checkpoint where ``last(steps saved so far)`` holds."""
+    save = RunCheckpointer.save
+    saved = []
+
+    def save_then_die(self, step, state, meta):
+        save(self, step, state, meta)
+        saved.append(step)
+        if last(saved):
+            raise Interrupted
+
+    monkeypatch.setattr(RunCheckpointer, "save", save_then_die)
+
+
+def _rows(rows):
+    return [{k: v for k, v in json.loads(json.dumps(row)).items() if k != "wall_time"} for row in rows]
+
+
+def _recorded_rows(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return _rows(map(json.loads, f))
+
+
+def _interrupted_and_resumed(monkeypatch, config, last):
+    """Runs ``config`` until the checkpoint ``last`` picks, kills it there, resumes it; the resumed summary."""
+    with monkeypatch.context() as m:
+        _interrupt_after_checkpoint(m, last)
+        with pytest.raises(Interrupted):
+            train_and_evaluate(config)
+    return resume_run(config.out)
+
+
+def _assert_bitwise_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        assert np.array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("algo, extra", [
+    ("pdasgd", {"queue": 1}),
+    ("pdasgd", {"queue": 1, "backward_weights": "live"}),
+    ("pdasgd-block", {"queue": 2}),
+    ("asgd", {}),
+    ("sync", {"batch_size": 64}),
+    ("dasgd", {"period": 4, "delay_steps": 2}),
+])
+def test_a_resumed_simulated_run_is_bitwise_the_uninterrupted_run(tmp_path, monkeypatch, results, algo, extra):
+    config = Config(algo=algo, **COMMON, **extra)
+    whole = train_and_evaluate(config)  # in memory: no checkpoints
+    pending = []  # per checkpoint: stage values the in-flight jobs hold (residuals, gradients)
+    capture = resume.capture
+
+    def counting_capture(sim):
+        pending.append(sum(v is not None for job in sim.in_flight.values() for v in job.records + job.grads))
+        return capture(sim)
+
+    monkeypatch.setattr(resume, "capture", counting_capture)
+    resumed = _interrupted_and_resumed(monkeypatch, Config(**{**config.to_dict(), "out": str(tmp_path / "part")}),
+                                       lambda saved: len(saved) == 3)
+
+    assert 0 < resumed["resumed_from_step"] < resumed["steps"] == whole["steps"]
+    if algo not in ("sync", "dasgd"):  # the asynchronous runs were stopped mid-flight
+        assert pending[2] > 0
+    (first, whole_rec), (last, _) = results[0], results[-1]
+    _assert_bitwise_equal((first.params, first.states), (last.params, last.states))
+    assert _recorded_rows(tmp_path / "part") == _rows(whole_rec.rows)
+    for key in ("virtual_time", "staleness", "utilisation", "jobs_started", "test_accuracy", "test_loss"):
+        assert resumed.get(key) == whole.get(key), key
+
+
+def test_resuming_with_another_schedule_fails_clearly(tmp_path, monkeypatch, results):
+    config = Config(algo="pdasgd", queue=1, out=str(tmp_path), **COMMON)
+    with monkeypatch.context() as m:
+        _interrupt_after_checkpoint(m, lambda saved: len(saved) == 2)
+        with pytest.raises(Interrupted):
+            train_and_evaluate(config)
+    path = os.path.join(config.out, train_lib.CONFIG_FILE)
+    with open(path) as f:
+        saved = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**saved, "delay_mean": 0.7}, f)
+    with pytest.raises(RuntimeError, match="replayed schedule differs"):
+        resume_run(config.out)
+
+
+@pytest.mark.parametrize("algo, extra", [("pdasgd", {"queue": 1}), ("sync", {"batch_size": 64})])
+def test_a_run_killed_after_reaching_its_target_resumes_to_its_end(tmp_path, monkeypatch, results, algo, extra):
+    config = Config(algo=algo, target_accuracy=0.9, **COMMON, **extra)
+    whole = train_and_evaluate(config)
+    assert whole["reached_target"] and whole["examples"] < 1400  # stopped early
+    resumed = _interrupted_and_resumed(monkeypatch, Config(**{**config.to_dict(), "out": str(tmp_path)}),
+                                       lambda saved: saved[-1] == whole["steps"])
+    assert resumed["resumed_from_step"] == resumed["steps"] == whole["steps"]
+    _assert_bitwise_equal(results[0][0].params, results[-1][0].params)

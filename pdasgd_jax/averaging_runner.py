@@ -68,7 +68,10 @@ def _run_rounds(exp: Experiment, rec: Recorder, delay: int) -> train_lib.RunResu
         step, examples = restored[1]["step"], restored[1]["examples"]
     streams = {w: exp.train_stream(cfg.batch_size, shard_index=w, num_shards=num_workers, start=step)
                for w in _local_workers(sharding, num_workers)}
-    while examples < exp.total_examples:
+    params, states, _ = worker_mean((ws.train.params, ws.train.states, None))
+    # A run resumed at its last checkpoint (budget spent, or target reached) has nothing left.
+    stopped = restored is not None and rec.reached_target
+    while examples < exp.total_examples and not stopped:
         ws, loss_DxH = program(ws, *_next_round(streams, cfg.period, num_workers, sharding))
         params, states, loss_H = worker_mean((ws.train.params, ws.train.states, loss_DxH))
         for i in range(cfg.period):

@@ -152,3 +152,32 @@ def test_a_run_killed_after_reaching_its_target_resumes_to_its_end(tmp_path, mon
                                        lambda saved: saved[-1] == whole["steps"])
     assert resumed["resumed_from_step"] == resumed["steps"] == whole["steps"]
     _assert_bitwise_equal(results[0][0].params, results[-1][0].params)
+
+
+def test_a_resumed_run_keeps_the_timing_it_started_with(tmp_path, monkeypatch, results):
+    config = Config(algo="pdasgd", queue=1, **COMMON)
+    whole = train_and_evaluate(config)
+    slower = TimingModel(forward=(3.0, 1.0, 1.0), backward=(2.0, 2.0, 2.0), update=(0.25, 0.25, 0.25), loss=0.5)
+    out = str(tmp_path / "part")
+    with monkeypatch.context() as m:
+        _interrupt_after_checkpoint(m, lambda saved: len(saved) == 2)
+        with pytest.raises(Interrupted):
+            train_and_evaluate(Config(**{**config.to_dict(), "out": out}))
+    with open(os.path.join(out, sim_run.TIMING_FILE)) as f:
+        assert TimingModel.from_dict(json.load(f)) == TIMING
+    # A fresh calibration would now measure other costs (say, another machine): the saved one wins.
+    monkeypatch.setattr(sim_run, "calibrated_timing", lambda exp, batch_size: slower)
+    resumed = resume_run(out)
+    assert resumed["virtual_time"] == whole["virtual_time"]
+    _assert_bitwise_equal(results[0][0].params, results[-1][0].params)
+
+
+@pytest.mark.parametrize("algo, extra", [("dasgd", {"period": 4, "delay_steps": 2}), ("pdasgd", {"queue": 1})])
+def test_a_run_killed_at_its_last_checkpoint_resumes_to_the_same_end(tmp_path, monkeypatch, results, algo, extra):
+    config = Config(algo=algo, **COMMON, **extra)
+    whole = train_and_evaluate(config)
+    resumed = _interrupted_and_resumed(monkeypatch, Config(**{**config.to_dict(), "out": str(tmp_path)}),
+                                       lambda saved: saved[-1] == whole["steps"])
+    assert resumed["resumed_from_step"] == resumed["steps"] == whole["steps"]
+    assert resumed["test_accuracy"] == whole["test_accuracy"]
+    _assert_bitwise_equal(results[0][0].params, results[-1][0].params)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from typing import Any
@@ -17,7 +18,7 @@ from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
 from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.reporting import Recorder, write_json_atomic
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.averaging import run_averaging
 from pdasgd_jax.simulate.plots import plot_staleness
@@ -29,6 +30,7 @@ from pdasgd_jax.store import ParameterStore
 SYNCHRONOUS = ("sgd", "sync")
 ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block")
 AVERAGING = ("local", "dasgd")
+TIMING_FILE = "timing.json"
 CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pdasgd_jax")
 
 
@@ -48,6 +50,20 @@ def calibrated_timing(exp: Experiment, batch_size: int) -> TimingModel:
 def comm_model(config: Config) -> CommModel:
     """``--comm-latency`` and ``--comm-bandwidth`` (0: infinite) as a ``CommModel``."""
     return CommModel(config.comm_latency, config.comm_bandwidth or math.inf)
+
+
+def _run_timing(exp: Experiment, rec: Recorder, worker_batch: int) -> TimingModel:
+    """The calibrated timing with the config's communication cost, kept in ``--out``'s
+    ``timing.json``: a resumed run replays its schedule with the timing it started with,
+    even where a fresh calibration would measure other costs (another machine, a cold cache)."""
+    path = os.path.join(exp.config.out, TIMING_FILE) if exp.config.out else None
+    if path and rec.resume_step() is not None and os.path.exists(path):
+        with open(path) as f:
+            return TimingModel.from_dict(json.load(f))
+    timing = dataclasses.replace(calibrated_timing(exp, worker_batch), comm=comm_model(exp.config))
+    if path:
+        write_json_atomic(path, timing.to_dict())
+    return timing
 
 
 def simulated_workers(exp: Experiment) -> int:
@@ -94,7 +110,7 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
         raise ValueError(f"--algo {config.algo} has no simulator; simulate one of "
                          f"{', '.join(SYNCHRONOUS + ASYNCHRONOUS + AVERAGING)}")
     if timing is None:
-        timing = dataclasses.replace(calibrated_timing(exp, worker_batch), comm=comm_model(config))
+        timing = _run_timing(exp, rec, worker_batch)
     delay = DelayModel.from_config(config, timing.step_compute_time())
     if config.algo in SYNCHRONOUS:
         ts, steps, examples, now, utilisation, staleness = run_sync(exp, rec, timing, delay, workers)

@@ -125,10 +125,17 @@ class StageExecutor:
       backward_weights: ``stashed`` (the weights the forward read) or ``live`` (current).
       log: optional ``EventLog``.
       clock: returns the time stamped on events (wall clock or the simulator's).
+      fuse_jobs: with ``stashed`` weights and no non-trainable state, run each job's whole
+        forward and backward as one program (``kernels.job_gradients``) at its ``loss``:
+        every stage's weights are fixed once its forward has read them, so only the number
+        of dispatches changes, not the arithmetic (up to float reassociation). Forwards then
+        only read, and backwards only hand out gradients; for the simulator, whose costs
+        come from its timing model. The threaded runtime keeps per-stage kernels, since
+        there the backward workers must do the backward work.
     """
 
     def __init__(self, kernels: StageKernels, store: ParameterStore, *, backward_weights: str = "stashed",
-                 log: EventLog | None = None, clock: Callable[[], float] = lambda: 0.0):
+                 log: EventLog | None = None, clock: Callable[[], float] = lambda: 0.0, fuse_jobs: bool = False):
         if backward_weights not in BACKWARD_WEIGHTS:
             raise ValueError(f"backward_weights {backward_weights!r} is not one of {BACKWARD_WEIGHTS}")
         self.kernels = kernels
@@ -138,6 +145,7 @@ class StageExecutor:
         self.clock = clock
         self.staleness = StalenessStats(store.num_stages)
         self._stateful = [bool(jax.tree.leaves(store.read_state(m).value)) for m in range(store.num_stages)]
+        self.fused = fuse_jobs and not self.live and not any(self._stateful)
         self._updates_lock = threading.Lock()
 
     def _record(self, kind: str, job: Job, **fields: Any) -> None:
@@ -169,12 +177,16 @@ class StageExecutor:
         else:
             state = slots.state.at(state_version)
         params, state = self._local(job, (params, state))
-        if self.live:
+        if self.fused:  # keep the weights read; the job's program runs at its loss
+            job.records[m] = (params, state)
+            new_state = state
+        elif self.live:
             y, new_state = self.kernels.forward(m)(params, state, job.x)
             job.records[m] = (job.x, state)
         else:
             y, new_state, job.records[m] = self.kernels.forward_stashed(m)(params, state, job.x)
-        job.x = y
+        if not self.fused:
+            job.x = y
         job.read_versions[m] = version
         job.new_states[m] = new_state
         self._record("forward", job, stage=m, version=version, state_version=state_version, worker=worker)
@@ -191,8 +203,13 @@ class StageExecutor:
         _check_expected("state", job, m, before, expect)
 
     def loss(self, job: Job, *, worker: str = "") -> Any:
-        """Loss of the job's output and the cotangent ``delta_M`` the backward starts from."""
-        job.loss, job.delta = self.kernels.loss_grad(job.x, job.labels)
+        """Loss of the job's output and the cotangent ``delta_M`` the backward starts from
+        (fused: the loss and every stage's gradient, held in ``delta``)."""
+        if self.fused:
+            params, states = zip(*job.records)
+            job.loss, job.delta = self.kernels.job_gradients(params, states, job.x, job.labels)
+        else:
+            job.loss, job.delta = self.kernels.loss_grad(job.x, job.labels)
         job.x = None
         self._record("loss", job, worker=worker)
         return job.loss
@@ -200,7 +217,11 @@ class StageExecutor:
     def backward_stage(self, job: Job, m: int, *, live_version: int | None = None, worker: str = "") -> None:
         """``(g_m, delta_{m-1})`` for stage ``m``; frees what the forward stored for it."""
         record, job.records[m] = job.records[m], None
-        if self.live:
+        if self.fused:
+            job.grads[m] = job.delta[m]
+            if m == 0:
+                job.delta = None
+        elif self.live:
             slots = self.store.slots[m]
             if live_version is None:
                 (params, _), live_version = slots.params.read()

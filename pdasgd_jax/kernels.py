@@ -68,6 +68,9 @@ class StageKernels:
         self.loss_grad: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]] = jax.jit(
             jax.value_and_grad(model.loss)
         )
+        # The whole job in one program: what the stashed per-stage chain computes, for callers
+        # (the simulator) that know every stage's read version before the first backward.
+        self.job_gradients: Callable[..., tuple[jax.Array, tuple[PyTree, ...]]] = jax.jit(_job_gradients(model))
 
     @property
     def num_stages(self) -> int:
@@ -96,6 +99,14 @@ class StageKernels:
     def apply_update(self, m: int, params: PyTree, opt_state: PyTree, grads: PyTree) -> tuple[PyTree, PyTree]:
         """``update(m)`` with the stage index first: the form ``ParameterStore`` takes."""
         return self._update(params, opt_state, grads)
+
+
+def _job_gradients(model: StagedModel) -> Callable:
+    """``(params, states, x, labels) -> (loss, grads)`` of the whole chain, states unchanged."""
+    def job_gradients(params, states, x, labels):
+        return jax.value_and_grad(lambda p: model.loss_and_states(p, states, x, labels)[0])(params)
+
+    return job_gradients
 
 
 def _forward(stage, params, state, x):

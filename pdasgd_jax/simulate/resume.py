@@ -55,6 +55,7 @@ class AbstractKernels:
         self._backward_stashed = [_abstract(kernels.backward_stashed(m)) for m in stages]
         self._update = [_abstract(kernels.update(m)) for m in stages]
         self.loss_grad = _abstract(kernels.loss_grad)
+        self.job_gradients = _abstract(kernels.job_gradients)
 
     def forward(self, m: int) -> Callable:
         return self._forward[m]

@@ -150,7 +150,8 @@ def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay
     scheduler = Scheduler()
     store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), kernels.apply_update)
     executor = StageExecutor(kernels, store, log=log, clock=lambda: scheduler.now,
-                             backward_weights=config.backward_weights if config.algo != "asgd" else "stashed")
+                             backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
+                             fuse_jobs=True)
     done, finished_at = 0, 0.0
 
     def on_job_done(job: Job) -> None:

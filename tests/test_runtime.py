@@ -25,6 +25,7 @@ from pdasgd_jax.reporting import NonFiniteLossError, Recorder
 from pdasgd_jax.runtime import (BoundedQueue, QueueClosed, Runtime, RuntimeSettings, WorkerError, numbered_batches,
                                 run_runtime)
 from pdasgd_jax.runtime.control import Control
+from pdasgd_jax.runtime.workers import ForwardWorker
 from pdasgd_jax.simulate import calibrated_timing
 from pdasgd_jax.train import resume_run
 
@@ -242,7 +243,20 @@ def test_stop_with_a_full_or_empty_queue_does_not_hang(exp, monkeypatch, queue_s
                         lambda self, s: original(self, 10.0) if sleeper in threading.current_thread().name else None)
     settings = _settings(exp, num_examples=16 * 10**4, queue_capacity=1, backward_workers=1,
                          delay=DelayModel("constant", mean=1e-6))
-    rec = _recorder(exp, settings, eval_every=16, target_accuracy=0.01)
+    handed = []  # one entry per job a forward worker starts handing on
+    hand = ForwardWorker._hand
+    monkeypatch.setattr(ForwardWorker, "_hand", lambda self, q, item: handed.append(item) or hand(self, q, item))
+
+    def evaluate(params, states):
+        # Full: the stop comes only once the forward worker is blocked handing on job 3
+        # (job 2 waits in the queue of capacity 1 while the backward worker sleeps).
+        deadline = time.monotonic() + 3
+        while queue_state == "full" and len(handed) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return exp.evaluate(params, states)
+
+    rec = Recorder(evaluate, total_examples=settings.num_examples, eval_every=16, target_accuracy=0.01,
+                   progress=False)
     start = time.monotonic()
     result = Runtime(exp, settings).run(rec)
     assert time.monotonic() - start < 5

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 from pdasgd_jax.config import Config
 
 _TYPES: dict[str, Callable] = {"str": str, "int": int, "float": float}
-BENCHMARKS = ("parity", "delays", "sim-speed", "runtime", "overlap", "mfu")
+BENCHMARKS = ("parity", "delays", "delays-network", "sim-speed", "runtime", "overlap", "mfu")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:

@@ -32,11 +32,13 @@ import numpy as np
 from pdasgd_jax.bench import json_ready
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
+from pdasgd_jax.delays import CommModel
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.reporting import NonFiniteLossError, Recorder
 from pdasgd_jax.simulate import calibrated_timing, run_simulated
 
 WORKERS = (4, 16, 64)
+FREE_NETWORK = CommModel()  # this protocol's communication: free (see ``delays_network`` for a priced one)
 DELAY_FACTORS = (0.0, 0.5, 1.0, 2.0, 4.0)
 STRAGGLER_FACTOR = 3.0
 SEEDS = (0, 1, 2)
@@ -68,7 +70,8 @@ def _base_experiment(seed: int, lr: float) -> Experiment:
     return Experiment.from_config(Config(seed=seed, lr=lr, progress=False))
 
 
-def time_to_target(algo: str, workers: int, k: float, straggler: bool, lr: float, seed: int, epochs: float) -> float:
+def time_to_target(algo: str, workers: int, k: float, straggler: bool, lr: float, seed: int, epochs: float,
+                   comm: CommModel = FREE_NETWORK) -> float:
     """Virtual seconds until the test accuracy reaches ``TARGET`` (inf: never, or diverged)."""
     overrides = ALGORITHMS[algo]
     batch = BATCH_SIZE * workers if overrides["algo"] == "sync" else BATCH_SIZE
@@ -77,7 +80,7 @@ def time_to_target(algo: str, workers: int, k: float, straggler: bool, lr: float
                        "delay_model": "exponential" if k else "none", "delay_mean": k, "progress": False}).validate()
     exp = copy.copy(_base_experiment(seed, lr))
     exp.config = config
-    timing = calibrated_timing(exp, BATCH_SIZE)
+    timing = dataclasses.replace(calibrated_timing(exp, BATCH_SIZE), comm=comm)
     if straggler:
         timing = dataclasses.replace(timing, worker_factors=(STRAGGLER_FACTOR,))
     rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every,
@@ -89,12 +92,12 @@ def time_to_target(algo: str, workers: int, k: float, straggler: bool, lr: float
     return math.inf if reached is None else reached
 
 
-def _cell(algo: str, workers: int, k: float, straggler: bool, lrs: tuple[float, ...], seeds: tuple[int, ...],
-          epochs: float) -> dict[str, Any]:
+def cell(algo: str, workers: int, k: float, straggler: bool, lrs: tuple[float, ...], seeds: tuple[int, ...],
+         epochs: float, comm: CommModel = FREE_NETWORK) -> dict[str, Any]:
     """Best rate of ``lrs`` on the first seed, then the other seeds at it."""
-    tuning = {lr: time_to_target(algo, workers, k, straggler, lr, seeds[0], epochs) for lr in lrs}
+    tuning = {lr: time_to_target(algo, workers, k, straggler, lr, seeds[0], epochs, comm) for lr in lrs}
     best = min(tuning, key=tuning.get)
-    times = [tuning[best]] + [time_to_target(algo, workers, k, straggler, best, s, epochs) for s in seeds[1:]]
+    times = [tuning[best]] + [time_to_target(algo, workers, k, straggler, best, s, epochs, comm) for s in seeds[1:]]
     reached = all(math.isfinite(t) for t in times)
     return {"lr": best, "tuning": tuning, "times": times, "mean": float(np.mean(times)) if reached else math.inf,
             "std": float(np.std(times)) if reached else math.nan}
@@ -106,38 +109,47 @@ def _ratio(slower: float, faster: float) -> str:
     return "ref. not reached" if not math.isfinite(slower) else f"{slower / faster:.2f}x"
 
 
-def _fmt(cell: dict[str, Any]) -> str:
-    if not math.isfinite(cell["mean"]):
-        return f"not reached (lr {cell['lr']})"
-    return f"{cell['mean'] * 1e3:.1f} ± {cell['std'] * 1e3:.1f} (lr {cell['lr']})"
+def _fmt(c: dict[str, Any]) -> str:
+    if not math.isfinite(c["mean"]):
+        return f"not reached (lr {c['lr']})"
+    return f"{c['mean'] * 1e3:.1f} ± {c['std'] * 1e3:.1f} (lr {c['lr']})"
+
+
+COLUMNS = ("W", "k", "straggler", *(f"{a} (ms)" for a in ALGORITHMS), "pdasgd vs sync", "pdasgd vs asgd",
+           "dasgd vs sync")
+
+
+def grid(specs: list[tuple[int, float, bool]], *, quick: bool, comm: CommModel = FREE_NETWORK
+         ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every algorithm in every ``(workers, k, straggler)`` cell: the raw results and the table rows."""
+    seeds, epochs = (SEEDS[:1], 3.0) if quick else (SEEDS, EPOCHS)
+    lrs = {algo: grid[-2:-1] if quick else grid for algo, grid in LRS.items()}
+    cells, rows = [], []
+    for workers, k, straggler in specs:
+        by_algo = {algo: cell(algo, workers, k, straggler, lrs[algo], seeds, epochs, comm) for algo in ALGORITHMS}
+        pd = by_algo["pdasgd"]["mean"]
+        speedup = {ref: by_algo[ref]["mean"] / pd if math.isfinite(pd) else 0.0 for ref in ("sync", "asgd")}
+        cells.append(json_ready({"workers": workers, "k": k, "straggler": straggler, **by_algo,
+                                 "pdasgd_speedup": speedup}))
+        rows.append({"W": workers, "k": k, "straggler": "3x" if straggler else "-",
+                     **{f"{a} (ms)": _fmt(c) for a, c in by_algo.items()},
+                     **{f"pdasgd vs {ref}": _ratio(by_algo[ref]["mean"], pd) for ref in ("sync", "asgd")},
+                     "dasgd vs sync": _ratio(by_algo["sync"]["mean"], by_algo["dasgd"]["mean"])})
+    results = {"target_accuracy": TARGET, "batch_size": BATCH_SIZE, "epochs_budget": epochs, "lrs": lrs,
+               "seeds": list(seeds), "straggler_factor": STRAGGLER_FACTOR, "cells": cells}
+    return results, rows
+
+
+def header(name: str, results: dict[str, Any]) -> str:
+    return (f"{name}: digits MLP, virtual time (ms, mean ± std over {len(results['seeds'])} seed(s)) to test "
+            f"accuracy {TARGET}; batch {BATCH_SIZE} per worker; Exp(k x step compute) delay per worker per job; "
+            f"best lr of each algorithm's grid {results['lrs']} per cell")
 
 
 def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     """The whole grid (``quick``: 4 devices, k in {0, 1}, one rate and seed, short budget)."""
     del out_dir
     grid_workers, factors = ((4,), (0.0, 1.0)) if quick else (WORKERS, DELAY_FACTORS)
-    seeds, epochs = (SEEDS[:1], 3.0) if quick else (SEEDS, EPOCHS)
-    lrs = {algo: grid[-2:-1] if quick else grid for algo, grid in LRS.items()}
-    cells, rows = [], []
-    for workers in grid_workers:
-        for straggler in (False, True):
-            for k in factors:
-                by_algo = {algo: _cell(algo, workers, k, straggler, lrs[algo], seeds, epochs) for algo in ALGORITHMS}
-                pd = by_algo["pdasgd"]["mean"]
-                speedup = {ref: by_algo[ref]["mean"] / pd if math.isfinite(pd) else 0.0 for ref in ("sync", "asgd")}
-                dasgd_vs_sync = _ratio(by_algo["sync"]["mean"], by_algo["dasgd"]["mean"])
-                cells.append(json_ready({"workers": workers, "k": k, "straggler": straggler, **by_algo,
-                                      "pdasgd_speedup": speedup}))
-                rows.append({"W": workers, "k": k, "straggler": "3x" if straggler else "-",
-                             **{f"{a} (ms)": _fmt(c) for a, c in by_algo.items()},
-                             **{f"pdasgd vs {ref}": _ratio(by_algo[ref]["mean"], pd) for ref in ("sync", "asgd")},
-                             "dasgd vs sync": dasgd_vs_sync})
-    results = {"target_accuracy": TARGET, "batch_size": BATCH_SIZE, "epochs_budget": epochs, "lrs": lrs,
-               "seeds": list(seeds), "straggler_factor": STRAGGLER_FACTOR, "cells": cells}
-    header = (f"delays: digits MLP, virtual time (ms, mean ± std over {len(seeds)} seed(s)) to test accuracy "
-              f"{TARGET}; "
-              f"batch {BATCH_SIZE} per worker; Exp(k x step compute) delay per worker per job; "
-              f"best lr of each algorithm's grid {lrs} per cell")
-    columns = ("W", "k", "straggler", *(f"{a} (ms)" for a in ALGORITHMS), "pdasgd vs sync", "pdasgd vs asgd",
-               "dasgd vs sync")
-    return results, header + "\n\n" + markdown_table(rows, columns)
+    specs = [(w, k, straggler) for w in grid_workers for straggler in (False, True) for k in factors]
+    results, rows = grid(specs, quick=quick)
+    return results, header("delays", results) + "\n\n" + markdown_table(rows, COLUMNS)

@@ -71,8 +71,11 @@ def _run_rounds(exp: Experiment, rec: Recorder, delay: int) -> train_lib.RunResu
     params, states, _ = worker_mean((ws.train.params, ws.train.states, None))
     # A run resumed at its last checkpoint (budget spent, or target reached) has nothing left.
     stopped = restored is not None and rec.reached_target
+    loss_DxH = None
     while examples < exp.total_examples and not stopped:
+        previous = loss_DxH
         ws, loss_DxH = program(ws, *_next_round(streams, cfg.period, num_workers, sharding))
+        spmd.wait_for_round(previous)
         params, states, loss_H = worker_mean((ws.train.params, ws.train.states, loss_DxH))
         for i in range(cfg.period):
             rec.add_loss(step + i + 1, loss_H[i])

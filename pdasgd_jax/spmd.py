@@ -14,7 +14,7 @@ with the worker axis sharded over a mesh (``worker_mesh`` decides which).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -164,3 +164,13 @@ def make_worker_mean(mesh: Mesh | None) -> Callable:
     """Jitted mean over the leading worker axis of a tree (replicated over ``mesh``)."""
     return jax.jit(lambda tree: jax.tree.map(lambda x: x.mean(0).astype(x.dtype), tree),
                    out_shardings=None if mesh is None else replicated(mesh))
+
+
+def wait_for_round(previous_output: Any) -> None:
+    """Blocks until the previous round's output is ready, keeping at most two rounds in flight.
+
+    XLA's CPU backend can deadlock when many queued programs with cross-device all-reduces
+    pile up on fake host devices (a rendezvous waits for a device thread busy with a later
+    program); one round of lookahead keeps the device fed without that queue.
+    """
+    jax.block_until_ready(previous_output)

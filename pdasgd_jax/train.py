@@ -42,10 +42,13 @@ def run_synchronous_loop(exp: Experiment, rec: Recorder, step_fn: Callable, ts: 
         step, examples = meta["step"], meta["examples"]
         if rec.reached_target:  # the run stopped at this checkpoint
             return ts, step, examples
+    loss = None
     for x, y in exp.train_stream(batch_size, start=step):
         if examples >= exp.total_examples:
             break
+        previous = loss
         ts, loss = step_fn(ts, put(x), put(y))
+        spmd.wait_for_round(previous)  # one step in flight at most (see wait_for_round)
         step += 1
         examples += batch_size
         rec.add_loss(step, loss)

@@ -55,7 +55,9 @@ def _time_rounds(program, ws, x, y, rounds: int, repeats: int) -> list[float]:
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(rounds):
+            previous = loss
             ws, loss = program(ws, x, y)
+            spmd.wait_for_round(previous)
         jax.block_until_ready((ws, loss))
         samples.append((time.perf_counter() - start) / (rounds * PERIOD))
     return samples

@@ -1,4 +1,4 @@
-"""PNG plots of runs: loss and test accuracy against examples and time."""
+"""PNG plots of runs: loss and test accuracy against examples and time; staleness histograms."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 from matplotlib.figure import Figure
 
 Rows = Sequence[dict[str, Any]]
+STALENESS_PLOT = "staleness.png"
 
 
 def _time_key(rows: Rows) -> str:
@@ -36,5 +37,26 @@ def plot_runs(runs: Mapping[str, Rows], path: str, *, title: str = "") -> None:
         axes[1, col].set_xlabel(x_label)
         axes[0, col].legend(fontsize="small")
     fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def plot_staleness(summary_extra: dict[str, Any], path: str) -> None:
+    """One bar chart per stage: how many updates had staleness 0, 1, 2, ...
+
+    Args:
+      summary_extra: an asynchronous run's ``RunResult.extra`` (or its summary), whose
+        ``staleness`` is ``StalenessStats.summary()``.
+      path: the PNG to write.
+    """
+    per_stage = summary_extra["staleness"]["per_stage"]
+    fig = Figure(figsize=(7, 1.6 + 1.4 * len(per_stage)))
+    axes = fig.subplots(len(per_stage), 1, sharex=True, squeeze=False)
+    for m, (ax, stats) in enumerate(zip(axes[:, 0], per_stage)):
+        counts = stats["histogram"]
+        ax.bar(range(len(counts)), counts, width=0.8, color="C0")
+        ax.set_ylabel("updates")
+        ax.set_title(f"stage {m}: mean {stats['mean']:.2f}, max {stats['max']}", fontsize=9)
+    axes[-1, 0].set_xlabel("staleness (updates applied between read and write)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

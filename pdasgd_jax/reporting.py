@@ -180,10 +180,12 @@ class Recorder:
         if self.out_dir:
             write_json_atomic(os.path.join(self.out_dir, "summary.json"), _jsonable(summary))
             from pdasgd_jax.compare import TABLE_COLUMNS, markdown_table, summary_row
-            from pdasgd_jax.plots import plot_runs
+            from pdasgd_jax.plots import STALENESS_PLOT, plot_runs, plot_staleness
 
             algo = config.get("algo", "")
             plot_runs({algo: self.rows}, os.path.join(self.out_dir, "curves.png"), title=algo)
+            if summary.get("staleness", {}).get("per_stage"):  # asynchronous and simulated runs
+                plot_staleness(summary, os.path.join(self.out_dir, STALENESS_PLOT))
             with open(os.path.join(self.out_dir, "summary.md"), "w") as f:
                 f.write(f"# Run summary: {algo} on {config.get('dataset')}\n\n"
                         + markdown_table([summary_row(summary)], TABLE_COLUMNS) + "\n\n"

@@ -361,6 +361,7 @@ def test_cli_trains_pdasgd_and_writes_staleness(tmp_path):
     assert summary["staleness"]["updates"] == summary["steps"] * 3
     assert summary["devices"] == 8 and summary["backward_workers"] == 2
     assert (out / "metrics.jsonl").read_text().strip()
+    assert (out / "staleness.png").stat().st_size > 0 and (out / "curves.png").stat().st_size > 0
 
 
 @pytest.mark.timeout(60)

@@ -33,7 +33,7 @@ def results(monkeypatch):
     """Fixed timing, no plots, one compilation of the kernels per config, and every run's
     ``(RunResult, Recorder)`` in a list."""
     monkeypatch.setattr(sim_run, "calibrated_timing", lambda exp, batch_size: TIMING)
-    monkeypatch.setattr(sim_run, "plot_staleness", lambda *args: None)
+    monkeypatch.setattr(plots, "plot_staleness", lambda *args: None)
     monkeypatch.setattr(plots, "plot_runs", lambda *args, **kwargs: None)
     experiments = {}
     from_config = Experiment.from_config

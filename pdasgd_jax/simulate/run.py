@@ -21,7 +21,6 @@ from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.reporting import Recorder, write_json_atomic
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.averaging import run_averaging
-from pdasgd_jax.simulate.plots import plot_staleness
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, num_jobs
 from pdasgd_jax.simulate.sync import run_sync
@@ -77,7 +76,7 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
 
     Reports to ``rec`` with ``virtual_time`` on every observation; ``RunResult.extra`` holds
     the virtual time, the virtual time to ``--target-accuracy``, per-stage staleness and
-    worker and device utilisation. Writes ``staleness.png`` to ``--out`` if set.
+    worker and device utilisation (``train`` plots the staleness in ``staleness.png``).
 
     Args:
       exp: the experiment; ``sgd``, ``sync``, ``asgd``, ``pdasgd``, ``pdasgd-block``,
@@ -130,8 +129,6 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
         "utilisation": utilisation,
         "timing": timing.to_dict(),
     })
-    if config.out:
-        plot_staleness(result.extra, os.path.join(config.out, "staleness.png"))
     return result
 
 

@@ -30,7 +30,6 @@ import math
 import os
 import re
 import statistics
-import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -41,6 +40,7 @@ import numpy as np
 
 from pdasgd_jax.config import DELAY_MODELS, Config
 from pdasgd_jax.kernels import StageKernels
+from pdasgd_jax.reporting import write_json_atomic
 
 PyTree = Any
 
@@ -378,18 +378,6 @@ def _cache_path(cache_dir: str | os.PathLike, key: str) -> Path:
     return Path(cache_dir) / f"timing-{slug}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
 
 
-def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2)
-        os.replace(tmp, path)  # readers see the old file or the whole new one, never a part
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def calibrate(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree], opt_states: Sequence[PyTree],
               x: jax.Array, y: jax.Array, *, repeats: int = 10, cache_key: str | None = None,
               cache_dir: str | os.PathLike | None = None) -> TimingModel:
@@ -431,7 +419,8 @@ def calibrate(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[
     else:
         timing = _measure(kernels, params, states, opt_states, x, y, repeats)
         if path is not None:
-            _write_atomically(path, {"key": cache_key, "timing": timing.to_dict()})
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(str(path), {"key": cache_key, "timing": timing.to_dict()})
     if cache_key is not None:
         _CALIBRATIONS[cache_key] = timing
     return timing

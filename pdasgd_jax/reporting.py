@@ -29,9 +29,13 @@ def write_json_atomic(path: str, obj: Any) -> None:
     """Writes JSON through a temporary file and a rename, so readers never see half a file."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)  # a failed write leaves neither a partial file nor a stray temporary
+        raise
 
 
 class Recorder:

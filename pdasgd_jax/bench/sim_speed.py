@@ -34,8 +34,8 @@ from pdasgd_jax.simulate.fastpath import (current_params, init_ring_state, lags_
                                           ring_sizes)
 
 BATCH_SIZES = (32, 256)
-EPOCHS = 5.0
-REPEATS = 5
+EPOCHS = 20.0  # long enough (0.2-0.4 s per timed run) for the timer not to be the noise
+REPEATS = 7
 
 
 def _rates(fn: Callable[[], Any], examples: int, repeats: int) -> dict[str, float]:

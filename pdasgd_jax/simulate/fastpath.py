@@ -35,8 +35,10 @@ PyTree = Any
 
 
 class RingState(NamedTuple):
-    """The scan's carry: per-stage version rings, states, optimizer states, updates applied."""
+    """The scan's carry: per-stage current parameters and rings of past versions, states,
+    optimizer states, updates applied."""
 
+    params: tuple[PyTree, ...]
     rings: tuple[PyTree, ...]
     states: tuple[PyTree, ...]
     opt_states: tuple[PyTree, ...]
@@ -57,10 +59,11 @@ def ring_sizes(lags: np.ndarray) -> tuple[int, ...]:
 
 def init_ring_state(params: Sequence[PyTree], states: Sequence[PyTree], opt_states: Sequence[PyTree],
                     sizes: Sequence[int]) -> RingState:
-    """Version 0 of every stage in slot 0 (the other slots are written before they are read)."""
-    rings = tuple(jax.tree.map(lambda leaf, n=n: jnp.broadcast_to(leaf, (n, *jnp.shape(leaf))), p)
+    """Version 0 of every stage, current and in slot 0 of its ring (the other slots are written
+    before they are read; a stage that is never stale keeps no ring)."""
+    rings = tuple(() if n == 1 else jax.tree.map(lambda leaf, n=n: jnp.broadcast_to(leaf, (n, *jnp.shape(leaf))), p)
                   for p, n in zip(params, sizes))
-    return RingState(rings, tuple(states), tuple(opt_states), jnp.zeros((), jnp.int32))
+    return RingState(tuple(params), rings, tuple(states), tuple(opt_states), jnp.zeros((), jnp.int32))
 
 
 def _version(ring: PyTree, version: jax.Array, size: int) -> PyTree:
@@ -69,7 +72,7 @@ def _version(ring: PyTree, version: jax.Array, size: int) -> PyTree:
 
 def current_params(rs: RingState) -> tuple[PyTree, ...]:
     """The latest version of every stage."""
-    return tuple(_version(ring, rs.step, jax.tree.leaves(ring)[0].shape[0]) for ring in rs.rings)
+    return rs.params
 
 
 StepsFn = Callable[[RingState, Any, Any, Any], tuple[RingState, jax.Array]]
@@ -82,14 +85,19 @@ def make_fixed_staleness_steps(model: StagedModel, tx: optax.GradientTransformat
     def step(rs: RingState, inputs):
         x, labels, lag = inputs
         t = rs.step
-        read = tuple(_version(ring, t - lag[m], n) for m, (ring, n) in enumerate(zip(rs.rings, sizes)))
+        # A stage that is never stale (ring of one) reads its current parameters directly.
+        read = tuple(current if n == 1 else _version(ring, t - lag[m], n)
+                     for m, (current, ring, n) in enumerate(zip(rs.params, rs.rings, sizes)))
         (loss, new_states), grads = jax.value_and_grad(model.loss_and_states, has_aux=True)(read, rs.states, x, labels)
-        rings, opt_states = [], []
-        for ring, n, opt_state, g in zip(rs.rings, sizes, rs.opt_states, grads):
-            p, opt_state = apply_stage_update(tx, _version(ring, t, n), opt_state, g)
-            rings.append(jax.tree.map(lambda r, v: jax.lax.dynamic_update_index_in_dim(r, v, (t + 1) % n, 0), ring, p))
+        params, rings, opt_states = [], [], []
+        for current, ring, n, opt_state, g in zip(rs.params, rs.rings, sizes, rs.opt_states, grads):
+            p, opt_state = apply_stage_update(tx, current, opt_state, g)
+            if n > 1:
+                ring = jax.tree.map(lambda r, v: jax.lax.dynamic_update_index_in_dim(r, v, (t + 1) % n, 0), ring, p)
+            params.append(p)
+            rings.append(ring)
             opt_states.append(opt_state)
-        return RingState(tuple(rings), tuple(new_states), tuple(opt_states), t + 1), loss
+        return RingState(tuple(params), tuple(rings), tuple(new_states), tuple(opt_states), t + 1), loss
 
     return jax.jit(lambda rs, xs, ys, lags: jax.lax.scan(step, rs, (xs, ys, lags)))
 

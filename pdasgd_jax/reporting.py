@@ -96,9 +96,10 @@ class Recorder:
 
     @property
     def reached_target(self) -> bool:
-        """Whether the latest evaluation reached ``target_accuracy``."""
-        return bool(self.target_accuracy is not None and self.rows
-                    and self.rows[-1]["test_accuracy"] >= self.target_accuracy)
+        """Whether an evaluation reached ``target_accuracy`` (a threaded run may record a last
+        row after the stop, from jobs that were still finishing)."""
+        return self.target_accuracy is not None and any(r["test_accuracy"] >= self.target_accuracy
+                                                        for r in self.rows)
 
     def resume_state(self, like: Any) -> tuple[Any, dict[str, Any]] | None:
         """The runner state of the newest checkpoint (shaped like ``like``) and its metadata,

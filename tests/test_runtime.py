@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from pdasgd_jax import Config, stages, train_and_evaluate
+from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.cli import main
 from pdasgd_jax.delays import DelayModel, rng_for
 from pdasgd_jax.executor import StageExecutor, replay
@@ -377,6 +378,38 @@ def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path):
     assert resumed["resumed_from_step"] == part["steps"]
     assert (resumed["steps"], resumed["examples"]) == (whole["steps"], whole["examples"])
     assert resumed["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-5)
+
+
+@pytest.mark.timeout(60)
+def test_a_run_resumed_at_its_end_stays_there(tmp_path):
+    """Resuming a finished (or target-stopped) threaded run trains nothing more."""
+    out = str(tmp_path / "run")
+    done = train_and_evaluate(Config(algo="pdasgd", epochs=0.2, eval_every=100, seed=1, progress=False, out=out))
+    again = resume_run(out)
+    assert again["resumed_from_step"] == again["steps"] == done["steps"]
+    assert again["test_accuracy"] == done["test_accuracy"]
+
+
+def test_checkpoints_hold_the_parameters_they_evaluated(tmp_path, monkeypatch):
+    """Every checkpoint saved at an evaluation is the snapshot that evaluation scored, even
+    though the workers train on while it runs."""
+    saved = []
+    save = RunCheckpointer.save
+    monkeypatch.setattr(RunCheckpointer, "save",
+                        lambda self, step, state, meta: saved.append((step, state)) or save(self, step, state, meta))
+    out = tmp_path / "run"
+    config = Config(algo="asgd", workers=1, epochs=1, eval_every=64, seed=2, progress=False, out=str(out))
+    train_and_evaluate(config)
+    accuracy = {r["step"]: r["test_accuracy"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    exp = Experiment.from_config(config)
+    assert len(saved) >= 2
+    for step, (params, states, _) in saved:
+        assert exp.evaluate(params, states)["test_accuracy"] == accuracy[step]
+
+
+def test_asgd_with_live_weights_is_refused(exp):
+    with pytest.raises(ValueError, match="backward_weights must be 'stashed'"):
+        _settings(exp, algo="asgd", backward_weights="live")
 
 
 def test_a_batch_larger_than_the_dataset_fails_before_any_thread_starts(exp):

@@ -113,6 +113,10 @@ class Runtime:
             (params, states, opt_states), meta = restored
             self._build(params, states, opt_states, first_batch=meta["step"])
             self.completed = meta["step"]
+            if rec.reached_target or self.completed >= self.settings.num_batches:  # it had ended there
+                self.train_time = self.wall_time = 0.0
+                return RunResult(params, states, self.completed, self.completed * self.settings.batch_size,
+                                 self.metrics())
         self._start = time.perf_counter()
         try:
             self.feed.start()
@@ -149,10 +153,14 @@ class Runtime:
                 self.train_time = time.perf_counter() - self._start
             # Once the budget is spent every observation is due: evaluate each count once.
             if (exited or rec.eval_due(examples)) and examples != evaluated_at:
-                params, states = self._gather()
+                # One snapshot, taken after counting, is both evaluated and checkpointed: it
+                # holds every counted job's updates (and, asynchronous as the store is, parts
+                # of the jobs still in flight, which a resume from it runs again).
+                snapshot = self.store.snapshot()
+                params, states = jax.device_put(snapshot[:2], self.settings.devices[0])
                 evaluated_at = examples
                 if rec.observe(step=step, examples=examples, params=params, states=states, force=True,
-                               state=self.store.snapshot):
+                               state=lambda: snapshot):
                     return
             elif not rec.eval_due(examples):
                 rec.observe(step=step, examples=examples, params=None, states=None)  # the progress bar only

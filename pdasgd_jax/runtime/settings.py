@@ -64,6 +64,9 @@ class RuntimeSettings:
             raise ValueError(f"the threaded runtime runs {', '.join(RUNTIME_ALGOS)}, not {self.algo!r}")
         if self.backward_weights not in BACKWARD_WEIGHTS:
             raise ValueError(f"backward_weights {self.backward_weights!r} is not one of {BACKWARD_WEIGHTS}")
+        if self.algo == "asgd" and self.backward_weights != "stashed":
+            raise ValueError(f"asgd computes its gradient at the weights it read: backward_weights must be 'stashed', "
+                             f"not {self.backward_weights!r}")
         if not self.devices:
             raise ValueError("the runtime needs at least one device")
         for name in ("groups", "forward_workers", "backward_workers", "queue_capacity", "batch_size"):

@@ -48,4 +48,4 @@ def run_averaging(exp: Experiment, rec: Recorder, timing: TimingModel, delay: De
     busy = busy_fractions(timing, result.step, now, num_workers)
     result.extra["average_delay_steps"] = delay_steps
     return result, now, {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy}, \
-        fresh_updates(len(v.params), result.step)
+        fresh_updates(len(v.params), result.step * num_workers)  # every worker updates each step

@@ -48,7 +48,7 @@ def run_synchronous_loop(exp: Experiment, rec: Recorder, step_fn: Callable, ts: 
             break
         previous = loss
         ts, loss = step_fn(ts, put(x), put(y))
-        spmd.wait_for_round(previous)  # one step in flight at most (see wait_for_round)
+        spmd.wait_for_round(previous)  # at most two steps queued (see wait_for_round)
         step += 1
         examples += batch_size
         rec.add_loss(step, loss)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from typing import Any
@@ -43,6 +44,14 @@ class Experiment:
         model, variables = models.build_model(config.model_name, dataset, seed=config.seed)
         tx = make_optimizer(config.optimizer, config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
         return cls(config, dataset, model, variables, tx)
+
+    def with_config(self, **changes: Any) -> "Experiment":
+        """This experiment under a changed (validated) config, sharing its data, model,
+        initial variables, optimizer and compiled kernels: for runs that differ only in how
+        they train (algorithm, workers, delays, budget)."""
+        out = copy.copy(self)
+        out.config = dataclasses.replace(self.config, **changes).validate()
+        return out
 
     @functools.cached_property
     def kernels(self) -> kernels.StageKernels:

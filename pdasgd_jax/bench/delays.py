@@ -21,7 +21,6 @@ within the budget, or diverges, counts as infinitely slow.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import math
@@ -75,11 +74,10 @@ def time_to_target(algo: str, workers: int, k: float, straggler: bool, lr: float
     """Virtual seconds until the test accuracy reaches ``TARGET`` (inf: never, or diverged)."""
     overrides = ALGORITHMS[algo]
     batch = BATCH_SIZE * workers if overrides["algo"] == "sync" else BATCH_SIZE
-    config = Config(**{**overrides, "simulate": True, "workers": workers, "batch_size": batch, "lr": lr,
-                       "seed": seed, "epochs": epochs, "target_accuracy": TARGET, "eval_every": BATCH_SIZE,
-                       "delay_model": "exponential" if k else "none", "delay_mean": k, "progress": False}).validate()
-    exp = copy.copy(_base_experiment(seed, lr))
-    exp.config = config
+    exp = _base_experiment(seed, lr).with_config(
+        **overrides, simulate=True, workers=workers, batch_size=batch, epochs=epochs, target_accuracy=TARGET,
+        eval_every=BATCH_SIZE, delay_model="exponential" if k else "none", delay_mean=k)
+    config = exp.config
     timing = dataclasses.replace(calibrated_timing(exp, BATCH_SIZE), comm=comm)
     if straggler:
         timing = dataclasses.replace(timing, worker_factors=(STRAGGLER_FACTOR,))
@@ -123,7 +121,7 @@ def grid(specs: list[tuple[int, float, bool]], *, quick: bool, comm: CommModel =
          ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every algorithm in every ``(workers, k, straggler)`` cell: the raw results and the table rows."""
     seeds, epochs = (SEEDS[:1], 3.0) if quick else (SEEDS, EPOCHS)
-    lrs = {algo: grid[-2:-1] if quick else grid for algo, grid in LRS.items()}
+    lrs = {algo: rates[-2:-1] if quick else rates for algo, rates in LRS.items()}
     cells, rows = [], []
     for workers, k, straggler in specs:
         by_algo = {algo: cell(algo, workers, k, straggler, lrs[algo], seeds, epochs, comm) for algo in ALGORITHMS}

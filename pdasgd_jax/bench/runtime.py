@@ -21,7 +21,6 @@ Digits with the MLP. Two measurements:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import math
@@ -69,19 +68,12 @@ LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
 
 @functools.lru_cache(maxsize=None)
 def _experiment(lr: float = Config.lr) -> Experiment:
-    """Digits MLP at this learning rate; the copies made by ``_with_config`` share its kernels."""
+    """Digits MLP at this learning rate; the copies made by ``with_config`` share its kernels."""
     exp = Experiment.from_config(Config(lr=lr, progress=False))
     # Creates the cached kernels and evaluation step now, so that every copy shares them.
     exp.kernels  # noqa: B018
     exp.evaluate(exp.variables.params, exp.variables.states)
     return exp
-
-
-def _with_config(exp: Experiment, **changes: Any) -> Experiment:
-    """``exp`` under a changed config, sharing its data, model and compiled kernels."""
-    out = copy.copy(exp)
-    out.config = Config(**{**exp.config.to_dict(), **changes}).validate()
-    return out
 
 
 def _span(values: list[float]) -> dict[str, float]:
@@ -189,7 +181,7 @@ def runtime_with_delays(exp: Experiment) -> float:
 
 def simulated(exp: Experiment) -> float:
     """Virtual seconds to ``TARGET`` predicted by the simulator for the same config."""
-    sim = _with_config(exp, simulate=True)
+    sim = exp.with_config(simulate=True)
     rec = _recorder(sim)
     timing = calibrated_timing(exp, DELAY_BATCH)
     return run_simulated(sim, rec, timing=timing).extra["virtual_time_to_target"] or math.inf
@@ -203,13 +195,13 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
     for name, config in ALGORITHMS.items():
         base = _experiment(lr=config["lr"])
         out["delay_mean_s"] = k * calibrated_timing(base, DELAY_BATCH).step_compute_time()
-        warm_up = _with_config(base, **{**common, **config, "epochs": 0.1, "target_accuracy": None,
+        warm_up = base.with_config(**{**common, **config, "epochs": 0.1, "target_accuracy": None,
                                         "delay_model": "none", "delay_mean": 0.0})
         real = sync_with_delays if name == "sync" else runtime_with_delays
         real(warm_up)  # compiles for this batch size
         measured, predicted = [], []
         for seed in seeds:
-            exp = _with_config(base, seed=seed, **common, **config)
+            exp = base.with_config(seed=seed, **common, **config)
             for times, fn in ((measured, real), (predicted, simulated)):
                 try:
                     times.append(fn(exp))

@@ -11,8 +11,6 @@ average is ``d`` steps old, reported as ``average_delay_steps``.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
 from typing import Any
 
@@ -40,8 +38,7 @@ def run_averaging(exp: Experiment, rec: Recorder, timing: TimingModel, delay: De
                                     period=config.period, delay=delay_steps,
                                     model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states), seed=config.seed)
     # The round program sizes its worker axis from the config: pin it to the simulated workers.
-    exp = copy.copy(exp)
-    exp.config = dataclasses.replace(config, workers=num_workers)
+    exp = exp.with_config(workers=num_workers)
     runner = averaging_runner.run_dasgd if config.algo == "dasgd" else averaging_runner.run_local
     result = runner(exp, VirtualTimeRecorder(rec, ends))
     now = float(ends[result.step - 1])

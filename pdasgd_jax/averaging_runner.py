@@ -10,7 +10,7 @@ per-step losses and the workers' mean model.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -18,6 +18,7 @@ import optax
 from jax.sharding import Sharding
 
 from pdasgd_jax import spmd
+
 # The module, not RunResult itself: train.py imports this module to list its runners.
 from pdasgd_jax import train as train_lib
 from pdasgd_jax.experiment import Experiment

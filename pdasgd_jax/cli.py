@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from pdasgd_jax.config import Config
 

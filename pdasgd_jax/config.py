@@ -66,7 +66,7 @@ class Config:
     outer_optimizer: str = _field("none", "DiLoCo-style outer optimizer on the averaged model", OUTER_OPTIMIZERS, group="averaging")
     outer_lr: float = _field(1.0, "outer optimizer learning rate (> 0)", group="averaging")
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         """Checks every value; raises ``ValueError`` naming the bad one and what is allowed."""
         from pdasgd_jax import data, models
 

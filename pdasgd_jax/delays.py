@@ -32,8 +32,9 @@ import re
 import statistics
 import time
 import zlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np

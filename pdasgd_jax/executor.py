@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import jax
 import numpy as np

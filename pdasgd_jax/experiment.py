@@ -38,14 +38,14 @@ class Experiment:
     tx: optax.GradientTransformation
 
     @classmethod
-    def from_config(cls, config: Config) -> "Experiment":
+    def from_config(cls, config: Config) -> Experiment:
         config.validate()
         dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
         model, variables = models.build_model(config.model_name, dataset, seed=config.seed)
         tx = make_optimizer(config.optimizer, config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
         return cls(config, dataset, model, variables, tx)
 
-    def with_config(self, **changes: Any) -> "Experiment":
+    def with_config(self, **changes: Any) -> Experiment:
         """This experiment under a changed (validated) config, sharing its data, model,
         initial variables, optimizer and compiled kernels: for runs that differ only in how
         they train (algorithm, workers, delays, budget)."""

@@ -19,7 +19,8 @@ serve the synchronous baselines and evaluation.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

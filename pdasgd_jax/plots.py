@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 # A bare Figure renders with Agg on savefig without touching pyplot's global backend,
 # so importing the library never changes a notebook user's inline plotting.

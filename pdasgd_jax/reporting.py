@@ -12,10 +12,10 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-
 from tqdm.auto import tqdm
 
 from pdasgd_jax.checkpoint import CHECKPOINT_DIR, RunCheckpointer

@@ -14,13 +14,15 @@ with the worker axis sharded over a mesh (``worker_mesh`` decides which).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
 
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.optim import AveragingRule, AxisName, OuterState

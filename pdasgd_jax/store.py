@@ -12,7 +12,8 @@ only keeping a reference.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Generic, NamedTuple, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import jax
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 
 from pdasgd_jax import spmd
+from pdasgd_jax.checkpoint import CHECKPOINT_DIR
 from pdasgd_jax.config import Config
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
-from pdasgd_jax.checkpoint import CHECKPOINT_DIR
 from pdasgd_jax.reporting import Recorder, write_json_atomic
 
 CONFIG_FILE = "config.json"

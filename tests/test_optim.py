@@ -9,12 +9,13 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from test_dasgd import CLASSES, FEATURES, assert_trees_close, random_data, run_program
 
 from pdasgd_jax import optim, stages
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.optim import AveragingRule, delay_compensated, delayed_averaging, staleness_aware
-from test_dasgd import FEATURES, CLASSES, assert_trees_close, random_data, run_program
 
 
 def test_docstring_examples_run():

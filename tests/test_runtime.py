@@ -23,8 +23,15 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.models.common import Flatten
 from pdasgd_jax.reporting import NonFiniteLossError, Recorder
-from pdasgd_jax.runtime import (BoundedQueue, QueueClosed, Runtime, RuntimeSettings, WorkerError, numbered_batches,
-                                run_runtime)
+from pdasgd_jax.runtime import (
+    BoundedQueue,
+    QueueClosed,
+    Runtime,
+    RuntimeSettings,
+    WorkerError,
+    numbered_batches,
+    run_runtime,
+)
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.workers import ForwardWorker
 from pdasgd_jax.simulate import calibrated_timing

@@ -63,7 +63,7 @@ LRS: dict[str, tuple[float, ...]] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _base_experiment(seed: int, lr: float) -> Experiment:
     """Data, model and compiled kernels shared by every run with this seed and rate."""
     return Experiment.from_config(Config(seed=seed, lr=lr, progress=False))

@@ -26,7 +26,8 @@ import functools
 import math
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -66,7 +67,7 @@ LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _experiment(lr: float = Config.lr) -> Experiment:
     """Digits MLP at this learning rate; the copies made by ``with_config`` share its kernels."""
     exp = Experiment.from_config(Config(lr=lr, progress=False))
@@ -144,7 +145,7 @@ def _recorder(exp: Experiment) -> Recorder:
                     progress=False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fused_step(kernels: StageKernels) -> Callable:
     """The whole-model SGD step, compiled once per model and optimizer (``kernels`` holds both)."""
     return jax.jit(make_train_step(kernels.model, kernels.tx))

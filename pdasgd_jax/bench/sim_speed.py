@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -30,8 +31,13 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.reporting import Recorder
 from pdasgd_jax.simulate import calibrated_timing, run_simulated
-from pdasgd_jax.simulate.fastpath import (current_params, init_ring_state, lags_from_log, make_fixed_staleness_steps,
-                                          ring_sizes)
+from pdasgd_jax.simulate.fastpath import (
+    current_params,
+    init_ring_state,
+    lags_from_log,
+    make_fixed_staleness_steps,
+    ring_sizes,
+)
 
 BATCH_SIZES = (32, 256)
 EPOCHS = 20.0  # long enough (0.2-0.4 s per timed run) for the timer not to be the noise
@@ -103,7 +109,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     rows = []
     for bs in batch_sizes:
         r = results[f"batch_{bs}"] = measure(bs, epochs, repeats)
-        span = lambda m: f"{r[m]['median']:.0f} [{r[m]['min']:.0f}, {r[m]['max']:.0f}]"  # noqa: E731
+        span = lambda m: f"{r[m]['median']:.0f} [{r[m]['min']:.0f}, {r[m]['max']:.0f}]"
         rows.append({"batch": bs, "steps": r["steps"], "sgd ex/s": span("sgd"), "event ex/s": span("event"),
                      "event / sgd": f"{r['event_vs_sgd']:.2f}x", "fastpath ex/s": span("fastpath"),
                      "fastpath / sgd": f"{r['fastpath_vs_sgd']:.2f}x"})

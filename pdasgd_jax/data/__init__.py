@@ -51,6 +51,17 @@ def load_dataset(name: str, *, data_dir: str | None = None) -> Dataset:
 
 
 __all__ = [
-    "ArraySplit", "DATASETS", "DATASET_MODALITY", "Dataset", "MODALITIES", "OFFLINE_DATASETS", "Split", "TFDS_DATASETS",
-    "batches_per_epoch", "check_dataset_name", "eval_batches", "load_dataset", "train_batches",
+    "DATASETS",
+    "DATASET_MODALITY",
+    "MODALITIES",
+    "OFFLINE_DATASETS",
+    "TFDS_DATASETS",
+    "ArraySplit",
+    "Dataset",
+    "Split",
+    "batches_per_epoch",
+    "check_dataset_name",
+    "eval_batches",
+    "load_dataset",
+    "train_batches",
 ]

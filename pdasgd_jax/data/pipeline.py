@@ -10,7 +10,8 @@ and the union over workers is exactly the single-worker epoch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 

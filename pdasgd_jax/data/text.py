@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import re
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

@@ -7,7 +7,7 @@ Each builder returns a list of NNX modules, one per stage; ``build_model`` turns
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from flax import nnx
 

@@ -8,7 +8,7 @@ state is that after the last real token wherever the padding sits.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import math
+from collections.abc import Sequence
 
 from flax import nnx
 

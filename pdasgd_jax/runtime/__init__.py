@@ -18,6 +18,14 @@ from pdasgd_jax.runtime.runner import JOIN_TIMEOUT_S, Runtime, run_runtime
 from pdasgd_jax.runtime.settings import RUNTIME_ALGOS, RuntimeSettings
 
 __all__ = [
-    "Batch", "BoundedQueue", "JOIN_TIMEOUT_S", "QueueClosed", "RUNTIME_ALGOS", "Runtime", "RuntimeSettings",
-    "WorkerError", "numbered_batches", "run_runtime",
+    "JOIN_TIMEOUT_S",
+    "RUNTIME_ALGOS",
+    "Batch",
+    "BoundedQueue",
+    "QueueClosed",
+    "Runtime",
+    "RuntimeSettings",
+    "WorkerError",
+    "numbered_batches",
+    "run_runtime",
 ]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import traceback
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from pdasgd_jax.runtime.queue import BoundedQueue
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 

@@ -89,7 +89,7 @@ class RuntimeSettings:
         return tuple(self.devices[m % len(self.devices)] for m in range(num_stages))
 
     @classmethod
-    def from_config(cls, exp: Experiment, **overrides) -> "RuntimeSettings":
+    def from_config(cls, exp: Experiment, **overrides) -> RuntimeSettings:
         """Settings from ``exp.config``; a delay mean (in steps) is converted to seconds with
         the simulator's calibration of this machine's kernels (``calibrated_timing``), so a
         real and a simulated run of one config inject the same delays.

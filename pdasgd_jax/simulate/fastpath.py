@@ -20,7 +20,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

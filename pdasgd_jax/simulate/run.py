@@ -11,6 +11,7 @@ from typing import Any
 import jax
 
 from pdasgd_jax import delays
+
 # The module, not RunResult itself: train.py imports the simulator when it selects a runner.
 from pdasgd_jax import train as train_lib
 from pdasgd_jax.config import Config

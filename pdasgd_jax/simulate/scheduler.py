@@ -35,7 +35,8 @@ import collections
 import heapq
 import itertools
 import math
-from typing import Any, Callable, Generator, NamedTuple
+from collections.abc import Callable, Generator
+from typing import Any, NamedTuple
 
 from pdasgd_jax.delays import TimingModel
 
@@ -46,7 +47,7 @@ BACKWARD, FORWARD = 0, 1  # kernel priorities on a device: lower runs first
 class Kernel(NamedTuple):
     """Device work of ``work`` seconds (at full speed); see the module docstring."""
 
-    device: "Device"
+    device: Device
     work: float
     at_start: Callable[[], Any] | None = None
     priority: int = FORWARD
@@ -61,14 +62,14 @@ class Sleep(NamedTuple):
 class Put(NamedTuple):
     """Puts ``item`` into ``channel``; blocks while the channel is full."""
 
-    channel: "Channel"
+    channel: Channel
     item: Any
 
 
 class Get(NamedTuple):
     """Takes the oldest item of ``channel`` (the ``yield``'s value); blocks while it is empty."""
 
-    channel: "Channel"
+    channel: Channel
 
 
 Worker = Generator[Any, Any, None]
@@ -77,7 +78,7 @@ Worker = Generator[Any, Any, None]
 class Process:
     """A running worker generator and its accounting (busy = time inside its kernels)."""
 
-    __slots__ = ("name", "gen", "busy")
+    __slots__ = ("busy", "gen", "name")
 
     def __init__(self, name: str, gen: Worker):
         self.name = name
@@ -98,7 +99,7 @@ class Channel:
 
 
 class _Running:
-    __slots__ = ("remaining", "work", "proc", "started")
+    __slots__ = ("proc", "remaining", "started", "work")
 
     def __init__(self, work: float, proc: Process, started: float):
         self.remaining = work
@@ -119,7 +120,7 @@ class Device:
     delays run PD-ASGD's jobs strictly one after another, i.e. plain SGD.
     """
 
-    def __init__(self, scheduler: "Scheduler", index: int, timing: TimingModel):
+    def __init__(self, scheduler: Scheduler, index: int, timing: TimingModel):
         self.scheduler = scheduler
         self.index = index
         self.slots = math.ceil(timing.concurrency)

@@ -54,18 +54,29 @@ class Stage:
     The two graph definitions differ only in mode flags (``use_running_average`` of
     BatchNorm, ``deterministic`` of Dropout); keeping both lets ``apply`` stay a pure
     function of arrays.
+
+    Parameters and state travel as plain nested dicts of arrays (``nnx.to_pure_dict``),
+    not as NNX ``State`` trees: jax flattens plain dicts in C++ at every jitted call, while
+    ``State`` and its ``Variable`` leaves are flattened in Python, which costs more than a
+    small stage's whole kernel. ``param_def``/``state_def`` rebuild the ``State`` inside
+    the traced function, where the cost is paid once per compilation.
     """
 
     name: str
     train_def: nnx.GraphDef
     eval_def: nnx.GraphDef
+    param_def: jax.tree_util.PyTreeDef
+    state_def: jax.tree_util.PyTreeDef
 
     def apply(self, params: PyTree, state: PyTree, x: jax.Array, *, train: bool) -> tuple[jax.Array, PyTree]:
-        """Runs the stage; returns its output and its updated non-trainable state."""
-        module = nnx.merge(self.train_def if train else self.eval_def, params, state, copy=True)
+        """Runs the stage; returns its output and its updated non-trainable state (a plain dict)."""
+        # Plain dicts and NNX States share their leaf order (both sort keys), checked in from_modules.
+        nnx_params = jax.tree.unflatten(self.param_def, jax.tree.leaves(params))
+        nnx_state = jax.tree.unflatten(self.state_def, jax.tree.leaves(state))
+        module = nnx.merge(self.train_def if train else self.eval_def, nnx_params, nnx_state, copy=True)
         y = module(x)
         _, _, new_state = nnx.split(module, nnx.Param, ...)
-        return y, new_state
+        return y, nnx.to_pure_dict(new_state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +108,15 @@ def _split(module: nnx.Module) -> tuple[nnx.GraphDef, PyTree, PyTree]:
     return nnx.split(module, nnx.Param, ...)
 
 
+def _pure(tree: nnx.State) -> tuple[PyTree, jax.tree_util.PyTreeDef]:
+    """``tree`` as a plain dict of arrays, and the NNX structure that rebuilds it."""
+    pure = nnx.to_pure_dict(tree)
+    leaves, pure_leaves = jax.tree.leaves(tree), jax.tree.leaves(pure)
+    if len(leaves) != len(pure_leaves) or any(a is not b for a, b in zip(leaves, pure_leaves)):
+        raise AssertionError("NNX State and its pure dict disagree on leaf order")  # a Flax change, not user error
+    return pure, jax.tree.structure(tree)
+
+
 def from_modules(modules: Sequence[nnx.Module | Callable], *, loss: LossFn = softmax_cross_entropy, names: Sequence[str] | None = None) -> tuple[StagedModel, Variables]:
     """Turns a list of NNX modules (one per stage) into a ``StagedModel`` and its variables.
 
@@ -126,7 +146,9 @@ def from_modules(modules: Sequence[nnx.Module | Callable], *, loss: LossFn = sof
         module.eval()
         eval_def, _, _ = _split(module)
         module.train()
-        stages.append(Stage(name, train_def, eval_def))
+        p, param_def = _pure(p)
+        s, state_def = _pure(s)
+        stages.append(Stage(name, train_def, eval_def, param_def, state_def))
         params.append(p)
         states.append(s)
     return StagedModel(tuple(stages), loss), Variables(tuple(params), tuple(states))

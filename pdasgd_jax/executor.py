@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from pdasgd_jax.kernels import StageKernels
-from pdasgd_jax.store import ParameterStore
+from pdasgd_jax.store import ParameterStore, place
 
 PyTree = Any
 BACKWARD_WEIGHTS = ("stashed", "live")
@@ -157,13 +157,13 @@ class StageExecutor:
                   worker: str = "") -> Job:
         m = self.store.num_stages
         if device is not None:
-            x, labels = jax.device_put((x, labels), device)
+            x, labels = place((x, labels), device)
         job = Job(job_id, batch_id, x, labels, device, [None] * m, [-1] * m, [None] * m, [None] * m)
         self._record("start", job, version=batch_id, worker=worker)
         return job
 
     def _local(self, job: Job, tree: PyTree) -> PyTree:
-        return tree if job.device is None else jax.device_put(tree, job.device)
+        return place(tree, job.device)
 
     def forward_stage(self, job: Job, m: int, *, version: int | None = None, state_version: int | None = None,
                       commit_state: bool = True, worker: str = "") -> None:

@@ -21,6 +21,18 @@ T = TypeVar("T")
 PyTree = Any
 
 
+def place(tree: PyTree, device: jax.Device | None) -> PyTree:
+    """``tree`` on ``device`` (``None``: where it is), without a copy or a ``device_put`` call
+    when every leaf is already a JAX array there: on a one-device run ``device_put``'s own
+    per-call cost was most of a small stage's operation (60 % of a batch-32 loop's time)."""
+    if device is None:
+        return tree
+    leaves = jax.tree.leaves(tree)
+    if all(isinstance(leaf, jax.Array) and leaf.devices() == {device} for leaf in leaves):
+        return tree
+    return jax.device_put(tree, device)
+
+
 class Versioned(NamedTuple, Generic[T]):
     value: T
     version: int
@@ -109,7 +121,7 @@ class ParameterStore:
         return len(self.slots)
 
     def _home(self, m: int, tree: PyTree) -> PyTree:
-        return tree if self.home_devices is None else jax.device_put(tree, self.home_devices[m])
+        return place(tree, None if self.home_devices is None else self.home_devices[m])
 
     def read_params(self, m: int) -> Versioned:
         """Latest ``((params_m, opt_state_m), version)`` of stage ``m``, without locking."""

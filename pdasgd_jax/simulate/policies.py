@@ -26,30 +26,31 @@ from pdasgd_jax.simulate.simulation import Simulation
 
 def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Worker:
     """Stage forwards ``0..M-1`` (each reads the stage current at its start) and the loss."""
-    ex, t, d = sim.executor, sim.timing, device.index
+    ex, c = sim.executor, sim.costs[device.index]
     for m in range(sim.num_stages):
-        yield Sleep(sim.transfer_time(m, device))
-        yield Kernel(device, t.forward_time(m, d),
-                     functools.partial(ex.forward_stage, job, m, commit_state=False, worker=worker))
+        if c.transfer[m]:
+            yield Sleep(c.transfer[m])
+        yield Kernel(device, c.forward[m], functools.partial(ex.forward_stage, job, m, commit_state=False, worker=worker))
         ex.commit_state(job, m, worker=worker)
-    yield Kernel(device, t.loss_time(d), functools.partial(ex.loss, job, worker=worker))
+    yield Kernel(device, c.loss, functools.partial(ex.loss, job, worker=worker))
 
 
 def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, layerwise: bool) -> Worker:
     """Stage backwards ``M-1..0`` with layer-wise updates, or all updates at the end."""
-    ex, t, d = sim.executor, sim.timing, device.index
+    ex, c = sim.executor, sim.costs[device.index]
     stages = range(sim.num_stages - 1, -1, -1)
     for m in stages:
-        if ex.live:  # re-linearises at the current weights: pull them if remote
-            yield Sleep(sim.transfer_time(m, device))
-        work = t.backward_time(m, d, live=ex.live) + (t.update_time(m, d) if layerwise else 0.0)
+        if ex.live and c.transfer[m]:  # re-linearises at the current weights: pull them if remote
+            yield Sleep(c.transfer[m])
+        work = c.backward[m] + (c.update[m] if layerwise else 0.0)
         yield Kernel(device, work, functools.partial(ex.backward_stage, job, m, worker=worker), BACKWARD)
         if layerwise:
-            yield Sleep(sim.transfer_time(m, device))
+            if c.transfer[m]:
+                yield Sleep(c.transfer[m])
             ex.update_stage(job, m, worker=worker)
     if not layerwise:
-        yield Kernel(device, sum(t.update_time(m, d) for m in stages), None, BACKWARD)
-        yield Sleep(sum(sim.transfer_time(m, device) for m in stages))
+        yield Kernel(device, sum(c.update[m] for m in stages), None, BACKWARD)
+        yield Sleep(sum(c.transfer[m] for m in stages))
         for m in stages:
             ex.update_stage(job, m, worker=worker)
 

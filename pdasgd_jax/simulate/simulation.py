@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from pdasgd_jax.delays import DelayModel, TimingModel, rng_for, tree_nbytes
 from pdasgd_jax.executor import Job, StageExecutor
 from pdasgd_jax.simulate.scheduler import Device, Scheduler, Sleep
+
+
+class DeviceCosts(NamedTuple):
+    """Per-stage durations on one device, computed once (they are looked up for every kernel)."""
+
+    forward: tuple[float, ...]
+    loss: float
+    backward: tuple[float, ...]  # a ``live`` backward includes its re-run of the stage forward
+    update: tuple[float, ...]
+    transfer: tuple[float, ...]  # to or from the stage's home device (0 when it is this one)
 
 
 class Simulation:
@@ -54,6 +64,14 @@ class Simulation:
         self._on_job_done = on_job_done
         # Bytes of each stage's parameters: what a remote read pulls and a remote update pushes.
         self._stage_bytes = [tree_nbytes(executor.store.read_params(m).value[0]) for m in range(self.num_stages)]
+        self.costs = [self._device_costs(device) for device in self.devices]
+
+    def _device_costs(self, device: Device) -> DeviceCosts:
+        t, d, stages = self.timing, device.index, range(self.num_stages)
+        return DeviceCosts(tuple(t.forward_time(m, d) for m in stages), t.loss_time(d),
+                           tuple(t.backward_time(m, d, live=self.executor.live) for m in stages),
+                           tuple(t.update_time(m, d) for m in stages),
+                           tuple(self.transfer_time(m, device) for m in stages))
 
     def next_job(self, worker: str) -> Job | None:
         """Starts a job on the next batch of the stream, or None once the budget is spent."""
@@ -77,13 +95,13 @@ class Simulation:
 
     def forward_compute(self, device: Device) -> float:
         """Device work of one job's forward pass (and loss) on ``device``."""
-        t, d = self.timing, device.index
-        return sum(t.forward_time(m, d) for m in range(self.num_stages)) + t.loss_time(d)
+        c = self.costs[device.index]
+        return sum(c.forward) + c.loss
 
     def backward_compute(self, device: Device) -> float:
         """Device work of one job's backward pass and updates on ``device``."""
-        t, d, live = self.timing, device.index, self.executor.live
-        return sum(t.backward_time(m, d, live=live) + t.update_time(m, d) for m in range(self.num_stages))
+        c = self.costs[device.index]
+        return sum(b + u for b, u in zip(c.backward, c.update))
 
     def delay_rng(self, worker: str) -> np.random.Generator:
         return rng_for(self.seed, "delay", worker)

@@ -72,6 +72,9 @@ class StageKernels:
         # The whole job in one program: what the stashed per-stage chain computes, for callers
         # (the simulator) that know every stage's read version before the first backward.
         self.job_gradients: Callable[..., tuple[jax.Array, tuple[PyTree, ...]]] = jax.jit(_job_gradients(model))
+        # A whole forward pass in one program, keeping every stage's VJP for the per-stage
+        # backward kernels: for callers that read every stage before the forward starts.
+        self.forward_all_stashed: Callable[..., tuple[Any, ...]] = jax.jit(_forward_all_stashed(model))
 
     @property
     def num_stages(self) -> int:
@@ -108,6 +111,21 @@ def _job_gradients(model: StagedModel) -> Callable:
         return jax.value_and_grad(lambda p: model.loss_and_states(p, states, x, labels)[0])(params)
 
     return job_gradients
+
+
+def _forward_all_stashed(model: StagedModel) -> Callable:
+    """``(params, states, x, labels) -> (loss, delta_M, new_states, vjps)``: every
+    ``forward_stashed(m)`` in order, then ``loss_grad``."""
+    def forward_all(params, states, x, labels):
+        new_states, vjps = [], []
+        for m, stage in enumerate(model.stages):
+            x, new_state, vjp = _forward_vjp(stage, m > 0, params[m], states[m], x)
+            new_states.append(new_state)
+            vjps.append(vjp)
+        loss, delta = jax.value_and_grad(model.loss)(x, labels)
+        return loss, delta, tuple(new_states), tuple(vjps)
+
+    return forward_all
 
 
 def _forward(stage, params, state, x):

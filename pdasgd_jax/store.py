@@ -28,7 +28,9 @@ def place(tree: PyTree, device: jax.Device | None) -> PyTree:
     if device is None:
         return tree
     leaves = jax.tree.leaves(tree)
-    if all(isinstance(leaf, jax.Array) and leaf.devices() == {device} for leaf in leaves):
+    # Committed only: jit compiles once per pattern of committed/uncommitted arguments, so
+    # letting uncommitted arrays through would add recompilations mid-run.
+    if all(isinstance(leaf, jax.Array) and leaf.committed and leaf.devices() == {device} for leaf in leaves):
         return tree
     return jax.device_put(tree, device)
 

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from pdasgd_jax.bench import delays, json_ready
+from pdasgd_jax.bench import delays, interleaved_seconds, json_ready, rate_summary
+from pdasgd_jax.bench import runtime as bench_runtime
 from pdasgd_jax.cli import main
 
 
@@ -48,6 +49,48 @@ def test_overlap_quick_shows_dasgd_hiding_what_sync_pays(tmp_path):
     for program in ("compute_only", "dasgd", "local"):
         span = results["real"][program]
         assert 0 < span["step_s_min"] <= span["step_s_median"] <= span["step_s_max"]
+
+
+def test_interleaved_seconds_take_turns_and_ratios_pair_rounds():
+    calls = []
+    times = {"a": iter([1.0, 2.0, 4.0]), "b": iter([2.0, 2.0, 2.0])}
+    runs = {name: (lambda name=name: calls.append(name) or next(times[name])) for name in times}
+    seconds = interleaved_seconds(runs, 3)
+    assert calls == ["a", "b"] * 3
+    assert seconds == {"a": [1.0, 2.0, 4.0], "b": [2.0, 2.0, 2.0]}
+    # b's throughput per round relative to a: 0.5, 1, 2 -> median 1.
+    assert rate_summary(10, seconds["b"], seconds["a"]) == {"median": 5.0, "min": 5.0, "max": 5.0, "vs_baseline": 1.0}
+
+
+def test_sim_speed_quick_times_three_modes_on_the_same_steps(tmp_path):
+    out = str(tmp_path)
+    assert main(["bench", "sim-speed", "--quick", "--out", out]) == 0
+    results, table = _load(out, "sim-speed")
+    r = results["batch_32"]
+    assert r["examples"] == r["steps"] * 32
+    assert r["max_lag"] and min(r["max_lag"]) >= 0
+    for mode in ("sgd", "event", "fastpath"):
+        assert 0 < r[mode]["min"] <= r[mode]["median"] <= r[mode]["max"]
+    for mode in ("event", "fastpath"):
+        assert r[f"{mode}_vs_sgd"] > 0 and f"{r[f'{mode}_vs_sgd']:.2f}x" in table
+
+
+def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
+    out = str(tmp_path)
+    assert main(["bench", "runtime", "--quick", "--out", out]) == 0
+    results, table = _load(out, "runtime")
+    for key, r in results["throughput"].items():
+        for name in ("sequential", bench_runtime.TWO_LOOPS, *(n for n, _ in bench_runtime.LAYOUTS)):
+            assert 0 < r[name]["min"] <= r[name]["median"] <= r[name]["max"], (key, name)
+            assert name == "sequential" or r[name]["vs_sequential"] > 0
+    [cell] = results["time_to_target"]
+    assert cell["k"] == 10.0 and cell["delay_mean_s"] > 0
+    for algo in ("pdasgd", "asgd", "sync"):
+        assert len(cell[algo]["measured_s"]) == len(cell[algo]["simulated_s"]) == 1
+    for algo in ("pdasgd", "asgd"):
+        ratio = cell["sync"]["measured_s"][0] / cell[algo]["measured_s"][0]
+        assert cell[algo]["speedup_vs_sync_measured"] == pytest.approx(ratio)
+    assert bench_runtime.TWO_LOOPS in table
 
 
 def test_unknown_benchmark_is_refused(capsys):

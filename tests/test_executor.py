@@ -32,11 +32,12 @@ def _assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("weights", ["stashed", "live"])
+@pytest.mark.parametrize("weights,fuse_forward", [("stashed", False), ("stashed", True), ("live", False)])
 @pytest.mark.parametrize("layerwise", [True, False])
-def test_sequential_jobs_equal_plain_sgd(setup, weights, layerwise):
+def test_sequential_jobs_equal_plain_sgd(setup, weights, fuse_forward, layerwise):
     model, v, tx, k, batches = setup
-    ex = StageExecutor(k, _store(setup), backward_weights=weights)
+    ex = StageExecutor(k, _store(setup), backward_weights=weights, fuse_forward=fuse_forward)
+    assert ex.fused_forward == fuse_forward
     step = jax.jit(make_train_step(model, tx))
     ts = TrainState(v.params, v.states, init_opt_states(tx, v.params))
     for i, (x, y) in enumerate(batches):
@@ -49,11 +50,12 @@ def test_sequential_jobs_equal_plain_sgd(setup, weights, layerwise):
     assert ex.store.versions() == (len(batches),) * model.num_stages
 
 
-def test_pipelined_jobs_have_the_closed_form_staleness(setup):
+@pytest.mark.parametrize("fuse_forward", [False, True])
+def test_pipelined_jobs_have_the_closed_form_staleness(setup, fuse_forward):
     """Two jobs in flight: each forward runs before the previous job's backward, so every
     update of stage m is one version stale (except the first)."""
     model, v, tx, k, batches = setup
-    ex = StageExecutor(k, _store(setup))
+    ex = StageExecutor(k, _store(setup), fuse_forward=fuse_forward)
     prev = None
     for i, (x, y) in enumerate(batches):
         job = ex.start_job(i, i, x, y)
@@ -66,12 +68,12 @@ def test_pipelined_jobs_have_the_closed_form_staleness(setup):
         assert taus.tolist() == [0] + [1] * (len(batches) - 1)
 
 
-@pytest.mark.parametrize("weights", ["stashed", "live"])
-def test_replay_of_a_threaded_run_reproduces_its_parameters(setup, weights):
+@pytest.mark.parametrize("weights,fuse_forward", [("stashed", False), ("stashed", True), ("live", False)])
+def test_replay_of_a_threaded_run_reproduces_its_parameters(setup, weights, fuse_forward):
     model, v, tx, k, batches = setup
     log = EventLog()
     store = _store(setup)
-    ex = StageExecutor(k, store, backward_weights=weights, log=log)
+    ex = StageExecutor(k, store, backward_weights=weights, log=log, fuse_forward=fuse_forward)
     work = list(enumerate(batches))
     lock = threading.Lock()
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import statistics
+from collections.abc import Callable
 from typing import Any
 
 from pdasgd_jax.reporting import write_json_atomic
@@ -32,3 +34,26 @@ def json_ready(x: Any) -> Any:
     if isinstance(x, list):
         return [json_ready(v) for v in x]
     return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def interleaved_seconds(runs: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Each run's seconds (as it returns them), ``repeats`` rounds of every run in turn.
+
+    Round-robin, so a drift in this shared machine's speed hits all runs alike and a ratio
+    taken within a round compares them under the same load.
+    """
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            seconds[name].append(fn())
+    return seconds
+
+
+def rate_summary(examples: int, seconds: list[float], baseline: list[float] | None = None) -> dict[str, float]:
+    """Median, min and max examples/s; with ``baseline`` (the reference's seconds in the same
+    rounds) also ``vs_baseline``, the median of the per-round throughput ratios."""
+    rates = [examples / s for s in seconds]
+    out = {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+    if baseline is not None:
+        out["vs_baseline"] = statistics.median(b / s for s, b in zip(seconds, baseline))
+    return out

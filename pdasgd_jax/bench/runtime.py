@@ -7,7 +7,9 @@ Digits with the MLP. Two measurements:
   (``forward_all`` + ``backward_all`` on one thread, on the first device, same data
   stream), no delays, at a host-bound (32) and a compute-bound (256) batch size; on one
   device and, when there are more, on all of them. Each is timed from the first batch to
-  the parameters ready, after a warm-up run that compiles.
+  the parameters ready, after a warm-up run that compiles. Beside them, two independent
+  sequential loops in two threads: what two threads get at all here (the GIL and two
+  cores), the ceiling for PD-ASGD's two-thread F = 1, B = 1 layout.
 * **time to target**: wall seconds until the test accuracy reaches ``TARGET`` with real
   injected delays ``Exp(mean = k x one step's calibrated compute)`` (``time.sleep``), for
   PD-ASGD (``W`` replicas of F=1, B=2) and ASGD (``W`` workers), each worker drawing one
@@ -24,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from pdasgd_jax.bench import json_ready
+from pdasgd_jax.bench import interleaved_seconds, json_ready, rate_summary
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.delays import DelayModel, rng_for
@@ -58,6 +60,8 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "asgd": {"algo": "asgd", "batch_size": DELAY_BATCH, "lr": 0.0125},
     "sync": {"algo": "sync", "batch_size": DELAY_BATCH * WORKERS, "lr": 0.2},
 }
+# The two-thread reference row (see ``two_thread_loops``).
+TWO_LOOPS = "2 threads, independent sequential loops"
 # (name, settings overrides); "sequential" is the baseline.
 LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("pdasgd F=1 B=1 Q=1", {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue_capacity": 1}),
@@ -77,10 +81,6 @@ def _experiment(lr: float = Config.lr) -> Experiment:
     return exp
 
 
-def _span(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 # Throughput ---------------------------------------------------------------------------------
 
 def sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_batches: int) -> float:
@@ -88,7 +88,7 @@ def sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_ba
     v = exp.variables
     store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), exp.kernels.apply_update,
                            home_devices=(device,) * exp.model.num_stages)
-    ex = StageExecutor(exp.kernels, store)
+    ex = StageExecutor(exp.kernels, store, fuse_forward=True)  # the runtime's forward workers' kernels
     start = time.perf_counter()
     for batch in numbered_batches(exp, batch_size):
         if batch.batch_id == num_batches:
@@ -97,6 +97,20 @@ def sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_ba
         ex.forward_all(job)
         ex.backward_all(job, layerwise=True)
     jax.block_until_ready(store.snapshot())
+    return time.perf_counter() - start
+
+
+def two_thread_loops(exp: Experiment, device: jax.Device, batch_size: int, num_batches: int) -> float:
+    """Seconds of two independent sequential loops (own stores, half the batches each) in
+    two threads: the most two Python threads dispatching these kernels get out of this
+    machine, a reference for any two-thread layout (no queue, no shared state)."""
+    threads = [threading.Thread(target=sequential_loop, args=(exp, device, batch_size, num_batches // 2))
+               for _ in range(2)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     return time.perf_counter() - start
 
 
@@ -115,7 +129,9 @@ def throughput(exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int
     layout's ratio is the median of its ratios to the sequential loop of the same round,
     so a drift in the machine's speed affects both sides of a ratio alike.
     """
-    runs: dict[str, Callable[[int], float]] = {"sequential": lambda n: sequential_loop(exp, devices[0], batch_size, n)}
+    runs: dict[str, Callable[[int], float]] = {
+        "sequential": lambda n: sequential_loop(exp, devices[0], batch_size, n),
+        TWO_LOOPS: lambda n: two_thread_loops(exp, devices[0], batch_size, n)}
     for name, overrides in LAYOUTS:
         overrides = dict(overrides)
         groups = len(devices) * overrides.pop("groups_per_device", 1)
@@ -124,13 +140,13 @@ def throughput(exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int
             lambda st, n: runtime_seconds(exp, dataclasses.replace(st, num_examples=n * batch_size)), settings)
     for fn in runs.values():
         fn(max(4, num_batches // 10))  # compiles for every device involved
-    rates: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, fn in runs.items():
-            rates[name].append(num_batches * batch_size / fn(num_batches))
-    out = {name: _span(r) for name, r in rates.items()}
-    for name, _ in LAYOUTS:
-        out[name]["vs_sequential"] = statistics.median(a / b for a, b in zip(rates[name], rates["sequential"]))
+    seconds = interleaved_seconds({name: functools.partial(fn, num_batches) for name, fn in runs.items()}, repeats)
+    examples = num_batches * batch_size
+    out = {name: rate_summary(examples, s, None if name == "sequential" else seconds["sequential"])
+           for name, s in seconds.items()}
+    for name, summary in out.items():
+        if name != "sequential":
+            summary["vs_sequential"] = summary.pop("vs_baseline")
     return out
 
 
@@ -196,10 +212,12 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
     for name, config in ALGORITHMS.items():
         base = _experiment(lr=config["lr"])
         out["delay_mean_s"] = k * calibrated_timing(base, DELAY_BATCH).step_compute_time()
-        warm_up = base.with_config(**{**common, **config, "epochs": 0.1, "target_accuracy": None,
-                                        "delay_model": "none", "delay_mean": 0.0})
+        # One epoch of the same config (delays included) first: it compiles for this batch
+        # size and warms every replica's path; after a 0.1-epoch warm-up the first timed
+        # run (seed 0's) was measured 0.1 s slower than the same run repeated.
+        warm_up = base.with_config(**{**common, **config, "epochs": 1.0, "target_accuracy": None})
         real = sync_with_delays if name == "sync" else runtime_with_delays
-        real(warm_up)  # compiles for this batch size
+        real(warm_up)
         measured, predicted = [], []
         for seed in seeds:
             exp = base.with_config(seed=seed, **common, **config)
@@ -255,7 +273,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
             common = {"devices": where, "batch": bs, "batches": n}
             rows.append({**common, "layout": "sequential loop", "ex/s": _fmt(r["sequential"]), "vs sequential": "1.00x"})
             rows += [{**common, "layout": name, "ex/s": _fmt(r[name]), "vs sequential": f"{r[name]['vs_sequential']:.2f}x"}
-                     for name, _ in LAYOUTS]
+                     for name in (TWO_LOOPS, *(name for name, _ in LAYOUTS))]
     results["time_to_target"] = [time_to_target(k, seeds, epochs) for k in factors]
     ttt_rows = []
     for cell in results["time_to_target"]:

@@ -11,12 +11,12 @@ each timed from the training stream to parameters ready (with ``block_until_read
 * ``fastpath``: the same run's staleness schedule replayed as one jitted scan
   (``fastpath.run_fixed_staleness``), batches stacked from the same stream.
 
-Reported: examples/s (median of the repeats, with min and max) and the ratios to ``sgd``.
+Reported: examples/s (median of the repeats, with min and max) and the ratios to ``sgd``
+(median of the per-round ratios; the three runs take turns, round after round).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from pdasgd_jax.bench import interleaved_seconds, rate_summary
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.executor import EventLog
@@ -44,15 +45,16 @@ EPOCHS = 20.0  # long enough (0.2-0.4 s per timed run) for the timer not to be t
 REPEATS = 7
 
 
-def _rates(fn: Callable[[], Any], examples: int, repeats: int) -> dict[str, float]:
-    """Examples/s of ``fn`` (run once first to compile and warm up)."""
+def _timed(fn: Callable[[], Any]) -> Callable[[], float]:
+    """``fn`` as a timed run (seconds to its result ready), compiled and warmed up now."""
     jax.block_until_ready(fn())
-    rates = []
-    for _ in range(repeats):
+
+    def seconds() -> float:
         start = time.perf_counter()
         jax.block_until_ready(fn())
-        rates.append(examples / (time.perf_counter() - start))
-    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+        return time.perf_counter() - start
+
+    return seconds
 
 
 def measure(batch_size: int, epochs: float, repeats: int) -> dict[str, Any]:
@@ -93,11 +95,13 @@ def measure(batch_size: int, epochs: float, repeats: int) -> dict[str, Any]:
         rs, _ = scan(init_ring_state(v.params, v.states, opt_states, sizes), xs, ys, lags)
         return current_params(rs)
 
-    out = {"steps": steps, "examples": examples, "sgd": _rates(sgd, examples, repeats),
-           "event": _rates(event, examples, repeats), "fastpath": _rates(fastpath, examples, repeats),
-           "max_lag": [n - 1 for n in sizes]}
+    seconds = interleaved_seconds({"sgd": _timed(sgd), "event": _timed(event), "fastpath": _timed(fastpath)},
+                                  repeats)
+    out = {"steps": steps, "examples": examples, "max_lag": [n - 1 for n in sizes],
+           "sgd": rate_summary(examples, seconds["sgd"])}
     for mode in ("event", "fastpath"):
-        out[f"{mode}_vs_sgd"] = out[mode]["median"] / out["sgd"]["median"]
+        out[mode] = rate_summary(examples, seconds[mode], seconds["sgd"])
+        out[f"{mode}_vs_sgd"] = out[mode].pop("vs_baseline")
     return out
 
 
@@ -114,6 +118,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
                      "event / sgd": f"{r['event_vs_sgd']:.2f}x", "fastpath ex/s": span("fastpath"),
                      "fastpath / sgd": f"{r['fastpath_vs_sgd']:.2f}x"})
     header = (f"sim-speed: digits MLP, PD-ASGD (F=B=Q=1, one device, Exp(1 step) delays), {epochs:g} epoch(s); "
-              f"median [min, max] of {repeats} timed runs on {results['device']}")
+              f"median [min, max] of {repeats} interleaved timed runs on {results['device']}; ratios: median of "
+              "the per-round ratios")
     columns = ("batch", "steps", "sgd ex/s", "event ex/s", "event / sgd", "fastpath ex/s", "fastpath / sgd")
     return results, header + "\n\n" + markdown_table(rows, columns)

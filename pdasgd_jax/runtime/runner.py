@@ -73,7 +73,8 @@ class Runtime:
         self.log = EventLog() if s.record_events else None
         # An ASGD worker computes its whole gradient at once anyway: one program per job.
         self.executor = StageExecutor(exp.kernels, self.store, backward_weights=s.backward_weights, log=self.log,
-                                      clock=lambda: time.perf_counter() - self._start, fuse_jobs=not s.pipelined)
+                                      clock=lambda: time.perf_counter() - self._start, fuse_jobs=not s.pipelined,
+                                      fuse_forward=s.pipelined)
         consumers = s.groups * (s.forward_workers if s.pipelined else 1)
         # At least one batch ready per consumer at all times, refilled in bursts.
         feed_queue: BoundedQueue[Batch] = BoundedQueue(2 * consumers + 2, refill_below=consumers + 1)

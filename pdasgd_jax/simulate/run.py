@@ -163,8 +163,10 @@ def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay
                     scheduler.stop()
             return
         rec.add_loss(done, job.loss)
-        params, states, _ = store.snapshot()
-        if rec.observe(step=done, examples=done * config.batch_size, params=params, states=states,
+        examples = done * config.batch_size
+        # Only an evaluation needs the values.
+        params, states, _ = store.snapshot() if rec.eval_due(examples) else (None, None, None)
+        if rec.observe(step=done, examples=examples, params=params, states=states,
                        virtual_time=scheduler.now, state=lambda: resume.capture(sim)):
             scheduler.stop()
 

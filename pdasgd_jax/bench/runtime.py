@@ -16,7 +16,9 @@ Digits with the MLP. Two measurements:
   delay per job, against ``sync`` under the same delays: one step on the ``W``-times
   larger global batch, then a sleep of the maximum of the ``W`` workers' draws (the step
   waits for the slowest). Beside each measured ratio, the simulator's prediction
-  (``run_simulated`` on the virtual clock, same configs, seeds and delay streams).
+  (``run_simulated`` on the virtual clock, same configs, seeds and delay streams), and the
+  mean staleness of the updates in both: where the two disagree, the thread schedule
+  (GIL time slices) made the real run's staleness differ from the modelled one.
   Workers share the devices round-robin, so on a one-device machine all ``W`` replicas
   share it, while the simulator gives each its own device.
 """
@@ -167,8 +169,9 @@ def _fused_step(kernels: StageKernels) -> Callable:
     return jax.jit(make_train_step(kernels.model, kernels.tx))
 
 
-def sync_with_delays(exp: Experiment) -> float:
-    """Wall seconds to ``TARGET`` of ``WORKERS``-way sync with real per-step delays."""
+def sync_with_delays(exp: Experiment) -> tuple[float, float]:
+    """Wall seconds to ``TARGET`` of ``WORKERS``-way sync with real per-step delays (and its
+    staleness, 0)."""
     config = exp.config
     step_compute = calibrated_timing(exp, DELAY_BATCH).step_compute_time()
     delay = DelayModel.from_config(config, step_compute)
@@ -185,23 +188,33 @@ def sync_with_delays(exp: Experiment) -> float:
     rec = _recorder(exp)
     ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
     run_synchronous_loop(exp, rec, step, ts, jax.device_put, jax.device_put, config.batch_size)
-    return _first_reaching(rec, "wall_time")
+    return _first_reaching(rec, "wall_time"), 0.0
 
 
-def runtime_with_delays(exp: Experiment) -> float:
-    """Wall seconds to ``TARGET`` of the runtime (``exp.config.algo``) with real delays."""
+def mean_staleness(summary: dict[str, Any]) -> float:
+    """Mean staleness over every update of every stage (``StalenessStats.summary()``)."""
+    counts = [sum(stage["histogram"]) for stage in summary["per_stage"]]
+    total = sum(counts)
+    return sum(stage["mean"] * n for stage, n in zip(summary["per_stage"], counts)) / total if total else 0.0
+
+
+def runtime_with_delays(exp: Experiment) -> tuple[float, float]:
+    """Wall seconds to ``TARGET`` of the runtime (``exp.config.algo``) with real delays, and
+    the run's mean staleness."""
     rt = Runtime(exp, RuntimeSettings.from_config(exp))
     rec = _recorder(exp)
     rt.run(rec)
-    return _first_reaching(rec, "wall_time")
+    return _first_reaching(rec, "wall_time"), mean_staleness(rt.executor.staleness.summary())
 
 
-def simulated(exp: Experiment) -> float:
-    """Virtual seconds to ``TARGET`` predicted by the simulator for the same config."""
+def simulated(exp: Experiment) -> tuple[float, float]:
+    """Virtual seconds to ``TARGET`` predicted by the simulator for the same config, and its
+    mean staleness."""
     sim = exp.with_config(simulate=True)
     rec = _recorder(sim)
     timing = calibrated_timing(exp, DELAY_BATCH)
-    return run_simulated(sim, rec, timing=timing).extra["virtual_time_to_target"] or math.inf
+    extra = run_simulated(sim, rec, timing=timing).extra
+    return extra["virtual_time_to_target"] or math.inf, mean_staleness(extra["staleness"])
 
 
 def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str, Any]:
@@ -218,15 +231,17 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
         warm_up = base.with_config(**{**common, **config, "epochs": 1.0, "target_accuracy": None})
         real = sync_with_delays if name == "sync" else runtime_with_delays
         real(warm_up)
-        measured, predicted = [], []
+        runs: dict[str, list[tuple[float, float]]] = {"measured": [], "simulated": []}
         for seed in seeds:
             exp = base.with_config(seed=seed, **common, **config)
-            for times, fn in ((measured, real), (predicted, simulated)):
+            for kind, fn in (("measured", real), ("simulated", simulated)):
                 try:
-                    times.append(fn(exp))
+                    runs[kind].append(fn(exp))
                 except NonFiniteLossError:
-                    times.append(math.inf)
-        out[name] = {"lr": config["lr"], "measured_s": measured, "simulated_s": predicted}
+                    runs[kind].append((math.inf, math.nan))
+        out[name] = {"lr": config["lr"],
+                     **{f"{kind}_s": [t for t, _ in r] for kind, r in runs.items()},
+                     **{f"{kind}_staleness": float(np.mean([tau for _, tau in r])) for kind, r in runs.items()}}
     for name in ("pdasgd", "asgd"):
         for kind in ("measured_s", "simulated_s"):
             ratios = [_ratio(s, a) for s, a in zip(out["sync"][kind], out[name][kind])]
@@ -282,6 +297,8 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
             ttt_rows.append({"k": cell["k"], "delay mean (ms)": f"{cell['delay_mean_s'] * 1e3:.2f}", "algo": name,
                              "lr": c["lr"],
                              "measured (s)": _seconds(c["measured_s"]), "simulated (s)": _seconds(c["simulated_s"]),
+                             "mean staleness measured / simulated":
+                                 f"{c['measured_staleness']:.1f} / {c['simulated_staleness']:.1f}",
                              "vs sync measured": f"{c['speedup_vs_sync_measured']:.2f}x" if name != "sync" else "1.00x",
                              "vs sync simulated": f"{c['speedup_vs_sync_simulated']:.2f}x" if name != "sync" else "1.00x"})
     results.update(target_accuracy=TARGET, delay_batch=DELAY_BATCH, workers=WORKERS, seeds=list(seeds),
@@ -295,6 +312,6 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     table = "\n\n".join([
         header, markdown_table(rows, ("devices", "batch", "batches", "layout", "ex/s", "vs sequential")), ttt_header,
         markdown_table(ttt_rows, ("k", "delay mean (ms)", "algo", "lr", "measured (s)", "simulated (s)",
-                                  "vs sync measured", "vs sync simulated"))])
+                                  "vs sync measured", "vs sync simulated", "mean staleness measured / simulated"))])
     return json_ready(results), table
 

@@ -126,27 +126,23 @@ class DelayModel:
 
     def sample(self, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> float | np.ndarray:
         """Additive delays ``>= 0``: a float when ``size`` is None, else an array of that shape."""
-        shape = () if size is None else size
-        if self.mean == 0:
-            draws = np.zeros(shape)
-        elif self.name == "uniform":
-            draws = rng.uniform(0.0, 2.0 * self.mean, shape)
-        elif self.name == "exponential":
-            draws = rng.exponential(self.mean, shape)
-        elif self.name == "lognormal":
-            draws = rng.lognormal(math.log(self.mean) - self.sigma**2 / 2, self.sigma, shape)
-        else:  # constant, straggler
-            draws = np.full(shape, self.mean)
-        return float(draws) if size is None else draws
+        # size=None draws a Python float, consuming the stream as a 0-d draw would, at a
+        # fraction of the cost (the simulator draws once per worker per job).
+        if self.name == "uniform" and self.mean:
+            return rng.uniform(0.0, 2.0 * self.mean, size)
+        if self.name == "exponential" and self.mean:
+            return rng.exponential(self.mean, size)
+        if self.name == "lognormal" and self.mean:
+            return rng.lognormal(math.log(self.mean) - self.sigma**2 / 2, self.sigma, size)
+        return float(self.mean) if size is None else np.full(size, float(self.mean))  # none, constant, straggler
 
     def slowdown(self, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> float | np.ndarray:
         """Multiplicative slow-down: ``factor`` with probability ``prob`` for ``straggler``, else 1."""
-        shape = () if size is None else size
-        if self.name == "straggler":
-            draws = np.where(rng.random(shape) < self.prob, self.factor, 1.0)
-        else:
-            draws = np.ones(shape)
-        return float(draws) if size is None else draws
+        if self.name != "straggler":
+            return 1.0 if size is None else np.ones(size)
+        if size is None:
+            return self.factor if rng.random() < self.prob else 1.0
+        return np.where(rng.random(size) < self.prob, self.factor, 1.0)
 
     def idle_time(self, rng: np.random.Generator, duration: float) -> float:
         """Idle seconds to add after an operation whose compute took ``duration`` seconds.

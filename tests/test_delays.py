@@ -64,6 +64,19 @@ def test_idle_time_combines_slowdown_and_delay():
     assert min(idle) >= 0
 
 
+@pytest.mark.parametrize("name", delays.DELAY_MODELS)
+def test_one_draw_at_a_time_is_the_array_draw(name):
+    """The simulator draws scalars one job at a time; they are the stream's array draws."""
+    model = delays.DelayModel(name, mean=0.0 if name == "none" else 0.5, prob=0.5)
+    one_by_one = [model.sample(delays.rng_for(1), None)] + [model.slowdown(delays.rng_for(2))]
+    assert all(isinstance(x, float) for x in one_by_one)
+    rng_a, rng_b = delays.rng_for(4), delays.rng_for(4)
+    scalars = [model.sample(rng_a) for _ in range(20)]
+    np.testing.assert_array_equal(scalars, model.sample(rng_b, size=20))
+    rng_a, rng_b = delays.rng_for(5), delays.rng_for(5)
+    np.testing.assert_array_equal([model.slowdown(rng_a) for _ in range(20)], model.slowdown(rng_b, size=20))
+
+
 def test_same_seed_same_samples_different_streams_differ():
     model = delays.DelayModel("exponential", mean=1.0)
     a = model.sample(delays.rng_for(7, "delay", 3), size=50)

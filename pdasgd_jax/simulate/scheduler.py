@@ -135,7 +135,7 @@ class Device:
         if self.slots == 1:
             # One kernel at a time (the default): each runs to its end at full speed, so the
             # shared-rate bookkeeping below reduces to one end event per kernel; this path
-            # computes the same times with a third of the simulator's per-kernel overhead.
+            # computes the same times with much less bookkeeping per kernel.
             self._admit, self._has_room = self._admit_solo, self._solo_has_room
 
     def request(self, proc: Process, kernel: Kernel) -> None:

@@ -137,10 +137,22 @@ class Device:
             # shared-rate bookkeeping below reduces to one end event per kernel; this path
             # computes the same times with much less bookkeeping per kernel.
             self._admit, self._has_room = self._admit_solo, self._solo_has_room
+            self.request = self._request_solo
 
     def request(self, proc: Process, kernel: Kernel) -> None:
         heapq.heappush(self._waiting, (kernel.priority, next(self.scheduler._seq), proc, kernel))
         if not self._admit_pending and self._has_room():
+            self._admit_pending = True
+            self.scheduler.call(START, self._admit)
+
+    def _request_solo(self, proc: Process, kernel: Kernel) -> None:
+        if not (self._solo_busy or self._admit_pending or self._waiting) and self.scheduler.alone_at_now():
+            # Nothing else happens at this instant (no write still to come, no other read
+            # first), so starting now is what the admission event would do next.
+            self._start_solo(proc, kernel)
+            return
+        heapq.heappush(self._waiting, (kernel.priority, next(self.scheduler._seq), proc, kernel))
+        if not self._admit_pending and not self._solo_busy:
             self._admit_pending = True
             self.scheduler.call(START, self._admit)
 
@@ -155,6 +167,9 @@ class Device:
         if self._solo_busy or not self._waiting:
             return
         _, _, proc, kernel = heapq.heappop(self._waiting)
+        self._start_solo(proc, kernel)
+
+    def _start_solo(self, proc: Process, kernel: Kernel) -> None:
         if kernel.at_start is not None:
             kernel.at_start()
         self._solo_busy = True
@@ -230,6 +245,10 @@ class Scheduler:
 
     def call(self, phase: int, fn: Callable, *args: Any) -> None:
         self.call_at(self.now, phase, fn, *args)
+
+    def alone_at_now(self) -> bool:
+        """Whether no other event is scheduled at the current instant."""
+        return not self._heap or self._heap[0][0] > self.now
 
     def spawn(self, name: str, gen: Worker) -> Process:
         """Starts a worker at the current virtual time."""

@@ -69,7 +69,8 @@ def _require(ok: bool, message: str) -> None:
 
 
 def _finite_non_negative(what: str, value: float) -> None:
-    _require(math.isfinite(value) and value >= 0, f"{what} {value!r} must be a finite number >= 0")
+    if not (math.isfinite(value) and value >= 0):  # the message only when needed: this runs once per job
+        raise ValueError(f"{what} {value!r} must be a finite number >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -245,8 +245,9 @@ class StageExecutor:
     def update_stage(self, job: Job, m: int, *, expect: int | None = None, worker: str = "") -> int:
         """Applies the job's ``g_m`` to the store; returns its staleness ``tau_m``."""
         grads, job.grads[m] = job.grads[m], None
-        before = self.store.apply_gradient(
-            m, grads, on_commit=lambda v: self._record("update", job, stage=m, version=v, worker=worker))
+        on_commit = None if self.log is None else (
+            lambda v: self._record("update", job, stage=m, version=v, worker=worker))
+        before = self.store.apply_gradient(m, grads, on_commit=on_commit)
         _check_expected("update", job, m, before, expect)
         tau = before - job.read_versions[m]
         with self._updates_lock:

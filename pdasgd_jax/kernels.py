@@ -75,6 +75,11 @@ class StageKernels:
         # A whole forward pass in one program, keeping every stage's VJP for the per-stage
         # backward kernels: for callers that read every stage before the forward starts.
         self.forward_all_stashed: Callable[..., tuple[Any, ...]] = jax.jit(_forward_all_stashed(model))
+        # A stashed stage backward and that stage's update in one program: for a caller that
+        # holds the stage's update lock around it (the layer-wise update still lands as
+        # soon as the stage's gradient exists).
+        self.backward_update_stashed: Callable[..., tuple[PyTree, PyTree, Any]] = jax.jit(
+            functools.partial(_backward_update, tx))
 
     @property
     def num_stages(self) -> int:
@@ -126,6 +131,13 @@ def _forward_all_stashed(model: StagedModel) -> Callable:
         return loss, delta, tuple(new_states), tuple(vjps)
 
     return forward_all
+
+
+def _backward_update(tx, vjp, delta, params, opt_state):
+    """``(vjp_m, delta_m, params_m, opt_state_m) -> (params_m, opt_state_m, delta_{m-1})``."""
+    g, delta_in = _apply_vjp(vjp, delta)
+    params, opt_state = apply_stage_update(tx, params, opt_state, g)
+    return params, opt_state, delta_in
 
 
 def _forward(stage, params, state, x):

@@ -132,7 +132,13 @@ class ParameterStore:
     def apply_gradient(self, m: int, grads: PyTree, on_commit: Callable[[int], None] | None = None) -> int:
         """Applies one optimizer step to stage ``m`` atomically; returns the version it replaced."""
         grads = self._home(m, grads)
-        return self.slots[m].params.update(lambda po: self.update_rule(m, po[0], po[1], grads), on_commit)
+        return self.update_with(m, lambda p, o: self.update_rule(m, p, o, grads), on_commit)
+
+    def update_with(self, m: int, step: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
+                    on_commit: Callable[[int], None] | None = None) -> int:
+        """Replaces stage ``m``'s ``(params, opt_state)`` by ``step(params, opt_state)``
+        atomically (``step`` runs under the stage's lock); returns the version it replaced."""
+        return self.slots[m].params.update(lambda po: step(*po), on_commit)
 
     def read_state(self, m: int) -> Versioned:
         return self.slots[m].state.read()

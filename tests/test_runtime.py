@@ -189,17 +189,17 @@ def test_nonfinite_loss_stops_every_worker(exp):
 
 @pytest.mark.timeout(30)
 def test_worker_exception_reraises_with_its_traceback_and_stops_everything(exp, monkeypatch):
-    original = StageExecutor.backward_stage
+    original = StageExecutor.backward_all
     calls = itertools.count()
     failed_at = []
 
-    def failing(self, job, m, **kw):
-        if next(calls) == 7:
+    def failing(self, job, **kw):
+        if next(calls) == 3:
             failed_at.append(time.monotonic())
             raise ValueError("boom in a backward")
-        return original(self, job, m, **kw)
+        return original(self, job, **kw)
 
-    monkeypatch.setattr(StageExecutor, "backward_stage", failing)
+    monkeypatch.setattr(StageExecutor, "backward_all", failing)
     settings = _settings(exp, num_examples=16 * 10**4)
     with pytest.raises(WorkerError, match="runtime worker 'd0/backward[01]' failed") as info:
         Runtime(exp, settings).run(_recorder(exp, settings))
@@ -210,15 +210,15 @@ def test_worker_exception_reraises_with_its_traceback_and_stops_everything(exp, 
 
 @pytest.mark.timeout(30)
 def test_keyboard_interrupt_stops_cleanly(exp, monkeypatch):
-    original = StageExecutor.update_stage
+    original = StageExecutor.backward_all
     calls = itertools.count()
 
-    def interrupting(self, job, m, **kw):
-        if next(calls) == 5:
+    def interrupting(self, job, **kw):
+        if next(calls) == 2:
             _thread.interrupt_main()  # as if Ctrl-C reached the supervising main thread
-        return original(self, job, m, **kw)
+        return original(self, job, **kw)
 
-    monkeypatch.setattr(StageExecutor, "update_stage", interrupting)
+    monkeypatch.setattr(StageExecutor, "backward_all", interrupting)
     settings = _settings(exp, num_examples=16 * 10**4)
     rt = Runtime(exp, settings)
     with pytest.raises(KeyboardInterrupt):

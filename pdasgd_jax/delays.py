@@ -142,7 +142,7 @@ class DelayModel:
         if self.name != "straggler":
             return 1.0 if size is None else np.ones(size)
         if size is None:
-            return self.factor if rng.random() < self.prob else 1.0
+            return float(self.factor) if rng.random() < self.prob else 1.0
         return np.where(rng.random(size) < self.prob, self.factor, 1.0)
 
     def idle_time(self, rng: np.random.Generator, duration: float) -> float:

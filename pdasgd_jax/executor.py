@@ -11,9 +11,11 @@ operation of which job, and when. The operations themselves are the same everywh
 * ``update_stage(job, m)``: apply ``g_m`` to the store (a layer-wise partial update);
   staleness ``tau_m = version replaced - version read by the forward``.
 
-The simulator calls them in virtual-time order, the runtime's threads call them
-concurrently; both can record an ``EventLog``, and ``replay`` re-executes a log with the
-logged versions and lands on the same parameters.
+``forward_all`` and ``backward_all`` run a whole forward or backward, with fewer programs
+when the executor is asked to fuse (``fuse_jobs`` for the simulator, ``fuse_forward`` for
+the runtime), logging the same events. The simulator calls them in virtual-time order, the
+runtime's threads call them concurrently; both can record an ``EventLog``, and ``replay``
+re-executes a log with the logged versions and lands on the same parameters.
 """
 
 from __future__ import annotations
@@ -139,9 +141,12 @@ class StageExecutor:
         backward: one dispatch instead of ``M + 1`` for the threaded runtime's forward
         workers (and the sequential loop it is compared with). A stage is then read up to
         one forward earlier than per-stage reads would, which the logged versions record.
-        With it, a layer-wise backward also runs each stage's backward and update as one
-        program under the stage's update lock (``kernels.backward_update_stashed``) when the
-        stage lives on the job's device: one dispatch per stage instead of two.
+        Non-trainable state (BatchNorm statistics) is then committed for every stage after
+        the whole forward, so concurrent forwards read the same state version more often
+        (last writer wins, as before). With it, a layer-wise backward also runs each
+        stage's backward and update as one program under the stage's update lock
+        (``kernels.backward_update_stashed``) when the stage lives on the job's device and
+        the store applies the kernels' own update rule: one dispatch per stage instead of two.
     """
 
     def __init__(self, kernels: StageKernels, store: ParameterStore, *, backward_weights: str = "stashed",
@@ -158,6 +163,9 @@ class StageExecutor:
         self._stateful = [bool(jax.tree.leaves(store.read_state(m).value)) for m in range(store.num_stages)]
         self.fused = fuse_jobs and not self.live and not any(self._stateful)
         self.fused_forward = fuse_forward and not self.live and not self.fused
+        # A host batch can go to the job's device inside the first stage's kernel call only
+        # if that stage has arrays of its own placed there.
+        self._first_stage_places = bool(jax.tree.leaves((store.read_params(0).value[0], store.read_state(0).value)))
         self._updates_lock = threading.Lock()
 
     def _record(self, kind: str, job: Job, **fields: Any) -> None:
@@ -167,11 +175,13 @@ class StageExecutor:
     def start_job(self, job_id: int, batch_id: int, x: Any, labels: Any, *, device: jax.Device | None = None,
                   worker: str = "") -> Job:
         m = self.store.num_stages
-        if device is not None and not all(isinstance(a, np.ndarray) for a in (x, labels)):
-            x, labels = place((x, labels), device)
         # Host batches stay on the host: the first kernel's call copies them to the device of
         # its (committed) parameters, the job's device, in jit's C++ path, several times
         # cheaper than a ``device_put`` per batch.
+        host_batch = all(isinstance(a, np.ndarray) for a in (x, labels))
+        skip = host_batch and not self.live and (self._first_stage_places or self.fused_forward)
+        if device is not None and not skip:
+            x, labels = place((x, labels), device)
         job = Job(job_id, batch_id, x, labels, device, [None] * m, [-1] * m, [None] * m, [None] * m)
         self._record("start", job, version=batch_id, worker=worker)
         return job
@@ -260,9 +270,11 @@ class StageExecutor:
             self.staleness.add(m, tau)
         return tau
 
-    def _home_is_local(self, job: Job, m: int) -> bool:
+    def _fuses_update(self, job: Job, m: int) -> bool:
+        """Whether stage ``m``'s backward and update can be one program for ``job``: the
+        stage lives on the job's device and the store uses the kernels' own update rule."""
         homes = self.store.home_devices
-        return homes is None or homes[m] == job.device
+        return (homes is None or homes[m] == job.device) and self.store.update_rule == self.kernels.apply_update
 
     def _backward_and_update(self, job: Job, m: int, *, worker: str) -> int:
         """``backward_stage`` then ``update_stage`` (stashed) as one program under stage ``m``'s
@@ -273,9 +285,9 @@ class StageExecutor:
         def step(params: PyTree, opt_state: PyTree) -> tuple[PyTree, PyTree]:
             params, opt_state, delta_in = self.kernels.backward_update_stashed(record, delta, params, opt_state)
             deltas_in.append(delta_in)
+            self._record("backward", job, stage=m, worker=worker)  # before its update's event
             return params, opt_state
 
-        self._record("backward", job, stage=m, worker=worker)
         on_commit = None if self.log is None else (
             lambda v: self._record("update", job, stage=m, version=v, worker=worker))
         before = self.store.update_with(m, step, on_commit)
@@ -315,7 +327,7 @@ class StageExecutor:
         """Backward over all stages: updates stage by stage (``layerwise``) or all at the end."""
         stages = range(self.store.num_stages - 1, -1, -1)
         for m in stages:
-            if layerwise and self.fused_forward and self._home_is_local(job, m):
+            if layerwise and self.fused_forward and self._fuses_update(job, m):
                 self._backward_and_update(job, m, worker=worker)
                 continue
             self.backward_stage(job, m, worker=worker)

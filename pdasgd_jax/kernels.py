@@ -12,6 +12,11 @@ Per stage ``m`` (algorithms.md §3):
   the stored stage input; costs one extra stage forward.
 * ``update(m)``: one optax step on stage ``m`` with its own optimizer state.
 
+Fused kernels, the same arithmetic in fewer programs: ``job_gradients`` (a whole stashed
+job, for the simulator), ``forward_all_stashed`` (every stage's ``forward_stashed`` and the
+loss, for the runtime's forward workers) and ``backward_update_stashed`` (one stage's
+backward and its update, run under the stage's update lock).
+
 Whole-model kernels (``train_step``, ``eval_step``) chain the same stage functions and
 serve the synchronous baselines and evaluation.
 """

@@ -59,7 +59,8 @@ class Stage:
     not as NNX ``State`` trees: jax flattens plain dicts in C++ at every jitted call, while
     ``State`` and its ``Variable`` leaves are flattened in Python, which costs more than a
     small stage's whole kernel. ``param_def``/``state_def`` rebuild the ``State`` inside
-    the traced function, where the cost is paid once per compilation.
+    the traced function, where the cost is paid once per compilation. ``from_modules``
+    builds stages; constructing one by hand needs both structures.
     """
 
     name: str
@@ -70,13 +71,23 @@ class Stage:
 
     def apply(self, params: PyTree, state: PyTree, x: jax.Array, *, train: bool) -> tuple[jax.Array, PyTree]:
         """Runs the stage; returns its output and its updated non-trainable state (a plain dict)."""
-        # Plain dicts and NNX States share their leaf order (both sort keys), checked in from_modules.
-        nnx_params = jax.tree.unflatten(self.param_def, jax.tree.leaves(params))
-        nnx_state = jax.tree.unflatten(self.state_def, jax.tree.leaves(state))
+        nnx_params = _as_nnx(self.param_def, params, f"parameters of stage {self.name!r}")
+        nnx_state = _as_nnx(self.state_def, state, f"state of stage {self.name!r}")
         module = nnx.merge(self.train_def if train else self.eval_def, nnx_params, nnx_state, copy=True)
         y = module(x)
         _, _, new_state = nnx.split(module, nnx.Param, ...)
         return y, nnx.to_pure_dict(new_state)
+
+
+def _as_nnx(treedef: jax.tree_util.PyTreeDef, tree: PyTree, what: str) -> nnx.State:
+    """The NNX ``State`` of structure ``treedef`` holding ``tree``'s leaves (a plain dict of the
+    same structure: they share their leaf order, both sorting keys, checked in ``from_modules``)."""
+    nnx_tree = jax.tree.unflatten(treedef, jax.tree.leaves(tree))
+    # Structures are static: under jit this check runs once per compilation.
+    if jax.tree.structure(nnx.to_pure_dict(nnx_tree)) != jax.tree.structure(tree):
+        raise ValueError(f"{what} have structure {jax.tree.structure(tree)}; expected the plain dict "
+                         f"{jax.tree.structure(nnx.to_pure_dict(nnx_tree))}")
+    return nnx_tree
 
 
 @dataclasses.dataclass(frozen=True)

@@ -137,7 +137,12 @@ class ParameterStore:
     def update_with(self, m: int, step: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                     on_commit: Callable[[int], None] | None = None) -> int:
         """Replaces stage ``m``'s ``(params, opt_state)`` by ``step(params, opt_state)``
-        atomically (``step`` runs under the stage's lock); returns the version it replaced."""
+        atomically (``step`` runs under the stage's lock); returns the version it replaced.
+
+        Unlike ``apply_gradient`` it neither moves anything to the stage's home device nor
+        uses ``update_rule``: ``step`` is the whole update and must return values placed
+        where the stage's values live.
+        """
         return self.slots[m].params.update(lambda po: step(*po), on_commit)
 
     def read_state(self, m: int) -> Versioned:

@@ -69,9 +69,9 @@ def test_sim_speed_quick_times_three_modes_on_the_same_steps(tmp_path):
     r = results["batch_32"]
     assert r["examples"] == r["steps"] * 32
     assert r["max_lag"] and min(r["max_lag"]) >= 0
-    for mode in ("sgd", "event", "fastpath"):
+    for mode in ("sgd", "event", "event_kernels", "fastpath"):
         assert 0 < r[mode]["min"] <= r[mode]["median"] <= r[mode]["max"]
-    for mode in ("event", "fastpath"):
+    for mode in ("event", "event_kernels", "fastpath"):
         assert r[f"{mode}_vs_sgd"] > 0 and f"{r[f'{mode}_vs_sgd']:.2f}x" in table
 
 

@@ -100,6 +100,44 @@ def test_replay_of_a_threaded_run_reproduces_its_parameters(setup, weights, fuse
         assert sorted(a.tolist()) == sorted(b.tolist())
 
 
+def test_fused_forward_with_batchnorm_and_a_parameter_free_stage_matches_and_replays():
+    """A stateful model (BatchNorm), a parameter-free stage and stages homed on two devices:
+    the fused forward and backward-update programs give the unfused parameters and states,
+    and the event log replays to them."""
+    from flax import nnx
+
+    from pdasgd_jax.stages import from_modules
+
+    rngs = nnx.Rngs(0)
+    model, v = from_modules([nnx.Sequential(nnx.Linear(8, 16, rngs=rngs), nnx.BatchNorm(16, rngs=rngs)), jax.nn.relu,
+                             nnx.Linear(16, 16, rngs=rngs), nnx.Linear(16, 4, rngs=rngs)])
+    tx = optax.sgd(0.1, momentum=0.9)
+    k = StageKernels(model, tx)
+    r = np.random.default_rng(0)
+    batches = [(r.normal(size=(8, 8)).astype(np.float32), r.integers(0, 4, 8)) for _ in range(4)]
+    devices = jax.devices()
+
+    def run(fuse, homes=None, device=None, log=None):
+        store = ParameterStore(v.params, v.states, init_opt_states(tx, v.params), k.apply_update, home_devices=homes)
+        ex = StageExecutor(k, store, fuse_forward=fuse, log=log)
+        for i, (x, y) in enumerate(batches):
+            job = ex.start_job(i, i, x, y, device=device)
+            ex.forward_all(job)
+            ex.backward_all(job, layerwise=True)
+        return ex
+
+    unfused, fused = run(False), run(True)
+    assert fused.fused_forward and not unfused.fused_forward
+    _assert_trees_close(fused.store.snapshot()[:2], unfused.store.snapshot()[:2])
+    log = EventLog()
+    homes = [devices[m % len(devices)] for m in range(model.num_stages)]
+    spread = run(True, homes, devices[-1], log)
+    _assert_trees_close(spread.store.snapshot()[:2], unfused.store.snapshot()[:2])
+    replayed = replay(log.events, k, v.params, v.states, init_opt_states(tx, v.params), lambda b: batches[b],
+                      backward_weights="stashed")
+    _assert_trees_close(replayed.store.snapshot()[:2], spread.store.snapshot()[:2])
+
+
 def test_concurrent_updates_are_never_lost(setup):
     """Many threads hammer one stage: every gradient is applied exactly once."""
     ones = {"w": np.zeros(3, np.float32)}

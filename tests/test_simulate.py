@@ -84,6 +84,63 @@ def test_one_kernel_at_a_time_backward_first_then_fifo():
     assert dev.busy == 4.0
 
 
+def _random_schedule(seed, *, general, stop_after=None):
+    """Two devices, each with two forward and two backward workers joined by a channel, random
+    kernel lengths (zeros included) and idle times; returns every kernel start and end."""
+    rnd = np.random.default_rng(seed)
+    sched = Scheduler()
+    timing = TimingModel(forward=(1.0,), backward=(1.0,), update=(0.0,))
+    devices = [Device(sched, i, timing) for i in range(2)]
+    if general:  # drop the one-kernel-at-a-time fast path: the shared-rate code at concurrency 1
+        for dev in devices:
+            for name in ("_admit", "_has_room", "request"):
+                delattr(dev, name)
+    trace, works = [], {}
+
+    def draws(name, choices, n):
+        works[name] = list(rnd.choice(choices, size=n))
+
+    def forward(name, dev, ch):
+        draws(name, [0.0, 0.25, 0.5, 1.0], 32)
+        for job in range(8):
+            for m in range(3):
+                yield Kernel(dev, works[name].pop(), lambda m=m: trace.append(("F", name, job, m, sched.now)))
+                trace.append(("F end", name, job, m, sched.now))
+            yield Put(ch, (name, job))
+            if idle := works[name].pop() * 2:
+                yield Sleep(idle)
+
+    def backward(name, dev, ch):
+        draws(name, [0.0, 0.5, 0.75, 1.0], 200)
+        while True:
+            job = yield Get(ch)
+            for m in range(3):
+                yield Kernel(dev, works[name].pop(), lambda m=m: trace.append(("B", name, job, m, sched.now)), BACKWARD)
+                trace.append(("B end", name, job, m, sched.now))
+                if stop_after is not None and len(trace) > stop_after:
+                    sched.stop()
+            if idle := works[name].pop():
+                yield Sleep(idle)
+
+    for i, dev in enumerate(devices):
+        ch = Channel(2)
+        for k in range(2):
+            sched.spawn(f"f{i}{k}", forward(f"f{i}{k}", dev, ch))
+            sched.spawn(f"b{i}{k}", backward(f"b{i}{k}", dev, ch))
+    end = sched.run()
+    return trace, end, [d.busy for d in devices], [p.busy for p in sched.processes]
+
+
+@pytest.mark.parametrize("stop_after", [None, 40])
+def test_one_kernel_device_fast_path_keeps_the_general_schedule(stop_after):
+    """The fast path of a one-kernel-at-a-time device gives the same kernel starts, ends,
+    busy times and, after a stop, no extra kernel start."""
+    for seed in range(20):
+        fast = _random_schedule(seed, general=False, stop_after=stop_after)
+        assert fast == _random_schedule(seed, general=True, stop_after=stop_after), seed
+        assert len(fast[0]) > 0
+
+
 def test_concurrent_kernels_share_the_device_at_its_concurrency():
     spans, _ = _device_run(2.0, [("a", 1.0, 1), ("b", 2.0, 1)])
     assert spans == {"a": (0.0, 1.0), "b": (0.0, 2.0)}

@@ -105,14 +105,25 @@ def sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_ba
 def two_thread_loops(exp: Experiment, device: jax.Device, batch_size: int, num_batches: int) -> float:
     """Seconds of two independent sequential loops (own stores, half the batches each) in
     two threads: the most two Python threads dispatching these kernels get out of this
-    machine, a reference for any two-thread layout (no queue, no shared state)."""
-    threads = [threading.Thread(target=sequential_loop, args=(exp, device, batch_size, num_batches // 2))
-               for _ in range(2)]
+    machine, a reference for any two-thread layout (no queue, no shared state). Together
+    the two loops run exactly ``num_batches`` batches."""
+    errors: list[BaseException] = []
+
+    def loop(n: int) -> None:
+        try:
+            sequential_loop(exp, device, batch_size, n)
+        except BaseException as exc:  # re-raised below: a failed loop must not look fast
+            errors.append(exc)
+
+    halves = (num_batches // 2, num_batches - num_batches // 2)
+    threads = [threading.Thread(target=loop, args=(n,)) for n in halves]
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
     return time.perf_counter() - start
 
 

@@ -14,7 +14,10 @@ Simulated workers are generators that yield requests to the scheduler:
 Determinism: events are ordered by ``(time, phase, sequence number)``. At one instant all
 *end* events (kernel ends, wake-ups: the writes) run before any *start* event (kernel
 starts: the reads), so an update that finishes at ``t`` is visible to a read that starts
-at ``t``; within a phase, events run in the order they were scheduled.
+at ``t``; within a phase, events run in the order they were scheduled. (A device running
+one kernel at a time starts a kernel requested while it is idle at once, inside the
+current event, when no other event is scheduled at that instant: the start event would
+have been the next and only one, so the order is the same.)
 
 Example::
 
@@ -247,8 +250,8 @@ class Scheduler:
         self.call_at(self.now, phase, fn, *args)
 
     def alone_at_now(self) -> bool:
-        """Whether no other event is scheduled at the current instant."""
-        return not self._heap or self._heap[0][0] > self.now
+        """Whether the run goes on and no other event is scheduled at the current instant."""
+        return not self._stopped and (not self._heap or self._heap[0][0] > self.now)
 
     def spawn(self, name: str, gen: Worker) -> Process:
         """Starts a worker at the current virtual time."""

@@ -104,7 +104,7 @@ def _random_schedule(seed, *, general, stop_after=None):
         draws(name, [0.0, 0.25, 0.5, 1.0], 32)
         for job in range(8):
             for m in range(3):
-                yield Kernel(dev, works[name].pop(), lambda m=m: trace.append(("F", name, job, m, sched.now)))
+                yield Kernel(dev, works[name].pop(), lambda m=m, job=job: trace.append(("F", name, job, m, sched.now)))
                 trace.append(("F end", name, job, m, sched.now))
             yield Put(ch, (name, job))
             if idle := works[name].pop() * 2:
@@ -115,7 +115,7 @@ def _random_schedule(seed, *, general, stop_after=None):
         while True:
             job = yield Get(ch)
             for m in range(3):
-                yield Kernel(dev, works[name].pop(), lambda m=m: trace.append(("B", name, job, m, sched.now)), BACKWARD)
+                yield Kernel(dev, works[name].pop(), lambda m=m, job=job: trace.append(("B", name, job, m, sched.now)), BACKWARD)
                 trace.append(("B end", name, job, m, sched.now))
                 if stop_after is not None and len(trace) > stop_after:
                     sched.stop()

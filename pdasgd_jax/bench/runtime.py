@@ -112,7 +112,7 @@ def two_thread_loops(exp: Experiment, device: jax.Device, batch_size: int, num_b
     def loop(n: int) -> None:
         try:
             sequential_loop(exp, device, batch_size, n)
-        except BaseException as exc:  # re-raised below: a failed loop must not look fast
+        except BaseException as exc:  # noqa: BLE001 -- re-raised below: a failed loop must not look fast
             errors.append(exc)
 
     halves = (num_batches // 2, num_batches - num_batches // 2)

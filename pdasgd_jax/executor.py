@@ -189,9 +189,10 @@ class StageExecutor:
     def _local(self, job: Job, tree: PyTree) -> PyTree:
         return place(tree, job.device)
 
-    def forward_stage(self, job: Job, m: int, *, version: int | None = None, state_version: int | None = None,
-                      commit_state: bool = True, worker: str = "") -> None:
-        """Stage ``m``'s forward on the latest weights, or on ``version`` when replaying."""
+    def _read_stage(self, job: Job, m: int, version: int | None = None, state_version: int | None = None
+                    ) -> tuple[PyTree, PyTree, int, int]:
+        """Stage ``m``'s ``(params, state, version, state_version)`` on the job's device: the
+        latest ones, or the given versions when replaying."""
         slots = self.store.slots[m]
         if version is None:
             (params, _), version = slots.params.read()
@@ -202,6 +203,12 @@ class StageExecutor:
         else:
             state = slots.state.at(state_version)
         params, state = self._local(job, (params, state))
+        return params, state, version, state_version
+
+    def forward_stage(self, job: Job, m: int, *, version: int | None = None, state_version: int | None = None,
+                      commit_state: bool = True, worker: str = "") -> None:
+        """Stage ``m``'s forward on the latest weights, or on ``version`` when replaying."""
+        params, state, version, state_version = self._read_stage(job, m, version, state_version)
         if self.fused:  # keep the weights read; the job's program runs at its loss
             job.records[m] = (params, state)
             new_state = state
@@ -261,10 +268,18 @@ class StageExecutor:
     def update_stage(self, job: Job, m: int, *, expect: int | None = None, worker: str = "") -> int:
         """Applies the job's ``g_m`` to the store; returns its staleness ``tau_m``."""
         grads, job.grads[m] = job.grads[m], None
-        on_commit = None if self.log is None else (
-            lambda v: self._record("update", job, stage=m, version=v, worker=worker))
-        before = self.store.apply_gradient(m, grads, on_commit=on_commit)
+        before = self.store.apply_gradient(m, grads, on_commit=self._update_event(job, m, worker))
         _check_expected("update", job, m, before, expect)
+        return self._count_staleness(job, m, before)
+
+    def _update_event(self, job: Job, m: int, worker: str) -> Callable[[int], None] | None:
+        """The store's commit callback that logs stage ``m``'s update of ``job`` (None: no log)."""
+        if self.log is None:
+            return None
+        return lambda v: self._record("update", job, stage=m, version=v, worker=worker)
+
+    def _count_staleness(self, job: Job, m: int, before: int) -> int:
+        """Books the staleness of ``job``'s update of stage ``m``, which replaced ``before``."""
         tau = before - job.read_versions[m]
         with self._updates_lock:
             self.staleness.add(m, tau)
@@ -288,14 +303,9 @@ class StageExecutor:
             self._record("backward", job, stage=m, worker=worker)  # before its update's event
             return params, opt_state
 
-        on_commit = None if self.log is None else (
-            lambda v: self._record("update", job, stage=m, version=v, worker=worker))
-        before = self.store.update_with(m, step, on_commit)
+        before = self.store.update_with(m, step, self._update_event(job, m, worker))
         job.delta = deltas_in[0]
-        tau = before - job.read_versions[m]
-        with self._updates_lock:
-            self.staleness.add(m, tau)
-        return tau
+        return self._count_staleness(job, m, before)
 
     # Whole-job conveniences used by the policies.
     def forward_all(self, job: Job, *, worker: str = "") -> Any:
@@ -308,10 +318,8 @@ class StageExecutor:
     def _forward_all_fused(self, job: Job, *, worker: str) -> Any:
         """``forward_all`` as one program: read every stage, then forward and loss at once."""
         params, states = [], []
-        for m, slots in enumerate(self.store.slots):
-            (p, _), job.read_versions[m] = slots.params.read()
-            s, state_version = slots.state.read()
-            p, s = self._local(job, (p, s))
+        for m in range(self.store.num_stages):
+            p, s, job.read_versions[m], state_version = self._read_stage(job, m)
             params.append(p)
             states.append(s)
             self._record("forward", job, stage=m, version=job.read_versions[m], state_version=state_version,

@@ -93,7 +93,7 @@ def _random_schedule(seed, *, general, stop_after=None):
     devices = [Device(sched, i, timing) for i in range(2)]
     if general:  # drop the one-kernel-at-a-time fast path: the shared-rate code at concurrency 1
         for dev in devices:
-            for name in ("_admit", "_has_room", "request"):
+            for name in ("_admit", "request"):
                 delattr(dev, name)
     trace, works = [], {}
 

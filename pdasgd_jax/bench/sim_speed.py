@@ -15,7 +15,7 @@ each timed from the training stream to parameters ready (with ``block_until_read
   (``fastpath.run_fixed_staleness``), batches stacked from the same stream.
 
 Reported: examples/s (median of the repeats, with min and max) and the ratios to ``sgd``
-(median of the per-round ratios; the three runs take turns, round after round).
+(median of the per-round ratios; the four runs take turns, round after round).
 """
 
 from __future__ import annotations

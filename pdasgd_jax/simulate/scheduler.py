@@ -139,12 +139,11 @@ class Device:
             # One kernel at a time (the default): each runs to its end at full speed, so the
             # shared-rate bookkeeping below reduces to one end event per kernel; this path
             # computes the same times with much less bookkeeping per kernel.
-            self._admit, self._has_room = self._admit_solo, self._solo_has_room
-            self.request = self._request_solo
+            self._admit, self.request = self._admit_solo, self._request_solo
 
     def request(self, proc: Process, kernel: Kernel) -> None:
         heapq.heappush(self._waiting, (kernel.priority, next(self.scheduler._seq), proc, kernel))
-        if not self._admit_pending and self._has_room():
+        if not self._admit_pending and len(self._running) < self.slots:
             self._admit_pending = True
             self.scheduler.call(START, self._admit)
 
@@ -158,12 +157,6 @@ class Device:
         if not self._admit_pending and not self._solo_busy:
             self._admit_pending = True
             self.scheduler.call(START, self._admit)
-
-    def _has_room(self) -> bool:
-        return len(self._running) < self.slots
-
-    def _solo_has_room(self) -> bool:
-        return not self._solo_busy
 
     def _admit_solo(self) -> None:
         self._admit_pending = False

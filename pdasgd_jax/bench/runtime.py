@@ -238,7 +238,7 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
         out["delay_mean_s"] = k * calibrated_timing(base, DELAY_BATCH).step_compute_time()
         # One epoch of the same config (delays included) first: it compiles for this batch
         # size and warms every replica's path; after a 0.1-epoch warm-up the first timed
-        # run (seed 0's) was measured 0.1 s slower than the same run repeated.
+        # run (seed 0's) was slower than the same run repeated.
         warm_up = base.with_config(**{**common, **config, "epochs": 1.0, "target_accuracy": None})
         real = sync_with_delays if name == "sync" else runtime_with_delays
         real(warm_up)

@@ -51,6 +51,8 @@ class Config:
     backward_workers: int = _field(2, "PD-ASGD backward workers per replica (B)", group="async")
     queue: int = _field(0, "PD-ASGD queue capacity Q (0: Q = B)", group="async")
     backward_weights: str = _field("stashed", "weights the PD-ASGD backward uses", BACKWARD_WEIGHTS, group="async")
+    host_cpus: str = _field("auto", "threaded runtime: CPU cores of its host threads: auto (on CPU devices one core, the "
+                            "last this process may use), off, or core ids such as 0,1", group="async")
     # Delay models.
     delay_model: str = _field("none", "injected per-step delay distribution", DELAY_MODELS, group="delays")
     delay_mean: float = _field(0.0, "mean injected delay, in multiples of one step's compute (>= 0)", group="delays")
@@ -103,6 +105,9 @@ class Config:
             from pdasgd_jax.optim import AveragingRule
 
             AveragingRule(self.period, self.delay_steps, self.merge)  # raises on a schedule that cannot work
+        from pdasgd_jax.runtime.affinity import resolve_host_cpus
+
+        resolve_host_cpus(self.host_cpus)  # raises on a core this process may not use
         models.check_model_fits(self.model_name, self.dataset, data.DATASET_MODALITY[self.dataset])
         return self
 

@@ -32,6 +32,7 @@ from pdasgd_jax.runtime import (
     numbered_batches,
     run_runtime,
 )
+from pdasgd_jax.runtime import affinity
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.workers import ForwardWorker
 from pdasgd_jax.simulate import calibrated_timing
@@ -430,3 +431,48 @@ def test_run_runtime_uses_the_config(exp):
     result = run_runtime(e, Recorder(e.evaluate, total_examples=e.total_examples, eval_every=10**9, progress=False))
     assert result.extra["workers"] == 3 and result.extra["devices"] == 3
     assert result.examples >= e.total_examples
+
+
+# Host-thread placement -------------------------------------------------------------------
+
+_ALLOWED = affinity.allowed_cpus()
+needs_pinning = pytest.mark.skipif(_ALLOWED is None, reason="this platform cannot pin threads")
+
+
+@needs_pinning
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("host_cpus", ["auto", "off", "first"])
+def test_every_host_thread_runs_on_the_cores_it_was_given(exp, host_cpus):
+    first = min(_ALLOWED)
+    spec = str(first) if host_cpus == "first" else host_cpus
+    settings = _settings(exp, host_cpus=spec)
+    extra = Runtime(exp, settings).run(_recorder(exp, settings)).extra
+    expected = {"auto": [max(_ALLOWED)] if len(_ALLOWED) > 1 else sorted(_ALLOWED), "off": sorted(_ALLOWED),
+                "first": [first]}[host_cpus]
+    assert extra["host_cpus"] == (None if host_cpus == "off" or len(_ALLOWED) == 1 else expected)
+    assert set(extra["thread_cpus"]) == {"feed", "d0/forward0", "d0/backward0", "d0/backward1"}
+    assert all(cpus == expected for cpus in extra["thread_cpus"].values())
+    assert affinity.allowed_cpus() == _ALLOWED  # the caller's thread is left where it was
+
+
+@needs_pinning
+def test_host_cpus_resolve_to_the_allowed_cores():
+    assert affinity.resolve_host_cpus("off") is None and affinity.resolve_host_cpus(None) is None
+    assert affinity.resolve_host_cpus("auto") == ((max(_ALLOWED),) if len(_ALLOWED) > 1 else None)
+    first = min(_ALLOWED)
+    assert affinity.resolve_host_cpus(f"{first},{first}") == (first,)
+    assert affinity.resolve_host_cpus([first]) == (first,)
+    # Off CPU devices "auto" leaves the threads alone; cores named explicitly still count.
+    assert affinity.resolve_host_cpus("auto", platform="gpu") is None
+    assert affinity.resolve_host_cpus(str(first), platform="tpu") == (first,)
+
+
+@needs_pinning
+@pytest.mark.parametrize("bad, message", [("1,x", "is not allowed; use auto, off or core ids"),
+                                          ("4096", r"names core\(s\) \[4096\]; this process may use cores"),
+                                          ("-1", r"names core\(s\) \[-1\]")])
+def test_a_bad_host_cpus_value_is_refused_before_any_work(exp, bad, message):
+    with pytest.raises(ValueError, match=message):
+        _settings(exp, host_cpus=bad)
+    with pytest.raises(ValueError, match=f"--host-cpus '{bad}'"):
+        Config(host_cpus=bad).validate()

@@ -9,7 +9,10 @@ Digits with the MLP. Two measurements:
   device and, when there are more, on all of them. Each is timed from the first batch to
   the parameters ready, after a warm-up run that compiles. Beside them, two independent
   sequential loops in two threads: what two threads get at all here (the GIL and two
-  cores), the ceiling for PD-ASGD's two-thread F = 1, B = 1 layout.
+  cores), the ceiling for PD-ASGD's two-thread F = 1, B = 1 layout; the F = 1, B = 1
+  layout with its host threads left unpinned (``host_cpus="off"``; the runtime pins them
+  to one core by default, see ``runtime.affinity``); and the sequential loop pinned to
+  that core, to show that pinning alone does not speed up a single thread.
 * **time to target**: wall seconds until the test accuracy reaches ``TARGET`` with real
   injected delays ``Exp(mean = k x one step's calibrated compute)`` (``time.sleep``), for
   PD-ASGD (``W`` replicas of F=1, B=2) and ASGD (``W`` workers), each worker drawing one
@@ -44,7 +47,7 @@ from pdasgd_jax.executor import StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
 from pdasgd_jax.reporting import NonFiniteLossError, Recorder
-from pdasgd_jax.runtime import Runtime, RuntimeSettings, numbered_batches
+from pdasgd_jax.runtime import Runtime, RuntimeSettings, affinity, numbered_batches
 from pdasgd_jax.simulate import calibrated_timing, run_simulated
 from pdasgd_jax.store import ParameterStore
 from pdasgd_jax.train import run_synchronous_loop
@@ -62,11 +65,14 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "asgd": {"algo": "asgd", "batch_size": DELAY_BATCH, "lr": 0.0125},
     "sync": {"algo": "sync", "batch_size": DELAY_BATCH * WORKERS, "lr": 0.2},
 }
-# The two-thread reference row (see ``two_thread_loops``).
+# The reference rows (see ``two_thread_loops`` and ``sequential_loop``).
 TWO_LOOPS = "2 threads, independent sequential loops"
+PINNED_LOOP = "sequential loop on the runtime's host core"
 # (name, settings overrides); "sequential" is the baseline.
 LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("pdasgd F=1 B=1 Q=1", {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue_capacity": 1}),
+    ("pdasgd F=1 B=1 Q=1, host threads unpinned",
+     {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue_capacity": 1, "host_cpus": "off"}),
     ("pdasgd F=1 B=2 Q=2", {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 2, "queue_capacity": 2}),
     ("asgd W=1", {"algo": "asgd"}),
     ("asgd W=2 per device", {"algo": "asgd", "groups_per_device": 2}),
@@ -85,8 +91,17 @@ def _experiment(lr: float = Config.lr) -> Experiment:
 
 # Throughput ---------------------------------------------------------------------------------
 
-def sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_batches: int) -> float:
-    """Seconds of the single-threaded loop over the executor's operations on ``device``."""
+def sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_batches: int,
+                    cpus: tuple[int, ...] | None = None) -> float:
+    """Seconds of the single-threaded loop over the executor's operations on ``device``, in
+    the calling thread (pinned to ``cpus`` for the loop, if given)."""
+    if cpus is not None:
+        before = affinity.allowed_cpus()
+        affinity.pin_current_thread(cpus)
+        try:
+            return sequential_loop(exp, device, batch_size, num_batches)
+        finally:
+            affinity.pin_current_thread(tuple(before))
     v = exp.variables
     store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), exp.kernels.apply_update,
                            home_devices=(device,) * exp.model.num_stages)
@@ -142,9 +157,12 @@ def throughput(exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int
     layout's ratio is the median of its ratios to the sequential loop of the same round,
     so a drift in the machine's speed affects both sides of a ratio alike.
     """
+    host_core = affinity.resolve_host_cpus(affinity.AUTO)
     runs: dict[str, Callable[[int], float]] = {
         "sequential": lambda n: sequential_loop(exp, devices[0], batch_size, n),
         TWO_LOOPS: lambda n: two_thread_loops(exp, devices[0], batch_size, n)}
+    if host_core is not None:
+        runs[PINNED_LOOP] = lambda n: sequential_loop(exp, devices[0], batch_size, n, cpus=host_core)
     for name, overrides in LAYOUTS:
         overrides = dict(overrides)
         groups = len(devices) * overrides.pop("groups_per_device", 1)
@@ -283,7 +301,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     """Throughput and time to target (``quick``: a quarter of the batches, one repeat, one seed, k = 10)."""
     del out_dir
     batches = {bs: n // 4 for bs, n in THROUGHPUT_BATCHES.items()} if quick else THROUGHPUT_BATCHES
-    repeats = 1 if quick else 5
+    repeats = 1 if quick else 11
     factors, seeds, epochs = ((10.0,), (0,), 4.0) if quick else ((0.0, 2.0, 10.0), (0, 1, 2), 10.0)
     base = _experiment()
     all_devices = tuple(jax.devices())
@@ -299,7 +317,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
             common = {"devices": where, "batch": bs, "batches": n}
             rows.append({**common, "layout": "sequential loop", "ex/s": _fmt(r["sequential"]), "vs sequential": "1.00x"})
             rows += [{**common, "layout": name, "ex/s": _fmt(r[name]), "vs sequential": f"{r[name]['vs_sequential']:.2f}x"}
-                     for name in (TWO_LOOPS, *(name for name, _ in LAYOUTS))]
+                     for name in r if name != "sequential"]
     results["time_to_target"] = [time_to_target(k, seeds, epochs) for k in factors]
     ttt_rows = []
     for cell in results["time_to_target"]:

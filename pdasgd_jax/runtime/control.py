@@ -1,4 +1,5 @@
-"""What the runtime's threads and its supervisor share: stop, failure, finished jobs.
+"""What the runtime's threads and its supervisor share: stop, failure, finished jobs,
+and the cores the threads run on.
 
 Workers report finished jobs and failures here; the supervisor (the caller's thread)
 waits here for news. Stopping sets one event and aborts every registered queue, so a
@@ -12,6 +13,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from pdasgd_jax.runtime.affinity import pin_current_thread
 from pdasgd_jax.runtime.queue import BoundedQueue
 
 
@@ -31,10 +33,14 @@ class Control:
 
     Args:
       queues: queues to abort on ``stop`` so that no thread stays blocked on one.
+      host_cpus: cores every thread pins itself to when it starts running (None: no pinning).
     """
 
-    def __init__(self, queues: Sequence[BoundedQueue] = ()):
+    def __init__(self, queues: Sequence[BoundedQueue] = (), host_cpus: tuple[int, ...] | None = None):
         self.stop_event = threading.Event()
+        self.host_cpus = host_cpus
+        # The cores each thread could run on once running (its name -> core ids; None: unknown).
+        self.thread_cpus: dict[str, tuple[int, ...] | None] = {}
         self._queues = list(queues)
         self._cond = threading.Condition()
         self._losses: list[Any] = []
@@ -64,6 +70,12 @@ class Control:
     def thread_started(self) -> None:
         with self._cond:
             self._running += 1
+
+    def thread_running(self, name: str) -> None:
+        """Called first thing in a new thread: pins it to ``host_cpus`` and records where it runs."""
+        cpus = pin_current_thread(self.host_cpus)
+        with self._cond:
+            self.thread_cpus[name] = cpus
 
     def thread_exited(self) -> None:
         with self._cond:

@@ -53,6 +53,7 @@ class DataFeed:
 
     def _run(self) -> None:
         try:
+            self._control.thread_running(self.name)
             for batch in self._batches:
                 self.out.put(batch)
         except QueueClosed:

@@ -79,7 +79,7 @@ class Runtime:
         # At least one batch ready per consumer at all times, refilled in bursts.
         feed_queue: BoundedQueue[Batch] = BoundedQueue(2 * consumers + 2, refill_below=consumers + 1)
         job_queues = [BoundedQueue(s.queue_capacity, producers=s.forward_workers) for _ in range(s.groups)]
-        self.control = Control([feed_queue, *job_queues])
+        self.control = Control([feed_queue, *job_queues], host_cpus=s.pinned_cpus)
         self.feed = DataFeed(exp, s.batch_size, range(first_batch, s.num_batches), feed_queue, self.control)
         self.workers: list[Worker] = []
         # Worker names (and so delay streams) are the simulator's: see RuntimeSettings.delay.
@@ -202,6 +202,8 @@ class Runtime:
             "train_time": self.train_time,
             "throughput_examples_per_s": self.completed * s.batch_size / max(self.train_time, 1e-9),
             "delay": {"model": s.delay.name, "mean_s": s.delay.mean},
+            "host_cpus": s.pinned_cpus and list(s.pinned_cpus),
+            "thread_cpus": {name: cpus and list(cpus) for name, cpus in self.control.thread_cpus.items()},
         }
         if s.pipelined:
             out.update(replicas=s.groups, forward_workers=s.forward_workers, backward_workers=s.backward_workers,

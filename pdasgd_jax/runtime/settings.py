@@ -14,6 +14,7 @@ import jax
 
 from pdasgd_jax import delays
 from pdasgd_jax.executor import BACKWARD_WEIGHTS
+from pdasgd_jax.runtime.affinity import AUTO, HostCpus, resolve_host_cpus
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.simulate import calibrated_timing
 
@@ -44,6 +45,9 @@ class RuntimeSettings:
         simulator's worker names, so both draw the same random numbers for the same seed.
       seed: seed of the delay streams.
       record_events: keep an ``EventLog`` (for replay and tests; costs memory per event).
+      host_cpus: the cores the feed and worker threads run on: ``"auto"`` (on CPU devices
+        one core, the last this process may use; elsewhere unpinned), ``"off"`` or core
+        ids (see ``runtime.affinity``).
     """
 
     algo: str
@@ -58,6 +62,7 @@ class RuntimeSettings:
     delay: delays.DelayModel = delays.DelayModel()
     seed: int = 0
     record_events: bool = False
+    host_cpus: HostCpus = AUTO
 
     def __post_init__(self):
         if self.algo not in RUNTIME_ALGOS:
@@ -72,6 +77,12 @@ class RuntimeSettings:
         for name in ("groups", "forward_workers", "backward_workers", "queue_capacity", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} must be >= 1")
+        resolve_host_cpus(self.host_cpus)  # raises on cores this process may not use
+
+    @property
+    def pinned_cpus(self) -> tuple[int, ...] | None:
+        """The cores ``host_cpus`` resolves to on this machine and these devices (None: not pinned)."""
+        return resolve_host_cpus(self.host_cpus, self.devices[0].platform)
 
     @property
     def pipelined(self) -> bool:
@@ -107,6 +118,6 @@ class RuntimeSettings:
             queue_capacity=config.queue_capacity,
             backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
             batch_size=config.batch_size, num_examples=exp.total_examples,
-            delay=delays.DelayModel.from_config(config, step_time), seed=config.seed,
+            delay=delays.DelayModel.from_config(config, step_time), seed=config.seed, host_cpus=config.host_cpus,
         )
         return cls(**{**settings, **overrides})

@@ -96,6 +96,7 @@ class Worker:
 
     def _run(self) -> None:
         try:
+            self.control.thread_running(self.name)
             while not self.control.stopped:
                 self.step()
         except QueueClosed:

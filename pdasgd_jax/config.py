@@ -51,6 +51,8 @@ class Config:
     backward_workers: int = _field(2, "PD-ASGD backward workers per replica (B)", group="async")
     queue: int = _field(0, "PD-ASGD queue capacity Q (0: Q = B)", group="async")
     backward_weights: str = _field("stashed", "weights the PD-ASGD backward uses", BACKWARD_WEIGHTS, group="async")
+    sim_devices: int = _field(0, "simulator: devices the asgd workers or pdasgd replicas share round-robin, as the "
+                              "threaded runtime places them (0: one each)", group="async")
     host_cpus: str = _field("auto", "threaded runtime: CPU cores of its host threads: auto (on CPU devices one core, the "
                             "last this process may use), off, or core ids such as 0,1", group="async")
     # Delay models.
@@ -87,7 +89,7 @@ class Config:
         _positive("backward-workers", self.backward_workers)
         _positive("delay-sigma", self.delay_sigma)
         for name in ("weight_decay", "eval_every", "workers", "queue", "delay_mean", "delay_steps",
-                     "comm_latency", "comm_bandwidth"):
+                     "comm_latency", "comm_bandwidth", "sim_devices"):
             _non_negative(_flag(name), getattr(self, name))
         if not 0 <= self.momentum < 1:
             raise ValueError(f"--momentum {self.momentum} is outside [0, 1)")
@@ -105,6 +107,13 @@ class Config:
             from pdasgd_jax.optim import AveragingRule
 
             AveragingRule(self.period, self.delay_steps, self.merge)  # raises on a schedule that cannot work
+        if self.sim_devices:
+            if not self.simulate or self.algo not in ("asgd", "pdasgd", "pdasgd-block"):
+                raise ValueError(f"--sim-devices {self.sim_devices} applies to --simulate runs of asgd, pdasgd and "
+                                 f"pdasgd-block, not to {self.algo}{'' if self.simulate else ' without --simulate'}")
+            if self.sim_devices > (self.workers or 1):
+                raise ValueError(f"--sim-devices {self.sim_devices} exceeds the {self.workers or 1} simulated "
+                                 f"worker groups (--workers); it may be 1 to {self.workers or 1}")
         from pdasgd_jax.runtime.affinity import resolve_host_cpus
 
         resolve_host_cpus(self.host_cpus)  # raises on a core this process may not use

@@ -22,6 +22,11 @@ def test_help_documents_every_flag(capsys):
     (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
     (["--lr", "-1"], "--lr -1.0 must be a positive number"),
     (["--model", "lstm"], "model 'lstm' does not fit dataset 'digits'"),
+    (["--sim-devices", "2", "--algo", "sync", "--simulate"], "--sim-devices 2 applies to --simulate runs of asgd"),
+    (["--sim-devices", "1", "--algo", "asgd"], "not to asgd without --simulate"),
+    (["--sim-devices", "3", "--algo", "pdasgd", "--simulate", "--workers", "2"],
+     "--sim-devices 3 exceeds the 2 simulated worker groups (--workers); it may be 1 to 2"),
+    (["--sim-devices", "-1"], "--sim-devices -1 must be >= 0"),
 ])
 def test_bad_values_exit_nonzero_before_training(args, message, capsys, tmp_path):
     out = tmp_path / "never"

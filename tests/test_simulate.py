@@ -218,6 +218,25 @@ def test_remote_stages_cost_a_transfer_each_way():
     assert result.extra["utilisation"]["workers"] == {"w0": STEP / (STEP + 4.0), "w1": STEP / (STEP + 4.0)}
 
 
+@pytest.mark.parametrize("algo", ["asgd", "pdasgd"])
+def test_worker_groups_sharing_a_device_queue_for_it(algo):
+    """``--sim-devices 1``: three ASGD workers (or PD-ASGD replicas) on one device, which
+    runs one kernel at a time and always has one waiting, so the run takes exactly the
+    sum of its jobs' work (three times the three-device run for ASGD); every stage is at
+    home, so nothing is transferred even with a costly network."""
+    timing = dataclasses.replace(TIMING, comm=CommModel(alpha=100.0))
+    _, _, shared = _simulate(timing, algo=algo, workers=3, sim_devices=1)
+    assert shared.step == 9 and shared.extra["devices"] == 1
+    assert shared.extra["virtual_time"] == pytest.approx(9 * STEP)
+    assert shared.extra["utilisation"]["devices"] == [pytest.approx(1.0)]
+    names = {"w0", "w1", "w2"} if algo == "asgd" else {f"d{g}/{kind}" for g in range(3)
+                                                     for kind in ("forward0", "backward0", "backward1")}
+    assert set(shared.extra["utilisation"]["workers"]) == names
+    if algo == "asgd":
+        _, _, spread = _simulate(algo=algo, workers=3)
+        assert shared.extra["virtual_time"] == pytest.approx(3 * spread.extra["virtual_time"])
+
+
 # --- closed-form staleness -------------------------------------------------------------------
 
 # PD-ASGD with F = B = Q = 1 on a device that runs both workers' kernels at full speed
@@ -289,6 +308,16 @@ NOISY = dict(algo="pdasgd", workers=2, backward_workers=2, delay_model="lognorma
 
 def _rows_without_wall_time(rec):
     return [{k: v for k, v in r.items() if k != "wall_time"} for r in rec.rows]
+
+
+def test_one_group_per_device_is_the_default_layout():
+    """``--sim-devices W`` is the default layout: bitwise the same run."""
+    _, rec_a, a = _simulate(STRAGGLER, **NOISY)
+    _, rec_b, b = _simulate(STRAGGLER, **NOISY, sim_devices=NOISY["workers"])
+    assert _rows_without_wall_time(rec_a) == _rows_without_wall_time(rec_b)
+    assert a.extra["virtual_time"] == b.extra["virtual_time"]
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_same_seed_is_bitwise_identical_and_another_seed_differs():

@@ -6,13 +6,17 @@ end (writes: a stage's update, its non-trainable state). Each worker draws one i
 delay per job, after its part of the job (idle time: the device is free meanwhile).
 
 * ASGD (algorithms.md §2): each worker reads every stage in its forward, computes the full
-  gradient and applies all stages at the end, one worker per device.
-* PD-ASGD (§3): per replica (device) ``F`` forward workers feed ``B`` backward workers
+  gradient and applies all stages at the end.
+* PD-ASGD (§3): per replica ``F`` forward workers feed ``B`` backward workers
   through a channel of capacity ``Q`` (a full channel blocks the forward worker); a
   backward applies stage ``m``'s update at the end of stage ``m``'s backward (``layerwise``)
   or all updates after the whole backward (``pdasgd-block``). Every replica's workers read
   and update one shared store (``replication="shared"``); a stage whose home is another
   device costs a transfer before it is read (pull) and before its update lands (push).
+
+Worker group ``g`` (ASGD worker or PD-ASGD replica) runs on ``sim.group_devices[g]``;
+its workers are named ``w{g}`` and ``d{g}/forward{i}``, ``d{g}/backward{i}``, as in the
+threaded runtime, so both draw the same delays.
 """
 
 from __future__ import annotations
@@ -89,20 +93,21 @@ def backward_worker(sim: Simulation, device: Device, name: str, channel: Channel
 
 
 def spawn_asgd(sim: Simulation) -> None:
-    """One ASGD worker on each device."""
-    for device in sim.devices:
-        name = f"w{device.index}"
+    """One ASGD worker per group (by default, per device)."""
+    for g, device in enumerate(sim.group_devices):
+        name = f"w{g}"
         sim.scheduler.spawn(name, asgd_worker(sim, device, name))
 
 
 def spawn_pdasgd(sim: Simulation, *, forward_workers: int, backward_workers: int, queue: int,
                  layerwise: bool) -> None:
-    """``F`` forward and ``B`` backward workers and a channel of capacity ``Q`` on each device."""
-    for device in sim.devices:
+    """Per replica (group; by default one per device) ``F`` forward and ``B`` backward
+    workers and a channel of capacity ``Q``."""
+    for g, device in enumerate(sim.group_devices):
         channel = Channel(queue)
         for i in range(forward_workers):
-            name = f"d{device.index}/forward{i}"
+            name = f"d{g}/forward{i}"
             sim.scheduler.spawn(name, forward_worker(sim, device, name, channel))
         for i in range(backward_workers):
-            name = f"d{device.index}/backward{i}"
+            name = f"d{g}/backward{i}"
             sim.scheduler.spawn(name, backward_worker(sim, device, name, channel, layerwise=layerwise))

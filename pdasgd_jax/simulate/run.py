@@ -122,7 +122,7 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
     target = config.target_accuracy
     result.extra.update({
         "simulated": True,
-        "devices": workers,
+        "devices": config.sim_devices or workers,
         "virtual_time": now,
         "virtual_time_to_target": next((r["virtual_time"] for r in rec.rows
                                         if target is not None and r["test_accuracy"] >= target), None),
@@ -172,8 +172,8 @@ def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay
 
     sim = Simulation(scheduler, executor, timing, delay, seed=config.seed,
                      batches=exp.train_stream(config.batch_size),
-                     max_jobs=num_jobs(exp.total_examples, config.batch_size), num_devices=workers,
-                     on_job_done=on_job_done)
+                     max_jobs=num_jobs(exp.total_examples, config.batch_size),
+                     num_devices=config.sim_devices or workers, groups=workers, on_job_done=on_job_done)
     if config.algo == "asgd":
         policies.spawn_asgd(sim)
     else:

@@ -36,6 +36,9 @@ class Simulation:
       max_jobs: jobs to start in all (the example budget over the per-worker batch).
       num_devices: simulated devices; stage ``m`` lives on device ``m % num_devices``.
       on_job_done: called with each job once all its updates are applied.
+      groups: worker groups (ASGD workers, PD-ASGD replicas; default: one per device).
+        Group ``g`` runs on device ``g % num_devices``, as the threaded runtime places
+        them, so groups beyond the device count queue for a shared device.
 
     ``in_flight`` holds the jobs started and not yet done, by id: what a checkpoint of the
     run must save besides the store (their activations, stashed residuals, pending updates).
@@ -46,7 +49,10 @@ class Simulation:
 
     def __init__(self, scheduler: Scheduler, executor: StageExecutor, timing: TimingModel, delay: DelayModel, *,
                  seed: int, batches: Iterator[tuple[Any, Any]], max_jobs: int, num_devices: int,
-                 on_job_done: Callable[[Job], None]):
+                 on_job_done: Callable[[Job], None], groups: int | None = None):
+        if groups is not None and groups < num_devices:
+            raise ValueError(f"{groups} worker groups leave some of the {num_devices} devices idle; "
+                             f"use at least one group per device")
         if timing.num_stages != executor.store.num_stages:
             raise ValueError(f"the timing model has {timing.num_stages} stages but the model has "
                              f"{executor.store.num_stages}")
@@ -58,6 +64,8 @@ class Simulation:
         self.max_jobs = max_jobs
         self.num_stages = executor.store.num_stages
         self.devices = [Device(scheduler, d, timing) for d in range(num_devices)]
+        # The device of each worker group, round-robin (one group per device by default).
+        self.group_devices = [self.devices[g % num_devices] for g in range(groups or num_devices)]
         self.started = 0
         self.in_flight: dict[int, Job] = {}
         self._batches = batches

@@ -4,6 +4,7 @@ import json
 import math
 import os
 
+import jax
 import pytest
 
 from pdasgd_jax.bench import delays, interleaved_seconds, json_ready, rate_summary
@@ -87,10 +88,13 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
     assert cell["k"] == 10.0 and cell["delay_mean_s"] > 0
     for algo in ("pdasgd", "asgd", "sync"):
         assert len(cell[algo]["measured_s"]) == len(cell[algo]["simulated_s"]) == 1
+        assert len(cell[algo]["simulated_per_worker_s"]) == 1
+    # The runtime's layout: its 4 replicas on this process's devices (the tests' fake CPU ones).
+    assert results["simulated_devices"] == {"simulated": min(4, jax.device_count()), "simulated_per_worker": 0}
     for algo in ("pdasgd", "asgd"):
         ratio = cell["sync"]["measured_s"][0] / cell[algo]["measured_s"][0]
         assert cell[algo]["speedup_vs_sync_measured"] == pytest.approx(ratio)
-    assert bench_runtime.TWO_LOOPS in table
+    assert bench_runtime.TWO_LOOPS in table and "vs sync simulated per worker" in table
 
 
 def test_unknown_benchmark_is_refused(capsys):

@@ -25,9 +25,10 @@ Digits with the MLP. Two measurements:
   Two predictions: the runtime's own layout (its ``W`` worker groups share this
   machine's devices round-robin, ``--sim-devices``; on a one-device machine all ``W``
   replicas queue for one device) and one device per worker group (the layout the papers
-  assume). Sync is simulated on ``W`` devices in both, one shard each: here its measured
-  run is one fused step on the global batch on one device, which on small batches costs
-  about what one shard's step costs (``timing`` in the JSON has both calibrations).
+  assume). Sync is simulated on ``W`` devices in both, one shard each, while its measured
+  run is one fused step on the global batch on the first device: where compute dominates
+  (no delays) its prediction is too fast by the ratio of the two step times
+  (``step_compute_s`` in the JSON has the calibrations of both batch sizes).
 """
 
 from __future__ import annotations

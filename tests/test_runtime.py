@@ -29,10 +29,10 @@ from pdasgd_jax.runtime import (
     Runtime,
     RuntimeSettings,
     WorkerError,
+    affinity,
     numbered_batches,
     run_runtime,
 )
-from pdasgd_jax.runtime import affinity
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.workers import ForwardWorker
 from pdasgd_jax.simulate import calibrated_timing

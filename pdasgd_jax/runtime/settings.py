@@ -14,8 +14,8 @@ import jax
 
 from pdasgd_jax import delays
 from pdasgd_jax.executor import BACKWARD_WEIGHTS
-from pdasgd_jax.runtime.affinity import AUTO, HostCpus, resolve_host_cpus
 from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.runtime.affinity import AUTO, HostCpus, resolve_host_cpus
 from pdasgd_jax.simulate import calibrated_timing
 
 RUNTIME_ALGOS = ("asgd", "pdasgd", "pdasgd-block")

@@ -14,6 +14,8 @@ from typing import Any
 from pdasgd_jax.optim import MERGES
 
 ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd")
+# Those that run as independent worker threads (or simulated workers) updating a shared store.
+ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block")
 OPTIMIZERS = ("sgd", "momentum", "adamw")
 DELAY_MODELS = ("none", "constant", "uniform", "exponential", "lognormal", "straggler")
 BACKWARD_WEIGHTS = ("stashed", "live")
@@ -108,13 +110,14 @@ class Config:
 
             AveragingRule(self.period, self.delay_steps, self.merge)  # raises on a schedule that cannot work
         if self.sim_devices:
-            if not self.simulate or self.algo not in ("asgd", "pdasgd", "pdasgd-block"):
-                raise ValueError(f"--sim-devices {self.sim_devices} applies to --simulate runs of asgd, pdasgd and "
-                                 f"pdasgd-block, not to {self.algo}{'' if self.simulate else ' without --simulate'}")
-            if self.sim_devices > (self.workers or 1):
-                raise ValueError(f"--sim-devices {self.sim_devices} exceeds the {self.workers or 1} simulated "
-                                 f"worker groups (--workers); it may be 1 to {self.workers or 1}")
-        from pdasgd_jax.runtime.affinity import resolve_host_cpus
+            if not self.simulate or self.algo not in ASYNCHRONOUS:
+                raise ValueError(f"--sim-devices {self.sim_devices} applies to --simulate runs of "
+                                 f"{', '.join(ASYNCHRONOUS)}, not to {self.algo}"
+                                 f"{'' if self.simulate else ' without --simulate'}")
+            if self.sim_devices > self.simulated_workers:
+                raise ValueError(f"--sim-devices {self.sim_devices} exceeds the {self.simulated_workers} simulated "
+                                 f"worker groups (--workers); it may be 1 to {self.simulated_workers}")
+        from pdasgd_jax.affinity import resolve_host_cpus
 
         resolve_host_cpus(self.host_cpus)  # raises on a core this process may not use
         models.check_model_fits(self.model_name, self.dataset, data.DATASET_MODALITY[self.dataset])
@@ -125,6 +128,17 @@ class Config:
         from pdasgd_jax.models import DEFAULT_MODEL
 
         return self.model or DEFAULT_MODEL[self.dataset]
+
+    @property
+    def simulated_workers(self) -> int:
+        """Simulated workers (sync, local, dasgd) or worker groups (asgd, pdasgd):
+        ``--workers``, where 0 (all devices on a real run) means one."""
+        return self.workers or 1
+
+    @property
+    def simulated_devices(self) -> int:
+        """Simulated devices: ``--sim-devices``, where 0 means one per worker (group)."""
+        return self.sim_devices or self.simulated_workers
 
     @property
     def queue_capacity(self) -> int:

@@ -4,9 +4,9 @@ import json
 import math
 import os
 
-import jax
 import pytest
 
+from pdasgd_jax import affinity
 from pdasgd_jax.bench import delays, interleaved_seconds, json_ready, rate_summary
 from pdasgd_jax.bench import runtime as bench_runtime
 from pdasgd_jax.cli import main
@@ -78,10 +78,14 @@ def test_sim_speed_quick_times_three_modes_on_the_same_steps(tmp_path):
 
 def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
     out = str(tmp_path)
+    cpus_before = affinity.current_thread_cpus()
     assert main(["bench", "runtime", "--quick", "--out", out]) == 0
+    assert affinity.current_thread_cpus() == cpus_before  # the pinned loop gives the thread back its cores
     results, table = _load(out, "runtime")
+    pinned = affinity.resolve_host_cpus(affinity.AUTO) is not None
+    layouts = [n for n, o in bench_runtime.LAYOUTS if pinned or o.get("host_cpus") != affinity.OFF]
     for key, r in results["throughput"].items():
-        for name in ("sequential", bench_runtime.TWO_LOOPS, *(n for n, _ in bench_runtime.LAYOUTS)):
+        for name in ("sequential", bench_runtime.TWO_LOOPS, *layouts):
             assert 0 < r[name]["min"] <= r[name]["median"] <= r[name]["max"], (key, name)
             assert name == "sequential" or r[name]["vs_sequential"] > 0
     [cell] = results["time_to_target"]
@@ -89,8 +93,11 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
     for algo in ("pdasgd", "asgd", "sync"):
         assert len(cell[algo]["measured_s"]) == len(cell[algo]["simulated_s"]) == 1
         assert len(cell[algo]["simulated_per_worker_s"]) == 1
-    # The runtime's layout: its 4 replicas on this process's devices (the tests' fake CPU ones).
-    assert results["simulated_devices"] == {"simulated": min(4, jax.device_count()), "simulated_per_worker": 0}
+    # The runtime's layout: its 4 replicas on this process's devices (the tests' 8 fake CPU
+    # ones), so one device each, which is the other prediction's layout: the same run.
+    assert results["simulated_devices"] == {"simulated": 4, "simulated_per_worker": 0}
+    for algo in ("pdasgd", "asgd", "sync"):
+        assert cell[algo]["simulated_s"] == cell[algo]["simulated_per_worker_s"]
     for algo in ("pdasgd", "asgd"):
         ratio = cell["sync"]["measured_s"][0] / cell[algo]["measured_s"][0]
         assert cell[algo]["speedup_vs_sync_measured"] == pytest.approx(ratio)

@@ -11,7 +11,7 @@ Digits with the MLP. Two measurements:
   sequential loops in two threads: what two threads get at all here (the GIL and two
   cores), the ceiling for PD-ASGD's two-thread F = 1, B = 1 layout; the F = 1, B = 1
   layout with its host threads left unpinned (``host_cpus="off"``; the runtime pins them
-  to one core by default, see ``runtime.affinity``); and the sequential loop pinned to
+  to one core by default, see ``pdasgd_jax.affinity``); and the sequential loop pinned to
   that core, to show that pinning alone does not speed up a single thread.
 * **time to target**: wall seconds until the test accuracy reaches ``TARGET`` with real
   injected delays ``Exp(mean = k x one step's calibrated compute)`` (``time.sleep``), for
@@ -44,6 +44,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from pdasgd_jax import affinity
 from pdasgd_jax.bench import interleaved_seconds, json_ready, rate_summary
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
@@ -52,7 +53,8 @@ from pdasgd_jax.executor import StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
 from pdasgd_jax.reporting import NonFiniteLossError, Recorder
-from pdasgd_jax.runtime import Runtime, RuntimeSettings, affinity, numbered_batches
+from pdasgd_jax.runtime import Runtime, RuntimeSettings, numbered_batches
+from pdasgd_jax.runtime.settings import default_devices
 from pdasgd_jax.simulate import calibrated_timing, run_simulated
 from pdasgd_jax.store import ParameterStore
 from pdasgd_jax.train import run_synchronous_loop
@@ -101,12 +103,12 @@ def sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_ba
     """Seconds of the single-threaded loop over the executor's operations on ``device``, in
     the calling thread (pinned to ``cpus`` for the loop, if given)."""
     if cpus is not None:
-        before = affinity.allowed_cpus()
+        before = affinity.current_thread_cpus()
         affinity.pin_current_thread(cpus)
         try:
             return sequential_loop(exp, device, batch_size, num_batches)
         finally:
-            affinity.pin_current_thread(tuple(before))
+            affinity.pin_current_thread(before)
     v = exp.variables
     store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), exp.kernels.apply_update,
                            home_devices=(device,) * exp.model.num_stages)
@@ -162,7 +164,7 @@ def throughput(exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int
     layout's ratio is the median of its ratios to the sequential loop of the same round,
     so a drift in the machine's speed affects both sides of a ratio alike.
     """
-    host_core = affinity.resolve_host_cpus(affinity.AUTO)
+    host_core = affinity.resolve_host_cpus(affinity.AUTO, devices[0].platform)
     runs: dict[str, Callable[[int], float]] = {
         "sequential": lambda n: sequential_loop(exp, devices[0], batch_size, n),
         TWO_LOOPS: lambda n: two_thread_loops(exp, devices[0], batch_size, n)}
@@ -170,6 +172,8 @@ def throughput(exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int
         runs[PINNED_LOOP] = lambda n: sequential_loop(exp, devices[0], batch_size, n, cpus=host_core)
     for name, overrides in LAYOUTS:
         overrides = dict(overrides)
+        if host_core is None and overrides.get("host_cpus") == affinity.OFF:
+            continue  # the runtime pins nothing here: the row would repeat the default layout
         groups = len(devices) * overrides.pop("groups_per_device", 1)
         settings = RuntimeSettings(devices=devices, groups=groups, batch_size=batch_size, **overrides)
         runs[name] = functools.partial(
@@ -254,7 +258,7 @@ def simulated(exp: Experiment, devices: int = 0) -> tuple[float, float]:
 def simulated_layouts() -> dict[str, int]:
     """``--sim-devices`` of the two predictions: the runtime's layout (its worker groups
     share this machine's devices) and one device per worker group (0)."""
-    return {"simulated": min(WORKERS, len(jax.devices())), "simulated_per_worker": 0}
+    return {"simulated": len(default_devices(WORKERS)), "simulated_per_worker": 0}
 
 
 def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str, Any]:
@@ -274,6 +278,8 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
         layouts = simulated_layouts()
         runs: dict[str, list[tuple[float, float]]] = {"measured": [], **{kind: [] for kind in layouts}}
         predictions = [(kind, functools.partial(simulated, devices=d)) for kind, d in layouts.items()]
+        if name == "sync":  # simulated one way only (see ``simulated``)
+            predictions = predictions[:1]
         for seed in seeds:
             exp = base.with_config(seed=seed, **common, **config)
             for kind, fn in (("measured", real), *predictions):
@@ -281,6 +287,8 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
                     runs[kind].append(fn(exp))
                 except NonFiniteLossError:
                     runs[kind].append((math.inf, math.nan))
+        if name == "sync":
+            runs["simulated_per_worker"] = runs["simulated"]
         out[name] = {"lr": config["lr"],
                      **{f"{kind}_s": [t for t, _ in r] for kind, r in runs.items()},
                      **{f"{kind}_staleness": float(np.mean([tau for _, tau in r])) for kind, r in runs.items()}}

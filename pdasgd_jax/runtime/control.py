@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from pdasgd_jax.runtime.affinity import pin_current_thread
+from pdasgd_jax.affinity import pin_current_thread
 from pdasgd_jax.runtime.queue import BoundedQueue
 
 

@@ -13,12 +13,13 @@ import math
 import jax
 
 from pdasgd_jax import delays
+from pdasgd_jax.affinity import AUTO, HostCpus, resolve_host_cpus
+from pdasgd_jax.config import ASYNCHRONOUS
 from pdasgd_jax.executor import BACKWARD_WEIGHTS
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.runtime.affinity import AUTO, HostCpus, resolve_host_cpus
 from pdasgd_jax.simulate import calibrated_timing
 
-RUNTIME_ALGOS = ("asgd", "pdasgd", "pdasgd-block")
+RUNTIME_ALGOS = ASYNCHRONOUS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +48,7 @@ class RuntimeSettings:
       record_events: keep an ``EventLog`` (for replay and tests; costs memory per event).
       host_cpus: the cores the feed and worker threads run on: ``"auto"`` (on CPU devices
         one core, the last this process may use; elsewhere unpinned), ``"off"`` or core
-        ids (see ``runtime.affinity``).
+        ids (see ``pdasgd_jax.affinity``).
     """
 
     algo: str
@@ -109,11 +110,10 @@ class RuntimeSettings:
         ``pdasgd``; more groups than devices share devices round-robin.
         """
         config = exp.config
-        available = jax.devices()
-        groups = config.workers or len(available)
+        groups = config.workers or len(jax.devices())
         step_time = calibrated_timing(exp, config.batch_size).step_compute_time() if config.delay_mean > 0 else 0.0
         settings = dict(
-            algo=config.algo, devices=tuple(available[:min(groups, len(available))]), groups=groups,
+            algo=config.algo, devices=default_devices(groups), groups=groups,
             forward_workers=config.forward_workers, backward_workers=config.backward_workers,
             queue_capacity=config.queue_capacity,
             backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
@@ -121,3 +121,10 @@ class RuntimeSettings:
             delay=delays.DelayModel.from_config(config, step_time), seed=config.seed, host_cpus=config.host_cpus,
         )
         return cls(**{**settings, **overrides})
+
+
+def default_devices(groups: int) -> tuple[jax.Device, ...]:
+    """The devices ``groups`` worker groups run on by default: one each, as far as they go
+    (more groups than devices share them round-robin)."""
+    available = jax.devices()
+    return tuple(available[:min(groups, len(available))])

@@ -14,7 +14,7 @@ from pdasgd_jax import delays
 
 # The module, not RunResult itself: train.py imports the simulator when it selects a runner.
 from pdasgd_jax import train as train_lib
-from pdasgd_jax.config import Config
+from pdasgd_jax.config import ASYNCHRONOUS, Config
 from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
 from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
@@ -28,7 +28,6 @@ from pdasgd_jax.simulate.sync import run_sync
 from pdasgd_jax.store import ParameterStore
 
 SYNCHRONOUS = ("sgd", "sync")
-ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block")
 AVERAGING = ("local", "dasgd")
 TIMING_FILE = "timing.json"
 CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pdasgd_jax")
@@ -66,11 +65,6 @@ def _run_timing(exp: Experiment, rec: Recorder, worker_batch: int) -> TimingMode
     return timing
 
 
-def simulated_workers(exp: Experiment) -> int:
-    """Simulated devices: ``--workers``, where 0 (all devices on a real run) means one."""
-    return exp.config.workers or 1
-
-
 def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None = None,
                   log: EventLog | None = None) -> train_lib.RunResult:
     """Runs ``exp.config.algo`` on the virtual clock with the real kernels.
@@ -99,7 +93,7 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
         result.extra["staleness"]["per_stage"][0]["mean"]
     """
     config = exp.config
-    workers = 1 if config.algo == "sgd" else simulated_workers(exp)
+    workers = 1 if config.algo == "sgd" else config.simulated_workers
     if config.algo in SYNCHRONOUS:
         if config.batch_size % workers:
             raise ValueError(f"--batch-size {config.batch_size} is not divisible by the {workers} simulated workers")
@@ -122,7 +116,7 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
     target = config.target_accuracy
     result.extra.update({
         "simulated": True,
-        "devices": config.sim_devices or workers,
+        "devices": 1 if config.algo == "sgd" else config.simulated_devices,
         "virtual_time": now,
         "virtual_time_to_target": next((r["virtual_time"] for r in rec.rows
                                         if target is not None and r["test_accuracy"] >= target), None),
@@ -173,7 +167,7 @@ def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay
     sim = Simulation(scheduler, executor, timing, delay, seed=config.seed,
                      batches=exp.train_stream(config.batch_size),
                      max_jobs=num_jobs(exp.total_examples, config.batch_size),
-                     num_devices=config.sim_devices or workers, groups=workers, on_job_done=on_job_done)
+                     num_devices=config.simulated_devices, groups=workers, on_job_done=on_job_done)
     if config.algo == "asgd":
         policies.spawn_asgd(sim)
     else:

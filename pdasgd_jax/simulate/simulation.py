@@ -44,7 +44,8 @@ class Simulation:
     run must save besides the store (their activations, stashed residuals, pending updates).
 
     Speed factors are per device: ``timing.worker_factor(d)`` slows every worker on
-    device ``d`` (with one worker per device, as in ASGD and sync, the two agree).
+    device ``d``, so with groups sharing devices it slows groups ``d, d + D, d + 2D, ...``
+    (with one ASGD worker per device, as by default, device and worker factors agree).
     """
 
     def __init__(self, scheduler: Scheduler, executor: StageExecutor, timing: TimingModel, delay: DelayModel, *,

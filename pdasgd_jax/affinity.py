@@ -31,10 +31,18 @@ HostCpus = str | Sequence[int] | None
 
 
 def allowed_cpus() -> frozenset[int] | None:
-    """The cores this process may run on, or None where the platform cannot tell."""
+    """The cores this process may run on (its main thread's mask, whichever thread asks),
+    or None where the platform cannot tell."""
     if not hasattr(os, "sched_getaffinity"):
         return None
-    return frozenset(os.sched_getaffinity(0))
+    return frozenset(os.sched_getaffinity(os.getpid()))
+
+
+def current_thread_cpus() -> tuple[int, ...] | None:
+    """The cores the calling thread may run on, or None where the platform cannot tell."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    return tuple(sorted(os.sched_getaffinity(0)))
 
 
 def resolve_host_cpus(spec: HostCpus, platform: str = "cpu") -> tuple[int, ...] | None:
@@ -75,5 +83,4 @@ def pin_current_thread(cpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
     cores it may now run on (None where the platform cannot tell)."""
     if cpus is not None:
         os.sched_setaffinity(0, cpus)
-    allowed = allowed_cpus()
-    return None if allowed is None else tuple(sorted(allowed))
+    return current_thread_cpus()

@@ -22,8 +22,9 @@ Several runs in one machine should be given different cores (``--host-cpus 3``) 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 AUTO = "auto"
 OFF = "off"
@@ -84,3 +85,18 @@ def pin_current_thread(cpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
     if cpus is not None:
         os.sched_setaffinity(0, cpus)
     return current_thread_cpus()
+
+
+@contextlib.contextmanager
+def pinned_thread(cpus: tuple[int, ...] | None) -> Iterator[None]:
+    """Runs the block with the calling thread pinned to ``cpus`` (None: as it is), then
+    gives the thread back the cores it had."""
+    if cpus is None:
+        yield
+        return
+    before = current_thread_cpus()
+    pin_current_thread(cpus)
+    try:
+        yield
+    finally:
+        pin_current_thread(before)

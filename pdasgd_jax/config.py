@@ -136,11 +136,6 @@ class Config:
         return self.workers or 1
 
     @property
-    def simulated_devices(self) -> int:
-        """Simulated devices: ``--sim-devices``, where 0 means one per worker (group)."""
-        return self.sim_devices or self.simulated_workers
-
-    @property
     def queue_capacity(self) -> int:
         return self.queue or self.backward_workers
 

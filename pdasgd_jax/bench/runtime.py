@@ -102,13 +102,11 @@ def sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_ba
                     cpus: tuple[int, ...] | None = None) -> float:
     """Seconds of the single-threaded loop over the executor's operations on ``device``, in
     the calling thread (pinned to ``cpus`` for the loop, if given)."""
-    if cpus is not None:
-        before = affinity.current_thread_cpus()
-        affinity.pin_current_thread(cpus)
-        try:
-            return sequential_loop(exp, device, batch_size, num_batches)
-        finally:
-            affinity.pin_current_thread(before)
+    with affinity.pinned_thread(cpus):
+        return _sequential_loop(exp, device, batch_size, num_batches)
+
+
+def _sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_batches: int) -> float:
     v = exp.variables
     store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), exp.kernels.apply_update,
                            home_devices=(device,) * exp.model.num_stages)
@@ -248,7 +246,7 @@ def runtime_with_delays(exp: Experiment) -> tuple[float, float]:
 def simulated(exp: Experiment, devices: int = 0) -> tuple[float, float]:
     """Virtual seconds to ``TARGET`` predicted by the simulator for the same config, and its
     mean staleness; asynchronous worker groups share ``devices`` devices (0: one each)."""
-    sim = exp.with_config(simulate=True, sim_devices=devices if exp.config.algo != "sync" else 0)
+    sim = exp.with_config(simulate=True, sim_devices=devices)
     rec = _recorder(sim)
     timing = calibrated_timing(exp, DELAY_BATCH)
     extra = run_simulated(sim, rec, timing=timing).extra
@@ -266,6 +264,7 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
     delay = {"delay_model": "exponential" if k else "none", "delay_mean": k}
     common = dict(workers=WORKERS, epochs=epochs, eval_every=EVAL_EVERY, target_accuracy=TARGET, **delay)
     out: dict[str, Any] = {"k": k}
+    layouts = simulated_layouts()
     for name, config in ALGORITHMS.items():
         base = _experiment(lr=config["lr"])
         out["delay_mean_s"] = k * calibrated_timing(base, DELAY_BATCH).step_compute_time()
@@ -275,27 +274,26 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
         warm_up = base.with_config(**{**common, **config, "epochs": 1.0, "target_accuracy": None})
         real = sync_with_delays if name == "sync" else runtime_with_delays
         real(warm_up)
-        layouts = simulated_layouts()
-        runs: dict[str, list[tuple[float, float]]] = {"measured": [], **{kind: [] for kind in layouts}}
-        predictions = [(kind, functools.partial(simulated, devices=d)) for kind, d in layouts.items()]
-        if name == "sync":  # simulated one way only (see ``simulated``)
-            predictions = predictions[:1]
+        # Sync is simulated one way (one device per worker) under both predictions' names;
+        # each distinct layout runs once.
+        devices_of = {kind: 0 if name == "sync" else d for kind, d in layouts.items()}
+        runners = {"measured": real, **{d: functools.partial(simulated, devices=d) for d in devices_of.values()}}
+        runs: dict[int | str, list[tuple[float, float]]] = {key: [] for key in runners}
         for seed in seeds:
             exp = base.with_config(seed=seed, **common, **config)
-            for kind, fn in (("measured", real), *predictions):
+            for key, fn in runners.items():
                 try:
-                    runs[kind].append(fn(exp))
+                    runs[key].append(fn(exp))
                 except NonFiniteLossError:
-                    runs[kind].append((math.inf, math.nan))
-        if name == "sync":
-            runs["simulated_per_worker"] = runs["simulated"]
+                    runs[key].append((math.inf, math.nan))
+        by_kind = {"measured": runs["measured"], **{kind: runs[d] for kind, d in devices_of.items()}}
         out[name] = {"lr": config["lr"],
-                     **{f"{kind}_s": [t for t, _ in r] for kind, r in runs.items()},
-                     **{f"{kind}_staleness": float(np.mean([tau for _, tau in r])) for kind, r in runs.items()}}
+                     **{f"{kind}_s": [t for t, _ in r] for kind, r in by_kind.items()},
+                     **{f"{kind}_staleness": float(np.mean([tau for _, tau in r])) for kind, r in by_kind.items()}}
     for name in ("pdasgd", "asgd"):
-        for kind in (f"{kind}_s" for kind in runs):
-            ratios = [_ratio(s, a) for s, a in zip(out["sync"][kind], out[name][kind])]
-            out[name][f"speedup_vs_sync_{kind[:-2]}"] = float(np.mean(ratios))
+        for kind in ("measured", *layouts):
+            ratios = [_ratio(s, a) for s, a in zip(out["sync"][f"{kind}_s"], out[name][f"{kind}_s"])]
+            out[name][f"speedup_vs_sync_{kind}"] = float(np.mean(ratios))
     return out
 
 

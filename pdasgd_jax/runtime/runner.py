@@ -202,7 +202,7 @@ class Runtime:
             "train_time": self.train_time,
             "throughput_examples_per_s": self.completed * s.batch_size / max(self.train_time, 1e-9),
             "delay": {"model": s.delay.name, "mean_s": s.delay.mean},
-            "host_cpus": s.pinned_cpus and list(s.pinned_cpus),
+            "host_cpus": self.control.host_cpus and list(self.control.host_cpus),
             "thread_cpus": {name: cpus and list(cpus) for name, cpus in self.control.thread_cpus.items()},
         }
         if s.pipelined:

@@ -94,6 +94,7 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
     """
     config = exp.config
     workers = 1 if config.algo == "sgd" else config.simulated_workers
+    devices = config.sim_devices or workers  # asynchronous groups may share devices
     if config.algo in SYNCHRONOUS:
         if config.batch_size % workers:
             raise ValueError(f"--batch-size {config.batch_size} is not divisible by the {workers} simulated workers")
@@ -112,11 +113,11 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
     elif config.algo in AVERAGING:
         result, now, utilisation, staleness = run_averaging(exp, rec, timing, delay, workers)
     else:
-        result, now, utilisation, staleness = _run_asynchronous(exp, rec, timing, delay, workers, log)
+        result, now, utilisation, staleness = _run_asynchronous(exp, rec, timing, delay, workers, devices, log)
     target = config.target_accuracy
     result.extra.update({
         "simulated": True,
-        "devices": 1 if config.algo == "sgd" else config.simulated_devices,
+        "devices": devices,
         "virtual_time": now,
         "virtual_time_to_target": next((r["virtual_time"] for r in rec.rows
                                         if target is not None and r["test_accuracy"] >= target), None),
@@ -128,7 +129,7 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
 
 
 def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay: DelayModel, workers: int,
-                      log: EventLog | None) -> tuple[train_lib.RunResult, float, dict[str, Any], StalenessStats]:
+                      devices: int, log: EventLog | None) -> tuple[train_lib.RunResult, float, dict[str, Any], StalenessStats]:
     """ASGD or PD-ASGD on the virtual clock; checkpointed at every evaluation (with ``--out``).
 
     A resumed run replays its schedule on abstract kernels up to the checkpointed job, loads
@@ -167,7 +168,7 @@ def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay
     sim = Simulation(scheduler, executor, timing, delay, seed=config.seed,
                      batches=exp.train_stream(config.batch_size),
                      max_jobs=num_jobs(exp.total_examples, config.batch_size),
-                     num_devices=config.simulated_devices, groups=workers, on_job_done=on_job_done)
+                     num_devices=devices, groups=workers, on_job_done=on_job_done)
     if config.algo == "asgd":
         policies.spawn_asgd(sim)
     else:

@@ -2,13 +2,14 @@
 
 The runtime's Python threads (the data feed and the workers) take turns holding the GIL,
 so at most one of them runs Python at any moment. Left to the OS they spread over the
-cores: every GIL hand-off then moves the interpreter's working set (objects, reference
-counts, jit caches) to another core's cache, and a thread waking for the GIL lands on a
-core where XLA's compute threads are busy. On the 2-core CPU machine of BENCHMARKS.md
-that roughly doubled the host CPU time per job in some runs (``bench runtime`` shows the
-pinned and unpinned F = 1, B = 1 layouts side by side). Pinned to one core, the threads
-behave like the single thread of a sequential loop, and XLA's threads, created with the
-process's JAX backend before the runtime starts and never pinned, keep the other cores.
+cores; our explanation of what that costs (not measured directly) is that every GIL
+hand-off then moves the interpreter's working set to another core's cache, and a thread
+waking for the GIL lands on a core where XLA's compute threads are busy. What was
+measured (``bench runtime``, BENCHMARKS.md): on the 2-core CPU machine, PD-ASGD with
+F = 1, B = 1 at batch 32 ran at 0.73-0.85x of a sequential loop unpinned and 0.83-1.05x
+pinned. Pinned to one core, the threads behave like the single thread of a sequential
+loop, and XLA's threads, created with the process's JAX backend before the runtime
+starts and never pinned, keep the other cores.
 
 ``"auto"`` (the default) picks the highest-numbered core this process may use (CPU 0
 usually takes most interrupts), and pins nothing when the process may use only one

@@ -6,13 +6,14 @@ cores; our explanation of what that costs (not measured directly) is that every 
 hand-off then moves the interpreter's working set to another core's cache, and a thread
 waking for the GIL lands on a core where XLA's compute threads are busy. What was
 measured (``bench runtime``, BENCHMARKS.md): on the 2-core CPU machine, PD-ASGD with
-F = 1, B = 1 at batch 32 ran at 0.73-0.85x of a sequential loop unpinned and 0.83-1.05x
-pinned. Pinned to one core, the threads behave like the single thread of a sequential
-loop, and XLA's threads, created with the process's JAX backend before the runtime
-starts and never pinned, keep the other cores.
+F = 1, B = 1 at batch 32 ran at 0.73-1.04x of a sequential loop unpinned (below the
+pinned layout in four of five runs) and 0.83-1.05x pinned. Pinned to one core, the
+threads share it as the single thread of a sequential loop would, and XLA's threads,
+created with the process's JAX backend before the runtime starts and never pinned, keep
+every core (checked after a run: none of the process's threads is left pinned).
 
-``"auto"`` (the default) picks the highest-numbered core this process may use (CPU 0
-usually takes most interrupts), and pins nothing when the process may use only one
+``"auto"`` (the default) picks the highest-numbered core this process may use (on many
+Linux machines CPU 0 takes most interrupts), and pins nothing when the process may use only one
 core, the platform cannot pin threads (``os.sched_setaffinity`` is Linux-only) or the
 runtime's devices are not CPU devices: with XLA's compute on a GPU or TPU the host
 cores are not contended in the same way, and pinning there has not been measured

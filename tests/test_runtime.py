@@ -5,6 +5,7 @@ import collections
 import dataclasses
 import itertools
 import json
+import os
 import threading
 import time
 
@@ -452,6 +453,12 @@ def test_every_host_thread_runs_on_the_cores_it_was_given(exp, host_cpus):
     assert set(extra["thread_cpus"]) == {"feed", "d0/forward0", "d0/backward0", "d0/backward1"}
     assert all(cpus == expected for cpus in extra["thread_cpus"].values())
     assert affinity.current_thread_cpus() == tuple(sorted(_ALLOWED))  # the caller's thread is left where it was
+    if os.path.isdir("/proc/self/task"):  # and no thread of the process (XLA's included) stays pinned
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                assert os.sched_getaffinity(int(tid)) == _ALLOWED, tid
+            except ProcessLookupError:
+                pass  # a thread that ended meanwhile
 
 
 @needs_pinning

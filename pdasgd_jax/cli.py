@@ -53,8 +53,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit status (2: bad input, with its message alone).
+
+    Bad input (``ConfigError``, a TFDS dataset not prepared) exits 2 with a one-line message;
+    a non-finite training loss exits 1 with its message; any other exception is a failure
+    during the work and propagates with its traceback.
+    """
     args = build_parser().parse_args(argv)
     from pdasgd_jax.data import DatasetNotPreparedError
+    from pdasgd_jax.errors import ConfigError
     from pdasgd_jax.reporting import NonFiniteLossError
 
     try:
@@ -76,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pdasgd_jax.bench import run_benchmark
 
             print(run_benchmark(args.name, args.out, quick=args.quick))
-    except (ValueError, DatasetNotPreparedError) as e:
+    except (ConfigError, DatasetNotPreparedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except NonFiniteLossError as e:

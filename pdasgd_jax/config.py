@@ -11,6 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.optim import MERGES
 
 ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd")
@@ -73,7 +74,20 @@ class Config:
     outer_lr: float = _field(1.0, "outer optimizer learning rate (> 0)", group="averaging")
 
     def validate(self) -> Config:
-        """Checks every value; raises ``ValueError`` naming the bad one and what is allowed."""
+        """Checks every value; raises ``ConfigError`` naming the bad one and what is allowed.
+
+        Every check here is input validation, so a ``ValueError`` from a check another module
+        owns (dataset, model, core ids, averaging schedule) is re-raised as ``ConfigError``.
+        """
+        try:
+            self._check()
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        return self
+
+    def _check(self) -> None:
         from pdasgd_jax import data, models
 
         for f in dataclasses.fields(self):
@@ -121,7 +135,6 @@ class Config:
 
         resolve_host_cpus(self.host_cpus)  # raises on a core this process may not use
         models.check_model_fits(self.model_name, self.dataset, data.DATASET_MODALITY[self.dataset])
-        return self
 
     @property
     def model_name(self) -> str:

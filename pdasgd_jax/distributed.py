@@ -29,6 +29,8 @@ import os
 
 import jax
 
+from pdasgd_jax.errors import ConfigError
+
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
@@ -60,9 +62,9 @@ def initialize_from_env_or_args(coordinator_address: str | None = None, num_proc
         return False
     missing = [name for name, v in given.items() if v is None]
     if missing:
-        raise ValueError(f"a multi-process run needs {', '.join(missing)} as well (argument or environment variable)")
+        raise ConfigError(f"a multi-process run needs {', '.join(missing)} as well (argument or environment variable)")
     if not 0 <= pid < n:
-        raise ValueError(f"process id {pid} is outside [0, {n}) for {n} processes")
+        raise ConfigError(f"process id {pid} is outside [0, {n}) for {n} processes")
     jax.distributed.initialize(coordinator_address=address, num_processes=n, process_id=pid)
     return True
 
@@ -74,4 +76,4 @@ def _env_int(name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+        raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None

@@ -216,14 +216,16 @@ def make_train_step(model: StagedModel, tx: optax.GradientTransformation, axis_n
 def make_eval_step(model: StagedModel) -> Callable:
     """Jitted ``(params, states, x, y, mask) -> (loss_sum, correct_count)`` in eval mode.
 
-    ``mask`` marks real examples so a padded last batch counts exactly.
+    The loss is the model's own (``model.loss``), applied to one example at a time so that
+    ``mask``, which marks the real examples of a padded last batch, counts exactly; a staged
+    model's loss is a mean over the examples of its batch (its first axis).
     """
+    example_loss = jax.vmap(lambda logits, label: model.loss(logits[None], label[None]))
 
     @jax.jit
     def eval_step(params, states, x, labels, mask):
         logits, _ = model.apply(params, states, x, train=False)
-        losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
         correct = (jnp.argmax(logits, -1) == labels) & mask
-        return jnp.sum(jnp.where(mask, losses, 0.0)), jnp.sum(correct)
+        return jnp.sum(jnp.where(mask, example_loss(logits, labels), 0.0)), jnp.sum(correct)
 
     return eval_step

@@ -67,3 +67,16 @@ def test_compare_overlays_runs_in_one_plot_and_table(tmp_path, capsys):
     assert plot.stat().st_size > 0
     assert main(["compare", str(tmp_path / "missing")]) == 2
     assert "has no summary.json" in capsys.readouterr().err
+
+
+def test_a_failure_during_training_keeps_its_traceback(monkeypatch):
+    """Only bad input exits 2 with a message; a ValueError raised by the work itself is a bug
+    or a failure to look at, so it propagates with its traceback."""
+    import pdasgd_jax.train as train_lib
+
+    def fail(config):
+        raise ValueError("raised deep inside training")
+
+    monkeypatch.setattr(train_lib, "train_and_evaluate", fail)
+    with pytest.raises(ValueError, match="raised deep inside training"):
+        main(["train", "--no-progress"])

@@ -21,6 +21,7 @@ OPTIMIZERS = ("sgd", "momentum", "adamw")
 DELAY_MODELS = ("none", "constant", "uniform", "exponential", "lognormal", "straggler")
 BACKWARD_WEIGHTS = ("stashed", "live")
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
+MAX_SEED = 2**32 - 1  # seeds are NumPy SeedSequence entropy and JAX PRNG keys alike
 
 
 def _field(default: Any, help: str, choices: tuple[str, ...] | None = None, group: str = "training"):
@@ -107,6 +108,11 @@ class Config:
         for name in ("weight_decay", "eval_every", "workers", "queue", "delay_mean", "delay_steps",
                      "comm_latency", "comm_bandwidth", "sim_devices"):
             _non_negative(_flag(name), getattr(self, name))
+        if not (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"--seed {self.seed!r} is outside [0, {MAX_SEED}]")
+        if self.delay_model == "none" and self.delay_mean > 0:
+            raise ValueError(f"--delay-mean {self.delay_mean} has no effect with --delay-model none; choose one of "
+                             f"{', '.join(m for m in DELAY_MODELS if m != 'none')}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"--momentum {self.momentum} is outside [0, 1)")
         if not 0 <= self.straggler_prob <= 1:

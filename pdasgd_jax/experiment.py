@@ -12,6 +12,7 @@ import optax
 
 from pdasgd_jax import data, kernels, models
 from pdasgd_jax.config import Config
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.stages import StagedModel, Variables
 
 EVAL_BATCH_SIZE = 512
@@ -25,6 +26,16 @@ def make_optimizer(name: str, lr: float, *, momentum: float = 0.9, weight_decay:
         raise ValueError(f"unknown optimizer {name!r}; choose one of sgd, momentum, adamw")
     base = optax.sgd(lr, momentum=momentum if name == "momentum" else None)
     return optax.chain(optax.add_decayed_weights(weight_decay), base) if weight_decay else base
+
+
+def _check_budget(config: Config, train_examples: int) -> None:
+    """Refuses a batch larger than the training set, or a budget of no example at all, before any work."""
+    if config.batch_size > train_examples:
+        raise ConfigError(f"--batch-size {config.batch_size} exceeds the {train_examples} training examples of "
+                          f"{config.dataset}")
+    if round(config.epochs * train_examples) < 1:
+        raise ConfigError(f"--epochs {config.epochs} is less than one example of the {train_examples} of "
+                          f"{config.dataset}; need at least {1 / train_examples:.2g}")
 
 
 @dataclasses.dataclass
@@ -41,6 +52,7 @@ class Experiment:
     def from_config(cls, config: Config) -> Experiment:
         config.validate()
         dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
+        _check_budget(config, len(dataset.train))
         model, variables = models.build_model(config.model_name, dataset, seed=config.seed)
         tx = make_optimizer(config.optimizer, config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
         return cls(config, dataset, model, variables, tx)

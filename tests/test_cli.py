@@ -27,6 +27,11 @@ def test_help_documents_every_flag(capsys):
     (["--sim-devices", "3", "--algo", "pdasgd", "--simulate", "--workers", "2"],
      "--sim-devices 3 exceeds the 2 simulated worker groups (--workers); it may be 1 to 2"),
     (["--sim-devices", "-1"], "--sim-devices -1 must be >= 0"),
+    (["--seed", "-1"], "--seed -1 is outside [0, 4294967295]"),
+    (["--seed", str(2**64)], f"--seed {2**64} is outside"),
+    (["--simulate", "--delay-mean", "3"], "--delay-mean 3.0 has no effect with --delay-model none"),
+    (["--epochs", "1e-9"], "--epochs 1e-09 is less than one example"),
+    (["--batch-size", "5000"], "--batch-size 5000 exceeds the 1438 training examples of digits"),
 ])
 def test_bad_values_exit_nonzero_before_training(args, message, capsys, tmp_path):
     out = tmp_path / "never"

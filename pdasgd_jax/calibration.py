@@ -1,0 +1,283 @@
+"""Kernel costs measured on this machine, keyed by what determines them.
+
+A ``Calibration`` is a ``TimingModel`` of the real per-stage kernels with the evidence
+behind it: its ``fingerprint`` and the spread of the rounds it took. The fingerprint hashes
+everything a kernel's cost depends on: each stage's computation (its traced program, so
+widths, activations and layer types all count), the shapes and dtypes of its parameters,
+state and optimizer state (so the optimizer counts), the optimizer's update program, the
+batch's shape, the device kind and the JAX version. A user's own model is therefore always
+measured, never served another model's costs.
+
+Measuring repeats rounds (each the median of ``repeats`` timed calls per kernel) until the
+median over rounds of one step's cost moves by less than ``tolerance``; the per-kernel
+median over rounds is the timing, and each kernel's smallest and largest round is kept as
+its spread. Calibrations are cached in memory and as JSON files under ``CACHE_DIR`` by
+fingerprint; ``recalibrate`` measures afresh, and ``load`` reads a saved calibration (a
+run's ``timing.json``), refusing one whose fingerprint differs.
+
+Example::
+
+    cal = calibrate(kernels, params, states, opt_states, x, y)
+    cal.timing.step_compute_time(), cal.spread["step_compute_time"]
+    save(cal, "timing.json"); same = load("timing.json", expected=cal.fingerprint)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from pdasgd_jax.delays import TimingModel
+from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.kernels import StageKernels
+from pdasgd_jax.reporting import write_json_atomic
+
+PyTree = Any
+CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pdasgd_jax")
+FORMAT = "pdasgd-jax-calibration-1"
+KERNELS = ("forward", "backward", "update")
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """A measured ``TimingModel`` with its fingerprint and evidence.
+
+    Attributes:
+      fingerprint: SHA-256 of what determines the kernels' costs (see the module docstring).
+      timing: per-kernel medians over the rounds (free communication, no worker factors).
+      spread: ``{"forward"|"backward"|"update": [[min, max] per stage], "loss": [min, max],
+        "step_compute_time": {"median", "min", "max"}}`` over the rounds.
+      rounds: how many rounds were measured.
+      description: the readable part of the fingerprint (stage shapes, batch, device, JAX).
+    """
+
+    fingerprint: str
+    timing: TimingModel
+    spread: dict[str, Any]
+    rounds: int
+    description: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "fingerprint": self.fingerprint, "timing": self.timing.to_dict(),
+                "spread": self.spread, "rounds": self.rounds, "description": self.description}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ValueError(f"not a calibration (expected \"format\": {FORMAT!r})")
+        return cls(d["fingerprint"], TimingModel.from_dict(d["timing"]), d["spread"], d["rounds"], d["description"])
+
+
+def _shapes(tree: PyTree) -> list[list[Any]]:
+    return [[list(np.shape(leaf)), str(getattr(leaf, "dtype", None) or np.asarray(leaf).dtype)]
+            for leaf in jax.tree.leaves(tree)]
+
+
+def fingerprint(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree],
+                opt_states: Sequence[PyTree], x: Any, y: Any, device: jax.Device | None = None
+                ) -> tuple[str, dict[str, Any]]:
+    """``(digest, description)`` of everything the kernels' costs depend on; traces, never runs.
+
+    The digest also covers each stage's forward program and the optimizer's update program
+    as JAX prints them, so two models with equal shapes but other operations differ.
+    """
+    device = device or jax.devices()[0]
+    programs, h = [], x
+    for m in range(kernels.num_stages):
+        forward = kernels.forward_stashed(m)
+        programs.append(str(jax.make_jaxpr(forward)(params[m], states[m], h)))
+        h = jax.eval_shape(forward, params[m], states[m], h)[0]
+        programs.append(str(jax.make_jaxpr(kernels.update(m))(params[m], opt_states[m], params[m])))
+    description = {
+        "stages": [{"params": _shapes(p), "state": _shapes(s), "opt_state": _shapes(o)}
+                   for p, s, o in zip(params, states, opt_states)],
+        "batch": {"x": _shapes(x), "y": _shapes(y)},
+        "device": {"platform": device.platform, "kind": device.device_kind},
+        "jax": jax.__version__,
+    }
+    text = json.dumps({"description": description, "programs": programs}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest(), description
+
+
+def _median_time(fn: Callable, *args: Any, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))  # compiles and warms up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repeats: int) -> TimingModel:
+    """One round: every per-stage kernel's median of ``repeats`` timed calls (after a warm-up).
+
+    ``forward`` is the stashing forward and ``backward`` the stashed backward.
+    """
+    num_stages = kernels.num_stages
+    forward, backward, update = [0.0] * num_stages, [0.0] * num_stages, [0.0] * num_stages
+    vjps, h = [], x
+    for m in range(num_stages):
+        forward[m] = _median_time(kernels.forward_stashed(m), params[m], states[m], h, repeats=repeats)
+        h, _, vjp = kernels.forward_stashed(m)(params[m], states[m], h)
+        vjps.append(vjp)
+    loss = _median_time(kernels.loss_grad, h, y, repeats=repeats)
+    _, delta = kernels.loss_grad(h, y)
+    grads = [None] * num_stages
+    for m in reversed(range(num_stages)):
+        backward[m] = _median_time(kernels.backward_stashed(m), vjps[m], delta, repeats=repeats)
+        grads[m], delta = kernels.backward_stashed(m)(vjps[m], delta)
+    for m in range(num_stages):
+        update[m] = _median_time(kernels.update(m), params[m], opt_states[m], grads[m], repeats=repeats)
+    return TimingModel(forward, backward, update, loss)
+
+
+def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
+    """Per-kernel medians over ``rounds`` and each kernel's ``[min, max]``."""
+    def per_stage(name: str) -> tuple[list[float], list[list[float]]]:
+        columns = list(zip(*(getattr(r, name) for r in rounds)))
+        return [statistics.median(c) for c in columns], [[min(c), max(c)] for c in columns]
+
+    medians, spread = {}, {}
+    for name in KERNELS:
+        medians[name], spread[name] = per_stage(name)
+    losses = [r.loss for r in rounds]
+    steps = [r.step_compute_time() for r in rounds]
+    spread["loss"] = [min(losses), max(losses)]
+    timing = TimingModel(medians["forward"], medians["backward"], medians["update"], statistics.median(losses))
+    spread["step_compute_time"] = {"median": timing.step_compute_time(), "min": min(steps), "max": max(steps)}
+    return timing, spread
+
+
+def measure(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree],
+            opt_states: Sequence[PyTree], x: Any, y: Any, *, repeats: int = 10, min_rounds: int = 3,
+            max_rounds: int = 9, tolerance: float = 0.05) -> Calibration:
+    """Measures rounds until stable: at least ``min_rounds``, then until the median step cost
+    over the rounds moves by less than ``tolerance`` (relative) with one more round, at most
+    ``max_rounds``.
+
+    Raises:
+      ValueError: ``repeats < 1``, ``min_rounds < 1``, ``max_rounds < min_rounds`` or
+        ``tolerance <= 0``.
+    """
+    if repeats < 1 or min_rounds < 1 or max_rounds < min_rounds or not tolerance > 0:
+        raise ValueError(f"need repeats >= 1, 1 <= min_rounds <= max_rounds and tolerance > 0; got repeats "
+                         f"{repeats}, min_rounds {min_rounds}, max_rounds {max_rounds}, tolerance {tolerance}")
+    digest, description = fingerprint(kernels, params, states, opt_states, x, y)
+    rounds: list[TimingModel] = []
+    previous = None
+    while len(rounds) < max_rounds:
+        rounds.append(measure_round(kernels, params, states, opt_states, x, y, repeats))
+        current = statistics.median(r.step_compute_time() for r in rounds)
+        if len(rounds) >= min_rounds and previous is not None and abs(current - previous) <= tolerance * previous:
+            break
+        previous = current
+    timing, spread = _combine(rounds)
+    return Calibration(digest, timing, spread, len(rounds), description)
+
+
+_CALIBRATIONS: dict[str, Calibration] = {}
+
+
+def clear_memory_cache() -> None:
+    """Forgets the in-process calibrations (the JSON files stay)."""
+    _CALIBRATIONS.clear()
+
+
+def _cache_path(cache_dir: str | os.PathLike, digest: str) -> Path:
+    return Path(cache_dir).expanduser() / f"calibration-{digest[:24]}.json"
+
+
+def calibrate(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree],
+              opt_states: Sequence[PyTree], x: Any, y: Any, *, cache_dir: str | os.PathLike | None = CACHE_DIR,
+              recalibrate: bool = False, **measure_kwargs: Any) -> Calibration:
+    """The calibration of these kernels at this batch on this device: from the in-memory or
+    on-disk cache (by fingerprint), or measured (``measure``) and cached.
+
+    Args:
+      recalibrate: measure even if a calibration is cached, and replace it.
+      cache_dir: where calibrations are kept across processes (None: in memory only).
+      measure_kwargs: passed to ``measure`` when measuring.
+    """
+    digest, _ = fingerprint(kernels, params, states, opt_states, x, y)
+    path = None if cache_dir is None else _cache_path(cache_dir, digest)
+    cal = None if recalibrate else _CALIBRATIONS.get(digest)
+    if cal is None and not recalibrate and path is not None and path.exists():
+        try:
+            cal = load(str(path), expected=digest)
+        except ConfigError:  # a damaged cache file is measured again and replaced
+            cal = None
+    if cal is None:
+        cal = measure(kernels, params, states, opt_states, x, y, **measure_kwargs)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save(cal, str(path))
+    _CALIBRATIONS[digest] = cal
+    return cal
+
+
+def save(cal: Calibration, path: str) -> None:
+    """Writes ``cal`` as JSON (atomically)."""
+    write_json_atomic(path, cal.to_dict())
+
+
+def load(path: str, *, expected: str | None = None, num_stages: int | None = None) -> Calibration:
+    """Reads a saved calibration (``save``'s file, or a run's ``timing.json``).
+
+    Args:
+      expected: the fingerprint it must have (None: any).
+      num_stages: the number of stages it must have (None: any).
+
+    Raises:
+      ConfigError: the file is missing, unreadable, not a calibration, or does not match,
+        naming the file and what is wrong.
+    """
+    try:
+        with open(path) as f:
+            cal = Calibration.from_dict(json.load(f))
+    except FileNotFoundError:
+        raise ConfigError(f"timing file {path!r} does not exist") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"timing file {path!r} is not a usable calibration: {e}") from None
+    if num_stages is not None and cal.timing.num_stages != num_stages:
+        raise ConfigError(f"timing file {path!r} has {cal.timing.num_stages} stages but the model has {num_stages}")
+    if expected is not None and cal.fingerprint != expected:
+        raise ConfigError(f"timing file {path!r} was measured for another model, optimizer, batch size, device or "
+                          f"JAX version (fingerprint {cal.fingerprint[:12]}, this run's {expected[:12]}); "
+                          f"measure afresh with --recalibrate or drop --timing")
+    return cal
+
+
+def measure_concurrency(fn: Callable, *args: Any, repeats: int = 10) -> float:
+    """Calibrates ``TimingModel.concurrency``: how much faster two concurrent calls finish.
+
+    Times one call of ``fn(*args)`` alone and two calls from two threads at once (medians
+    of ``repeats``); returns ``2 * alone / together`` clipped to ``[1, 2]``. Meaningful on
+    an accelerator with one kernel; on a CPU it measures idle cores.
+
+    Example::
+
+        c = measure_concurrency(k.forward(0), params[0], states[0], x)
+        timing = dataclasses.replace(timing, concurrency=c)
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats {repeats!r} must be >= 1")
+    alone = _median_time(fn, *args, repeats=repeats)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        def both() -> None:
+            for future in [pool.submit(fn, *args) for _ in range(2)]:
+                jax.block_until_ready(future.result())
+
+        together = _median_time(both, repeats=repeats)
+    return min(2.0, max(1.0, 2 * alone / together))

@@ -1,0 +1,104 @@
+"""Calibration: keyed by what determines cost, measured until stable, saved and refused clearly."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from pdasgd_jax import calibration, data, kernels, models, stages
+from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.models.common import Flatten
+
+
+def _setup(model=None, variables=None, tx=None, batch=32):
+    ds = data.load_dataset("digits")
+    if model is None:
+        model, variables = models.build_model("mlp", ds)
+    k = kernels.StageKernels(model, tx or optax.sgd(0.1, momentum=0.9))
+    opt_states = kernels.init_opt_states(k.tx, variables.params)
+    x, y = ds.train.take(np.arange(batch))
+    return k, variables.params, variables.states, opt_states, jnp.asarray(x), jnp.asarray(y)
+
+
+def _mlp(widths, activation=nnx.relu):
+    rngs = nnx.Rngs(0)
+    layers = [nnx.Sequential(*([Flatten()] if i == 0 else []), nnx.Linear(a, b, rngs=rngs), activation)
+              for i, (a, b) in enumerate(zip(widths[:-2], widths[1:-1]))]
+    return stages.from_modules([*layers, nnx.Linear(widths[-2], widths[-1], rngs=rngs)])
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return _setup()
+
+
+def test_fingerprint_changes_with_width_optimizer_batch_stages_and_operations(mlp):
+    base, _ = calibration.fingerprint(*mlp)
+    assert calibration.fingerprint(*mlp)[0] == base  # deterministic
+    variants = {
+        "wider": _setup(*_mlp((64, 4096, 128, 10))),
+        "adamw": _setup(tx=optax.adamw(1e-3)),
+        "batch": _setup(batch=16),
+        "four stages": _setup(*_mlp((64, 256, 128, 64, 10))),
+        "same shapes, other activation": _setup(*_mlp((64, 256, 128, 10), nnx.tanh)),
+    }
+    digests = {name: calibration.fingerprint(*args)[0] for name, args in variants.items()}
+    assert len({base, *digests.values()}) == 1 + len(variants), digests
+    # The same computation built by hand is the built-in MLP: same costs, same key.
+    assert calibration.fingerprint(*_setup(*_mlp((64, 256, 128, 10))))[0] == base
+
+
+def test_measure_repeats_rounds_and_keeps_their_spread(mlp):
+    cal = calibration.measure(*mlp, repeats=2, min_rounds=2, max_rounds=3)
+    assert 2 <= cal.rounds <= 3
+    t, spread = cal.timing, cal.spread
+    assert t.num_stages == 3 and all(c > 0 for c in (*t.forward, *t.backward, *t.update, t.loss))
+    for name in calibration.KERNELS:
+        for m, (lo, hi) in enumerate(spread[name]):
+            assert lo <= getattr(t, name)[m] <= hi
+    step = spread["step_compute_time"]
+    assert step["min"] <= step["median"] <= step["max"] and step["median"] == pytest.approx(t.step_compute_time())
+    assert cal.description["batch"]["x"][0][0] == [32, 8, 8, 1]
+    with pytest.raises(ValueError, match="min_rounds 0"):
+        calibration.measure(*mlp, min_rounds=0)
+
+
+def test_calibrate_caches_by_fingerprint_and_recalibrates_on_request(mlp, tmp_path):
+    calibration.clear_memory_cache()
+    fast = dict(repeats=1, min_rounds=1, max_rounds=1)
+    first = calibration.calibrate(*mlp, cache_dir=tmp_path, **fast)
+    assert calibration.calibrate(*mlp, cache_dir=tmp_path, **fast) is first
+    (path,) = tmp_path.iterdir()
+    calibration.clear_memory_cache()
+    assert calibration.calibrate(*mlp, cache_dir=tmp_path, **fast) == first  # from the file
+    again = calibration.calibrate(*mlp, cache_dir=tmp_path, recalibrate=True, **fast)
+    assert again is not first and again.fingerprint == first.fingerprint
+    assert calibration.load(str(path)) == again  # the file holds the new measurement
+    path.write_text("{ not json")
+    calibration.clear_memory_cache()
+    assert calibration.calibrate(*mlp, cache_dir=tmp_path, **fast).fingerprint == first.fingerprint  # re-measured
+
+
+def test_load_refuses_missing_malformed_and_mismatched_files(mlp, tmp_path):
+    cal = calibration.measure(*mlp, repeats=1, min_rounds=1, max_rounds=1)
+    good = tmp_path / "timing.json"
+    calibration.save(cal, str(good))
+    assert calibration.load(str(good), expected=cal.fingerprint, num_stages=3) == cal
+    with pytest.raises(ConfigError, match="missing.json' does not exist"):
+        calibration.load(str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("garbage")
+    with pytest.raises(ConfigError, match="bad.json' is not a usable calibration"):
+        calibration.load(str(bad))
+    bad.write_text(json.dumps({"forward": [1.0]}))
+    with pytest.raises(ConfigError, match="not a calibration"):
+        calibration.load(str(bad))
+    with pytest.raises(ConfigError, match="has 3 stages but the model has 4"):
+        calibration.load(str(good), num_stages=4)
+    with pytest.raises(ConfigError, match="measured for another model"):
+        calibration.load(str(good), expected="0" * 64)

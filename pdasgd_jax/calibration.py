@@ -187,7 +187,8 @@ def measure(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[Py
     return Calibration(digest, timing, spread, len(rounds), description)
 
 
-_CALIBRATIONS: dict[str, Calibration] = {}
+# fingerprint -> (calibration, measured by this process rather than read from a file)
+_CALIBRATIONS: dict[str, tuple[Calibration, bool]] = {}
 
 
 def clear_memory_cache() -> None:
@@ -206,24 +207,27 @@ def calibrate(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[
     on-disk cache (by fingerprint), or measured (``measure``) and cached.
 
     Args:
-      recalibrate: measure even if a calibration is cached, and replace it.
+      recalibrate: measure rather than read a cached file (once per process: a calibration
+        this process measured is reused), and replace the file.
       cache_dir: where calibrations are kept across processes (None: in memory only).
       measure_kwargs: passed to ``measure`` when measuring.
     """
     digest, _ = fingerprint(kernels, params, states, opt_states, x, y)
     path = None if cache_dir is None else _cache_path(cache_dir, digest)
-    cal = None if recalibrate else _CALIBRATIONS.get(digest)
+    cal, measured_here = _CALIBRATIONS.get(digest, (None, False))
+    if recalibrate and not measured_here:
+        cal = None
     if cal is None and not recalibrate and path is not None and path.exists():
         try:
             cal = load(str(path), expected=digest)
         except ConfigError:  # a damaged cache file is measured again and replaced
             cal = None
     if cal is None:
-        cal = measure(kernels, params, states, opt_states, x, y, **measure_kwargs)
+        cal, measured_here = measure(kernels, params, states, opt_states, x, y, **measure_kwargs), True
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             save(cal, str(path))
-    _CALIBRATIONS[digest] = cal
+    _CALIBRATIONS[digest] = (cal, measured_here)
     return cal
 
 

@@ -67,6 +67,10 @@ class Config:
     straggler_factor: float = _field(3.0, "straggler: slow-down factor (>= 1)", group="delays")
     comm_latency: float = _field(0.0, "simulator: latency alpha of one message or all-reduce, seconds (>= 0)", group="delays")
     comm_bandwidth: float = _field(0.0, "simulator: bandwidth beta, bytes/s (0: infinite, communication is free)", group="delays")
+    timing: str | None = _field(None, "a saved calibration (JSON, e.g. a run's timing.json) to use instead of measuring "
+                                "the kernels; refused if measured for another model, optimizer, batch, device or JAX "
+                                "version", group="delays")
+    recalibrate: bool = _field(False, "measure the kernels afresh instead of using the cached calibration", group="delays")
     # Local SGD and DaSGD.
     period: int = _field(8, "local/dasgd: averaging period H in steps (>= 1)", group="averaging")
     delay_steps: int = _field(0, "dasgd: steps d between starting and merging the average, 0 <= d <= H", group="averaging")
@@ -113,6 +117,8 @@ class Config:
         if self.delay_model == "none" and self.delay_mean > 0:
             raise ValueError(f"--delay-mean {self.delay_mean} has no effect with --delay-model none; choose one of "
                              f"{', '.join(m for m in DELAY_MODELS if m != 'none')}")
+        if self.timing is not None and self.recalibrate:
+            raise ValueError(f"--timing {self.timing} and --recalibrate exclude each other: use the file or measure")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"--momentum {self.momentum} is outside [0, 1)")
         if not 0 <= self.straggler_prob <= 1:
@@ -153,6 +159,12 @@ class Config:
         """Simulated workers (sync, local, dasgd) or worker groups (asgd, pdasgd):
         ``--workers``, where 0 (all devices on a real run) means one."""
         return self.workers or 1
+
+    @property
+    def calibration_batch_size(self) -> int:
+        """The batch one worker's kernels run at, which its calibration measures: simulated sync
+        splits the global batch over its workers; every other algorithm gives each worker a batch."""
+        return self.batch_size // self.simulated_workers if self.simulate and self.algo == "sync" else self.batch_size
 
     @property
     def queue_capacity(self) -> int:

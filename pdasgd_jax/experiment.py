@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import optax
 
+from pdasgd_jax import calibration as calibration_lib
 from pdasgd_jax import data, kernels, models
 from pdasgd_jax.config import Config
 from pdasgd_jax.errors import ConfigError
@@ -55,7 +56,10 @@ class Experiment:
         _check_budget(config, len(dataset.train))
         model, variables = models.build_model(config.model_name, dataset, seed=config.seed)
         tx = make_optimizer(config.optimizer, config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-        return cls(config, dataset, model, variables, tx)
+        exp = cls(config, dataset, model, variables, tx)
+        if config.timing is not None:
+            exp.calibration()  # a missing, malformed or mismatched file is refused before any work
+        return exp
 
     def with_config(self, **changes: Any) -> Experiment:
         """This experiment under a changed (validated) config, sharing its data, model,
@@ -72,6 +76,20 @@ class Experiment:
     @functools.cached_property
     def _eval_step(self):
         return kernels.make_eval_step(self.model)
+
+    def calibration(self, batch_size: int | None = None) -> calibration_lib.Calibration:
+        """This model's kernel costs at ``batch_size`` (default: the config's
+        ``calibration_batch_size``) on this machine: ``--timing``'s file (checked against this
+        model, optimizer, batch, device and JAX version), or the cached or fresh measurement
+        (``--recalibrate``: always fresh)."""
+        batch_size = batch_size or self.config.calibration_batch_size
+        x, y = next(self.train_stream(batch_size))
+        v = self.variables
+        args = (self.kernels, v.params, v.states, kernels.init_opt_states(self.tx, v.params), x, y)
+        if self.config.timing is not None:
+            expected, _ = calibration_lib.fingerprint(*args)
+            return calibration_lib.load(self.config.timing, expected=expected, num_stages=self.model.num_stages)
+        return calibration_lib.calibrate(*args, recalibrate=self.config.recalibrate)
 
     @property
     def total_examples(self) -> int:

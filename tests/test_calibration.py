@@ -78,6 +78,8 @@ def test_calibrate_caches_by_fingerprint_and_recalibrates_on_request(mlp, tmp_pa
     assert calibration.calibrate(*mlp, cache_dir=tmp_path, **fast) == first  # from the file
     again = calibration.calibrate(*mlp, cache_dir=tmp_path, recalibrate=True, **fast)
     assert again is not first and again.fingerprint == first.fingerprint
+    # Recalibrating means once per process: what this process measured is reused.
+    assert calibration.calibrate(*mlp, cache_dir=tmp_path, recalibrate=True, **fast) is again
     assert calibration.load(str(path)) == again  # the file holds the new measurement
     path.write_text("{ not json")
     calibration.clear_memory_cache()
@@ -102,3 +104,20 @@ def test_load_refuses_missing_malformed_and_mismatched_files(mlp, tmp_path):
         calibration.load(str(good), num_stages=4)
     with pytest.raises(ConfigError, match="measured for another model"):
         calibration.load(str(good), expected="0" * 64)
+
+
+def test_timing_flag_is_checked_before_any_work(tmp_path, capsys):
+    from pdasgd_jax.cli import main
+
+    out = tmp_path / "never"
+    wide = tmp_path / "other.json"
+    cal = calibration.measure(*_setup(*_mlp((64, 512, 128, 10))), repeats=1, min_rounds=1, max_rounds=1)
+    calibration.save(cal, str(wide))
+    for path, message in ((tmp_path / "missing.json", "does not exist"), (wide, "measured for another model")):
+        args = ["train", "--simulate", "--algo", "asgd", "--timing", str(path), "--out", str(out), "--no-progress"]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and message in err
+        assert not out.exists()
+    assert main(["train", "--timing", str(wide), "--recalibrate", "--no-progress"]) == 2
+    assert "exclude each other" in capsys.readouterr().err

@@ -35,7 +35,6 @@ from pdasgd_jax.runtime import (
 )
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.workers import ForwardWorker
-from pdasgd_jax.simulate import calibrated_timing
 from pdasgd_jax.train import resume_run
 
 
@@ -356,7 +355,7 @@ def test_every_pdasgd_worker_sleeps_one_delay_per_job(exp):
 def test_delay_mean_is_in_steps_of_the_calibrated_compute(exp):
     config = Config(algo="asgd", batch_size=16, delay_model="exponential", delay_mean=2.0, progress=False)
     settings = RuntimeSettings.from_config(dataclasses.replace(exp, config=config))
-    step = calibrated_timing(exp, 16).step_compute_time()
+    step = exp.calibration(16).timing.step_compute_time()
     assert settings.delay.name == "exponential" and settings.delay.mean == pytest.approx(2 * step)
 
 

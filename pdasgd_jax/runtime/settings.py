@@ -17,7 +17,6 @@ from pdasgd_jax.affinity import AUTO, HostCpus, resolve_host_cpus
 from pdasgd_jax.config import ASYNCHRONOUS
 from pdasgd_jax.executor import BACKWARD_WEIGHTS
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.simulate import calibrated_timing
 
 RUNTIME_ALGOS = ASYNCHRONOUS
 
@@ -103,15 +102,15 @@ class RuntimeSettings:
     @classmethod
     def from_config(cls, exp: Experiment, **overrides) -> RuntimeSettings:
         """Settings from ``exp.config``; a delay mean (in steps) is converted to seconds with
-        the simulator's calibration of this machine's kernels (``calibrated_timing``), so a
-        real and a simulated run of one config inject the same delays.
+        the calibration of this machine's kernels (``Experiment.calibration``), as the
+        simulator does, so a real and a simulated run of one config inject the same delays.
 
         ``--workers`` (0: all devices) is W for ``asgd`` and the number of replicas for
         ``pdasgd``; more groups than devices share devices round-robin.
         """
         config = exp.config
         groups = config.workers or len(jax.devices())
-        step_time = calibrated_timing(exp, config.batch_size).step_compute_time() if config.delay_mean > 0 else 0.0
+        step_time = exp.calibration(config.batch_size).timing.step_compute_time() if config.delay_mean > 0 else 0.0
         settings = dict(
             algo=config.algo, devices=default_devices(groups), groups=groups,
             forward_workers=config.forward_workers, backward_workers=config.backward_workers,

@@ -12,8 +12,10 @@ from pdasgd_jax.kernels import (
 from pdasgd_jax.optim import AveragingRule, delay_compensated, delayed_averaging, staleness_aware
 from pdasgd_jax.stages import Stage, StagedModel, Variables, from_modules, softmax_cross_entropy
 from pdasgd_jax.train import train_and_evaluate
+from pdasgd_jax.version import __version__
 
 __all__ = [
+    "__version__",
     "AveragingRule",
     "Config",
     "Stage",

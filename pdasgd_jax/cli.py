@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from pdasgd_jax.config import Config
+from pdasgd_jax.version import __version__
 
 _TYPES: dict[str, Callable] = {"str": str, "int": int, "float": float}
 BENCHMARKS = ("parity", "delays", "delays-network", "sim-speed", "runtime", "overlap", "mfu")
@@ -27,9 +29,16 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                            metavar=None if meta["choices"] else base.upper())
 
 
+def _program_name() -> str:
+    """How the user started us: ``pdasgd-jax`` (the console script) or ``python -m pdasgd_jax``."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m pdasgd_jax" if name in ("", "__main__.py", "-m") or name.endswith(".py") else name
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pdasgd_jax",
+    parser = argparse.ArgumentParser(prog=_program_name(),
                                      description="Asynchronous and delay-tolerant SGD in JAX (PD-ASGD, DaSGD and baselines).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train one configuration", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_config_flags(train)

@@ -85,3 +85,16 @@ def test_a_failure_during_training_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(train_lib, "train_and_evaluate", fail)
     with pytest.raises(ValueError, match="raised deep inside training"):
         main(["train", "--no-progress"])
+
+
+def test_version_and_program_name(capsys, monkeypatch):
+    import pdasgd_jax
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"python -m pdasgd_jax {pdasgd_jax.__version__}"
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/pdasgd-jax", "train", "--help"])
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert capsys.readouterr().out.startswith("usage: pdasgd-jax train")

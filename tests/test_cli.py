@@ -90,6 +90,7 @@ def test_a_failure_during_training_keeps_its_traceback(monkeypatch):
 def test_version_and_program_name(capsys, monkeypatch):
     import pdasgd_jax
 
+    monkeypatch.setattr(sys, "argv", ["/site-packages/pdasgd_jax/__main__.py", "--version"])
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
     assert exit_info.value.code == 0

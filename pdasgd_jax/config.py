@@ -11,7 +11,9 @@ import dataclasses
 import math
 from typing import Any
 
+from pdasgd_jax.data import DATASETS
 from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.models import MODELS
 from pdasgd_jax.optim import MERGES
 
 ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd")
@@ -33,8 +35,9 @@ class Config:
     """Configuration of one training run (see ``python -m pdasgd_jax train --help``)."""
 
     algo: str = _field("sgd", "training algorithm", ALGORITHMS)
-    dataset: str = _field("digits", "dataset: digits and mnist1d are offline; the TFDS ones must be prepared first")
-    model: str | None = _field(None, "model; None: the dataset's default model")
+    dataset: str = _field("digits", "dataset: digits and mnist1d are offline; the TFDS ones must be prepared first",
+                          DATASETS)
+    model: str | None = _field(None, "model; None: the dataset's default model", tuple(MODELS))
     optimizer: str = _field("momentum", "optax optimizer applied per stage", OPTIMIZERS)
     lr: float = _field(0.05, "learning rate (> 0)")
     momentum: float = _field(0.9, "momentum for --optimizer momentum, in [0, 1)")
@@ -98,7 +101,7 @@ class Config:
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
-            if choices and value not in choices:
+            if choices and value is not None and value not in choices:
                 raise ValueError(f"--{_flag(f.name)} {value!r} is not allowed; choose one of {', '.join(choices)}")
         data.check_dataset_name(self.dataset)
         _positive("lr", self.lr)

@@ -8,11 +8,11 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from pdasgd_jax.bench import BENCHMARKS
 from pdasgd_jax.config import Config
 from pdasgd_jax.version import __version__
 
 _TYPES: dict[str, Callable] = {"str": str, "int": int, "float": float}
-BENCHMARKS = ("parity", "delays", "delays-network", "sim-speed", "runtime", "overlap", "mfu")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument("--coordinator-address", help="host:port of process 0 for jax.distributed")
     hosts.add_argument("--num-processes", type=int, help="number of processes in the run")
     hosts.add_argument("--process-id", type=int, help="this process's index")
-    bench = sub.add_parser("bench", help="run a benchmark protocol of algorithms.md §6")
-    bench.add_argument("name", choices=BENCHMARKS, help="which benchmark")
+    bench = sub.add_parser("bench", help="run a benchmark protocol of algorithms.md §6",
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="benchmarks (durations of a full run on a 2-core CPU):\n"
+                                  + "\n".join(f"  {name:15} {text}" for name, text in BENCHMARKS.items()))
+    bench.add_argument("name", choices=tuple(BENCHMARKS), help="which benchmark (see below)")
     bench.add_argument("--out", default="bench_out", help="directory for <name>.json and <name>.md")
     bench.add_argument("--quick", action="store_true", help="a small, fast version (for tests and smoke checks)")
     compare = sub.add_parser("compare", help="overlay finished runs in one plot and one table")

@@ -99,3 +99,13 @@ def test_version_and_program_name(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     assert capsys.readouterr().out.startswith("usage: pdasgd-jax train")
+
+
+def test_bench_help_describes_every_benchmark(capsys):
+    from pdasgd_jax.bench import BENCHMARKS
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = capsys.readouterr().out
+    for name, description in BENCHMARKS.items():
+        assert f"  {name} " in text and description.split()[0] in text

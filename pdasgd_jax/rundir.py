@@ -24,7 +24,7 @@ import os
 import shutil
 import socket
 import time
-from typing import IO
+from typing import IO, Self
 
 from pdasgd_jax.errors import ConfigError
 
@@ -89,6 +89,14 @@ def clear_run(out: str) -> None:
             os.unlink(path)
 
 
+def _describe_holder(text: str) -> str:
+    try:
+        h = json.loads(text)
+        return f"process {h['pid']} on {h['host']} (since {h['since']})"
+    except (ValueError, KeyError, TypeError):
+        return "another process"
+
+
 class RunDirLock:
     """An exclusive, non-blocking lock on a run directory, held for the life of a run.
 
@@ -100,14 +108,14 @@ class RunDirLock:
         self.path = os.path.join(out, LOCK_FILE)
         self._file: IO[str] | None = None
 
-    def __enter__(self) -> RunDirLock:
+    def __enter__(self) -> Self:
         os.makedirs(self.out, exist_ok=True)
-        f = open(self.path, "a+")  # noqa: SIM115 (held open for the lock's lifetime)
+        f = open(self.path, "a+")  # held open while the lock is
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            holder = f.read().strip() or "another process"
+            holder = _describe_holder(f.read())
             f.close()
             raise ConfigError(f"--out {self.out!r} is in use by {holder}; wait for it to finish or use another "
                               f"directory") from None

@@ -74,7 +74,9 @@ def test_a_checkpoint_write_killed_midway_leaves_the_last_good_one(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        for _ in range(3):  # let a few checkpoints complete, then kill in the middle of the next ones
+        # Saves are asynchronous, but each waits for the previous one: after the 4th has
+        # started, the 3rd is on disk. Then kill in the middle of the next ones.
+        for _ in range(4):
             proc.stdout.readline()
         time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)

@@ -22,8 +22,8 @@ from pdasgd_jax.delays import DelayModel, rng_for
 from pdasgd_jax.executor import StageExecutor, replay
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
+from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
 from pdasgd_jax.models.common import Flatten
-from pdasgd_jax.reporting import NonFiniteLossError, Recorder
 from pdasgd_jax.runtime import (
     BoundedQueue,
     QueueClosed,
@@ -52,8 +52,8 @@ def _settings(exp, *, devices=1, **overrides):
 
 
 def _recorder(exp, settings, **kw):
-    return Recorder(exp.evaluate, total_examples=settings.num_examples, eval_every=kw.pop("eval_every", 10**9),
-                    progress=False, **kw)
+    return MetricsLog(exp.evaluate, total_examples=settings.num_examples, eval_every=kw.pop("eval_every", 10**9),
+                      progress=False, **kw)
 
 
 def _runtime_threads():
@@ -243,8 +243,8 @@ def _queue_lengths_at_abort(monkeypatch):
 @pytest.mark.parametrize("queue_state", ["full", "empty"])
 def test_stop_with_a_full_or_empty_queue_does_not_hang(exp, monkeypatch, queue_state):
     """One side sleeps 10 s after each job (backward: the queue fills; forward: it stays
-    empty); the target is reached at the first evaluation, and the stop wakes every thread,
-    whether blocked on the queue or asleep."""
+    empty); the run is stopped from outside (as a failure or Ctrl-C would stop it) between
+    evaluations, and the stop wakes every thread, whether blocked on the queue or asleep."""
     seen = _queue_lengths_at_abort(monkeypatch)
     sleeper = "backward" if queue_state == "full" else "forward"
     original = Control.sleep
@@ -252,24 +252,24 @@ def test_stop_with_a_full_or_empty_queue_does_not_hang(exp, monkeypatch, queue_s
                         lambda self, s: original(self, 10.0) if sleeper in threading.current_thread().name else None)
     settings = _settings(exp, num_examples=16 * 10**4, queue_capacity=1, backward_workers=1,
                          delay=DelayModel("constant", mean=1e-6))
+    rt = Runtime(exp, settings)
     handed = []  # one entry per job a forward worker starts handing on
     hand = ForwardWorker._hand
-    monkeypatch.setattr(ForwardWorker, "_hand", lambda self, q, item: handed.append(item) or hand(self, q, item))
 
-    def evaluate(params, states):
-        # Full: the stop comes only once the forward worker is blocked handing on job 3
-        # (job 2 waits in the queue of capacity 1 while the backward worker sleeps).
-        deadline = time.monotonic() + 3
-        while queue_state == "full" and len(handed) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return exp.evaluate(params, states)
+    def handing(self, q, item):
+        handed.append(item)
+        # Full: stop once the forward worker is blocked handing on job 3 (job 2 waits in the
+        # queue of capacity 1 while the backward worker sleeps). Empty: once the backward
+        # worker, its first job done, waits on the queue while the forward worker sleeps.
+        if len(handed) == (3 if queue_state == "full" else 1):
+            threading.Timer(0.3, rt.control.stop).start()
+        hand(self, q, item)
 
-    rec = Recorder(evaluate, total_examples=settings.num_examples, eval_every=16, target_accuracy=0.01,
-                   progress=False)
+    monkeypatch.setattr(ForwardWorker, "_hand", handing)
     start = time.monotonic()
-    result = Runtime(exp, settings).run(rec)
+    result = rt.run(_recorder(exp, settings, eval_every=16 * 100))
     assert time.monotonic() - start < 5
-    assert 1 <= result.step <= 2
+    assert result.step == 1
     feed_abort, job_queue_abort = seen  # the feed's queue, then the replica's job queue, once each
     assert job_queue_abort == ((1, 1) if queue_state == "full" else (0, 1))
 
@@ -428,7 +428,7 @@ def test_a_batch_larger_than_the_dataset_fails_before_any_thread_starts(exp):
 def test_run_runtime_uses_the_config(exp):
     config = Config(algo="asgd", batch_size=16, epochs=0.1, workers=3, progress=False)
     e = dataclasses.replace(exp, config=config)
-    result = run_runtime(e, Recorder(e.evaluate, total_examples=e.total_examples, eval_every=10**9, progress=False))
+    result = run_runtime(e, MetricsLog(e.evaluate, total_examples=e.total_examples, eval_every=10**9, progress=False))
     assert result.extra["workers"] == 3 and result.extra["devices"] == 3
     assert result.examples >= e.total_examples
 

@@ -30,7 +30,7 @@ class Interrupted(Exception):
 @pytest.fixture
 def results(monkeypatch):
     """Fixed timing, no plots, one compilation of the kernels per config, and every run's
-    ``(RunResult, Recorder)`` in a list."""
+    ``(RunResult, MetricsLog)`` in a list."""
     monkeypatch.setattr(sim_run, "calibrated_timing", lambda exp, batch_size: TIMING)
     monkeypatch.setattr(plots, "plot_staleness", lambda *args: None)
     monkeypatch.setattr(plots, "plot_runs", lambda *args, **kwargs: None)
@@ -50,7 +50,7 @@ def results(monkeypatch):
 
     def recording(config):
         runner = select(config)
-        return lambda exp, rec: runs.append((runner(exp, rec), rec)) or runs[-1][0]
+        return lambda exp, metrics, ckpt: runs.append((runner(exp, metrics, ckpt), metrics)) or runs[-1][0]
 
     monkeypatch.setattr(train_lib, "select_runner", recording)
     return runs
@@ -118,9 +118,9 @@ def test_a_resumed_simulated_run_is_bitwise_the_uninterrupted_run(tmp_path, monk
     assert 0 < resumed["resumed_from_step"] < resumed["steps"] == whole["steps"]
     if algo not in ("sync", "dasgd"):  # the asynchronous runs were stopped mid-flight
         assert pending[2] > 0
-    (first, whole_rec), (last, _) = results[0], results[-1]
+    (first, whole_metrics), (last, _) = results[0], results[-1]
     _assert_bitwise_equal((first.params, first.states), (last.params, last.states))
-    assert _recorded_rows(tmp_path / "part") == _rows(whole_rec.rows)
+    assert _recorded_rows(tmp_path / "part") == _rows(whole_metrics.rows)
     for key in ("virtual_time", "staleness", "utilisation", "jobs_started", "test_accuracy", "test_loss"):
         assert resumed.get(key) == whole.get(key), key
 

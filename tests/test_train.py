@@ -8,18 +8,17 @@ import pytest
 
 from pdasgd_jax import Config, train_and_evaluate
 from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.reporting import NonFiniteLossError
-from pdasgd_jax.train import RUNNERS
+from pdasgd_jax.runners import RUNNERS
 
 
 def _final_params(algo, **overrides):
     """Runs an algorithm through the public runner and returns its final parameters."""
     config = Config(algo=algo, progress=False, **overrides).validate()
     exp = Experiment.from_config(config)
-    from pdasgd_jax.reporting import Recorder
-
-    rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
-    return RUNNERS[algo](exp, rec)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    return RUNNERS[algo](exp, metrics)
 
 
 def test_sgd_on_digits_learns_and_writes_outputs(tmp_path):

@@ -33,7 +33,7 @@ from pdasgd_jax.config import Config
 from pdasgd_jax.executor import EventLog
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate import calibrated_timing, run_simulated
 from pdasgd_jax.simulate.fastpath import (
     current_params,
@@ -70,8 +70,8 @@ def measure(batch_size: int, epochs: float, repeats: int) -> dict[str, Any]:
     opt_states = init_opt_states(exp.tx, v.params)
 
     def event(log: EventLog | None = None):
-        rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
-        return run_simulated(exp, rec, timing=timing, log=log).params
+        metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+        return run_simulated(exp, metrics, timing=timing, log=log).params
 
     log = EventLog()
     event(log)

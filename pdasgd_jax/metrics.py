@@ -181,8 +181,11 @@ class MetricsLog:
         return float(losses.mean())
 
     def position(self, step: int, examples: int) -> dict[str, Any]:
-        """What a checkpoint at ``step`` records of the log, for ``rewind``."""
-        return {"step": step, "examples": examples, "wall_time": self.clock.elapsed, "next_eval": self.next_eval}
+        """What a checkpoint at ``step`` records of the log, for ``rewind``: the counts, the
+        clock, the schedule and the losses not yet in a row (a checkpoint between evaluations)."""
+        return {"step": step, "examples": examples, "wall_time": self.clock.elapsed, "next_eval": self.next_eval,
+                "pending_losses": [float(np.asarray(l)) for l in self._pending_losses],
+                "pending_first_step": self._pending_first_step}
 
     def rewind(self, position: dict[str, Any]) -> None:
         """Continues from a checkpoint's ``position``: rows after its step are dropped (from
@@ -197,7 +200,8 @@ class MetricsLog:
         self.clock.set(position["wall_time"])
         self.next_eval = position["next_eval"]
         self.resumed_from_step = position["step"]
-        self._pending_losses = []
+        self._pending_losses = list(position["pending_losses"])
+        self._pending_first_step = position["pending_first_step"]
         self.progress(position["examples"])
 
     def close(self) -> None:

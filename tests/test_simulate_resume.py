@@ -95,6 +95,7 @@ def _assert_bitwise_equal(a, b):
 
 @pytest.mark.parametrize("algo, extra", [
     ("pdasgd", {"queue": 1}),
+    ("pdasgd", {"queue": 1, "checkpoint_every": 64}),  # checkpoints between evaluations
     ("pdasgd", {"queue": 1, "backward_weights": "live"}),
     ("pdasgd-block", {"queue": 2}),
     ("asgd", {}),

@@ -5,7 +5,8 @@ step from its own shard of the data (``Experiment.train_stream(..., shard_index=
 num_shards=D)``). Training proceeds in whole rounds of ``--period`` H steps, each one
 compiled program (``spmd.make_round_program``); the run ends after the round that reaches
 the example budget (or the target accuracy). After each round the recorder gets the
-per-step losses and the workers' mean model.
+per-step losses and the workers' mean model, and the checkpointer (if any) the workers'
+state when it says a checkpoint is due.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ import optax
 from jax.sharding import Sharding
 
 from pdasgd_jax import spmd
-
-# The module, not RunResult itself: train.py imports this module to list its runners.
-from pdasgd_jax import train as train_lib
+from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.run_result import RunResult
 
 # DiLoCo's outer Nesterov momentum.
 OUTER_MOMENTUM = 0.9
@@ -40,17 +40,17 @@ def outer_optimizer(name: str, lr: float) -> optax.GradientTransformation | None
     raise ValueError(f"unknown outer optimizer {name!r}; choose one of none, sgd, nesterov")
 
 
-def run_local(exp: Experiment, rec: Recorder) -> train_lib.RunResult:
+def run_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
     """Local SGD: DaSGD with no delay, the average merged as soon as it is taken."""
-    return _run_rounds(exp, rec, delay=0)
+    return _run_rounds(exp, metrics, checkpointer, delay=0)
 
 
-def run_dasgd(exp: Experiment, rec: Recorder) -> train_lib.RunResult:
+def run_dasgd(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
     """DaSGD: the average started every ``--period`` steps is merged ``--delay-steps`` later."""
-    return _run_rounds(exp, rec, delay=exp.config.delay_steps)
+    return _run_rounds(exp, metrics, checkpointer, delay=exp.config.delay_steps)
 
 
-def _run_rounds(exp: Experiment, rec: Recorder, delay: int) -> train_lib.RunResult:
+def _run_rounds(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None, delay: int) -> RunResult:
     cfg = exp.config
     num_workers = cfg.workers or jax.device_count()
     rule = AveragingRule(cfg.period, delay, cfg.merge, outer_optimizer(cfg.outer_optimizer, cfg.outer_lr))
@@ -63,7 +63,7 @@ def _run_rounds(exp: Experiment, rec: Recorder, delay: int) -> train_lib.RunResu
     worker_mean = spmd.make_worker_mean(mesh)
     ws = spmd.init_workers(exp.variables, exp.tx, rule, num_workers, sharding)
     step = examples = 0
-    restored = rec.resume_state(like=ws)
+    restored = checkpointer.resume(like=ws, metrics=metrics) if checkpointer is not None else None
     if restored is not None:
         ws = jax.device_put(restored[0], sharding)
         step, examples = restored[1]["step"], restored[1]["examples"]
@@ -71,7 +71,7 @@ def _run_rounds(exp: Experiment, rec: Recorder, delay: int) -> train_lib.RunResu
                for w in _local_workers(sharding, num_workers)}
     params, states, _ = worker_mean((ws.train.params, ws.train.states, None))
     # A run resumed at its last checkpoint (budget spent, or target reached) has nothing left.
-    stopped = restored is not None and rec.reached_target
+    stopped = restored is not None and metrics.reached_target
     loss_DxH = None
     while examples < exp.total_examples and not stopped:
         previous = loss_DxH
@@ -79,14 +79,17 @@ def _run_rounds(exp: Experiment, rec: Recorder, delay: int) -> train_lib.RunResu
         spmd.wait_for_round(previous)
         params, states, loss_H = worker_mean((ws.train.params, ws.train.states, loss_DxH))
         for i in range(cfg.period):
-            rec.add_loss(step + i + 1, loss_H[i])
+            metrics.add_loss(step + i + 1, loss_H[i])
         step += cfg.period
         examples += num_workers * cfg.batch_size * cfg.period
-        if rec.observe(step=step, examples=examples, params=params, states=states, state=lambda: ws):
+        evaluated = metrics.observe(step=step, examples=examples, params=params, states=states)
+        if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
+            checkpointer.save(step, ws, metrics.position(step, examples))  # a host copy: the next round donates ws
+        if metrics.reached_target:
             break
     extra = {"devices": 1 if mesh is None else mesh.size, "workers": num_workers,
              "placement": "vmap" if mesh is None else "shard_map"}
-    return train_lib.RunResult(params, states, step, examples, extra)
+    return RunResult(params, states, step, examples, extra)
 
 
 def _local_workers(sharding: Sharding, num_workers: int) -> list[int]:

@@ -47,6 +47,7 @@ class Config:
     seed: int = _field(0, "seed for initialisation, shuffling and delays")
     out: str | None = _field(None, "output directory for metrics.jsonl, summary.json and plots")
     eval_every: int = _field(0, "examples between evaluations (0: once per epoch)")
+    checkpoint_every: int = _field(0, "with --out: examples between checkpoints (0: at every evaluation)")
     target_accuracy: float | None = _field(None, "stop once test accuracy reaches this fraction, in (0, 1]")
     data_dir: str | None = _field(None, "TFDS data directory; None: TFDS's default")
     progress: bool = _field(True, "show a tqdm progress bar")
@@ -115,6 +116,7 @@ class Config:
         for name in ("weight_decay", "eval_every", "workers", "queue", "delay_mean", "delay_steps",
                      "comm_latency", "comm_bandwidth", "sim_devices"):
             _non_negative(_flag(name), getattr(self, name))
+        _non_negative("checkpoint-every", self.checkpoint_every)
         if not (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED):
             raise ValueError(f"--seed {self.seed!r} is outside [0, {MAX_SEED}]")
         if self.delay_model == "none" and self.delay_mean > 0:

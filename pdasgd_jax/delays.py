@@ -7,13 +7,14 @@
   the simulator frees the device during it and the real runtime sleeps through it.
 * ``CommModel`` and ``TimingModel``: how long each per-stage kernel, all-reduce and
   parameter transfer takes, per worker, and how concurrent kernels share a device.
-* ``calibrate``, ``from_flops`` and ``stage_forward_flops``: where the costs come from.
+* ``from_flops`` and ``stage_forward_flops``: costs from FLOP counts (``pdasgd_jax.calibration``
+  measures them instead).
 * ``rng_for``: one independent random stream per (seed, purpose, worker), so that the same
   seed gives bitwise the same delays in the simulator and in the runtime.
 
 Example::
 
-    timing = delays.calibrate(k, params, states, opt_states, x, y, cache_key="mlp-digits-b32-sgd")
+    timing = calibration.calibrate(k, params, states, opt_states, x, y).timing
     delay = delays.DelayModel.from_config(config, timing.step_compute_time())
     rng = delays.rng_for(config.seed, "delay", worker)
     busy = timing.forward_time(m, worker)
@@ -22,18 +23,10 @@ Example::
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import hashlib
-import json
 import math
-import os
-import re
-import statistics
-import time
 import zlib
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -41,7 +34,6 @@ import numpy as np
 
 from pdasgd_jax.config import DELAY_MODELS, Config
 from pdasgd_jax.kernels import StageKernels
-from pdasgd_jax.reporting import write_json_atomic
 
 PyTree = Any
 
@@ -321,7 +313,7 @@ def stage_forward_flops(kernels: StageKernels, params: Sequence[PyTree], states:
 
     Raises:
       RuntimeError: the backend's cost analysis reports no FLOP count; measure the kernels
-        with ``calibrate`` instead.
+        with ``calibration.calibrate`` instead.
     """
     flops = []
     h = x
@@ -330,120 +322,7 @@ def stage_forward_flops(kernels: StageKernels, params: Sequence[PyTree], states:
         analysis = jax.jit(fn).lower(params[m], states[m], h).compile().cost_analysis()
         if not analysis or analysis.get("flops", -1) < 0:
             raise RuntimeError(f"XLA's cost analysis on {jax.default_backend()} reports no FLOP count for the "
-                               f"forward of stage {m}; measure the kernels with delays.calibrate instead")
+                               f"forward of stage {m}; measure the kernels with calibration.calibrate instead")
         flops.append(float(analysis["flops"]))
         h, _ = jax.eval_shape(fn, params[m], states[m], h)
     return tuple(flops)
-
-
-def _median_time(fn: Callable, *args: Any, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # compiles and warms up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _measure(kernels: StageKernels, params, states, opt_states, x, y, repeats: int) -> TimingModel:
-    num_stages = kernels.num_stages
-    forward, backward, update = [0.0] * num_stages, [0.0] * num_stages, [0.0] * num_stages
-    vjps, h = [], x
-    for m in range(num_stages):
-        forward[m] = _median_time(kernels.forward_stashed(m), params[m], states[m], h, repeats=repeats)
-        h, _, vjp = kernels.forward_stashed(m)(params[m], states[m], h)
-        vjps.append(vjp)
-    loss = _median_time(kernels.loss_grad, h, y, repeats=repeats)
-    _, delta = kernels.loss_grad(h, y)
-    grads = [None] * num_stages
-    for m in reversed(range(num_stages)):
-        backward[m] = _median_time(kernels.backward_stashed(m), vjps[m], delta, repeats=repeats)
-        grads[m], delta = kernels.backward_stashed(m)(vjps[m], delta)
-    for m in range(num_stages):
-        update[m] = _median_time(kernels.update(m), params[m], opt_states[m], grads[m], repeats=repeats)
-    return TimingModel(forward, backward, update, loss)
-
-
-_CALIBRATIONS: dict[str, TimingModel] = {}
-
-
-def clear_calibration_cache() -> None:
-    """Forgets the in-process calibrations (the JSON files stay)."""
-    _CALIBRATIONS.clear()
-
-
-def _cache_path(cache_dir: str | os.PathLike, key: str) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", key)[:80]
-    return Path(cache_dir) / f"timing-{slug}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
-
-
-def calibrate(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree], opt_states: Sequence[PyTree],
-              x: jax.Array, y: jax.Array, *, repeats: int = 10, cache_key: str | None = None,
-              cache_dir: str | os.PathLike | None = None) -> TimingModel:
-    """Measures every per-stage kernel on this machine: the median of ``repeats`` timed calls.
-
-    Each kernel is compiled and run once before timing; ``forward`` is the stashing
-    forward and ``backward`` the stashed backward. The result has no worker factors, free
-    communication and concurrency 1; set those with ``dataclasses.replace``.
-
-    Args:
-      kernels: the model's kernels under the optimizer whose update is timed.
-      params, states, opt_states: per-stage trees, as the algorithms hold them.
-      x, y: one batch, of the batch size the run will use.
-      repeats: timed calls per kernel.
-      cache_key: names the model, batch shape, optimizer and device (e.g.
-        ``"mlp-digits-b32-sgd-cpu"``); a second call with the same key returns the first
-        call's ``TimingModel`` without measuring. None: always measure.
-      cache_dir: also keep calibrations as JSON files here, across processes.
-
-    Raises:
-      ValueError: ``repeats < 1``, ``cache_dir`` without ``cache_key``, or a cached
-        calibration under ``cache_key`` has a different number of stages than ``kernels``.
-
-    Example::
-
-        timing = calibrate(k, variables.params, variables.states, opt_states, x, y,
-                           cache_key="mlp-digits-b32-sgd-cpu", cache_dir="~/.cache/pdasgd_jax")
-    """
-    _require(repeats >= 1, f"repeats {repeats!r} must be >= 1")
-    _require(cache_dir is None or cache_key is not None, f"cache_dir {str(cache_dir)!r} needs a cache_key")
-    path = None if cache_dir is None else _cache_path(Path(cache_dir).expanduser(), cache_key)
-    timing = _CALIBRATIONS.get(cache_key) if cache_key is not None else None
-    if timing is None and path is not None and path.exists():
-        timing = TimingModel.from_dict(json.loads(path.read_text())["timing"])
-    if timing is not None:
-        _require(timing.num_stages == kernels.num_stages,
-                 f"the calibration cached under {cache_key!r} has {timing.num_stages} stages but the kernels have "
-                 f"{kernels.num_stages}; use another cache_key" + (f" or delete {path}" if path else ""))
-    else:
-        timing = _measure(kernels, params, states, opt_states, x, y, repeats)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(str(path), {"key": cache_key, "timing": timing.to_dict()})
-    if cache_key is not None:
-        _CALIBRATIONS[cache_key] = timing
-    return timing
-
-
-def measure_concurrency(fn: Callable, *args: Any, repeats: int = 10) -> float:
-    """Calibrates ``TimingModel.concurrency``: how much faster two concurrent calls finish.
-
-    Times one call of ``fn(*args)`` alone and two calls from two threads at once (medians
-    of ``repeats``); returns ``2 * alone / together`` clipped to ``[1, 2]``. Meaningful on
-    an accelerator with one kernel; on a CPU it measures idle cores.
-
-    Example::
-
-        c = measure_concurrency(k.forward(0), params[0], states[0], x)
-        timing = dataclasses.replace(timing, concurrency=c)
-    """
-    _require(repeats >= 1, f"repeats {repeats!r} must be >= 1")
-    alone = _median_time(fn, *args, repeats=repeats)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        def both() -> None:
-            for future in [pool.submit(fn, *args) for _ in range(2)]:
-                jax.block_until_ready(future.result())
-
-        together = _median_time(both, repeats=repeats)
-    return min(2.0, max(1.0, 2 * alone / together))

@@ -47,6 +47,38 @@ def test_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path, algo, extra
     assert rows[-1] | {"wall_time": 0} == whole_rows[-1] | {"wall_time": 0}
 
 
+class Interrupted(Exception):
+    pass
+
+
+def test_checkpoint_every_saves_between_evaluations_and_a_resume_from_there_changes_nothing(tmp_path, monkeypatch):
+    """1438 digits in steps of 32: evaluations at steps 22, 44 and the last, 45; checkpoints
+    every 320 examples, i.e. at steps 10, 20, 30 and 40. Killed after step 20's, the resumed
+    run writes the rows of the uninterrupted one (losses since the last row included)."""
+    common = dict(algo="sgd", epochs=1, eval_every=700, checkpoint_every=320, seed=3, progress=False)
+    saved = []
+    save = RunCheckpointer.save
+    monkeypatch.setattr(RunCheckpointer, "save",
+                        lambda self, step, state, meta: saved.append(step) or save(self, step, state, meta))
+    whole = train_and_evaluate(Config(out=str(tmp_path / "whole"), **common))
+    assert saved == [10, 20, 30, 40]
+    part_dir = str(tmp_path / "part")
+    def save_then_die_at_20(self, step, state, meta):
+        save(self, step, state, meta)
+        if step == 20:
+            raise Interrupted
+
+    with monkeypatch.context() as m:
+        m.setattr(RunCheckpointer, "save", save_then_die_at_20)
+        with pytest.raises(Interrupted):
+            train_and_evaluate(Config(out=part_dir, **common))
+    resumed = resume_run(part_dir)
+    assert resumed["resumed_from_step"] == 20
+    assert resumed["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
+    no_time = lambda rows: [r | {"wall_time": 0} for r in rows]
+    assert no_time(_rows(os.path.join(part_dir, "metrics.jsonl"))) == no_time(_rows(tmp_path / "whole" / "metrics.jsonl"))
+
+
 def test_resume_needs_a_run_directory(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path)]) == 2
     assert "has no config.json" in capsys.readouterr().err
@@ -74,7 +106,9 @@ def test_a_checkpoint_write_killed_midway_leaves_the_last_good_one(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        for _ in range(3):  # let a few checkpoints complete, then kill in the middle of the next ones
+        # Saves are asynchronous, but each waits for the previous one: after the 4th has
+        # started, the 3rd is on disk. Then kill in the middle of the next ones.
+        for _ in range(4):
             proc.stdout.readline()
         time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)

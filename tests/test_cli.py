@@ -109,3 +109,15 @@ def test_bench_help_describes_every_benchmark(capsys):
     text = capsys.readouterr().out
     for name, description in BENCHMARKS.items():
         assert f"  {name} " in text and description.split()[0] in text
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{ not json", "is damaged: Expecting property name"),
+    ("[1, 2]", "is damaged: it holds a list, not a config object"),
+    ('{"algo": "sgd", "colour": "blue"}', "has keys no config field of this version knows: colour"),
+])
+def test_a_damaged_config_json_is_named_on_resume(tmp_path, capsys, content, message):
+    (tmp_path / "config.json").write_text(content)
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "config.json" in err and message in err

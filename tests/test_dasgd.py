@@ -12,9 +12,9 @@ from flax import nnx
 from pdasgd_jax import Config, spmd, stages
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
-from pdasgd_jax.reporting import Recorder
-from pdasgd_jax.train import select_runner
+from pdasgd_jax.runners import select_runner
 
 B, FEATURES, CLASSES = 8, 16, 4
 
@@ -209,11 +209,11 @@ def test_one_worker_dasgd_equals_sgd():
 def test_runners_learn_digits_with_eight_workers(algo, overrides):
     cfg = Config(algo=algo, workers=8, batch_size=16, period=4, epochs=3, seed=0, progress=False, **overrides)
     exp = Experiment.from_config(cfg.validate())
-    rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
-    result = select_runner(cfg)(exp, rec)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    result = select_runner(cfg)(exp, metrics)
     assert result.extra == {"devices": 8, "workers": 8, "placement": "shard_map"}
     assert result.examples == 8 * 16 * result.step >= exp.total_examples
-    assert rec.rows[-1]["test_accuracy"] > 0.9 and np.isfinite(rec.rows[-1]["loss"])
+    assert metrics.rows[-1]["test_accuracy"] > 0.9 and np.isfinite(metrics.rows[-1]["loss"])
 
 
 def test_worker_placement_rule():
@@ -236,5 +236,5 @@ def test_local_sgd_rejects_a_delay_and_bad_rules_are_named():
 
 def _run(algo, **overrides):
     exp = Experiment.from_config(Config(algo=algo, progress=False, **overrides).validate())
-    rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
-    return select_runner(exp.config)(exp, rec)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    return select_runner(exp.config)(exp, metrics)

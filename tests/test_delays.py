@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from pdasgd_jax import data, delays, kernels, models
+from pdasgd_jax import calibration, data, delays, kernels, models
 from pdasgd_jax.config import Config
 
 N = 200_000
@@ -192,43 +192,8 @@ def test_stage_forward_flops_match_the_matmuls(mlp):
     np.testing.assert_allclose(np.array(t.forward) / t.forward[0], np.array(flops) / flops[0])
 
 
-def test_calibrate_measures_and_caches(mlp, tmp_path):
-    k, variables, opt_states, x, y = mlp
-    args = (k, variables.params, variables.states, opt_states, x, y)
-    delays.clear_calibration_cache()
-    t = delays.calibrate(*args, repeats=3, cache_key="mlp-digits-b32", cache_dir=tmp_path)
-    assert t.num_stages == k.num_stages == 3
-    assert all(c > 0 for c in t.forward + t.backward + t.update) and t.loss > 0
-    assert delays.calibrate(*args, cache_key="mlp-digits-b32", cache_dir=tmp_path) is t
-    files = list(tmp_path.iterdir())
-    assert len(files) == 1 and files[0].suffix == ".json"  # no temporary file left behind
-    delays.clear_calibration_cache()
-    assert delays.calibrate(*args, cache_key="mlp-digits-b32", cache_dir=tmp_path) == t  # read from the file
-    fresh = delays.calibrate(*args, repeats=1)
-    assert fresh is not t and fresh.num_stages == 3
-    with pytest.raises(ValueError, match=r"needs a cache_key"):
-        delays.calibrate(*args, cache_dir=tmp_path)
-    with pytest.raises(ValueError, match=r"repeats 0"):
-        delays.calibrate(*args, repeats=0)
-
-
-def test_calibration_cache_rejects_a_different_model(mlp, tmp_path):
-    k, variables, opt_states, x, y = mlp
-    args = (k, variables.params, variables.states, opt_states, x, y)
-    delays.clear_calibration_cache()
-    delays.calibrate(*args, repeats=1, cache_key="other", cache_dir=tmp_path)
-    (path,) = tmp_path.iterdir()
-    entry = json.loads(path.read_text())
-    for name in ("forward", "backward", "update"):
-        entry["timing"][name] = entry["timing"][name][:2]
-    path.write_text(json.dumps(entry))
-    delays.clear_calibration_cache()
-    with pytest.raises(ValueError, match=r"'other' has 2 stages but the kernels have 3"):
-        delays.calibrate(*args, cache_key="other", cache_dir=tmp_path)
-
-
 def test_measure_concurrency_is_in_range(mlp):
     k, variables, _, x, _ = mlp
-    c = delays.measure_concurrency(k.forward(0), variables.params[0], variables.states[0], x, repeats=3)
+    c = calibration.measure_concurrency(k.forward(0), variables.params[0], variables.states[0], x, repeats=3)
     assert 1.0 <= c <= 2.0
     assert dataclasses.replace(delays.TimingModel([1.0], [1.0], [0.0]), concurrency=c).concurrency == c

@@ -10,7 +10,7 @@ from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.executor import EventLog, StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.fastpath import fixed_lags, lags_from_log, run_fixed_staleness
 from pdasgd_jax.store import ParameterStore
@@ -79,10 +79,10 @@ def test_agrees_with_the_event_simulator_on_its_schedule():
     config = Config(algo="pdasgd", simulate=True, progress=False, batch_size=16, epochs=0.2, forward_workers=1,
                     backward_workers=1, queue=1, delay_model="constant", delay_mean=0.1).validate()
     exp = Experiment.from_config(config)
-    rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
     timing = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5, concurrency=2.0)
     log = EventLog()
-    result = run_simulated(exp, rec, timing=timing, log=log)
+    result = run_simulated(exp, metrics, timing=timing, log=log)
     batch_ids, lags = lags_from_log(log.events, 3)
     assert lags[6:].tolist() == [[2, 2, 1]] * (len(lags) - 6)
     stream = exp.train_stream(config.batch_size)

@@ -18,8 +18,8 @@ from pdasgd_jax import Config
 from pdasgd_jax.averaging_runner import run_dasgd
 from pdasgd_jax.distributed import initialize_from_env_or_args
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.reporting import Recorder
-from pdasgd_jax.train import RUNNERS
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.runners import RUNNERS
 
 PROCESSES, DEVICES_PER_PROCESS = 2, 4
 RUNS = {
@@ -33,8 +33,8 @@ def train_all() -> dict[str, np.ndarray]:
     arrays = {}
     for algo, (runner, overrides) in RUNS.items():
         exp = Experiment.from_config(Config(algo=algo, workers=8, epochs=0.3, seed=0, progress=False, **overrides).validate())
-        rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
-        result = runner(exp, rec)
+        metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+        result = runner(exp, metrics)
         arrays.update({f"{algo}/{i}": np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(result.params))})
     return arrays
 

@@ -5,6 +5,7 @@ import collections
 import dataclasses
 import itertools
 import json
+import math
 import os
 import threading
 import time
@@ -22,8 +23,8 @@ from pdasgd_jax.delays import DelayModel, rng_for
 from pdasgd_jax.executor import StageExecutor, replay
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
+from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError, TrainingClock
 from pdasgd_jax.models.common import Flatten
-from pdasgd_jax.reporting import NonFiniteLossError, Recorder
 from pdasgd_jax.runtime import (
     BoundedQueue,
     QueueClosed,
@@ -35,6 +36,7 @@ from pdasgd_jax.runtime import (
 )
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.workers import ForwardWorker
+from pdasgd_jax.sync_runner import run_sgd
 from pdasgd_jax.train import resume_run
 
 
@@ -51,8 +53,8 @@ def _settings(exp, *, devices=1, **overrides):
 
 
 def _recorder(exp, settings, **kw):
-    return Recorder(exp.evaluate, total_examples=settings.num_examples, eval_every=kw.pop("eval_every", 10**9),
-                    progress=False, **kw)
+    return MetricsLog(exp.evaluate, total_examples=settings.num_examples, eval_every=kw.pop("eval_every", 10**9),
+                      progress=False, **kw)
 
 
 def _runtime_threads():
@@ -242,8 +244,8 @@ def _queue_lengths_at_abort(monkeypatch):
 @pytest.mark.parametrize("queue_state", ["full", "empty"])
 def test_stop_with_a_full_or_empty_queue_does_not_hang(exp, monkeypatch, queue_state):
     """One side sleeps 10 s after each job (backward: the queue fills; forward: it stays
-    empty); the target is reached at the first evaluation, and the stop wakes every thread,
-    whether blocked on the queue or asleep."""
+    empty); the run is stopped from outside (as a failure or Ctrl-C would stop it) between
+    evaluations, and the stop wakes every thread, whether blocked on the queue or asleep."""
     seen = _queue_lengths_at_abort(monkeypatch)
     sleeper = "backward" if queue_state == "full" else "forward"
     original = Control.sleep
@@ -251,24 +253,24 @@ def test_stop_with_a_full_or_empty_queue_does_not_hang(exp, monkeypatch, queue_s
                         lambda self, s: original(self, 10.0) if sleeper in threading.current_thread().name else None)
     settings = _settings(exp, num_examples=16 * 10**4, queue_capacity=1, backward_workers=1,
                          delay=DelayModel("constant", mean=1e-6))
+    rt = Runtime(exp, settings)
     handed = []  # one entry per job a forward worker starts handing on
     hand = ForwardWorker._hand
-    monkeypatch.setattr(ForwardWorker, "_hand", lambda self, q, item: handed.append(item) or hand(self, q, item))
 
-    def evaluate(params, states):
-        # Full: the stop comes only once the forward worker is blocked handing on job 3
-        # (job 2 waits in the queue of capacity 1 while the backward worker sleeps).
-        deadline = time.monotonic() + 3
-        while queue_state == "full" and len(handed) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return exp.evaluate(params, states)
+    def handing(self, q, item):
+        handed.append(item)
+        # Full: stop once the forward worker is blocked handing on job 3 (job 2 waits in the
+        # queue of capacity 1 while the backward worker sleeps). Empty: once the backward
+        # worker, its first job done, waits on the queue while the forward worker sleeps.
+        if len(handed) == (3 if queue_state == "full" else 1):
+            threading.Timer(0.3, rt.control.stop).start()
+        hand(self, q, item)
 
-    rec = Recorder(evaluate, total_examples=settings.num_examples, eval_every=16, target_accuracy=0.01,
-                   progress=False)
+    monkeypatch.setattr(ForwardWorker, "_hand", handing)
     start = time.monotonic()
-    result = Runtime(exp, settings).run(rec)
+    result = rt.run(_recorder(exp, settings, eval_every=16 * 100))
     assert time.monotonic() - start < 5
-    assert 1 <= result.step <= 2
+    assert result.step == 1
     feed_abort, job_queue_abort = seen  # the feed's queue, then the replica's job queue, once each
     assert job_queue_abort == ((1, 1) if queue_state == "full" else (0, 1))
 
@@ -414,6 +416,118 @@ def test_checkpoints_hold_the_parameters_they_evaluated(tmp_path, monkeypatch):
         assert exp.evaluate(params, states)["test_accuracy"] == accuracy[step]
 
 
+# Evaluations and exact resume -----------------------------------------------------------------
+
+def _slow_every_third_backward(monkeypatch):
+    """Jobs 0, 3, 6, ... start their backward late, so with two backward workers the jobs
+    after them finish first: completion order is not batch order."""
+    original = StageExecutor.backward_all
+
+    def late(self, job, **kw):
+        if job.id % 3 == 0:
+            time.sleep(0.02)
+        return original(self, job, **kw)
+
+    monkeypatch.setattr(StageExecutor, "backward_all", late)
+
+
+@pytest.mark.timeout(60)
+def test_a_threaded_run_evaluates_at_every_count_a_sequential_run_does(exp, monkeypatch):
+    """F=1, B=2 with out-of-order completion: the same rows, at the same example counts,
+    as plain SGD on the same budget and evaluation period (40 is no multiple of 16)."""
+    _slow_every_third_backward(monkeypatch)
+    e = exp.with_config(algo="pdasgd", workers=1, forward_workers=1, backward_workers=2, epochs=0.3)
+    sequential = MetricsLog(e.evaluate, total_examples=e.total_examples, eval_every=40, progress=False)
+    sgd = run_sgd(e, sequential)
+    threaded = MetricsLog(e.evaluate, total_examples=e.total_examples, eval_every=40, progress=False)
+    result = Runtime(e, RuntimeSettings.from_config(e)).run(threaded)
+    assert (result.step, result.examples) == (sgd.step, sgd.examples)
+    # The first step at or past each multiple of 40 examples, and the last step.
+    due = sorted({math.ceil(40 * k / 16) for k in range(1, sgd.examples // 40 + 1)} | {sgd.step})
+    assert [r["step"] for r in sequential.rows] == due
+    assert [(r["step"], r["examples"]) for r in threaded.rows] == [(r["step"], r["examples"]) for r in sequential.rows]
+
+
+@pytest.mark.timeout(60)
+def test_evaluation_and_checkpoint_time_is_not_training_time(exp, tmp_path, monkeypatch):
+    """A fake clock that moves only inside evaluations and checkpoint writes: the training
+    clock, and so every row's wall_time and the runtime's train_time, stays at zero."""
+    now = [0.0]
+    clock = TrainingClock(now=lambda: now[0])
+
+    def slow_evaluate(params, states):
+        now[0] += 100.0
+        return exp.evaluate(params, states)
+
+    settings = _settings(exp, num_examples=16 * 12)
+    metrics = MetricsLog(slow_evaluate, total_examples=settings.num_examples, eval_every=32, progress=False,
+                         clock=clock)
+    ckpt = RunCheckpointer(str(tmp_path), clock=clock)
+    write = ckpt._manager.save
+    monkeypatch.setattr(ckpt._manager, "save", lambda *a, **kw: now.__setitem__(0, now[0] + 10.0) or write(*a, **kw))
+    rt = Runtime(exp, settings)
+    result = rt.run(metrics, ckpt)
+    ckpt.close()
+    assert len(metrics.rows) == 6 and now[0] == 6 * 110.0  # six evaluations, six checkpoints
+    assert [r["wall_time"] for r in metrics.rows] == [0.0] * 6
+    assert result.extra["train_time"] == rt.train_time == 0.0
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _updates(log):
+    """``{(job, stage): number of update events}`` of an event log."""
+    return collections.Counter((e.job, e.stage) for e in log.events if e.kind == "update")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("checkpoint_every, stop_after", [(0, 1), (0, 3), (48, 2), (48, 5)])
+def test_a_resumed_threaded_run_applies_every_batch_exactly_once(exp, tmp_path, monkeypatch, checkpoint_every,
+                                                                 stop_after):
+    """F=1, B=2 with out-of-order completion, killed right after its ``stop_after``-th
+    checkpoint (at evaluations every 80 examples, or also every 48): across the two runs'
+    event logs every job updates every stage exactly once, and the metrics stay in order."""
+    _slow_every_third_backward(monkeypatch)
+    settings = _settings(exp, num_examples=16 * 30, record_events=True)
+
+    runtimes = []
+
+    def run(resume):
+        metrics = MetricsLog(exp.evaluate, total_examples=settings.num_examples, eval_every=80, out_dir=str(tmp_path),
+                             progress=False, resume=resume)
+        ckpt = RunCheckpointer(str(tmp_path), every=checkpoint_every, fresh=not resume, clock=metrics.clock)
+        runtimes.append(Runtime(exp, settings))
+        try:
+            return runtimes[-1].run(metrics, ckpt)
+        finally:
+            ckpt.close()
+
+    save, saved = RunCheckpointer.save, []
+
+    def save_then_die(self, step, state, meta):
+        save(self, step, state, meta)
+        saved.append(step)
+        if len(saved) == stop_after:
+            raise Interrupted
+
+    with monkeypatch.context() as m:
+        m.setattr(RunCheckpointer, "save", save_then_die)
+        with pytest.raises(Interrupted):
+            run(resume=False)
+    result = run(resume=True)
+    first, second = runtimes
+    n, stages = settings.num_batches, exp.model.num_stages
+    assert 0 < saved[-1] < result.step == n
+    assert set(_updates(first.log)) == {(j, m) for j in range(saved[-1]) for m in range(stages)}
+    assert _updates(first.log) + _updates(second.log) == {(j, m): 1 for j in range(n) for m in range(stages)}
+    finished = [e.job for e in first.log.events if e.kind == "update" and e.stage == 0]  # a job's last update
+    assert finished != sorted(finished)  # jobs did finish out of order
+    examples = [json.loads(line)["examples"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert examples == sorted(set(examples)) and examples[-1] == n * 16
+
+
 def test_asgd_with_live_weights_is_refused(exp):
     with pytest.raises(ValueError, match="backward_weights must be 'stashed'"):
         _settings(exp, algo="asgd", backward_weights="live")
@@ -427,7 +541,7 @@ def test_a_batch_larger_than_the_dataset_fails_before_any_thread_starts(exp):
 def test_run_runtime_uses_the_config(exp):
     config = Config(algo="asgd", batch_size=16, epochs=0.1, workers=3, progress=False)
     e = dataclasses.replace(exp, config=config)
-    result = run_runtime(e, Recorder(e.evaluate, total_examples=e.total_examples, eval_every=10**9, progress=False))
+    result = run_runtime(e, MetricsLog(e.evaluate, total_examples=e.total_examples, eval_every=10**9, progress=False))
     assert result.extra["workers"] == 3 and result.extra["devices"] == 3
     assert result.examples >= e.total_examples
 

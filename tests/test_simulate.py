@@ -14,10 +14,10 @@ from pdasgd_jax.delays import CommModel, TimingModel
 from pdasgd_jax.executor import EventLog, replay
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.runners import RUNNERS
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.scheduler import BACKWARD, Channel, Device, Get, Kernel, Put, Scheduler, Sleep
-from pdasgd_jax.train import RUNNERS
 
 # Dyadic costs (exact in binary floating point) for the 3-stage digits MLP.
 TIMING = TimingModel(forward=(1.0, 1.0, 1.0), backward=(2.0, 2.0, 2.0), update=(0.25, 0.25, 0.25), loss=0.5)
@@ -27,9 +27,9 @@ STEP = TIMING.step_compute_time()  # 10.25
 def _simulate(timing=TIMING, log=None, **overrides):
     config = Config(**{"simulate": True, "progress": False, "batch_size": 16, "epochs": 0.1, **overrides}).validate()
     exp = Experiment.from_config(config)
-    rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every or 10**9,
-                   target_accuracy=config.target_accuracy, progress=False)
-    return exp, rec, run_simulated(exp, rec, timing=timing, log=log)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every or 10**9,
+                         target_accuracy=config.target_accuracy, progress=False)
+    return exp, metrics, run_simulated(exp, metrics, timing=timing, log=log)
 
 
 def _sgd_params(exp, steps):
@@ -198,8 +198,8 @@ def test_sync_is_sgd_on_the_global_batch_and_waits_for_the_slowest():
                                   delay_mean=0.5)
     config = Config(algo="sgd", progress=False, batch_size=64, epochs=0.5).validate()
     exp = Experiment.from_config(config)
-    sgd = RUNNERS["sgd"](exp, Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9,
-                                       progress=False))
+    sgd = RUNNERS["sgd"](exp, MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9,
+                                         progress=False))
     assert sync.step == sgd.step == 12
     for a, b in zip(jax.tree.leaves(sync.params), jax.tree.leaves(sgd.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -306,8 +306,8 @@ STRAGGLER = TimingModel(forward=TIMING.forward, backward=TIMING.backward, update
 NOISY = dict(algo="pdasgd", workers=2, backward_workers=2, delay_model="lognormal", delay_mean=1.0, eval_every=48)
 
 
-def _rows_without_wall_time(rec):
-    return [{k: v for k, v in r.items() if k != "wall_time"} for r in rec.rows]
+def _rows_without_wall_time(metrics):
+    return [{k: v for k, v in r.items() if k != "wall_time"} for r in metrics.rows]
 
 
 def test_one_group_per_device_is_the_default_layout():
@@ -347,9 +347,9 @@ def test_a_simulated_run_replays_to_the_same_parameters(weights):
 
 
 def test_target_accuracy_stops_the_virtual_clock_early():
-    _, rec, result = _simulate(algo="asgd", workers=2, epochs=3, eval_every=64, target_accuracy=0.6)
-    assert result.extra["virtual_time_to_target"] == rec.rows[-1]["virtual_time"] == result.extra["virtual_time"]
-    assert rec.rows[-1]["test_accuracy"] >= 0.6 and result.examples < 3 * 1438
+    _, metrics, result = _simulate(algo="asgd", workers=2, epochs=3, eval_every=64, target_accuracy=0.6)
+    assert result.extra["virtual_time_to_target"] == metrics.rows[-1]["virtual_time"] == result.extra["virtual_time"]
+    assert metrics.rows[-1]["test_accuracy"] >= 0.6 and result.examples < 3 * 1438
 
 
 def test_cli_simulated_run_writes_virtual_time_staleness_and_utilisation(tmp_path):
@@ -371,15 +371,15 @@ def test_fused_jobs_do_the_arithmetic_of_the_per_stage_chain(monkeypatch):
 
     overrides = dict(algo="pdasgd", workers=2, epochs=0.5, seed=3, eval_every=256, delay_model="exponential",
                      delay_mean=1.0)
-    _, fused_rec, fused = _simulate(**overrides)
+    _, fused_metrics, fused = _simulate(**overrides)
 
     class PerStage(StageExecutor):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **{**kwargs, "fuse_jobs": False})
 
     monkeypatch.setattr(sim_run, "StageExecutor", PerStage)
-    _, chained_rec, chained = _simulate(**overrides)
+    _, chained_metrics, chained = _simulate(**overrides)
     assert fused.extra["staleness"] == chained.extra["staleness"]
     assert fused.extra["virtual_time"] == chained.extra["virtual_time"]
     _assert_trees_close(fused.params, chained.params, rtol=1e-4, atol=1e-5)
-    assert [r["virtual_time"] for r in fused_rec.rows] == [r["virtual_time"] for r in chained_rec.rows]
+    assert [r["virtual_time"] for r in fused_metrics.rows] == [r["virtual_time"] for r in chained_metrics.rows]

@@ -12,19 +12,19 @@ from pdasgd_jax import Config
 from pdasgd_jax.cli import main
 from pdasgd_jax.delays import CommModel, from_flops
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.runners import select_runner
 from pdasgd_jax.simulate import run_simulated
-from pdasgd_jax.train import select_runner
 
 COMMON = dict(workers=4, period=4, epochs=0.5, seed=5, eval_every=256, progress=False)
 
 
 def _run(config, timing=None):
     exp = Experiment.from_config(config.validate())
-    rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every, progress=False)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every, progress=False)
     if config.simulate:
-        return run_simulated(exp, rec, timing=timing), rec.rows
-    return select_runner(config)(exp, rec), rec.rows
+        return run_simulated(exp, metrics, timing=timing), metrics.rows
+    return select_runner(config)(exp, metrics), metrics.rows
 
 
 @pytest.mark.parametrize("algo, d", [("local", 0), ("dasgd", 2)])

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from pdasgd_jax import Config, plots, train_and_evaluate
+from pdasgd_jax import Config, calibration, plots, train_and_evaluate
 from pdasgd_jax import train as train_lib
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import TimingModel
@@ -23,6 +23,10 @@ COMMON = dict(simulate=True, epochs=1, eval_every=300, seed=1, progress=False, w
               delay_model="exponential", delay_mean=0.5)
 
 
+def _fixed(timing: TimingModel) -> calibration.Calibration:
+    return calibration.Calibration("fixed", timing, {}, 1, {})
+
+
 class Interrupted(Exception):
     pass
 
@@ -30,8 +34,8 @@ class Interrupted(Exception):
 @pytest.fixture
 def results(monkeypatch):
     """Fixed timing, no plots, one compilation of the kernels per config, and every run's
-    ``(RunResult, Recorder)`` in a list."""
-    monkeypatch.setattr(sim_run, "calibrated_timing", lambda exp, batch_size: TIMING)
+    ``(RunResult, MetricsLog)`` in a list."""
+    monkeypatch.setattr(Experiment, "calibration", lambda exp, batch_size=None: _fixed(TIMING))
     monkeypatch.setattr(plots, "plot_staleness", lambda *args: None)
     monkeypatch.setattr(plots, "plot_runs", lambda *args, **kwargs: None)
     experiments = {}
@@ -50,7 +54,7 @@ def results(monkeypatch):
 
     def recording(config):
         runner = select(config)
-        return lambda exp, rec: runs.append((runner(exp, rec), rec)) or runs[-1][0]
+        return lambda exp, metrics, ckpt: runs.append((runner(exp, metrics, ckpt), metrics)) or runs[-1][0]
 
     monkeypatch.setattr(train_lib, "select_runner", recording)
     return runs
@@ -95,6 +99,7 @@ def _assert_bitwise_equal(a, b):
 
 @pytest.mark.parametrize("algo, extra", [
     ("pdasgd", {"queue": 1}),
+    ("pdasgd", {"queue": 1, "checkpoint_every": 64}),  # checkpoints between evaluations
     ("pdasgd", {"queue": 1, "backward_weights": "live"}),
     ("pdasgd-block", {"queue": 2}),
     ("asgd", {}),
@@ -118,9 +123,9 @@ def test_a_resumed_simulated_run_is_bitwise_the_uninterrupted_run(tmp_path, monk
     assert 0 < resumed["resumed_from_step"] < resumed["steps"] == whole["steps"]
     if algo not in ("sync", "dasgd"):  # the asynchronous runs were stopped mid-flight
         assert pending[2] > 0
-    (first, whole_rec), (last, _) = results[0], results[-1]
+    (first, whole_metrics), (last, _) = results[0], results[-1]
     _assert_bitwise_equal((first.params, first.states), (last.params, last.states))
-    assert _recorded_rows(tmp_path / "part") == _rows(whole_rec.rows)
+    assert _recorded_rows(tmp_path / "part") == _rows(whole_metrics.rows)
     for key in ("virtual_time", "staleness", "utilisation", "jobs_started", "test_accuracy", "test_loss"):
         assert resumed.get(key) == whole.get(key), key
 
@@ -161,9 +166,9 @@ def test_a_resumed_run_keeps_the_timing_it_started_with(tmp_path, monkeypatch, r
         with pytest.raises(Interrupted):
             train_and_evaluate(Config(**{**config.to_dict(), "out": out}))
     with open(os.path.join(out, sim_run.TIMING_FILE)) as f:
-        assert TimingModel.from_dict(json.load(f)) == TIMING
+        assert TimingModel.from_dict(json.load(f)["timing"]) == TIMING
     # A fresh calibration would now measure other costs (say, another machine): the saved one wins.
-    monkeypatch.setattr(sim_run, "calibrated_timing", lambda exp, batch_size: slower)
+    monkeypatch.setattr(Experiment, "calibration", lambda exp, batch_size=None: _fixed(slower))
     resumed = resume_run(out)
     assert resumed["virtual_time"] == whole["virtual_time"]
     _assert_bitwise_equal(results[0][0].params, results[-1][0].params)

@@ -8,18 +8,17 @@ import pytest
 
 from pdasgd_jax import Config, train_and_evaluate
 from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.reporting import NonFiniteLossError
-from pdasgd_jax.train import RUNNERS
+from pdasgd_jax.runners import RUNNERS
 
 
 def _final_params(algo, **overrides):
     """Runs an algorithm through the public runner and returns its final parameters."""
     config = Config(algo=algo, progress=False, **overrides).validate()
     exp = Experiment.from_config(config)
-    from pdasgd_jax.reporting import Recorder
-
-    rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
-    return RUNNERS[algo](exp, rec)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    return RUNNERS[algo](exp, metrics)
 
 
 def test_sgd_on_digits_learns_and_writes_outputs(tmp_path):
@@ -72,8 +71,8 @@ def test_exploding_loss_stops_with_a_clear_error():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"dataset": "imagenet"}, "unknown dataset 'imagenet'"),
-    ({"model": "vgg"}, "unknown model 'vgg'"),
+    ({"dataset": "imagenet"}, "--dataset 'imagenet' is not allowed; choose one of digits"),
+    ({"model": "vgg"}, "--model 'vgg' is not allowed; choose one of mlp"),
     ({"algo": "magic"}, "--algo 'magic' is not allowed"),
     ({"optimizer": "lion"}, "--optimizer 'lion' is not allowed"),
     ({"lr": 0.0}, "--lr 0.0 must be a positive number"),
@@ -81,6 +80,7 @@ def test_exploding_loss_stops_with_a_clear_error():
     ({"epochs": 0}, "--epochs 0 must be a positive number"),
     ({"momentum": 1.5}, r"--momentum 1.5 is outside \[0, 1\)"),
     ({"delay_steps": 9, "period": 4}, "--delay-steps 9 exceeds --period 4"),
+    ({"checkpoint_every": -1}, "--checkpoint-every -1 must be >= 0"),
 ])
 def test_bad_config_values_are_named(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -33,8 +33,8 @@ from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.delays import CommModel
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.reporting import NonFiniteLossError, Recorder
-from pdasgd_jax.simulate import calibrated_timing, run_simulated
+from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
+from pdasgd_jax.simulate import run_simulated
 
 WORKERS = (4, 16, 64)
 FREE_NETWORK = CommModel()  # this protocol's communication: free (see ``delays_network`` for a priced one)
@@ -78,13 +78,13 @@ def time_to_target(algo: str, workers: int, k: float, straggler: bool, lr: float
         **overrides, simulate=True, workers=workers, batch_size=batch, epochs=epochs, target_accuracy=TARGET,
         eval_every=BATCH_SIZE, delay_model="exponential" if k else "none", delay_mean=k)
     config = exp.config
-    timing = dataclasses.replace(calibrated_timing(exp, BATCH_SIZE), comm=comm)
+    timing = dataclasses.replace(exp.calibration(BATCH_SIZE).timing, comm=comm)
     if straggler:
         timing = dataclasses.replace(timing, worker_factors=(STRAGGLER_FACTOR,))
-    rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every,
-                   target_accuracy=TARGET, progress=False)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every,
+                         target_accuracy=TARGET, progress=False)
     try:
-        reached = run_simulated(exp, rec, timing=timing).extra["virtual_time_to_target"]
+        reached = run_simulated(exp, metrics, timing=timing).extra["virtual_time_to_target"]
     except NonFiniteLossError:
         return math.inf
     return math.inf if reached is None else reached

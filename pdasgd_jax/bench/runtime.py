@@ -52,12 +52,12 @@ from pdasgd_jax.delays import DelayModel, rng_for
 from pdasgd_jax.executor import StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
-from pdasgd_jax.reporting import NonFiniteLossError, Recorder
+from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
 from pdasgd_jax.runtime import Runtime, RuntimeSettings, numbered_batches
 from pdasgd_jax.runtime.settings import default_devices
-from pdasgd_jax.simulate import calibrated_timing, run_simulated
+from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.store import ParameterStore
-from pdasgd_jax.train import run_synchronous_loop
+from pdasgd_jax.sync_runner import run_synchronous_loop
 
 # Batch size -> batches per timed run (equal examples): host-bound and compute-bound steps.
 THROUGHPUT_BATCHES = {32: 600, 256: 75}
@@ -150,7 +150,7 @@ def two_thread_loops(exp: Experiment, device: jax.Device, batch_size: int, num_b
 def runtime_seconds(exp: Experiment, settings: RuntimeSettings) -> float:
     """Seconds of one runtime run, from starting the threads to the last job done (no evaluation)."""
     rt = Runtime(exp, settings)
-    rt.run(Recorder(exp.evaluate, total_examples=settings.num_examples, eval_every=10**9, progress=False))
+    rt.run(MetricsLog(exp.evaluate, total_examples=settings.num_examples, eval_every=10**9, progress=False))
     return rt.train_time
 
 
@@ -190,13 +190,13 @@ def throughput(exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int
 
 # Time to target under delays ------------------------------------------------------------------
 
-def _first_reaching(rec: Recorder, key: str) -> float:
-    return next((r[key] for r in rec.rows if r["test_accuracy"] >= TARGET), math.inf)
+def _first_reaching(metrics: MetricsLog, key: str) -> float:
+    return next((r[key] for r in metrics.rows if r["test_accuracy"] >= TARGET), math.inf)
 
 
-def _recorder(exp: Experiment) -> Recorder:
-    return Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=EVAL_EVERY, target_accuracy=TARGET,
-                    progress=False)
+def _metrics(exp: Experiment) -> MetricsLog:
+    return MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=EVAL_EVERY, target_accuracy=TARGET,
+                      progress=False)
 
 
 @functools.cache
@@ -209,7 +209,7 @@ def sync_with_delays(exp: Experiment) -> tuple[float, float]:
     """Wall seconds to ``TARGET`` of ``WORKERS``-way sync with real per-step delays (and its
     staleness, 0)."""
     config = exp.config
-    step_compute = calibrated_timing(exp, DELAY_BATCH).step_compute_time()
+    step_compute = exp.calibration(DELAY_BATCH).timing.step_compute_time()
     delay = DelayModel.from_config(config, step_compute)
     rngs = [rng_for(config.seed, "step-delays", w) for w in range(WORKERS)]  # the simulator's sync streams
     fused = _fused_step(exp.kernels)
@@ -221,10 +221,10 @@ def sync_with_delays(exp: Experiment) -> tuple[float, float]:
         return ts, loss
 
     v = exp.variables
-    rec = _recorder(exp)
+    metrics = _metrics(exp)
     ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
-    run_synchronous_loop(exp, rec, step, ts, jax.device_put, jax.device_put, config.batch_size)
-    return _first_reaching(rec, "wall_time"), 0.0
+    run_synchronous_loop(exp, metrics, None, step, ts, jax.device_put, jax.device_put, config.batch_size)
+    return _first_reaching(metrics, "wall_time"), 0.0
 
 
 def mean_staleness(summary: dict[str, Any]) -> float:
@@ -238,18 +238,18 @@ def runtime_with_delays(exp: Experiment) -> tuple[float, float]:
     """Wall seconds to ``TARGET`` of the runtime (``exp.config.algo``) with real delays, and
     the run's mean staleness."""
     rt = Runtime(exp, RuntimeSettings.from_config(exp))
-    rec = _recorder(exp)
-    rt.run(rec)
-    return _first_reaching(rec, "wall_time"), mean_staleness(rt.executor.staleness.summary())
+    metrics = _metrics(exp)
+    rt.run(metrics)
+    return _first_reaching(metrics, "wall_time"), mean_staleness(rt.executor.staleness.summary())
 
 
 def simulated(exp: Experiment, devices: int = 0) -> tuple[float, float]:
     """Virtual seconds to ``TARGET`` predicted by the simulator for the same config, and its
     mean staleness; asynchronous worker groups share ``devices`` devices (0: one each)."""
     sim = exp.with_config(simulate=True, sim_devices=devices)
-    rec = _recorder(sim)
-    timing = calibrated_timing(exp, DELAY_BATCH)
-    extra = run_simulated(sim, rec, timing=timing).extra
+    metrics = _metrics(sim)
+    timing = exp.calibration(DELAY_BATCH).timing
+    extra = run_simulated(sim, metrics, timing=timing).extra
     return extra["virtual_time_to_target"] or math.inf, mean_staleness(extra["staleness"])
 
 
@@ -267,7 +267,7 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
     layouts = simulated_layouts()
     for name, config in ALGORITHMS.items():
         base = _experiment(lr=config["lr"])
-        out["delay_mean_s"] = k * calibrated_timing(base, DELAY_BATCH).step_compute_time()
+        out["delay_mean_s"] = k * base.calibration(DELAY_BATCH).timing.step_compute_time()
         # One epoch of the same config (delays included) first: it compiles for this batch
         # size and warms every replica's path; after a 0.1-epoch warm-up the first timed
         # run (seed 0's) was slower than the same run repeated.
@@ -356,7 +356,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
                                 for label, kind in SPEEDUP_COLUMNS.items()}})
     results.update(target_accuracy=TARGET, delay_batch=DELAY_BATCH, workers=WORKERS, seeds=list(seeds),
                    epochs_budget=epochs, simulated_devices=simulated_layouts(),
-                   step_compute_s={bs: calibrated_timing(base, bs).step_compute_time()
+                   step_compute_s={bs: base.calibration(bs).timing.step_compute_time()
                                    for bs in (DELAY_BATCH, DELAY_BATCH * WORKERS)})
     header = (f"runtime: digits MLP on {len(all_devices)} x {results['device']}. Throughput, no delays: examples/s, "
               f"median [min, max] of {repeats} interleaved run(s); ratio: median of the per-round ratios.")

@@ -33,8 +33,8 @@ from pdasgd_jax.config import Config
 from pdasgd_jax.executor import EventLog
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
-from pdasgd_jax.reporting import Recorder
-from pdasgd_jax.simulate import calibrated_timing, run_simulated
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.fastpath import (
     current_params,
     init_ring_state,
@@ -65,13 +65,13 @@ def measure(batch_size: int, epochs: float, repeats: int) -> dict[str, Any]:
     exp = Experiment.from_config(Config(algo="pdasgd", simulate=True, forward_workers=1, backward_workers=1, queue=1,
                                         delay_model="exponential", delay_mean=1.0, batch_size=batch_size,
                                         epochs=epochs, eval_every=10**9, progress=False))
-    timing = calibrated_timing(exp, batch_size)
+    timing = exp.calibration(batch_size).timing
     v = exp.variables
     opt_states = init_opt_states(exp.tx, v.params)
 
     def event(log: EventLog | None = None):
-        rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
-        return run_simulated(exp, rec, timing=timing, log=log).params
+        metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+        return run_simulated(exp, metrics, timing=timing, log=log).params
 
     log = EventLog()
     event(log)

@@ -11,10 +11,15 @@ from __future__ import annotations
 import threading
 import traceback
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from pdasgd_jax.affinity import pin_current_thread
-from pdasgd_jax.runtime.queue import BoundedQueue
+
+
+class Abortable(Protocol):
+    """Something a thread may block on whose ``abort`` wakes it (a queue, the feed's gate)."""
+
+    def abort(self) -> None: ...
 
 
 class WorkerError(RuntimeError):
@@ -32,11 +37,11 @@ class Control:
     """Shared lifecycle state of one run (thread-safe).
 
     Args:
-      queues: queues to abort on ``stop`` so that no thread stays blocked on one.
+      queues: queues (and gates) to abort on ``stop`` so that no thread stays blocked on one.
       host_cpus: cores every thread pins itself to when it starts running (None: no pinning).
     """
 
-    def __init__(self, queues: Sequence[BoundedQueue] = (), host_cpus: tuple[int, ...] | None = None):
+    def __init__(self, queues: Sequence[Abortable] = (), host_cpus: tuple[int, ...] | None = None):
         self.stop_event = threading.Event()
         self.host_cpus = host_cpus
         # The cores each thread could run on once running (its name -> core ids; None: unknown).

@@ -6,6 +6,10 @@ the exact data with ``numbered_batches`` (replay). The runner sizes the feed's q
 that more batches are ready than the workers can take at once (refilled in bursts), so a
 worker waits for data only when loading itself is the bottleneck; such waits show up as
 the worker's ``starved`` time.
+
+The feed hands out batches only below its ``Gate``'s limit, which the supervisor raises
+from one evaluation (or checkpoint) to the next: at the limit the workers run dry, so the
+supervisor sees every handed-out job finished and nothing in flight (algorithms.md §7).
 """
 
 from __future__ import annotations
@@ -22,6 +26,37 @@ from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed
 
 
+class Gate:
+    """The highest batch id (exclusive) the feed may hand out; raised by the supervisor.
+
+    ``abort`` (called by ``Control.stop``) wakes a feed waiting here with ``QueueClosed``.
+    """
+
+    def __init__(self, limit: int = 0):
+        self._limit = limit
+        self._aborted = False
+        self._cond = threading.Condition()
+
+    def open_until(self, limit: int) -> None:
+        """Lets batch ids below ``limit`` through."""
+        with self._cond:
+            self._limit = limit
+            self._cond.notify_all()
+
+    def wait_for(self, batch_id: int) -> None:
+        """Blocks until ``batch_id`` may go through; raises ``QueueClosed`` on abort."""
+        with self._cond:
+            while batch_id >= self._limit and not self._aborted:
+                self._cond.wait()
+            if self._aborted:
+                raise QueueClosed("the feed's gate was aborted")
+
+    def abort(self) -> None:
+        with self._cond:
+            self._aborted = True
+            self._cond.notify_all()
+
+
 class Batch(NamedTuple):
     batch_id: int
     x: np.ndarray
@@ -35,14 +70,17 @@ def numbered_batches(exp: Experiment, batch_size: int, *, start: int = 0) -> Ite
 
 
 class DataFeed:
-    """A thread putting the numbered batches with ids in ``batch_ids`` into ``out``.
+    """A thread putting the numbered batches with ids in ``batch_ids`` into ``out``, each
+    once ``gate`` lets it through.
 
     It calls ``out.producer_done()`` when it is done or stopped, so consumers drain and end.
     """
 
-    def __init__(self, exp: Experiment, batch_size: int, batch_ids: range, out: BoundedQueue[Batch], control: Control):
+    def __init__(self, exp: Experiment, batch_size: int, batch_ids: range, out: BoundedQueue[Batch], control: Control,
+                 gate: Gate):
         self._batches = itertools.islice(numbered_batches(exp, batch_size, start=batch_ids.start), len(batch_ids))
         self.out = out
+        self.gate = gate
         self._control = control
         self.name = "feed"
         self.thread = threading.Thread(target=self._run, name="pdasgd-feed", daemon=True)
@@ -54,7 +92,8 @@ class DataFeed:
     def _run(self) -> None:
         try:
             self._control.thread_running(self.name)
-            for batch in self._batches:
+            for batch in self._batches:  # loads the next batch while the gate is shut
+                self.gate.wait_for(batch.batch_id)
                 self.out.put(batch)
         except QueueClosed:
             pass  # the run stopped

@@ -1,10 +1,12 @@
 """Lifecycle of one threaded run: build, start, supervise, stop, report.
 
-The caller's thread is the supervisor: it waits for finished jobs, hands their losses to
-the ``Recorder``, evaluates a snapshot of the store when an evaluation is due, and stops
-the run at the example budget or the target accuracy. Whatever ends the run (the budget,
-the target, a worker's exception, a NaN loss, Ctrl-C) goes through one shutdown: stop
-every thread, wake every wait, join them all within ``JOIN_TIMEOUT_S``.
+The caller's thread is the supervisor: it lets the data feed hand out batches up to the
+next evaluation (or checkpoint), waits until all their jobs have finished, hands their
+losses to the ``MetricsLog``, evaluates and checkpoints the store there (no job in flight),
+then lets the feed go on; it stops the run at the example budget or the target accuracy.
+Whatever ends the run (the budget, the target, a worker's exception, a NaN loss, Ctrl-C)
+goes through one shutdown: stop every thread, wake every wait, join them all within
+``JOIN_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -17,18 +19,19 @@ from typing import Any
 import jax
 
 from pdasgd_jax import data
+from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import rng_for
 from pdasgd_jax.executor import EventLog, StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.metrics import MetricsLog, TrainingClock
+from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.runtime.control import Control
-from pdasgd_jax.runtime.feed import Batch, DataFeed
+from pdasgd_jax.runtime.feed import Batch, DataFeed, Gate
 from pdasgd_jax.runtime.queue import BoundedQueue
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.runtime.workers import AsgdWorker, BackwardWorker, ForwardWorker, Worker
 from pdasgd_jax.store import ParameterStore
-from pdasgd_jax.train import RunResult
 
 JOIN_TIMEOUT_S = 5.0
 # How often the supervisor looks at the run between evaluations (progress bar, Ctrl-C).
@@ -40,15 +43,16 @@ class Runtime:
 
     After ``run``: ``store`` holds the final parameters, ``executor.staleness`` the
     per-stage staleness, ``log`` the event log (if ``settings.record_events``) and
-    ``workers`` their stats. The recorder checkpoints the store at every evaluation (if
-    it checkpoints); a resumed run restarts from its newest checkpoint's variables, at the
-    batch after the last finished job (jobs in flight at that checkpoint are redone).
+    ``workers`` their stats. The workers pause at every evaluation and checkpoint, so a
+    checkpoint holds batches ``0 .. step-1`` fully applied and no job in flight; a resumed
+    run restarts from its newest checkpoint's variables at batch ``step``, and so applies
+    every batch exactly once across the two runs.
 
     Example::
 
         exp = Experiment.from_config(Config(algo="pdasgd", epochs=1))
         rt = Runtime(exp, RuntimeSettings.from_config(exp, record_events=True))
-        result = rt.run(Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=500))
+        result = rt.run(MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=500))
         replayed = executor.replay(rt.log.events, exp.kernels, ...)
     """
 
@@ -58,9 +62,11 @@ class Runtime:
         v = exp.variables
         self._build(v.params, v.states, init_opt_states(exp.tx, v.params), first_batch=0)
         self.completed = 0
-        self.train_time = 0.0  # start to the last job (or the stop): what throughput counts
-        self.wall_time = 0.0  # start to every thread joined, final evaluation included
+        self.train_time = 0.0  # start to the last job (or the stop), evaluations excluded: what throughput counts
+        self.wall_time = 0.0  # start to every thread joined, evaluations included
         self._start = time.perf_counter()
+        self._clock = TrainingClock()
+        self._train_start = 0.0
 
     def _build(self, params: Any, states: Any, opt_states: Any, *, first_batch: int) -> None:
         """Store, executor, queues, feed and workers, starting from these variables and batch."""
@@ -79,8 +85,9 @@ class Runtime:
         # At least one batch ready per consumer at all times, refilled in bursts.
         feed_queue: BoundedQueue[Batch] = BoundedQueue(2 * consumers + 2, refill_below=consumers + 1)
         job_queues = [BoundedQueue(s.queue_capacity, producers=s.forward_workers) for _ in range(s.groups)]
-        self.control = Control([feed_queue, *job_queues], host_cpus=s.pinned_cpus)
-        self.feed = DataFeed(exp, s.batch_size, range(first_batch, s.num_batches), feed_queue, self.control)
+        gate = Gate(first_batch)  # shut until the supervisor opens it
+        self.control = Control([gate, feed_queue, *job_queues], host_cpus=s.pinned_cpus)
+        self.feed = DataFeed(exp, s.batch_size, range(first_batch, s.num_batches), feed_queue, self.control, gate)
         self.workers: list[Worker] = []
         # Worker names (and so delay streams) are the simulator's: see RuntimeSettings.delay.
         for g in range(s.groups):
@@ -101,29 +108,31 @@ class Runtime:
     def _threads(self) -> list[threading.Thread]:
         return [self.feed.thread, *(w.thread for w in self.workers)]
 
-    def run(self, rec: Recorder) -> RunResult:
+    def run(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
         """Runs to the budget or the target accuracy; returns the final variables and metrics.
 
         Raises:
           WorkerError: a worker raised (its traceback in the message, the exception chained).
-          NonFiniteLossError: the recorder found a NaN or infinite training loss.
+          NonFiniteLossError: the metrics log found a NaN or infinite training loss.
           KeyboardInterrupt: after every thread has stopped.
         """
-        restored = rec.resume_state(like=self.store.snapshot())
-        if restored is not None:  # continue a checkpointed run from its last evaluation
-            (params, states, opt_states), meta = restored
-            self._build(params, states, opt_states, first_batch=meta["step"])
-            self.completed = meta["step"]
-            if rec.reached_target or self.completed >= self.settings.num_batches:  # it had ended there
-                self.train_time = self.wall_time = 0.0
-                return RunResult(params, states, self.completed, self.completed * self.settings.batch_size,
-                                 self.metrics())
+        self._clock = metrics.clock
+        if checkpointer is not None:
+            restored = checkpointer.resume(like=self.store.snapshot(), metrics=metrics)
+            if restored is not None:  # every batch before the checkpoint's step applied, none in flight
+                (params, states, opt_states), meta = restored
+                self._build(params, states, opt_states, first_batch=meta["step"])
+                self.completed = meta["step"]
+                if metrics.reached_target or self.completed >= self.settings.num_batches:  # it had ended there
+                    return RunResult(params, states, self.completed, self.completed * self.settings.batch_size,
+                                     self.metrics())
         self._start = time.perf_counter()
+        self._train_start = self._clock.elapsed
         try:
             self.feed.start()
             for w in self.workers:
                 w.start()
-            self._supervise(rec)
+            self._supervise(metrics, checkpointer)
         except BaseException as exc:
             stuck = self._shutdown()
             if stuck:
@@ -133,46 +142,46 @@ class Runtime:
         self.control.raise_failure()
         if stuck:
             raise RuntimeError(f"runtime threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
-        self._count(rec, self.control.wait(0)[0])  # jobs that finished while stopping
         params, states = self._gather()
         return RunResult(params, states, self.completed, self.completed * self.settings.batch_size, self.metrics())
 
-    def _count(self, rec: Recorder, losses: list) -> None:
-        for loss in losses:
-            self.completed += 1
-            rec.add_loss(self.completed, loss)
-
-    def _supervise(self, rec: Recorder) -> None:
-        evaluated_at = -1
+    def _supervise(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> None:
+        """Opens the feed up to the next evaluation or checkpoint, waits until every job of
+        those batches has finished, evaluates and checkpoints there, and goes on."""
+        bs, last = self.settings.batch_size, self.settings.num_batches
+        pause = self._next_pause(metrics, checkpointer)
+        self.feed.gate.open_until(pause)
         while True:
-            losses, exited = self.control.wait(POLL_S, jobs=self._jobs_until_eval(rec))
+            losses, exited = self.control.wait(POLL_S, jobs=pause - self.completed)
             self.control.raise_failure()
-            self._count(rec, losses)
-            step, examples = self.completed, self.completed * self.settings.batch_size
-            if exited:  # the last updates may still be running on the device (asynchronous dispatch)
-                jax.block_until_ready(self.store.snapshot())
-                self.train_time = time.perf_counter() - self._start
-            # Once the budget is spent every observation is due: evaluate each count once.
-            if (exited or rec.eval_due(examples)) and examples != evaluated_at:
-                # One snapshot, taken after counting, is both evaluated and checkpointed: it
-                # holds every counted job's updates (and, asynchronous as the store is, parts
-                # of the jobs still in flight, which a resume from it runs again).
-                snapshot = self.store.snapshot()
-                params, states = jax.device_put(snapshot[:2], self.settings.devices[0])
-                evaluated_at = examples
-                if rec.observe(step=step, examples=examples, params=params, states=states, force=True,
-                               state=lambda: snapshot):
-                    return
-            elif not rec.eval_due(examples):
-                rec.observe(step=step, examples=examples, params=None, states=None)  # the progress bar only
-            if exited:
+            for loss in losses:
+                self.completed += 1
+                metrics.add_loss(self.completed, loss)
+            step, examples = self.completed, self.completed * bs
+            metrics.progress(examples)
+            if step < pause and not exited:
+                continue
+            # Paused: batches 0 .. step-1 are all applied and no job is in flight.
+            if step == last or exited:
+                jax.block_until_ready(self.store.snapshot())  # the last updates may still be running on the device
+                self.train_time = self._clock.elapsed - self._train_start
+            evaluated = False
+            if metrics.eval_due(examples) or exited:
+                params, states = self._gather()
+                metrics.evaluate(step=step, examples=examples, params=params, states=states)
+                evaluated = True
+            if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
+                checkpointer.save(step, self.store.snapshot(), metrics.position(step, examples))
+            if exited or step == last or metrics.reached_target:
                 return
+            pause = self._next_pause(metrics, checkpointer)
+            self.feed.gate.open_until(pause)
 
-    def _jobs_until_eval(self, rec: Recorder) -> int:
-        """Finished jobs needed before the next evaluation is due (at most one period's worth)."""
-        bs = self.settings.batch_size
-        period = max(1, math.ceil(rec.eval_every / bs))
-        return next((n for n in range(1, period) if rec.eval_due((self.completed + n) * bs)), period)
+    def _next_pause(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> int:
+        """Finished jobs at the next evaluation or checkpoint (or the last batch)."""
+        due = [metrics.next_eval] + ([checkpointer.next_due] if checkpointer and checkpointer.next_due else [])
+        n = min(math.ceil(e / self.settings.batch_size) for e in due)
+        return min(max(n, self.completed + 1), self.settings.num_batches)
 
     def _gather(self) -> tuple[Any, Any]:
         """The store's current params and states, on the first device (for evaluation)."""
@@ -182,7 +191,7 @@ class Runtime:
     def _shutdown(self) -> list[str]:
         """Stops and joins every thread; returns the names of those still alive after the timeout."""
         self.control.stop()
-        self.train_time = self.train_time or time.perf_counter() - self._start
+        self.train_time = self.train_time or self._clock.elapsed - self._train_start
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         started = [t for t in self._threads if t.ident is not None]
         for t in started:
@@ -214,16 +223,19 @@ class Runtime:
         return out
 
 
-def run_runtime(exp: Experiment, rec: Recorder, settings: RuntimeSettings | None = None) -> RunResult:
+def run_runtime(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None,
+                settings: RuntimeSettings | None = None) -> RunResult:
     """Trains ``exp.config.algo`` (``asgd``, ``pdasgd``, ``pdasgd-block``) with real threads.
 
     Args:
       exp: the experiment.
-      rec: receives losses and evaluations; its target accuracy stops the run early.
+      metrics: receives losses and evaluations; its target accuracy stops the run early.
+      checkpointer: saves the store when it says a checkpoint is due, and resumes the run
+        from its newest checkpoint (``None``: neither).
       settings: the layout (default: ``RuntimeSettings.from_config(exp)``).
 
     Example::
 
         summary = train_and_evaluate(Config(algo="pdasgd", forward_workers=1, backward_workers=2))
     """
-    return Runtime(exp, settings or RuntimeSettings.from_config(exp)).run(rec)
+    return Runtime(exp, settings or RuntimeSettings.from_config(exp)).run(metrics, checkpointer)

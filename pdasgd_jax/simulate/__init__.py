@@ -1,11 +1,11 @@
 """The explicit staleness simulator: algorithms on a virtual clock with the real kernels.
 
-``run_simulated(exp, rec)`` is what ``train --simulate`` runs (event by event, through the
+``run_simulated(exp, metrics, checkpointer)`` is what ``train --simulate`` runs (event by event, through the
 ``StageExecutor``); ``run_fixed_staleness`` runs a known staleness schedule as one jitted
 scan (the fast path), e.g. the schedule ``lags_from_log`` reads from a simulated run's log.
 """
 
 from pdasgd_jax.simulate.fastpath import fixed_lags, lags_from_log, run_fixed_staleness
-from pdasgd_jax.simulate.run import calibrated_timing, run_simulated
+from pdasgd_jax.simulate.run import run_simulated
 
-__all__ = ["calibrated_timing", "fixed_lags", "lags_from_log", "run_fixed_staleness", "run_simulated"]
+__all__ = ["fixed_lags", "lags_from_log", "run_fixed_staleness", "run_simulated"]

@@ -15,17 +15,18 @@ import math
 from typing import Any
 
 from pdasgd_jax import averaging_runner
-from pdasgd_jax import train as train_lib
+from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
 from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.simulate.averaging_clock import averaging_step_end_times
-from pdasgd_jax.simulate.sync import VirtualTimeRecorder, busy_fractions, fresh_updates
+from pdasgd_jax.simulate.sync import VirtualTimeMetrics, busy_fractions, fresh_updates
 
 
-def run_averaging(exp: Experiment, rec: Recorder, timing: TimingModel, delay: DelayModel, num_workers: int
-                  ) -> tuple[train_lib.RunResult, float, dict[str, Any], StalenessStats]:
+def run_averaging(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None, timing: TimingModel,
+                  delay: DelayModel, num_workers: int) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """Runs ``local`` or ``dasgd`` with ``num_workers`` simulated workers of ``--batch-size`` each.
 
     Returns ``(RunResult, virtual_time, utilisation, staleness)`` like the other simulated runners.
@@ -40,7 +41,7 @@ def run_averaging(exp: Experiment, rec: Recorder, timing: TimingModel, delay: De
     # The round program sizes its worker axis from the config: pin it to the simulated workers.
     exp = exp.with_config(workers=num_workers)
     runner = averaging_runner.run_dasgd if config.algo == "dasgd" else averaging_runner.run_local
-    result = runner(exp, VirtualTimeRecorder(rec, ends))
+    result = runner(exp, VirtualTimeMetrics(metrics, ends), checkpointer)
     now = float(ends[result.step - 1])
     busy = busy_fractions(timing, result.step, now, num_workers)
     result.extra["average_delay_steps"] = delay_steps

@@ -31,9 +31,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.executor import Job
 from pdasgd_jax.kernels import StageKernels
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate.simulation import Simulation
 
 PyTree = Any
@@ -122,9 +123,10 @@ def capture(sim: Simulation) -> dict[str, Any]:
     return {"schedule": _schedule_digest(sim, jobs, leaves), "leaves": leaves}
 
 
-def restore(sim: Simulation, rec: Recorder, kernels: StageKernels) -> None:
-    """Loads ``rec``'s checkpoint into ``sim`` replayed (abstractly) to that checkpoint's
-    instant, then switches its executor and store to ``kernels``.
+def restore(sim: Simulation, checkpointer: RunCheckpointer, metrics: MetricsLog, kernels: StageKernels) -> None:
+    """Loads ``checkpointer``'s newest checkpoint into ``sim`` replayed (abstractly) to that
+    checkpoint's instant, rewinds ``metrics`` to it, then switches its executor and store to
+    ``kernels``.
 
     Raises:
       RuntimeError: the replayed schedule is not the checkpointed one (another timing model,
@@ -135,7 +137,7 @@ def restore(sim: Simulation, rec: Recorder, kernels: StageKernels) -> None:
     digest = _schedule_digest(sim, jobs, leaves)
     like = {"schedule": np.zeros_like(digest), "leaves": [np.zeros(np.shape(l), l.dtype) for l in leaves]}
     try:
-        saved, _ = rec.resume_state(like=like)
+        saved, _ = checkpointer.resume(like=like, metrics=metrics)
     except ValueError as e:  # orbax: the saved values do not fit the replayed structure
         raise _diverged() from e
     if not np.array_equal(saved["schedule"], digest):

@@ -1,25 +1,22 @@
-"""``run_simulated(exp, rec)``: any algorithm on the virtual clock, reported like a real run."""
+"""``run_simulated(exp, metrics, checkpointer)``: any algorithm on the virtual clock, reported like a real run."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from typing import Any
 
-import jax
 
-from pdasgd_jax import delays
-
-# The module, not RunResult itself: train.py imports the simulator when it selects a runner.
-from pdasgd_jax import train as train_lib
+from pdasgd_jax import calibration
+from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import ASYNCHRONOUS, Config
 from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
 from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
-from pdasgd_jax.reporting import Recorder, write_json_atomic
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.averaging import run_averaging
 from pdasgd_jax.simulate.scheduler import Scheduler
@@ -30,53 +27,40 @@ from pdasgd_jax.store import ParameterStore
 SYNCHRONOUS = ("sgd", "sync")
 AVERAGING = ("local", "dasgd")
 TIMING_FILE = "timing.json"
-CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pdasgd_jax")
-
-
-def calibrated_timing(exp: Experiment, batch_size: int) -> TimingModel:
-    """Per-stage kernel costs of ``exp``'s model measured on this machine (cached per model,
-    batch size, optimizer and device, in memory and under ``CACHE_DIR``)."""
-    config = exp.config
-    x, y = next(exp.train_stream(batch_size))
-    v = exp.variables
-    device = jax.devices()[0]
-    key = (f"{config.model_name}-{config.dataset}-b{batch_size}-{config.optimizer}"
-           f"{'-wd' if config.weight_decay else ''}-{device.platform}-{device.device_kind}")
-    return delays.calibrate(exp.kernels, v.params, v.states, init_opt_states(exp.tx, v.params), x, y,
-                            cache_key=key, cache_dir=CACHE_DIR)
-
-
 def comm_model(config: Config) -> CommModel:
     """``--comm-latency`` and ``--comm-bandwidth`` (0: infinite) as a ``CommModel``."""
     return CommModel(config.comm_latency, config.comm_bandwidth or math.inf)
 
 
-def _run_timing(exp: Experiment, rec: Recorder, worker_batch: int) -> TimingModel:
+def _run_timing(exp: Experiment, checkpointer: RunCheckpointer | None, worker_batch: int) -> TimingModel:
     """The calibrated timing with the config's communication cost, kept in ``--out``'s
     ``timing.json``: a resumed run replays its schedule with the timing it started with,
     even where a fresh calibration would measure other costs (another machine, a cold cache)."""
     path = os.path.join(exp.config.out, TIMING_FILE) if exp.config.out else None
-    if path and rec.resume_step() is not None and os.path.exists(path):
-        with open(path) as f:
-            return TimingModel.from_dict(json.load(f))
-    timing = dataclasses.replace(calibrated_timing(exp, worker_batch), comm=comm_model(exp.config))
+    resuming = checkpointer is not None and checkpointer.latest_step() is not None
+    if path and resuming and os.path.exists(path):
+        return calibration.load(path).timing  # the run's own, wherever it was measured
+    measured = exp.calibration(worker_batch)
+    timing = dataclasses.replace(measured.timing, comm=comm_model(exp.config))
     if path:
-        write_json_atomic(path, timing.to_dict())
+        calibration.save(dataclasses.replace(measured, timing=timing), path)
     return timing
 
 
-def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None = None,
-                  log: EventLog | None = None) -> train_lib.RunResult:
+def run_simulated(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None, *,
+                  timing: TimingModel | None = None, log: EventLog | None = None) -> RunResult:
     """Runs ``exp.config.algo`` on the virtual clock with the real kernels.
 
-    Reports to ``rec`` with ``virtual_time`` on every observation; ``RunResult.extra`` holds
+    Reports to ``metrics`` with ``virtual_time`` on every observation; ``RunResult.extra`` holds
     the virtual time, the virtual time to ``--target-accuracy``, per-stage staleness and
     worker and device utilisation (``train`` plots the staleness in ``staleness.png``).
 
     Args:
       exp: the experiment; ``sgd``, ``sync``, ``asgd``, ``pdasgd``, ``pdasgd-block``,
         ``local`` and ``dasgd`` (``--batch-size`` per worker; sync: the global batch).
-      rec: the run's recorder.
+      metrics: the run's metrics log.
+      checkpointer: saves the run when it says a checkpoint is due, and resumes it from its
+        newest checkpoint (``None``: neither).
       timing: the timing model; default: calibrated from the real kernels on this machine,
         with ``--comm-latency`` and ``--comm-bandwidth`` as its communication cost
         (machine-dependent: pass a fixed one, e.g. ``delays.from_flops``, for bitwise
@@ -88,8 +72,8 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
         config = Config(algo="pdasgd", simulate=True, workers=4, delay_model="exponential",
                         delay_mean=1.0, progress=False)
         exp = Experiment.from_config(config)
-        rec = Recorder(exp.evaluate, total_examples=exp.total_examples, eval_every=1000)
-        result = run_simulated(exp, rec)
+        metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=1000)
+        result = run_simulated(exp, metrics)
         result.extra["staleness"]["per_stage"][0]["mean"]
     """
     config = exp.config
@@ -105,21 +89,22 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
         raise ValueError(f"--algo {config.algo} has no simulator; simulate one of "
                          f"{', '.join(SYNCHRONOUS + ASYNCHRONOUS + AVERAGING)}")
     if timing is None:
-        timing = _run_timing(exp, rec, worker_batch)
+        timing = _run_timing(exp, checkpointer, worker_batch)
     delay = DelayModel.from_config(config, timing.step_compute_time())
     if config.algo in SYNCHRONOUS:
-        ts, steps, examples, now, utilisation, staleness = run_sync(exp, rec, timing, delay, workers)
-        result = train_lib.RunResult(ts.params, ts.states, steps, examples, {})
+        ts, steps, examples, now, utilisation, staleness = run_sync(exp, metrics, checkpointer, timing, delay, workers)
+        result = RunResult(ts.params, ts.states, steps, examples, {})
     elif config.algo in AVERAGING:
-        result, now, utilisation, staleness = run_averaging(exp, rec, timing, delay, workers)
+        result, now, utilisation, staleness = run_averaging(exp, metrics, checkpointer, timing, delay, workers)
     else:
-        result, now, utilisation, staleness = _run_asynchronous(exp, rec, timing, delay, workers, devices, log)
+        result, now, utilisation, staleness = _run_asynchronous(exp, metrics, checkpointer, timing, delay, workers,
+                                                                devices, log)
     target = config.target_accuracy
     result.extra.update({
         "simulated": True,
         "devices": devices,
         "virtual_time": now,
-        "virtual_time_to_target": next((r["virtual_time"] for r in rec.rows
+        "virtual_time_to_target": next((r["virtual_time"] for r in metrics.rows
                                         if target is not None and r["test_accuracy"] >= target), None),
         "staleness": staleness.summary(),
         "utilisation": utilisation,
@@ -128,9 +113,10 @@ def run_simulated(exp: Experiment, rec: Recorder, *, timing: TimingModel | None 
     return result
 
 
-def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay: DelayModel, workers: int,
-                      devices: int, log: EventLog | None) -> tuple[train_lib.RunResult, float, dict[str, Any], StalenessStats]:
-    """ASGD or PD-ASGD on the virtual clock; checkpointed at every evaluation (with ``--out``).
+def _run_asynchronous(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None,
+                      timing: TimingModel, delay: DelayModel, workers: int, devices: int,
+                      log: EventLog | None) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
+    """ASGD or PD-ASGD on the virtual clock; saved whenever ``checkpointer`` says a checkpoint is due.
 
     A resumed run replays its schedule on abstract kernels up to the checkpointed job, loads
     the checkpoint there and goes on with the real kernels (``simulate/resume.py``), so it
@@ -138,7 +124,7 @@ def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay
     """
     config = exp.config
     v = exp.variables
-    resume_at = rec.resume_step() or 0
+    resume_at = (checkpointer.latest_step() if checkpointer is not None else None) or 0
     kernels = resume.AbstractKernels(exp.kernels) if resume_at else exp.kernels
     scheduler = Scheduler()
     store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), kernels.apply_update)
@@ -153,16 +139,19 @@ def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay
         finished_at = scheduler.now
         if done <= resume_at:  # replaying up to the checkpoint, whose metrics are recorded already
             if done == resume_at:
-                resume.restore(sim, rec, exp.kernels)
-                if rec.reached_target:
+                resume.restore(sim, checkpointer, metrics, exp.kernels)
+                if metrics.reached_target:
                     scheduler.stop()
             return
-        rec.add_loss(done, job.loss)
+        metrics.add_loss(done, job.loss)
         examples = done * config.batch_size
         # Only an evaluation needs the values.
-        params, states, _ = store.snapshot() if rec.eval_due(examples) else (None, None, None)
-        if rec.observe(step=done, examples=examples, params=params, states=states,
-                       virtual_time=scheduler.now, state=lambda: resume.capture(sim)):
+        params, states, _ = store.snapshot() if metrics.eval_due(examples) else (None, None, None)
+        evaluated = metrics.observe(step=done, examples=examples, params=params, states=states,
+                                    virtual_time=scheduler.now)
+        if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
+            checkpointer.save(done, resume.capture(sim), metrics.position(done, examples))
+        if metrics.reached_target:
             scheduler.stop()
 
     sim = Simulation(scheduler, executor, timing, delay, seed=config.seed,
@@ -181,10 +170,10 @@ def _run_asynchronous(exp: Experiment, rec: Recorder, timing: TimingModel, delay
     now = finished_at  # the workers' idle time after the last update is not training time
     params, states, _ = store.snapshot()
     examples = done * config.batch_size
-    if not rec.rows or rec.rows[-1]["examples"] != examples:
-        rec.observe(step=done, examples=examples, params=params, states=states, force=True, virtual_time=now)
+    if not metrics.rows or metrics.rows[-1]["examples"] != examples:
+        metrics.evaluate(step=done, examples=examples, params=params, states=states, virtual_time=now)
     total = max(now, 1e-30)
     utilisation = {"workers": {p.name: p.busy / total for p in scheduler.processes},
                    "devices": [d.busy / total for d in sim.devices]}
-    result = train_lib.RunResult(params, states, done, examples, {"jobs_started": sim.started})
+    result = RunResult(params, states, done, examples, {"jobs_started": sim.started})
     return result, now, utilisation, executor.staleness

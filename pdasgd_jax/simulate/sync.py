@@ -13,32 +13,33 @@ from typing import Any
 import jax
 import numpy as np
 
-from pdasgd_jax import train as train_lib
+from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
 from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate.averaging_clock import sync_step_end_times
 from pdasgd_jax.simulate.simulation import num_jobs
+from pdasgd_jax.sync_runner import run_synchronous_loop
 
 
-class VirtualTimeRecorder:
-    """A ``Recorder`` whose observations of step ``s`` carry that step's virtual end time."""
+class VirtualTimeMetrics:
+    """A ``MetricsLog`` whose observations of step ``s`` carry that step's virtual end time."""
 
-    def __init__(self, rec: Recorder, step_end_times: np.ndarray):
-        self._rec = rec
+    def __init__(self, metrics: MetricsLog, step_end_times: np.ndarray):
+        self._metrics = metrics
         self._ends = step_end_times
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._rec, name)
+        return getattr(self._metrics, name)
 
     def observe(self, **kwargs: Any) -> bool:
-        return self._rec.observe(**kwargs, virtual_time=float(self._ends[kwargs["step"] - 1]))
+        return self._metrics.observe(**kwargs, virtual_time=float(self._ends[kwargs["step"] - 1]))
 
 
-def run_sync(exp: Experiment, rec: Recorder, timing: TimingModel, delay: DelayModel, num_workers: int
-             ) -> tuple[TrainState, int, int, float, dict[str, Any], StalenessStats]:
+def run_sync(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None, timing: TimingModel,
+             delay: DelayModel, num_workers: int) -> tuple[TrainState, int, int, float, dict[str, Any], StalenessStats]:
     """Runs ``num_workers``-way synchronous SGD with global batch ``--batch-size``.
 
     Returns ``(TrainState, steps, examples, virtual_time, utilisation, staleness)``; no
@@ -49,9 +50,9 @@ def run_sync(exp: Experiment, rec: Recorder, timing: TimingModel, delay: DelayMo
     ends = sync_step_end_times(timing, delay, num_workers=num_workers, steps=num_jobs(exp.total_examples, batch_size),
                                grad_nbytes=tree_nbytes(v.params), seed=exp.config.seed)
     ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
-    ts, steps, examples = train_lib.run_synchronous_loop(
-        exp, VirtualTimeRecorder(rec, ends), jax.jit(make_train_step(exp.model, exp.tx)), ts, lambda a: a,
-        jax.device_put, batch_size)
+    ts, steps, examples = run_synchronous_loop(
+        exp, VirtualTimeMetrics(metrics, ends), checkpointer, jax.jit(make_train_step(exp.model, exp.tx)), ts,
+        lambda a: a, jax.device_put, batch_size)
     now = float(ends[steps - 1])
     busy = busy_fractions(timing, steps, now, num_workers)
     return (ts, steps, examples, now, {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy},

@@ -1,0 +1,208 @@
+"""The metrics log of a run: training losses, the evaluation schedule, metrics.jsonl and a
+training clock that stops while the run evaluates or checkpoints.
+
+Every runner reports through one ``MetricsLog``, so metrics have the same form whatever
+produced them: it calls ``add_loss`` after each step and ``observe`` after each count of
+examples, which evaluates when an evaluation is due.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A training loss became NaN or infinite."""
+
+
+class TrainingClock:
+    """Seconds spent training: it runs from its creation, except inside ``paused()``.
+
+    Args:
+      now: the time source (seconds); tests pass a fake one.
+    """
+
+    def __init__(self, now: Callable[[], float] = time.perf_counter):
+        self._now = now
+        self._origin = now()
+        self._paused_at: float | None = None
+
+    @property
+    def elapsed(self) -> float:
+        end = self._now() if self._paused_at is None else self._paused_at
+        return end - self._origin
+
+    def set(self, elapsed: float) -> None:
+        """Makes ``elapsed`` read ``elapsed`` now (a resumed run continues its clock)."""
+        self._origin = (self._now() if self._paused_at is None else self._paused_at) - elapsed
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Stops the clock for the block (nested blocks pause once)."""
+        if self._paused_at is not None:
+            yield
+            return
+        self._paused_at = self._now()
+        try:
+            yield
+        finally:
+            self._origin += self._now() - self._paused_at
+            self._paused_at = None
+
+
+class MetricsLog:
+    """Collects training losses, evaluates on schedule and appends rows to ``metrics.jsonl``.
+
+    A row is ``{"step", "examples", "wall_time", "loss", "test_loss", "test_accuracy", ...}``:
+    ``wall_time`` is the training clock (evaluations and checkpoints excluded), ``loss`` the
+    mean training loss since the previous row.
+
+    Args:
+      evaluate: ``(params, states) -> {"test_loss", "test_accuracy"}``.
+      total_examples: the run's budget (an evaluation is always due once it is spent).
+      eval_every: examples between evaluations.
+      out_dir: where ``metrics.jsonl`` goes; ``None`` keeps the rows in memory.
+      target_accuracy: ``reached_target`` once an evaluation reaches it.
+      progress: show a tqdm progress bar.
+      resume: keep ``out_dir``'s rows (``rewind`` trims them to the restored checkpoint);
+        otherwise they are discarded.
+      clock: the training clock (default: a new one).
+
+    Example::
+
+        metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=500)
+        metrics.add_loss(step, loss)
+        if metrics.observe(step=step, examples=examples, params=params, states=states):
+            print(metrics.rows[-1]["test_accuracy"])
+    """
+
+    def __init__(self, evaluate: Callable[[Any, Any], dict[str, float]], *, total_examples: int, eval_every: int,
+                 out_dir: str | None = None, target_accuracy: float | None = None, progress: bool = True,
+                 resume: bool = False, clock: TrainingClock | None = None):
+        if eval_every < 1:
+            raise ValueError(f"eval_every {eval_every} must be >= 1 example")
+        self._evaluate = evaluate
+        self.total_examples = total_examples
+        self.eval_every = eval_every
+        self.out_dir = out_dir
+        self.target_accuracy = target_accuracy
+        self.clock = clock or TrainingClock()
+        self.rows: list[dict[str, Any]] = []
+        self.next_eval = eval_every
+        self.resumed_from_step: int | None = None
+        self._pending_losses: list[Any] = []
+        self._pending_first_step = 0
+        self._examples = 0
+        self._bar = tqdm(total=total_examples, unit="ex", disable=not progress, dynamic_ncols=True)
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            if not resume:
+                open(self._path, "w").close()
+
+    @property
+    def _path(self) -> str:
+        return os.path.join(self.out_dir, METRICS_FILE)
+
+    @property
+    def wall_time(self) -> float:
+        """The training clock's seconds."""
+        return self.clock.elapsed
+
+    @property
+    def reached_target(self) -> bool:
+        """Whether an evaluation reached ``target_accuracy``."""
+        return self.target_accuracy is not None and any(r["test_accuracy"] >= self.target_accuracy
+                                                        for r in self.rows)
+
+    def eval_due(self, examples: int) -> bool:
+        return examples >= self.next_eval or examples >= self.total_examples
+
+    def add_loss(self, step: int, loss: Any) -> None:
+        """Queues a step's loss (a device scalar is fine: it is read at the next evaluation)."""
+        if not self._pending_losses:
+            self._pending_first_step = step
+        self._pending_losses.append(loss)
+
+    def progress(self, examples: int) -> None:
+        """Moves the progress bar to ``examples``."""
+        self._bar.update(examples - self._examples)
+        self._examples = examples
+
+    def observe(self, *, step: int, examples: int, params: Any, states: Any, **extra: Any) -> bool:
+        """Progress update; evaluates ``params``, ``states`` if an evaluation is due (they may
+        be ``None`` when it is not). Returns whether it evaluated."""
+        self.progress(examples)
+        if not self.eval_due(examples):
+            return False
+        self.evaluate(step=step, examples=examples, params=params, states=states, **extra)
+        return True
+
+    def evaluate(self, *, step: int, examples: int, params: Any, states: Any, **extra: Any) -> dict[str, Any]:
+        """Evaluates now (the clock paused), appends the row and moves the schedule past ``examples``.
+
+        Raises:
+          NonFiniteLossError: a queued training loss is NaN or infinite.
+        """
+        with self.clock.paused():
+            self.progress(examples)
+            while self.next_eval <= examples:
+                self.next_eval += self.eval_every
+            row = {"step": step, "examples": examples, "wall_time": self.clock.elapsed, "loss": self._drain_losses(),
+                   **self._evaluate(params, states), **extra}
+            self.rows.append(row)
+            self._bar.set_postfix(loss=f"{row['loss']:.4f}", acc=f"{row['test_accuracy']:.4f}")
+            if self.out_dir:
+                with open(self._path, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+        return row
+
+    def _drain_losses(self) -> float:
+        """Mean of the queued losses; raises ``NonFiniteLossError`` at the first bad one."""
+        if not self._pending_losses:
+            return float("nan")
+        losses = np.asarray([np.asarray(l, dtype=np.float64) for l in self._pending_losses])
+        self._pending_losses = []
+        bad = np.flatnonzero(~np.isfinite(losses))
+        if bad.size:
+            raise NonFiniteLossError(
+                f"training loss became {losses[bad[0]]} at step {self._pending_first_step + int(bad[0])}; "
+                "lower --lr or check the data"
+            )
+        return float(losses.mean())
+
+    def position(self, step: int, examples: int) -> dict[str, Any]:
+        """What a checkpoint at ``step`` records of the log, for ``rewind``: the counts, the
+        clock, the schedule and the losses not yet in a row (a checkpoint between evaluations)."""
+        return {"step": step, "examples": examples, "wall_time": self.clock.elapsed, "next_eval": self.next_eval,
+                "pending_losses": [float(np.asarray(l)) for l in self._pending_losses],
+                "pending_first_step": self._pending_first_step}
+
+    def rewind(self, position: dict[str, Any]) -> None:
+        """Continues from a checkpoint's ``position``: rows after its step are dropped (from
+        ``metrics.jsonl`` too), and the clock and the schedule are set back to it."""
+        if self.out_dir and os.path.exists(self._path):
+            with open(self._path) as f:
+                self.rows = [row for row in map(json.loads, f) if row["step"] <= position["step"]]
+            with open(self._path, "w") as f:
+                f.writelines(json.dumps(row) + "\n" for row in self.rows)
+        else:
+            self.rows = [row for row in self.rows if row["step"] <= position["step"]]
+        self.clock.set(position["wall_time"])
+        self.next_eval = position["next_eval"]
+        self.resumed_from_step = position["step"]
+        self._pending_losses = list(position["pending_losses"])
+        self._pending_first_step = position["pending_first_step"]
+        self.progress(position["examples"])
+
+    def close(self) -> None:
+        self._bar.close()

@@ -1,0 +1,32 @@
+"""The registry of runners: which function trains ``config.algo``, simulated or real.
+
+Every runner has the signature ``runner(exp, metrics, checkpointer) -> RunResult``
+(``run_result.Runner``).
+"""
+
+from __future__ import annotations
+
+from pdasgd_jax import averaging_runner
+from pdasgd_jax.config import ALGORITHMS, Config
+from pdasgd_jax.run_result import Runner
+from pdasgd_jax.runtime import run_runtime
+from pdasgd_jax.simulate import run_simulated
+from pdasgd_jax.sync_runner import run_sgd, run_sync
+
+# Real execution: one device, an SPMD mesh, or the threaded runtime.
+RUNNERS: dict[str, Runner] = {
+    "sgd": run_sgd,
+    "sync": run_sync,
+    "asgd": run_runtime,
+    "pdasgd": run_runtime,
+    "pdasgd-block": run_runtime,
+    "local": averaging_runner.run_local,
+    "dasgd": averaging_runner.run_dasgd,
+}
+
+
+def select_runner(config: Config) -> Runner:
+    """The runner of ``config.algo``: ``run_simulated`` with ``config.simulate``, else ``RUNNERS[config.algo]``."""
+    if config.algo not in RUNNERS:
+        raise ValueError(f"--algo {config.algo!r} is not allowed; choose one of {', '.join(ALGORITHMS)}")
+    return run_simulated if config.simulate else RUNNERS[config.algo]

@@ -43,16 +43,18 @@ def test_float32_model_runs_against_the_default_precisions_peak():
 
 def test_counted_program_multiplies_cost_analysis_by_calls():
     program = mfu.CountedProgram("matmul", jax.jit(lambda a, b: a @ b))
-    small, large = jnp.ones((4, 8)), jnp.ones((16, 8))
+    small, large, w = jnp.ones((4, 8)), jnp.ones((16, 8)), jnp.ones((8, 8))
+    program.reset(signatures=True)
     for x in (small, small, large):
-        program(x, jnp.ones((8, 8)))
+        program(x, w)
     assert program.calls == 3
-    per_small = mfu.program_flops(program.fn, (small, jnp.ones((8, 8))))
-    per_large = mfu.program_flops(program.fn, (large, jnp.ones((8, 8))))
+    per_small = mfu.program_flops(program.fn, (small, w))
+    per_large = mfu.program_flops(program.fn, (large, w))
     assert per_small == 2 * 4 * 8 * 8 and per_large == 2 * 16 * 8 * 8  # multiply-adds, two FLOPs each
     assert program.flops() == 2 * per_small + per_large
-    program.reset()
-    assert program.calls == 0 and program.flops() == 0
+    program.reset()  # timed runs: calls only
+    program(small, w)
+    assert program.calls == 1 and program.flops() == 0
 
 
 def test_mfu_quick_counts_flops_of_every_algorithm(tmp_path):
@@ -65,11 +67,10 @@ def test_mfu_quick_counts_flops_of_every_algorithm(tmp_path):
     runs = results["algorithms"]
     assert set(runs) == {layout.name for layout in mfu.LAYOUTS}
     for name, r in runs.items():
-        assert len(r["flops"]) == len(r["seconds"]) == len(r["flops_per_s"]) == results["repeats"]
-        for flops, seconds, rate in zip(r["flops"], r["seconds"], r["flops_per_s"]):
-            assert flops > 0 and seconds > 0
-            assert rate == pytest.approx(flops / seconds)
-        assert len(set(r["flops"])) == 1  # the same work every repeat
+        assert r["flops"] > 0, name
+        assert len(r["seconds"]) == len(r["flops_per_s"]) == results["repeats"]
+        for seconds, rate in zip(r["seconds"], r["flops_per_s"]):
+            assert seconds > 0 and rate == pytest.approx(r["flops"] / seconds)
         # On CPU (not in the peak table) there is no MFU, and the table says why.
         assert r["mfu"] is None, name
     assert results["peak_flops_per_s"] is None
@@ -79,6 +80,6 @@ def test_mfu_quick_counts_flops_of_every_algorithm(tmp_path):
     assert runs["sync"]["program_calls"] == {"sync_step": batches}
     assert runs["pdasgd F:B=1:1 stashed"]["program_calls"]["forward_all_stashed"] == batches
     # A live backward re-runs its stage's forward: more work than the stashed one.
-    assert runs["pdasgd F:B=1:1 live"]["flops"][0] > runs["pdasgd F:B=1:1 stashed"]["flops"][0]
+    assert runs["pdasgd F:B=1:1 live"]["flops"] > runs["pdasgd F:B=1:1 stashed"]["flops"]
     # F:B changes who runs the programs, not which: the same FLOPs.
     assert runs["pdasgd F:B=1:2 stashed"]["flops"] == runs["pdasgd F:B=1:1 stashed"]["flops"]

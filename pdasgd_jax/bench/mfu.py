@@ -11,16 +11,19 @@ code paths:
 * ``asgd`` and ``pdasgd``: the threaded ``Runtime`` with ``RuntimeSettings`` (PD-ASGD with
   F:B = 1:1 and 1:2, ``backward_weights`` stashed and live).
 
-**FLOPs** of a run: every jitted program the run dispatches is counted per input signature
-(one compiled executable each); a run's FLOPs are the sum over programs of XLA's cost
-analysis (``jit(f).lower(*args).compile().cost_analysis()["flops"]``) times the number of
-times it ran. So the work really done is counted: a ``live`` backward's extra stage
-forward included, evaluation excluded (the benchmark's recorder evaluates nothing).
+**FLOPs** of a run: a first, untimed run of each layout (same batches) counts every jitted
+program it dispatches per input signature (one compiled executable each) and compiles
+them all; its FLOPs are the sum over programs of XLA's cost analysis
+(``jit(f).lower(*args).compile().cost_analysis()["flops"]``) times the number of times it
+ran. So the work really done is counted: a ``live`` backward's extra stage forward
+included, evaluation excluded (the benchmark's recorder evaluates nothing). On one device
+a layout runs the same programs for every job, so each timed run does the same work; it
+counts its calls of every program (a lock and an add per call; a signature per call would
+cost more host time than the dispatch) and must match the counting run's.
 
-**Achieved FLOP/s** = a run's FLOPs / its seconds, timed after a warm-up run of the same
-layout that compiles everything: from the first batch to the parameters ready (the
-runtime's ``train_time``; for sgd and sync, the loop and a ``block_until_ready``). The
-counters' bookkeeping (a few microseconds per dispatch) is inside the timed window.
+**Achieved FLOP/s** = the run's FLOPs / the seconds of a timed run: from the first batch to
+the parameters ready (the runtime's ``train_time``; for sgd and sync, the loop and a
+``block_until_ready``), ``repeats`` runs interleaved across layouts.
 
 **MFU** = achieved / the device's published dense peak (``PEAKS``, keyed by
 ``device.device_kind``). The model is float32, so the peak that applies is the one of the
@@ -164,39 +167,47 @@ def _abstract(args: tuple) -> tuple:
 
 
 class CountedProgram:
-    """A jitted function that counts its calls per compiled program (argument signature).
+    """A jitted function that counts its calls, and with ``signatures`` on, its calls per
+    compiled program (argument signature), whose FLOPs ``flops`` adds up.
 
+    The signature of a call costs more host time than the dispatch itself (30-380 us per
+    call for these kernels on this loaded CPU), so timed runs count calls alone.
     Thread-safe: the runtime's workers call the same kernels concurrently.
     """
 
     def __init__(self, name: str, fn: Any):
         self.name = name
         self.fn = fn
+        self.signatures = False
         self._lock = threading.Lock()
-        self._calls: dict[Hashable, int] = {}
+        self.calls = 0
+        self._signature_calls: dict[Hashable, int] = {}
         self._args: dict[Hashable, tuple] = {}
         self._flops: dict[Hashable, float] = {}
 
     def __call__(self, *args: Any) -> Any:
-        key = _signature(args)
+        if self.signatures:
+            key = _signature(args)
+            with self._lock:
+                self._signature_calls[key] = self._signature_calls.get(key, 0) + 1
+                if key not in self._args:
+                    self._args[key] = _abstract(args)
         with self._lock:
-            self._calls[key] = self._calls.get(key, 0) + 1
-            if key not in self._args:
-                self._args[key] = _abstract(args)
+            self.calls += 1
         return self.fn(*args)
 
-    def reset(self) -> None:
+    def reset(self, *, signatures: bool = False) -> None:
+        """Clears the counts; the next calls count signatures too if ``signatures``."""
         with self._lock:
-            self._calls.clear()
-
-    @property
-    def calls(self) -> int:
-        return sum(self._calls.values())
+            self.calls = 0
+            self._signature_calls.clear()
+            self.signatures = signatures
 
     def flops(self) -> float:
-        """FLOPs of the calls since the last ``reset``: each program's cost analysis times its calls."""
+        """FLOPs of the calls since the last ``reset(signatures=True)``: each program's cost
+        analysis times its calls."""
         total = 0.0
-        for key, n in list(self._calls.items()):
+        for key, n in list(self._signature_calls.items()):
             if key not in self._flops:
                 self._flops[key] = program_flops(self.fn, self._args[key])
             total += n * self._flops[key]
@@ -297,10 +308,11 @@ class Bench:
         self.sync_step = CountedProgram("sync_step", spmd.make_sync_step(model, tx, self.mesh))
         self.counted += [self.sgd_step, self.sync_step]
 
-    def run(self, layout: Layout, batches: int) -> float:
-        """Seconds of one run of ``batches`` batches (the counters hold its program calls)."""
+    def run(self, layout: Layout, batches: int, *, signatures: bool = False) -> float:
+        """Seconds of one run of ``batches`` batches; the counters then hold its program calls
+        (and with ``signatures``, what ``flops`` needs)."""
         for program in self.counted:
-            program.reset()
+            program.reset(signatures=signatures)
         examples = batches * self.batch_size
         exp = self.exp.with_config(algo=layout.algo, epochs=examples / len(self.exp.dataset.train))
         assert exp.total_examples == examples, (exp.total_examples, examples)
@@ -332,35 +344,44 @@ class Bench:
         jax.block_until_ready(ts)
         return time.perf_counter() - start
 
-    def flops(self) -> tuple[float, dict[str, int]]:
-        """FLOPs of the last run and the calls of each program it ran."""
-        ran = [p for p in self.counted if p.calls]
-        return sum(p.flops() for p in ran), {p.name: p.calls for p in ran}
+    def calls(self) -> dict[str, int]:
+        """The calls of each program the last run ran."""
+        return {p.name: p.calls for p in self.counted if p.calls}
+
+    def flops(self) -> float:
+        """FLOPs of the last run (one with ``signatures``)."""
+        return sum(p.flops() for p in self.counted if p.calls)
 
 
 # The benchmark -------------------------------------------------------------------------------
 
-def measure(bench: Bench, batches: int, warm_up: int, repeats: int) -> dict[str, dict[str, Any]]:
-    """FLOPs, seconds and FLOP/s of every layout, ``repeats`` interleaved timed runs each."""
-    out: dict[str, dict[str, Any]] = {layout.name: {"flops": [], "seconds": [], "flops_per_s": []}
-                                       for layout in LAYOUTS}
+def measure(bench: Bench, batches: int, repeats: int) -> dict[str, dict[str, Any]]:
+    """FLOPs, seconds and FLOP/s of every layout, ``repeats`` interleaved timed runs each.
+
+    First, per layout, an untimed run of the same ``batches`` with signatures counted: it
+    compiles every program the layout runs and gives the run's FLOPs. On one device a
+    layout runs the same programs for every job, so a timed run repeats that work exactly;
+    each timed run checks it made the same calls of every program.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for layout in LAYOUTS:
+        bench.run(layout, batches, signatures=True)
+        out[layout.name] = {"flops": bench.flops(), "program_calls": bench.calls(), "seconds": [],
+                            "flops_per_s": []}
 
     def timed(layout: Layout) -> Callable[[], float]:
         def once() -> float:
             seconds = bench.run(layout, batches)
-            flops, calls = bench.flops()
             r = out[layout.name]
-            r["flops"].append(flops)
+            if bench.calls() != r["program_calls"]:
+                raise RuntimeError(f"{layout.name}: a timed run's program calls {bench.calls()} differ from the "
+                                   f"counted run's {r['program_calls']}, so its FLOPs are unknown")
             r["seconds"].append(seconds)
-            r["flops_per_s"].append(flops / seconds)
-            r["program_calls"] = calls
+            r["flops_per_s"].append(r["flops"] / seconds)
             return seconds
 
         return once
 
-    for layout in LAYOUTS:
-        bench.run(layout, warm_up)  # compiles every program this layout runs
-        bench.flops()  # and its cost analyses, outside the timed runs
     interleaved_seconds({layout.name: timed(layout) for layout in LAYOUTS}, repeats)
     return out
 
@@ -368,17 +389,17 @@ def measure(bench: Bench, batches: int, warm_up: int, repeats: int) -> dict[str,
 def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     """Every layout (``quick``: a 1/16-width ResNet-18, batch 8, 4 batches, one repeat)."""
     del out_dir
-    width, batch_size, batches, warm_up, repeats = (1 / 16, 8, 4, 2, 1) if quick else (1.0, 128, 100, 5, 3)
+    width, batch_size, batches, repeats = (1 / 16, 8, 4, 1) if quick else (1.0, 128, 100, 3)
     bench = Bench(width=width, batch_size=batch_size)
     kind = bench.device.device_kind
     peak = peak_for(kind)
     precision = jax.config.jax_default_matmul_precision
     basis = float32_basis(peak, precision) if peak else None
     peak_flops = peak.flops(basis) if peak else None
-    runs = measure(bench, batches, warm_up, repeats)
+    runs = measure(bench, batches, repeats)
     results: dict[str, Any] = {
         "device_kind": kind, "platform": bench.device.platform, "model": "resnet18", "width": width,
-        "input_shape": list(CIFAR_SHAPE), "batch_size": batch_size, "batches": batches, "warm_up_batches": warm_up,
+        "input_shape": list(CIFAR_SHAPE), "batch_size": batch_size, "batches": batches,
         "repeats": repeats, "matmul_precision": precision, "peak_name": peak and peak.name, "peak_basis": basis,
         "peak_flops_per_s": peak_flops, "algorithms": runs,
     }
@@ -389,21 +410,24 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     else:
         mfu_text = ""
     rows = []
+    # TFLOP/s where accelerators reach them, GFLOP/s on a CPU.
+    scale, unit = (T, "TFLOP/s") if max(max(r["flops_per_s"]) for r in runs.values()) >= T else (1e9, "GFLOP/s")
+    rate_column = f"{unit} median [min, max]"
     for name, r in runs.items():
         rate = statistics.median(r["flops_per_s"])
         r["median_flops_per_s"] = rate
         r["mfu"] = rate / peak_flops if peak_flops else None
-        rows.append({"algorithm": name, "GFLOP per run": r["flops"][-1] / 1e9,
+        rows.append({"algorithm": name, "GFLOP per run": r["flops"] / 1e9,
                      "seconds (median)": statistics.median(r["seconds"]),
-                     "TFLOP/s median [min, max]": f"{rate / T:.4g} [{min(r['flops_per_s']) / T:.4g}, "
-                                                  f"{max(r['flops_per_s']) / T:.4g}]",
+                     rate_column: f"{rate / scale:.4g} [{min(r['flops_per_s']) / scale:.4g}, "
+                                  f"{max(r['flops_per_s']) / scale:.4g}]",
                      "MFU": f"{r['mfu']:.2%}" if r["mfu"] is not None else mfu_text})
     peak_line = (f"peak: {peak.name} dense {basis} {peak_flops / T:g} TFLOP/s (the float32 model's matmuls run as "
                  f"{basis} under JAX's matmul precision {precision or 'default'})" if peak_flops else
                  f"MFU {mfu_text}: FLOP/s only")
     header = (f"mfu: ResNet-18 (width {width:g}) on synthetic CIFAR-shaped data, batch {batch_size}, {batches} "
               f"batches per timed run, one device ({kind}); FLOPs: XLA cost analysis of every program run times its "
-              f"runs; FLOP/s: FLOPs / seconds of each of {repeats} interleaved run(s) after a compiling warm-up; "
+              f"runs; FLOP/s: FLOPs / seconds of each of {repeats} interleaved run(s) after a compiling, counting one; "
               f"{peak_line}.")
-    columns = ("algorithm", "GFLOP per run", "seconds (median)", "TFLOP/s median [min, max]", "MFU")
+    columns = ("algorithm", "GFLOP per run", "seconds (median)", rate_column, "MFU")
     return results, header + "\n\n" + markdown_table(rows, columns)

@@ -22,6 +22,7 @@ from pdasgd_jax.bench import mfu, run_benchmark
     ("TPU v4", "TPU v4"),
     ("TPU v5 lite", "TPU v5e"),
     ("TPU v5", "TPU v5p"),
+    ("TPU v6 lite", "TPU v6e"),
 ])
 def test_peak_lookup_by_device_kind(kind, name):
     assert mfu.peak_for(kind).name == name

@@ -92,39 +92,39 @@ class Peak:
         return {"fp32": self.fp32, "tf32": self.tf32, "bf16": self.bf16}[basis]
 
 
-T = 1e12
+TERA = 1e12
 # First match wins, so the more specific patterns come first. NVIDIA datasheets give the
 # tensor-core figures with 2:4 sparsity and say the dense ones are half: these are the halves.
 PEAKS: tuple[Peak, ...] = (
     # NVIDIA H100 Tensor Core GPU datasheet: PCIe 51 FP32, 756 TF32*, 1,513 BF16* (*sparse).
-    Peak("NVIDIA H100 PCIe", r"H100.*PCIe", 51 * T, 378 * T, 756.5 * T),
+    Peak("NVIDIA H100 PCIe", r"H100.*PCIe", 51 * TERA, 378 * TERA, 756.5 * TERA),
     # NVIDIA H100 NVL datasheet: 60 FP32, 835 TF32*, 1,671 BF16*.
-    Peak("NVIDIA H100 NVL", r"H100.*NVL", 60 * T, 417.5 * T, 835.5 * T),
+    Peak("NVIDIA H100 NVL", r"H100.*NVL", 60 * TERA, 417.5 * TERA, 835.5 * TERA),
     # NVIDIA H100 Tensor Core GPU datasheet: SXM 67 FP32, 989 TF32*, 1,979 BF16*
     # (device_kind "NVIDIA H100 80GB HBM3").
-    Peak("NVIDIA H100 SXM", r"H100", 67 * T, 494.5 * T, 989.5 * T),
+    Peak("NVIDIA H100 SXM", r"H100", 67 * TERA, 494.5 * TERA, 989.5 * TERA),
     # NVIDIA H200 Tensor Core GPU datasheet: NVL 60 FP32, 835 TF32*, 1,671 BF16*.
-    Peak("NVIDIA H200 NVL", r"H200.*NVL", 60 * T, 417.5 * T, 835.5 * T),
+    Peak("NVIDIA H200 NVL", r"H200.*NVL", 60 * TERA, 417.5 * TERA, 835.5 * TERA),
     # NVIDIA H200 Tensor Core GPU datasheet: SXM 67 FP32, 989 TF32*, 1,979 BF16*.
-    Peak("NVIDIA H200 SXM", r"H200", 67 * T, 494.5 * T, 989.5 * T),
+    Peak("NVIDIA H200 SXM", r"H200", 67 * TERA, 494.5 * TERA, 989.5 * TERA),
     # NVIDIA A100 Tensor Core GPU datasheet (40 and 80 GB, SXM and PCIe): 19.5 FP32,
     # 156 TF32 (312*), 312 BF16 (624*).
-    Peak("NVIDIA A100", r"A100", 19.5 * T, 156 * T, 312 * T),
+    Peak("NVIDIA A100", r"A100", 19.5 * TERA, 156 * TERA, 312 * TERA),
     # NVIDIA V100 Tensor Core GPU datasheet: V100S PCIe 16.4, PCIe 14, SXM2 15.7 FP32;
     # no TF32 or BF16 (its tensor cores are FP16).
-    Peak("NVIDIA V100S PCIe", r"V100S", 16.4 * T, None, None),
-    Peak("NVIDIA V100 PCIe", r"V100.*PCIE", 14 * T, None, None),
-    Peak("NVIDIA V100 SXM2", r"V100", 15.7 * T, None, None),
+    Peak("NVIDIA V100S PCIe", r"V100S", 16.4 * TERA, None, None),
+    Peak("NVIDIA V100 PCIe", r"V100.*PCIE", 14 * TERA, None, None),
+    Peak("NVIDIA V100 SXM2", r"V100", 15.7 * TERA, None, None),
     # NVIDIA T4 datasheet: 8.1 FP32; no TF32 or BF16 (FP16/INT8 tensor cores).
-    Peak("NVIDIA T4", r"\bT4\b", 8.1 * T, None, None),
+    Peak("NVIDIA T4", r"\bT4\b", 8.1 * TERA, None, None),
     # NVIDIA L4 datasheet: 30.3 FP32, 120 TF32*, 242 BF16*.
-    Peak("NVIDIA L4", r"\bL4\b", 30.3 * T, 60 * T, 121 * T),
+    Peak("NVIDIA L4", r"\bL4\b", 30.3 * TERA, 60 * TERA, 121 * TERA),
     # Google Cloud TPU system architecture pages (per chip, bf16): v4 275, v5e 197,
     # v5p 459, v6e (Trillium) 918; no FP32 peak is published.
-    Peak("TPU v4", r"TPU v4(?! ?lite)", None, None, 275 * T),
-    Peak("TPU v5e", r"TPU v5 ?(lite|e)", None, None, 197 * T),
-    Peak("TPU v5p", r"TPU v5", None, None, 459 * T),
-    Peak("TPU v6e", r"TPU v6 ?(lite|e)", None, None, 918 * T),
+    Peak("TPU v4", r"TPU v4(?! ?lite)", None, None, 275 * TERA),
+    Peak("TPU v5e", r"TPU v5 ?(lite|e)", None, None, 197 * TERA),
+    Peak("TPU v5p", r"TPU v5", None, None, 459 * TERA),
+    Peak("TPU v6e", r"TPU v6 ?(lite|e)", None, None, 918 * TERA),
 )
 # jax_default_matmul_precision values that make float32 matmuls run in full FP32.
 FULL_FLOAT32 = ("highest", "float32", "F32_F32_F32")
@@ -136,8 +136,9 @@ def peak_for(device_kind: str) -> Peak | None:
 
 
 def float32_basis(peak: Peak, matmul_precision: str | None = None) -> str:
-    """Which peak a float32 model runs against: the arithmetic JAX's matmul precision
-    (``jax_default_matmul_precision``; None: JAX's default) gives its float32 matmuls."""
+    """Which peak a float32 model runs against: the arithmetic of its convolutions and
+    matmuls under JAX's default precision, or full FP32 where ``matmul_precision`` (the
+    ``jax_default_matmul_precision`` setting) asks for it; other settings count as the default."""
     if matmul_precision in FULL_FLOAT32:
         return "fp32"
     if peak.tpu:
@@ -225,7 +226,7 @@ def program_flops(fn: Any, args: tuple) -> float:
 def count_programs(kernels: StageKernels) -> list[CountedProgram]:
     """Replaces every jitted program ``kernels`` holds (alone or in a per-stage list) by a
     ``CountedProgram`` in place; returns them. Whatever the executor calls is then counted,
-    including kernels added later, without naming them here."""
+    kernels that ``StageKernels`` gains later included, without naming them here."""
     counted: list[CountedProgram] = []
     for name, value in list(vars(kernels).items()):
         if hasattr(value, "lower"):
@@ -293,8 +294,8 @@ class Bench:
         self.device = jax.devices()[0]
         dataset = synthetic_cifar(16 * batch_size, batch_size, seed)
         # The model's own initialisers, drawn with the "rbg" generator: compiling them with
-        # the default threefry hash took 62 s against 10 s (width 1/16, this loaded 2-core CPU), and the shapes
-        # are what matters here.
+        # the default threefry hash took 62 s against 10 s (width 1/16, on this loaded
+        # 2-core CPU), and only the shapes matter here.
         rngs = nnx.Rngs(jax.random.key(seed, impl="rbg"))
         model, variables = from_modules(resnet18_stages(CIFAR_SHAPE, NUM_CLASSES, width=width, rngs=rngs))
         # The config picks the optimizer and validates; its dataset and model name the pair
@@ -411,7 +412,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
         mfu_text = ""
     rows = []
     # TFLOP/s where accelerators reach them, GFLOP/s on a CPU.
-    scale, unit = (T, "TFLOP/s") if max(max(r["flops_per_s"]) for r in runs.values()) >= T else (1e9, "GFLOP/s")
+    scale, unit = (TERA, "TFLOP/s") if max(max(r["flops_per_s"]) for r in runs.values()) >= TERA else (1e9, "GFLOP/s")
     rate_column = f"{unit} median [min, max]"
     for name, r in runs.items():
         rate = statistics.median(r["flops_per_s"])
@@ -422,7 +423,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
                      rate_column: f"{rate / scale:.4g} [{min(r['flops_per_s']) / scale:.4g}, "
                                   f"{max(r['flops_per_s']) / scale:.4g}]",
                      "MFU": f"{r['mfu']:.2%}" if r["mfu"] is not None else mfu_text})
-    peak_line = (f"peak: {peak.name} dense {basis} {peak_flops / T:g} TFLOP/s (the float32 model's matmuls run as "
+    peak_line = (f"peak: {peak.name} dense {basis} {peak_flops / TERA:g} TFLOP/s (the float32 model's matmuls run as "
                  f"{basis} under JAX's matmul precision {precision or 'default'})" if peak_flops else
                  f"MFU {mfu_text}: FLOP/s only")
     header = (f"mfu: ResNet-18 (width {width:g}) on synthetic CIFAR-shaped data, batch {batch_size}, {batches} "

@@ -5,7 +5,7 @@ synthetic CIFAR-shaped data (32x32x3 normal noise, 10 random labels, seeded; not
 downloaded) on **one device**, the first of ``jax.devices()``, through the library's own
 code paths:
 
-* ``sgd``: ``run_synchronous_loop`` over the fused jitted whole-model step (as ``run_sgd``);
+* ``sgd``: ``run_synchronous_loop`` over the fused jitted whole-model step (as ``sync_runner.run_sgd``);
 * ``sync``: the same loop over ``spmd.make_sync_step`` on a one-device mesh (as ``run_sync``
   with ``--workers 1``: the data parallel step, its all-reduce over one device);
 * ``asgd`` and ``pdasgd``: the threaded ``Runtime`` with ``RuntimeSettings`` (PD-ASGD with
@@ -57,10 +57,10 @@ from pdasgd_jax.data import ArraySplit, Dataset
 from pdasgd_jax.experiment import Experiment, make_optimizer
 from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
 from pdasgd_jax.models.resnet import resnet18_stages
-from pdasgd_jax.reporting import Recorder
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runtime import Runtime, RuntimeSettings
 from pdasgd_jax.stages import from_modules
-from pdasgd_jax.train import run_synchronous_loop
+from pdasgd_jax.sync_runner import run_synchronous_loop
 
 # Peaks -------------------------------------------------------------------------------------
 
@@ -317,7 +317,7 @@ class Bench:
         examples = batches * self.batch_size
         exp = self.exp.with_config(algo=layout.algo, epochs=examples / len(self.exp.dataset.train))
         assert exp.total_examples == examples, (exp.total_examples, examples)
-        rec = Recorder(no_evaluation, total_examples=examples, eval_every=10**12, progress=False)
+        rec = MetricsLog(no_evaluation, total_examples=examples, eval_every=10**12, progress=False)
         if layout.algo in ("sgd", "sync"):
             return self._synchronous(exp, rec, layout.algo)
         settings = RuntimeSettings(algo=layout.algo, devices=(self.device,), groups=1,
@@ -325,15 +325,15 @@ class Bench:
                                    queue_capacity=layout.backward_workers, backward_weights=layout.backward_weights,
                                    batch_size=self.batch_size, num_examples=examples)
         rt = Runtime(exp, settings)
-        rt.run(rec)
+        rt.run(rec)  # no checkpointer
         return rt.train_time
 
-    def _synchronous(self, exp: Experiment, rec: Recorder, algo: str) -> float:
+    def _synchronous(self, exp: Experiment, rec: MetricsLog, algo: str) -> float:
         v = exp.variables
         ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
-        if algo == "sgd":  # as train.run_sgd
+        if algo == "sgd":  # as sync_runner.run_sgd
             step, put, place_state = self.sgd_step, (lambda a: a), jax.device_put
-        else:  # as train.run_sync on a one-device mesh
+        else:  # as sync_runner.run_sync on a one-device mesh
             sharding = spmd.batch_sharding(self.mesh)
             step = self.sync_step
             put = lambda a: jax.device_put(a, sharding)
@@ -341,7 +341,7 @@ class Bench:
             ts = place_state(ts)
         jax.block_until_ready(ts)
         start = time.perf_counter()
-        ts, _, _ = run_synchronous_loop(exp, rec, step, ts, put, place_state, self.batch_size)
+        ts, _, _ = run_synchronous_loop(exp, rec, None, step, ts, put, place_state, self.batch_size)
         jax.block_until_ready(ts)
         return time.perf_counter() - start
 

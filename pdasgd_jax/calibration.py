@@ -57,7 +57,8 @@ class Calibration:
       fingerprint: SHA-256 of what determines the kernels' costs (see the module docstring).
       timing: per-kernel medians over the rounds (free communication, no worker factors).
       spread: ``{"forward"|"backward"|"update": [[min, max] per stage], "loss": [min, max],
-        "step_compute_time": {"median", "min", "max"}}`` over the rounds.
+        "step_compute_time": {"median", "min", "max"}}`` over the rounds (the step times are
+        each round's total; the timing's own total is the sum of per-kernel medians).
       rounds: how many rounds were measured.
       description: the readable part of the fingerprint (stage shapes, batch, device, JAX).
     """
@@ -156,7 +157,7 @@ def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
     steps = [r.step_compute_time() for r in rounds]
     spread["loss"] = [min(losses), max(losses)]
     timing = TimingModel(medians["forward"], medians["backward"], medians["update"], statistics.median(losses))
-    spread["step_compute_time"] = {"median": timing.step_compute_time(), "min": min(steps), "max": max(steps)}
+    spread["step_compute_time"] = {"median": statistics.median(steps), "min": min(steps), "max": max(steps)}
     return timing, spread
 
 

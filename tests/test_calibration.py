@@ -62,7 +62,7 @@ def test_measure_repeats_rounds_and_keeps_their_spread(mlp):
         for m, (lo, hi) in enumerate(spread[name]):
             assert lo <= getattr(t, name)[m] <= hi
     step = spread["step_compute_time"]
-    assert step["min"] <= step["median"] <= step["max"] and step["median"] == pytest.approx(t.step_compute_time())
+    assert step["min"] <= step["median"] <= step["max"]
     assert cal.description["batch"]["x"][0][0] == [32, 8, 8, 1]
     with pytest.raises(ValueError, match="min_rounds 0"):
         calibration.measure(*mlp, min_rounds=0)

@@ -17,9 +17,9 @@ import jax
 import numpy as np
 
 from pdasgd_jax.metrics import MetricsLog, TrainingClock
+from pdasgd_jax.rundir import CHECKPOINT_DIR
 
 PyTree = Any
-CHECKPOINT_DIR = "checkpoints"
 
 
 class RunCheckpointer:

@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train one configuration", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_config_flags(train)
     train.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR (its config and newest checkpoint); other flags are ignored")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace the run already in --out (deleting only the files pdasgd-jax wrote there)")
     hosts = train.add_argument_group("multi-host (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)")
     hosts.add_argument("--coordinator-address", help="host:port of process 0 for jax.distributed")
     hosts.add_argument("--num-processes", type=int, help="number of processes in the run")
@@ -83,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             config = None if args.resume else config_from_args(args).validate()
             initialize_from_env_or_args(args.coordinator_address, args.num_processes, args.process_id)
-            summary = resume_run(args.resume) if args.resume else train_and_evaluate(config)
+            summary = resume_run(args.resume) if args.resume else train_and_evaluate(config, overwrite=args.overwrite)
             out = summary["config"]["out"]
             print(f"test_accuracy={summary['test_accuracy']:.4f} wall_time={summary['wall_time']:.1f}s "
                   f"examples={summary['examples']}" + (f" out={out}" if out else ""))

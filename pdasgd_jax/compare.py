@@ -9,18 +9,19 @@ from typing import Any
 
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.plots import plot_runs
+from pdasgd_jax.rundir import METRICS_FILE, SUMMARY_FILE
 
 TABLE_COLUMNS = ("algo", "dataset", "model", "test_accuracy", "wall_time", "examples", "examples_per_s")
 
 
 def load_run(run_dir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``(summary, metrics rows)`` of a run directory; raises ``ConfigError`` if it is not one."""
-    summary_path = os.path.join(run_dir, "summary.json")
+    summary_path = os.path.join(run_dir, SUMMARY_FILE)
     if not os.path.exists(summary_path):
         raise ConfigError(f"{run_dir!r} is not a finished run: it has no summary.json")
     with open(summary_path) as f:
         summary = json.load(f)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+    with open(os.path.join(run_dir, METRICS_FILE)) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return summary, rows
 

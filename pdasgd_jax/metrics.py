@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-METRICS_FILE = "metrics.jsonl"
+from pdasgd_jax.rundir import METRICS_FILE
+
 
 
 class NonFiniteLossError(FloatingPointError):

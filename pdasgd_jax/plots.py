@@ -10,7 +10,6 @@ from typing import Any
 from matplotlib.figure import Figure
 
 Rows = Sequence[dict[str, Any]]
-STALENESS_PLOT = "staleness.png"
 
 
 def _time_key(rows: Rows) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
+from pdasgd_jax.rundir import CURVES_PLOT, STALENESS_PLOT, SUMMARY_FILE, SUMMARY_MD
 
 __all__ = ["NonFiniteLossError", "write_json_atomic", "write_summary"]
 
@@ -62,14 +63,14 @@ def write_summary(metrics: MetricsLog, *, config: dict[str, Any], extra: dict[st
 def _write_files(out_dir: str, summary: dict[str, Any], rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
     # Imported here: matplotlib takes a second to import, and in-memory runs never plot.
     from pdasgd_jax.compare import TABLE_COLUMNS, markdown_table, summary_row
-    from pdasgd_jax.plots import STALENESS_PLOT, plot_runs, plot_staleness
+    from pdasgd_jax.plots import plot_runs, plot_staleness
 
-    write_json_atomic(os.path.join(out_dir, "summary.json"), _jsonable(summary))
+    write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), _jsonable(summary))
     algo = config.get("algo", "")
-    plot_runs({algo: rows}, os.path.join(out_dir, "curves.png"), title=algo)
+    plot_runs({algo: rows}, os.path.join(out_dir, CURVES_PLOT), title=algo)
     if summary.get("staleness", {}).get("per_stage"):  # asynchronous and simulated runs
         plot_staleness(summary, os.path.join(out_dir, STALENESS_PLOT))
-    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+    with open(os.path.join(out_dir, SUMMARY_MD), "w") as f:
         f.write(f"# Run summary: {algo} on {config.get('dataset')}\n\n"
                 + markdown_table([summary_row(summary)], TABLE_COLUMNS) + "\n\n"
                 + markdown_table(rows, ("step", "examples", "wall_time", "loss", "test_accuracy")) + "\n")

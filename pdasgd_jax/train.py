@@ -9,16 +9,15 @@ from typing import Any
 
 import jax
 
-from pdasgd_jax.checkpoint import CHECKPOINT_DIR, RunCheckpointer
+from pdasgd_jax import rundir
+from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import Config
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.reporting import write_json_atomic, write_summary
+from pdasgd_jax.run_result import Runner
 from pdasgd_jax.runners import select_runner
-
-CONFIG_FILE = "config.json"
-
 
 def create_metrics(exp: Experiment, *, resume: bool = False) -> MetricsLog:
     """The run's metrics log (``metrics.jsonl`` in ``--out``), evaluating every ``--eval-every``
@@ -39,13 +38,15 @@ def create_checkpointer(config: Config, metrics: MetricsLog, *, resume: bool = F
     return RunCheckpointer(config.out, every=config.checkpoint_every, fresh=not resume, clock=metrics.clock)
 
 
-def train_and_evaluate(config: Config, *, resume: bool = False) -> dict[str, Any]:
+def train_and_evaluate(config: Config, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Trains ``config.algo`` on ``config.dataset`` and returns the run summary.
 
     Writes ``config.json``, ``metrics.jsonl``, ``summary.json``, ``summary.md``,
     ``curves.png`` and checkpoints (at every evaluation, or every ``--checkpoint-every``
-    examples) to ``config.out`` if set. With ``resume``, continues from the newest
-    checkpoint in ``config.out``.
+    examples) to ``config.out`` if set, holding the directory's lock meanwhile (a second
+    process on it is refused). With ``resume``, continues from the newest checkpoint in
+    ``config.out``; a directory that already holds a run is refused unless ``resume`` or
+    ``overwrite`` (which first deletes what an earlier run wrote there, and nothing else).
 
     Example::
 
@@ -55,12 +56,24 @@ def train_and_evaluate(config: Config, *, resume: bool = False) -> dict[str, Any
     """
     config.validate()
     runner = select_runner(config)
-    if resume and not (config.out and os.path.isdir(os.path.join(config.out, CHECKPOINT_DIR))):
+    if config.out:
+        rundir.check_out(config.out, resume=resume, overwrite=overwrite)
+    if resume and not (config.out and os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR))):
         raise ConfigError(f"nothing to resume: {config.out!r} holds no checkpoints")
     exp = Experiment.from_config(config)
-    if config.out and not resume:
-        os.makedirs(config.out, exist_ok=True)
-        write_json_atomic(os.path.join(config.out, CONFIG_FILE), config.to_dict())
+    if not config.out:
+        return _train(exp, runner, resume=resume)
+    with rundir.RunDirLock(config.out):
+        if overwrite:
+            rundir.clear_run(config.out)
+        if not resume:
+            write_json_atomic(os.path.join(config.out, rundir.CONFIG_FILE), config.to_dict())
+        return _train(exp, runner, resume=resume)
+
+
+def _train(exp: Experiment, runner: Runner, *, resume: bool) -> dict[str, Any]:
+    """Runs ``runner`` on ``exp`` with its metrics log and checkpointer; writes the summary."""
+    config = exp.config
     metrics = create_metrics(exp, resume=resume)
     checkpointer = create_checkpointer(config, metrics, resume=resume)
     try:
@@ -85,9 +98,9 @@ def load_run_config(run_dir: str) -> Config:
       ConfigError: there is no such file, or it is not the JSON of a ``Config`` (naming the
         file and what is wrong).
     """
-    path = os.path.join(run_dir, CONFIG_FILE)
+    path = os.path.join(run_dir, rundir.CONFIG_FILE)
     if not os.path.exists(path):
-        raise ConfigError(f"{run_dir!r} is not a run directory: it has no {CONFIG_FILE}")
+        raise ConfigError(f"{run_dir!r} is not a run directory: it has no {rundir.CONFIG_FILE}")
     try:
         with open(path) as f:
             saved = json.load(f)

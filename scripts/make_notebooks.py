@@ -153,7 +153,7 @@ configs = {
 summaries = {}
 for name, config in configs.items():
     config.out = str(RUNS / name)
-    s = summaries[name] = train_and_evaluate(config)
+    s = summaries[name] = train_and_evaluate(config, overwrite=True)  # re-running a cell replaces its run
     print(f"{name:7s} test accuracy {s['test_accuracy']:.4f}   wall time {s['wall_time']:5.2f} s   "
           f"{s['examples_per_s']:8.0f} examples/s   devices {s['devices']}")
 '''),
@@ -259,7 +259,7 @@ def simulate(algo, workers, k, **overrides):
         batch_size=BATCH * workers if algo == "sync" else BATCH, eval_every=8 * BATCH,
         delay_model="exponential" if k else "none", delay_mean=k, seed=0, progress=False,
         out=str(out), **overrides)
-    return train_and_evaluate(config), load_rows(out)
+    return train_and_evaluate(config, overwrite=True), load_rows(out)
 
 
 def time_to(rows, target=TARGET):
@@ -415,7 +415,7 @@ for H in PERIODS:
 summaries = {}
 for name, config in configs.items():
     config.out = str(RUNS / name.replace(" ", "_").replace("=", ""))
-    s = summaries[name] = train_and_evaluate(config)
+    s = summaries[name] = train_and_evaluate(config, overwrite=True)  # re-running a cell replaces its run
     print(f"{name:28s} test accuracy {s['test_accuracy']:.4f}  steps {s['steps']:4d}  "
           f"wall time {s['wall_time']:5.2f} s  devices {s['devices']}  {s.get('placement', '')}")
 '''),

@@ -14,6 +14,7 @@ import pytest
 from pdasgd_jax import Config, train_and_evaluate
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.cli import main
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.train import resume_run
 
 
@@ -84,10 +85,12 @@ def test_resume_needs_a_run_directory(tmp_path, capsys):
     assert "has no config.json" in capsys.readouterr().err
 
 
-def test_fresh_run_in_a_used_directory_starts_over(tmp_path):
+def test_an_overwritten_run_starts_over(tmp_path):
     out = str(tmp_path / "run")
     first = train_and_evaluate(Config(epochs=1, out=out, progress=False))
-    again = train_and_evaluate(Config(epochs=1, out=out, progress=False))
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train_and_evaluate(Config(epochs=1, out=out, progress=False))
+    again = train_and_evaluate(Config(epochs=1, out=out, progress=False), overwrite=True)
     assert again["steps"] == first["steps"]
     assert len(_rows(os.path.join(out, "metrics.jsonl"))) == 1
 

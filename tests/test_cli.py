@@ -79,7 +79,7 @@ def test_a_failure_during_training_keeps_its_traceback(monkeypatch):
     or a failure to look at, so it propagates with its traceback."""
     import pdasgd_jax.train as train_lib
 
-    def fail(config):
+    def fail(config, **kwargs):
         raise ValueError("raised deep inside training")
 
     monkeypatch.setattr(train_lib, "train_and_evaluate", fail)
@@ -121,3 +121,19 @@ def test_a_damaged_config_json_is_named_on_resume(tmp_path, capsys, content, mes
     assert main(["train", "--resume", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "config.json" in err and message in err
+
+
+def test_a_used_out_is_refused_unless_overwritten_and_overwrite_clears_only_our_files(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--epochs", "0.1", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    (out / "staleness.png").write_bytes(b"left by an earlier asynchronous run")
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "already holds a run; continue it with --resume" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 0
+    assert not (out / "staleness.png").exists() and (out / "summary.json").exists()
+    (out / "notes.txt").write_text("the user's own file")
+    assert main([*args, "--overwrite"]) == 2
+    assert "did not write (notes.txt)" in capsys.readouterr().err
+    assert (out / "notes.txt").exists() and (out / "summary.json").exists()

@@ -7,13 +7,12 @@ import jax
 import numpy as np
 import pytest
 
-from pdasgd_jax import Config, calibration, plots, train_and_evaluate
+from pdasgd_jax import Config, calibration, plots, rundir, train_and_evaluate
 from pdasgd_jax import train as train_lib
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.simulate import resume
-from pdasgd_jax.simulate import run as sim_run
 from pdasgd_jax.train import resume_run
 
 # Fixed costs: no calibration, the same schedule on every machine.
@@ -136,7 +135,7 @@ def test_resuming_with_another_schedule_fails_clearly(tmp_path, monkeypatch, res
         _interrupt_after_checkpoint(m, lambda saved: len(saved) == 2)
         with pytest.raises(Interrupted):
             train_and_evaluate(config)
-    path = os.path.join(config.out, train_lib.CONFIG_FILE)
+    path = os.path.join(config.out, rundir.CONFIG_FILE)
     with open(path) as f:
         saved = json.load(f)
     with open(path, "w") as f:
@@ -165,7 +164,7 @@ def test_a_resumed_run_keeps_the_timing_it_started_with(tmp_path, monkeypatch, r
         _interrupt_after_checkpoint(m, lambda saved: len(saved) == 2)
         with pytest.raises(Interrupted):
             train_and_evaluate(Config(**{**config.to_dict(), "out": out}))
-    with open(os.path.join(out, sim_run.TIMING_FILE)) as f:
+    with open(os.path.join(out, rundir.TIMING_FILE)) as f:
         assert TimingModel.from_dict(json.load(f)["timing"]) == TIMING
     # A fresh calibration would now measure other costs (say, another machine): the saved one wins.
     monkeypatch.setattr(Experiment, "calibration", lambda exp, batch_size=None: _fixed(slower))

@@ -17,6 +17,7 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.run_result import RunResult
+from pdasgd_jax.rundir import TIMING_FILE
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.averaging import run_averaging
 from pdasgd_jax.simulate.scheduler import Scheduler
@@ -26,7 +27,6 @@ from pdasgd_jax.store import ParameterStore
 
 SYNCHRONOUS = ("sgd", "sync")
 AVERAGING = ("local", "dasgd")
-TIMING_FILE = "timing.json"
 def comm_model(config: Config) -> CommModel:
     """``--comm-latency`` and ``--comm-bandwidth`` (0: infinite) as a ``CommModel``."""
     return CommModel(config.comm_latency, config.comm_bandwidth or math.inf)

@@ -15,7 +15,6 @@ from pdasgd_jax.train import train_and_evaluate
 from pdasgd_jax.version import __version__
 
 __all__ = [
-    "__version__",
     "AveragingRule",
     "Config",
     "Stage",
@@ -23,6 +22,7 @@ __all__ = [
     "StagedModel",
     "TrainState",
     "Variables",
+    "__version__",
     "chained_gradients",
     "delay_compensated",
     "delayed_averaging",

@@ -69,15 +69,19 @@ def resolve_host_cpus(spec: HostCpus, platform: str = "cpu") -> tuple[int, ...] 
         try:
             cpus = tuple(int(c) for c in spec.split(","))
         except ValueError:
-            raise ValueError(f"--host-cpus {spec!r} is not allowed; use {AUTO}, {OFF} or core ids such as 0,1") from None
+            raise ValueError(
+                f"--host-cpus {spec!r} is not allowed; use {AUTO}, {OFF} or core ids such as 0,1"
+            ) from None
     else:
         cpus = tuple(spec)
     if allowed is None:
         raise ValueError(f"--host-cpus {spec!r}: this platform cannot pin threads to cores; use {AUTO} or {OFF}")
     bad = [c for c in cpus if c not in allowed]
     if not cpus or bad:
-        raise ValueError(f"--host-cpus {spec!r} names core(s) {bad or 'none'}; this process may use cores "
-                         f"{', '.join(map(str, sorted(allowed)))}")
+        raise ValueError(
+            f"--host-cpus {spec!r} names core(s) {bad or 'none'}; this process may use cores "
+            f"{', '.join(map(str, sorted(allowed)))}"
+        )
     return tuple(sorted(set(cpus)))
 
 

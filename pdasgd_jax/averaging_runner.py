@@ -56,8 +56,10 @@ def _run_rounds(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpoin
     rule = AveragingRule(cfg.period, delay, cfg.merge, outer_optimizer(cfg.outer_optimizer, cfg.outer_lr))
     mesh = spmd.worker_mesh(num_workers)
     if jax.process_count() > 1 and (mesh is None or mesh.size != jax.device_count()):
-        raise ValueError(f"--workers {num_workers} must be a multiple of the {jax.device_count()} devices of a "
-                         f"{jax.process_count()}-process run, so that every process holds workers")
+        raise ValueError(
+            f"--workers {num_workers} must be a multiple of the {jax.device_count()} devices of a "
+            f"{jax.process_count()}-process run, so that every process holds workers"
+        )
     sharding = spmd.worker_sharding(mesh)
     program = spmd.make_round_program(exp.model, exp.tx, rule, mesh)
     worker_mean = spmd.make_worker_mean(mesh)
@@ -67,8 +69,10 @@ def _run_rounds(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpoin
     if restored is not None:
         ws = jax.device_put(restored[0], sharding)
         step, examples = restored[1]["step"], restored[1]["examples"]
-    streams = {w: exp.train_stream(cfg.batch_size, shard_index=w, num_shards=num_workers, start=step)
-               for w in _local_workers(sharding, num_workers)}
+    streams = {
+        w: exp.train_stream(cfg.batch_size, shard_index=w, num_shards=num_workers, start=step)
+        for w in _local_workers(sharding, num_workers)
+    }
     params, states, _ = worker_mean((ws.train.params, ws.train.states, None))
     # A run resumed at its last checkpoint (budget spent, or target reached) has nothing left.
     stopped = restored is not None and metrics.reached_target
@@ -87,18 +91,25 @@ def _run_rounds(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpoin
             checkpointer.save(step, ws, metrics.position(step, examples))  # a host copy: the next round donates ws
         if metrics.reached_target:
             break
-    extra = {"devices": 1 if mesh is None else mesh.size, "workers": num_workers,
-             "placement": "vmap" if mesh is None else "shard_map"}
+    extra = {
+        "devices": 1 if mesh is None else mesh.size,
+        "workers": num_workers,
+        "placement": "vmap" if mesh is None else "shard_map",
+    }
     return RunResult(params, states, step, examples, extra)
 
 
 def _local_workers(sharding: Sharding, num_workers: int) -> list[int]:
     """The workers whose data this process feeds (all of them in a single-process run)."""
     rows = range(num_workers)
-    return sorted({w for (index,) in sharding.addressable_devices_indices_map((num_workers,)).values() for w in rows[index]})
+    return sorted(
+        {w for (index,) in sharding.addressable_devices_indices_map((num_workers,)).values() for w in rows[index]}
+    )
 
 
-def _next_round(streams: dict[int, Iterator], period: int, num_workers: int, sharding: Sharding) -> tuple[jax.Array, jax.Array]:
+def _next_round(
+    streams: dict[int, Iterator], period: int, num_workers: int, sharding: Sharding
+) -> tuple[jax.Array, jax.Array]:
     """The next ``period`` batches of every local worker as global ``(D, H, B, ...)`` arrays."""
     rounds = {w: [next(stream) for _ in range(period)] for w, stream in streams.items()}
     x = {w: np.stack([x for x, _ in batches]) for w, batches in rounds.items()}
@@ -110,4 +121,6 @@ def _to_global(per_worker: dict[int, np.ndarray], num_workers: int, sharding: Sh
     """One array with a leading worker axis, built from this process's workers only."""
     shape = (num_workers, *next(iter(per_worker.values())).shape)
     rows = range(num_workers)
-    return jax.make_array_from_callback(shape, sharding, lambda index: np.stack([per_worker[w] for w in rows[index[0]]]))
+    return jax.make_array_from_callback(
+        shape, sharding, lambda index: np.stack([per_worker[w] for w in rows[index[0]]])
+    )

@@ -70,24 +70,38 @@ class Calibration:
     description: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "fingerprint": self.fingerprint, "timing": self.timing.to_dict(),
-                "spread": self.spread, "rounds": self.rounds, "description": self.description}
+        return {
+            "format": FORMAT,
+            "fingerprint": self.fingerprint,
+            "timing": self.timing.to_dict(),
+            "spread": self.spread,
+            "rounds": self.rounds,
+            "description": self.description,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise ValueError(f"not a calibration (expected \"format\": {FORMAT!r})")
+            raise ValueError(f'not a calibration (expected "format": {FORMAT!r})')
         return cls(d["fingerprint"], TimingModel.from_dict(d["timing"]), d["spread"], d["rounds"], d["description"])
 
 
 def _shapes(tree: PyTree) -> list[list[Any]]:
-    return [[list(np.shape(leaf)), str(getattr(leaf, "dtype", None) or np.asarray(leaf).dtype)]
-            for leaf in jax.tree.leaves(tree)]
+    return [
+        [list(np.shape(leaf)), str(getattr(leaf, "dtype", None) or np.asarray(leaf).dtype)]
+        for leaf in jax.tree.leaves(tree)
+    ]
 
 
-def fingerprint(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree],
-                opt_states: Sequence[PyTree], x: Any, y: Any, device: jax.Device | None = None
-                ) -> tuple[str, dict[str, Any]]:
+def fingerprint(
+    kernels: StageKernels,
+    params: Sequence[PyTree],
+    states: Sequence[PyTree],
+    opt_states: Sequence[PyTree],
+    x: Any,
+    y: Any,
+    device: jax.Device | None = None,
+) -> tuple[str, dict[str, Any]]:
     """``(digest, description)`` of everything the kernels' costs depend on; traces, never runs.
 
     The digest also covers each stage's forward program and the optimizer's update program
@@ -101,8 +115,10 @@ def fingerprint(kernels: StageKernels, params: Sequence[PyTree], states: Sequenc
         h = jax.eval_shape(forward, params[m], states[m], h)[0]
         programs.append(str(jax.make_jaxpr(kernels.update(m))(params[m], opt_states[m], params[m])))
     description = {
-        "stages": [{"params": _shapes(p), "state": _shapes(s), "opt_state": _shapes(o)}
-                   for p, s, o in zip(params, states, opt_states)],
+        "stages": [
+            {"params": _shapes(p), "state": _shapes(s), "opt_state": _shapes(o)}
+            for p, s, o in zip(params, states, opt_states)
+        ],
         "batch": {"x": _shapes(x), "y": _shapes(y)},
         "device": {"platform": device.platform, "kind": device.device_kind},
         "jax": jax.__version__,
@@ -146,6 +162,7 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
 
 def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
     """Per-kernel medians over ``rounds`` and each kernel's ``[min, max]``."""
+
     def per_stage(name: str) -> tuple[list[float], list[list[float]]]:
         columns = list(zip(*(getattr(r, name) for r in rounds)))
         return [statistics.median(c) for c in columns], [[min(c), max(c)] for c in columns]
@@ -161,9 +178,19 @@ def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
     return timing, spread
 
 
-def measure(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree],
-            opt_states: Sequence[PyTree], x: Any, y: Any, *, repeats: int = 10, min_rounds: int = 3,
-            max_rounds: int = 9, tolerance: float = 0.05) -> Calibration:
+def measure(
+    kernels: StageKernels,
+    params: Sequence[PyTree],
+    states: Sequence[PyTree],
+    opt_states: Sequence[PyTree],
+    x: Any,
+    y: Any,
+    *,
+    repeats: int = 10,
+    min_rounds: int = 3,
+    max_rounds: int = 9,
+    tolerance: float = 0.05,
+) -> Calibration:
     """Measures rounds until stable: at least ``min_rounds``, then until the median step cost
     over the rounds moves by less than ``tolerance`` (relative) with one more round, at most
     ``max_rounds``.
@@ -173,8 +200,10 @@ def measure(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[Py
         ``tolerance <= 0``.
     """
     if repeats < 1 or min_rounds < 1 or max_rounds < min_rounds or not tolerance > 0:
-        raise ValueError(f"need repeats >= 1, 1 <= min_rounds <= max_rounds and tolerance > 0; got repeats "
-                         f"{repeats}, min_rounds {min_rounds}, max_rounds {max_rounds}, tolerance {tolerance}")
+        raise ValueError(
+            f"need repeats >= 1, 1 <= min_rounds <= max_rounds and tolerance > 0; got repeats "
+            f"{repeats}, min_rounds {min_rounds}, max_rounds {max_rounds}, tolerance {tolerance}"
+        )
     digest, description = fingerprint(kernels, params, states, opt_states, x, y)
     rounds: list[TimingModel] = []
     previous = None
@@ -201,9 +230,18 @@ def _cache_path(cache_dir: str | os.PathLike, digest: str) -> Path:
     return Path(cache_dir).expanduser() / f"calibration-{digest[:24]}.json"
 
 
-def calibrate(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree],
-              opt_states: Sequence[PyTree], x: Any, y: Any, *, cache_dir: str | os.PathLike | None = CACHE_DIR,
-              recalibrate: bool = False, **measure_kwargs: Any) -> Calibration:
+def calibrate(
+    kernels: StageKernels,
+    params: Sequence[PyTree],
+    states: Sequence[PyTree],
+    opt_states: Sequence[PyTree],
+    x: Any,
+    y: Any,
+    *,
+    cache_dir: str | os.PathLike | None = CACHE_DIR,
+    recalibrate: bool = False,
+    **measure_kwargs: Any,
+) -> Calibration:
     """The calibration of these kernels at this batch on this device: from the in-memory or
     on-disk cache (by fingerprint), or measured (``measure``) and cached.
 
@@ -258,9 +296,11 @@ def load(path: str, *, expected: str | None = None, num_stages: int | None = Non
     if num_stages is not None and cal.timing.num_stages != num_stages:
         raise ConfigError(f"timing file {path!r} has {cal.timing.num_stages} stages but the model has {num_stages}")
     if expected is not None and cal.fingerprint != expected:
-        raise ConfigError(f"timing file {path!r} was measured for another model, optimizer, batch size, device or "
-                          f"JAX version (fingerprint {cal.fingerprint[:12]}, this run's {expected[:12]}); "
-                          f"measure afresh with --recalibrate or drop --timing")
+        raise ConfigError(
+            f"timing file {path!r} was measured for another model, optimizer, batch size, device or "
+            f"JAX version (fingerprint {cal.fingerprint[:12]}, this run's {expected[:12]}); "
+            f"measure afresh with --recalibrate or drop --timing"
+        )
     return cal
 
 
@@ -280,6 +320,7 @@ def measure_concurrency(fn: Callable, *args: Any, repeats: int = 10) -> float:
         raise ValueError(f"repeats {repeats!r} must be >= 1")
     alone = _median_time(fn, *args, repeats=repeats)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
+
         def both() -> None:
             for future in [pool.submit(fn, *args) for _ in range(2)]:
                 jax.block_until_ready(future.result())

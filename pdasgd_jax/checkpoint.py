@@ -40,8 +40,15 @@ class RunCheckpointer:
         ckpt.close()
     """
 
-    def __init__(self, run_dir: str, *, every: int = 0, fresh: bool = False, max_to_keep: int = 2,
-                 clock: TrainingClock | None = None):
+    def __init__(
+        self,
+        run_dir: str,
+        *,
+        every: int = 0,
+        fresh: bool = False,
+        max_to_keep: int = 2,
+        clock: TrainingClock | None = None,
+    ):
         if every < 0:
             raise ValueError(f"checkpoint every {every} examples: must be >= 0 (0: at every evaluation)")
         self.directory = os.path.join(os.path.abspath(run_dir), CHECKPOINT_DIR)
@@ -80,8 +87,11 @@ class RunCheckpointer:
             self._manager.wait_until_finished()
             meta = {**meta, "next_checkpoint": self.next_due}
             ocp = self._ocp
-            self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(host_state),
-                                                             meta=ocp.args.JsonSave(meta)), force=True)
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(host_state), meta=ocp.args.JsonSave(meta)),
+                force=True,
+            )
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step (``None``: there is none)."""
@@ -95,8 +105,9 @@ class RunCheckpointer:
             return None
         ocp = self._ocp
         abstract = jax.tree.map(lambda x: np.zeros(np.shape(x), np.asarray(x).dtype), jax.device_get(like))
-        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                                      meta=ocp.args.JsonRestore()))
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
+        )
         return restored.state, restored.meta
 
     def resume(self, like: PyTree, metrics: MetricsLog) -> tuple[PyTree, dict[str, Any]] | None:

@@ -25,8 +25,14 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"])
             continue
         base = f.type.split("|")[0].strip()
-        group.add_argument(flag, type=_TYPES[base], default=f.default, choices=meta["choices"], help=meta["help"],
-                           metavar=None if meta["choices"] else base.upper())
+        group.add_argument(
+            flag,
+            type=_TYPES[base],
+            default=f.default,
+            choices=meta["choices"],
+            help=meta["help"],
+            metavar=None if meta["choices"] else base.upper(),
+        )
 
 
 def _program_name() -> str:
@@ -36,23 +42,36 @@ def _program_name() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=_program_name(),
-                                     description="Asynchronous and delay-tolerant SGD in JAX (PD-ASGD, DaSGD and baselines).")
+    parser = argparse.ArgumentParser(
+        prog=_program_name(), description="Asynchronous and delay-tolerant SGD in JAX (PD-ASGD, DaSGD and baselines)."
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train one configuration", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    train = sub.add_parser(
+        "train", help="train one configuration", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     _add_config_flags(train)
-    train.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR (its config and newest checkpoint); other flags are ignored")
-    train.add_argument("--overwrite", action="store_true",
-                       help="replace the run already in --out (deleting only the files pdasgd-jax wrote there)")
+    train.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the run saved in DIR (its config and newest checkpoint); other flags are ignored",
+    )
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (deleting only the files pdasgd-jax wrote there)",
+    )
     hosts = train.add_argument_group("multi-host (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)")
     hosts.add_argument("--coordinator-address", help="host:port of process 0 for jax.distributed")
     hosts.add_argument("--num-processes", type=int, help="number of processes in the run")
     hosts.add_argument("--process-id", type=int, help="this process's index")
-    bench = sub.add_parser("bench", help="run a benchmark protocol of algorithms.md §6",
-                           formatter_class=argparse.RawDescriptionHelpFormatter,
-                           epilog="benchmarks (durations of a full run on a 2-core CPU):\n"
-                                  + "\n".join(f"  {name:15} {text}" for name, text in BENCHMARKS.items()))
+    bench = sub.add_parser(
+        "bench",
+        help="run a benchmark protocol of algorithms.md §6",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="benchmarks (durations of a full run on a 2-core CPU):\n"
+        + "\n".join(f"  {name:15} {text}" for name, text in BENCHMARKS.items()),
+    )
     bench.add_argument("name", choices=tuple(BENCHMARKS), help="which benchmark (see below)")
     bench.add_argument("--out", default="bench_out", help="directory for <name>.json and <name>.md")
     bench.add_argument("--quick", action="store_true", help="a small, fast version (for tests and smoke checks)")
@@ -87,8 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             initialize_from_env_or_args(args.coordinator_address, args.num_processes, args.process_id)
             summary = resume_run(args.resume) if args.resume else train_and_evaluate(config, overwrite=args.overwrite)
             out = summary["config"]["out"]
-            print(f"test_accuracy={summary['test_accuracy']:.4f} wall_time={summary['wall_time']:.1f}s "
-                  f"examples={summary['examples']}" + (f" out={out}" if out else ""))
+            print(
+                f"test_accuracy={summary['test_accuracy']:.4f} wall_time={summary['wall_time']:.1f}s "
+                f"examples={summary['examples']}" + (f" out={out}" if out else "")
+            )
         elif args.command == "compare":
             from pdasgd_jax.compare import compare_runs
 

@@ -29,13 +29,20 @@ def load_run(run_dir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def summary_row(summary: dict[str, Any]) -> dict[str, Any]:
     """The columns of ``TABLE_COLUMNS`` for one run."""
     config = summary.get("config", {})
-    return {"algo": config.get("algo"), "dataset": config.get("dataset"), "model": config.get("model") or "default",
-            "test_accuracy": summary.get("test_accuracy"), "wall_time": summary.get("wall_time"),
-            "examples": summary.get("examples"), "examples_per_s": summary.get("examples_per_s")}
+    return {
+        "algo": config.get("algo"),
+        "dataset": config.get("dataset"),
+        "model": config.get("model") or "default",
+        "test_accuracy": summary.get("test_accuracy"),
+        "wall_time": summary.get("wall_time"),
+        "examples": summary.get("examples"),
+        "examples_per_s": summary.get("examples_per_s"),
+    }
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     """A markdown table; floats get four significant digits."""
+
     def cell(v: Any) -> str:
         return f"{v:.4g}" if isinstance(v, float) else str(v)
 

@@ -95,10 +95,13 @@ class DelayModel:
     factor: float = 3.0
 
     def __post_init__(self):
-        _require(self.name in DELAY_MODELS, f"unknown delay model {self.name!r}; choose one of {', '.join(DELAY_MODELS)}")
+        _require(
+            self.name in DELAY_MODELS, f"unknown delay model {self.name!r}; choose one of {', '.join(DELAY_MODELS)}"
+        )
         _finite_non_negative("delay mean", self.mean)
-        _require(self.name != "none" or self.mean == 0,
-                 f"delay mean {self.mean!r} needs a delay model other than 'none'")
+        _require(
+            self.name != "none" or self.mean == 0, f"delay mean {self.mean!r} needs a delay model other than 'none'"
+        )
         _require(math.isfinite(self.sigma) and self.sigma > 0, f"lognormal sigma {self.sigma!r} must be > 0")
         _require(0 <= self.prob <= 1, f"straggler probability {self.prob!r} is outside [0, 1]")
         _require(math.isfinite(self.factor) and self.factor >= 1, f"straggler factor {self.factor!r} must be >= 1")
@@ -114,8 +117,13 @@ class DelayModel:
             ``TimingModel.step_compute_time()``.
         """
         _finite_non_negative("step compute time", step_compute_time)
-        return cls(config.delay_model, config.delay_mean * step_compute_time, config.delay_sigma,
-                   config.straggler_prob, config.straggler_factor)
+        return cls(
+            config.delay_model,
+            config.delay_mean * step_compute_time,
+            config.delay_sigma,
+            config.straggler_prob,
+            config.straggler_factor,
+        )
 
     def sample(self, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> float | np.ndarray:
         """Additive delays ``>= 0``: a float when ``size`` is None, else an array of that shape."""
@@ -226,17 +234,21 @@ class TimingModel:
         for name in ("forward", "backward", "update", "worker_factors"):
             object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
         _require(len(self.forward) >= 1, "a timing model needs at least one stage")
-        _require(len(self.backward) == len(self.update) == len(self.forward),
-                 f"stage costs disagree on the number of stages: forward {len(self.forward)}, "
-                 f"backward {len(self.backward)}, update {len(self.update)}")
+        _require(
+            len(self.backward) == len(self.update) == len(self.forward),
+            f"stage costs disagree on the number of stages: forward {len(self.forward)}, "
+            f"backward {len(self.backward)}, update {len(self.update)}",
+        )
         for name in ("forward", "backward", "update"):
             for m, cost in enumerate(getattr(self, name)):
                 _finite_non_negative(f"{name} cost of stage {m}", cost)
         _finite_non_negative("loss cost", self.loss)
         for w, factor in enumerate(self.worker_factors):
             _require(math.isfinite(factor) and factor > 0, f"speed factor {factor!r} of worker {w} must be > 0")
-        _require(math.isfinite(self.concurrency) and self.concurrency >= 1,
-                 f"device concurrency {self.concurrency!r} must be >= 1")
+        _require(
+            math.isfinite(self.concurrency) and self.concurrency >= 1,
+            f"device concurrency {self.concurrency!r} must be >= 1",
+        )
 
     @property
     def num_stages(self) -> int:
@@ -291,8 +303,14 @@ class TimingModel:
         return cls(**{**d, "comm": CommModel(comm["alpha"], beta)})
 
 
-def from_flops(stage_forward_flops: Sequence[float], rate_flops_per_s: float, *, backward_factor: float = 2.0,
-               stage_update_flops: Sequence[float] | None = None, loss_flops: float = 0.0) -> TimingModel:
+def from_flops(
+    stage_forward_flops: Sequence[float],
+    rate_flops_per_s: float,
+    *,
+    backward_factor: float = 2.0,
+    stage_update_flops: Sequence[float] | None = None,
+    loss_flops: float = 0.0,
+) -> TimingModel:
     """Costs proportional to FLOP counts on a device sustaining ``rate_flops_per_s``.
 
     Example::
@@ -302,13 +320,17 @@ def from_flops(stage_forward_flops: Sequence[float], rate_flops_per_s: float, *,
     _require(math.isfinite(rate_flops_per_s) and rate_flops_per_s > 0, f"FLOP rate {rate_flops_per_s!r} must be > 0")
     _finite_non_negative("backward factor", backward_factor)
     updates = stage_update_flops if stage_update_flops is not None else [0.0] * len(stage_forward_flops)
-    return TimingModel(forward=[f / rate_flops_per_s for f in stage_forward_flops],
-                       backward=[backward_factor * f / rate_flops_per_s for f in stage_forward_flops],
-                       update=[u / rate_flops_per_s for u in updates],
-                       loss=loss_flops / rate_flops_per_s)
+    return TimingModel(
+        forward=[f / rate_flops_per_s for f in stage_forward_flops],
+        backward=[backward_factor * f / rate_flops_per_s for f in stage_forward_flops],
+        update=[u / rate_flops_per_s for u in updates],
+        loss=loss_flops / rate_flops_per_s,
+    )
 
 
-def stage_forward_flops(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree], x: jax.Array) -> tuple[float, ...]:
+def stage_forward_flops(
+    kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree], x: jax.Array
+) -> tuple[float, ...]:
     """Per-stage forward FLOPs from XLA's cost analysis of the compiled kernels (no compute).
 
     Raises:
@@ -321,8 +343,10 @@ def stage_forward_flops(kernels: StageKernels, params: Sequence[PyTree], states:
         fn = kernels.forward(m)
         analysis = jax.jit(fn).lower(params[m], states[m], h).compile().cost_analysis()
         if not analysis or analysis.get("flops", -1) < 0:
-            raise RuntimeError(f"XLA's cost analysis on {jax.default_backend()} reports no FLOP count for the "
-                               f"forward of stage {m}; measure the kernels with calibration.calibrate instead")
+            raise RuntimeError(
+                f"XLA's cost analysis on {jax.default_backend()} reports no FLOP count for the "
+                f"forward of stage {m}; measure the kernels with calibration.calibrate instead"
+            )
         flops.append(float(analysis["flops"]))
         h, _ = jax.eval_shape(fn, params[m], states[m], h)
     return tuple(flops)

@@ -36,7 +36,9 @@ ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
 
 
-def initialize_from_env_or_args(coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None) -> bool:
+def initialize_from_env_or_args(
+    coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> bool:
     """Joins this process to a multi-process JAX run, or does nothing for a single process.
 
     Must run before any JAX computation. Each argument falls back to its environment

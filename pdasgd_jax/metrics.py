@@ -21,7 +21,6 @@ from tqdm.auto import tqdm
 from pdasgd_jax.rundir import METRICS_FILE
 
 
-
 class NonFiniteLossError(FloatingPointError):
     """A training loss became NaN or infinite."""
 
@@ -87,9 +86,18 @@ class MetricsLog:
             print(metrics.rows[-1]["test_accuracy"])
     """
 
-    def __init__(self, evaluate: Callable[[Any, Any], dict[str, float]], *, total_examples: int, eval_every: int,
-                 out_dir: str | None = None, target_accuracy: float | None = None, progress: bool = True,
-                 resume: bool = False, clock: TrainingClock | None = None):
+    def __init__(
+        self,
+        evaluate: Callable[[Any, Any], dict[str, float]],
+        *,
+        total_examples: int,
+        eval_every: int,
+        out_dir: str | None = None,
+        target_accuracy: float | None = None,
+        progress: bool = True,
+        resume: bool = False,
+        clock: TrainingClock | None = None,
+    ):
         if eval_every < 1:
             raise ValueError(f"eval_every {eval_every} must be >= 1 example")
         self._evaluate = evaluate
@@ -122,8 +130,7 @@ class MetricsLog:
     @property
     def reached_target(self) -> bool:
         """Whether an evaluation reached ``target_accuracy``."""
-        return self.target_accuracy is not None and any(r["test_accuracy"] >= self.target_accuracy
-                                                        for r in self.rows)
+        return self.target_accuracy is not None and any(r["test_accuracy"] >= self.target_accuracy for r in self.rows)
 
     def eval_due(self, examples: int) -> bool:
         return examples >= self.next_eval or examples >= self.total_examples
@@ -158,8 +165,14 @@ class MetricsLog:
             self.progress(examples)
             while self.next_eval <= examples:
                 self.next_eval += self.eval_every
-            row = {"step": step, "examples": examples, "wall_time": self.clock.elapsed, "loss": self._drain_losses(),
-                   **self._evaluate(params, states), **extra}
+            row = {
+                "step": step,
+                "examples": examples,
+                "wall_time": self.clock.elapsed,
+                "loss": self._drain_losses(),
+                **self._evaluate(params, states),
+                **extra,
+            }
             self.rows.append(row)
             self._bar.set_postfix(loss=f"{row['loss']:.4f}", acc=f"{row['test_accuracy']:.4f}")
             if self.out_dir:
@@ -184,9 +197,14 @@ class MetricsLog:
     def position(self, step: int, examples: int) -> dict[str, Any]:
         """What a checkpoint at ``step`` records of the log, for ``rewind``: the counts, the
         clock, the schedule and the losses not yet in a row (a checkpoint between evaluations)."""
-        return {"step": step, "examples": examples, "wall_time": self.clock.elapsed, "next_eval": self.next_eval,
-                "pending_losses": [float(np.asarray(l)) for l in self._pending_losses],
-                "pending_first_step": self._pending_first_step}
+        return {
+            "step": step,
+            "examples": examples,
+            "wall_time": self.clock.elapsed,
+            "next_eval": self.next_eval,
+            "pending_losses": [float(np.asarray(l)) for l in self._pending_losses],
+            "pending_first_step": self._pending_first_step,
+        }
 
     def rewind(self, position: dict[str, Any]) -> None:
         """Continues from a checkpoint's ``position``: rows after its step are dropped (from

@@ -33,8 +33,9 @@ def write_json_atomic(path: str, obj: Any) -> None:
         raise
 
 
-def write_summary(metrics: MetricsLog, *, config: dict[str, Any], extra: dict[str, Any] | None = None
-                  ) -> dict[str, Any]:
+def write_summary(
+    metrics: MetricsLog, *, config: dict[str, Any], extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The run summary (last evaluation, training time, throughput, ``extra``); with
     ``metrics.out_dir``, also writes summary.json, summary.md, curves.png and (for runs that
     report staleness) staleness.png there.
@@ -71,9 +72,13 @@ def _write_files(out_dir: str, summary: dict[str, Any], rows: list[dict[str, Any
     if summary.get("staleness", {}).get("per_stage"):  # asynchronous and simulated runs
         plot_staleness(summary, os.path.join(out_dir, STALENESS_PLOT))
     with open(os.path.join(out_dir, SUMMARY_MD), "w") as f:
-        f.write(f"# Run summary: {algo} on {config.get('dataset')}\n\n"
-                + markdown_table([summary_row(summary)], TABLE_COLUMNS) + "\n\n"
-                + markdown_table(rows, ("step", "examples", "wall_time", "loss", "test_accuracy")) + "\n")
+        f.write(
+            f"# Run summary: {algo} on {config.get('dataset')}\n\n"
+            + markdown_table([summary_row(summary)], TABLE_COLUMNS)
+            + "\n\n"
+            + markdown_table(rows, ("step", "examples", "wall_time", "loss", "test_accuracy"))
+            + "\n"
+        )
 
 
 def _jsonable(obj: Any) -> Any:

@@ -38,8 +38,18 @@ TIMING_FILE = "timing.json"
 EVENT_LOG = "events.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 LOCK_FILE = ".pdasgd.lock"
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, SUMMARY_MD, CURVES_PLOT, STALENESS_PLOT, TIMING_FILE,
-             EVENT_LOG, CHECKPOINT_DIR, LOCK_FILE)
+RUN_FILES = (
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    SUMMARY_MD,
+    CURVES_PLOT,
+    STALENESS_PLOT,
+    TIMING_FILE,
+    EVENT_LOG,
+    CHECKPOINT_DIR,
+    LOCK_FILE,
+)
 
 
 def _foreign(out: str) -> list[str]:
@@ -70,11 +80,13 @@ def check_out(out: str, *, resume: bool, overwrite: bool) -> None:
     foreign = _foreign(out)
     if foreign:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        raise ConfigError(f"--out {out!r} holds files pdasgd-jax did not write ({shown}); choose an empty or new "
-                          f"directory")
+        raise ConfigError(
+            f"--out {out!r} holds files pdasgd-jax did not write ({shown}); choose an empty or new directory"
+        )
     if set(os.listdir(out)) - {LOCK_FILE} and not overwrite:
-        raise ConfigError(f"--out {out!r} already holds a run; continue it with --resume {out}, or replace it with "
-                          f"--overwrite")
+        raise ConfigError(
+            f"--out {out!r} already holds a run; continue it with --resume {out}, or replace it with --overwrite"
+        )
 
 
 def clear_run(out: str) -> None:
@@ -117,12 +129,14 @@ class RunDirLock:
             f.seek(0)
             holder = _describe_holder(f.read())
             f.close()
-            raise ConfigError(f"--out {self.out!r} is in use by {holder}; wait for it to finish or use another "
-                              f"directory") from None
+            raise ConfigError(
+                f"--out {self.out!r} is in use by {holder}; wait for it to finish or use another directory"
+            ) from None
         f.seek(0)
         f.truncate()
-        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                            "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        f.write(
+            json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+        )
         f.flush()
         self._file = f
         return self

@@ -83,7 +83,9 @@ class WorkerState(NamedTuple):
     outer: OuterState | tuple
 
 
-def make_round(model: StagedModel, tx: optax.GradientTransformation, rule: AveragingRule, axis_name: AxisName) -> Callable:
+def make_round(
+    model: StagedModel, tx: optax.GradientTransformation, rule: AveragingRule, axis_name: AxisName
+) -> Callable:
     """One worker's round of ``H = rule.period`` local steps (unjitted, per worker).
 
     ``(WorkerState, x_HxB..., y_HxB) -> (WorkerState, loss_H)``, to be mapped over the
@@ -135,7 +137,9 @@ def worker_sharding(mesh: Mesh | None) -> Sharding:
     return SingleDeviceSharding(jax.devices()[0]) if mesh is None else NamedSharding(mesh, P(WORKER_AXIS))
 
 
-def make_round_program(model: StagedModel, tx: optax.GradientTransformation, rule: AveragingRule, mesh: Mesh | None) -> Callable:
+def make_round_program(
+    model: StagedModel, tx: optax.GradientTransformation, rule: AveragingRule, mesh: Mesh | None
+) -> Callable:
     """Jitted round ``(WorkerState_D, x_DxHxB..., y_DxHxB) -> (WorkerState_D, loss_DxH)``.
 
     Every argument carries a leading worker axis of size D; with a mesh it is sharded
@@ -149,23 +153,31 @@ def make_round_program(model: StagedModel, tx: optax.GradientTransformation, rul
     spec = P(WORKER_AXIS)
     # vma typing cannot mix a vmap axis and a mesh axis in one pmean (jax 0.10.2 rejects
     # it); nothing here is replicated (every leaf has the worker axis), so AD is unaffected.
-    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(spec, spec, spec), out_specs=(spec, spec),
-                                 check_vma=False), donate_argnums=0)
+    return jax.jit(
+        jax.shard_map(per_device, mesh=mesh, in_specs=(spec, spec, spec), out_specs=(spec, spec), check_vma=False),
+        donate_argnums=0,
+    )
 
 
-def init_workers(variables: Variables, tx: optax.GradientTransformation, rule: AveragingRule, num_workers: int, sharding: Sharding) -> WorkerState:
+def init_workers(
+    variables: Variables, tx: optax.GradientTransformation, rule: AveragingRule, num_workers: int, sharding: Sharding
+) -> WorkerState:
     """``num_workers`` identical workers starting from ``variables``, placed with ``sharding``."""
     params = jax.device_get(variables.params)
-    one = WorkerState(TrainState(params, jax.device_get(variables.states), jax.device_get(init_opt_states(tx, params))),
-                      jax.device_get(rule.init_outer(params)))
+    one = WorkerState(
+        TrainState(params, jax.device_get(variables.states), jax.device_get(init_opt_states(tx, params))),
+        jax.device_get(rule.init_outer(params)),
+    )
     # From host arrays every process can place its own workers (multi-process meshes).
     return jax.tree.map(lambda x: jax.device_put(np.broadcast_to(x, (num_workers, *np.shape(x))), sharding), one)
 
 
 def make_worker_mean(mesh: Mesh | None) -> Callable:
     """Jitted mean over the leading worker axis of a tree (replicated over ``mesh``)."""
-    return jax.jit(lambda tree: jax.tree.map(lambda x: x.mean(0).astype(x.dtype), tree),
-                   out_shardings=None if mesh is None else replicated(mesh))
+    return jax.jit(
+        lambda tree: jax.tree.map(lambda x: x.mean(0).astype(x.dtype), tree),
+        out_shardings=None if mesh is None else replicated(mesh),
+    )
 
 
 def wait_for_round(previous_output: Any) -> None:

@@ -15,9 +15,16 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.run_result import RunResult
 
 
-def run_synchronous_loop(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None,
-                         step_fn: Callable, ts: TrainState, put: Callable, place_state: Callable,
-                         batch_size: int) -> tuple[TrainState, int, int]:
+def run_synchronous_loop(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None,
+    step_fn: Callable,
+    ts: TrainState,
+    put: Callable,
+    place_state: Callable,
+    batch_size: int,
+) -> tuple[TrainState, int, int]:
     """Runs ``step_fn`` over the training stream until the example budget or the target,
     continuing from ``checkpointer``'s newest checkpoint when there is one.
 
@@ -67,8 +74,9 @@ def _initial_state(exp: Experiment) -> TrainState:
 def run_sgd(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
     """Plain minibatch SGD on one device with one fused jitted step."""
     step_fn = jax.jit(make_train_step(exp.model, exp.tx))
-    ts, step, examples = run_synchronous_loop(exp, metrics, checkpointer, step_fn, _initial_state(exp), lambda a: a,
-                                              jax.device_put, exp.config.batch_size)
+    ts, step, examples = run_synchronous_loop(
+        exp, metrics, checkpointer, step_fn, _initial_state(exp), lambda a: a, jax.device_put, exp.config.batch_size
+    )
     return RunResult(ts.params, ts.states, step, examples, {"devices": 1})
 
 
@@ -84,7 +92,13 @@ def run_sync(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer
 
     sharding = spmd.batch_sharding(mesh)
     ts, step, examples = run_synchronous_loop(
-        exp, metrics, checkpointer, spmd.make_sync_step(exp.model, exp.tx, mesh), replicate(_initial_state(exp)),
-        lambda a: jax.device_put(a, sharding), replicate, exp.config.batch_size,
+        exp,
+        metrics,
+        checkpointer,
+        spmd.make_sync_step(exp.model, exp.tx, mesh),
+        replicate(_initial_state(exp)),
+        lambda a: jax.device_put(a, sharding),
+        replicate,
+        exp.config.batch_size,
     )
     return RunResult(ts.params, ts.states, step, examples, {"devices": d})

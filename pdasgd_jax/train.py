@@ -19,13 +19,20 @@ from pdasgd_jax.reporting import write_json_atomic, write_summary
 from pdasgd_jax.run_result import Runner
 from pdasgd_jax.runners import select_runner
 
+
 def create_metrics(exp: Experiment, *, resume: bool = False) -> MetricsLog:
     """The run's metrics log (``metrics.jsonl`` in ``--out``), evaluating every ``--eval-every``
     examples (default: once per epoch)."""
     config = exp.config
-    return MetricsLog(exp.evaluate, total_examples=exp.total_examples,
-                      eval_every=config.eval_every or len(exp.dataset.train), out_dir=config.out,
-                      target_accuracy=config.target_accuracy, progress=config.progress, resume=resume)
+    return MetricsLog(
+        exp.evaluate,
+        total_examples=exp.total_examples,
+        eval_every=config.eval_every or len(exp.dataset.train),
+        out_dir=config.out,
+        target_accuracy=config.target_accuracy,
+        progress=config.progress,
+        resume=resume,
+    )
 
 
 def create_checkpointer(config: Config, metrics: MetricsLog, *, resume: bool = False) -> RunCheckpointer | None:

@@ -24,8 +24,7 @@ RATES = {
 
 
 def main() -> None:
-    print(f"delays cell W={WORKERS}, k={K:g}, no straggler, seed {SEED}: virtual ms to "
-          f"test accuracy {delays.TARGET}")
+    print(f"delays cell W={WORKERS}, k={K:g}, no straggler, seed {SEED}: virtual ms to test accuracy {delays.TARGET}")
     for algo, rates in RATES.items():
         for lr in rates:
             t = delays.time_to_target(algo, WORKERS, K, False, lr, SEED, delays.EPOCHS)

@@ -48,21 +48,21 @@ if "google.colab" in sys.modules:
     %pip install -q "{PIP_SPEC}"
 ''')
 
-SMALL_SWITCH = code('''
+SMALL_SWITCH = code("""
 import os
 
 # Small sizes by default (CI runs every notebook on two CPU cores in well under a minute);
 # set the environment variable PDASGD_SMALL=0, or SMALL = False here, for the full-size runs.
 SMALL = os.environ.get("PDASGD_SMALL", "1") == "1"
 print("small sizes" if SMALL else "full sizes")
-''')
+""")
 
-DEVICES = code('''
+DEVICES = code("""
 import jax
 
 # JAX picks a GPU or TPU by itself when the runtime has one.
 print(jax.default_backend(), jax.devices())
-''')
+""")
 
 # Plotting helpers shared by the notebooks: a run's metrics.jsonl, and figures shown inline.
 SHOW = '''
@@ -75,7 +75,8 @@ def show(fig):
     display(Image(buffer.getvalue()))
 '''
 
-HELPERS = code('''
+HELPERS = code(
+    '''
 import io
 import json
 import pathlib
@@ -89,20 +90,25 @@ def load_rows(run_dir):
     with open(pathlib.Path(run_dir) / "metrics.jsonl") as f:
         return [json.loads(line) for line in f if line.strip()]
 
-''' + SHOW)
+'''
+    + SHOW
+)
 
-PLOT_ONLY = code('''
+PLOT_ONLY = code(
+    """
 import io
 
 import matplotlib.pyplot as plt
 from IPython.display import Image, display
 
-''' + SHOW)
+"""
+    + SHOW
+)
 
 
 def quickstart() -> list[Cell]:
     return [
-        md(f'''
+        md(f"""
 # PD-ASGD quick start: asynchronous vs synchronous SGD on digits
 
 {colab_badge("quickstart")}
@@ -121,19 +127,19 @@ no download) three ways, with one call each, `train_and_evaluate(Config(...))`:
 
 It then plots test accuracy against wall time and against examples processed, and shows the
 per-layer staleness PD-ASGD's updates had.
-'''),
+"""),
         INSTALL,
         SMALL_SWITCH,
         DEVICES,
         HELPERS,
-        md('''
+        md("""
 ## Three runs with one configuration
 
 Every run is a `Config`; `out=` makes it write `metrics.jsonl` (one row per evaluation),
 `summary.json` and `curves.png`. All three see the same number of examples with the same
 optimizer (SGD with momentum 0.9, learning rate 0.05, batch 32).
-'''),
-        code('''
+"""),
+        code("""
 import math
 
 from pdasgd_jax import Config, train_and_evaluate
@@ -156,14 +162,14 @@ for name, config in configs.items():
     s = summaries[name] = train_and_evaluate(config, overwrite=True)  # re-running a cell replaces its run
     print(f"{name:7s} test accuracy {s['test_accuracy']:.4f}   wall time {s['wall_time']:5.2f} s   "
           f"{s['examples_per_s']:8.0f} examples/s   devices {s['devices']}")
-'''),
-        md('''
+"""),
+        md("""
 ## Accuracy against wall time and against examples
 
 Wall time includes compilation, so on a tiny model the first evaluation of each run is
 dominated by it; against examples the three algorithms are compared per unit of data.
-'''),
-        code('''
+"""),
+        code("""
 fig, (ax_time, ax_examples) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
 for name in configs:
     rows = load_rows(RUNS / name)
@@ -174,12 +180,12 @@ ax_time.set(xlabel="wall time (s)", ylabel="test accuracy", title="accuracy vs w
 ax_examples.set(xlabel="examples processed", title="accuracy vs examples")
 ax_time.legend()
 show(fig)
-'''),
-        md('''
+"""),
+        md("""
 `compare_runs` does the same from the run directories: an overlaid plot (loss and accuracy
 against examples and time) and a markdown table of the summaries.
-'''),
-        code('''
+"""),
+        code("""
 from IPython.display import Markdown
 
 from pdasgd_jax.compare import compare_runs
@@ -187,15 +193,15 @@ from pdasgd_jax.compare import compare_runs
 table = compare_runs([str(RUNS / name) for name in configs], str(RUNS / "compare.png"))
 display(Markdown(table))
 display(Image(filename=str(RUNS / "compare.png")))
-'''),
-        md('''
+"""),
+        md("""
 ## How stale were PD-ASGD's updates?
 
 The staleness of an update is the number of updates other workers applied to the same
 layer between the forward pass reading it and the backward pass writing it. The first
 layer waits longest for its gradient, so it is the most stale; the queue capacity bounds it.
-'''),
-        code('''
+"""),
+        code("""
 per_stage = summaries["pdasgd"]["staleness"]["per_stage"]
 fig, axes = plt.subplots(1, len(per_stage), figsize=(4 * len(per_stage), 3), sharey=True)
 for m, (ax, stats) in enumerate(zip(axes, per_stage)):
@@ -203,17 +209,17 @@ for m, (ax, stats) in enumerate(zip(axes, per_stage)):
     ax.set(title=f"stage {m}: mean {stats['mean']:.2f}, max {stats['max']}", xlabel="staleness")
 axes[0].set_ylabel("updates")
 show(fig)
-'''),
-        code('''
+"""),
+        code("""
 print("RESULT " + " ".join(f"{name}_accuracy={s['test_accuracy']:.4f}" for name, s in summaries.items())
       + f" test_accuracy={summaries['pdasgd']['test_accuracy']:.4f}")
-'''),
+"""),
     ]
 
 
 def staleness_simulation() -> list[Cell]:
     return [
-        md(f'''
+        md(f"""
 # Staleness on a virtual clock: injected delays and worker counts
 
 {colab_badge("staleness_simulation")}
@@ -232,7 +238,7 @@ Two sweeps on digits, same per-worker batch for everyone (synchronous SGD's glob
    worker) is delayed by `Exp(mean = k x one step's compute)`; sync vs Hogwild!-style ASGD
    vs PD-ASGD on `W` devices, accuracy against virtual time.
 2. **Worker counts**: how staleness grows with `W` for ASGD and PD-ASGD: histograms.
-'''),
+"""),
         INSTALL,
         SMALL_SWITCH,
         DEVICES,
@@ -266,26 +272,27 @@ def time_to(rows, target=TARGET):
     """Virtual seconds until the test accuracy first reaches `target` (None: never)."""
     return next((r["virtual_time"] for r in rows if r["test_accuracy"] >= target), None)
 '''),
-        md('''
+        md("""
 ## Sweep 1: injected delays
 
 PD-ASGD's workers are `F = 1` forward and `B = 2` backward threads per device; a device runs
 one kernel at a time, so extra workers only help by filling the idle time the delays create.
-'''),
-        code('''
+"""),
+        code("""
 W = 4
 K_VALUES = [0.0, 2.0] if SMALL else [0.0, 0.5, 1.0, 2.0, 4.0]
 ALGOS = ["sync", "asgd", "pdasgd"]
 
 delay_runs = {(algo, k): simulate(algo, W, k) for k in K_VALUES for algo in ALGOS}
-print(f"{'algo':7s} {'k':>4s} {'accuracy':>9s} {'virtual ms':>11s} {'ms to ' + str(TARGET):>10s} {'staleness, stage 0':>19s}")
+print(f"{'algo':7s} {'k':>4s} {'accuracy':>9s} {'virtual ms':>11s} {'ms to ' + str(TARGET):>10s} "
+      f"{'staleness, stage 0':>19s}")
 for (algo, k), (s, rows) in delay_runs.items():
     reached = time_to(rows)
     stale = s["staleness"]["per_stage"][0]["mean"]
     print(f"{algo:7s} {k:4.1f} {s['test_accuracy']:9.4f} {s['virtual_time'] * 1e3:11.2f} "
           f"{'-' if reached is None else f'{reached * 1e3:.2f}':>10s} {stale:19.2f}")
-'''),
-        code('''
+"""),
+        code("""
 fig, axes = plt.subplots(1, len(K_VALUES), figsize=(5 * len(K_VALUES), 3.8), sharey=True, squeeze=False)
 for ax, k in zip(axes[0], K_VALUES):
     for algo in ALGOS:
@@ -295,8 +302,8 @@ for ax, k in zip(axes[0], K_VALUES):
 axes[0, 0].set_ylabel("test accuracy")
 axes[0, 0].legend()
 show(fig)
-'''),
-        md('''
+"""),
+        md("""
 ## Sweep 2: worker counts
 
 One delay level, more devices. ASGD's staleness grows with `W`: every update another worker
@@ -307,8 +314,8 @@ momentum 0.9 especially: at 0.05, 16 workers already do), so `learning_rate` abo
 the rate by `W / 4` beyond 4 workers, as staleness-aware ASGD does per update. The `delays`
 benchmark (`python -m pdasgd_jax bench delays`) instead tunes the learning rate per
 algorithm and cell before comparing times.
-'''),
-        code('''
+"""),
+        code("""
 WORKER_COUNTS = [2, 8] if SMALL else [1, 4, 16, 64]
 K = 1.0
 
@@ -317,8 +324,8 @@ for (algo, w), (s, rows) in worker_runs.items():
     means = ", ".join(f"{st['mean']:.2f}" for st in s["staleness"]["per_stage"])
     print(f"{algo:7s} W={w:3d} accuracy {s['test_accuracy']:.4f}  virtual time {s['virtual_time'] * 1e3:7.2f} ms  "
           f"mean staleness per stage [{means}]")
-'''),
-        code('''
+"""),
+        code("""
 fig, axes = plt.subplots(2, len(WORKER_COUNTS), figsize=(4 * len(WORKER_COUNTS), 6), squeeze=False)
 for row, algo in enumerate(("asgd", "pdasgd")):
     for col, w in enumerate(WORKER_COUNTS):
@@ -331,8 +338,8 @@ for row, algo in enumerate(("asgd", "pdasgd")):
 axes[0, 0].legend()
 fig.tight_layout()
 show(fig)
-'''),
-        code('''
+"""),
+        code("""
 def mean_staleness(algo, w):
     per_stage = worker_runs[algo, w][0]["staleness"]["per_stage"]
     return sum(st["mean"] for st in per_stage) / len(per_stage)
@@ -343,19 +350,19 @@ for algo in ("asgd", "pdasgd"):
 ax.set(xscale="log", xlabel="devices W", ylabel="mean staleness (all stages)")
 ax.legend()
 show(fig)
-'''),
-        code('''
+"""),
+        code("""
 pd_summary = delay_runs["pdasgd", max(K_VALUES)][0]
 print(f"RESULT test_accuracy={pd_summary['test_accuracy']:.4f} "
       f"staleness_min_workers={mean_staleness('pdasgd', min(WORKER_COUNTS)):.4f} "
       f"staleness_max_workers={mean_staleness('pdasgd', max(WORKER_COUNTS)):.4f}")
-'''),
+"""),
     ]
 
 
 def dasgd() -> list[Cell]:
     return [
-        md(f'''
+        md(f"""
 # Local SGD and DaSGD over devices
 
 {colab_badge("dasgd")}
@@ -375,27 +382,27 @@ devices the workers are spread evenly over as many devices as divide `D` (vmappe
 each); on a single GPU all of them are vmapped on it. On a CPU, the next cell asks XLA for
 8 host devices so the same program runs over a real 8-device mesh (no faster than one
 device, but the same collectives).
-'''),
+"""),
         INSTALL,
-        code('''
+        code("""
 import os
 
 # Must run before JAX starts; it only affects the CPU platform (GPU and TPU are untouched).
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-'''),
+"""),
         SMALL_SWITCH,
         DEVICES,
         HELPERS,
-        md('''
+        md("""
 ## Runs
 
 All runs process the same number of examples with the same optimizer (SGD with momentum 0.9,
 learning rate 0.05). Local SGD and DaSGD use 16 examples per worker per step; synchronous SGD
 over the same 8 devices takes one step on a global batch of 8 x 16 = 128 wherever the local
 workers take one step each, and all-reduces gradients at every step.
-'''),
-        code('''
+"""),
+        code("""
 from pdasgd_jax import Config, train_and_evaluate
 
 D = 8
@@ -418,16 +425,16 @@ for name, config in configs.items():
     s = summaries[name] = train_and_evaluate(config, overwrite=True)  # re-running a cell replaces its run
     print(f"{name:28s} test accuracy {s['test_accuracy']:.4f}  steps {s['steps']:4d}  "
           f"wall time {s['wall_time']:5.2f} s  devices {s['devices']}  {s.get('placement', '')}")
-'''),
-        md('''
+"""),
+        md("""
 ## Accuracy against examples
 
 What to look for: the `correct` merge keeps the progress each worker made while the average
 was in flight, `overwrite` throws it away, and with `d = H` every merged average is a whole
 round old. On digits all of them end close together; the differences show early in training
 and grow with the period, the number of workers and harder data (try `dataset="mnist1d"`).
-'''),
-        code('''
+"""),
+        code("""
 fig, axes = plt.subplots(1, len(PERIODS), figsize=(6 * len(PERIODS), 4), sharey=True, squeeze=False)
 for ax, H in zip(axes[0], PERIODS):
     for name, config in configs.items():
@@ -438,23 +445,23 @@ for ax, H in zip(axes[0], PERIODS):
     ax.legend(fontsize="small")
 axes[0, 0].set_ylabel("test accuracy")
 show(fig)
-'''),
-        md('''
+"""),
+        md("""
 How much communication DaSGD hides is measured on real devices by the benchmark
 `python -m pdasgd_jax bench overlap` (step time with the all-reduce vs without it).
-'''),
-        code('''
+"""),
+        code("""
 H = PERIODS[0]
 s = summaries[f"dasgd H={H} d={H // 2} correct"]
 print(f"RESULT test_accuracy={s['test_accuracy']:.4f} local_accuracy={summaries[f'local H={H}']['test_accuracy']:.4f} "
       f"sync_accuracy={summaries['sync']['test_accuracy']:.4f}")
-'''),
+"""),
     ]
 
 
 def bring_your_own_model() -> list[Cell]:
     return [
-        md(f'''
+        md(f"""
 # Bring your own model
 
 {colab_badge("bring_your_own_model")}
@@ -468,17 +475,17 @@ trees (PD-ASGD updates one stage at a time). This notebook
 3. trains the model with an optax optimizer, one jitted per-stage update per stage;
 4. trains it data-parallel with DaSGD's optax-style `delayed_averaging` inside your own
    jitted step, with the workers under `jax.vmap(..., axis_name="workers")`.
-'''),
+"""),
         INSTALL,
         SMALL_SWITCH,
         DEVICES,
         PLOT_ONLY,
-        md('''
+        md("""
 ## Data
 
 scikit-learn's 8x8 digits (shipped with scikit-learn, no download), flattened to 64 features.
-'''),
-        code('''
+"""),
+        code("""
 import numpy as np
 from sklearn.datasets import load_digits
 
@@ -489,14 +496,14 @@ perm = np.random.default_rng(0).permutation(len(x_all))
 x_train, y_train = x_all[perm[:1437]], y_all[perm[:1437]]
 x_test, y_test = x_all[perm[1437:]], y_all[perm[1437:]]
 print(x_train.shape, x_test.shape)
-'''),
-        md('''
+"""),
+        md("""
 ## Your model as a list of NNX modules
 
 One module per stage; fold activations into the stage before them with `nnx.Sequential`.
 `from_modules` returns the pure description (`model`) and the per-stage arrays (`variables`).
-'''),
-        code('''
+"""),
+        code("""
 import jax.numpy as jnp
 import optax
 from flax import nnx
@@ -514,15 +521,15 @@ model, variables = from_modules(
 )
 for stage, params in zip(model.stages, variables.params):
     print(f"{stage.name:7s} {sum(p.size for p in jax.tree.leaves(params)):6d} parameters")
-'''),
-        md('''
+"""),
+        md("""
 ## Chained per-stage gradients equal `jax.grad`
 
 `StageKernels` compiles, per stage, the forward (keeping its VJP), the backward and an
 optax update. `chained_gradients` runs the forwards, the loss, then the backwards from the
 last stage to the first: this is what PD-ASGD's backward workers do, one stage at a time.
-'''),
-        code('''
+"""),
+        code("""
 tx = optax.sgd(0.05, momentum=0.9)
 kernels = StageKernels(model, tx)
 x, y = jnp.asarray(x_train[:64]), jnp.asarray(y_train[:64])
@@ -531,15 +538,15 @@ loss, chained = chained_gradients(kernels, variables.params, variables.states, x
 whole = jax.grad(lambda params: model.loss_and_states(params, variables.states, x, y)[0])(variables.params)
 grad_diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(chained), jax.tree.leaves(whole)))
 print(f"loss {float(loss):.4f}; largest difference between chained and jax.grad gradients: {grad_diff:.2e}")
-'''),
-        md('''
+"""),
+        md("""
 ## Training with per-stage optax updates
 
 Each stage has its own optimizer state (`init_opt_states`) and its own jitted update,
 `kernels.update(m)`: the building block of the layer-wise asynchronous algorithms. Run in
 order like this it is plain SGD with momentum.
-'''),
-        code('''
+"""),
+        code("""
 from pdasgd_jax import init_opt_states
 
 EPOCHS = 5 if SMALL else 20
@@ -566,8 +573,8 @@ for epoch in range(EPOCHS):
     curves["per-stage updates"].append(accuracy(params, states))
     print(f"epoch {epoch + 1}: loss {float(loss):.4f}, test accuracy {curves['per-stage updates'][-1]:.4f}")
 layerwise_accuracy = curves["per-stage updates"][-1]
-'''),
-        md('''
+"""),
+        md("""
 ## Data parallel DaSGD inside your own jitted step
 
 `delayed_averaging(inner, period, delay, axis_name)` is an optax transform: each worker runs
@@ -576,8 +583,8 @@ layerwise_accuracy = curves["per-stage updates"][-1]
 Give every worker its own copy of the parameters and optimizer state (a leading worker axis),
 and map your step over the workers with `jax.vmap(..., axis_name="workers")` (or
 `jax.shard_map` over a device mesh, with the worker axis sharded).
-'''),
-        code('''
+"""),
+        code("""
 from pdasgd_jax import delayed_averaging
 
 WORKERS, PERIOD, DELAY = 4, 8, 4
@@ -610,26 +617,27 @@ for epoch in range(EPOCHS):
     print(f"epoch {epoch + 1}: step {step}, mean loss {float(loss_W.mean()):.4f}, "
           f"test accuracy of the workers' mean {curves['DaSGD, 4 workers'][-1]:.4f}")
 dasgd_accuracy = curves["DaSGD, 4 workers"][-1]
-'''),
-        md('''
+"""),
+        md("""
 Per epoch, DaSGD's 4 workers together see the same data as the single model, in a quarter
 of the steps each (on 4 devices: a quarter of the time).
-'''),
-        code('''
+"""),
+        code("""
 fig, ax = plt.subplots(figsize=(5.5, 3.5))
 for label, accuracies in curves.items():
     ax.plot(range(1, len(accuracies) + 1), accuracies, marker="o", label=label)
 ax.set(xlabel="epoch", ylabel="test accuracy")
 ax.legend()
 show(fig)
-'''),
-        md('''
+"""),
+        md("""
 To run the library's own algorithms (PD-ASGD threads, the simulator, the compiled DaSGD
 rounds) on a built-in model, use `train_and_evaluate(Config(...))` as in the other notebooks.
-'''),
-        code('''
-print(f"RESULT test_accuracy={dasgd_accuracy:.4f} layerwise_accuracy={layerwise_accuracy:.4f} grad_max_abs_diff={grad_diff:.3e}")
-'''),
+"""),
+        code("""
+print(f"RESULT test_accuracy={dasgd_accuracy:.4f} layerwise_accuracy={layerwise_accuracy:.4f} "
+      f"grad_max_abs_diff={grad_diff:.3e}")
+"""),
     ]
 
 

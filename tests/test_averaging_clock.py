@@ -13,8 +13,9 @@ NBYTES = 10**6
 def timing(allreduce_seconds: float, workers: int, factors=()) -> TimingModel:
     # Ring all-reduce time = alpha + 2(D-1)/D * bytes/beta: pick beta so it equals the target.
     beta = 2 * (workers - 1) / workers * NBYTES / allreduce_seconds
-    return TimingModel(forward=(0.25,), backward=(0.5,), update=(0.25,), worker_factors=factors,
-                       comm=CommModel(alpha=0.0, beta=beta))
+    return TimingModel(
+        forward=(0.25,), backward=(0.5,), update=(0.25,), worker_factors=factors, comm=CommModel(alpha=0.0, beta=beta)
+    )
 
 
 def test_timing_helper_gives_one_step_and_the_asked_allreduce():
@@ -25,24 +26,27 @@ def test_timing_helper_gives_one_step_and_the_asked_allreduce():
 
 @pytest.mark.parametrize("d, allreduce", [(2, 2.0), (4, 3.5), (8, 8.0)])
 def test_dasgd_hides_an_allreduce_of_up_to_d_steps(d, allreduce):
-    ends = averaging_step_end_times(timing(allreduce, 8), DelayModel(), num_workers=8, steps=64, period=8,
-                                    delay=d, model_nbytes=NBYTES, seed=0)
+    ends = averaging_step_end_times(
+        timing(allreduce, 8), DelayModel(), num_workers=8, steps=64, period=8, delay=d, model_nbytes=NBYTES, seed=0
+    )
     per_step = ends[-1] / 64
     assert per_step == pytest.approx(STEP, rel=0.02)
 
 
 def test_local_sgd_and_sync_pay_the_full_allreduce():
     t = timing(2.0, 8)
-    local = averaging_step_end_times(t, DelayModel(), num_workers=8, steps=64, period=8, delay=0,
-                                     model_nbytes=NBYTES, seed=0)
+    local = averaging_step_end_times(
+        t, DelayModel(), num_workers=8, steps=64, period=8, delay=0, model_nbytes=NBYTES, seed=0
+    )
     sync = sync_step_end_times(t, DelayModel(), num_workers=8, steps=64, grad_nbytes=NBYTES, seed=0)
     assert local[-1] == pytest.approx(64 * STEP + 8 * 2.0)  # one exposed all-reduce per round
     assert sync[-1] == pytest.approx(64 * (STEP + 2.0))  # one per step
 
 
 def test_a_longer_allreduce_shows_only_its_excess_over_d_steps():
-    ends = averaging_step_end_times(timing(5.0, 4), DelayModel(), num_workers=4, steps=32, period=8, delay=2,
-                                    model_nbytes=NBYTES, seed=0)
+    ends = averaging_step_end_times(
+        timing(5.0, 4), DelayModel(), num_workers=4, steps=32, period=8, delay=2, model_nbytes=NBYTES, seed=0
+    )
     assert ends[-1] == pytest.approx(32 * STEP + 4 * (5.0 - 2 * STEP))
 
 
@@ -65,5 +69,6 @@ def test_random_delays_are_reproducible_by_seed():
 
 def test_bad_delay_is_named():
     with pytest.raises(ValueError, match="delay 9 must be in"):
-        averaging_step_end_times(timing(1.0, 2), DelayModel(), num_workers=2, steps=4, period=8, delay=9,
-                                 model_nbytes=1, seed=0)
+        averaging_step_end_times(
+            timing(1.0, 2), DelayModel(), num_workers=2, steps=4, period=8, delay=9, model_nbytes=1, seed=0
+        )

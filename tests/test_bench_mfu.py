@@ -10,20 +10,23 @@ import pytest
 from pdasgd_jax.bench import mfu, run_benchmark
 
 
-@pytest.mark.parametrize("kind, name", [
-    ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM"),
-    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe"),
-    ("NVIDIA H200", "NVIDIA H200 SXM"),
-    ("NVIDIA A100-SXM4-40GB", "NVIDIA A100"),
-    ("Tesla V100-SXM2-16GB", "NVIDIA V100 SXM2"),
-    ("Tesla V100-PCIE-32GB", "NVIDIA V100 PCIe"),
-    ("Tesla T4", "NVIDIA T4"),
-    ("NVIDIA L4", "NVIDIA L4"),
-    ("TPU v4", "TPU v4"),
-    ("TPU v5 lite", "TPU v5e"),
-    ("TPU v5", "TPU v5p"),
-    ("TPU v6 lite", "TPU v6e"),
-])
+@pytest.mark.parametrize(
+    "kind, name",
+    [
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM"),
+        ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe"),
+        ("NVIDIA H200", "NVIDIA H200 SXM"),
+        ("NVIDIA A100-SXM4-40GB", "NVIDIA A100"),
+        ("Tesla V100-SXM2-16GB", "NVIDIA V100 SXM2"),
+        ("Tesla V100-PCIE-32GB", "NVIDIA V100 PCIe"),
+        ("Tesla T4", "NVIDIA T4"),
+        ("NVIDIA L4", "NVIDIA L4"),
+        ("TPU v4", "TPU v4"),
+        ("TPU v5 lite", "TPU v5e"),
+        ("TPU v5", "TPU v5p"),
+        ("TPU v6 lite", "TPU v6e"),
+    ],
+)
 def test_peak_lookup_by_device_kind(kind, name):
     assert mfu.peak_for(kind).name == name
 

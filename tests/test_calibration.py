@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import jax.numpy as jnp
@@ -27,8 +28,10 @@ def _setup(model=None, variables=None, tx=None, batch=32):
 
 def _mlp(widths, activation=nnx.relu):
     rngs = nnx.Rngs(0)
-    layers = [nnx.Sequential(*([Flatten()] if i == 0 else []), nnx.Linear(a, b, rngs=rngs), activation)
-              for i, (a, b) in enumerate(zip(widths[:-2], widths[1:-1]))]
+    layers = [
+        nnx.Sequential(*([Flatten()] if i == 0 else []), nnx.Linear(a, b, rngs=rngs), activation)
+        for i, (a, b) in enumerate(itertools.pairwise(widths[:-1]))
+    ]
     return stages.from_modules([*layers, nnx.Linear(widths[-2], widths[-1], rngs=rngs)])
 
 
@@ -91,11 +94,11 @@ def test_load_refuses_missing_malformed_and_mismatched_files(mlp, tmp_path):
     good = tmp_path / "timing.json"
     calibration.save(cal, str(good))
     assert calibration.load(str(good), expected=cal.fingerprint, num_stages=3) == cal
-    with pytest.raises(ConfigError, match="missing.json' does not exist"):
+    with pytest.raises(ConfigError, match=r"missing\.json' does not exist"):
         calibration.load(str(tmp_path / "missing.json"))
     bad = tmp_path / "bad.json"
     bad.write_text("garbage")
-    with pytest.raises(ConfigError, match="bad.json' is not a usable calibration"):
+    with pytest.raises(ConfigError, match=r"bad\.json' is not a usable calibration"):
         calibration.load(str(bad))
     bad.write_text(json.dumps({"forward": [1.0]}))
     with pytest.raises(ConfigError, match="not a calibration"):

@@ -23,8 +23,10 @@ def _rows(path):
         return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("algo, extra", [("sgd", {}), ("sync", {"workers": 8, "batch_size": 64}),
-                                         ("dasgd", {"workers": 4, "period": 4, "delay_steps": 2})])
+@pytest.mark.parametrize(
+    "algo, extra",
+    [("sgd", {}), ("sync", {"workers": 8, "batch_size": 64}), ("dasgd", {"workers": 4, "period": 4, "delay_steps": 2})],
+)
 def test_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path, algo, extra):
     common = dict(algo=algo, epochs=2, eval_every=400, seed=3, progress=False, **extra)
     whole = train_and_evaluate(Config(out=str(tmp_path / "whole"), **common))
@@ -59,11 +61,13 @@ def test_checkpoint_every_saves_between_evaluations_and_a_resume_from_there_chan
     common = dict(algo="sgd", epochs=1, eval_every=700, checkpoint_every=320, seed=3, progress=False)
     saved = []
     save = RunCheckpointer.save
-    monkeypatch.setattr(RunCheckpointer, "save",
-                        lambda self, step, state, meta: saved.append(step) or save(self, step, state, meta))
+    monkeypatch.setattr(
+        RunCheckpointer, "save", lambda self, step, state, meta: saved.append(step) or save(self, step, state, meta)
+    )
     whole = train_and_evaluate(Config(out=str(tmp_path / "whole"), **common))
     assert saved == [10, 20, 30, 40]
     part_dir = str(tmp_path / "part")
+
     def save_then_die_at_20(self, step, state, meta):
         save(self, step, state, meta)
         if step == 20:
@@ -77,7 +81,9 @@ def test_checkpoint_every_saves_between_evaluations_and_a_resume_from_there_chan
     assert resumed["resumed_from_step"] == 20
     assert resumed["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
     no_time = lambda rows: [r | {"wall_time": 0} for r in rows]
-    assert no_time(_rows(os.path.join(part_dir, "metrics.jsonl"))) == no_time(_rows(tmp_path / "whole" / "metrics.jsonl"))
+    assert no_time(_rows(os.path.join(part_dir, "metrics.jsonl"))) == no_time(
+        _rows(tmp_path / "whole" / "metrics.jsonl")
+    )
 
 
 def test_resume_needs_a_run_directory(tmp_path, capsys):

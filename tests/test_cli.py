@@ -14,24 +14,39 @@ def test_help_documents_every_flag(capsys):
         main(["train", "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--algo", "--dataset", "--model", "--optimizer", "--lr", "--batch-size", "--epochs", "--seed", "--out"):
+    for flag in (
+        "--algo",
+        "--dataset",
+        "--model",
+        "--optimizer",
+        "--lr",
+        "--batch-size",
+        "--epochs",
+        "--seed",
+        "--out",
+    ):
         assert flag in text
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--lr", "-1"], "--lr -1.0 must be a positive number"),
-    (["--model", "lstm"], "model 'lstm' does not fit dataset 'digits'"),
-    (["--sim-devices", "2", "--algo", "sync", "--simulate"], "--sim-devices 2 applies to --simulate runs of asgd"),
-    (["--sim-devices", "1", "--algo", "asgd"], "not to asgd without --simulate"),
-    (["--sim-devices", "3", "--algo", "pdasgd", "--simulate", "--workers", "2"],
-     "--sim-devices 3 exceeds the 2 simulated worker groups (--workers); it may be 1 to 2"),
-    (["--sim-devices", "-1"], "--sim-devices -1 must be >= 0"),
-    (["--seed", "-1"], "--seed -1 is outside [0, 4294967295]"),
-    (["--seed", str(2**64)], f"--seed {2**64} is outside"),
-    (["--simulate", "--delay-mean", "3"], "--delay-mean 3.0 has no effect with --delay-model none"),
-    (["--epochs", "1e-9"], "--epochs 1e-09 is less than one example"),
-    (["--batch-size", "5000"], "--batch-size 5000 exceeds the 1438 training examples of digits"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lr", "-1"], "--lr -1.0 must be a positive number"),
+        (["--model", "lstm"], "model 'lstm' does not fit dataset 'digits'"),
+        (["--sim-devices", "2", "--algo", "sync", "--simulate"], "--sim-devices 2 applies to --simulate runs of asgd"),
+        (["--sim-devices", "1", "--algo", "asgd"], "not to asgd without --simulate"),
+        (
+            ["--sim-devices", "3", "--algo", "pdasgd", "--simulate", "--workers", "2"],
+            "--sim-devices 3 exceeds the 2 simulated worker groups (--workers); it may be 1 to 2",
+        ),
+        (["--sim-devices", "-1"], "--sim-devices -1 must be >= 0"),
+        (["--seed", "-1"], "--seed -1 is outside [0, 4294967295]"),
+        (["--seed", str(2**64)], f"--seed {2**64} is outside"),
+        (["--simulate", "--delay-mean", "3"], "--delay-mean 3.0 has no effect with --delay-model none"),
+        (["--epochs", "1e-9"], "--epochs 1e-09 is less than one example"),
+        (["--batch-size", "5000"], "--batch-size 5000 exceeds the 1438 training examples of digits"),
+    ],
+)
 def test_bad_values_exit_nonzero_before_training(args, message, capsys, tmp_path):
     out = tmp_path / "never"
     assert main(["train", "--out", str(out), "--no-progress", *args]) == 2
@@ -51,7 +66,9 @@ def test_module_entry_point_trains(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "pdasgd_jax", "train", "--epochs", "1", "--no-progress", "--out", str(out)],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
     assert "test_accuracy=" in proc.stdout
@@ -111,11 +128,14 @@ def test_bench_help_describes_every_benchmark(capsys):
         assert f"  {name} " in text and description.split()[0] in text
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{ not json", "is damaged: Expecting property name"),
-    ("[1, 2]", "is damaged: it holds a list, not a config object"),
-    ('{"algo": "sgd", "colour": "blue"}', "has keys no config field of this version knows: colour"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{ not json", "is damaged: Expecting property name"),
+        ("[1, 2]", "is damaged: it holds a list, not a config object"),
+        ('{"algo": "sgd", "colour": "blue"}', "has keys no config field of this version knows: colour"),
+    ],
+)
 def test_a_damaged_config_json_is_named_on_resume(tmp_path, capsys, content, message):
     (tmp_path / "config.json").write_text(content)
     assert main(["train", "--resume", str(tmp_path)]) == 2

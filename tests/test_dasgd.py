@@ -1,7 +1,6 @@
 """Local SGD and DaSGD (algorithms.md §4): the round program against a step-by-step
 reference, the identities of the spec, the two executions (vmap, shard_map), and the runners."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,10 +21,12 @@ B, FEATURES, CLASSES = 8, 16, 4
 def tiny_bn_model():
     """Two stages, the first with BatchNorm, so that non-trainable state is averaged too."""
     rngs = nnx.Rngs(0)
-    model, variables = stages.from_modules([
-        nnx.Sequential(nnx.Linear(FEATURES, 16, rngs=rngs), nnx.BatchNorm(16, rngs=rngs), nnx.relu),
-        nnx.Linear(16, CLASSES, rngs=rngs),
-    ])
+    model, variables = stages.from_modules(
+        [
+            nnx.Sequential(nnx.Linear(FEATURES, 16, rngs=rngs), nnx.BatchNorm(16, rngs=rngs), nnx.relu),
+            nnx.Linear(16, CLASSES, rngs=rngs),
+        ]
+    )
     return model, variables
 
 
@@ -108,13 +109,17 @@ def stack(workers):
     return jax.tree.map(lambda *leaves: np.stack(leaves), *workers)
 
 
-@pytest.mark.parametrize("period, delay, merge, outer", [
-    (4, 2, "correct", None),
-    (4, 0, "correct", None),  # d = 0: local SGD
-    (3, 3, "correct", None),  # d = H: merged just before the next snapshot
-    (4, 1, "overwrite", None),
-    (4, 2, "correct", optax.sgd(0.7, momentum=0.9, nesterov=True)),
-], ids=["dasgd", "d0-local-sgd", "d-equals-H", "overwrite", "outer-nesterov"])
+@pytest.mark.parametrize(
+    "period, delay, merge, outer",
+    [
+        (4, 2, "correct", None),
+        (4, 0, "correct", None),  # d = 0: local SGD
+        (3, 3, "correct", None),  # d = H: merged just before the next snapshot
+        (4, 1, "overwrite", None),
+        (4, 2, "correct", optax.sgd(0.7, momentum=0.9, nesterov=True)),
+    ],
+    ids=["dasgd", "d0-local-sgd", "d-equals-H", "overwrite", "outer-nesterov"],
+)
 def test_round_program_matches_step_by_step_reference(period, delay, merge, outer):
     model, variables = tiny_bn_model()
     tx = optax.sgd(0.1, momentum=0.9)
@@ -202,10 +207,13 @@ def test_one_worker_dasgd_equals_sgd():
     assert_trees_close(dasgd.params, sgd.params, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("algo, overrides", [
-    ("dasgd", dict(delay_steps=2)),
-    ("local", dict(outer_optimizer="nesterov", outer_lr=0.7)),
-])
+@pytest.mark.parametrize(
+    "algo, overrides",
+    [
+        ("dasgd", dict(delay_steps=2)),
+        ("local", dict(outer_optimizer="nesterov", outer_lr=0.7)),
+    ],
+)
 def test_runners_learn_digits_with_eight_workers(algo, overrides):
     cfg = Config(algo=algo, workers=8, batch_size=16, period=4, epochs=3, seed=0, progress=False, **overrides)
     exp = Experiment.from_config(cfg.validate())

@@ -45,8 +45,10 @@ def test_train_batches_are_deterministic_and_differ_by_epoch(digits):
 def test_worker_shards_partition_the_epoch():
     split = data.ArraySplit(np.arange(100, dtype=np.float32)[:, None], np.arange(100, dtype=np.int32))
     whole = np.concatenate([y for _, y in data.train_batches(split, 5, seed=0, epoch=0)])
-    shards = [np.concatenate([y for _, y in data.train_batches(split, 5, seed=0, epoch=0, shard_index=w, num_shards=4)])
-              for w in range(4)]
+    shards = [
+        np.concatenate([y for _, y in data.train_batches(split, 5, seed=0, epoch=0, shard_index=w, num_shards=4)])
+        for w in range(4)
+    ]
     assert sum(len(s) for s in shards) == len(whole) == 100
     np.testing.assert_array_equal(np.sort(np.concatenate(shards)), np.sort(whole))
 
@@ -59,5 +61,5 @@ def test_eval_batches_pad_and_mask():
 
 
 def test_unknown_dataset_names_the_choices():
-    with pytest.raises(ValueError, match="unknown dataset 'nope'.*digits"):
+    with pytest.raises(ValueError, match=r"unknown dataset 'nope'.*digits"):
         data.load_dataset("nope")

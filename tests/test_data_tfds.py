@@ -25,9 +25,11 @@ from pdasgd_jax.data import text, tfds_loader
 from pdasgd_jax.data.text import PAD, UNK
 
 IMAGE_SHAPES = {"mnist": ((28, 28, 1), 10), "cifar10": ((32, 32, 3), 10), "cifar100": ((32, 32, 3), 100)}
-MEAN_STD = {"mnist": ((0.1307,), (0.3081,)),
-            "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-            "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))}
+MEAN_STD = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
 
 
 class _BatchReadingSourceMock(tfds.testing.PickableDataSourceMock):
@@ -45,8 +47,11 @@ class _BatchReadingSourceMock(tfds.testing.PickableDataSourceMock):
 
 
 def mock_tfds(num_examples):
-    return tfds.testing.mock_data(num_examples=num_examples, policy=tfds.testing.MockPolicy.USE_CODE,
-                                  mock_array_record_data_source=_BatchReadingSourceMock())
+    return tfds.testing.mock_data(
+        num_examples=num_examples,
+        policy=tfds.testing.MockPolicy.USE_CODE,
+        mock_array_record_data_source=_BatchReadingSourceMock(),
+    )
 
 
 def mock_imdb(train, test):
@@ -66,6 +71,7 @@ def test_importing_the_data_package_does_not_import_tfds():
 
 # --- images --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(IMAGE_SHAPES))
 def test_mocked_images_are_normalised_float32_with_int32_labels(name, tmp_path):
     shape, num_classes = IMAGE_SHAPES[name]
@@ -77,7 +83,7 @@ def test_mocked_images_are_normalised_float32_with_int32_labels(name, tmp_path):
     idx = np.arange(20)
     x, y = ds.train.take(idx)
     assert x.shape == (20, *shape) and x.dtype == np.float32
-    assert y.dtype == np.int32 and ((0 <= y) & (y < num_classes)).all()
+    assert y.dtype == np.int32 and ((y >= 0) & (y < num_classes)).all()
     mean, std = (np.array(v, np.float32) for v in MEAN_STD[name])
     assert (x >= -mean / std - 1e-6).all() and (x <= (1 - mean) / std + 1e-6).all()
     raw = np.stack([ds.train.source[int(i)]["image"] for i in idx])
@@ -109,8 +115,16 @@ def test_train_batches_are_deterministic_for_a_seed(tmp_path):
 
 # --- text ----------------------------------------------------------------------------------
 
+
 def test_tokenize_lowercases_and_drops_markup_and_punctuation():
-    assert text.tokenize(b"Great FILM!<br /><br />I don't regret it.") == ["great", "film", "i", "don't", "regret", "it"]
+    assert text.tokenize(b"Great FILM!<br /><br />I don't regret it.") == [
+        "great",
+        "film",
+        "i",
+        "don't",
+        "regret",
+        "it",
+    ]
     assert text.tokenize("end.<BR>Start -- 10/10") == ["end", "start", "10", "10"]
 
 
@@ -131,11 +145,8 @@ def test_vocabulary_encode_pads_truncates_and_marks_unknown_words():
     np.testing.assert_array_equal(ids, [[2, 3, UNK, PAD], [3, 2, 3, 2]])
 
 
-IMDB_TRAIN = [(b"A great movie.<br />Great cast, great music!", 1),
-              (b"A bad movie, bad plot.", 0),
-              (b"Great fun", 1)]
-IMDB_TEST = [(b"An awful movie; awful, awful acting.", 0),
-             (b"Great", 1)]
+IMDB_TRAIN = [(b"A great movie.<br />Great cast, great music!", 1), (b"A bad movie, bad plot.", 0), (b"Great fun", 1)]
+IMDB_TEST = [(b"An awful movie; awful, awful acting.", 0), (b"Great", 1)]
 
 
 def test_imdb_vocabulary_comes_from_train_only(tmp_path):
@@ -166,6 +177,7 @@ def test_imdb_truncates_pads_and_is_deterministic(tmp_path):
 
 # --- a real array_record copy --------------------------------------------------------------
 
+
 def _png(image):
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, format="png")
@@ -178,6 +190,7 @@ def _cifar10_records(self, dl_manager):
         for i in range(n):
             image = np.full((32, 32, 3), 25 * (i % 10), np.uint8)
             yield i, {"id": f"{prefix}{i:05d}", "image": _png(image), "label": i % 10}
+
     return {"train": split("train_", 12), "test": split("test_", 4)}
 
 
@@ -185,6 +198,7 @@ def _imdb_records(self, dl_manager):
     def split(rows):
         for i, (t, y) in enumerate(rows):
             yield str(i), {"text": t, "label": y}
+
     return {"train": split(IMDB_TRAIN), "test": split(IMDB_TEST)}
 
 
@@ -211,6 +225,7 @@ def test_reads_a_prepared_array_record_copy(tmp_path):
 
 # --- not prepared --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", data.TFDS_DATASETS)
 def test_missing_dataset_fails_with_how_to_prepare(name, tmp_path):
     with pytest.raises(data.DatasetNotPreparedError) as info:
@@ -229,9 +244,7 @@ def test_load_dataset_raises_not_prepared_for_an_empty_data_dir(tmp_path):
 def test_default_data_dir_missing_dataset_fails_too(tmp_path):
     # data_dir=None takes another tfds path (array_record assumed, so a different error
     # inside tfds). TFDS reads TFDS_DATA_DIR at import, hence a fresh interpreter.
-    code = ("import pdasgd_jax.data as d\n"
-            "try: d.load_dataset('mnist')\n"
-            "except d.DatasetNotPreparedError as e: print(e)")
+    code = "import pdasgd_jax.data as d\ntry: d.load_dataset('mnist')\nexcept d.DatasetNotPreparedError as e: print(e)"
     env = {**os.environ, "TFDS_DATA_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
     assert f"'mnist' is not prepared in data directory {tmp_path}" in out

@@ -68,7 +68,7 @@ def test_idle_time_combines_slowdown_and_delay():
 def test_one_draw_at_a_time_is_the_array_draw(name):
     """The simulator draws scalars one job at a time; they are the stream's array draws."""
     model = delays.DelayModel(name, mean=0.0 if name == "none" else 0.5, prob=0.5)
-    one_by_one = [model.sample(delays.rng_for(1), None)] + [model.slowdown(delays.rng_for(2))]
+    one_by_one = [model.sample(delays.rng_for(1), None), model.slowdown(delays.rng_for(2))]
     assert all(isinstance(x, float) for x in one_by_one)
     rng_a, rng_b = delays.rng_for(4), delays.rng_for(4)
     scalars = [model.sample(rng_a) for _ in range(20)]
@@ -82,23 +82,31 @@ def test_same_seed_same_samples_different_streams_differ():
     a = model.sample(delays.rng_for(7, "delay", 3), size=50)
     b = model.sample(delays.rng_for(7, "delay", 3), size=50)
     np.testing.assert_array_equal(a, b)
-    others = [delays.rng_for(8, "delay", 3), delays.rng_for(7, "delay", 4), delays.rng_for(7, "data", 3),
-              delays.rng_for(7, "delay", 3, 0), delays.rng_for(7)]
+    others = [
+        delays.rng_for(8, "delay", 3),
+        delays.rng_for(7, "delay", 4),
+        delays.rng_for(7, "data", 3),
+        delays.rng_for(7, "delay", 3, 0),
+        delays.rng_for(7),
+    ]
     for rng in others:
         assert not np.array_equal(a, model.sample(rng, size=50))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(name="gamma"), r"'gamma'.*none, constant, uniform, exponential, lognormal, straggler"),
-    (dict(name="exponential", mean=-1.0), r"delay mean -1.0 must be"),
-    (dict(name="exponential", mean=math.inf), r"delay mean inf must be"),
-    (dict(name="none", mean=2.0), r"delay mean 2.0 needs a delay model other than 'none'"),
-    (dict(name="lognormal", mean=1.0, sigma=0.0), r"sigma 0.0 must be > 0"),
-    (dict(name="lognormal", mean=1.0, sigma=-2.0), r"sigma -2.0 must be > 0"),
-    (dict(name="straggler", prob=1.5), r"probability 1.5 is outside \[0, 1\]"),
-    (dict(name="straggler", prob=-0.1), r"probability -0.1 is outside \[0, 1\]"),
-    (dict(name="straggler", factor=0.5), r"factor 0.5 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(name="gamma"), r"'gamma'.*none, constant, uniform, exponential, lognormal, straggler"),
+        (dict(name="exponential", mean=-1.0), r"delay mean -1.0 must be"),
+        (dict(name="exponential", mean=math.inf), r"delay mean inf must be"),
+        (dict(name="none", mean=2.0), r"delay mean 2.0 needs a delay model other than 'none'"),
+        (dict(name="lognormal", mean=1.0, sigma=0.0), r"sigma 0.0 must be > 0"),
+        (dict(name="lognormal", mean=1.0, sigma=-2.0), r"sigma -2.0 must be > 0"),
+        (dict(name="straggler", prob=1.5), r"probability 1.5 is outside \[0, 1\]"),
+        (dict(name="straggler", prob=-0.1), r"probability -0.1 is outside \[0, 1\]"),
+        (dict(name="straggler", factor=0.5), r"factor 0.5 must be >= 1"),
+    ],
+)
 def test_bad_delay_parameters_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         delays.DelayModel(**kwargs)
@@ -136,8 +144,9 @@ def test_tree_nbytes():
 
 
 def test_timing_model_helpers():
-    t = delays.TimingModel(forward=[1.0, 2.0], backward=[2.0, 4.0], update=[0.5, 0.5], loss=0.25,
-                           worker_factors=(3.0,), concurrency=1.5)
+    t = delays.TimingModel(
+        forward=[1.0, 2.0], backward=[2.0, 4.0], update=[0.5, 0.5], loss=0.25, worker_factors=(3.0,), concurrency=1.5
+    )
     assert t.num_stages == 2 and isinstance(t.forward, tuple)
     assert t.step_compute_time() == pytest.approx(10.25)
     assert t.forward_time(1, worker=0) == 6.0 and t.forward_time(1, worker=5) == 2.0
@@ -150,13 +159,16 @@ def test_timing_model_helpers():
     assert roundtrip == t
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(forward=[1.0], backward=[1.0, 2.0], update=[0.0]), r"forward 1, backward 2, update 1"),
-    (dict(forward=[], backward=[], update=[]), r"at least one stage"),
-    (dict(forward=[-1.0], backward=[1.0], update=[0.0]), r"forward cost of stage 0 -1.0"),
-    (dict(forward=[1.0], backward=[1.0], update=[0.0], worker_factors=(1.0, 0.0)), r"factor 0.0 of worker 1"),
-    (dict(forward=[1.0], backward=[1.0], update=[0.0], concurrency=0.5), r"concurrency 0.5 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(forward=[1.0], backward=[1.0, 2.0], update=[0.0]), r"forward 1, backward 2, update 1"),
+        (dict(forward=[], backward=[], update=[]), r"at least one stage"),
+        (dict(forward=[-1.0], backward=[1.0], update=[0.0]), r"forward cost of stage 0 -1.0"),
+        (dict(forward=[1.0], backward=[1.0], update=[0.0], worker_factors=(1.0, 0.0)), r"factor 0.0 of worker 1"),
+        (dict(forward=[1.0], backward=[1.0], update=[0.0], concurrency=0.5), r"concurrency 0.5 must be >= 1"),
+    ],
+)
 def test_bad_timing_parameters_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         delays.TimingModel(**kwargs)

@@ -31,7 +31,7 @@ def _imports(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path]) ->
             base = node.module or ""
             if node.level:  # relative: resolved against this module's package
                 package = name.split(".") if is_package else name.split(".")[:-1]
-                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
             for alias in node.names:
                 submodule = f"{base}.{alias.name}"
                 out.add(submodule if submodule in modules else base)
@@ -53,7 +53,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()

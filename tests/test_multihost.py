@@ -32,7 +32,9 @@ def train_all() -> dict[str, np.ndarray]:
     """Every run of ``RUNS`` on 8 workers; ``{"algo/leaf": final parameters}``."""
     arrays = {}
     for algo, (runner, overrides) in RUNS.items():
-        exp = Experiment.from_config(Config(algo=algo, workers=8, epochs=0.3, seed=0, progress=False, **overrides).validate())
+        exp = Experiment.from_config(
+            Config(algo=algo, workers=8, epochs=0.3, seed=0, progress=False, **overrides).validate()
+        )
         metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
         result = runner(exp, metrics)
         arrays.update({f"{algo}/{i}": np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(result.params))})
@@ -49,11 +51,20 @@ def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
     assert jax.device_count() == 8
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the child sets its own device count
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get("PYTHONPATH", "")]
+    )
     outputs = [tmp_path / f"process{i}.npz" for i in range(PROCESSES)]
-    procs = [subprocess.Popen([sys.executable, __file__, str(out), str(port), str(i)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i, out in enumerate(outputs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(out), str(port), str(i)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i, out in enumerate(outputs)
+    ]
     try:
         logs = [p.communicate(timeout=240)[0] for p in procs]
     finally:

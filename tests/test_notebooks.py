@@ -62,11 +62,15 @@ def kernel_spec_dir(tmp_path_factory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("kernels")
     spec = root / KERNEL_NAME
     spec.mkdir()
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (pdasgd tests)",
-        "language": "python",
-    }))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (pdasgd tests)",
+                "language": "python",
+            }
+        )
+    )
     return root
 
 
@@ -112,9 +116,12 @@ def test_notebooks_are_generated_and_clean():
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_notebook_runs(name, kernel_spec_dir, tmp_path):
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
-    km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_spec_dir)]))
-    client = nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, allow_errors=False,
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    km = KernelManager(
+        kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_spec_dir)])
+    )
+    client = nbclient.NotebookClient(
+        nb, km=km, timeout=CELL_TIMEOUT_S, allow_errors=False, resources={"metadata": {"path": str(tmp_path)}}
+    )
     # Raises CellExecutionError at the first failing cell; cleanup_kc: shut the kernel down
     # and close its channels, which nbclient skips by default for a kernel manager passed in.
     client.execute(env=kernel_env(), cleanup_kc=True)
@@ -126,6 +133,8 @@ def test_notebook_runs(name, kernel_spec_dir, tmp_path):
     result = parse_result(text)
     assert result["test_accuracy"] > 0.8, result
     min_plots, check = EXPECTED[name]
-    images = sum("image/png" in o.get("data", {}) for o in outputs if o.output_type in ("display_data", "execute_result"))
+    images = sum(
+        "image/png" in o.get("data", {}) for o in outputs if o.output_type in ("display_data", "execute_result")
+    )
     assert images >= min_plots, f"{name} showed {images} plots; expected at least {min_plots}"
     check(result)

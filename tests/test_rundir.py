@@ -55,18 +55,24 @@ def test_clear_run_deletes_only_what_the_library_wrote(tmp_path):
 
 
 def test_a_second_holder_is_refused_and_told_who_holds_it(tmp_path):
-    with rundir.RunDirLock(str(tmp_path)):
-        with pytest.raises(ConfigError, match=rf"in use by process {os.getpid()} on "):
-            rundir.RunDirLock(str(tmp_path)).__enter__()
+    held = rf"in use by process {os.getpid()} on "
+    with rundir.RunDirLock(str(tmp_path)), pytest.raises(ConfigError, match=held):
+        rundir.RunDirLock(str(tmp_path)).__enter__()
     with rundir.RunDirLock(str(tmp_path)):  # released on exit
         pass
 
 
 def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pdasgd_jax.rundir import RunDirLock\n"
-         f"with RunDirLock({str(tmp_path)!r}):\n    print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pdasgd_jax.rundir import RunDirLock\n"
+            f"with RunDirLock({str(tmp_path)!r}):\n    print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match=rf"in use by process {holder.pid} "):

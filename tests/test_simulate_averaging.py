@@ -57,8 +57,30 @@ def test_dasgd_hides_an_allreduce_of_d_steps_and_local_sgd_pays_it():
 
 def test_cli_simulates_dasgd_with_a_communication_cost(tmp_path):
     out = tmp_path / "run"
-    assert main(["train", "--algo", "dasgd", "--simulate", "--workers", "2", "--period", "4", "--delay-steps", "2",
-                 "--epochs", "0.25", "--comm-latency", "0.01", "--no-progress", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--algo",
+                "dasgd",
+                "--simulate",
+                "--workers",
+                "2",
+                "--period",
+                "4",
+                "--delay-steps",
+                "2",
+                "--epochs",
+                "0.25",
+                "--comm-latency",
+                "0.01",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["timing"]["comm"]["alpha"] == 0.01 and summary["virtual_time"] > 0
     assert os.path.exists(out / "staleness.png")

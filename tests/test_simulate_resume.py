@@ -18,8 +18,16 @@ from pdasgd_jax.train import resume_run
 # Fixed costs: no calibration, the same schedule on every machine.
 TIMING = TimingModel(forward=(1.0, 1.0, 1.0), backward=(2.0, 2.0, 2.0), update=(0.25, 0.25, 0.25), loss=0.5)
 # 45 jobs of 32 digits, an evaluation (and a checkpoint) every 10 or so; random idle times.
-COMMON = dict(simulate=True, epochs=1, eval_every=300, seed=1, progress=False, workers=2,
-              delay_model="exponential", delay_mean=0.5)
+COMMON = dict(
+    simulate=True,
+    epochs=1,
+    eval_every=300,
+    seed=1,
+    progress=False,
+    workers=2,
+    delay_model="exponential",
+    delay_mean=0.5,
+)
 
 
 def _fixed(timing: TimingModel) -> calibration.Calibration:
@@ -96,15 +104,18 @@ def _assert_bitwise_equal(a, b):
         assert np.array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("algo, extra", [
-    ("pdasgd", {"queue": 1}),
-    ("pdasgd", {"queue": 1, "checkpoint_every": 64}),  # checkpoints between evaluations
-    ("pdasgd", {"queue": 1, "backward_weights": "live"}),
-    ("pdasgd-block", {"queue": 2}),
-    ("asgd", {}),
-    ("sync", {"batch_size": 64}),
-    ("dasgd", {"period": 4, "delay_steps": 2}),
-])
+@pytest.mark.parametrize(
+    "algo, extra",
+    [
+        ("pdasgd", {"queue": 1}),
+        ("pdasgd", {"queue": 1, "checkpoint_every": 64}),  # checkpoints between evaluations
+        ("pdasgd", {"queue": 1, "backward_weights": "live"}),
+        ("pdasgd-block", {"queue": 2}),
+        ("asgd", {}),
+        ("sync", {"batch_size": 64}),
+        ("dasgd", {"period": 4, "delay_steps": 2}),
+    ],
+)
 def test_a_resumed_simulated_run_is_bitwise_the_uninterrupted_run(tmp_path, monkeypatch, results, algo, extra):
     config = Config(algo=algo, **COMMON, **extra)
     whole = train_and_evaluate(config)  # in memory: no checkpoints
@@ -116,8 +127,9 @@ def test_a_resumed_simulated_run_is_bitwise_the_uninterrupted_run(tmp_path, monk
         return capture(sim)
 
     monkeypatch.setattr(resume, "capture", counting_capture)
-    resumed = _interrupted_and_resumed(monkeypatch, Config(**{**config.to_dict(), "out": str(tmp_path / "part")}),
-                                       lambda saved: len(saved) == 3)
+    resumed = _interrupted_and_resumed(
+        monkeypatch, Config(**{**config.to_dict(), "out": str(tmp_path / "part")}), lambda saved: len(saved) == 3
+    )
 
     assert 0 < resumed["resumed_from_step"] < resumed["steps"] == whole["steps"]
     if algo not in ("sync", "dasgd"):  # the asynchronous runs were stopped mid-flight
@@ -149,8 +161,9 @@ def test_a_run_killed_after_reaching_its_target_resumes_to_its_end(tmp_path, mon
     config = Config(algo=algo, target_accuracy=0.9, **COMMON, **extra)
     whole = train_and_evaluate(config)
     assert whole["reached_target"] and whole["examples"] < 1400  # stopped early
-    resumed = _interrupted_and_resumed(monkeypatch, Config(**{**config.to_dict(), "out": str(tmp_path)}),
-                                       lambda saved: saved[-1] == whole["steps"])
+    resumed = _interrupted_and_resumed(
+        monkeypatch, Config(**{**config.to_dict(), "out": str(tmp_path)}), lambda saved: saved[-1] == whole["steps"]
+    )
     assert resumed["resumed_from_step"] == resumed["steps"] == whole["steps"]
     _assert_bitwise_equal(results[0][0].params, results[-1][0].params)
 
@@ -177,8 +190,9 @@ def test_a_resumed_run_keeps_the_timing_it_started_with(tmp_path, monkeypatch, r
 def test_a_run_killed_at_its_last_checkpoint_resumes_to_the_same_end(tmp_path, monkeypatch, results, algo, extra):
     config = Config(algo=algo, **COMMON, **extra)
     whole = train_and_evaluate(config)
-    resumed = _interrupted_and_resumed(monkeypatch, Config(**{**config.to_dict(), "out": str(tmp_path)}),
-                                       lambda saved: saved[-1] == whole["steps"])
+    resumed = _interrupted_and_resumed(
+        monkeypatch, Config(**{**config.to_dict(), "out": str(tmp_path)}), lambda saved: saved[-1] == whole["steps"]
+    )
     assert resumed["resumed_from_step"] == resumed["steps"] == whole["steps"]
     assert resumed["test_accuracy"] == whole["test_accuracy"]
     _assert_bitwise_equal(results[0][0].params, results[-1][0].params)

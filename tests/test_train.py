@@ -66,22 +66,25 @@ def test_target_accuracy_stops_early():
 
 
 def test_exploding_loss_stops_with_a_clear_error():
-    with pytest.raises(NonFiniteLossError, match="training loss became (nan|inf)"):
+    with pytest.raises(NonFiniteLossError, match=r"training loss became (nan|inf)"):
         train_and_evaluate(Config(algo="sgd", optimizer="sgd", lr=1e9, epochs=1, progress=False))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"dataset": "imagenet"}, "--dataset 'imagenet' is not allowed; choose one of digits"),
-    ({"model": "vgg"}, "--model 'vgg' is not allowed; choose one of mlp"),
-    ({"algo": "magic"}, "--algo 'magic' is not allowed"),
-    ({"optimizer": "lion"}, "--optimizer 'lion' is not allowed"),
-    ({"lr": 0.0}, "--lr 0.0 must be a positive number"),
-    ({"batch_size": -4}, "--batch-size -4 must be a positive number"),
-    ({"epochs": 0}, "--epochs 0 must be a positive number"),
-    ({"momentum": 1.5}, r"--momentum 1.5 is outside \[0, 1\)"),
-    ({"delay_steps": 9, "period": 4}, "--delay-steps 9 exceeds --period 4"),
-    ({"checkpoint_every": -1}, "--checkpoint-every -1 must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"dataset": "imagenet"}, "--dataset 'imagenet' is not allowed; choose one of digits"),
+        ({"model": "vgg"}, "--model 'vgg' is not allowed; choose one of mlp"),
+        ({"algo": "magic"}, "--algo 'magic' is not allowed"),
+        ({"optimizer": "lion"}, "--optimizer 'lion' is not allowed"),
+        ({"lr": 0.0}, "--lr 0.0 must be a positive number"),
+        ({"batch_size": -4}, "--batch-size -4 must be a positive number"),
+        ({"epochs": 0}, "--epochs 0 must be a positive number"),
+        ({"momentum": 1.5}, r"--momentum 1.5 is outside \[0, 1\)"),
+        ({"delay_steps": 9, "period": 4}, "--delay-steps 9 exceeds --period 4"),
+        ({"checkpoint_every": -1}, "--checkpoint-every -1 must be >= 0"),
+    ],
+)
 def test_bad_config_values_are_named(overrides, message):
     with pytest.raises(ValueError, match=message):
         Config(**overrides).validate()

@@ -15,23 +15,21 @@ from typing import Any
 
 from pdasgd_jax.reporting import write_json_atomic
 
-
 # What each benchmark measures and how long its full run took on the 2-core CPU machine the
 # project is developed on (the durations BENCHMARKS.md records next to each command).
 BENCHMARKS: dict[str, str] = {
     "parity": "final test accuracy of every algorithm at an equal example budget, digits and mnist1d, "
-              "3 seeds (about 10 minutes)",
+    "3 seeds (about 10 minutes)",
     "delays": "virtual time to 90 % test accuracy under injected delays, W in {4, 16, 64}, speedups over sync "
-              "and ASGD (about 25 minutes)",
-    "delays-network": "the delays protocol with communication priced as a 10 GbE-class network "
-                      "(about 8 minutes)",
+    "and ASGD (about 25 minutes)",
+    "delays-network": "the delays protocol with communication priced as a 10 GbE-class network (about 8 minutes)",
     "sim-speed": "the simulator's examples/s against a plain jitted SGD loop (about 20 seconds)",
     "runtime": "the threaded runtime against a sequential loop and sync under real injected delays, and the "
-               "simulator's prediction of both (about 1.5 minutes)",
+    "simulator's prediction of both (about 1.5 minutes)",
     "overlap": "whether DaSGD hides its all-reduce: round times with and without averaging, on the virtual "
-               "clock and on this machine's devices",
+    "clock and on this machine's devices",
     "mfu": "achieved FLOP/s and model FLOPs utilisation per algorithm, ResNet-18 on CIFAR-shaped data "
-           "(meant for a GPU)",
+    "(meant for a GPU)",
 }
 
 

@@ -69,20 +69,41 @@ def _base_experiment(seed: int, lr: float) -> Experiment:
     return Experiment.from_config(Config(seed=seed, lr=lr, progress=False))
 
 
-def time_to_target(algo: str, workers: int, k: float, straggler: bool, lr: float, seed: int, epochs: float,
-                   comm: CommModel = FREE_NETWORK) -> float:
+def time_to_target(
+    algo: str,
+    workers: int,
+    k: float,
+    straggler: bool,
+    lr: float,
+    seed: int,
+    epochs: float,
+    comm: CommModel = FREE_NETWORK,
+) -> float:
     """Virtual seconds until the test accuracy reaches ``TARGET`` (inf: never, or diverged)."""
     overrides = ALGORITHMS[algo]
     batch = BATCH_SIZE * workers if overrides["algo"] == "sync" else BATCH_SIZE
     exp = _base_experiment(seed, lr).with_config(
-        **overrides, simulate=True, workers=workers, batch_size=batch, epochs=epochs, target_accuracy=TARGET,
-        eval_every=BATCH_SIZE, delay_model="exponential" if k else "none", delay_mean=k)
+        **overrides,
+        simulate=True,
+        workers=workers,
+        batch_size=batch,
+        epochs=epochs,
+        target_accuracy=TARGET,
+        eval_every=BATCH_SIZE,
+        delay_model="exponential" if k else "none",
+        delay_mean=k,
+    )
     config = exp.config
     timing = dataclasses.replace(exp.calibration(BATCH_SIZE).timing, comm=comm)
     if straggler:
         timing = dataclasses.replace(timing, worker_factors=(STRAGGLER_FACTOR,))
-    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every,
-                         target_accuracy=TARGET, progress=False)
+    metrics = MetricsLog(
+        exp.evaluate,
+        total_examples=exp.total_examples,
+        eval_every=config.eval_every,
+        target_accuracy=TARGET,
+        progress=False,
+    )
     try:
         reached = run_simulated(exp, metrics, timing=timing).extra["virtual_time_to_target"]
     except NonFiniteLossError:
@@ -90,15 +111,28 @@ def time_to_target(algo: str, workers: int, k: float, straggler: bool, lr: float
     return math.inf if reached is None else reached
 
 
-def cell(algo: str, workers: int, k: float, straggler: bool, lrs: tuple[float, ...], seeds: tuple[int, ...],
-         epochs: float, comm: CommModel = FREE_NETWORK) -> dict[str, Any]:
+def cell(
+    algo: str,
+    workers: int,
+    k: float,
+    straggler: bool,
+    lrs: tuple[float, ...],
+    seeds: tuple[int, ...],
+    epochs: float,
+    comm: CommModel = FREE_NETWORK,
+) -> dict[str, Any]:
     """Best rate of ``lrs`` on the first seed, then the other seeds at it."""
     tuning = {lr: time_to_target(algo, workers, k, straggler, lr, seeds[0], epochs, comm) for lr in lrs}
     best = min(tuning, key=tuning.get)
     times = [tuning[best]] + [time_to_target(algo, workers, k, straggler, best, s, epochs, comm) for s in seeds[1:]]
     reached = all(math.isfinite(t) for t in times)
-    return {"lr": best, "tuning": tuning, "times": times, "mean": float(np.mean(times)) if reached else math.inf,
-            "std": float(np.std(times)) if reached else math.nan}
+    return {
+        "lr": best,
+        "tuning": tuning,
+        "times": times,
+        "mean": float(np.mean(times)) if reached else math.inf,
+        "std": float(np.std(times)) if reached else math.nan,
+    }
 
 
 def _ratio(slower: float, faster: float) -> str:
@@ -113,12 +147,20 @@ def _fmt(c: dict[str, Any]) -> str:
     return f"{c['mean'] * 1e3:.1f} ± {c['std'] * 1e3:.1f} (lr {c['lr']})"
 
 
-COLUMNS = ("W", "k", "straggler", *(f"{a} (ms)" for a in ALGORITHMS), "pdasgd vs sync", "pdasgd vs asgd",
-           "dasgd vs sync")
+COLUMNS = (
+    "W",
+    "k",
+    "straggler",
+    *(f"{a} (ms)" for a in ALGORITHMS),
+    "pdasgd vs sync",
+    "pdasgd vs asgd",
+    "dasgd vs sync",
+)
 
 
-def grid(specs: list[tuple[int, float, bool]], *, quick: bool, comm: CommModel = FREE_NETWORK
-         ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def grid(
+    specs: list[tuple[int, float, bool]], *, quick: bool, comm: CommModel = FREE_NETWORK
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every algorithm in every ``(workers, k, straggler)`` cell: the raw results and the table rows."""
     seeds, epochs = (SEEDS[:1], 3.0) if quick else (SEEDS, EPOCHS)
     lrs = {algo: rates[-2:-1] if quick else rates for algo, rates in LRS.items()}
@@ -127,21 +169,37 @@ def grid(specs: list[tuple[int, float, bool]], *, quick: bool, comm: CommModel =
         by_algo = {algo: cell(algo, workers, k, straggler, lrs[algo], seeds, epochs, comm) for algo in ALGORITHMS}
         pd = by_algo["pdasgd"]["mean"]
         speedup = {ref: by_algo[ref]["mean"] / pd if math.isfinite(pd) else 0.0 for ref in ("sync", "asgd")}
-        cells.append(json_ready({"workers": workers, "k": k, "straggler": straggler, **by_algo,
-                                 "pdasgd_speedup": speedup}))
-        rows.append({"W": workers, "k": k, "straggler": "3x" if straggler else "-",
-                     **{f"{a} (ms)": _fmt(c) for a, c in by_algo.items()},
-                     **{f"pdasgd vs {ref}": _ratio(by_algo[ref]["mean"], pd) for ref in ("sync", "asgd")},
-                     "dasgd vs sync": _ratio(by_algo["sync"]["mean"], by_algo["dasgd"]["mean"])})
-    results = {"target_accuracy": TARGET, "batch_size": BATCH_SIZE, "epochs_budget": epochs, "lrs": lrs,
-               "seeds": list(seeds), "straggler_factor": STRAGGLER_FACTOR, "cells": cells}
+        cells.append(
+            json_ready({"workers": workers, "k": k, "straggler": straggler, **by_algo, "pdasgd_speedup": speedup})
+        )
+        rows.append(
+            {
+                "W": workers,
+                "k": k,
+                "straggler": "3x" if straggler else "-",
+                **{f"{a} (ms)": _fmt(c) for a, c in by_algo.items()},
+                **{f"pdasgd vs {ref}": _ratio(by_algo[ref]["mean"], pd) for ref in ("sync", "asgd")},
+                "dasgd vs sync": _ratio(by_algo["sync"]["mean"], by_algo["dasgd"]["mean"]),
+            }
+        )
+    results = {
+        "target_accuracy": TARGET,
+        "batch_size": BATCH_SIZE,
+        "epochs_budget": epochs,
+        "lrs": lrs,
+        "seeds": list(seeds),
+        "straggler_factor": STRAGGLER_FACTOR,
+        "cells": cells,
+    }
     return results, rows
 
 
 def header(name: str, results: dict[str, Any]) -> str:
-    return (f"{name}: digits MLP, virtual time (ms, mean ± std over {len(results['seeds'])} seed(s)) to test "
-            f"accuracy {TARGET}; batch {BATCH_SIZE} per worker; Exp(k x step compute) delay per worker per job; "
-            f"best lr of each algorithm's grid {results['lrs']} per cell")
+    return (
+        f"{name}: digits MLP, virtual time (ms, mean ± std over {len(results['seeds'])} seed(s)) to test "
+        f"accuracy {TARGET}; batch {BATCH_SIZE} per worker; Exp(k x step compute) delay per worker per job; "
+        f"best lr of each algorithm's grid {results['lrs']} per cell"
+    )
 
 
 def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:

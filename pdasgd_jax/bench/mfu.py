@@ -56,8 +56,8 @@ from pdasgd_jax.config import Config
 from pdasgd_jax.data import ArraySplit, Dataset
 from pdasgd_jax.experiment import Experiment, make_optimizer
 from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
-from pdasgd_jax.models.resnet import resnet18_stages
 from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.models.resnet import resnet18_stages
 from pdasgd_jax.runtime import Runtime, RuntimeSettings
 from pdasgd_jax.stages import from_modules
 from pdasgd_jax.sync_runner import run_synchronous_loop
@@ -148,6 +148,7 @@ def float32_basis(peak: Peak, matmul_precision: str | None = None) -> str:
 
 # FLOP counting -------------------------------------------------------------------------------
 
+
 def _signature(args: tuple) -> Hashable:
     """What selects a jitted function's compiled program: the argument tree and leaf types."""
     leaves, treedef = jax.tree.flatten(args)
@@ -159,10 +160,10 @@ def _abstract(args: tuple) -> tuple:
 
     An uncommitted array (on the default device, free to move) gets no sharding, as jit
     treats it: the lowering then matches the call's, and compiling it hits jit's cache."""
+
     def spec(x: Any) -> Any:
         sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding,
-                                    weak_type=getattr(x, "weak_type", False))
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=getattr(x, "weak_type", False))
 
     return jax.tree.map(spec, args)
 
@@ -250,11 +251,13 @@ def synthetic_cifar(num_train: int, num_test: int, seed: int = 0) -> Dataset:
     rng = np.random.default_rng(seed)
 
     def split(n: int) -> ArraySplit:
-        return ArraySplit(rng.standard_normal((n, *CIFAR_SHAPE), dtype=np.float32),
-                          rng.integers(0, NUM_CLASSES, n, dtype=np.int32))
+        return ArraySplit(
+            rng.standard_normal((n, *CIFAR_SHAPE), dtype=np.float32), rng.integers(0, NUM_CLASSES, n, dtype=np.int32)
+        )
 
-    return Dataset(name="synthetic-cifar", train=split(num_train), test=split(num_test), num_classes=NUM_CLASSES,
-                   modality="image")
+    return Dataset(
+        name="synthetic-cifar", train=split(num_train), test=split(num_test), num_classes=NUM_CLASSES, modality="image"
+    )
 
 
 def no_evaluation(params: Any, states: Any) -> dict[str, float]:
@@ -280,9 +283,13 @@ class Layout:
 
 
 LAYOUTS = (
-    Layout("sgd"), Layout("sync"), Layout("asgd"),
-    Layout("pdasgd", 1, 1, "stashed"), Layout("pdasgd", 1, 2, "stashed"),
-    Layout("pdasgd", 1, 1, "live"), Layout("pdasgd", 1, 2, "live"),
+    Layout("sgd"),
+    Layout("sync"),
+    Layout("asgd"),
+    Layout("pdasgd", 1, 1, "stashed"),
+    Layout("pdasgd", 1, 2, "stashed"),
+    Layout("pdasgd", 1, 1, "live"),
+    Layout("pdasgd", 1, 2, "live"),
 )
 
 
@@ -320,10 +327,17 @@ class Bench:
         rec = MetricsLog(no_evaluation, total_examples=examples, eval_every=10**12, progress=False)
         if layout.algo in ("sgd", "sync"):
             return self._synchronous(exp, rec, layout.algo)
-        settings = RuntimeSettings(algo=layout.algo, devices=(self.device,), groups=1,
-                                   forward_workers=layout.forward_workers, backward_workers=layout.backward_workers,
-                                   queue_capacity=layout.backward_workers, backward_weights=layout.backward_weights,
-                                   batch_size=self.batch_size, num_examples=examples)
+        settings = RuntimeSettings(
+            algo=layout.algo,
+            devices=(self.device,),
+            groups=1,
+            forward_workers=layout.forward_workers,
+            backward_workers=layout.backward_workers,
+            queue_capacity=layout.backward_workers,
+            backward_weights=layout.backward_weights,
+            batch_size=self.batch_size,
+            num_examples=examples,
+        )
         rt = Runtime(exp, settings)
         rt.run(rec)  # no checkpointer
         return rt.train_time
@@ -356,6 +370,7 @@ class Bench:
 
 # The benchmark -------------------------------------------------------------------------------
 
+
 def measure(bench: Bench, batches: int, repeats: int) -> dict[str, dict[str, Any]]:
     """FLOPs, seconds and FLOP/s of every layout, ``repeats`` interleaved timed runs each.
 
@@ -367,16 +382,17 @@ def measure(bench: Bench, batches: int, repeats: int) -> dict[str, dict[str, Any
     out: dict[str, dict[str, Any]] = {}
     for layout in LAYOUTS:
         bench.run(layout, batches, signatures=True)
-        out[layout.name] = {"flops": bench.flops(), "program_calls": bench.calls(), "seconds": [],
-                            "flops_per_s": []}
+        out[layout.name] = {"flops": bench.flops(), "program_calls": bench.calls(), "seconds": [], "flops_per_s": []}
 
     def timed(layout: Layout) -> Callable[[], float]:
         def once() -> float:
             seconds = bench.run(layout, batches)
             r = out[layout.name]
             if bench.calls() != r["program_calls"]:
-                raise RuntimeError(f"{layout.name}: a timed run's program calls {bench.calls()} differ from the "
-                                   f"counted run's {r['program_calls']}, so its FLOPs are unknown")
+                raise RuntimeError(
+                    f"{layout.name}: a timed run's program calls {bench.calls()} differ from the "
+                    f"counted run's {r['program_calls']}, so its FLOPs are unknown"
+                )
             r["seconds"].append(seconds)
             r["flops_per_s"].append(r["flops"] / seconds)
             return seconds
@@ -399,10 +415,19 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     peak_flops = peak.flops(basis) if peak else None
     runs = measure(bench, batches, repeats)
     results: dict[str, Any] = {
-        "device_kind": kind, "platform": bench.device.platform, "model": "resnet18", "width": width,
-        "input_shape": list(CIFAR_SHAPE), "batch_size": batch_size, "batches": batches,
-        "repeats": repeats, "matmul_precision": precision, "peak_name": peak and peak.name, "peak_basis": basis,
-        "peak_flops_per_s": peak_flops, "algorithms": runs,
+        "device_kind": kind,
+        "platform": bench.device.platform,
+        "model": "resnet18",
+        "width": width,
+        "input_shape": list(CIFAR_SHAPE),
+        "batch_size": batch_size,
+        "batches": batches,
+        "repeats": repeats,
+        "matmul_precision": precision,
+        "peak_name": peak and peak.name,
+        "peak_basis": basis,
+        "peak_flops_per_s": peak_flops,
+        "algorithms": runs,
     }
     if peak is None:
         mfu_text = f"n/a: peak unknown for {kind}"
@@ -418,17 +443,27 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
         rate = statistics.median(r["flops_per_s"])
         r["median_flops_per_s"] = rate
         r["mfu"] = rate / peak_flops if peak_flops else None
-        rows.append({"algorithm": name, "GFLOP per run": r["flops"] / 1e9,
-                     "seconds (median)": statistics.median(r["seconds"]),
-                     rate_column: f"{rate / scale:.4g} [{min(r['flops_per_s']) / scale:.4g}, "
-                                  f"{max(r['flops_per_s']) / scale:.4g}]",
-                     "MFU": f"{r['mfu']:.2%}" if r["mfu"] is not None else mfu_text})
-    peak_line = (f"peak: {peak.name} dense {basis} {peak_flops / TERA:g} TFLOP/s (the float32 model's matmuls run as "
-                 f"{basis} under JAX's matmul precision {precision or 'default'})" if peak_flops else
-                 f"MFU {mfu_text}: FLOP/s only")
-    header = (f"mfu: ResNet-18 (width {width:g}) on synthetic CIFAR-shaped data, batch {batch_size}, {batches} "
-              f"batches per timed run, one device ({kind}); FLOPs: XLA cost analysis of every program run times its "
-              f"runs; FLOP/s: FLOPs / seconds of each of {repeats} interleaved run(s) after a compiling, counting one; "
-              f"{peak_line}.")
+        rows.append(
+            {
+                "algorithm": name,
+                "GFLOP per run": r["flops"] / 1e9,
+                "seconds (median)": statistics.median(r["seconds"]),
+                rate_column: f"{rate / scale:.4g} [{min(r['flops_per_s']) / scale:.4g}, "
+                f"{max(r['flops_per_s']) / scale:.4g}]",
+                "MFU": f"{r['mfu']:.2%}" if r["mfu"] is not None else mfu_text,
+            }
+        )
+    peak_line = (
+        f"peak: {peak.name} dense {basis} {peak_flops / TERA:g} TFLOP/s (the float32 model's matmuls run as "
+        f"{basis} under JAX's matmul precision {precision or 'default'})"
+        if peak_flops
+        else f"MFU {mfu_text}: FLOP/s only"
+    )
+    header = (
+        f"mfu: ResNet-18 (width {width:g}) on synthetic CIFAR-shaped data, batch {batch_size}, {batches} "
+        f"batches per timed run, one device ({kind}); FLOPs: XLA cost analysis of every program run times its "
+        f"runs; FLOP/s: FLOPs / seconds of each of {repeats} interleaved run(s) after a compiling, counting one; "
+        f"{peak_line}."
+    )
     columns = ("algorithm", "GFLOP per run", "seconds (median)", rate_column, "MFU")
     return results, header + "\n\n" + markdown_table(rows, columns)

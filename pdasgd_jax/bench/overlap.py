@@ -43,8 +43,10 @@ def _compute_only_program(model, tx, mesh):
     if mesh is None:
         return jax.jit(mapped, donate_argnums=0)
     spec = P(spmd.WORKER_AXIS)
-    return jax.jit(jax.shard_map(mapped, mesh=mesh, in_specs=(spec, spec, spec), out_specs=(spec, spec),
-                                 check_vma=False), donate_argnums=0)
+    return jax.jit(
+        jax.shard_map(mapped, mesh=mesh, in_specs=(spec, spec, spec), out_specs=(spec, spec), check_vma=False),
+        donate_argnums=0,
+    )
 
 
 def _time_rounds(program, ws, x, y, rounds: int, repeats: int) -> list[float]:
@@ -73,8 +75,14 @@ def _real(quick: bool) -> dict[str, Any]:
     x = jax.device_put(np.broadcast_to(np.stack([b[0] for b in batches]), (WORKERS, PERIOD, BATCH, 8, 8, 1)), sharding)
     y = jax.device_put(np.broadcast_to(np.stack([b[1] for b in batches]), (WORKERS, PERIOD, BATCH)), sharding)
     rounds, repeats = (5, 3) if quick else (50, 7)
-    results = {"workers": WORKERS, "devices": 1 if mesh is None else mesh.size, "period": PERIOD, "delay": DELAY,
-               "batch_per_worker": BATCH, "rounds_per_sample": rounds}
+    results = {
+        "workers": WORKERS,
+        "devices": 1 if mesh is None else mesh.size,
+        "period": PERIOD,
+        "delay": DELAY,
+        "batch_per_worker": BATCH,
+        "rounds_per_sample": rounds,
+    }
     programs = {
         "compute_only": _compute_only_program(model, tx, mesh),
         "dasgd": spmd.make_round_program(model, tx, AveragingRule(PERIOD, DELAY), mesh),
@@ -83,8 +91,11 @@ def _real(quick: bool) -> dict[str, Any]:
     for name, program in programs.items():
         ws = spmd.init_workers(variables, tx, AveragingRule(PERIOD, DELAY), WORKERS, sharding)
         samples = _time_rounds(program, ws, x, y, rounds, repeats)
-        results[name] = {"step_s_median": statistics.median(samples), "step_s_min": min(samples),
-                         "step_s_max": max(samples)}
+        results[name] = {
+            "step_s_median": statistics.median(samples),
+            "step_s_min": min(samples),
+            "step_s_max": max(samples),
+        }
     return results
 
 
@@ -94,17 +105,31 @@ def _virtual(step_seconds: float) -> list[dict[str, Any]]:
     for multiple in (0.5, 1, 2, 4, 8):
         allreduce = multiple * step_seconds
         beta = 2 * (WORKERS - 1) / WORKERS * nbytes / allreduce
-        timing = TimingModel(forward=(step_seconds / 4,), backward=(step_seconds / 2,), update=(step_seconds / 4,),
-                             comm=CommModel(beta=beta))
+        timing = TimingModel(
+            forward=(step_seconds / 4,),
+            backward=(step_seconds / 2,),
+            update=(step_seconds / 4,),
+            comm=CommModel(beta=beta),
+        )
         steps = 64 * PERIOD
         kw = dict(num_workers=WORKERS, steps=steps, seed=0)
         per_step = {
-            "dasgd": averaging_step_end_times(timing, DelayModel(), period=PERIOD, delay=DELAY, model_nbytes=nbytes, **kw)[-1] / steps,
-            "local": averaging_step_end_times(timing, DelayModel(), period=PERIOD, delay=0, model_nbytes=nbytes, **kw)[-1] / steps,
+            "dasgd": averaging_step_end_times(
+                timing, DelayModel(), period=PERIOD, delay=DELAY, model_nbytes=nbytes, **kw
+            )[-1]
+            / steps,
+            "local": averaging_step_end_times(timing, DelayModel(), period=PERIOD, delay=0, model_nbytes=nbytes, **kw)[
+                -1
+            ]
+            / steps,
             "sync": sync_step_end_times(timing, DelayModel(), grad_nbytes=nbytes, **kw)[-1] / steps,
         }
-        rows.append({"allreduce_in_steps": multiple,
-                     **{f"{k}_vs_compute": v / timing.step_compute_time() for k, v in per_step.items()}})
+        rows.append(
+            {
+                "allreduce_in_steps": multiple,
+                **{f"{k}_vs_compute": v / timing.step_compute_time() for k, v in per_step.items()},
+            }
+        )
     return rows
 
 
@@ -113,13 +138,22 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     real = _real(quick)
     compute = real["compute_only"]["step_s_median"]
     virtual = _virtual(compute)
-    real_rows = [{"program": name, "ms/step (median)": 1e3 * real[name]["step_s_median"],
-                  "min": 1e3 * real[name]["step_s_min"], "max": 1e3 * real[name]["step_s_max"],
-                  "vs compute only": real[name]["step_s_median"] / compute}
-                 for name in ("compute_only", "dasgd", "local")]
-    table = (f"Virtual clock ({WORKERS} workers, H={PERIOD}, d={DELAY}; time per step / compute-only step):\n\n"
-             + markdown_table(virtual, list(virtual[0])) + "\n\n"
-             + f"Real round program on {real['devices']} device(s), {WORKERS} workers, digits MLP, "
-             + f"batch {BATCH}/worker ({jax.devices()[0].platform}):\n\n"
-             + markdown_table(real_rows, list(real_rows[0])))
+    real_rows = [
+        {
+            "program": name,
+            "ms/step (median)": 1e3 * real[name]["step_s_median"],
+            "min": 1e3 * real[name]["step_s_min"],
+            "max": 1e3 * real[name]["step_s_max"],
+            "vs compute only": real[name]["step_s_median"] / compute,
+        }
+        for name in ("compute_only", "dasgd", "local")
+    ]
+    table = (
+        f"Virtual clock ({WORKERS} workers, H={PERIOD}, d={DELAY}; time per step / compute-only step):\n\n"
+        + markdown_table(virtual, list(virtual[0]))
+        + "\n\n"
+        + f"Real round program on {real['devices']} device(s), {WORKERS} workers, digits MLP, "
+        + f"batch {BATCH}/worker ({jax.devices()[0].platform}):\n\n"
+        + markdown_table(real_rows, list(real_rows[0]))
+    )
     return {"virtual": virtual, "real": real, "platform": jax.devices()[0].platform}, table

@@ -35,8 +35,12 @@ DATASETS: dict[str, dict[str, Any]] = {
 ASYNC = {"simulate": True, "delay_model": "exponential", "delay_mean": 1.0}
 ALGORITHMS: dict[str, dict[str, Any]] = {
     "sgd": {"algo": "sgd"},
-    "sync": {"algo": "sync", "simulate": True, "workers": DATA_PARALLEL_WORKERS,
-             "batch_size": DATA_PARALLEL_WORKERS * BATCH_SIZE},
+    "sync": {
+        "algo": "sync",
+        "simulate": True,
+        "workers": DATA_PARALLEL_WORKERS,
+        "batch_size": DATA_PARALLEL_WORKERS * BATCH_SIZE,
+    },
     "asgd": {"algo": "asgd", **ASYNC},
     "pdasgd (layer, stashed)": {"algo": "pdasgd", "backward_weights": "stashed", **ASYNC},
     "pdasgd (layer, live)": {"algo": "pdasgd", "backward_weights": "live", **ASYNC},
@@ -65,23 +69,52 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     for dataset, settings in datasets.items():
         results[dataset] = {}
         for label, overrides in algorithms.items():
-            configs = [Config(**{"dataset": dataset, "workers": WORKERS, "batch_size": BATCH_SIZE,
-                                 "optimizer": "momentum", "momentum": 0.9, "seed": seed, "progress": False,
-                                 **settings, **overrides}) for seed in seeds]
+            configs = [
+                Config(
+                    **{
+                        "dataset": dataset,
+                        "workers": WORKERS,
+                        "batch_size": BATCH_SIZE,
+                        "optimizer": "momentum",
+                        "momentum": 0.9,
+                        "seed": seed,
+                        "progress": False,
+                        **settings,
+                        **overrides,
+                    }
+                )
+                for seed in seeds
+            ]
             accs = [final_accuracy(config) for config in configs]
             finite = [a for a in accs if math.isfinite(a)]
             mean, std = (float(np.mean(finite)), float(np.std(finite))) if finite else (math.nan, math.nan)
-            results[dataset][label] = {"test_accuracy": accs, "mean": mean, "std": std,
-                                       "diverged": len(accs) - len(finite)}
-            rows.append({"dataset": f"{dataset} ({settings['model']})", "algorithm": label,
-                         "test accuracy": f"{mean:.4f} ± {std:.4f}" + (f" ({len(accs) - len(finite)} diverged)"
-                                                                       if len(finite) < len(accs) else ""),
-                         "workers": 1 if overrides["algo"] == "sgd" else configs[0].workers, "seeds": len(accs)})
-    settings_line = (f"batch {BATCH_SIZE} per worker, momentum 0.9; async: virtual clock, "
-                     f"Exp(1 step) delays; " + "; ".join(f"{d}: lr {s['lr']}, {s['epochs']:g} epochs"
-                                                          for d, s in datasets.items()))
-    results["settings"] = {"workers": WORKERS, "data_parallel_workers": DATA_PARALLEL_WORKERS,
-                           "batch_size": BATCH_SIZE, "seeds": list(seeds), "datasets": datasets,
-                           "algorithms": algorithms}
+            results[dataset][label] = {
+                "test_accuracy": accs,
+                "mean": mean,
+                "std": std,
+                "diverged": len(accs) - len(finite),
+            }
+            rows.append(
+                {
+                    "dataset": f"{dataset} ({settings['model']})",
+                    "algorithm": label,
+                    "test accuracy": f"{mean:.4f} ± {std:.4f}"
+                    + (f" ({len(accs) - len(finite)} diverged)" if len(finite) < len(accs) else ""),
+                    "workers": 1 if overrides["algo"] == "sgd" else configs[0].workers,
+                    "seeds": len(accs),
+                }
+            )
+    settings_line = (
+        f"batch {BATCH_SIZE} per worker, momentum 0.9; async: virtual clock, "
+        f"Exp(1 step) delays; " + "; ".join(f"{d}: lr {s['lr']}, {s['epochs']:g} epochs" for d, s in datasets.items())
+    )
+    results["settings"] = {
+        "workers": WORKERS,
+        "data_parallel_workers": DATA_PARALLEL_WORKERS,
+        "batch_size": BATCH_SIZE,
+        "seeds": list(seeds),
+        "datasets": datasets,
+        "algorithms": algorithms,
+    }
     table = markdown_table(rows, ("dataset", "algorithm", "workers", "test accuracy", "seeds"))
     return results, "\n".join([f"parity: {settings_line}", "", table])

@@ -78,8 +78,10 @@ PINNED_LOOP = "sequential loop on the runtime's host core"
 # (name, settings overrides); "sequential" is the baseline.
 LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("pdasgd F=1 B=1 Q=1", {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue_capacity": 1}),
-    ("pdasgd F=1 B=1 Q=1, host threads unpinned",
-     {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue_capacity": 1, "host_cpus": "off"}),
+    (
+        "pdasgd F=1 B=1 Q=1, host threads unpinned",
+        {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue_capacity": 1, "host_cpus": "off"},
+    ),
     ("pdasgd F=1 B=2 Q=2", {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 2, "queue_capacity": 2}),
     ("asgd W=1", {"algo": "asgd"}),
     ("asgd W=2 per device", {"algo": "asgd", "groups_per_device": 2}),
@@ -98,8 +100,10 @@ def _experiment(lr: float = Config.lr) -> Experiment:
 
 # Throughput ---------------------------------------------------------------------------------
 
-def sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_batches: int,
-                    cpus: tuple[int, ...] | None = None) -> float:
+
+def sequential_loop(
+    exp: Experiment, device: jax.Device, batch_size: int, num_batches: int, cpus: tuple[int, ...] | None = None
+) -> float:
     """Seconds of the single-threaded loop over the executor's operations on ``device``, in
     the calling thread (pinned to ``cpus`` for the loop, if given)."""
     with affinity.pinned_thread(cpus):
@@ -108,8 +112,13 @@ def sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_ba
 
 def _sequential_loop(exp: Experiment, device: jax.Device, batch_size: int, num_batches: int) -> float:
     v = exp.variables
-    store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), exp.kernels.apply_update,
-                           home_devices=(device,) * exp.model.num_stages)
+    store = ParameterStore(
+        v.params,
+        v.states,
+        init_opt_states(exp.tx, v.params),
+        exp.kernels.apply_update,
+        home_devices=(device,) * exp.model.num_stages,
+    )
     ex = StageExecutor(exp.kernels, store, fuse_forward=True)  # the runtime's forward workers' kernels
     start = time.perf_counter()
     for batch in numbered_batches(exp, batch_size):
@@ -132,7 +141,7 @@ def two_thread_loops(exp: Experiment, device: jax.Device, batch_size: int, num_b
     def loop(n: int) -> None:
         try:
             sequential_loop(exp, device, batch_size, n)
-        except BaseException as exc:  # noqa: BLE001 -- re-raised below: a failed loop must not look fast
+        except BaseException as exc:
             errors.append(exc)
 
     halves = (num_batches // 2, num_batches - num_batches // 2)
@@ -154,8 +163,9 @@ def runtime_seconds(exp: Experiment, settings: RuntimeSettings) -> float:
     return rt.train_time
 
 
-def throughput(exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int, num_batches: int,
-               repeats: int) -> dict[str, Any]:
+def throughput(
+    exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int, num_batches: int, repeats: int
+) -> dict[str, Any]:
     """Examples/s of the sequential loop and of every layout in ``LAYOUTS`` on ``devices``.
 
     The repeats are interleaved (sequential, then every layout, ``repeats`` times), and each
@@ -165,7 +175,8 @@ def throughput(exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int
     host_core = affinity.resolve_host_cpus(affinity.AUTO, devices[0].platform)
     runs: dict[str, Callable[[int], float]] = {
         "sequential": lambda n: sequential_loop(exp, devices[0], batch_size, n),
-        TWO_LOOPS: lambda n: two_thread_loops(exp, devices[0], batch_size, n)}
+        TWO_LOOPS: lambda n: two_thread_loops(exp, devices[0], batch_size, n),
+    }
     if host_core is not None:
         runs[PINNED_LOOP] = lambda n: sequential_loop(exp, devices[0], batch_size, n, cpus=host_core)
     for name, overrides in LAYOUTS:
@@ -175,13 +186,16 @@ def throughput(exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int
         groups = len(devices) * overrides.pop("groups_per_device", 1)
         settings = RuntimeSettings(devices=devices, groups=groups, batch_size=batch_size, **overrides)
         runs[name] = functools.partial(
-            lambda st, n: runtime_seconds(exp, dataclasses.replace(st, num_examples=n * batch_size)), settings)
+            lambda st, n: runtime_seconds(exp, dataclasses.replace(st, num_examples=n * batch_size)), settings
+        )
     for fn in runs.values():
         fn(max(4, num_batches // 10))  # compiles for every device involved
     seconds = interleaved_seconds({name: functools.partial(fn, num_batches) for name, fn in runs.items()}, repeats)
     examples = num_batches * batch_size
-    out = {name: rate_summary(examples, s, None if name == "sequential" else seconds["sequential"])
-           for name, s in seconds.items()}
+    out = {
+        name: rate_summary(examples, s, None if name == "sequential" else seconds["sequential"])
+        for name, s in seconds.items()
+    }
     for name, summary in out.items():
         if name != "sequential":
             summary["vs_sequential"] = summary.pop("vs_baseline")
@@ -190,13 +204,15 @@ def throughput(exp: Experiment, devices: tuple[jax.Device, ...], batch_size: int
 
 # Time to target under delays ------------------------------------------------------------------
 
+
 def _first_reaching(metrics: MetricsLog, key: str) -> float:
     return next((r[key] for r in metrics.rows if r["test_accuracy"] >= TARGET), math.inf)
 
 
 def _metrics(exp: Experiment) -> MetricsLog:
-    return MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=EVAL_EVERY, target_accuracy=TARGET,
-                      progress=False)
+    return MetricsLog(
+        exp.evaluate, total_examples=exp.total_examples, eval_every=EVAL_EVERY, target_accuracy=TARGET, progress=False
+    )
 
 
 @functools.cache
@@ -287,9 +303,11 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
                 except NonFiniteLossError:
                     runs[key].append((math.inf, math.nan))
         by_kind = {"measured": runs["measured"], **{kind: runs[d] for kind, d in devices_of.items()}}
-        out[name] = {"lr": config["lr"],
-                     **{f"{kind}_s": [t for t, _ in r] for kind, r in by_kind.items()},
-                     **{f"{kind}_staleness": float(np.mean([tau for _, tau in r])) for kind, r in by_kind.items()}}
+        out[name] = {
+            "lr": config["lr"],
+            **{f"{kind}_s": [t for t, _ in r] for kind, r in by_kind.items()},
+            **{f"{kind}_staleness": float(np.mean([tau for _, tau in r])) for kind, r in by_kind.items()},
+        }
     for name in ("pdasgd", "asgd"):
         for kind in ("measured", *layouts):
             ratios = [_ratio(s, a) for s, a in zip(out["sync"][f"{kind}_s"], out[name][f"{kind}_s"])]
@@ -309,6 +327,7 @@ def _ratio(reference: float, time_s: float) -> float:
 
 
 # The benchmark ------------------------------------------------------------------------------
+
 
 def _fmt(span: dict[str, float]) -> str:
     return f"{span['median']:.0f} [{span['min']:.0f}, {span['max']:.0f}]"
@@ -331,45 +350,89 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     placements = {"1 device": all_devices[:1]}
     if len(all_devices) > 1:
         placements[f"{len(all_devices)} devices"] = all_devices
-    results: dict[str, Any] = {"device": all_devices[0].device_kind, "num_devices": len(all_devices),
-                               "repeats": repeats, "throughput": {}}
+    results: dict[str, Any] = {
+        "device": all_devices[0].device_kind,
+        "num_devices": len(all_devices),
+        "repeats": repeats,
+        "throughput": {},
+    }
     rows = []
     for where, devices in placements.items():
         for bs, n in batches.items():
             r = results["throughput"][f"{where}, batch {bs}"] = throughput(base, devices, bs, n, repeats)
             common = {"devices": where, "batch": bs, "batches": n}
-            rows.append({**common, "layout": "sequential loop", "ex/s": _fmt(r["sequential"]), "vs sequential": "1.00x"})
-            rows += [{**common, "layout": name, "ex/s": _fmt(r[name]), "vs sequential": f"{r[name]['vs_sequential']:.2f}x"}
-                     for name in r if name != "sequential"]
+            rows.append(
+                {**common, "layout": "sequential loop", "ex/s": _fmt(r["sequential"]), "vs sequential": "1.00x"}
+            )
+            rows += [
+                {**common, "layout": name, "ex/s": _fmt(r[name]), "vs sequential": f"{r[name]['vs_sequential']:.2f}x"}
+                for name in r
+                if name != "sequential"
+            ]
     results["time_to_target"] = [time_to_target(k, seeds, epochs) for k in factors]
     ttt_rows = []
     for cell in results["time_to_target"]:
         for name in ("pdasgd", "asgd", "sync"):
             c = cell[name]
-            ttt_rows.append({"k": cell["k"], "delay mean (ms)": f"{cell['delay_mean_s'] * 1e3:.2f}", "algo": name,
-                             "lr": c["lr"],
-                             "measured (s)": _seconds(c["measured_s"]), "simulated (s)": _seconds(c["simulated_s"]),
-                             "mean staleness measured / simulated / per worker":
-                                 f"{c['measured_staleness']:.1f} / {c['simulated_staleness']:.1f} / "
-                                 f"{c['simulated_per_worker_staleness']:.1f}",
-                             **{f"vs sync {label}": f"{c[f'speedup_vs_sync_{kind}']:.2f}x" if name != "sync" else "1.00x"
-                                for label, kind in SPEEDUP_COLUMNS.items()}})
-    results.update(target_accuracy=TARGET, delay_batch=DELAY_BATCH, workers=WORKERS, seeds=list(seeds),
-                   epochs_budget=epochs, simulated_devices=simulated_layouts(),
-                   step_compute_s={bs: base.calibration(bs).timing.step_compute_time()
-                                   for bs in (DELAY_BATCH, DELAY_BATCH * WORKERS)})
-    header = (f"runtime: digits MLP on {len(all_devices)} x {results['device']}. Throughput, no delays: examples/s, "
-              f"median [min, max] of {repeats} interleaved run(s); ratio: median of the per-round ratios.")
-    ttt_header = (f"Time to test accuracy {TARGET}: W={WORKERS}, batch {DELAY_BATCH} per worker (sync: global "
-                  f"{DELAY_BATCH * WORKERS}), real Exp(k x step compute) sleeps per worker per job (sync: the max of "
-                  f"{WORKERS} draws per step); wall seconds, mean ± std over {len(seeds)} seed(s); simulated: the "
-                  f"simulator's virtual seconds for the same configs with the runtime's layout ({WORKERS} worker "
-                  f"groups on {results['simulated_devices']['simulated']} device(s)); per worker: with one device "
-                  "per worker group; speedups: mean of per-seed ratios.")
-    table = "\n\n".join([
-        header, markdown_table(rows, ("devices", "batch", "batches", "layout", "ex/s", "vs sequential")), ttt_header,
-        markdown_table(ttt_rows, ("k", "delay mean (ms)", "algo", "lr", "measured (s)", "simulated (s)",
-                                  *(f"vs sync {label}" for label in SPEEDUP_COLUMNS),
-                                  "mean staleness measured / simulated / per worker"))])
+            ttt_rows.append(
+                {
+                    "k": cell["k"],
+                    "delay mean (ms)": f"{cell['delay_mean_s'] * 1e3:.2f}",
+                    "algo": name,
+                    "lr": c["lr"],
+                    "measured (s)": _seconds(c["measured_s"]),
+                    "simulated (s)": _seconds(c["simulated_s"]),
+                    "mean staleness measured / simulated / per worker": (
+                        f"{c['measured_staleness']:.1f} / {c['simulated_staleness']:.1f} / "
+                        f"{c['simulated_per_worker_staleness']:.1f}"
+                    ),
+                    **{
+                        f"vs sync {label}": f"{c[f'speedup_vs_sync_{kind}']:.2f}x" if name != "sync" else "1.00x"
+                        for label, kind in SPEEDUP_COLUMNS.items()
+                    },
+                }
+            )
+    results.update(
+        target_accuracy=TARGET,
+        delay_batch=DELAY_BATCH,
+        workers=WORKERS,
+        seeds=list(seeds),
+        epochs_budget=epochs,
+        simulated_devices=simulated_layouts(),
+        step_compute_s={
+            bs: base.calibration(bs).timing.step_compute_time() for bs in (DELAY_BATCH, DELAY_BATCH * WORKERS)
+        },
+    )
+    header = (
+        f"runtime: digits MLP on {len(all_devices)} x {results['device']}. Throughput, no delays: examples/s, "
+        f"median [min, max] of {repeats} interleaved run(s); ratio: median of the per-round ratios."
+    )
+    ttt_header = (
+        f"Time to test accuracy {TARGET}: W={WORKERS}, batch {DELAY_BATCH} per worker (sync: global "
+        f"{DELAY_BATCH * WORKERS}), real Exp(k x step compute) sleeps per worker per job (sync: the max of "
+        f"{WORKERS} draws per step); wall seconds, mean ± std over {len(seeds)} seed(s); simulated: the "
+        f"simulator's virtual seconds for the same configs with the runtime's layout ({WORKERS} worker "
+        f"groups on {results['simulated_devices']['simulated']} device(s)); per worker: with one device "
+        "per worker group; speedups: mean of per-seed ratios."
+    )
+    table = "\n\n".join(
+        [
+            header,
+            markdown_table(rows, ("devices", "batch", "batches", "layout", "ex/s", "vs sequential")),
+            ttt_header,
+            markdown_table(
+                ttt_rows,
+                (
+                    "k",
+                    "delay mean (ms)",
+                    "algo",
+                    "lr",
+                    "measured (s)",
+                    "simulated (s)",
+                    *(f"vs sync {label}" for label in SPEEDUP_COLUMNS),
+                    "mean staleness measured / simulated / per worker",
+                ),
+            ),
+        ]
+    )
     return json_ready(results), table
-

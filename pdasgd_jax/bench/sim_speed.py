@@ -62,9 +62,21 @@ def _timed(fn: Callable[[], Any]) -> Callable[[], float]:
 
 def measure(batch_size: int, epochs: float, repeats: int) -> dict[str, Any]:
     """The three throughputs for one batch size."""
-    exp = Experiment.from_config(Config(algo="pdasgd", simulate=True, forward_workers=1, backward_workers=1, queue=1,
-                                        delay_model="exponential", delay_mean=1.0, batch_size=batch_size,
-                                        epochs=epochs, eval_every=10**9, progress=False))
+    exp = Experiment.from_config(
+        Config(
+            algo="pdasgd",
+            simulate=True,
+            forward_workers=1,
+            backward_workers=1,
+            queue=1,
+            delay_model="exponential",
+            delay_mean=1.0,
+            batch_size=batch_size,
+            epochs=epochs,
+            eval_every=10**9,
+            progress=False,
+        )
+    )
     timing = exp.calibration(batch_size).timing
     v = exp.variables
     opt_states = init_opt_states(exp.tx, v.params)
@@ -111,10 +123,21 @@ def measure(batch_size: int, epochs: float, repeats: int) -> dict[str, Any]:
         rs, _ = scan(init_ring_state(v.params, v.states, opt_states, sizes), xs, ys, lags)
         return current_params(rs)
 
-    seconds = interleaved_seconds({"sgd": _timed(sgd), "event": _timed(event), "event_kernels": _timed(event_kernels),
-                                   "fastpath": _timed(fastpath)}, repeats)
-    out = {"steps": steps, "examples": examples, "max_lag": [n - 1 for n in sizes],
-           "sgd": rate_summary(examples, seconds["sgd"])}
+    seconds = interleaved_seconds(
+        {
+            "sgd": _timed(sgd),
+            "event": _timed(event),
+            "event_kernels": _timed(event_kernels),
+            "fastpath": _timed(fastpath),
+        },
+        repeats,
+    )
+    out = {
+        "steps": steps,
+        "examples": examples,
+        "max_lag": [n - 1 for n in sizes],
+        "sgd": rate_summary(examples, seconds["sgd"]),
+    }
     for mode in ("event", "event_kernels", "fastpath"):
         out[mode] = rate_summary(examples, seconds[mode], seconds["sgd"])
         out[f"{mode}_vs_sgd"] = out[mode].pop("vs_baseline")
@@ -129,14 +152,32 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     rows = []
     for bs in batch_sizes:
         r = results[f"batch_{bs}"] = measure(bs, epochs, repeats)
-        span = lambda m: f"{r[m]['median']:.0f} [{r[m]['min']:.0f}, {r[m]['max']:.0f}]"
-        rows.append({"batch": bs, "steps": r["steps"], "sgd ex/s": span("sgd"), "event ex/s": span("event"),
-                     "event / sgd": f"{r['event_vs_sgd']:.2f}x",
-                     "event's kernels alone / sgd": f"{r['event_kernels_vs_sgd']:.2f}x", "fastpath ex/s": span("fastpath"),
-                     "fastpath / sgd": f"{r['fastpath_vs_sgd']:.2f}x"})
-    header = (f"sim-speed: digits MLP, PD-ASGD (F=B=Q=1, one device, Exp(1 step) delays), {epochs:g} epoch(s); "
-              f"median [min, max] of {repeats} interleaved timed runs on {results['device']}; ratios: median of "
-              "the per-round ratios")
-    columns = ("batch", "steps", "sgd ex/s", "event ex/s", "event / sgd", "event's kernels alone / sgd", "fastpath ex/s",
-               "fastpath / sgd")
+        span = lambda m, r=r: f"{r[m]['median']:.0f} [{r[m]['min']:.0f}, {r[m]['max']:.0f}]"
+        rows.append(
+            {
+                "batch": bs,
+                "steps": r["steps"],
+                "sgd ex/s": span("sgd"),
+                "event ex/s": span("event"),
+                "event / sgd": f"{r['event_vs_sgd']:.2f}x",
+                "event's kernels alone / sgd": f"{r['event_kernels_vs_sgd']:.2f}x",
+                "fastpath ex/s": span("fastpath"),
+                "fastpath / sgd": f"{r['fastpath_vs_sgd']:.2f}x",
+            }
+        )
+    header = (
+        f"sim-speed: digits MLP, PD-ASGD (F=B=Q=1, one device, Exp(1 step) delays), {epochs:g} epoch(s); "
+        f"median [min, max] of {repeats} interleaved timed runs on {results['device']}; ratios: median of "
+        "the per-round ratios"
+    )
+    columns = (
+        "batch",
+        "steps",
+        "sgd ex/s",
+        "event ex/s",
+        "event / sgd",
+        "event's kernels alone / sgd",
+        "fastpath ex/s",
+        "fastpath / sgd",
+    )
     return results, header + "\n\n" + markdown_table(rows, columns)

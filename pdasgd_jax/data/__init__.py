@@ -19,8 +19,14 @@ OFFLINE_DATASETS = ("digits", "mnist1d")
 TFDS_DATASETS = ("mnist", "cifar10", "cifar100", "imdb_reviews")
 DATASETS = OFFLINE_DATASETS + TFDS_DATASETS
 # Known before loading, so that a model/dataset mismatch fails before any data is read.
-DATASET_MODALITY = {"digits": "image", "mnist1d": "sequence", "mnist": "image", "cifar10": "image",
-                    "cifar100": "image", "imdb_reviews": "text"}
+DATASET_MODALITY = {
+    "digits": "image",
+    "mnist1d": "sequence",
+    "mnist": "image",
+    "cifar10": "image",
+    "cifar100": "image",
+    "imdb_reviews": "text",
+}
 
 
 def check_dataset_name(name: str) -> None:

@@ -52,8 +52,9 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
-def train_batches(split: Split, batch_size: int, *, seed: int, epoch: int, shard_index: int = 0, num_shards: int = 1,
-                  start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def train_batches(
+    split: Split, batch_size: int, *, seed: int, epoch: int, shard_index: int = 0, num_shards: int = 1, start: int = 0
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Shuffled full batches of one epoch for worker ``shard_index`` of ``num_shards``,
     from the worker's batch ``start`` on (a resumed run skips without reading)."""
     if not 0 <= shard_index < num_shards:
@@ -62,7 +63,7 @@ def train_batches(split: Split, batch_size: int, *, seed: int, epoch: int, shard
     n = batches_per_epoch(split, batch_size, num_shards)
     for b in range(start, n):
         k = b * num_shards + shard_index
-        yield split.take(np.sort(order[k * batch_size:(k + 1) * batch_size]))
+        yield split.take(np.sort(order[k * batch_size : (k + 1) * batch_size]))
 
 
 def eval_batches(split: Split, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -68,7 +68,7 @@ class Vocabulary:
             raise ValueError(f"vocabulary size {size} must be at least 3 (PAD, UNK and one word)")
         counts = collections.Counter(w for t in texts for w in tokenize(t))
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        return cls([w for w, _ in ranked[:size - 2]])
+        return cls([w for w, _ in ranked[: size - 2]])
 
     def __len__(self) -> int:
         return len(self.words)
@@ -86,5 +86,5 @@ class Vocabulary:
         out = np.full((len(texts), length), PAD, np.int32)
         for row, t in zip(out, texts):
             ids = [self._ids.get(w, UNK) for w in tokenize(t)[:length]]
-            row[:len(ids)] = ids
+            row[: len(ids)] = ids
         return out

@@ -114,7 +114,9 @@ def load_imdb_reviews(
     train, test = _open("imdb_reviews", data_dir)
     vocab = Vocabulary.build(_train_texts(train), vocab_size)
     decode = functools.partial(_decode_texts, vocab=vocab, length=length)
-    return Dataset("imdb_reviews", SourceSplit(train, decode), SourceSplit(test, decode), 2, "text", vocab_size=len(vocab))
+    return Dataset(
+        "imdb_reviews", SourceSplit(train, decode), SourceSplit(test, decode), 2, "text", vocab_size=len(vocab)
+    )
 
 
 def _open(name: str, data_dir: str | None) -> tuple[Sequence[Any], Sequence[Any]]:
@@ -137,15 +139,17 @@ def _not_prepared_message(name: str, data_dir: str | None) -> str:
     builder = tfds.builder(name, data_dir=data_dir)
     root = str(builder.data_dir_root)
     # With a data_dir, tfds.data_source prepares TFRecord files unless told array_record.
-    prepare = (f"import tensorflow_datasets as tfds; tfds.data_source({name!r}, data_dir={root!r}, "
-               "builder_kwargs={'file_format': 'array_record'}, download=True)")
+    prepare = (
+        f"import tensorflow_datasets as tfds; tfds.data_source({name!r}, data_dir={root!r}, "
+        "builder_kwargs={'file_format': 'array_record'}, download=True)"
+    )
     # TFDS PNG-encodes images with TensorFlow while preparing; text needs no TensorFlow.
     needs_tf = " (`pip install tensorflow` there first; reading needs no TensorFlow)" if name in _IMAGES else ""
     return (
         f"TFDS dataset {name!r} is not prepared in data directory {root}: no array_record copy in "
         f"{builder.data_dir}. Nothing is downloaded here. Prepare it once on a machine with network "
         f"access{needs_tf}:\n"
-        f"  python -c \"{prepare}\"\n"
+        f'  python -c "{prepare}"\n'
         f"or, with TensorFlow installed, `tfds build {name} --data_dir={root} --file_format=array_record`; "
         f"then copy {root}/{name} here, or pass data_dir / set TFDS_DATA_DIR to where it is."
     )

@@ -76,8 +76,9 @@ class DataFeed:
     It calls ``out.producer_done()`` when it is done or stopped, so consumers drain and end.
     """
 
-    def __init__(self, exp: Experiment, batch_size: int, batch_ids: range, out: BoundedQueue[Batch], control: Control,
-                 gate: Gate):
+    def __init__(
+        self, exp: Experiment, batch_size: int, batch_ids: range, out: BoundedQueue[Batch], control: Control, gate: Gate
+    ):
         self._batches = itertools.islice(numbered_batches(exp, batch_size, start=batch_ids.start), len(batch_ids))
         self.out = out
         self.gate = gate

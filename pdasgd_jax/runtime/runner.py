@@ -72,15 +72,24 @@ class Runtime:
         """Store, executor, queues, feed and workers, starting from these variables and batch."""
         s, exp = self.settings, self.exp
         if data.batches_per_epoch(exp.dataset.train, s.batch_size) == 0:  # fail here, not in the feed thread
-            raise ValueError(f"--batch-size {s.batch_size} exceeds the {len(exp.dataset.train)} training examples "
-                             f"of {exp.dataset.name}")
-        self.store = ParameterStore(params, states, opt_states, exp.kernels.apply_update,
-                                    home_devices=s.home_devices(exp.model.num_stages))
+            raise ValueError(
+                f"--batch-size {s.batch_size} exceeds the {len(exp.dataset.train)} training examples "
+                f"of {exp.dataset.name}"
+            )
+        self.store = ParameterStore(
+            params, states, opt_states, exp.kernels.apply_update, home_devices=s.home_devices(exp.model.num_stages)
+        )
         self.log = EventLog() if s.record_events else None
         # An ASGD worker computes its whole gradient at once anyway: one program per job.
-        self.executor = StageExecutor(exp.kernels, self.store, backward_weights=s.backward_weights, log=self.log,
-                                      clock=lambda: time.perf_counter() - self._start, fuse_jobs=not s.pipelined,
-                                      fuse_forward=s.pipelined)
+        self.executor = StageExecutor(
+            exp.kernels,
+            self.store,
+            backward_weights=s.backward_weights,
+            log=self.log,
+            clock=lambda: time.perf_counter() - self._start,
+            fuse_jobs=not s.pipelined,
+            fuse_forward=s.pipelined,
+        )
         consumers = s.groups * (s.forward_workers if s.pipelined else 1)
         # At least one batch ready per consumer at all times, refilled in bursts.
         feed_queue: BoundedQueue[Batch] = BoundedQueue(2 * consumers + 2, refill_below=consumers + 1)
@@ -101,8 +110,9 @@ class Runtime:
 
     def _add(self, cls: type[Worker], name: str, group: int, **kwargs: Any) -> None:
         s = self.settings
-        self.workers.append(cls(name, s.device(group), self.executor, self.control, s.delay,
-                                rng_for(s.seed, "delay", name), **kwargs))
+        self.workers.append(
+            cls(name, s.device(group), self.executor, self.control, s.delay, rng_for(s.seed, "delay", name), **kwargs)
+        )
 
     @property
     def _threads(self) -> list[threading.Thread]:
@@ -124,8 +134,9 @@ class Runtime:
                 self._build(params, states, opt_states, first_batch=meta["step"])
                 self.completed = meta["step"]
                 if metrics.reached_target or self.completed >= self.settings.num_batches:  # it had ended there
-                    return RunResult(params, states, self.completed, self.completed * self.settings.batch_size,
-                                     self.metrics())
+                    return RunResult(
+                        params, states, self.completed, self.completed * self.settings.batch_size, self.metrics()
+                    )
         self._start = time.perf_counter()
         self._train_start = self._clock.elapsed
         try:
@@ -203,7 +214,9 @@ class Runtime:
         """``RunResult.extra``: layout, staleness, utilisation and throughput."""
         s = self.settings
         out: dict[str, Any] = {
-            "runtime": "threads", "devices": len(s.devices), "device_kind": s.devices[0].device_kind,
+            "runtime": "threads",
+            "devices": len(s.devices),
+            "device_kind": s.devices[0].device_kind,
             "stage_home_devices": [str(d) for d in s.home_devices(self.store.num_stages)],
             "staleness": self.executor.staleness.summary(),
             "utilisation": {w.name: w.stats.summary(self.train_time) for w in self.workers},
@@ -215,16 +228,25 @@ class Runtime:
             "thread_cpus": {name: cpus and list(cpus) for name, cpus in self.control.thread_cpus.items()},
         }
         if s.pipelined:
-            out.update(replicas=s.groups, forward_workers=s.forward_workers, backward_workers=s.backward_workers,
-                       queue_capacity=s.queue_capacity, backward_weights=s.backward_weights,
-                       updates="layer" if s.algo == "pdasgd" else "block")
+            out.update(
+                replicas=s.groups,
+                forward_workers=s.forward_workers,
+                backward_workers=s.backward_workers,
+                queue_capacity=s.queue_capacity,
+                backward_weights=s.backward_weights,
+                updates="layer" if s.algo == "pdasgd" else "block",
+            )
         else:
             out.update(workers=s.groups)
         return out
 
 
-def run_runtime(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None,
-                settings: RuntimeSettings | None = None) -> RunResult:
+def run_runtime(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None = None,
+    settings: RuntimeSettings | None = None,
+) -> RunResult:
     """Trains ``exp.config.algo`` (``asgd``, ``pdasgd``, ``pdasgd-block``) with real threads.
 
     Args:

@@ -19,6 +19,7 @@ from pdasgd_jax.executor import BACKWARD_WEIGHTS
 from pdasgd_jax.experiment import Experiment
 
 RUNTIME_ALGOS = ASYNCHRONOUS
+NO_DELAY = delays.DelayModel()  # immutable: one instance serves every default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ class RuntimeSettings:
     backward_weights: str = "stashed"
     batch_size: int = 32
     num_examples: int = 0
-    delay: delays.DelayModel = delays.DelayModel()
+    delay: delays.DelayModel = NO_DELAY
     seed: int = 0
     record_events: bool = False
     host_cpus: HostCpus = AUTO
@@ -70,8 +71,10 @@ class RuntimeSettings:
         if self.backward_weights not in BACKWARD_WEIGHTS:
             raise ValueError(f"backward_weights {self.backward_weights!r} is not one of {BACKWARD_WEIGHTS}")
         if self.algo == "asgd" and self.backward_weights != "stashed":
-            raise ValueError(f"asgd computes its gradient at the weights it read: backward_weights must be 'stashed', "
-                             f"not {self.backward_weights!r}")
+            raise ValueError(
+                f"asgd computes its gradient at the weights it read: backward_weights must be 'stashed', "
+                f"not {self.backward_weights!r}"
+            )
         if not self.devices:
             raise ValueError("the runtime needs at least one device")
         for name in ("groups", "forward_workers", "backward_workers", "queue_capacity", "batch_size"):
@@ -112,12 +115,18 @@ class RuntimeSettings:
         groups = config.workers or len(jax.devices())
         step_time = exp.calibration(config.batch_size).timing.step_compute_time() if config.delay_mean > 0 else 0.0
         settings = dict(
-            algo=config.algo, devices=default_devices(groups), groups=groups,
-            forward_workers=config.forward_workers, backward_workers=config.backward_workers,
+            algo=config.algo,
+            devices=default_devices(groups),
+            groups=groups,
+            forward_workers=config.forward_workers,
+            backward_workers=config.backward_workers,
             queue_capacity=config.queue_capacity,
             backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
-            batch_size=config.batch_size, num_examples=exp.total_examples,
-            delay=delays.DelayModel.from_config(config, step_time), seed=config.seed, host_cpus=config.host_cpus,
+            batch_size=config.batch_size,
+            num_examples=exp.total_examples,
+            delay=delays.DelayModel.from_config(config, step_time),
+            seed=config.seed,
+            host_cpus=config.host_cpus,
         )
         return cls(**{**settings, **overrides})
 
@@ -126,4 +135,4 @@ def default_devices(groups: int) -> tuple[jax.Device, ...]:
     """The devices ``groups`` worker groups run on by default: one each, as far as they go
     (more groups than devices share them round-robin)."""
     available = jax.devices()
-    return tuple(available[:min(groups, len(available))])
+    return tuple(available[: min(groups, len(available))])

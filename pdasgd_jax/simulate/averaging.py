@@ -25,8 +25,14 @@ from pdasgd_jax.simulate.averaging_clock import averaging_step_end_times
 from pdasgd_jax.simulate.sync import VirtualTimeMetrics, busy_fractions, fresh_updates
 
 
-def run_averaging(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None, timing: TimingModel,
-                  delay: DelayModel, num_workers: int) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
+def run_averaging(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None,
+    timing: TimingModel,
+    delay: DelayModel,
+    num_workers: int,
+) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """Runs ``local`` or ``dasgd`` with ``num_workers`` simulated workers of ``--batch-size`` each.
 
     Returns ``(RunResult, virtual_time, utilisation, staleness)`` like the other simulated runners.
@@ -35,9 +41,16 @@ def run_averaging(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpo
     delay_steps = config.delay_steps if config.algo == "dasgd" else 0
     v = exp.variables
     rounds = math.ceil(exp.total_examples / (num_workers * config.batch_size * config.period))
-    ends = averaging_step_end_times(timing, delay, num_workers=num_workers, steps=rounds * config.period,
-                                    period=config.period, delay=delay_steps,
-                                    model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states), seed=config.seed)
+    ends = averaging_step_end_times(
+        timing,
+        delay,
+        num_workers=num_workers,
+        steps=rounds * config.period,
+        period=config.period,
+        delay=delay_steps,
+        model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states),
+        seed=config.seed,
+    )
     # The round program sizes its worker axis from the config: pin it to the simulated workers.
     exp = exp.with_config(workers=num_workers)
     runner = averaging_runner.run_dasgd if config.algo == "dasgd" else averaging_runner.run_local
@@ -45,5 +58,9 @@ def run_averaging(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpo
     now = float(ends[result.step - 1])
     busy = busy_fractions(timing, result.step, now, num_workers)
     result.extra["average_delay_steps"] = delay_steps
-    return result, now, {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy}, \
-        fresh_updates(len(v.params), result.step * num_workers)  # every worker updates each step
+    return (
+        result,
+        now,
+        {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy},
+        fresh_updates(len(v.params), result.step * num_workers),
+    )  # every worker updates each step

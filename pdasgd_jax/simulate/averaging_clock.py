@@ -33,16 +33,26 @@ def _step_costs(timing: TimingModel, delays: DelayModel, num_workers: int, steps
     return costs
 
 
-def sync_step_end_times(timing: TimingModel, delays: DelayModel, *, num_workers: int, steps: int, grad_nbytes: int,
-                        seed: int) -> np.ndarray:
+def sync_step_end_times(
+    timing: TimingModel, delays: DelayModel, *, num_workers: int, steps: int, grad_nbytes: int, seed: int
+) -> np.ndarray:
     """Virtual time at which each of ``steps`` synchronous data parallel steps ends."""
     costs = _step_costs(timing, delays, num_workers, steps, seed)
     allreduce = timing.comm.allreduce_time(grad_nbytes, num_workers)
     return np.cumsum(costs.max(axis=1) + allreduce)
 
 
-def averaging_step_end_times(timing: TimingModel, delays: DelayModel, *, num_workers: int, steps: int, period: int,
-                             delay: int, model_nbytes: int, seed: int) -> np.ndarray:
+def averaging_step_end_times(
+    timing: TimingModel,
+    delays: DelayModel,
+    *,
+    num_workers: int,
+    steps: int,
+    period: int,
+    delay: int,
+    model_nbytes: int,
+    seed: int,
+) -> np.ndarray:
     """Virtual time at which each local step of ``local``/``dasgd`` ends (the slowest worker's).
 
     Args:

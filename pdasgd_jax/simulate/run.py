@@ -7,7 +7,6 @@ import math
 import os
 from typing import Any
 
-
 from pdasgd_jax import calibration
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import ASYNCHRONOUS, Config
@@ -27,6 +26,8 @@ from pdasgd_jax.store import ParameterStore
 
 SYNCHRONOUS = ("sgd", "sync")
 AVERAGING = ("local", "dasgd")
+
+
 def comm_model(config: Config) -> CommModel:
     """``--comm-latency`` and ``--comm-bandwidth`` (0: infinite) as a ``CommModel``."""
     return CommModel(config.comm_latency, config.comm_bandwidth or math.inf)
@@ -47,8 +48,14 @@ def _run_timing(exp: Experiment, checkpointer: RunCheckpointer | None, worker_ba
     return timing
 
 
-def run_simulated(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None, *,
-                  timing: TimingModel | None = None, log: EventLog | None = None) -> RunResult:
+def run_simulated(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None = None,
+    *,
+    timing: TimingModel | None = None,
+    log: EventLog | None = None,
+) -> RunResult:
     """Runs ``exp.config.algo`` on the virtual clock with the real kernels.
 
     Reports to ``metrics`` with ``virtual_time`` on every observation; ``RunResult.extra`` holds
@@ -86,8 +93,10 @@ def run_simulated(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpo
     elif config.algo in ASYNCHRONOUS + AVERAGING:
         worker_batch = config.batch_size
     else:
-        raise ValueError(f"--algo {config.algo} has no simulator; simulate one of "
-                         f"{', '.join(SYNCHRONOUS + ASYNCHRONOUS + AVERAGING)}")
+        raise ValueError(
+            f"--algo {config.algo} has no simulator; simulate one of "
+            f"{', '.join(SYNCHRONOUS + ASYNCHRONOUS + AVERAGING)}"
+        )
     if timing is None:
         timing = _run_timing(exp, checkpointer, worker_batch)
     delay = DelayModel.from_config(config, timing.step_compute_time())
@@ -97,25 +106,36 @@ def run_simulated(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpo
     elif config.algo in AVERAGING:
         result, now, utilisation, staleness = run_averaging(exp, metrics, checkpointer, timing, delay, workers)
     else:
-        result, now, utilisation, staleness = _run_asynchronous(exp, metrics, checkpointer, timing, delay, workers,
-                                                                devices, log)
+        result, now, utilisation, staleness = _run_asynchronous(
+            exp, metrics, checkpointer, timing, delay, workers, devices, log
+        )
     target = config.target_accuracy
-    result.extra.update({
-        "simulated": True,
-        "devices": devices,
-        "virtual_time": now,
-        "virtual_time_to_target": next((r["virtual_time"] for r in metrics.rows
-                                        if target is not None and r["test_accuracy"] >= target), None),
-        "staleness": staleness.summary(),
-        "utilisation": utilisation,
-        "timing": timing.to_dict(),
-    })
+    result.extra.update(
+        {
+            "simulated": True,
+            "devices": devices,
+            "virtual_time": now,
+            "virtual_time_to_target": next(
+                (r["virtual_time"] for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None
+            ),
+            "staleness": staleness.summary(),
+            "utilisation": utilisation,
+            "timing": timing.to_dict(),
+        }
+    )
     return result
 
 
-def _run_asynchronous(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None,
-                      timing: TimingModel, delay: DelayModel, workers: int, devices: int,
-                      log: EventLog | None) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
+def _run_asynchronous(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None,
+    timing: TimingModel,
+    delay: DelayModel,
+    workers: int,
+    devices: int,
+    log: EventLog | None,
+) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """ASGD or PD-ASGD on the virtual clock; saved whenever ``checkpointer`` says a checkpoint is due.
 
     A resumed run replays its schedule on abstract kernels up to the checkpointed job, loads
@@ -128,9 +148,14 @@ def _run_asynchronous(exp: Experiment, metrics: MetricsLog, checkpointer: RunChe
     kernels = resume.AbstractKernels(exp.kernels) if resume_at else exp.kernels
     scheduler = Scheduler()
     store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), kernels.apply_update)
-    executor = StageExecutor(kernels, store, log=log, clock=lambda: scheduler.now,
-                             backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
-                             fuse_jobs=True)
+    executor = StageExecutor(
+        kernels,
+        store,
+        log=log,
+        clock=lambda: scheduler.now,
+        backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
+        fuse_jobs=True,
+    )
     done, finished_at = 0, 0.0
 
     def on_job_done(job: Job) -> None:
@@ -147,33 +172,51 @@ def _run_asynchronous(exp: Experiment, metrics: MetricsLog, checkpointer: RunChe
         examples = done * config.batch_size
         # Only an evaluation needs the values.
         params, states, _ = store.snapshot() if metrics.eval_due(examples) else (None, None, None)
-        evaluated = metrics.observe(step=done, examples=examples, params=params, states=states,
-                                    virtual_time=scheduler.now)
+        evaluated = metrics.observe(
+            step=done, examples=examples, params=params, states=states, virtual_time=scheduler.now
+        )
         if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
             checkpointer.save(done, resume.capture(sim), metrics.position(done, examples))
         if metrics.reached_target:
             scheduler.stop()
 
-    sim = Simulation(scheduler, executor, timing, delay, seed=config.seed,
-                     batches=exp.train_stream(config.batch_size),
-                     max_jobs=num_jobs(exp.total_examples, config.batch_size),
-                     num_devices=devices, groups=workers, on_job_done=on_job_done)
+    sim = Simulation(
+        scheduler,
+        executor,
+        timing,
+        delay,
+        seed=config.seed,
+        batches=exp.train_stream(config.batch_size),
+        max_jobs=num_jobs(exp.total_examples, config.batch_size),
+        num_devices=devices,
+        groups=workers,
+        on_job_done=on_job_done,
+    )
     if config.algo == "asgd":
         policies.spawn_asgd(sim)
     else:
-        policies.spawn_pdasgd(sim, forward_workers=config.forward_workers, backward_workers=config.backward_workers,
-                              queue=config.queue_capacity, layerwise=config.algo == "pdasgd")
+        policies.spawn_pdasgd(
+            sim,
+            forward_workers=config.forward_workers,
+            backward_workers=config.backward_workers,
+            queue=config.queue_capacity,
+            layerwise=config.algo == "pdasgd",
+        )
     scheduler.run()
     if done < resume_at:
-        raise RuntimeError(f"the replayed schedule ended after {done} jobs, before the checkpoint after job "
-                           f"{resume_at}: resume with the run's own config")
+        raise RuntimeError(
+            f"the replayed schedule ended after {done} jobs, before the checkpoint after job "
+            f"{resume_at}: resume with the run's own config"
+        )
     now = finished_at  # the workers' idle time after the last update is not training time
     params, states, _ = store.snapshot()
     examples = done * config.batch_size
     if not metrics.rows or metrics.rows[-1]["examples"] != examples:
         metrics.evaluate(step=done, examples=examples, params=params, states=states, virtual_time=now)
     total = max(now, 1e-30)
-    utilisation = {"workers": {p.name: p.busy / total for p in scheduler.processes},
-                   "devices": [d.busy / total for d in sim.devices]}
+    utilisation = {
+        "workers": {p.name: p.busy / total for p in scheduler.processes},
+        "devices": [d.busy / total for d in sim.devices],
+    }
     result = RunResult(params, states, done, examples, {"jobs_started": sim.started})
     return result, now, utilisation, executor.staleness

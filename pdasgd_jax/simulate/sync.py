@@ -38,8 +38,14 @@ class VirtualTimeMetrics:
         return self._metrics.observe(**kwargs, virtual_time=float(self._ends[kwargs["step"] - 1]))
 
 
-def run_sync(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None, timing: TimingModel,
-             delay: DelayModel, num_workers: int) -> tuple[TrainState, int, int, float, dict[str, Any], StalenessStats]:
+def run_sync(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None,
+    timing: TimingModel,
+    delay: DelayModel,
+    num_workers: int,
+) -> tuple[TrainState, int, int, float, dict[str, Any], StalenessStats]:
     """Runs ``num_workers``-way synchronous SGD with global batch ``--batch-size``.
 
     Returns ``(TrainState, steps, examples, virtual_time, utilisation, staleness)``; no
@@ -47,16 +53,35 @@ def run_sync(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer
     """
     v = exp.variables
     batch_size = exp.config.batch_size
-    ends = sync_step_end_times(timing, delay, num_workers=num_workers, steps=num_jobs(exp.total_examples, batch_size),
-                               grad_nbytes=tree_nbytes(v.params), seed=exp.config.seed)
+    ends = sync_step_end_times(
+        timing,
+        delay,
+        num_workers=num_workers,
+        steps=num_jobs(exp.total_examples, batch_size),
+        grad_nbytes=tree_nbytes(v.params),
+        seed=exp.config.seed,
+    )
     ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
     ts, steps, examples = run_synchronous_loop(
-        exp, VirtualTimeMetrics(metrics, ends), checkpointer, jax.jit(make_train_step(exp.model, exp.tx)), ts,
-        lambda a: a, jax.device_put, batch_size)
+        exp,
+        VirtualTimeMetrics(metrics, ends),
+        checkpointer,
+        jax.jit(make_train_step(exp.model, exp.tx)),
+        ts,
+        lambda a: a,
+        jax.device_put,
+        batch_size,
+    )
     now = float(ends[steps - 1])
     busy = busy_fractions(timing, steps, now, num_workers)
-    return (ts, steps, examples, now, {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy},
-            fresh_updates(len(v.params), steps))
+    return (
+        ts,
+        steps,
+        examples,
+        now,
+        {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy},
+        fresh_updates(len(v.params), steps),
+    )
 
 
 def busy_fractions(timing: TimingModel, steps: int, now: float, num_workers: int) -> list[float]:

@@ -1,12 +1,12 @@
 """Runners for local SGD (``local``) and DaSGD (``dasgd``) over the workers of a mesh.
 
-``--workers`` D workers (0: one per device), each with ``--batch-size`` examples per local
-step from its own shard of the data (``Experiment.train_stream(..., shard_index=w,
-num_shards=D)``). Training proceeds in whole rounds of ``--period`` H steps, each one
-compiled program (``spmd.make_round_program``); the run ends after the round that reaches
-the example budget (or the target accuracy). After each round the recorder gets the
-per-step losses and the workers' mean model, and the checkpointer (if any) the workers'
-state when it says a checkpoint is due.
+``--replicas`` R workers spread evenly over ``--devices`` D devices (``exp.layout``), each with
+``--batch-size`` examples per local step from its own shard of the data
+(``Experiment.train_stream(..., shard_index=w, num_shards=R)``). Training proceeds in whole
+rounds of ``--period`` H steps, each one compiled program (``spmd.make_round_program``); the
+run ends after the round that reaches the example budget (or the target accuracy). After
+each round the metrics log gets the per-step losses and the workers' mean model, and the
+checkpointer (if any) the workers' state when it says a checkpoint is due.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from collections.abc import Iterator
 import jax
 import numpy as np
 import optax
-from jax.sharding import Sharding
+from jax.sharding import Mesh, Sharding
 
 from pdasgd_jax import spmd
 from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
@@ -42,24 +43,32 @@ def outer_optimizer(name: str, lr: float) -> optax.GradientTransformation | None
 
 def run_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
     """Local SGD: DaSGD with no delay, the average merged as soon as it is taken."""
-    return _run_rounds(exp, metrics, checkpointer, delay=0)
+    return run_rounds(exp, metrics, checkpointer, delay=0, mesh=_layout_mesh(exp))
 
 
 def run_dasgd(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
     """DaSGD: the average started every ``--period`` steps is merged ``--delay-steps`` later."""
-    return _run_rounds(exp, metrics, checkpointer, delay=exp.config.delay_steps)
+    return run_rounds(exp, metrics, checkpointer, delay=exp.config.delay_steps, mesh=_layout_mesh(exp))
 
 
-def _run_rounds(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None, delay: int) -> RunResult:
-    cfg = exp.config
-    num_workers = cfg.workers or jax.device_count()
-    rule = AveragingRule(cfg.period, delay, cfg.merge, outer_optimizer(cfg.outer_optimizer, cfg.outer_lr))
-    mesh = spmd.worker_mesh(num_workers)
-    if jax.process_count() > 1 and (mesh is None or mesh.size != jax.device_count()):
-        raise ValueError(
-            f"--workers {num_workers} must be a multiple of the {jax.device_count()} devices of a "
-            f"{jax.process_count()}-process run, so that every process holds workers"
+def _layout_mesh(exp: Experiment) -> Mesh | None:
+    """The run's ``--replicas`` spread over its ``--devices`` (``exp.layout``)."""
+    if jax.process_count() > 1 and exp.layout.devices != jax.device_count():
+        raise ConfigError(
+            f"a {jax.process_count()}-process run spreads its replicas over all {jax.device_count()} devices, "
+            f"so that every process holds some; got --devices {exp.layout.devices}"
         )
+    return spmd.worker_mesh(exp.layout.replicas, exp.layout.devices)
+
+
+def run_rounds(
+    exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None, *, delay: int, mesh: Mesh | None
+) -> RunResult:
+    """``exp.layout.replicas`` workers, placed by ``mesh`` (``None``: vmapped on one device), in
+    rounds of ``--period`` steps whose average is merged ``delay`` steps after it starts."""
+    cfg = exp.config
+    num_workers = exp.layout.replicas
+    rule = AveragingRule(cfg.period, delay, cfg.merge, outer_optimizer(cfg.outer_optimizer, cfg.outer_lr))
     sharding = spmd.worker_sharding(mesh)
     program = spmd.make_round_program(exp.model, exp.tx, rule, mesh)
     worker_mean = spmd.make_worker_mean(mesh)
@@ -93,7 +102,7 @@ def _run_rounds(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpoin
             break
     extra = {
         "devices": 1 if mesh is None else mesh.size,
-        "workers": num_workers,
+        "replicas": num_workers,
         "placement": "vmap" if mesh is None else "shard_map",
     }
     return RunResult(params, states, step, examples, extra)

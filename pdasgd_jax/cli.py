@@ -10,7 +10,11 @@ from collections.abc import Callable, Sequence
 
 from pdasgd_jax.bench import BENCHMARKS
 from pdasgd_jax.config import Config
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.version import __version__
+
+# Algorithms whose replicas are single workers, for which --workers is unambiguous.
+WORKER_ALGOS = ("asgd", "local", "dasgd")
 
 _TYPES: dict[str, Callable] = {"str": str, "int": int, "float": float}
 
@@ -61,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace the run already in --out (deleting only the files pdasgd-jax wrote there)",
     )
+    train.add_argument(
+        "--workers",
+        type=int,
+        metavar="W",
+        help=f"alias of --replicas for {', '.join(WORKER_ALGOS)}, whose replicas are single workers",
+    )
     hosts = train.add_argument_group("multi-host (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)")
     hosts.add_argument("--coordinator-address", help="host:port of process 0 for jax.distributed")
     hosts.add_argument("--num-processes", type=int, help="number of processes in the run")
@@ -82,7 +92,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    return Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
+    """The ``Config`` of the parsed ``train`` flags (``--workers W`` read as ``--replicas W``).
+
+    Raises:
+      ConfigError: ``--workers`` for an algorithm whose replicas are not single workers, or
+        together with another ``--replicas``.
+    """
+    config = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
+    if args.workers is not None:
+        if config.algo not in WORKER_ALGOS:
+            raise ConfigError(
+                f"--workers is ambiguous for --algo {config.algo}; say what you count: --devices, or "
+                f"--replicas (pdasgd: groups of F forward + B backward workers)"
+            )
+        if config.replicas not in (0, args.workers):
+            raise ConfigError(f"--workers {args.workers} and --replicas {config.replicas} disagree; give one")
+        config.replicas = args.workers
+    return config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,7 +120,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     from pdasgd_jax.data import DatasetNotPreparedError
-    from pdasgd_jax.errors import ConfigError
     from pdasgd_jax.reporting import NonFiniteLossError
 
     try:

@@ -52,15 +52,19 @@ class Config:
     data_dir: str | None = _field(None, "TFDS data directory; None: TFDS's default")
     progress: bool = _field(True, "show a tqdm progress bar")
     # Multi-worker settings shared by the parallel algorithms.
-    workers: int = _field(0, "workers/devices (sync, local, dasgd: mesh size; asgd: workers; pdasgd: replicas); 0 = all devices", group="parallel")
+    devices: int = _field(0, "devices: a real run uses the first D of its devices (0: every device, or one per replica "
+                          "where there are fewer replicas); --simulate simulates D devices (0: one per replica)",
+                          group="parallel")
+    replicas: int = _field(0, "replicas, each taking its own batches: local/dasgd workers with a model each, asgd workers "
+                           "(a thread each, one shared model), pdasgd groups of F forward + B backward workers and a "
+                           "queue; shared round-robin by the devices (0: one per device); sync: one per device",
+                           group="parallel")
     # Asynchronous algorithms.
     simulate: bool = _field(False, "run on the virtual-clock staleness simulator instead of real threads", group="async")
     forward_workers: int = _field(1, "PD-ASGD forward workers per replica (F)", group="async")
     backward_workers: int = _field(2, "PD-ASGD backward workers per replica (B)", group="async")
     queue: int = _field(0, "PD-ASGD queue capacity Q (0: Q = B)", group="async")
     backward_weights: str = _field("stashed", "weights the PD-ASGD backward uses", BACKWARD_WEIGHTS, group="async")
-    sim_devices: int = _field(0, "simulator: devices the asgd workers or pdasgd replicas share round-robin, as the "
-                              "threaded runtime places them (0: one each)", group="async")
     host_cpus: str = _field("auto", "threaded runtime: CPU cores of its host threads: auto (on CPU devices one core, the "
                             "last this process may use), off, or core ids such as 0,1", group="async")
     # Delay models.
@@ -113,8 +117,8 @@ class Config:
         _positive("forward-workers", self.forward_workers)
         _positive("backward-workers", self.backward_workers)
         _positive("delay-sigma", self.delay_sigma)
-        for name in ("weight_decay", "eval_every", "workers", "queue", "delay_mean", "delay_steps",
-                     "comm_latency", "comm_bandwidth", "sim_devices"):
+        for name in ("weight_decay", "eval_every", "devices", "replicas", "queue", "delay_mean", "delay_steps",
+                     "comm_latency", "comm_bandwidth"):
             _non_negative(_flag(name), getattr(self, name))
         _non_negative("checkpoint-every", self.checkpoint_every)
         if not (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED):
@@ -140,14 +144,6 @@ class Config:
             from pdasgd_jax.optim import AveragingRule
 
             AveragingRule(self.period, self.delay_steps, self.merge)  # raises on a schedule that cannot work
-        if self.sim_devices:
-            if not self.simulate or self.algo not in ASYNCHRONOUS:
-                raise ValueError(f"--sim-devices {self.sim_devices} applies to --simulate runs of "
-                                 f"{', '.join(ASYNCHRONOUS)}, not to {self.algo}"
-                                 f"{'' if self.simulate else ' without --simulate'}")
-            if self.sim_devices > self.simulated_workers:
-                raise ValueError(f"--sim-devices {self.sim_devices} exceeds the {self.simulated_workers} simulated "
-                                 f"worker groups (--workers); it may be 1 to {self.simulated_workers}")
         from pdasgd_jax.affinity import resolve_host_cpus
 
         resolve_host_cpus(self.host_cpus)  # raises on a core this process may not use
@@ -160,16 +156,10 @@ class Config:
         return self.model or DEFAULT_MODEL[self.dataset]
 
     @property
-    def simulated_workers(self) -> int:
-        """Simulated workers (sync, local, dasgd) or worker groups (asgd, pdasgd):
-        ``--workers``, where 0 (all devices on a real run) means one."""
-        return self.workers or 1
-
-    @property
     def calibration_batch_size(self) -> int:
         """The batch one worker's kernels run at, which its calibration measures: simulated sync
         splits the global batch over its workers; every other algorithm gives each worker a batch."""
-        return self.batch_size // self.simulated_workers if self.simulate and self.algo == "sync" else self.batch_size
+        return self.batch_size // (self.devices or 1) if self.simulate and self.algo == "sync" else self.batch_size
 
     @property
     def queue_capacity(self) -> int:

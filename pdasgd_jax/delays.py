@@ -209,7 +209,7 @@ class TimingModel:
       worker_factors: slow-down factor of worker ``w`` (``3.0``: three times slower); a
         worker past the end of the tuple has factor 1, so ``(3.0,)`` is one straggler.
         The asynchronous simulator applies factor ``d`` to everything on device ``d``
-        (all of a PD-ASGD replica's workers; with ``--sim-devices``, every group there).
+        (all of a PD-ASGD replica's workers; with fewer ``--devices`` than ``--replicas``, every replica there).
       comm: all-reduce and transfer costs.
       concurrency: total throughput, in kernels' solo speed, of a device running several
         kernels at once. 1.0: one kernel at a time, concurrent work serialises (workers on

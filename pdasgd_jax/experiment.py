@@ -12,6 +12,7 @@ import optax
 
 from pdasgd_jax import calibration as calibration_lib
 from pdasgd_jax import data, kernels, models
+from pdasgd_jax import layout as layout_lib
 from pdasgd_jax.config import Config
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.stages import StagedModel, Variables
@@ -57,6 +58,7 @@ class Experiment:
         model, variables = models.build_model(config.model_name, dataset, seed=config.seed)
         tx = make_optimizer(config.optimizer, config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
         exp = cls(config, dataset, model, variables, tx)
+        exp.layout  # noqa: B018 (devices and replicas are checked against this machine before any work)
         if config.timing is not None:
             exp.calibration()  # a missing, malformed or mismatched file is refused before any work
         return exp
@@ -64,10 +66,17 @@ class Experiment:
     def with_config(self, **changes: Any) -> Experiment:
         """This experiment under a changed (validated) config, sharing its data, model,
         initial variables, optimizer and compiled kernels: for runs that differ only in how
-        they train (algorithm, workers, delays, budget)."""
+        they train (algorithm, devices and replicas, delays, budget)."""
         out = copy.copy(self)
         out.config = dataclasses.replace(self.config, **changes).validate()
+        out.__dict__.pop("layout", None)  # resolved again for the new config
+        out.layout  # noqa: B018 (checked now, before any work)
         return out
+
+    @functools.cached_property
+    def layout(self) -> layout_lib.Layout:
+        """The run's devices and replicas (``--devices``, ``--replicas``) on this machine's devices."""
+        return layout_lib.resolve(self.config, jax.device_count())
 
     @functools.cached_property
     def kernels(self) -> kernels.StageKernels:

@@ -116,20 +116,29 @@ def make_round(
     return round_fn
 
 
-def worker_mesh(num_workers: int) -> Mesh | None:
+def worker_mesh(num_workers: int, num_devices: int | None = None) -> Mesh | None:
     """Where ``num_workers`` workers run: a mesh to shard them over, or ``None`` for vmap.
 
-    The rule: the workers are spread evenly over the largest number ``m`` of devices that
-    divides ``num_workers`` (``m <= jax.device_count()``), ``num_workers / m`` per device,
-    with ``shard_map``; when that is one device they are vmapped on ``jax.devices()[0]``.
-    A multi-process run needs a mesh over every process's devices: a multiple of
-    ``jax.device_count()`` workers.
+    The workers are spread evenly over the first ``num_devices`` devices (``None``: the
+    largest number that divides ``num_workers``, for a placement that only needs to be
+    fast, as the simulator's), ``num_workers / num_devices`` per device, with
+    ``shard_map``; on one device they are vmapped on ``jax.devices()[0]``. A multi-process
+    run needs a mesh over every process's devices.
+
+    Raises:
+      ValueError: fewer than one worker, more devices than there are, or devices that do
+        not divide the workers.
     """
     if num_workers < 1:
         raise ValueError(f"need at least one worker; got {num_workers}")
     devices = jax.devices()
-    m = max(k for k in range(1, min(num_workers, len(devices)) + 1) if num_workers % k == 0)
-    return Mesh(np.array(devices[:m]), (WORKER_AXIS,)) if m > 1 else None
+    if num_devices is None:
+        num_devices = max(k for k in range(1, min(num_workers, len(devices)) + 1) if num_workers % k == 0)
+    if num_devices > len(devices) or num_workers % num_devices:
+        raise ValueError(
+            f"{num_workers} workers cannot be spread evenly over {num_devices} of the {len(devices)} devices"
+        )
+    return Mesh(np.array(devices[:num_devices]), (WORKER_AXIS,)) if num_devices > 1 else None
 
 
 def worker_sharding(mesh: Mesh | None) -> Sharding:

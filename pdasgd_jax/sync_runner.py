@@ -81,11 +81,9 @@ def run_sgd(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer 
 
 
 def run_sync(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
-    """Synchronous data parallel SGD over ``--workers`` devices (global batch ``--batch-size``)."""
-    mesh = spmd.data_mesh(exp.config.workers)
+    """Synchronous data parallel SGD over ``--devices`` devices (global batch ``--batch-size``)."""
+    mesh = spmd.data_mesh(exp.layout.devices)
     d = mesh.size
-    if exp.config.batch_size % d:
-        raise ValueError(f"--batch-size {exp.config.batch_size} is not divisible by the {d} devices of the mesh")
 
     def replicate(tree):
         return jax.device_put(tree, spmd.replicated(mesh))

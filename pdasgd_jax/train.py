@@ -98,6 +98,19 @@ def resume_run(run_dir: str) -> dict[str, Any]:
     return train_and_evaluate(load_run_config(run_dir), resume=True)
 
 
+def _from_before_layout_flags(saved: dict[str, Any]) -> dict[str, Any]:
+    """A config saved with ``workers`` and ``sim_devices`` (version 0.1) in today's terms: sync's
+    workers were its devices, every other algorithm's its replicas; ``sim_devices`` were the
+    simulated devices."""
+    saved = dict(saved)
+    workers, sim_devices = saved.pop("workers", 0), saved.pop("sim_devices", 0)
+    if workers:
+        saved.setdefault("devices" if saved.get("algo") == "sync" else "replicas", workers)
+    if sim_devices:
+        saved.setdefault("devices", sim_devices)
+    return saved
+
+
 def load_run_config(run_dir: str) -> Config:
     """The ``Config`` saved in ``run_dir/config.json``, its ``out`` set to ``run_dir``.
 
@@ -115,6 +128,7 @@ def load_run_config(run_dir: str) -> Config:
         raise ConfigError(f"{path!r} is damaged: {e}") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"{path!r} is damaged: it holds a {type(saved).__name__}, not a config object")
+    saved = _from_before_layout_flags(saved)
     unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(Config)})
     if unknown:
         raise ConfigError(f"{path!r} has keys no config field of this version knows: {', '.join(unknown)}")

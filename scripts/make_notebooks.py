@@ -152,9 +152,9 @@ COMMON = dict(dataset="digits", epochs=EPOCHS, batch_size=32, lr=0.05, optimizer
 configs = {
     "sgd": Config(algo="sgd", **COMMON),
     # The global batch of 32 is split over the devices (as many as divide it).
-    "sync": Config(algo="sync", workers=math.gcd(32, jax.device_count()), **COMMON),
+    "sync": Config(algo="sync", devices=math.gcd(32, jax.device_count()), **COMMON),
     # One replica: 1 forward and 2 backward worker threads, a queue of 2 between them.
-    "pdasgd": Config(algo="pdasgd", workers=1, forward_workers=1, backward_workers=2, **COMMON),
+    "pdasgd": Config(algo="pdasgd", replicas=1, forward_workers=1, backward_workers=2, **COMMON),
 }
 summaries = {}
 for name, config in configs.items():
@@ -261,7 +261,7 @@ def simulate(algo, workers, k, **overrides):
     """One simulated run; returns (summary, evaluation rows)."""
     out = RUNS / f"{algo}-W{workers}-k{k}"
     config = Config(
-        algo=algo, simulate=True, workers=workers, dataset="digits", lr=learning_rate(algo, workers), epochs=EPOCHS,
+        algo=algo, simulate=True, devices=workers, dataset="digits", lr=learning_rate(algo, workers), epochs=EPOCHS,
         batch_size=BATCH * workers if algo == "sync" else BATCH, eval_every=8 * BATCH,
         delay_model="exponential" if k else "none", delay_mean=k, seed=0, progress=False,
         out=str(out), **overrides)
@@ -410,14 +410,15 @@ BATCH = 16
 EPOCHS = 6 if SMALL else 30
 PERIODS = [8] if SMALL else [4, 8, 16]
 RUNS = pathlib.Path("runs/dasgd")
-COMMON = dict(dataset="digits", workers=D, epochs=EPOCHS, lr=0.05, eval_every=4 * D * BATCH, seed=0, progress=False)
+COMMON = dict(dataset="digits", epochs=EPOCHS, lr=0.05, eval_every=4 * D * BATCH, seed=0, progress=False)
 
-configs = {"sync": Config(algo="sync", batch_size=D * BATCH, **COMMON)}
+# sync: one replica per device; local SGD and DaSGD: D replicas spread over the devices.
+configs = {"sync": Config(algo="sync", devices=D, batch_size=D * BATCH, **COMMON)}
 for H in PERIODS:
-    configs[f"local H={H}"] = Config(algo="local", period=H, batch_size=BATCH, **COMMON)
+    configs[f"local H={H}"] = Config(algo="local", replicas=D, period=H, batch_size=BATCH, **COMMON)
     for d, merge in [(H // 2, "correct"), (H // 2, "overwrite"), (H, "correct")]:
         configs[f"dasgd H={H} d={d} {merge}"] = Config(
-            algo="dasgd", period=H, delay_steps=d, merge=merge, batch_size=BATCH, **COMMON)
+            algo="dasgd", replicas=D, period=H, delay_steps=d, merge=merge, batch_size=BATCH, **COMMON)
 
 summaries = {}
 for name, config in configs.items():

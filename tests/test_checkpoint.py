@@ -25,7 +25,11 @@ def _rows(path):
 
 @pytest.mark.parametrize(
     "algo, extra",
-    [("sgd", {}), ("sync", {"workers": 8, "batch_size": 64}), ("dasgd", {"workers": 4, "period": 4, "delay_steps": 2})],
+    [
+        ("sgd", {}),
+        ("sync", {"devices": 8, "batch_size": 64}),
+        ("dasgd", {"replicas": 4, "period": 4, "delay_steps": 2}),
+    ],
 )
 def test_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path, algo, extra):
     common = dict(algo=algo, epochs=2, eval_every=400, seed=3, progress=False, **extra)

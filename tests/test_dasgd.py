@@ -192,8 +192,8 @@ def test_period_one_without_delay_equals_sync_sgd_on_the_average_gradient():
     # SGD step with the average gradient; worker w's batch k is slice k*D + w of the same
     # epoch permutation that sync's global batch k covers.
     common = dict(optimizer="sgd", lr=0.1, epochs=0.3, seed=3)
-    dasgd = _run("dasgd", workers=8, batch_size=8, period=1, **common)
-    sync = _run("sync", workers=8, batch_size=64, **common)
+    dasgd = _run("dasgd", replicas=8, batch_size=8, period=1, **common)
+    sync = _run("sync", devices=8, batch_size=64, **common)
     assert dasgd.step == sync.step and dasgd.examples == sync.examples
     assert_trees_close(dasgd.params, sync.params, rtol=2e-4, atol=2e-5)
 
@@ -201,7 +201,7 @@ def test_period_one_without_delay_equals_sync_sgd_on_the_average_gradient():
 def test_one_worker_dasgd_equals_sgd():
     # 512 examples: 16 steps of 32, four whole rounds of H = 4.
     common = dict(optimizer="momentum", batch_size=32, epochs=512 / 1438, seed=4)
-    dasgd = _run("dasgd", workers=1, period=4, delay_steps=2, **common)
+    dasgd = _run("dasgd", replicas=1, period=4, delay_steps=2, **common)
     sgd = _run("sgd", **common)
     assert dasgd.step == sgd.step == 16 and dasgd.extra["placement"] == "vmap"
     assert_trees_close(dasgd.params, sgd.params, rtol=1e-5, atol=1e-6)
@@ -215,11 +215,11 @@ def test_one_worker_dasgd_equals_sgd():
     ],
 )
 def test_runners_learn_digits_with_eight_workers(algo, overrides):
-    cfg = Config(algo=algo, workers=8, batch_size=16, period=4, epochs=3, seed=0, progress=False, **overrides)
+    cfg = Config(algo=algo, replicas=8, batch_size=16, period=4, epochs=3, seed=0, progress=False, **overrides)
     exp = Experiment.from_config(cfg.validate())
     metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
     result = select_runner(cfg)(exp, metrics)
-    assert result.extra == {"devices": 8, "workers": 8, "placement": "shard_map"}
+    assert result.extra == {"devices": 8, "replicas": 8, "placement": "shard_map"}
     assert result.examples == 8 * 16 * result.step >= exp.total_examples
     assert metrics.rows[-1]["test_accuracy"] > 0.9 and np.isfinite(metrics.rows[-1]["loss"])
 
@@ -233,7 +233,7 @@ def test_worker_placement_rule():
 
 def test_local_sgd_rejects_a_delay_and_bad_rules_are_named():
     with pytest.raises(ValueError, match="--delay-steps 1 applies to --algo dasgd"):
-        Config(algo="local", workers=2, delay_steps=1).validate()
+        Config(algo="local", replicas=2, delay_steps=1).validate()
     with pytest.raises(ValueError, match="discards every local step"):
         Config(algo="dasgd", period=4, delay_steps=4, merge="overwrite").validate()
     with pytest.raises(ValueError, match="delay 5 must be an integer in"):

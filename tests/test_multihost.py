@@ -33,7 +33,7 @@ def train_all() -> dict[str, np.ndarray]:
     arrays = {}
     for algo, (runner, overrides) in RUNS.items():
         exp = Experiment.from_config(
-            Config(algo=algo, workers=8, epochs=0.3, seed=0, progress=False, **overrides).validate()
+            Config(algo=algo, devices=8, epochs=0.3, seed=0, progress=False, **overrides).validate()
         )
         metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
         result = runner(exp, metrics)

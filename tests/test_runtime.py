@@ -162,7 +162,7 @@ def test_runtime_trains_to_its_budget_and_reports(exp, algo, weights):
     assert all(0 < u["busy"] <= 1 for u in extra["utilisation"].values())
     assert sum(u["jobs"] for n, u in extra["utilisation"].items() if "forward" not in n) == jobs
     if algo == "asgd":
-        assert extra["workers"] == 2 and set(extra["utilisation"]) == {"w0", "w1"}
+        assert extra["replicas"] == 2 and set(extra["utilisation"]) == {"w0", "w1"}
         assert all(u["starved"] < 0.2 for u in extra["utilisation"].values())  # the feed keeps up
     else:
         assert (extra["forward_workers"], extra["backward_workers"], extra["queue_capacity"]) == (1, 2, 2)
@@ -377,7 +377,7 @@ def test_cli_trains_pdasgd_and_writes_staleness(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path):
     """One ASGD worker is deterministic (plain SGD), so resuming must change nothing."""
-    common = dict(algo="asgd", workers=1, epochs=0.5, eval_every=200, seed=3, progress=False)
+    common = dict(algo="asgd", replicas=1, epochs=0.5, eval_every=200, seed=3, progress=False)
     whole = train_and_evaluate(Config(out=str(tmp_path / "whole"), **common))
     part_dir = tmp_path / "part"
     part = train_and_evaluate(Config(out=str(part_dir), **{**common, "epochs": 0.25}))
@@ -407,7 +407,7 @@ def test_checkpoints_hold_the_parameters_they_evaluated(tmp_path, monkeypatch):
     monkeypatch.setattr(RunCheckpointer, "save",
                         lambda self, step, state, meta: saved.append((step, state)) or save(self, step, state, meta))
     out = tmp_path / "run"
-    config = Config(algo="asgd", workers=1, epochs=1, eval_every=64, seed=2, progress=False, out=str(out))
+    config = Config(algo="asgd", replicas=1, epochs=1, eval_every=64, seed=2, progress=False, out=str(out))
     train_and_evaluate(config)
     accuracy = {r["step"]: r["test_accuracy"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     exp = Experiment.from_config(config)
@@ -539,10 +539,10 @@ def test_a_batch_larger_than_the_dataset_fails_before_any_thread_starts(exp):
 
 
 def test_run_runtime_uses_the_config(exp):
-    config = Config(algo="asgd", batch_size=16, epochs=0.1, workers=3, progress=False)
+    config = Config(algo="asgd", batch_size=16, epochs=0.1, replicas=3, progress=False)
     e = dataclasses.replace(exp, config=config)
     result = run_runtime(e, MetricsLog(e.evaluate, total_examples=e.total_examples, eval_every=10**9, progress=False))
-    assert result.extra["workers"] == 3 and result.extra["devices"] == 3
+    assert result.extra["replicas"] == 3 and result.extra["devices"] == 3
     assert result.examples >= e.total_examples
 
 

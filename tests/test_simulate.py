@@ -194,7 +194,7 @@ def test_one_device_without_delays_is_plain_sgd(overrides):
 
 
 def test_sync_is_sgd_on_the_global_batch_and_waits_for_the_slowest():
-    sync_exp, _, sync = _simulate(algo="sync", workers=4, batch_size=64, epochs=0.5, delay_model="constant",
+    sync_exp, _, sync = _simulate(algo="sync", devices=4, batch_size=64, epochs=0.5, delay_model="constant",
                                   delay_mean=0.5)
     config = Config(algo="sgd", progress=False, batch_size=64, epochs=0.5).validate()
     exp = Experiment.from_config(config)
@@ -212,7 +212,7 @@ def test_remote_stages_cost_a_transfer_each_way():
     """Stage m lives on device m % W. With W = 2, ASGD worker 0 pulls and pushes stage 1,
     worker 1 stages 0 and 2: their first steps end at T + 2 alpha and T + 4 alpha."""
     timing = dataclasses.replace(TIMING, comm=CommModel(alpha=1.0))
-    _, _, result = _simulate(timing, algo="asgd", workers=2, epochs=0.02)
+    _, _, result = _simulate(timing, algo="asgd", replicas=2, epochs=0.02)
     assert result.step == 2
     assert result.extra["virtual_time"] == STEP + 4.0
     assert result.extra["utilisation"]["workers"] == {"w0": STEP / (STEP + 4.0), "w1": STEP / (STEP + 4.0)}
@@ -220,12 +220,12 @@ def test_remote_stages_cost_a_transfer_each_way():
 
 @pytest.mark.parametrize("algo", ["asgd", "pdasgd"])
 def test_worker_groups_sharing_a_device_queue_for_it(algo):
-    """``--sim-devices 1``: three ASGD workers (or PD-ASGD replicas) on one device, which
+    """``--devices 1``: three ASGD workers (or PD-ASGD replicas) on one device, which
     runs one kernel at a time and always has one waiting, so the run takes exactly the
     sum of its jobs' work (three times the three-device run for ASGD); every stage is at
     home, so nothing is transferred even with a costly network."""
     timing = dataclasses.replace(TIMING, comm=CommModel(alpha=100.0))
-    _, _, shared = _simulate(timing, algo=algo, workers=3, sim_devices=1)
+    _, _, shared = _simulate(timing, algo=algo, replicas=3, devices=1)
     assert shared.step == 9 and shared.extra["devices"] == 1
     assert shared.extra["virtual_time"] == pytest.approx(9 * STEP)
     assert shared.extra["utilisation"]["devices"] == [pytest.approx(1.0)]
@@ -233,7 +233,7 @@ def test_worker_groups_sharing_a_device_queue_for_it(algo):
                                                      for kind in ("forward0", "backward0", "backward1")}
     assert set(shared.extra["utilisation"]["workers"]) == names
     if algo == "asgd":
-        _, _, spread = _simulate(algo=algo, workers=3)
+        _, _, spread = _simulate(algo=algo, replicas=3)
         assert shared.extra["virtual_time"] == pytest.approx(3 * spread.extra["virtual_time"])
 
 
@@ -288,7 +288,7 @@ def test_synchronised_asgd_workers_see_the_closed_form_staleness(delay_mean):
     tau = w (histogram: each of 0..W-1 once per round; the max W-1 is the staleness of
     desynchronised workers, where every other worker updates once between a read and a write).
     Each worker is busy T of every T + d."""
-    exp, _, result = _simulate(algo="asgd", workers=3, delay_model="constant" if delay_mean else "none",
+    exp, _, result = _simulate(algo="asgd", replicas=3, delay_model="constant" if delay_mean else "none",
                                delay_mean=delay_mean)
     assert result.step == 9
     for stats in result.extra["staleness"]["per_stage"]:
@@ -303,7 +303,7 @@ def test_synchronised_asgd_workers_see_the_closed_form_staleness(delay_mean):
 
 STRAGGLER = TimingModel(forward=TIMING.forward, backward=TIMING.backward, update=TIMING.update, loss=TIMING.loss,
                         worker_factors=(3.0,))
-NOISY = dict(algo="pdasgd", workers=2, backward_workers=2, delay_model="lognormal", delay_mean=1.0, eval_every=48)
+NOISY = dict(algo="pdasgd", replicas=2, backward_workers=2, delay_model="lognormal", delay_mean=1.0, eval_every=48)
 
 
 def _rows_without_wall_time(metrics):
@@ -311,9 +311,9 @@ def _rows_without_wall_time(metrics):
 
 
 def test_one_group_per_device_is_the_default_layout():
-    """``--sim-devices W`` is the default layout: bitwise the same run."""
+    """``--devices W`` for W replicas is the default layout: bitwise the same run."""
     _, rec_a, a = _simulate(STRAGGLER, **NOISY)
-    _, rec_b, b = _simulate(STRAGGLER, **NOISY, sim_devices=NOISY["workers"])
+    _, rec_b, b = _simulate(STRAGGLER, **NOISY, devices=NOISY["replicas"])
     assert _rows_without_wall_time(rec_a) == _rows_without_wall_time(rec_b)
     assert a.extra["virtual_time"] == b.extra["virtual_time"]
     for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
@@ -347,7 +347,7 @@ def test_a_simulated_run_replays_to_the_same_parameters(weights):
 
 
 def test_target_accuracy_stops_the_virtual_clock_early():
-    _, metrics, result = _simulate(algo="asgd", workers=2, epochs=3, eval_every=64, target_accuracy=0.6)
+    _, metrics, result = _simulate(algo="asgd", replicas=2, epochs=3, eval_every=64, target_accuracy=0.6)
     assert result.extra["virtual_time_to_target"] == metrics.rows[-1]["virtual_time"] == result.extra["virtual_time"]
     assert metrics.rows[-1]["test_accuracy"] >= 0.6 and result.examples < 3 * 1438
 
@@ -369,7 +369,7 @@ def test_fused_jobs_do_the_arithmetic_of_the_per_stage_chain(monkeypatch):
     from pdasgd_jax.executor import StageExecutor
     from pdasgd_jax.simulate import run as sim_run
 
-    overrides = dict(algo="pdasgd", workers=2, epochs=0.5, seed=3, eval_every=256, delay_model="exponential",
+    overrides = dict(algo="pdasgd", replicas=2, epochs=0.5, seed=3, eval_every=256, delay_model="exponential",
                      delay_mean=1.0)
     _, fused_metrics, fused = _simulate(**overrides)
 

@@ -16,7 +16,7 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners import select_runner
 from pdasgd_jax.simulate import run_simulated
 
-COMMON = dict(workers=4, period=4, epochs=0.5, seed=5, eval_every=256, progress=False)
+COMMON = dict(replicas=4, period=4, epochs=0.5, seed=5, eval_every=256, progress=False)
 
 
 def _run(config, timing=None):

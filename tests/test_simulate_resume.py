@@ -24,7 +24,7 @@ COMMON = dict(
     eval_every=300,
     seed=1,
     progress=False,
-    workers=2,
+    devices=2,
     delay_model="exponential",
     delay_mean=0.5,
 )

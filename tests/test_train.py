@@ -37,7 +37,7 @@ def test_sgd_on_digits_learns_and_writes_outputs(tmp_path):
 def test_sync_on_eight_devices_matches_sgd_on_the_global_batch():
     assert jax.device_count() == 8
     sgd = _final_params("sgd", epochs=0.5, batch_size=64, seed=1)
-    sync = _final_params("sync", epochs=0.5, batch_size=64, seed=1, workers=8)
+    sync = _final_params("sync", epochs=0.5, batch_size=64, seed=1, devices=8)
     assert sync.extra["devices"] == 8 and sgd.step == sync.step
     for a, b in zip(jax.tree.leaves(sgd.params), jax.tree.leaves(sync.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
@@ -45,7 +45,7 @@ def test_sync_on_eight_devices_matches_sgd_on_the_global_batch():
 
 def test_sync_on_one_device_equals_sgd_exactly_in_steps():
     sgd = _final_params("sgd", epochs=0.2, seed=2)
-    sync = _final_params("sync", epochs=0.2, seed=2, workers=1)
+    sync = _final_params("sync", epochs=0.2, seed=2, devices=1)
     for a, b in zip(jax.tree.leaves(sgd.params), jax.tree.leaves(sync.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 

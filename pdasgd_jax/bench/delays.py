@@ -85,7 +85,7 @@ def time_to_target(
     exp = _base_experiment(seed, lr).with_config(
         **overrides,
         simulate=True,
-        workers=workers,
+        devices=workers,  # one replica per device for every algorithm
         batch_size=batch,
         epochs=epochs,
         target_accuracy=TARGET,

@@ -32,21 +32,21 @@ DATASETS: dict[str, dict[str, Any]] = {
     "digits": {"model": "mlp", "lr": 0.05, "epochs": 10.0},
     "mnist1d": {"model": "cnn1d", "lr": 0.02, "epochs": 60.0},
 }
-ASYNC = {"simulate": True, "delay_model": "exponential", "delay_mean": 1.0}
+ASYNC = {"simulate": True, "devices": WORKERS, "delay_model": "exponential", "delay_mean": 1.0}
 ALGORITHMS: dict[str, dict[str, Any]] = {
     "sgd": {"algo": "sgd"},
     "sync": {
         "algo": "sync",
         "simulate": True,
-        "workers": DATA_PARALLEL_WORKERS,
+        "devices": DATA_PARALLEL_WORKERS,
         "batch_size": DATA_PARALLEL_WORKERS * BATCH_SIZE,
     },
     "asgd": {"algo": "asgd", **ASYNC},
     "pdasgd (layer, stashed)": {"algo": "pdasgd", "backward_weights": "stashed", **ASYNC},
     "pdasgd (layer, live)": {"algo": "pdasgd", "backward_weights": "live", **ASYNC},
     "pdasgd-block (stashed)": {"algo": "pdasgd-block", "backward_weights": "stashed", **ASYNC},
-    "local": {"algo": "local", "workers": DATA_PARALLEL_WORKERS, "period": 8},
-    "dasgd": {"algo": "dasgd", "workers": DATA_PARALLEL_WORKERS, "period": 8, "delay_steps": 4},
+    "local": {"algo": "local", "replicas": DATA_PARALLEL_WORKERS, "period": 8},
+    "dasgd": {"algo": "dasgd", "replicas": DATA_PARALLEL_WORKERS, "period": 8, "delay_steps": 4},
 }
 
 
@@ -73,7 +73,6 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
                 Config(
                     **{
                         "dataset": dataset,
-                        "workers": WORKERS,
                         "batch_size": BATCH_SIZE,
                         "optimizer": "momentum",
                         "momentum": 0.9,
@@ -100,7 +99,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
                     "algorithm": label,
                     "test accuracy": f"{mean:.4f} ± {std:.4f}"
                     + (f" ({len(accs) - len(finite)} diverged)" if len(finite) < len(accs) else ""),
-                    "workers": 1 if overrides["algo"] == "sgd" else configs[0].workers,
+                    "replicas": configs[0].replicas or configs[0].devices or 1,
                     "seeds": len(accs),
                 }
             )
@@ -116,5 +115,5 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
         "datasets": datasets,
         "algorithms": algorithms,
     }
-    table = markdown_table(rows, ("dataset", "algorithm", "workers", "test accuracy", "seeds"))
+    table = markdown_table(rows, ("dataset", "algorithm", "replicas", "test accuracy", "seeds"))
     return results, "\n".join([f"parity: {settings_line}", "", table])

@@ -23,7 +23,7 @@ Digits with the MLP. Two measurements:
   mean staleness of the updates in both: where the two disagree, the thread schedule
   (GIL time slices) made the real run's staleness differ from the modelled one.
   Two predictions: the runtime's own layout (its ``W`` worker groups share this
-  machine's devices round-robin, ``--sim-devices``; on a one-device machine all ``W``
+  machine's devices round-robin, ``--devices``; on a one-device machine all ``W``
   replicas queue for one device) and one device per worker group (the layout the papers
   assume). Sync is simulated on ``W`` devices in both, one shard each, while its measured
   run is one fused step on the global batch on the first device: where compute dominates
@@ -54,7 +54,6 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
 from pdasgd_jax.runtime import Runtime, RuntimeSettings, numbered_batches
-from pdasgd_jax.runtime.settings import default_devices
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.store import ParameterStore
 from pdasgd_jax.sync_runner import run_synchronous_loop
@@ -68,9 +67,11 @@ EVAL_EVERY = 128
 # Per-algorithm rates: the best of the ``delays`` benchmark's grid at W=4 for most delays
 # (sync's W-times larger batch takes a large rate, the asynchronous ones need small ones).
 ALGORITHMS: dict[str, dict[str, Any]] = {
-    "pdasgd": {"algo": "pdasgd", "batch_size": DELAY_BATCH, "lr": 0.0125},
-    "asgd": {"algo": "asgd", "batch_size": DELAY_BATCH, "lr": 0.0125},
-    "sync": {"algo": "sync", "batch_size": DELAY_BATCH * WORKERS, "lr": 0.2},
+    "pdasgd": {"algo": "pdasgd", "replicas": WORKERS, "batch_size": DELAY_BATCH, "lr": 0.0125},
+    "asgd": {"algo": "asgd", "replicas": WORKERS, "batch_size": DELAY_BATCH, "lr": 0.0125},
+    # Measured by ``sync_with_delays``, a loop that stands for W devices on this machine's one;
+    # the config describes the W-device sync the simulator predicts.
+    "sync": {"algo": "sync", "simulate": True, "devices": WORKERS, "batch_size": DELAY_BATCH * WORKERS, "lr": 0.2},
 }
 # The reference rows (see ``two_thread_loops`` and ``sequential_loop``).
 TWO_LOOPS = "2 threads, independent sequential loops"
@@ -261,8 +262,8 @@ def runtime_with_delays(exp: Experiment) -> tuple[float, float]:
 
 def simulated(exp: Experiment, devices: int = 0) -> tuple[float, float]:
     """Virtual seconds to ``TARGET`` predicted by the simulator for the same config, and its
-    mean staleness; asynchronous worker groups share ``devices`` devices (0: one each)."""
-    sim = exp.with_config(simulate=True, sim_devices=devices)
+    mean staleness; its replicas share ``devices`` simulated devices (0: one each)."""
+    sim = exp.with_config(simulate=True, devices=devices)
     metrics = _metrics(sim)
     timing = exp.calibration(DELAY_BATCH).timing
     extra = run_simulated(sim, metrics, timing=timing).extra
@@ -270,15 +271,15 @@ def simulated(exp: Experiment, devices: int = 0) -> tuple[float, float]:
 
 
 def simulated_layouts() -> dict[str, int]:
-    """``--sim-devices`` of the two predictions: the runtime's layout (its worker groups
-    share this machine's devices) and one device per worker group (0)."""
-    return {"simulated": len(default_devices(WORKERS)), "simulated_per_worker": 0}
+    """Simulated ``--devices`` of the two predictions: the runtime's layout (its replicas share
+    this machine's devices, as many as there are up to one each) and one device per replica (0)."""
+    return {"simulated": min(WORKERS, jax.device_count()), "simulated_per_worker": 0}
 
 
 def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str, Any]:
     """Measured and simulated seconds to ``TARGET`` of pdasgd, asgd and sync under ``Exp(k)`` delays."""
     delay = {"delay_model": "exponential" if k else "none", "delay_mean": k}
-    common = dict(workers=WORKERS, epochs=epochs, eval_every=EVAL_EVERY, target_accuracy=TARGET, **delay)
+    common = dict(epochs=epochs, eval_every=EVAL_EVERY, target_accuracy=TARGET, **delay)
     out: dict[str, Any] = {"k": k}
     layouts = simulated_layouts()
     for name, config in ALGORITHMS.items():
@@ -292,7 +293,7 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
         real(warm_up)
         # Sync is simulated one way (one device per worker) under both predictions' names;
         # each distinct layout runs once.
-        devices_of = {kind: 0 if name == "sync" else d for kind, d in layouts.items()}
+        devices_of = {kind: WORKERS if name == "sync" else d for kind, d in layouts.items()}
         runners = {"measured": real, **{d: functools.partial(simulated, devices=d) for d in devices_of.values()}}
         runs: dict[int | str, list[tuple[float, float]]] = {key: [] for key in runners}
         for seed in seeds:

@@ -227,17 +227,15 @@ class Runtime:
             "host_cpus": self.control.host_cpus and list(self.control.host_cpus),
             "thread_cpus": {name: cpus and list(cpus) for name, cpus in self.control.thread_cpus.items()},
         }
+        out["replicas"] = s.groups
         if s.pipelined:
             out.update(
-                replicas=s.groups,
                 forward_workers=s.forward_workers,
                 backward_workers=s.backward_workers,
                 queue_capacity=s.queue_capacity,
                 backward_weights=s.backward_weights,
                 updates="layer" if s.algo == "pdasgd" else "block",
             )
-        else:
-            out.update(workers=s.groups)
         return out
 
 

@@ -108,15 +108,16 @@ class RuntimeSettings:
         the calibration of this machine's kernels (``Experiment.calibration``), as the
         simulator does, so a real and a simulated run of one config inject the same delays.
 
-        ``--workers`` (0: all devices) is W for ``asgd`` and the number of replicas for
-        ``pdasgd``; more groups than devices share devices round-robin.
+        ``exp.layout`` gives the devices (the first ``--devices`` of ``jax.devices()``) and the
+        worker groups (``--replicas``: ``asgd`` workers or ``pdasgd`` replicas), which share
+        the devices round-robin.
         """
         config = exp.config
-        groups = config.workers or len(jax.devices())
+        groups = exp.layout.replicas
         step_time = exp.calibration(config.batch_size).timing.step_compute_time() if config.delay_mean > 0 else 0.0
         settings = dict(
             algo=config.algo,
-            devices=default_devices(groups),
+            devices=tuple(jax.devices()[: exp.layout.devices]),
             groups=groups,
             forward_workers=config.forward_workers,
             backward_workers=config.backward_workers,
@@ -129,10 +130,3 @@ class RuntimeSettings:
             host_cpus=config.host_cpus,
         )
         return cls(**{**settings, **overrides})
-
-
-def default_devices(groups: int) -> tuple[jax.Device, ...]:
-    """The devices ``groups`` worker groups run on by default: one each, as far as they go
-    (more groups than devices share them round-robin)."""
-    available = jax.devices()
-    return tuple(available[: min(groups, len(available))])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pdasgd_jax import averaging_runner
+from pdasgd_jax import averaging_runner, spmd
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
 from pdasgd_jax.executor import StalenessStats
@@ -51,10 +51,10 @@ def run_averaging(
         model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states),
         seed=config.seed,
     )
-    # The round program sizes its worker axis from the config: pin it to the simulated workers.
-    exp = exp.with_config(workers=num_workers)
-    runner = averaging_runner.run_dasgd if config.algo == "dasgd" else averaging_runner.run_local
-    result = runner(exp, VirtualTimeMetrics(metrics, ends), checkpointer)
+    # The real round program, placed wherever it runs fastest here (the devices are virtual).
+    result = averaging_runner.run_rounds(
+        exp, VirtualTimeMetrics(metrics, ends), checkpointer, delay=delay_steps, mesh=spmd.worker_mesh(num_workers)
+    )
     now = float(ends[result.step - 1])
     busy = busy_fractions(timing, result.step, now, num_workers)
     result.extra["average_delay_steps"] = delay_steps

@@ -76,7 +76,7 @@ def run_simulated(
 
     Example::
 
-        config = Config(algo="pdasgd", simulate=True, workers=4, delay_model="exponential",
+        config = Config(algo="pdasgd", simulate=True, replicas=4, delay_model="exponential",
                         delay_mean=1.0, progress=False)
         exp = Experiment.from_config(config)
         metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=1000)
@@ -84,11 +84,8 @@ def run_simulated(
         result.extra["staleness"]["per_stage"][0]["mean"]
     """
     config = exp.config
-    workers = 1 if config.algo == "sgd" else config.simulated_workers
-    devices = config.sim_devices or workers  # asynchronous groups may share devices
+    workers, devices = exp.layout.replicas, exp.layout.devices  # asynchronous groups may share devices
     if config.algo in SYNCHRONOUS:
-        if config.batch_size % workers:
-            raise ValueError(f"--batch-size {config.batch_size} is not divisible by the {workers} simulated workers")
         worker_batch = config.batch_size // workers
     elif config.algo in ASYNCHRONOUS + AVERAGING:
         worker_batch = config.batch_size

@@ -1,0 +1,87 @@
+"""How many devices a run uses and how many replicas it runs on them: ``--devices`` and ``--replicas``.
+
+A *replica* is a unit that takes its own batches: a ``sync`` shard of the global batch, a
+``local``/``dasgd`` worker with its own model, an ``asgd`` worker (one thread, one shared
+model) or a ``pdasgd`` group of F forward and B backward workers with a queue between them.
+One rule per algorithm, resolved once per experiment, before any work:
+
+* ``sgd``: one device, one replica.
+* ``sync``: one replica per device; ``--devices`` (0: every device on a real run, one on the
+  simulator); ``--replicas`` is refused.
+* ``local``, ``dasgd``, ``asgd``, ``pdasgd``, ``pdasgd-block``: ``R = --replicas`` or else
+  ``--devices`` or else every device (the simulator: 1); on ``D = --devices`` or else
+  ``min(R, devices available)`` devices (the simulator: ``R``). Replicas share devices
+  round-robin; none may be left without one (``R >= D``), and ``local``/``dasgd`` spread
+  them evenly (``R`` a multiple of ``D``), refusing rather than silently running on fewer.
+
+Example::
+
+    layout = resolve(Config(algo="pdasgd", replicas=16), available=8)  # Layout(devices=8, replicas=16)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pdasgd_jax.config import Config
+from pdasgd_jax.errors import ConfigError
+
+
+class Layout(NamedTuple):
+    devices: int
+    replicas: int
+
+
+def resolve(config: Config, available: int) -> Layout:
+    """The run's layout on ``available`` devices (ignored by ``--simulate`` runs, whose devices
+    are simulated).
+
+    Raises:
+      ConfigError: the flags ask for more devices than there are, replicas that leave a device
+        idle or cannot be spread evenly, or a count the algorithm does not take.
+    """
+    algo, d, r = config.algo, config.devices, config.replicas
+    if algo == "sgd":
+        if d > 1 or r > 1:
+            raise ConfigError(
+                f"--algo sgd runs one replica on one device, not --devices {d} --replicas {r}; "
+                f"use --algo sync to train over several devices"
+            )
+        return Layout(1, 1)
+    if algo == "sync":
+        if r:
+            raise ConfigError(
+                f"--replicas {r} does not apply to --algo sync, which runs one replica per device: set --devices"
+            )
+        devices = d or (1 if config.simulate else available)
+        _fits(devices, available, config)
+        if config.batch_size % devices:
+            raise ConfigError(
+                f"--batch-size {config.batch_size} (sync: the global batch) is not divisible by the "
+                f"{devices} devices it is split over"
+            )
+        return Layout(devices, devices)
+    replicas = r or d or (1 if config.simulate else available)
+    devices = d or (replicas if config.simulate else min(replicas, available))
+    _fits(devices, available, config)
+    if replicas < devices:
+        raise ConfigError(
+            f"--replicas {replicas} on --devices {devices} leaves {devices - replicas} device(s) "
+            f"idle; use at most {replicas} devices"
+        )
+    if config.simulate and algo in ("local", "dasgd") and devices != replicas:
+        raise ConfigError(
+            f"the simulator gives each of the {replicas} local/dasgd replicas a device of its own; "
+            f"drop --devices {devices} or set it to {replicas}"
+        )
+    if algo in ("local", "dasgd") and replicas % devices:
+        raise ConfigError(
+            f"--replicas {replicas} cannot be spread evenly over {devices} devices; use a multiple of "
+            f"{devices} replicas or a --devices that divides {replicas}"
+        )
+    return Layout(devices, replicas)
+
+
+def _fits(devices: int, available: int, config: Config) -> None:
+    if not config.simulate and devices > available:
+        raise ConfigError(f"--devices {devices} exceeds the {available} device(s) this run has")

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
-from pdasgd_jax.optim import MERGES
+from pdasgd_jax.optim import MERGES, STALENESS_RULES
 
 ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd")
 # Those that run as independent worker threads (or simulated workers) updating a shared store.
@@ -53,6 +53,11 @@ class Config:
     backward_workers: int = _field(2, "PD-ASGD backward workers per replica (B)", group="async")
     queue: int = _field(0, "PD-ASGD queue capacity Q (0: Q = B)", group="async")
     backward_weights: str = _field("stashed", "weights the PD-ASGD backward uses", BACKWARD_WEIGHTS, group="async")
+    staleness_rule: str = _field("none", "rule applied to each asynchronous update with its staleness tau: none, "
+                                 "staleness-aware (step / max(1, tau)), delay-compensated (DC-ASGD)",
+                                 STALENESS_RULES, group="async")
+    dc_lambda: float = _field(0.04, "delay-compensated: DC-ASGD's constant lambda (>= 0; Zheng et al. 2017, "
+                              "arXiv 1609.08326)", group="async")
     sim_devices: int = _field(0, "simulator: devices the asgd workers or pdasgd replicas share round-robin, as the "
                               "threaded runtime places them (0: one each)", group="async")
     host_cpus: str = _field("auto", "threaded runtime: CPU cores of its host threads: auto (on CPU devices one core, the "
@@ -109,6 +114,10 @@ class Config:
             from pdasgd_jax.optim import AveragingRule
 
             AveragingRule(self.period, self.delay_steps, self.merge)  # raises on a schedule that cannot work
+        _non_negative("dc-lambda", self.dc_lambda)
+        if self.staleness_rule != "none" and self.algo not in ASYNCHRONOUS:
+            raise ValueError(f"--staleness-rule {self.staleness_rule} applies to the asynchronous algorithms "
+                             f"{', '.join(ASYNCHRONOUS)}, not to {self.algo}")
         if self.sim_devices:
             if not self.simulate or self.algo not in ASYNCHRONOUS:
                 raise ValueError(f"--sim-devices {self.sim_devices} applies to --simulate runs of "

@@ -9,7 +9,9 @@ operation of which job, and when. The operations themselves are the same everywh
 * ``loss``: loss and ``delta_M``;
 * ``backward_stage(job, m)``: ``(g_m, delta_{m-1})`` with ``stashed`` or ``live`` weights;
 * ``update_stage(job, m)``: apply ``g_m`` to the store (a layer-wise partial update);
-  staleness ``tau_m = version replaced - version read by the forward``.
+  staleness ``tau_m = version replaced - version read by the forward``, computed under the
+  stage's lock and handed to the optimizer with the weights the forward read (optax extra
+  arguments ``staleness`` and ``old_params``).
 
 ``forward_all`` and ``backward_all`` run a whole forward or backward, with fewer programs
 when the executor is asked to fuse (``fuse_jobs`` for the simulator, ``fuse_forward`` for
@@ -113,10 +115,12 @@ class Job:
     device: jax.Device | None
     records: list[Any]
     read_versions: list[int]
+    read_params: list[Any]  # per stage, as stored (on its home device): the optimizer's ``old_params``
     new_states: list[Any]
     grads: list[Any]
     delta: Any = None
     loss: Any = None
+    rng: Any = None  # the job's key, from the run's seed and its batch id (None: the model draws nothing)
 
 
 class StageExecutor:
@@ -147,11 +151,14 @@ class StageExecutor:
         stage's backward and update as one program under the stage's update lock
         (``kernels.backward_update_stashed``) when the stage lives on the job's device and
         the store applies the kernels' own update rule: one dispatch per stage instead of two.
+      seed: the run's seed. A model that draws randomness (Dropout) gets the key
+        ``fold_in(key(seed), batch_id)`` per job, whatever reads it concurrently, so a
+        replay of the batch draws the same masks.
     """
 
     def __init__(self, kernels: StageKernels, store: ParameterStore, *, backward_weights: str = "stashed",
                  log: EventLog | None = None, clock: Callable[[], float] = lambda: 0.0, fuse_jobs: bool = False,
-                 fuse_forward: bool = False):
+                 fuse_forward: bool = False, seed: int = 0):
         if backward_weights not in BACKWARD_WEIGHTS:
             raise ValueError(f"backward_weights {backward_weights!r} is not one of {BACKWARD_WEIGHTS}")
         self.kernels = kernels
@@ -167,6 +174,7 @@ class StageExecutor:
         # if that stage has arrays of its own placed there.
         self._first_stage_places = bool(jax.tree.leaves((store.read_params(0).value[0], store.read_state(0).value)))
         self._updates_lock = threading.Lock()
+        self._key = jax.random.key(seed) if kernels.draws_randomness else None
 
     def _record(self, kind: str, job: Job, **fields: Any) -> None:
         if self.log is not None:
@@ -182,7 +190,9 @@ class StageExecutor:
         skip = host_batch and not self.live and (self._first_stage_places or self.fused_forward)
         if device is not None and not skip:
             x, labels = place((x, labels), device)
-        job = Job(job_id, batch_id, x, labels, device, [None] * m, [-1] * m, [None] * m, [None] * m)
+        job = Job(job_id, batch_id, x, labels, device, [None] * m, [-1] * m, [None] * m, [None] * m, [None] * m)
+        if self._key is not None:
+            job.rng = self._local(job, jax.random.fold_in(self._key, batch_id))
         self._record("start", job, version=batch_id, worker=worker)
         return job
 
@@ -190,9 +200,9 @@ class StageExecutor:
         return place(tree, job.device)
 
     def _read_stage(self, job: Job, m: int, version: int | None = None, state_version: int | None = None
-                    ) -> tuple[PyTree, PyTree, int, int]:
-        """Stage ``m``'s ``(params, state, version, state_version)`` on the job's device: the
-        latest ones, or the given versions when replaying."""
+                    ) -> tuple[PyTree, PyTree, int]:
+        """Stage ``m``'s ``(params, state, state_version)`` on the job's device: the latest
+        ones, or the given versions when replaying; books the params read in the job."""
         slots = self.store.slots[m]
         if version is None:
             (params, _), version = slots.params.read()
@@ -202,26 +212,27 @@ class StageExecutor:
             state, state_version = slots.state.read()
         else:
             state = slots.state.at(state_version)
+        job.read_versions[m], job.read_params[m] = version, params
         params, state = self._local(job, (params, state))
-        return params, state, version, state_version
+        return params, state, state_version
 
     def forward_stage(self, job: Job, m: int, *, version: int | None = None, state_version: int | None = None,
                       commit_state: bool = True, worker: str = "") -> None:
         """Stage ``m``'s forward on the latest weights, or on ``version`` when replaying."""
-        params, state, version, state_version = self._read_stage(job, m, version, state_version)
+        params, state, state_version = self._read_stage(job, m, version, state_version)
         if self.fused:  # keep the weights read; the job's program runs at its loss
             job.records[m] = (params, state)
             new_state = state
         elif self.live:
-            y, new_state = self.kernels.forward(m)(params, state, job.x)
+            y, new_state = self.kernels.forward(m)(params, state, job.x, job.rng)
             job.records[m] = (job.x, state)
         else:
-            y, new_state, job.records[m] = self.kernels.forward_stashed(m)(params, state, job.x)
+            y, new_state, job.records[m] = self.kernels.forward_stashed(m)(params, state, job.x, job.rng)
         if not self.fused:
             job.x = y
-        job.read_versions[m] = version
         job.new_states[m] = new_state
-        self._record("forward", job, stage=m, version=version, state_version=state_version, worker=worker)
+        self._record("forward", job, stage=m, version=job.read_versions[m], state_version=state_version,
+                     worker=worker)
         if commit_state:
             self.commit_state(job, m, worker=worker)
 
@@ -239,7 +250,7 @@ class StageExecutor:
         (fused: the loss and every stage's gradient, held in ``delta``)."""
         if self.fused:
             params, states = zip(*job.records)
-            job.loss, job.delta = self.kernels.job_gradients(params, states, job.x, job.labels)
+            job.loss, job.delta = self.kernels.job_gradients(params, states, job.x, job.labels, job.rng)
         else:
             job.loss, job.delta = self.kernels.loss_grad(job.x, job.labels)
         job.x = None
@@ -260,7 +271,8 @@ class StageExecutor:
             else:
                 params = slots.params.at(live_version)[0]
             x_in, state = record
-            job.grads[m], job.delta = self.kernels.backward_live(m)(self._local(job, params), state, x_in, job.delta)
+            job.grads[m], job.delta = self.kernels.backward_live(m)(self._local(job, params), state, x_in, job.delta,
+                                                                    job.rng)
         else:
             job.grads[m], job.delta = self.kernels.backward_stashed(m)(record, job.delta)
         self._record("backward", job, stage=m, version=live_version if self.live else -1, worker=worker)
@@ -268,7 +280,9 @@ class StageExecutor:
     def update_stage(self, job: Job, m: int, *, expect: int | None = None, worker: str = "") -> int:
         """Applies the job's ``g_m`` to the store; returns its staleness ``tau_m``."""
         grads, job.grads[m] = job.grads[m], None
-        before = self.store.apply_gradient(m, grads, on_commit=self._update_event(job, m, worker))
+        read_params, job.read_params[m] = job.read_params[m], None
+        before = self.store.apply_gradient(m, grads, on_commit=self._update_event(job, m, worker),
+                                           read_version=job.read_versions[m], read_params=read_params)
         _check_expected("update", job, m, before, expect)
         return self._count_staleness(job, m, before)
 
@@ -295,10 +309,12 @@ class StageExecutor:
         """``backward_stage`` then ``update_stage`` (stashed) as one program under stage ``m``'s
         update lock; returns the staleness ``tau_m``."""
         record, job.records[m] = job.records[m], None
+        read_params, job.read_params[m] = job.read_params[m], None
         delta, deltas_in = job.delta, []
 
-        def step(params: PyTree, opt_state: PyTree) -> tuple[PyTree, PyTree]:
-            params, opt_state, delta_in = self.kernels.backward_update_stashed(record, delta, params, opt_state)
+        def step(params: PyTree, opt_state: PyTree, version: int) -> tuple[PyTree, PyTree]:
+            params, opt_state, delta_in = self.kernels.backward_update_stashed(
+                record, delta, params, opt_state, version - job.read_versions[m], read_params)
             deltas_in.append(delta_in)
             self._record("backward", job, stage=m, worker=worker)  # before its update's event
             return params, opt_state
@@ -319,12 +335,13 @@ class StageExecutor:
         """``forward_all`` as one program: read every stage, then forward and loss at once."""
         params, states = [], []
         for m in range(self.store.num_stages):
-            p, s, job.read_versions[m], state_version = self._read_stage(job, m)
+            p, s, state_version = self._read_stage(job, m)
             params.append(p)
             states.append(s)
             self._record("forward", job, stage=m, version=job.read_versions[m], state_version=state_version,
                          worker=worker)
-        job.loss, job.delta, new_states, vjps = self.kernels.forward_all_stashed(params, states, job.x, job.labels)
+        job.loss, job.delta, new_states, vjps = self.kernels.forward_all_stashed(params, states, job.x, job.labels,
+                                                                                 job.rng)
         job.records, job.new_states, job.x = list(vjps), list(new_states), None
         for m in range(self.store.num_stages):
             self.commit_state(job, m, worker=worker)
@@ -354,16 +371,17 @@ def _check_expected(kind: str, job: Job, m: int, before: int, expect: int | None
 
 def replay(events: Iterable[Event], kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree],
            opt_states: Sequence[PyTree], batch: Callable[[int], tuple[Any, Any]], *,
-           backward_weights: str) -> StageExecutor:
+           backward_weights: str, seed: int = 0) -> StageExecutor:
     """Re-executes a logged run from its initial variables; returns the executor (its store
     holds the final parameters, its ``staleness`` the replayed statistics).
 
     Args:
       events: the run's ``EventLog.events``.
       batch: ``batch_id -> (x, labels)``, the same data stream the run used.
+      seed: the run's executor seed (its jobs' keys).
     """
     store = ParameterStore(params, states, opt_states, kernels.apply_update, keep_history=True)
-    ex = StageExecutor(kernels, store, backward_weights=backward_weights)
+    ex = StageExecutor(kernels, store, backward_weights=backward_weights, seed=seed)
     jobs: dict[int, Job] = {}
     for e in sorted(events, key=lambda e: e.seq):
         if e.kind == "start":

@@ -10,21 +10,25 @@ from typing import Any
 import jax
 import optax
 
-from pdasgd_jax import data, kernels, models
+from pdasgd_jax import data, kernels, models, optim
 from pdasgd_jax.config import Config
 from pdasgd_jax.stages import StagedModel, Variables
 
 EVAL_BATCH_SIZE = 512
 
 
-def make_optimizer(name: str, lr: float, *, momentum: float = 0.9, weight_decay: float = 0.0) -> optax.GradientTransformation:
-    """The optax optimizer named ``sgd``, ``momentum`` or ``adamw``."""
+def make_optimizer(name: str, lr: float, *, momentum: float = 0.9, weight_decay: float = 0.0,
+                   staleness_rule: str = "none", dc_lambda: float = 0.04) -> optax.GradientTransformationExtraArgs:
+    """The optax optimizer named ``sgd``, ``momentum`` or ``adamw`` under ``staleness_rule``
+    (``optim.with_staleness_rule``)."""
     if name == "adamw":
-        return optax.adamw(lr, weight_decay=weight_decay)
-    if name not in ("sgd", "momentum"):
+        base = optax.adamw(lr, weight_decay=weight_decay)
+    elif name in ("sgd", "momentum"):
+        base = optax.sgd(lr, momentum=momentum if name == "momentum" else None)
+        base = optax.chain(optax.add_decayed_weights(weight_decay), base) if weight_decay else base
+    else:
         raise ValueError(f"unknown optimizer {name!r}; choose one of sgd, momentum, adamw")
-    base = optax.sgd(lr, momentum=momentum if name == "momentum" else None)
-    return optax.chain(optax.add_decayed_weights(weight_decay), base) if weight_decay else base
+    return optim.with_staleness_rule(base, staleness_rule, dc_lambda)
 
 
 @dataclasses.dataclass
@@ -42,7 +46,8 @@ class Experiment:
         config.validate()
         dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
         model, variables = models.build_model(config.model_name, dataset, seed=config.seed)
-        tx = make_optimizer(config.optimizer, config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        tx = make_optimizer(config.optimizer, config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+                            staleness_rule=config.staleness_rule, dc_lambda=config.dc_lambda)
         return cls(config, dataset, model, variables, tx)
 
     def with_config(self, **changes: Any) -> Experiment:

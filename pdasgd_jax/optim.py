@@ -3,6 +3,7 @@
 * ``delayed_averaging``: DaSGD / local SGD as a per-step wrapper (algorithms.md §4).
 * ``staleness_aware``: the step scaled by ``1 / max(1, staleness)``.
 * ``delay_compensated``: DC-ASGD's first-order correction of a stale gradient.
+* ``with_staleness_rule``: one of the two above (or neither) by name, as ``--staleness-rule`` picks.
 * ``AveragingRule``: when the workers' models are averaged and how the average is merged;
   the one implementation of that arithmetic, shared by ``delayed_averaging`` and the
   compiled round program in ``spmd.py``.
@@ -23,6 +24,7 @@ import optax
 PyTree = Any
 AxisName = Any  # a mapped axis name, or a tuple of them
 MERGES = ("correct", "overwrite")
+STALENESS_RULES = ("none", "staleness-aware", "delay-compensated")
 
 
 class OuterState(NamedTuple):
@@ -301,3 +303,25 @@ def delay_compensated(inner: optax.GradientTransformation, lam: float) -> optax.
         return inner.update(compensated, state, params, **extra)
 
     return optax.GradientTransformationExtraArgs(inner.init, update)
+
+
+def with_staleness_rule(tx: optax.GradientTransformation, rule: str, dc_lambda: float = 0.04
+                        ) -> optax.GradientTransformationExtraArgs:
+    """``tx`` under the staleness rule named ``rule``, accepting optax extra arguments.
+
+    The library's asynchronous updates pass every optimizer ``staleness`` and
+    ``old_params``; ``none`` ignores them.
+
+    Args:
+      tx: the base optimizer.
+      rule: ``none``, ``staleness-aware`` (``staleness_aware``) or ``delay-compensated``
+        (``delay_compensated``).
+      dc_lambda: DC-ASGD's ``lambda`` for ``delay-compensated``.
+    """
+    if rule == "none":
+        return optax.with_extra_args_support(tx)
+    if rule == "staleness-aware":
+        return staleness_aware(tx)
+    if rule == "delay-compensated":
+        return delay_compensated(tx, dc_lambda)
+    raise ValueError(f"staleness rule {rule!r} is not allowed; choose one of {', '.join(STALENESS_RULES)}")

@@ -141,7 +141,7 @@ def test_fused_forward_with_batchnorm_and_a_parameter_free_stage_matches_and_rep
 def test_concurrent_updates_are_never_lost(setup):
     """Many threads hammer one stage: every gradient is applied exactly once."""
     ones = {"w": np.zeros(3, np.float32)}
-    store = ParameterStore([ones], [{}], [()], lambda m, p, o, g: (jax.tree.map(lambda a, b: a + b, p, g), o))
+    store = ParameterStore([ones], [{}], [()], lambda m, p, o, g, *_: (jax.tree.map(lambda a, b: a + b, p, g), o))
     n_threads, per_thread = 8, 200
     seen = [[] for _ in range(n_threads)]
 

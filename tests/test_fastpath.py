@@ -10,6 +10,7 @@ from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.executor import EventLog, StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
+from pdasgd_jax.optim import STALENESS_RULES, with_staleness_rule
 from pdasgd_jax.reporting import Recorder
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.fastpath import fixed_lags, lags_from_log, run_fixed_staleness
@@ -34,8 +35,9 @@ def _assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
-def _fast(setup, lags):
-    model, v, tx, _, xs, ys = setup
+def _fast(setup, lags, tx=None):
+    model, v, base, _, xs, ys = setup
+    tx = tx or base
     return run_fixed_staleness(model, tx, v.params, v.states, init_opt_states(tx, v.params), xs, ys, lags)
 
 
@@ -52,11 +54,14 @@ def test_zero_staleness_is_plain_sgd(setup):
     np.testing.assert_allclose(np.asarray(losses), np.asarray(expected), rtol=1e-5)
 
 
+@pytest.mark.parametrize("rule", STALENESS_RULES)
 @pytest.mark.parametrize("depth", [1, 3])
-def test_constant_pattern_equals_pipelined_jobs_on_the_executor(setup, depth):
+def test_constant_pattern_equals_pipelined_jobs_on_the_executor(setup, depth, rule):
     """``depth`` jobs in flight: job t's forward runs before the backward of job t - depth,
-    so every stage reads version t - depth (lags = min(t, depth))."""
+    so every stage reads version t - depth (lags = min(t, depth)); under every staleness
+    rule both hand the optimizer the same staleness and read weights."""
     model, v, tx, batches, _, _ = setup
+    tx = with_staleness_rule(tx, rule, dc_lambda=0.5)
     k = StageKernels(model, tx)
     ex = StageExecutor(k, ParameterStore(v.params, v.states, init_opt_states(tx, v.params), k.apply_update))
     in_flight = []
@@ -68,7 +73,7 @@ def test_constant_pattern_equals_pipelined_jobs_on_the_executor(setup, depth):
             ex.backward_all(in_flight.pop(0), layerwise=True)
     for job in in_flight:
         ex.backward_all(job, layerwise=True)
-    params, _, _, _ = _fast(setup, fixed_lags((depth,) * 3, NUM_STEPS))
+    params, _, _, _ = _fast(setup, fixed_lags((depth,) * 3, NUM_STEPS), tx)
     _assert_trees_close(params, ex.store.snapshot()[0])
     assert ex.staleness.per_stage()[0].tolist() == fixed_lags((depth,) * 3, NUM_STEPS)[:, 0].tolist()
 

@@ -7,8 +7,9 @@ rebuilds everything else by replaying the schedule:
 
 * ``capture`` (at an evaluation, inside ``on_job_done``): the store's values and, for every
   in-flight job, its payload (activation ``x``, the stashed residuals or stage inputs its
-  backward still needs, pending non-trainable states and gradients, ``delta``, loss) as
-  flat leaves, with a digest of the schedule at that instant.
+  backward still needs, the weights its forward read (the optimizer's ``old_params``),
+  pending non-trainable states and gradients, ``delta``, loss) as flat leaves, with a
+  digest of the schedule at that instant.
 * Resuming, the run starts over on ``AbstractKernels`` (every kernel evaluated by
   ``jax.eval_shape``, memoized: nothing is computed) and the executor does its usual
   bookkeeping: versions, staleness, the data stream, the event log, the event order. At the
@@ -50,6 +51,7 @@ class AbstractKernels:
     def __init__(self, kernels: StageKernels):
         stages = range(kernels.num_stages)
         self.num_stages = kernels.num_stages
+        self.draws_randomness = kernels.draws_randomness
         self._forward = [_abstract(kernels.forward(m)) for m in stages]
         self._forward_stashed = [_abstract(kernels.forward_stashed(m)) for m in stages]
         self._backward_live = [_abstract(kernels.backward_live(m)) for m in stages]
@@ -70,8 +72,9 @@ class AbstractKernels:
     def backward_stashed(self, m: int) -> Callable:
         return self._backward_stashed[m]
 
-    def apply_update(self, m: int, params: PyTree, opt_state: PyTree, grads: PyTree) -> tuple[PyTree, PyTree]:
-        return self._update[m](params, opt_state, grads)
+    def apply_update(self, m: int, params: PyTree, opt_state: PyTree, grads: PyTree, staleness: int = 0,
+                     old_params: PyTree | None = None) -> tuple[PyTree, PyTree]:
+        return self._update[m](params, opt_state, grads, staleness, old_params)
 
 
 def _abstract(fn: Callable) -> Callable:
@@ -80,7 +83,9 @@ def _abstract(fn: Callable) -> Callable:
 
     def evaluate(*args: Any) -> Any:
         leaves, treedef = jax.tree.flatten(args)
-        key = (treedef, tuple((np.shape(l), l.dtype, getattr(l, "weak_type", False)) for l in leaves))
+        # A Python scalar (an update's staleness) traces as a weak scalar of its type, whatever its value.
+        key = (treedef, tuple((np.shape(l), getattr(l, "dtype", type(l)), getattr(l, "weak_type", False))
+                              for l in leaves))
         out = memo.get(key)
         if out is None:
             out = memo[key] = jax.eval_shape(fn, *args)
@@ -92,7 +97,7 @@ def _abstract(fn: Callable) -> Callable:
 def _payload(job: Job) -> tuple:
     """What a job carries from one stage operation to the next (its batch labels excepted:
     the replay takes them from the data stream again)."""
-    return job.x, job.records, job.new_states, job.grads, job.delta, job.loss
+    return job.x, job.records, job.read_params, job.new_states, job.grads, job.delta, job.loss
 
 
 def _world(sim: Simulation) -> tuple[PyTree, list[Job]]:
@@ -144,7 +149,7 @@ def restore(sim: Simulation, rec: Recorder, kernels: StageKernels) -> None:
     store = sim.executor.store
     store.load(params, states, opt_states)
     for job, payload in zip(jobs, payloads, strict=True):
-        job.x, job.records, job.new_states, job.grads, job.delta, job.loss = payload
+        job.x, job.records, job.read_params, job.new_states, job.grads, job.delta, job.loss = payload
     sim.executor.kernels = kernels
     store.update_rule = kernels.apply_update
 

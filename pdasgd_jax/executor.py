@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from pdasgd_jax.kernels import StageKernels
+from pdasgd_jax.kernels import StageKernelsProtocol
 from pdasgd_jax.store import ParameterStore, place
 
 PyTree = Any
@@ -127,7 +127,8 @@ class StageExecutor:
     """Runs stage operations of jobs against a store, logging them if a log is given.
 
     Args:
-      kernels: the jitted per-stage kernels.
+      kernels: the per-stage kernels (``StageKernels``, or ``AbstractKernels`` while a
+        simulated run replays its schedule).
       store: the shared parameter store.
       backward_weights: ``stashed`` (the weights the forward read) or ``live`` (current).
       log: optional ``EventLog``.
@@ -156,7 +157,7 @@ class StageExecutor:
         replay of the batch draws the same masks.
     """
 
-    def __init__(self, kernels: StageKernels, store: ParameterStore, *, backward_weights: str = "stashed",
+    def __init__(self, kernels: StageKernelsProtocol, store: ParameterStore, *, backward_weights: str = "stashed",
                  log: EventLog | None = None, clock: Callable[[], float] = lambda: 0.0, fuse_jobs: bool = False,
                  fuse_forward: bool = False, seed: int = 0):
         if backward_weights not in BACKWARD_WEIGHTS:
@@ -369,7 +370,7 @@ def _check_expected(kind: str, job: Job, m: int, before: int, expect: int | None
                            f"the log says {expect}")
 
 
-def replay(events: Iterable[Event], kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree],
+def replay(events: Iterable[Event], kernels: StageKernelsProtocol, params: Sequence[PyTree], states: Sequence[PyTree],
            opt_states: Sequence[PyTree], batch: Callable[[int], tuple[Any, Any]], *,
            backward_weights: str, seed: int = 0) -> StageExecutor:
     """Re-executes a logged run from its initial variables; returns the executor (its store

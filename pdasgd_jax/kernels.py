@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +59,37 @@ def apply_stage_update(tx: optax.GradientTransformation, params: PyTree, opt_sta
     updates, opt_state = optax.with_extra_args_support(tx).update(
         grads, opt_state, params, staleness=staleness, old_params=params if old_params is None else old_params)
     return optax.apply_updates(params, updates), opt_state
+
+
+@runtime_checkable
+class StageKernelsProtocol(Protocol):
+    """The kernels a ``StageExecutor`` calls: ``StageKernels`` runs them,
+    ``simulate.resume.AbstractKernels`` evaluates them abstractly. Signatures as in
+    ``StageKernels``."""
+
+    loss_grad: Callable[..., tuple[Any, Any]]
+    job_gradients: Callable[..., tuple[Any, tuple[PyTree, ...]]]
+    forward_all_stashed: Callable[..., tuple[Any, ...]]
+    backward_update_stashed: Callable[..., tuple[PyTree, PyTree, Any]]
+
+    @property
+    def num_stages(self) -> int: ...
+
+    @property
+    def draws_randomness(self) -> bool: ...
+
+    def forward(self, m: int) -> Callable: ...
+
+    def forward_stashed(self, m: int) -> Callable: ...
+
+    def backward_stashed(self, m: int) -> Callable: ...
+
+    def backward_live(self, m: int) -> Callable: ...
+
+    def update(self, m: int) -> Callable: ...
+
+    def apply_update(self, m: int, params: PyTree, opt_state: PyTree, grads: PyTree, staleness: int = 0,
+                     old_params: PyTree | None = None) -> tuple[PyTree, PyTree]: ...
 
 
 class StageKernels:

@@ -158,3 +158,30 @@ def test_concurrent_updates_are_never_lost(setup):
     assert store.versions() == (total,)
     np.testing.assert_array_equal(np.asarray(store.read_params(0).value[0]["w"]), np.full(3, total, np.float32))
     assert sorted(v for s in seen for v in s) == list(range(total))
+
+
+def _protocol_members(protocol):
+    """The members ``protocol`` declares: its annotated attributes, properties and methods."""
+    own = {n for n in vars(protocol) if not n.startswith("_")}
+    return own | set(getattr(protocol, "__annotations__", {}))
+
+
+def test_real_and_abstract_kernels_implement_one_protocol(setup):
+    """``AbstractKernels`` stands in for ``StageKernels`` while a simulated run resumes: both
+    have every member of ``StageKernelsProtocol``, methods with the protocol's signatures."""
+    import inspect
+
+    from pdasgd_jax.kernels import StageKernelsProtocol
+    from pdasgd_jax.simulate.resume import AbstractKernels
+
+    k = setup[3]
+    members = _protocol_members(StageKernelsProtocol)
+    assert {"forward_all_stashed", "backward_update_stashed", "update", "apply_update", "num_stages"} <= members
+    for impl in (k, AbstractKernels(k)):
+        assert isinstance(impl, StageKernelsProtocol)
+        for name in members:
+            declared = inspect.getattr_static(StageKernelsProtocol, name, None)
+            if inspect.isfunction(declared):
+                assert inspect.signature(getattr(type(impl), name)) == inspect.signature(declared), name
+            else:
+                assert callable(getattr(impl, name)) or isinstance(getattr(impl, name), (int, bool)), name

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from pdasgd_jax.executor import Job
-from pdasgd_jax.kernels import StageKernels
+from pdasgd_jax.kernels import StageKernels, StageKernelsProtocol
 from pdasgd_jax.reporting import Recorder
 from pdasgd_jax.simulate.simulation import Simulation
 
@@ -43,15 +43,16 @@ PyTree = Any
 class AbstractKernels:
     """``StageKernels`` with every kernel evaluated abstractly: outputs with the real
     structure, shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), and no computation.
+    Implements ``StageKernelsProtocol``.
 
     Memoized per input signature, so a long replay traces each kernel once and afterwards
     costs a flatten and a dictionary lookup per call.
     """
 
-    def __init__(self, kernels: StageKernels):
+    def __init__(self, kernels: StageKernelsProtocol):
         stages = range(kernels.num_stages)
-        self.num_stages = kernels.num_stages
-        self.draws_randomness = kernels.draws_randomness
+        self._num_stages = kernels.num_stages
+        self._draws_randomness = kernels.draws_randomness
         self._forward = [_abstract(kernels.forward(m)) for m in stages]
         self._forward_stashed = [_abstract(kernels.forward_stashed(m)) for m in stages]
         self._backward_live = [_abstract(kernels.backward_live(m)) for m in stages]
@@ -59,6 +60,16 @@ class AbstractKernels:
         self._update = [_abstract(kernels.update(m)) for m in stages]
         self.loss_grad = _abstract(kernels.loss_grad)
         self.job_gradients = _abstract(kernels.job_gradients)
+        self.forward_all_stashed = _abstract(kernels.forward_all_stashed)
+        self.backward_update_stashed = _abstract(kernels.backward_update_stashed)
+
+    @property
+    def num_stages(self) -> int:
+        return self._num_stages
+
+    @property
+    def draws_randomness(self) -> bool:
+        return self._draws_randomness
 
     def forward(self, m: int) -> Callable:
         return self._forward[m]
@@ -71,6 +82,9 @@ class AbstractKernels:
 
     def backward_stashed(self, m: int) -> Callable:
         return self._backward_stashed[m]
+
+    def update(self, m: int) -> Callable:
+        return self._update[m]
 
     def apply_update(self, m: int, params: PyTree, opt_state: PyTree, grads: PyTree, staleness: int = 0,
                      old_params: PyTree | None = None) -> tuple[PyTree, PyTree]:

@@ -185,3 +185,33 @@ def test_real_and_abstract_kernels_implement_one_protocol(setup):
                 assert inspect.signature(getattr(type(impl), name)) == inspect.signature(declared), name
             else:
                 assert callable(getattr(impl, name)) or isinstance(getattr(impl, name), (int, bool)), name
+
+
+def test_the_constructor_picks_the_mode_class_and_logs_typed_events(setup):
+    from pdasgd_jax.executor import (
+        EventKind,
+        FusedForwardExecutor,
+        FusedJobExecutor,
+        LiveExecutor,
+        StashedExecutor,
+        StashedRecord,
+    )
+
+    modes = {StashedExecutor: {}, LiveExecutor: {"backward_weights": "live"}, FusedJobExecutor: {"fuse_jobs": True},
+             FusedForwardExecutor: {"fuse_forward": True}}
+    for cls, kw in modes.items():
+        assert type(StageExecutor(setup[3], _store(setup), **kw)) is cls
+    with pytest.raises(ValueError, match="backward_weights 'fresh' is not one of"):
+        StageExecutor(setup[3], _store(setup), backward_weights="fresh")
+    log = EventLog()
+    ex = StageExecutor(setup[3], _store(setup), log=log)
+    x, y = setup[4][0]
+    job = ex.start_job(5, 7, x, y)
+    ex.forward_all(job)
+    assert all(isinstance(r, StashedRecord) for r in job.records)
+    ex.backward_all(job, layerwise=True)
+    kinds = [e.kind for e in log.events]
+    assert kinds[:2] == [EventKind.START, EventKind.FORWARD] and kinds[-1] == EventKind.UPDATE
+    start, forward, update = log.events[0], log.events[1], log.events[-1]
+    assert (start.batch_id, forward.params_version, forward.state_version, update.replaced_version) == (7, 0, 0, 0)
+    assert all(e.live_version == -1 for e in log.events)

@@ -287,7 +287,7 @@ def test_replay_of_a_multi_device_run_reproduces_it(exp, algo, weights):
     assert len({d for d in rt.store.home_devices}) == exp.model.num_stages  # stages spread over devices
     events = rt.log.events
     starts = [e for e in events if e.kind == "start"]
-    assert sorted(e.version for e in starts) == list(range(settings.num_batches))  # every batch exactly once
+    assert sorted(e.batch_id for e in starts) == list(range(settings.num_batches))  # every batch exactly once
     assert len({e.worker for e in starts}) > 2  # several forward workers took part
     batches = list(itertools.islice(numbered_batches(exp, settings.batch_size), settings.num_batches))
     v = exp.variables
@@ -321,7 +321,7 @@ def test_many_threads_lose_no_update(exp):
     updates = collections.defaultdict(list)
     for e in rt.log.events:
         if e.kind == "update":
-            updates[e.stage].append((e.version, e.job))
+            updates[e.stage].append((e.replaced_version, e.job))
     for m in range(tiny.model.num_stages):
         assert sorted(version for version, _ in updates[m]) == list(range(n))  # each version replaced once
         assert sorted(job for _, job in updates[m]) == list(range(n))  # each job updated the stage once

@@ -50,11 +50,11 @@ def _assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
 
 def _taus(events, num_stages):
     """Per-stage staleness of every update, in the order applied, from an event log."""
-    read = {(e.job, e.stage): e.version for e in events if e.kind == "forward"}
+    read = {(e.job, e.stage): e.params_version for e in events if e.kind == "forward"}
     taus = [[] for _ in range(num_stages)]
     for e in events:
         if e.kind == "update":
-            taus[e.stage].append(e.version - read[e.job, e.stage])
+            taus[e.stage].append(e.replaced_version - read[e.job, e.stage])
     return taus
 
 
@@ -373,11 +373,7 @@ def test_fused_jobs_do_the_arithmetic_of_the_per_stage_chain(monkeypatch):
                      delay_mean=1.0)
     _, fused_rec, fused = _simulate(**overrides)
 
-    class PerStage(StageExecutor):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, "fuse_jobs": False})
-
-    monkeypatch.setattr(sim_run, "StageExecutor", PerStage)
+    monkeypatch.setattr(sim_run, "StageExecutor", lambda *args, **kw: StageExecutor(*args, **{**kw, "fuse_jobs": False}))
     _, chained_rec, chained = _simulate(**overrides)
     assert fused.extra["staleness"] == chained.extra["staleness"]
     assert fused.extra["virtual_time"] == chained.extra["virtual_time"]

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pdasgd_jax.executor import Event
+from pdasgd_jax.executor import Event, EventKind
 from pdasgd_jax.kernels import apply_stage_update
 from pdasgd_jax.stages import StagedModel
 
@@ -145,16 +145,17 @@ def lags_from_log(events: Iterable[Event], num_stages: int) -> tuple[np.ndarray,
         read out of step order.
     """
     events = sorted(events, key=lambda e: e.seq)
-    if any(e.kind == "backward" and e.version >= 0 for e in events):
+    if any(e.kind == EventKind.BACKWARD and e.live_version >= 0 for e in events):
         raise ValueError("the log has live backwards; the fast path computes gradients at the stashed weights")
-    order = [[e.job for e in events if e.kind == "update" and e.stage == m] for m in range(num_stages)]
+    order = [[e.job for e in events if e.kind == EventKind.UPDATE and e.stage == m] for m in range(num_stages)]
     if any(o != order[0] for o in order):
         raise ValueError("stages were updated by their jobs in different orders; replay the log with executor.replay")
-    batch = {e.job: e.version for e in events if e.kind == "start"}
-    read = {(e.job, e.stage): e.version for e in events if e.kind == "forward"}
+    batch = {e.job: e.batch_id for e in events if e.kind == EventKind.START}
+    read = {(e.job, e.stage): e.params_version for e in events if e.kind == EventKind.FORWARD}
     jobs = order[0]
-    stateful = {e.stage for e in events if e.kind == "state"}
-    if any(e.kind == "forward" and e.stage in stateful and e.state_version != jobs.index(e.job) for e in events):
+    stateful = {e.stage for e in events if e.kind == EventKind.STATE}
+    if any(e.kind == EventKind.FORWARD and e.stage in stateful and e.state_version != jobs.index(e.job)
+           for e in events):
         raise ValueError("non-trainable states were read out of step order; replay the log with executor.replay")
     lags = np.array([[t - read[job, m] for m in range(num_stages)] for t, job in enumerate(jobs)], np.int32)
     return np.array([batch[job] for job in jobs], np.int64), lags.reshape(len(jobs), num_stages)

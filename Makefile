@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test bench clean
+.PHONY: train test lint bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,10 +14,14 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 train: $(STAMP)
-	$(PY) -m pdasgd_jax train --algo sgd --dataset digits --out runs/quickstart
+	$(PY) -m pdasgd_jax train --algo sgd --dataset digits --out runs/quickstart --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV) runs

@@ -14,7 +14,7 @@ from typing import Any
 from pdasgd_jax.data import DATASETS
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.models import MODELS
-from pdasgd_jax.optim import MERGES
+from pdasgd_jax.optim import MERGES, STALENESS_RULES
 
 ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd")
 # Those that run as independent worker threads (or simulated workers) updating a shared store.
@@ -35,8 +35,9 @@ class Config:
     """Configuration of one training run (see ``python -m pdasgd_jax train --help``)."""
 
     algo: str = _field("sgd", "training algorithm", ALGORITHMS)
-    dataset: str = _field("digits", "dataset: digits and mnist1d are offline; the TFDS ones must be prepared first",
-                          DATASETS)
+    dataset: str = _field(
+        "digits", "dataset: digits and mnist1d are offline; the TFDS ones must be prepared first", DATASETS
+    )
     model: str | None = _field(None, "model; None: the dataset's default model", tuple(MODELS))
     optimizer: str = _field("momentum", "optax optimizer applied per stage", OPTIMIZERS)
     lr: float = _field(0.05, "learning rate (> 0)")
@@ -52,38 +53,74 @@ class Config:
     data_dir: str | None = _field(None, "TFDS data directory; None: TFDS's default")
     progress: bool = _field(True, "show a tqdm progress bar")
     # Multi-worker settings shared by the parallel algorithms.
-    devices: int = _field(0, "devices: a real run uses the first D of its devices (0: every device, or one per replica "
-                          "where there are fewer replicas); --simulate simulates D devices (0: one per replica)",
-                          group="parallel")
-    replicas: int = _field(0, "replicas, each taking its own batches: local/dasgd workers with a model each, asgd workers "
-                           "(a thread each, one shared model), pdasgd groups of F forward + B backward workers and a "
-                           "queue; shared round-robin by the devices (0: one per device); sync: one per device",
-                           group="parallel")
+    devices: int = _field(
+        0,
+        "devices: a real run uses the first D of its devices (0: every device, or one per replica "
+        "where there are fewer replicas); --simulate simulates D devices (0: one per replica)",
+        group="parallel",
+    )
+    replicas: int = _field(
+        0,
+        "replicas, each taking its own batches: local/dasgd workers with a model each, asgd workers "
+        "(a thread each, one shared model), pdasgd groups of F forward + B backward workers and a "
+        "queue; shared round-robin by the devices (0: one per device); sync: one per device",
+        group="parallel",
+    )
     # Asynchronous algorithms.
-    simulate: bool = _field(False, "run on the virtual-clock staleness simulator instead of real threads", group="async")
+    simulate: bool = _field(
+        False, "run on the virtual-clock staleness simulator instead of real threads", group="async"
+    )
     forward_workers: int = _field(1, "PD-ASGD forward workers per replica (F)", group="async")
     backward_workers: int = _field(2, "PD-ASGD backward workers per replica (B)", group="async")
     queue: int = _field(0, "PD-ASGD queue capacity Q (0: Q = B)", group="async")
     backward_weights: str = _field("stashed", "weights the PD-ASGD backward uses", BACKWARD_WEIGHTS, group="async")
-    host_cpus: str = _field("auto", "threaded runtime: CPU cores of its host threads: auto (on CPU devices one core, the "
-                            "last this process may use), off, or core ids such as 0,1", group="async")
+    staleness_rule: str = _field(
+        "none",
+        "rule applied to each asynchronous update with its staleness tau: none, "
+        "staleness-aware (step / max(1, tau)), delay-compensated (DC-ASGD)",
+        STALENESS_RULES,
+        group="async",
+    )
+    dc_lambda: float = _field(
+        0.04, "delay-compensated: DC-ASGD's constant lambda (>= 0; Zheng et al. 2017, arXiv 1609.08326)", group="async"
+    )
+    host_cpus: str = _field(
+        "auto",
+        "threaded runtime: CPU cores of its host threads: auto (on CPU devices one core, the "
+        "last this process may use), off, or core ids such as 0,1",
+        group="async",
+    )
     # Delay models.
     delay_model: str = _field("none", "injected per-step delay distribution", DELAY_MODELS, group="delays")
     delay_mean: float = _field(0.0, "mean injected delay, in multiples of one step's compute (>= 0)", group="delays")
     delay_sigma: float = _field(1.0, "lognormal shape sigma (> 0)", group="delays")
     straggler_prob: float = _field(0.1, "straggler: probability an operation is slow, in [0, 1]", group="delays")
     straggler_factor: float = _field(3.0, "straggler: slow-down factor (>= 1)", group="delays")
-    comm_latency: float = _field(0.0, "simulator: latency alpha of one message or all-reduce, seconds (>= 0)", group="delays")
-    comm_bandwidth: float = _field(0.0, "simulator: bandwidth beta, bytes/s (0: infinite, communication is free)", group="delays")
-    timing: str | None = _field(None, "a saved calibration (JSON, e.g. a run's timing.json) to use instead of measuring "
-                                "the kernels; refused if measured for another model, optimizer, batch, device or JAX "
-                                "version", group="delays")
-    recalibrate: bool = _field(False, "measure the kernels afresh instead of using the cached calibration", group="delays")
+    comm_latency: float = _field(
+        0.0, "simulator: latency alpha of one message or all-reduce, seconds (>= 0)", group="delays"
+    )
+    comm_bandwidth: float = _field(
+        0.0, "simulator: bandwidth beta, bytes/s (0: infinite, communication is free)", group="delays"
+    )
+    timing: str | None = _field(
+        None,
+        "a saved calibration (JSON, e.g. a run's timing.json) to use instead of measuring "
+        "the kernels; refused if measured for another model, optimizer, batch, device or JAX "
+        "version",
+        group="delays",
+    )
+    recalibrate: bool = _field(
+        False, "measure the kernels afresh instead of using the cached calibration", group="delays"
+    )
     # Local SGD and DaSGD.
     period: int = _field(8, "local/dasgd: averaging period H in steps (>= 1)", group="averaging")
-    delay_steps: int = _field(0, "dasgd: steps d between starting and merging the average, 0 <= d <= H", group="averaging")
+    delay_steps: int = _field(
+        0, "dasgd: steps d between starting and merging the average, 0 <= d <= H", group="averaging"
+    )
     merge: str = _field("correct", "dasgd merge rule", MERGES, group="averaging")
-    outer_optimizer: str = _field("none", "DiLoCo-style outer optimizer on the averaged model", OUTER_OPTIMIZERS, group="averaging")
+    outer_optimizer: str = _field(
+        "none", "DiLoCo-style outer optimizer on the averaged model", OUTER_OPTIMIZERS, group="averaging"
+    )
     outer_lr: float = _field(1.0, "outer optimizer learning rate (> 0)", group="averaging")
 
     def validate(self) -> Config:
@@ -117,15 +154,26 @@ class Config:
         _positive("forward-workers", self.forward_workers)
         _positive("backward-workers", self.backward_workers)
         _positive("delay-sigma", self.delay_sigma)
-        for name in ("weight_decay", "eval_every", "devices", "replicas", "queue", "delay_mean", "delay_steps",
-                     "comm_latency", "comm_bandwidth"):
+        for name in (
+            "weight_decay",
+            "eval_every",
+            "devices",
+            "replicas",
+            "queue",
+            "delay_mean",
+            "delay_steps",
+            "comm_latency",
+            "comm_bandwidth",
+        ):
             _non_negative(_flag(name), getattr(self, name))
         _non_negative("checkpoint-every", self.checkpoint_every)
         if not (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED):
             raise ValueError(f"--seed {self.seed!r} is outside [0, {MAX_SEED}]")
         if self.delay_model == "none" and self.delay_mean > 0:
-            raise ValueError(f"--delay-mean {self.delay_mean} has no effect with --delay-model none; choose one of "
-                             f"{', '.join(m for m in DELAY_MODELS if m != 'none')}")
+            raise ValueError(
+                f"--delay-mean {self.delay_mean} has no effect with --delay-model none; choose one of "
+                f"{', '.join(m for m in DELAY_MODELS if m != 'none')}"
+            )
         if self.timing is not None and self.recalibrate:
             raise ValueError(f"--timing {self.timing} and --recalibrate exclude each other: use the file or measure")
         if not 0 <= self.momentum < 1:
@@ -144,6 +192,12 @@ class Config:
             from pdasgd_jax.optim import AveragingRule
 
             AveragingRule(self.period, self.delay_steps, self.merge)  # raises on a schedule that cannot work
+        _non_negative("dc-lambda", self.dc_lambda)
+        if self.staleness_rule != "none" and self.algo not in ASYNCHRONOUS:
+            raise ValueError(
+                f"--staleness-rule {self.staleness_rule} applies to the asynchronous algorithms "
+                f"{', '.join(ASYNCHRONOUS)}, not to {self.algo}"
+            )
         from pdasgd_jax.affinity import resolve_host_cpus
 
         resolve_host_cpus(self.host_cpus)  # raises on a core this process may not use

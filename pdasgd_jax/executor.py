@@ -9,48 +9,74 @@ operation of which job, and when. The operations themselves are the same everywh
 * ``loss``: loss and ``delta_M``;
 * ``backward_stage(job, m)``: ``(g_m, delta_{m-1})`` with ``stashed`` or ``live`` weights;
 * ``update_stage(job, m)``: apply ``g_m`` to the store (a layer-wise partial update);
-  staleness ``tau_m = version replaced - version read by the forward``.
+  staleness ``tau_m = version replaced - version read by the forward``, computed under the
+  stage's lock and handed to the optimizer with the weights the forward read (optax extra
+  arguments ``staleness`` and ``old_params``).
 
 ``forward_all`` and ``backward_all`` run a whole forward or backward, with fewer programs
 when the executor is asked to fuse (``fuse_jobs`` for the simulator, ``fuse_forward`` for
 the runtime), logging the same events. The simulator calls them in virtual-time order, the
-runtime's threads call them concurrently; both can record an ``EventLog``, and ``replay``
-re-executes a log with the logged versions and lands on the same parameters.
+runtime's threads call them concurrently; both can record an ``EventLog`` (typed
+``Event``s of an ``EventKind``), and ``replay`` re-executes a log with the logged versions
+and lands on the same parameters.
+
+Each mode is one small class on the shared ``StageExecutor`` (``StageExecutor(...)`` picks
+it): ``StashedExecutor``, ``LiveExecutor``, ``FusedJobExecutor``, ``FusedForwardExecutor``;
+what a job's forward keeps for its backward is the mode's record (``StashedRecord``,
+``LiveRecord``, ``ReadRecord``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import numpy as np
 
-from pdasgd_jax.kernels import StageKernels
+from pdasgd_jax.kernels import StageKernelsProtocol
 from pdasgd_jax.store import ParameterStore, place
 
 PyTree = Any
 BACKWARD_WEIGHTS = ("stashed", "live")
 
 
+class EventKind(enum.StrEnum):
+    """What a logged operation did (a ``str`` enum: ``kind == "update"`` holds)."""
+
+    START = "start"
+    FORWARD = "forward"
+    STATE = "state"
+    LOSS = "loss"
+    BACKWARD = "backward"
+    UPDATE = "update"
+
+
 @dataclasses.dataclass(frozen=True)
 class Event:
-    """One logged operation.
+    """One logged operation; the fields its kind does not set stay -1.
 
-    ``version`` means: ``start``: the batch id; ``forward``: the params version read;
-    ``backward``: the live params version read (-1 when stashed); ``update``/``state``: the
-    version replaced. ``state_version`` is the state version a ``forward`` read.
+    Attributes:
+      batch_id: ``start``: the batch the job takes.
+      params_version: ``forward``: the stage's params version read.
+      state_version: ``forward``: the stage's non-trainable state version read.
+      live_version: ``backward`` with ``live`` weights: the params version re-linearised at.
+      replaced_version: ``update``/``state``: the version the write replaced.
     """
 
     seq: int
-    kind: str
+    kind: EventKind
     job: int
     stage: int = -1
-    version: int = -1
+    batch_id: int = -1
+    params_version: int = -1
     state_version: int = -1
+    live_version: int = -1
+    replaced_version: int = -1
     worker: str = ""
     time: float = 0.0
 
@@ -62,7 +88,7 @@ class EventLog:
         self._events: list[Event] = []
         self._seq = itertools.count()
 
-    def record(self, kind: str, job: int, **fields: Any) -> None:
+    def record(self, kind: EventKind, job: int, **fields: Any) -> None:
         # next() on itertools.count and list.append are each atomic under the GIL.
         self._events.append(Event(next(self._seq), kind, job, **fields))
 
@@ -97,33 +123,72 @@ class StalenessStats:
             if taus.size == 0:
                 out.append({"mean": 0.0, "max": 0, "histogram": []})
             else:
-                out.append({"mean": float(taus.mean()), "max": int(taus.max()),
-                            "histogram": np.bincount(taus).tolist()})
+                out.append(
+                    {"mean": float(taus.mean()), "max": int(taus.max()), "histogram": np.bincount(taus).tolist()}
+                )
         return {"per_stage": out, "updates": self.num_updates}
+
+
+class StashedRecord(NamedTuple):
+    """What a stashed forward keeps for its backward: the stage's VJP at the weights it read."""
+
+    vjp: Any
+
+
+class LiveRecord(NamedTuple):
+    """What a forward keeps for a ``live`` backward: the stage's input and the state it read."""
+
+    x_in: Any
+    state: Any
+
+
+class ReadRecord(NamedTuple):
+    """What a fused job's forward keeps: the weights and state it read (the job's program
+    runs at its loss)."""
+
+    params: Any
+    state: Any
+
+
+StageRecord = StashedRecord | LiveRecord | ReadRecord
 
 
 @dataclasses.dataclass
 class Job:
-    """One batch travelling through the stages: what the forward stored for the backward."""
+    """One batch travelling through the stages: what the forward stored for the backward.
+
+    Per stage ``m``: ``records[m]`` (the executor's mode's record, None once its backward
+    ran), ``read_versions[m]`` and ``read_params[m]`` (the params version the forward read
+    and its weights as stored, the optimizer's ``old_params``), ``new_states[m]`` (state
+    not yet committed) and ``grads[m]`` (a gradient not yet applied).
+    """
 
     id: int
     batch_id: int
     x: Any
     labels: Any
     device: jax.Device | None
-    records: list[Any]
+    records: list[StageRecord | None]
     read_versions: list[int]
+    read_params: list[Any]
     new_states: list[Any]
     grads: list[Any]
     delta: Any = None
     loss: Any = None
+    rng: Any = None  # the job's key, from the run's seed and its batch id (None: the model draws nothing)
 
 
 class StageExecutor:
     """Runs stage operations of jobs against a store, logging them if a log is given.
 
+    ``StageExecutor(...)`` builds the executor of the mode its arguments pick, one small
+    class each, sharing this class's stage reads, state commits, update bookkeeping and
+    logging: ``StashedExecutor`` (the default), ``LiveExecutor``, ``FusedJobExecutor``,
+    ``FusedForwardExecutor``.
+
     Args:
-      kernels: the jitted per-stage kernels.
+      kernels: the per-stage kernels (``StageKernels``, or ``AbstractKernels`` while a
+        simulated run replays its schedule).
       store: the shared parameter store.
       backward_weights: ``stashed`` (the weights the forward read) or ``live`` (current).
       log: optional ``EventLog``.
@@ -147,52 +212,98 @@ class StageExecutor:
         stage's backward and update as one program under the stage's update lock
         (``kernels.backward_update_stashed``) when the stage lives on the job's device and
         the store applies the kernels' own update rule: one dispatch per stage instead of two.
+      seed: the run's seed. A model that draws randomness (Dropout) gets the key
+        ``fold_in(key(seed), batch_id)`` per job, whatever reads it concurrently, so a
+        replay of the batch draws the same masks.
     """
 
-    def __init__(self, kernels: StageKernels, store: ParameterStore, *, backward_weights: str = "stashed",
-                 log: EventLog | None = None, clock: Callable[[], float] = lambda: 0.0, fuse_jobs: bool = False,
-                 fuse_forward: bool = False):
-        if backward_weights not in BACKWARD_WEIGHTS:
-            raise ValueError(f"backward_weights {backward_weights!r} is not one of {BACKWARD_WEIGHTS}")
+    live: ClassVar[bool] = False  # a backward re-linearises at the current weights
+    fused: ClassVar[bool] = False  # a job's forward and backward run as one program at its loss
+    fused_forward: ClassVar[bool] = False  # a job's forward and loss run as one program
+
+    def __new__(
+        cls,
+        kernels: StageKernelsProtocol,
+        store: ParameterStore,
+        *,
+        backward_weights: str = "stashed",
+        fuse_jobs: bool = False,
+        fuse_forward: bool = False,
+        **kwargs: Any,
+    ) -> StageExecutor:
+        if cls is StageExecutor:
+            cls = _mode(store, backward_weights, fuse_jobs, fuse_forward)
+        return object.__new__(cls)
+
+    def __init__(
+        self,
+        kernels: StageKernelsProtocol,
+        store: ParameterStore,
+        *,
+        backward_weights: str = "stashed",
+        log: EventLog | None = None,
+        clock: Callable[[], float] = lambda: 0.0,
+        fuse_jobs: bool = False,
+        fuse_forward: bool = False,
+        seed: int = 0,
+    ):
+        del backward_weights, fuse_jobs, fuse_forward  # the class is the mode
         self.kernels = kernels
         self.store = store
-        self.live = backward_weights == "live"
         self.log = log
         self.clock = clock
         self.staleness = StalenessStats(store.num_stages)
-        self._stateful = [bool(jax.tree.leaves(store.read_state(m).value)) for m in range(store.num_stages)]
-        self.fused = fuse_jobs and not self.live and not any(self._stateful)
-        self.fused_forward = fuse_forward and not self.live and not self.fused
+        self._stateful = _stateful_stages(store)
         # A host batch can go to the job's device inside the first stage's kernel call only
         # if that stage has arrays of its own placed there.
         self._first_stage_places = bool(jax.tree.leaves((store.read_params(0).value[0], store.read_state(0).value)))
         self._updates_lock = threading.Lock()
+        self._key = jax.random.key(seed) if kernels.draws_randomness else None
 
-    def _record(self, kind: str, job: Job, **fields: Any) -> None:
+    # What each mode does differently.
+    def _stage_forward(self, job: Job, m: int, params: PyTree, state: PyTree) -> tuple[Any, PyTree, StageRecord]:
+        """Stage ``m``'s forward at the weights read: ``(output, new_state, record)``."""
+        raise NotImplementedError
+
+    def _stage_backward(
+        self, job: Job, m: int, record: StageRecord, live_version: int | None
+    ) -> tuple[PyTree, Any, int]:
+        """``(g_m, delta_{m-1}, live_version)`` from the stage's record (-1: not live)."""
+        raise NotImplementedError
+
+    def _place_with_first_kernel(self) -> bool:
+        """Whether the first kernel call may carry a host batch to the job's device."""
+        return self._first_stage_places
+
+    # Shared operations.
+    def _record(self, kind: EventKind, job: Job, **fields: Any) -> None:
         if self.log is not None:
             self.log.record(kind, job.id, time=self.clock(), **fields)
 
-    def start_job(self, job_id: int, batch_id: int, x: Any, labels: Any, *, device: jax.Device | None = None,
-                  worker: str = "") -> Job:
+    def start_job(
+        self, job_id: int, batch_id: int, x: Any, labels: Any, *, device: jax.Device | None = None, worker: str = ""
+    ) -> Job:
         m = self.store.num_stages
         # Host batches stay on the host: the first kernel's call copies them to the device of
         # its (committed) parameters, the job's device, in jit's C++ path, several times
         # cheaper than a ``device_put`` per batch.
         host_batch = all(isinstance(a, np.ndarray) for a in (x, labels))
-        skip = host_batch and not self.live and (self._first_stage_places or self.fused_forward)
-        if device is not None and not skip:
+        if device is not None and not (host_batch and self._place_with_first_kernel()):
             x, labels = place((x, labels), device)
-        job = Job(job_id, batch_id, x, labels, device, [None] * m, [-1] * m, [None] * m, [None] * m)
-        self._record("start", job, version=batch_id, worker=worker)
+        job = Job(job_id, batch_id, x, labels, device, [None] * m, [-1] * m, [None] * m, [None] * m, [None] * m)
+        if self._key is not None:
+            job.rng = self._local(job, jax.random.fold_in(self._key, batch_id))
+        self._record(EventKind.START, job, batch_id=batch_id, worker=worker)
         return job
 
     def _local(self, job: Job, tree: PyTree) -> PyTree:
         return place(tree, job.device)
 
-    def _read_stage(self, job: Job, m: int, version: int | None = None, state_version: int | None = None
-                    ) -> tuple[PyTree, PyTree, int, int]:
-        """Stage ``m``'s ``(params, state, version, state_version)`` on the job's device: the
-        latest ones, or the given versions when replaying."""
+    def _read_stage(
+        self, job: Job, m: int, version: int | None = None, state_version: int | None = None
+    ) -> tuple[PyTree, PyTree, int]:
+        """Stage ``m``'s ``(params, state, state_version)`` on the job's device: the latest
+        ones, or the given versions when replaying; books the params read in the job."""
         slots = self.store.slots[m]
         if version is None:
             (params, _), version = slots.params.read()
@@ -202,26 +313,31 @@ class StageExecutor:
             state, state_version = slots.state.read()
         else:
             state = slots.state.at(state_version)
+        job.read_versions[m], job.read_params[m] = version, params
         params, state = self._local(job, (params, state))
-        return params, state, version, state_version
+        return params, state, state_version
 
-    def forward_stage(self, job: Job, m: int, *, version: int | None = None, state_version: int | None = None,
-                      commit_state: bool = True, worker: str = "") -> None:
+    def forward_stage(
+        self,
+        job: Job,
+        m: int,
+        *,
+        version: int | None = None,
+        state_version: int | None = None,
+        commit_state: bool = True,
+        worker: str = "",
+    ) -> None:
         """Stage ``m``'s forward on the latest weights, or on ``version`` when replaying."""
-        params, state, version, state_version = self._read_stage(job, m, version, state_version)
-        if self.fused:  # keep the weights read; the job's program runs at its loss
-            job.records[m] = (params, state)
-            new_state = state
-        elif self.live:
-            y, new_state = self.kernels.forward(m)(params, state, job.x)
-            job.records[m] = (job.x, state)
-        else:
-            y, new_state, job.records[m] = self.kernels.forward_stashed(m)(params, state, job.x)
-        if not self.fused:
-            job.x = y
-        job.read_versions[m] = version
-        job.new_states[m] = new_state
-        self._record("forward", job, stage=m, version=version, state_version=state_version, worker=worker)
+        params, state, state_version = self._read_stage(job, m, version, state_version)
+        job.x, job.new_states[m], job.records[m] = self._stage_forward(job, m, params, state)
+        self._record(
+            EventKind.FORWARD,
+            job,
+            stage=m,
+            params_version=job.read_versions[m],
+            state_version=state_version,
+            worker=worker,
+        )
         if commit_state:
             self.commit_state(job, m, worker=worker)
 
@@ -231,44 +347,36 @@ class StageExecutor:
         if not self._stateful[m]:
             return
         before = self.store.write_state(
-            m, new_state, on_commit=lambda v: self._record("state", job, stage=m, version=v, worker=worker))
+            m,
+            new_state,
+            on_commit=lambda v: self._record(EventKind.STATE, job, stage=m, replaced_version=v, worker=worker),
+        )
         _check_expected("state", job, m, before, expect)
 
     def loss(self, job: Job, *, worker: str = "") -> Any:
-        """Loss of the job's output and the cotangent ``delta_M`` the backward starts from
-        (fused: the loss and every stage's gradient, held in ``delta``)."""
-        if self.fused:
-            params, states = zip(*job.records)
-            job.loss, job.delta = self.kernels.job_gradients(params, states, job.x, job.labels)
-        else:
-            job.loss, job.delta = self.kernels.loss_grad(job.x, job.labels)
+        """Loss of the job's output and the cotangent ``delta_M`` the backward starts from."""
+        job.loss, job.delta = self.kernels.loss_grad(job.x, job.labels)
         job.x = None
-        self._record("loss", job, worker=worker)
+        self._record(EventKind.LOSS, job, worker=worker)
         return job.loss
 
     def backward_stage(self, job: Job, m: int, *, live_version: int | None = None, worker: str = "") -> None:
         """``(g_m, delta_{m-1})`` for stage ``m``; frees what the forward stored for it."""
         record, job.records[m] = job.records[m], None
-        if self.fused:
-            job.grads[m] = job.delta[m]
-            if m == 0:
-                job.delta = None
-        elif self.live:
-            slots = self.store.slots[m]
-            if live_version is None:
-                (params, _), live_version = slots.params.read()
-            else:
-                params = slots.params.at(live_version)[0]
-            x_in, state = record
-            job.grads[m], job.delta = self.kernels.backward_live(m)(self._local(job, params), state, x_in, job.delta)
-        else:
-            job.grads[m], job.delta = self.kernels.backward_stashed(m)(record, job.delta)
-        self._record("backward", job, stage=m, version=live_version if self.live else -1, worker=worker)
+        job.grads[m], job.delta, live_version = self._stage_backward(job, m, record, live_version)
+        self._record(EventKind.BACKWARD, job, stage=m, live_version=live_version, worker=worker)
 
     def update_stage(self, job: Job, m: int, *, expect: int | None = None, worker: str = "") -> int:
         """Applies the job's ``g_m`` to the store; returns its staleness ``tau_m``."""
         grads, job.grads[m] = job.grads[m], None
-        before = self.store.apply_gradient(m, grads, on_commit=self._update_event(job, m, worker))
+        read_params, job.read_params[m] = job.read_params[m], None
+        before = self.store.apply_gradient(
+            m,
+            grads,
+            on_commit=self._update_event(job, m, worker),
+            read_version=job.read_versions[m],
+            read_params=read_params,
+        )
         _check_expected("update", job, m, before, expect)
         return self._count_staleness(job, m, before)
 
@@ -276,7 +384,7 @@ class StageExecutor:
         """The store's commit callback that logs stage ``m``'s update of ``job`` (None: no log)."""
         if self.log is None:
             return None
-        return lambda v: self._record("update", job, stage=m, version=v, worker=worker)
+        return lambda v: self._record(EventKind.UPDATE, job, stage=m, replaced_version=v, worker=worker)
 
     def _count_staleness(self, job: Job, m: int, before: int) -> int:
         """Books the staleness of ``job``'s update of stage ``m``, which replaced ``before``."""
@@ -285,6 +393,133 @@ class StageExecutor:
             self.staleness.add(m, tau)
         return tau
 
+    # Whole-job conveniences used by the policies.
+    def forward_all(self, job: Job, *, worker: str = "") -> Any:
+        for m in range(self.store.num_stages):
+            self.forward_stage(job, m, worker=worker)
+        return self.loss(job, worker=worker)
+
+    def backward_all(self, job: Job, *, layerwise: bool, worker: str = "") -> None:
+        """Backward over all stages: updates stage by stage (``layerwise``) or all at the end."""
+        stages = range(self.store.num_stages - 1, -1, -1)
+        for m in stages:
+            self._backward_stage_of_all(job, m, layerwise=layerwise, worker=worker)
+        if not layerwise:
+            for m in stages:
+                self.update_stage(job, m, worker=worker)
+
+    def _backward_stage_of_all(self, job: Job, m: int, *, layerwise: bool, worker: str) -> None:
+        """Stage ``m``'s step of ``backward_all``: its backward, then its update if ``layerwise``."""
+        self.backward_stage(job, m, worker=worker)
+        if layerwise:
+            self.update_stage(job, m, worker=worker)
+
+
+class StashedExecutor(StageExecutor):
+    """Per-stage kernels; each backward uses the VJP its forward kept (weight stashing)."""
+
+    def _stage_forward(self, job: Job, m: int, params: PyTree, state: PyTree) -> tuple[Any, PyTree, StageRecord]:
+        y, new_state, vjp = self.kernels.forward_stashed(m)(params, state, job.x, job.rng)
+        return y, new_state, StashedRecord(vjp)
+
+    def _stage_backward(
+        self, job: Job, m: int, record: StashedRecord, live_version: int | None
+    ) -> tuple[PyTree, Any, int]:
+        g, delta = self.kernels.backward_stashed(m)(record.vjp, job.delta)
+        return g, delta, -1
+
+
+class LiveExecutor(StageExecutor):
+    """Per-stage kernels; each backward re-linearises the stage at its current weights (or,
+    replaying, at the logged ``live_version``) with the input its forward kept."""
+
+    live = True
+
+    def _place_with_first_kernel(self) -> bool:
+        return False  # the backward's re-run forward takes the input as placed
+
+    def _stage_forward(self, job: Job, m: int, params: PyTree, state: PyTree) -> tuple[Any, PyTree, StageRecord]:
+        y, new_state = self.kernels.forward(m)(params, state, job.x, job.rng)
+        return y, new_state, LiveRecord(job.x, state)
+
+    def _stage_backward(
+        self, job: Job, m: int, record: LiveRecord, live_version: int | None
+    ) -> tuple[PyTree, Any, int]:
+        slots = self.store.slots[m]
+        if live_version is None:
+            (params, _), live_version = slots.params.read()
+        else:
+            params = slots.params.at(live_version)[0]
+        g, delta = self.kernels.backward_live(m)(
+            self._local(job, params), record.state, record.x_in, job.delta, job.rng
+        )
+        return g, delta, live_version
+
+
+class FusedJobExecutor(StageExecutor):
+    """The simulator's fused jobs: forwards only read, the loss runs the whole job as one
+    program (``kernels.job_gradients``), backwards hand out its gradients."""
+
+    fused = True
+
+    def _stage_forward(self, job: Job, m: int, params: PyTree, state: PyTree) -> tuple[Any, PyTree, StageRecord]:
+        return job.x, state, ReadRecord(params, state)
+
+    def loss(self, job: Job, *, worker: str = "") -> Any:
+        """The job's loss and every stage's gradient (held in ``delta``)."""
+        params, states = zip(*job.records)
+        job.loss, job.delta = self.kernels.job_gradients(params, states, job.x, job.labels, job.rng)
+        job.x = None
+        self._record(EventKind.LOSS, job, worker=worker)
+        return job.loss
+
+    def _stage_backward(
+        self, job: Job, m: int, record: ReadRecord, live_version: int | None
+    ) -> tuple[PyTree, Any, int]:
+        return job.delta[m], None if m == 0 else job.delta, -1
+
+
+class FusedForwardExecutor(StashedExecutor):
+    """The runtime's fused kernels: ``forward_all`` reads every stage, then runs the whole
+    forward and the loss as one program (``kernels.forward_all_stashed``); a layer-wise
+    ``backward_all`` runs each stage's backward and update as one program under the stage's
+    update lock (``kernels.backward_update_stashed``) where it can. Single-stage operations
+    (replay) are the stashed ones."""
+
+    fused_forward = True
+
+    def _place_with_first_kernel(self) -> bool:
+        return True  # the fused forward's parameters all sit on the job's device
+
+    def forward_all(self, job: Job, *, worker: str = "") -> Any:
+        params, states = [], []
+        for m in range(self.store.num_stages):
+            p, s, state_version = self._read_stage(job, m)
+            params.append(p)
+            states.append(s)
+            self._record(
+                EventKind.FORWARD,
+                job,
+                stage=m,
+                params_version=job.read_versions[m],
+                state_version=state_version,
+                worker=worker,
+            )
+        job.loss, job.delta, new_states, vjps = self.kernels.forward_all_stashed(
+            params, states, job.x, job.labels, job.rng
+        )
+        job.records, job.new_states, job.x = [StashedRecord(v) for v in vjps], list(new_states), None
+        for m in range(self.store.num_stages):
+            self.commit_state(job, m, worker=worker)
+        self._record(EventKind.LOSS, job, worker=worker)
+        return job.loss
+
+    def _backward_stage_of_all(self, job: Job, m: int, *, layerwise: bool, worker: str) -> None:
+        if layerwise and self._fuses_update(job, m):
+            self._backward_and_update(job, m, worker=worker)
+        else:
+            super()._backward_stage_of_all(job, m, layerwise=layerwise, worker=worker)
+
     def _fuses_update(self, job: Job, m: int) -> bool:
         """Whether stage ``m``'s backward and update can be one program for ``job``: the
         stage lives on the job's device and the store uses the kernels' own update rule."""
@@ -292,94 +527,85 @@ class StageExecutor:
         return (homes is None or homes[m] == job.device) and self.store.update_rule == self.kernels.apply_update
 
     def _backward_and_update(self, job: Job, m: int, *, worker: str) -> int:
-        """``backward_stage`` then ``update_stage`` (stashed) as one program under stage ``m``'s
-        update lock; returns the staleness ``tau_m``."""
+        """``backward_stage`` then ``update_stage`` as one program under stage ``m``'s update
+        lock; returns the staleness ``tau_m``."""
         record, job.records[m] = job.records[m], None
+        read_params, job.read_params[m] = job.read_params[m], None
         delta, deltas_in = job.delta, []
 
-        def step(params: PyTree, opt_state: PyTree) -> tuple[PyTree, PyTree]:
-            params, opt_state, delta_in = self.kernels.backward_update_stashed(record, delta, params, opt_state)
+        def step(params: PyTree, opt_state: PyTree, version: int) -> tuple[PyTree, PyTree]:
+            params, opt_state, delta_in = self.kernels.backward_update_stashed(
+                record.vjp, delta, params, opt_state, version - job.read_versions[m], read_params
+            )
             deltas_in.append(delta_in)
-            self._record("backward", job, stage=m, worker=worker)  # before its update's event
+            self._record(EventKind.BACKWARD, job, stage=m, worker=worker)  # before its update's event
             return params, opt_state
 
         before = self.store.update_with(m, step, self._update_event(job, m, worker))
         job.delta = deltas_in[0]
         return self._count_staleness(job, m, before)
 
-    # Whole-job conveniences used by the policies.
-    def forward_all(self, job: Job, *, worker: str = "") -> Any:
-        if self.fused_forward:
-            return self._forward_all_fused(job, worker=worker)
-        for m in range(self.store.num_stages):
-            self.forward_stage(job, m, worker=worker)
-        return self.loss(job, worker=worker)
 
-    def _forward_all_fused(self, job: Job, *, worker: str) -> Any:
-        """``forward_all`` as one program: read every stage, then forward and loss at once."""
-        params, states = [], []
-        for m in range(self.store.num_stages):
-            p, s, job.read_versions[m], state_version = self._read_stage(job, m)
-            params.append(p)
-            states.append(s)
-            self._record("forward", job, stage=m, version=job.read_versions[m], state_version=state_version,
-                         worker=worker)
-        job.loss, job.delta, new_states, vjps = self.kernels.forward_all_stashed(params, states, job.x, job.labels)
-        job.records, job.new_states, job.x = list(vjps), list(new_states), None
-        for m in range(self.store.num_stages):
-            self.commit_state(job, m, worker=worker)
-        self._record("loss", job, worker=worker)
-        return job.loss
+def _stateful_stages(store: ParameterStore) -> list[bool]:
+    """Per stage: whether it has non-trainable state (BatchNorm statistics)."""
+    return [bool(jax.tree.leaves(store.read_state(m).value)) for m in range(store.num_stages)]
 
-    def backward_all(self, job: Job, *, layerwise: bool, worker: str = "") -> None:
-        """Backward over all stages: updates stage by stage (``layerwise``) or all at the end."""
-        stages = range(self.store.num_stages - 1, -1, -1)
-        for m in stages:
-            if layerwise and self.fused_forward and self._fuses_update(job, m):
-                self._backward_and_update(job, m, worker=worker)
-                continue
-            self.backward_stage(job, m, worker=worker)
-            if layerwise:
-                self.update_stage(job, m, worker=worker)
-        if not layerwise:
-            for m in stages:
-                self.update_stage(job, m, worker=worker)
+
+def _mode(store: ParameterStore, backward_weights: str, fuse_jobs: bool, fuse_forward: bool) -> type[StageExecutor]:
+    """The executor class of a mode (the fusions apply only where their arithmetic is the same)."""
+    if backward_weights not in BACKWARD_WEIGHTS:
+        raise ValueError(f"backward_weights {backward_weights!r} is not one of {BACKWARD_WEIGHTS}")
+    if backward_weights == "live":
+        return LiveExecutor
+    if fuse_jobs and not any(_stateful_stages(store)):
+        return FusedJobExecutor
+    return FusedForwardExecutor if fuse_forward else StashedExecutor
 
 
 def _check_expected(kind: str, job: Job, m: int, before: int, expect: int | None) -> None:
     if expect is not None and before != expect:
-        raise RuntimeError(f"replay diverged: {kind} of job {job.id} on stage {m} replaced version {before}, "
-                           f"the log says {expect}")
+        raise RuntimeError(
+            f"replay diverged: {kind} of job {job.id} on stage {m} replaced version {before}, the log says {expect}"
+        )
 
 
-def replay(events: Iterable[Event], kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree],
-           opt_states: Sequence[PyTree], batch: Callable[[int], tuple[Any, Any]], *,
-           backward_weights: str) -> StageExecutor:
+def replay(
+    events: Iterable[Event],
+    kernels: StageKernelsProtocol,
+    params: Sequence[PyTree],
+    states: Sequence[PyTree],
+    opt_states: Sequence[PyTree],
+    batch: Callable[[int], tuple[Any, Any]],
+    *,
+    backward_weights: str,
+    seed: int = 0,
+) -> StageExecutor:
     """Re-executes a logged run from its initial variables; returns the executor (its store
     holds the final parameters, its ``staleness`` the replayed statistics).
 
     Args:
       events: the run's ``EventLog.events``.
       batch: ``batch_id -> (x, labels)``, the same data stream the run used.
+      seed: the run's executor seed (its jobs' keys).
     """
     store = ParameterStore(params, states, opt_states, kernels.apply_update, keep_history=True)
-    ex = StageExecutor(kernels, store, backward_weights=backward_weights)
+    ex = StageExecutor(kernels, store, backward_weights=backward_weights, seed=seed)
     jobs: dict[int, Job] = {}
     for e in sorted(events, key=lambda e: e.seq):
-        if e.kind == "start":
-            jobs[e.job] = ex.start_job(e.job, e.version, *batch(e.version))
+        if e.kind == EventKind.START:
+            jobs[e.job] = ex.start_job(e.job, e.batch_id, *batch(e.batch_id))
             continue
         job = jobs[e.job]
-        if e.kind == "forward":
-            ex.forward_stage(job, e.stage, version=e.version, state_version=e.state_version, commit_state=False)
-        elif e.kind == "state":
-            ex.commit_state(job, e.stage, expect=e.version)
-        elif e.kind == "loss":
+        if e.kind == EventKind.FORWARD:
+            ex.forward_stage(job, e.stage, version=e.params_version, state_version=e.state_version, commit_state=False)
+        elif e.kind == EventKind.STATE:
+            ex.commit_state(job, e.stage, expect=e.replaced_version)
+        elif e.kind == EventKind.LOSS:
             ex.loss(job)
-        elif e.kind == "backward":
-            ex.backward_stage(job, e.stage, live_version=e.version if ex.live else None)
-        elif e.kind == "update":
-            ex.update_stage(job, e.stage, expect=e.version)
+        elif e.kind == EventKind.BACKWARD:
+            ex.backward_stage(job, e.stage, live_version=e.live_version if ex.live else None)
+        elif e.kind == EventKind.UPDATE:
+            ex.update_stage(job, e.stage, expect=e.replaced_version)
         else:
             raise ValueError(f"unknown event kind {e.kind!r} in the log")
     return ex

@@ -11,7 +11,7 @@ import jax
 import optax
 
 from pdasgd_jax import calibration as calibration_lib
-from pdasgd_jax import data, kernels, models
+from pdasgd_jax import data, kernels, models, optim
 from pdasgd_jax import layout as layout_lib
 from pdasgd_jax.config import Config
 from pdasgd_jax.errors import ConfigError
@@ -20,24 +20,38 @@ from pdasgd_jax.stages import StagedModel, Variables
 EVAL_BATCH_SIZE = 512
 
 
-def make_optimizer(name: str, lr: float, *, momentum: float = 0.9, weight_decay: float = 0.0) -> optax.GradientTransformation:
-    """The optax optimizer named ``sgd``, ``momentum`` or ``adamw``."""
+def make_optimizer(
+    name: str,
+    lr: float,
+    *,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    staleness_rule: str = "none",
+    dc_lambda: float = 0.04,
+) -> optax.GradientTransformationExtraArgs:
+    """The optax optimizer named ``sgd``, ``momentum`` or ``adamw`` under ``staleness_rule``
+    (``optim.with_staleness_rule``)."""
     if name == "adamw":
-        return optax.adamw(lr, weight_decay=weight_decay)
-    if name not in ("sgd", "momentum"):
+        base = optax.adamw(lr, weight_decay=weight_decay)
+    elif name in ("sgd", "momentum"):
+        base = optax.sgd(lr, momentum=momentum if name == "momentum" else None)
+        base = optax.chain(optax.add_decayed_weights(weight_decay), base) if weight_decay else base
+    else:
         raise ValueError(f"unknown optimizer {name!r}; choose one of sgd, momentum, adamw")
-    base = optax.sgd(lr, momentum=momentum if name == "momentum" else None)
-    return optax.chain(optax.add_decayed_weights(weight_decay), base) if weight_decay else base
+    return optim.with_staleness_rule(base, staleness_rule, dc_lambda)
 
 
 def _check_budget(config: Config, train_examples: int) -> None:
     """Refuses a batch larger than the training set, or a budget of no example at all, before any work."""
     if config.batch_size > train_examples:
-        raise ConfigError(f"--batch-size {config.batch_size} exceeds the {train_examples} training examples of "
-                          f"{config.dataset}")
+        raise ConfigError(
+            f"--batch-size {config.batch_size} exceeds the {train_examples} training examples of {config.dataset}"
+        )
     if round(config.epochs * train_examples) < 1:
-        raise ConfigError(f"--epochs {config.epochs} is less than one example of the {train_examples} of "
-                          f"{config.dataset}; need at least {1 / train_examples:.2g}")
+        raise ConfigError(
+            f"--epochs {config.epochs} is less than one example of the {train_examples} of "
+            f"{config.dataset}; need at least {1 / train_examples:.2g}"
+        )
 
 
 @dataclasses.dataclass
@@ -56,7 +70,14 @@ class Experiment:
         dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
         _check_budget(config, len(dataset.train))
         model, variables = models.build_model(config.model_name, dataset, seed=config.seed)
-        tx = make_optimizer(config.optimizer, config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        tx = make_optimizer(
+            config.optimizer,
+            config.lr,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            staleness_rule=config.staleness_rule,
+            dc_lambda=config.dc_lambda,
+        )
         exp = cls(config, dataset, model, variables, tx)
         exp.layout  # noqa: B018 (devices and replicas are checked against this machine before any work)
         if config.timing is not None:
@@ -103,7 +124,7 @@ class Experiment:
     @property
     def total_examples(self) -> int:
         """Training budget in examples: ``epochs`` passes over the training split."""
-        return int(round(self.config.epochs * len(self.dataset.train)))
+        return round(self.config.epochs * len(self.dataset.train))
 
     def evaluate(self, params: Any, states: Any) -> dict[str, float]:
         """Test loss and accuracy of ``(params, states)`` in eval mode over the whole test split."""
@@ -125,7 +146,13 @@ class Experiment:
             )
         epoch, offset = divmod(start, per_epoch)
         while True:
-            yield from data.train_batches(self.dataset.train, batch_size, seed=self.config.seed, epoch=epoch,
-                                          shard_index=shard_index, num_shards=num_shards, start=offset)
+            yield from data.train_batches(
+                self.dataset.train,
+                batch_size,
+                seed=self.config.seed,
+                epoch=epoch,
+                shard_index=shard_index,
+                num_shards=num_shards,
+                start=offset,
+            )
             epoch, offset = epoch + 1, 0
-

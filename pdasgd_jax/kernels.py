@@ -19,13 +19,19 @@ backward and its update, run under the stage's update lock).
 
 Whole-model kernels (``train_step``, ``eval_step``) chain the same stage functions and
 serve the synchronous baselines and evaluation.
+
+Every training-mode kernel takes an optional last argument ``rng``, the key of the job (or
+step) its randomness (Dropout masks) is drawn from; stage ``m`` draws from
+``model.stage_rng(rng, m)``, so the per-stage and the fused kernels draw the same masks. A
+model that draws no randomness takes ``None`` and compiles to exactly the programs it would
+without the argument.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -41,10 +47,63 @@ def init_opt_states(tx: optax.GradientTransformation, params: Sequence[PyTree]) 
     return tuple(tx.init(p) for p in params)
 
 
-def apply_stage_update(tx: optax.GradientTransformation, params: PyTree, opt_state: PyTree, grads: PyTree) -> tuple[PyTree, PyTree]:
-    """One optax step on one stage (unjitted building block)."""
-    updates, opt_state = tx.update(grads, opt_state, params)
+def apply_stage_update(
+    tx: optax.GradientTransformation,
+    params: PyTree,
+    opt_state: PyTree,
+    grads: PyTree,
+    staleness: int | jax.Array = 0,
+    old_params: PyTree | None = None,
+) -> tuple[PyTree, PyTree]:
+    """One optax step on one stage (unjitted building block).
+
+    The optimizer gets the update's staleness ``tau_m`` and the weights the gradient was
+    computed at (``old_params``; None: ``params``, a fresh gradient) as optax extra
+    arguments, which ``optim.staleness_aware`` and ``optim.delay_compensated`` use and a
+    plain optimizer ignores (then they are not even inputs of the compiled program).
+    """
+    updates, opt_state = optax.with_extra_args_support(tx).update(
+        grads, opt_state, params, staleness=staleness, old_params=params if old_params is None else old_params
+    )
     return optax.apply_updates(params, updates), opt_state
+
+
+@runtime_checkable
+class StageKernelsProtocol(Protocol):
+    """The kernels a ``StageExecutor`` calls: ``StageKernels`` runs them,
+    ``simulate.resume.AbstractKernels`` evaluates them abstractly. Signatures as in
+    ``StageKernels``."""
+
+    loss_grad: Callable[..., tuple[Any, Any]]
+    job_gradients: Callable[..., tuple[Any, tuple[PyTree, ...]]]
+    forward_all_stashed: Callable[..., tuple[Any, ...]]
+    backward_update_stashed: Callable[..., tuple[PyTree, PyTree, Any]]
+
+    @property
+    def num_stages(self) -> int: ...
+
+    @property
+    def draws_randomness(self) -> bool: ...
+
+    def forward(self, m: int) -> Callable: ...
+
+    def forward_stashed(self, m: int) -> Callable: ...
+
+    def backward_stashed(self, m: int) -> Callable: ...
+
+    def backward_live(self, m: int) -> Callable: ...
+
+    def update(self, m: int) -> Callable: ...
+
+    def apply_update(
+        self,
+        m: int,
+        params: PyTree,
+        opt_state: PyTree,
+        grads: PyTree,
+        staleness: int = 0,
+        old_params: PyTree | None = None,
+    ) -> tuple[PyTree, PyTree]: ...
 
 
 class StageKernels:
@@ -62,13 +121,9 @@ class StageKernels:
     def __init__(self, model: StagedModel, tx: optax.GradientTransformation):
         self.model = model
         self.tx = tx
-        self._forward = [jax.jit(functools.partial(_forward, st)) for st in model.stages]
-        self._forward_stashed = [
-            jax.jit(functools.partial(_forward_vjp, st, m > 0)) for m, st in enumerate(model.stages)
-        ]
-        self._backward_live = [
-            jax.jit(functools.partial(_backward_live, st, m > 0)) for m, st in enumerate(model.stages)
-        ]
+        self._forward = [jax.jit(functools.partial(_forward, model, m)) for m in range(model.num_stages)]
+        self._forward_stashed = [jax.jit(functools.partial(_forward_vjp, model, m)) for m in range(model.num_stages)]
+        self._backward_live = [jax.jit(functools.partial(_backward_live, model, m)) for m in range(model.num_stages)]
         self._backward_stashed = jax.jit(_apply_vjp)
         self._update = jax.jit(functools.partial(apply_stage_update, tx))
         self.loss_grad: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]] = jax.jit(
@@ -84,18 +139,24 @@ class StageKernels:
         # holds the stage's update lock around it (the layer-wise update still lands as
         # soon as the stage's gradient exists).
         self.backward_update_stashed: Callable[..., tuple[PyTree, PyTree, Any]] = jax.jit(
-            functools.partial(_backward_update, tx))
+            functools.partial(_backward_update, tx)
+        )
 
     @property
     def num_stages(self) -> int:
         return self.model.num_stages
 
+    @property
+    def draws_randomness(self) -> bool:
+        """Whether the training kernels need a key (``rng``) per job."""
+        return self.model.draws_randomness
+
     def forward(self, m: int) -> Callable:
-        """``(params_m, state_m, x) -> (y, new_state_m)``."""
+        """``(params_m, state_m, x, rng=None) -> (y, new_state_m)``."""
         return self._forward[m]
 
     def forward_stashed(self, m: int) -> Callable:
-        """``(params_m, state_m, x) -> (y, new_state_m, vjp_m)``."""
+        """``(params_m, state_m, x, rng=None) -> (y, new_state_m, vjp_m)``."""
         return self._forward_stashed[m]
 
     def backward_stashed(self, m: int) -> Callable:
@@ -103,33 +164,44 @@ class StageKernels:
         return self._backward_stashed
 
     def backward_live(self, m: int) -> Callable:
-        """``(params_m_live, state_m, x_in, delta_m) -> (g_m, delta_{m-1})``."""
+        """``(params_m_live, state_m, x_in, delta_m, rng=None) -> (g_m, delta_{m-1})``; ``rng``:
+        the job's key, so the re-run forward draws the masks the forward drew."""
         return self._backward_live[m]
 
     def update(self, m: int) -> Callable:
-        """``(params_m, opt_state_m, g_m) -> (params_m, opt_state_m)``."""
+        """``(params_m, opt_state_m, g_m, staleness=0, old_params_m=None) -> (params_m, opt_state_m)``."""
         return self._update
 
-    def apply_update(self, m: int, params: PyTree, opt_state: PyTree, grads: PyTree) -> tuple[PyTree, PyTree]:
+    def apply_update(
+        self,
+        m: int,
+        params: PyTree,
+        opt_state: PyTree,
+        grads: PyTree,
+        staleness: int = 0,
+        old_params: PyTree | None = None,
+    ) -> tuple[PyTree, PyTree]:
         """``update(m)`` with the stage index first: the form ``ParameterStore`` takes."""
-        return self._update(params, opt_state, grads)
+        return self._update(params, opt_state, grads, staleness, old_params)
 
 
 def _job_gradients(model: StagedModel) -> Callable:
-    """``(params, states, x, labels) -> (loss, grads)`` of the whole chain, states unchanged."""
-    def job_gradients(params, states, x, labels):
-        return jax.value_and_grad(lambda p: model.loss_and_states(p, states, x, labels)[0])(params)
+    """``(params, states, x, labels, rng=None) -> (loss, grads)`` of the whole chain, states unchanged."""
+
+    def job_gradients(params, states, x, labels, rng=None):
+        return jax.value_and_grad(lambda p: model.loss_and_states(p, states, x, labels, rng)[0])(params)
 
     return job_gradients
 
 
 def _forward_all_stashed(model: StagedModel) -> Callable:
-    """``(params, states, x, labels) -> (loss, delta_M, new_states, vjps)``: every
+    """``(params, states, x, labels, rng=None) -> (loss, delta_M, new_states, vjps)``: every
     ``forward_stashed(m)`` in order, then ``loss_grad``."""
-    def forward_all(params, states, x, labels):
+
+    def forward_all(params, states, x, labels, rng=None):
         new_states, vjps = [], []
-        for m, stage in enumerate(model.stages):
-            x, new_state, vjp = _forward_vjp(stage, m > 0, params[m], states[m], x)
+        for m in range(model.num_stages):
+            x, new_state, vjp = _forward_vjp(model, m, params[m], states[m], x, rng)
             new_states.append(new_state)
             vjps.append(vjp)
         loss, delta = jax.value_and_grad(model.loss)(x, labels)
@@ -138,22 +210,23 @@ def _forward_all_stashed(model: StagedModel) -> Callable:
     return forward_all
 
 
-def _backward_update(tx, vjp, delta, params, opt_state):
-    """``(vjp_m, delta_m, params_m, opt_state_m) -> (params_m, opt_state_m, delta_{m-1})``."""
+def _backward_update(tx, vjp, delta, params, opt_state, staleness, old_params):
+    """``(vjp_m, delta_m, params_m, opt_state_m, staleness, old_params_m) -> (params_m, opt_state_m,
+    delta_{m-1})``."""
     g, delta_in = _apply_vjp(vjp, delta)
-    params, opt_state = apply_stage_update(tx, params, opt_state, g)
+    params, opt_state = apply_stage_update(tx, params, opt_state, g, staleness, old_params)
     return params, opt_state, delta_in
 
 
-def _forward(stage, params, state, x):
-    return stage.apply(params, state, x, train=True)
+def _forward(model, m, params, state, x, rng=None):
+    return model.stages[m].apply(params, state, x, train=True, rng=model.stage_rng(rng, m))
 
 
-def _forward_vjp(stage, needs_input_grad, params, state, x):
-    if needs_input_grad:
-        y, vjp, new_state = jax.vjp(lambda p, s, x_: stage.apply(p, s, x_, train=True), params, state, x, has_aux=True)
+def _forward_vjp(model, m, params, state, x, rng=None):
+    if m > 0:
+        y, vjp, new_state = jax.vjp(lambda p, s, x_: _forward(model, m, p, s, x_, rng), params, state, x, has_aux=True)
     else:  # the first stage's input is data (possibly integer tokens): no cotangent
-        y, vjp, new_state = jax.vjp(lambda p, s: stage.apply(p, s, x, train=True), params, state, has_aux=True)
+        y, vjp, new_state = jax.vjp(lambda p, s: _forward(model, m, p, s, x, rng), params, state, has_aux=True)
     return y, new_state, vjp
 
 
@@ -164,12 +237,19 @@ def _apply_vjp(vjp, delta):
     return g, delta_in
 
 
-def _backward_live(stage, needs_input_grad, params, state, x, delta):
-    _, _, vjp = _forward_vjp(stage, needs_input_grad, params, state, x)
+def _backward_live(model, m, params, state, x, delta, rng=None):
+    _, _, vjp = _forward_vjp(model, m, params, state, x, rng)
     return _apply_vjp(vjp, delta)
 
 
-def chained_gradients(kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree], x: jax.Array, labels: jax.Array) -> tuple[jax.Array, tuple[PyTree, ...]]:
+def chained_gradients(
+    kernels: StageKernels,
+    params: Sequence[PyTree],
+    states: Sequence[PyTree],
+    x: jax.Array,
+    labels: jax.Array,
+    rng: jax.Array | None = None,
+) -> tuple[jax.Array, tuple[PyTree, ...]]:
     """Loss and per-stage gradients by chaining the stashed per-stage kernels.
 
     The reference the layer-wise algorithms are checked against: it must equal
@@ -177,7 +257,7 @@ def chained_gradients(kernels: StageKernels, params: Sequence[PyTree], states: S
     """
     vjps = []
     for m in range(kernels.num_stages):
-        x, _, vjp = kernels.forward_stashed(m)(params[m], states[m], x)
+        x, _, vjp = kernels.forward_stashed(m)(params[m], states[m], x, rng)
         vjps.append(vjp)
     loss, delta = kernels.loss_grad(x, labels)
     grads = [None] * kernels.num_stages
@@ -195,16 +275,21 @@ class TrainState(NamedTuple):
 
 
 def make_train_step(model: StagedModel, tx: optax.GradientTransformation, axis_name: str | None = None) -> Callable:
-    """A whole-model SGD step ``(TrainState, x, y) -> (TrainState, loss)`` (unjitted).
+    """A whole-model SGD step ``(TrainState, x, y, rng=None) -> (TrainState, loss)`` (unjitted).
 
     With ``axis_name`` the gradients, loss and non-trainable states are averaged over that
     mapped axis (the data parallel all-reduce); call it inside ``shard_map`` or ``vmap``.
+    ``rng``: the step's key, needed when the model draws randomness (Dropout); derive it
+    from the run's seed and the step or batch index, e.g. ``fold_in(key(seed), step)``.
     """
 
-    def step(ts: TrainState, x, labels):
-        (loss, new_states), grads = jax.value_and_grad(model.loss_and_states, has_aux=True)(ts.params, ts.states, x, labels)
+    def step(ts: TrainState, x, labels, rng=None):
+        (loss, new_states), grads = jax.value_and_grad(model.loss_and_states, has_aux=True)(
+            ts.params, ts.states, x, labels, rng
+        )
         if axis_name is not None:
             grads, loss, new_states = jax.lax.pmean((grads, loss, new_states), axis_name)
+        # A synchronous step is never stale: staleness 0, gradients at the current weights.
         stepped = [apply_stage_update(tx, p, o, g) for p, o, g in zip(ts.params, ts.opt_states, grads)]
         params = tuple(p for p, _ in stepped)
         opt_states = tuple(o for _, o in stepped)

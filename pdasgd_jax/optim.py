@@ -3,6 +3,7 @@
 * ``delayed_averaging``: DaSGD / local SGD as a per-step wrapper (algorithms.md §4).
 * ``staleness_aware``: the step scaled by ``1 / max(1, staleness)``.
 * ``delay_compensated``: DC-ASGD's first-order correction of a stale gradient.
+* ``with_staleness_rule``: one of the two above (or neither) by name, as ``--staleness-rule`` picks.
 * ``AveragingRule``: when the workers' models are averaged and how the average is merged;
   the one implementation of that arithmetic, shared by ``delayed_averaging`` and the
   compiled round program in ``spmd.py``.
@@ -23,6 +24,7 @@ import optax
 PyTree = Any
 AxisName = Any  # a mapped axis name, or a tuple of them
 MERGES = ("correct", "overwrite")
+STALENESS_RULES = ("none", "staleness-aware", "delay-compensated")
 
 
 class OuterState(NamedTuple):
@@ -106,7 +108,9 @@ class AveragingRule:
             return average
         return jax.tree.map(lambda a, x, s: a + (x - s), average, local, snapshot)
 
-    def merge_params(self, params: PyTree, snapshot: PyTree, average: PyTree, outer_state: OuterState | tuple) -> tuple[PyTree, OuterState | tuple]:
+    def merge_params(
+        self, params: PyTree, snapshot: PyTree, average: PyTree, outer_state: OuterState | tuple
+    ) -> tuple[PyTree, OuterState | tuple]:
         """The merge of the parameters, through the outer optimizer if there is one."""
         if self.outer is None:
             return self.merge_tree(params, snapshot, average), outer_state
@@ -143,7 +147,14 @@ class DelayedAveragingState(NamedTuple):
     outer: OuterState | tuple
 
 
-def delayed_averaging(inner: optax.GradientTransformation, period: int, delay: int, axis_name: AxisName, merge: str = "correct", outer: optax.GradientTransformation | None = None) -> optax.GradientTransformationExtraArgs:
+def delayed_averaging(
+    inner: optax.GradientTransformation,
+    period: int,
+    delay: int,
+    axis_name: AxisName,
+    merge: str = "correct",
+    outer: optax.GradientTransformation | None = None,
+) -> optax.GradientTransformationExtraArgs:
     """DaSGD (local SGD with delayed averaging) as a per-step optax wrapper.
 
     Each worker runs ``inner`` on its own gradients; the parameters are averaged over the
@@ -203,9 +214,13 @@ def delayed_averaging(inner: optax.GradientTransformation, period: int, delay: i
     inner = optax.with_extra_args_support(inner)
 
     def init(params: optax.Params) -> DelayedAveragingState:
-        return DelayedAveragingState(jnp.zeros((), jnp.int32), inner.init(params), params, params, rule.init_outer(params))
+        return DelayedAveragingState(
+            jnp.zeros((), jnp.int32), inner.init(params), params, params, rule.init_outer(params)
+        )
 
-    def update(updates: optax.Updates, state: DelayedAveragingState, params: optax.Params | None = None, **extra: Any) -> tuple[optax.Updates, DelayedAveragingState]:
+    def update(
+        updates: optax.Updates, state: DelayedAveragingState, params: optax.Params | None = None, **extra: Any
+    ) -> tuple[optax.Updates, DelayedAveragingState]:
         if params is None:
             raise ValueError("delayed_averaging needs params: call update(grads, state, params)")
         inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra)
@@ -214,13 +229,15 @@ def delayed_averaging(inner: optax.GradientTransformation, period: int, delay: i
         snapshot, average, outer_state = state.snapshot, state.average, state.outer
 
         def merged(theta, outer_state):
-            return jax.lax.cond(rule.is_merge(t), rule.merge_params, lambda p, s, a, o: (p, o),
-                                theta, snapshot, average, outer_state)
+            return jax.lax.cond(
+                rule.is_merge(t), rule.merge_params, lambda p, s, a, o: (p, o), theta, snapshot, average, outer_state
+            )
 
         if delay > 0:  # merges the average started `delay` steps ago, before a new snapshot
             theta, outer_state = merged(theta, outer_state)
-        snapshot, average = jax.lax.cond(rule.is_snapshot(t), lambda: (theta, rule.average(theta, axis_name)),
-                                         lambda: (snapshot, average))
+        snapshot, average = jax.lax.cond(
+            rule.is_snapshot(t), lambda: (theta, rule.average(theta, axis_name)), lambda: (snapshot, average)
+        )
         if delay == 0:  # local SGD: the average just taken is merged at once
             theta, outer_state = merged(theta, outer_state)
         new_updates = jax.tree.map(jnp.subtract, theta, params)
@@ -256,7 +273,14 @@ def staleness_aware(inner: optax.GradientTransformation) -> optax.GradientTransf
     """
     inner = optax.with_extra_args_support(inner)
 
-    def update(updates: optax.Updates, state: optax.OptState, params: optax.Params | None = None, *, staleness: int | jax.Array = 0, **extra: Any) -> tuple[optax.Updates, optax.OptState]:
+    def update(
+        updates: optax.Updates,
+        state: optax.OptState,
+        params: optax.Params | None = None,
+        *,
+        staleness: int | jax.Array = 0,
+        **extra: Any,
+    ) -> tuple[optax.Updates, optax.OptState]:
         updates, state = inner.update(updates, state, params, **extra)
         scale = 1.0 / jnp.maximum(1, staleness)
         return jax.tree.map(lambda u: u * scale.astype(u.dtype), updates), state
@@ -294,10 +318,42 @@ def delay_compensated(inner: optax.GradientTransformation, lam: float) -> optax.
         raise ValueError(f"lam {lam!r} must be >= 0")
     inner = optax.with_extra_args_support(inner)
 
-    def update(updates: optax.Updates, state: optax.OptState, params: optax.Params | None = None, *, old_params: optax.Params | None = None, **extra: Any) -> tuple[optax.Updates, optax.OptState]:
+    def update(
+        updates: optax.Updates,
+        state: optax.OptState,
+        params: optax.Params | None = None,
+        *,
+        old_params: optax.Params | None = None,
+        **extra: Any,
+    ) -> tuple[optax.Updates, optax.OptState]:
         if params is None or old_params is None:
-            raise ValueError("delay_compensated needs the current params and old_params (the weights the gradient was computed at)")
+            raise ValueError(
+                "delay_compensated needs the current params and old_params (the weights the gradient was computed at)"
+            )
         compensated = jax.tree.map(lambda g, p, q: g + lam * g * g * (p - q), updates, params, old_params)
         return inner.update(compensated, state, params, **extra)
 
     return optax.GradientTransformationExtraArgs(inner.init, update)
+
+
+def with_staleness_rule(
+    tx: optax.GradientTransformation, rule: str, dc_lambda: float = 0.04
+) -> optax.GradientTransformationExtraArgs:
+    """``tx`` under the staleness rule named ``rule``, accepting optax extra arguments.
+
+    The library's asynchronous updates pass every optimizer ``staleness`` and
+    ``old_params``; ``none`` ignores them.
+
+    Args:
+      tx: the base optimizer.
+      rule: ``none``, ``staleness-aware`` (``staleness_aware``) or ``delay-compensated``
+        (``delay_compensated``).
+      dc_lambda: DC-ASGD's ``lambda`` for ``delay-compensated``.
+    """
+    if rule == "none":
+        return optax.with_extra_args_support(tx)
+    if rule == "staleness-aware":
+        return staleness_aware(tx)
+    if rule == "delay-compensated":
+        return delay_compensated(tx, dc_lambda)
+    raise ValueError(f"staleness rule {rule!r} is not allowed; choose one of {', '.join(STALENESS_RULES)}")

@@ -46,13 +46,23 @@ def data_mesh(num_devices: int = 0, axis_name: str = DATA_AXIS) -> Mesh:
 def make_sync_step(model: StagedModel, tx: optax.GradientTransformation, mesh: Mesh) -> Callable:
     """Jitted data parallel step ``(TrainState, x, y) -> (TrainState, loss)`` over ``mesh``.
 
-    ``x`` and ``y`` are the global batch; its size must be divisible by the mesh size.
+    ``x`` and ``y`` are the global batch; its size must be divisible by the mesh size. A model
+    that draws randomness (Dropout) takes the step's key as a fourth argument, and each shard
+    draws from ``fold_in(rng, shard)``.
     """
     axis = mesh.axis_names[0]
+    shared_step = make_train_step(model, tx, axis_name=axis)
+    step_fn, specs = shared_step, (P(), P(axis), P(axis))
+    if model.draws_randomness:
+
+        def per_shard(ts, x, labels, rng):
+            return shared_step(ts, x, labels, jax.random.fold_in(rng, jax.lax.axis_index(axis)))
+
+        step_fn, specs = per_shard, (*specs, P())
     step = jax.shard_map(
-        make_train_step(model, tx, axis_name=axis),
+        step_fn,
         mesh=mesh,
-        in_specs=(P(), P(axis), P(axis)),
+        in_specs=specs,
         out_specs=(P(), P()),
         # With vma checking, AD already psums the gradient of a replicated input; the
         # shared step pmeans explicitly (so it also works under vmap), hence old semantics.

@@ -55,6 +55,13 @@ class Stage:
     BatchNorm, ``deterministic`` of Dropout); keeping both lets ``apply`` stay a pure
     function of arrays.
 
+    Randomness (Dropout's ``nnx.Rngs`` streams, any ``nnx.RngState``) is not state: it is
+    split out of the stage's non-trainable state, which concurrent jobs share, and rebuilt
+    at every call from the caller's key ``rng`` (stream keys ``fold_in(rng, i)``, counts
+    zero), so each job draws its own masks and the same key draws the same masks again
+    (a ``live`` backward's re-run, a replay). ``rng_def``/``rng_leaves`` describe those
+    variables; a stage without any takes no key and computes exactly as before.
+
     Parameters and state travel as plain nested dicts of arrays (``nnx.to_pure_dict``),
     not as NNX ``State`` trees: jax flattens plain dicts in C++ at every jitted call, while
     ``State`` and its ``Variable`` leaves are flattened in Python, which costs more than a
@@ -68,15 +75,49 @@ class Stage:
     eval_def: nnx.GraphDef
     param_def: jax.tree_util.PyTreeDef
     state_def: jax.tree_util.PyTreeDef
+    rng_def: jax.tree_util.PyTreeDef | None = None
+    rng_leaves: tuple[jax.ShapeDtypeStruct, ...] = ()
 
-    def apply(self, params: PyTree, state: PyTree, x: jax.Array, *, train: bool) -> tuple[jax.Array, PyTree]:
-        """Runs the stage; returns its output and its updated non-trainable state (a plain dict)."""
-        nnx_params = _as_nnx(self.param_def, params, f"parameters of stage {self.name!r}")
-        nnx_state = _as_nnx(self.state_def, state, f"state of stage {self.name!r}")
-        module = nnx.merge(self.train_def if train else self.eval_def, nnx_params, nnx_state, copy=True)
+    @property
+    def draws_randomness(self) -> bool:
+        return bool(self.rng_leaves)
+
+    def apply(
+        self, params: PyTree, state: PyTree, x: jax.Array, *, train: bool, rng: jax.Array | None = None
+    ) -> tuple[jax.Array, PyTree]:
+        """Runs the stage; returns its output and its updated non-trainable state (a plain dict).
+
+        Args:
+          rng: the key this call's randomness (Dropout masks) is drawn from; needed in
+            training mode by a stage that draws randomness, ignored otherwise.
+        """
+        parts = [
+            _as_nnx(self.param_def, params, f"parameters of stage {self.name!r}"),
+            _as_nnx(self.state_def, state, f"state of stage {self.name!r}"),
+        ]
+        if self.draws_randomness:
+            parts.append(self._rng_state(rng, train))
+        module = nnx.merge(self.train_def if train else self.eval_def, *parts, copy=True)
         y = module(x)
-        _, _, new_state = nnx.split(module, nnx.Param, ...)
+        *_, new_state = _split(module)
         return y, nnx.to_pure_dict(new_state)
+
+    def _rng_state(self, rng: jax.Array | None, train: bool) -> nnx.State:
+        """The stage's ``RngState`` variables drawn from ``rng``: stream keys ``fold_in(rng, i)``, counts zero."""
+        if rng is None:
+            if train:
+                raise ValueError(
+                    f"stage {self.name!r} draws randomness (Dropout) in training mode: pass rng, "
+                    "a key of its own per job (or step)"
+                )
+            rng = jax.random.key(0)  # evaluation draws nothing: the key only fills the stream variables
+        leaves = [
+            jax.random.fold_in(rng, i)
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+            else jnp.zeros(leaf.shape, leaf.dtype)
+            for i, leaf in enumerate(self.rng_leaves)
+        ]
+        return jax.tree.unflatten(self.rng_def, leaves)
 
 
 def _as_nnx(treedef: jax.tree_util.PyTreeDef, tree: PyTree, what: str) -> nnx.State:
@@ -85,8 +126,10 @@ def _as_nnx(treedef: jax.tree_util.PyTreeDef, tree: PyTree, what: str) -> nnx.St
     nnx_tree = jax.tree.unflatten(treedef, jax.tree.leaves(tree))
     # Structures are static: under jit this check runs once per compilation.
     if jax.tree.structure(nnx.to_pure_dict(nnx_tree)) != jax.tree.structure(tree):
-        raise ValueError(f"{what} have structure {jax.tree.structure(tree)}; expected the plain dict "
-                         f"{jax.tree.structure(nnx.to_pure_dict(nnx_tree))}")
+        raise ValueError(
+            f"{what} have structure {jax.tree.structure(tree)}; expected the plain dict "
+            f"{jax.tree.structure(nnx.to_pure_dict(nnx_tree))}"
+        )
     return nnx_tree
 
 
@@ -101,22 +144,54 @@ class StagedModel:
     def num_stages(self) -> int:
         return len(self.stages)
 
-    def apply(self, params: Sequence[PyTree], states: Sequence[PyTree], x: jax.Array, *, train: bool) -> tuple[jax.Array, tuple[PyTree, ...]]:
-        """Runs all stages in order; returns the logits and the new per-stage states."""
+    @property
+    def draws_randomness(self) -> bool:
+        """Whether some stage draws randomness (then training calls need an ``rng``)."""
+        return any(stage.draws_randomness for stage in self.stages)
+
+    def stage_rng(self, rng: jax.Array | None, m: int) -> jax.Array | None:
+        """Stage ``m``'s key of a job's (or step's) key ``rng``: ``fold_in(rng, m)``, or None
+        when the stage draws nothing (nothing is computed for it)."""
+        if rng is None or not self.stages[m].draws_randomness:
+            return None
+        return jax.random.fold_in(rng, m)
+
+    def apply(
+        self,
+        params: Sequence[PyTree],
+        states: Sequence[PyTree],
+        x: jax.Array,
+        *,
+        train: bool,
+        rng: jax.Array | None = None,
+    ) -> tuple[jax.Array, tuple[PyTree, ...]]:
+        """Runs all stages in order; returns the logits and the new per-stage states.
+
+        ``rng``: the key of this job or step, needed in training mode when the model draws
+        randomness; stage ``m`` draws from ``stage_rng(rng, m)``.
+        """
         new_states = []
-        for stage, p, s in zip(self.stages, params, states):
-            x, s = stage.apply(p, s, x, train=train)
+        for m, (stage, p, s) in enumerate(zip(self.stages, params, states)):
+            x, s = stage.apply(p, s, x, train=train, rng=self.stage_rng(rng, m))
             new_states.append(s)
         return x, tuple(new_states)
 
-    def loss_and_states(self, params: Sequence[PyTree], states: Sequence[PyTree], x: jax.Array, labels: jax.Array) -> tuple[jax.Array, tuple[PyTree, ...]]:
+    def loss_and_states(
+        self,
+        params: Sequence[PyTree],
+        states: Sequence[PyTree],
+        x: jax.Array,
+        labels: jax.Array,
+        rng: jax.Array | None = None,
+    ) -> tuple[jax.Array, tuple[PyTree, ...]]:
         """Training-mode loss; the auxiliary output is the new per-stage state."""
-        logits, new_states = self.apply(params, states, x, train=True)
+        logits, new_states = self.apply(params, states, x, train=True, rng=rng)
         return self.loss(logits, labels), new_states
 
 
-def _split(module: nnx.Module) -> tuple[nnx.GraphDef, PyTree, PyTree]:
-    return nnx.split(module, nnx.Param, ...)
+def _split(module: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State, nnx.State]:
+    """``(graphdef, params, rng_state, state)``: randomness apart from the shared state."""
+    return nnx.split(module, nnx.Param, nnx.RngState, ...)
 
 
 def _pure(tree: nnx.State) -> tuple[PyTree, jax.tree_util.PyTreeDef]:
@@ -128,7 +203,12 @@ def _pure(tree: nnx.State) -> tuple[PyTree, jax.tree_util.PyTreeDef]:
     return pure, jax.tree.structure(tree)
 
 
-def from_modules(modules: Sequence[nnx.Module | Callable], *, loss: LossFn = softmax_cross_entropy, names: Sequence[str] | None = None) -> tuple[StagedModel, Variables]:
+def from_modules(
+    modules: Sequence[nnx.Module | Callable],
+    *,
+    loss: LossFn = softmax_cross_entropy,
+    names: Sequence[str] | None = None,
+) -> tuple[StagedModel, Variables]:
     """Turns a list of NNX modules (one per stage) into a ``StagedModel`` and its variables.
 
     A plain function (``jax.nn.relu``, a reshape) is wrapped as a parameter-free stage;
@@ -153,13 +233,24 @@ def from_modules(modules: Sequence[nnx.Module | Callable], *, loss: LossFn = sof
         if not isinstance(module, nnx.Module):
             module = nnx.Sequential(module)
         module.train()
-        train_def, p, s = _split(module)
+        train_def, p, r, s = _split(module)
         module.eval()
-        eval_def, _, _ = _split(module)
+        eval_def, *_ = _split(module)
         module.train()
         p, param_def = _pure(p)
         s, state_def = _pure(s)
-        stages.append(Stage(name, train_def, eval_def, param_def, state_def))
+        rng_leaves = tuple(jax.ShapeDtypeStruct(jnp.shape(leaf), leaf.dtype) for leaf in jax.tree.leaves(r))
+        stages.append(
+            Stage(
+                name,
+                train_def,
+                eval_def,
+                param_def,
+                state_def,
+                jax.tree.structure(r) if rng_leaves else None,
+                rng_leaves,
+            )
+        )
         params.append(p)
         states.append(s)
     return StagedModel(tuple(stages), loss), Variables(tuple(params), tuple(states))

@@ -51,8 +51,11 @@ class VersionedSlot(Generic[T]):
     def read(self) -> Versioned[T]:
         return self._current
 
-    def update(self, fn: Callable[[T], T], on_commit: Callable[[int], None] | None = None) -> int:
-        """Replaces the value by ``fn(value)`` atomically; returns the version it replaced.
+    def update(self, fn: Callable[[T, int], T], on_commit: Callable[[int], None] | None = None) -> int:
+        """Replaces the value by ``fn(value, version)`` atomically; returns the version it replaced.
+
+        ``fn`` sees the version it replaces, so whatever it derives from it (an update's
+        staleness) is exact even when threads race for the slot.
 
         ``on_commit(version_before)`` runs inside the lock and before the new version is
         visible, so whatever it records (an event sequence number) is ordered exactly like
@@ -60,7 +63,7 @@ class VersionedSlot(Generic[T]):
         """
         with self._lock:
             before = self._current
-            new = Versioned(fn(before.value), before.version + 1)
+            new = Versioned(fn(before.value, before.version), before.version + 1)
             if self._history is not None:
                 self._history[new.version] = new.value
             # Record before publishing: a reader that sees the new version must find its
@@ -95,17 +98,27 @@ class ParameterStore:
 
     Args:
       params, states, opt_states: per-stage trees (tuples of length M).
-      update: ``update(m, params_m, opt_state_m, grads_m) -> (params_m, opt_state_m)``,
-        typically ``StageKernels.apply_update``; kept as the public ``update_rule``, which a
-        resuming simulation swaps (an abstract rule while it replays its schedule).
+      update: ``update(m, params_m, opt_state_m, grads_m, staleness, old_params_m) ->
+        (params_m, opt_state_m)``, typically ``StageKernels.apply_update``: ``staleness`` is
+        the update's ``tau_m`` and ``old_params_m`` the weights its gradient was computed at
+        (what ``optim.staleness_aware`` and ``optim.delay_compensated`` need). Kept as the
+        public ``update_rule``, which a resuming simulation swaps (an abstract rule while it
+        replays its schedule).
       home_devices: optional device per stage; parameters live there and gradients are
         moved there before the update (``replication="shared"``).
       keep_history: keep every version (for replay and tests).
     """
 
-    def __init__(self, params: Sequence[PyTree], states: Sequence[PyTree], opt_states: Sequence[PyTree],
-                 update: Callable[[int, PyTree, PyTree, PyTree], tuple[PyTree, PyTree]], *,
-                 home_devices: Sequence[jax.Device] | None = None, keep_history: bool = False):
+    def __init__(
+        self,
+        params: Sequence[PyTree],
+        states: Sequence[PyTree],
+        opt_states: Sequence[PyTree],
+        update: Callable[[int, PyTree, PyTree, PyTree], tuple[PyTree, PyTree]],
+        *,
+        home_devices: Sequence[jax.Device] | None = None,
+        keep_history: bool = False,
+    ):
         if not len(params) == len(states) == len(opt_states):
             raise ValueError(f"got {len(params)} params, {len(states)} states, {len(opt_states)} optimizer states")
         self.home_devices = tuple(home_devices) if home_devices is not None else None
@@ -113,8 +126,10 @@ class ParameterStore:
             raise ValueError(f"got {len(self.home_devices)} home devices for {len(params)} stages")
         self.update_rule = update
         self.slots = tuple(
-            StageSlots(VersionedSlot(self._home(m, (p, o)), keep_history=keep_history),
-                       VersionedSlot(self._home(m, s), keep_history=keep_history))
+            StageSlots(
+                VersionedSlot(self._home(m, (p, o)), keep_history=keep_history),
+                VersionedSlot(self._home(m, s), keep_history=keep_history),
+            )
             for m, (p, s, o) in enumerate(zip(params, states, opt_states))
         )
 
@@ -129,21 +144,47 @@ class ParameterStore:
         """Latest ``((params_m, opt_state_m), version)`` of stage ``m``, without locking."""
         return self.slots[m].params.read()
 
-    def apply_gradient(self, m: int, grads: PyTree, on_commit: Callable[[int], None] | None = None) -> int:
-        """Applies one optimizer step to stage ``m`` atomically; returns the version it replaced."""
-        grads = self._home(m, grads)
-        return self.update_with(m, lambda p, o: self.update_rule(m, p, o, grads), on_commit)
+    def apply_gradient(
+        self,
+        m: int,
+        grads: PyTree,
+        on_commit: Callable[[int], None] | None = None,
+        *,
+        read_version: int | None = None,
+        read_params: PyTree | None = None,
+    ) -> int:
+        """Applies one optimizer step to stage ``m`` atomically; returns the version it replaced.
 
-    def update_with(self, m: int, step: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
-                    on_commit: Callable[[int], None] | None = None) -> int:
-        """Replaces stage ``m``'s ``(params, opt_state)`` by ``step(params, opt_state)``
-        atomically (``step`` runs under the stage's lock); returns the version it replaced.
+        Args:
+          read_version: the version the gradient's forward read; the update's staleness
+            ``tau_m = replaced - read_version`` is computed under the stage's lock (None: 0).
+          read_params: the parameters that forward read, for the optimizer's ``old_params``
+            (None: the current ones).
+        """
+        grads = self._home(m, grads)
+        old = None if read_params is None else self._home(m, read_params)
+
+        def step(p: PyTree, o: PyTree, version: int) -> tuple[PyTree, PyTree]:
+            tau = 0 if read_version is None else version - read_version
+            return self.update_rule(m, p, o, grads, tau, p if old is None else old)
+
+        return self.update_with(m, step, on_commit)
+
+    def update_with(
+        self,
+        m: int,
+        step: Callable[[PyTree, PyTree, int], tuple[PyTree, PyTree]],
+        on_commit: Callable[[int], None] | None = None,
+    ) -> int:
+        """Replaces stage ``m``'s ``(params, opt_state)`` by ``step(params, opt_state, version)``
+        atomically (``step`` runs under the stage's lock and sees the version it replaces);
+        returns the version it replaced.
 
         Unlike ``apply_gradient`` it neither moves anything to the stage's home device nor
         uses ``update_rule``: ``step`` is the whole update and must return values placed
         where the stage's values live.
         """
-        return self.slots[m].params.update(lambda po: step(*po), on_commit)
+        return self.slots[m].params.update(lambda po, version: step(*po, version), on_commit)
 
     def read_state(self, m: int) -> Versioned:
         return self.slots[m].state.read()
@@ -151,7 +192,7 @@ class ParameterStore:
     def write_state(self, m: int, state: PyTree, on_commit: Callable[[int], None] | None = None) -> int:
         """Replaces stage ``m``'s non-trainable state (last writer wins, as in the paper's setting)."""
         state = self._home(m, state)
-        return self.slots[m].state.update(lambda _: state, on_commit)
+        return self.slots[m].state.update(lambda _value, _version: state, on_commit)
 
     def versions(self) -> tuple[int, ...]:
         return tuple(s.params.read().version for s in self.slots)

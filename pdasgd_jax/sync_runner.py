@@ -32,7 +32,8 @@ def run_synchronous_loop(
       exp: the experiment.
       metrics: receives the losses and evaluates when due.
       checkpointer: saves ``TrainState`` when it says one is due (``None``: never).
-      step_fn: ``(ts, x, y) -> (ts, loss)``.
+      step_fn: ``(ts, x, y) -> (ts, loss)``, or ``(ts, x, y, rng)`` for a model that draws
+        randomness (Dropout): step ``s`` gets ``fold_in(key(seed), s)``.
       ts: the initial state.
       put: places a batch array where ``step_fn`` wants it.
       place_state: places a restored (host) state likewise.
@@ -49,11 +50,13 @@ def run_synchronous_loop(
         if metrics.reached_target:  # the run stopped at this checkpoint
             return ts, step, examples
     loss = None
+    key = jax.random.key(exp.config.seed) if exp.model.draws_randomness else None
     for x, y in exp.train_stream(batch_size, start=step):
         if examples >= exp.total_examples:
             break
         previous = loss
-        ts, loss = step_fn(ts, put(x), put(y))
+        rng = () if key is None else (jax.random.fold_in(key, step),)
+        ts, loss = step_fn(ts, put(x), put(y), *rng)
         spmd.wait_for_round(previous)  # at most two steps queued (see wait_for_round)
         step += 1
         examples += batch_size

@@ -23,7 +23,7 @@ def setup():
 
 
 def _store(setup, **kw):
-    model, v, tx, k, _ = setup
+    _model, v, tx, k, _ = setup
     return ParameterStore(v.params, v.states, init_opt_states(tx, v.params), k.apply_update, **kw)
 
 
@@ -54,7 +54,7 @@ def test_sequential_jobs_equal_plain_sgd(setup, weights, fuse_forward, layerwise
 def test_pipelined_jobs_have_the_closed_form_staleness(setup, fuse_forward):
     """Two jobs in flight: each forward runs before the previous job's backward, so every
     update of stage m is one version stale (except the first)."""
-    model, v, tx, k, batches = setup
+    _model, _v, _tx, k, batches = setup
     ex = StageExecutor(k, _store(setup), fuse_forward=fuse_forward)
     prev = None
     for i, (x, y) in enumerate(batches):
@@ -93,8 +93,9 @@ def test_replay_of_a_threaded_run_reproduces_its_parameters(setup, weights, fuse
     for t in threads:
         t.join()
     assert store.versions() == (len(batches),) * model.num_stages
-    replayed = replay(log.events, k, v.params, v.states, init_opt_states(tx, v.params), lambda b: batches[b],
-                      backward_weights=weights)
+    replayed = replay(
+        log.events, k, v.params, v.states, init_opt_states(tx, v.params), lambda b: batches[b], backward_weights=weights
+    )
     _assert_trees_close(replayed.store.snapshot()[0], store.snapshot()[0])
     for a, b in zip(replayed.staleness.per_stage(), ex.staleness.per_stage()):
         assert sorted(a.tolist()) == sorted(b.tolist())
@@ -109,8 +110,14 @@ def test_fused_forward_with_batchnorm_and_a_parameter_free_stage_matches_and_rep
     from pdasgd_jax.stages import from_modules
 
     rngs = nnx.Rngs(0)
-    model, v = from_modules([nnx.Sequential(nnx.Linear(8, 16, rngs=rngs), nnx.BatchNorm(16, rngs=rngs)), jax.nn.relu,
-                             nnx.Linear(16, 16, rngs=rngs), nnx.Linear(16, 4, rngs=rngs)])
+    model, v = from_modules(
+        [
+            nnx.Sequential(nnx.Linear(8, 16, rngs=rngs), nnx.BatchNorm(16, rngs=rngs)),
+            jax.nn.relu,
+            nnx.Linear(16, 16, rngs=rngs),
+            nnx.Linear(16, 4, rngs=rngs),
+        ]
+    )
     tx = optax.sgd(0.1, momentum=0.9)
     k = StageKernels(model, tx)
     r = np.random.default_rng(0)
@@ -133,15 +140,22 @@ def test_fused_forward_with_batchnorm_and_a_parameter_free_stage_matches_and_rep
     homes = [devices[m % len(devices)] for m in range(model.num_stages)]
     spread = run(True, homes, devices[-1], log)
     _assert_trees_close(spread.store.snapshot()[:2], unfused.store.snapshot()[:2])
-    replayed = replay(log.events, k, v.params, v.states, init_opt_states(tx, v.params), lambda b: batches[b],
-                      backward_weights="stashed")
+    replayed = replay(
+        log.events,
+        k,
+        v.params,
+        v.states,
+        init_opt_states(tx, v.params),
+        lambda b: batches[b],
+        backward_weights="stashed",
+    )
     _assert_trees_close(replayed.store.snapshot()[:2], spread.store.snapshot()[:2])
 
 
 def test_concurrent_updates_are_never_lost(setup):
     """Many threads hammer one stage: every gradient is applied exactly once."""
     ones = {"w": np.zeros(3, np.float32)}
-    store = ParameterStore([ones], [{}], [()], lambda m, p, o, g: (jax.tree.map(lambda a, b: a + b, p, g), o))
+    store = ParameterStore([ones], [{}], [()], lambda m, p, o, g, *_: (jax.tree.map(lambda a, b: a + b, p, g), o))
     n_threads, per_thread = 8, 200
     seen = [[] for _ in range(n_threads)]
 
@@ -158,3 +172,64 @@ def test_concurrent_updates_are_never_lost(setup):
     assert store.versions() == (total,)
     np.testing.assert_array_equal(np.asarray(store.read_params(0).value[0]["w"]), np.full(3, total, np.float32))
     assert sorted(v for s in seen for v in s) == list(range(total))
+
+
+def _protocol_members(protocol):
+    """The members ``protocol`` declares: its annotated attributes, properties and methods."""
+    own = {n for n in vars(protocol) if not n.startswith("_")}
+    return own | set(getattr(protocol, "__annotations__", {}))
+
+
+def test_real_and_abstract_kernels_implement_one_protocol(setup):
+    """``AbstractKernels`` stands in for ``StageKernels`` while a simulated run resumes: both
+    have every member of ``StageKernelsProtocol``, methods with the protocol's signatures."""
+    import inspect
+
+    from pdasgd_jax.kernels import StageKernelsProtocol
+    from pdasgd_jax.simulate.resume import AbstractKernels
+
+    k = setup[3]
+    members = _protocol_members(StageKernelsProtocol)
+    assert {"forward_all_stashed", "backward_update_stashed", "update", "apply_update", "num_stages"} <= members
+    for impl in (k, AbstractKernels(k)):
+        assert isinstance(impl, StageKernelsProtocol)
+        for name in members:
+            declared = inspect.getattr_static(StageKernelsProtocol, name, None)
+            if inspect.isfunction(declared):
+                assert inspect.signature(getattr(type(impl), name)) == inspect.signature(declared), name
+            else:
+                assert callable(getattr(impl, name)) or isinstance(getattr(impl, name), (int, bool)), name
+
+
+def test_the_constructor_picks_the_mode_class_and_logs_typed_events(setup):
+    from pdasgd_jax.executor import (
+        EventKind,
+        FusedForwardExecutor,
+        FusedJobExecutor,
+        LiveExecutor,
+        StashedExecutor,
+        StashedRecord,
+    )
+
+    modes = {
+        StashedExecutor: {},
+        LiveExecutor: {"backward_weights": "live"},
+        FusedJobExecutor: {"fuse_jobs": True},
+        FusedForwardExecutor: {"fuse_forward": True},
+    }
+    for cls, kw in modes.items():
+        assert type(StageExecutor(setup[3], _store(setup), **kw)) is cls
+    with pytest.raises(ValueError, match="backward_weights 'fresh' is not one of"):
+        StageExecutor(setup[3], _store(setup), backward_weights="fresh")
+    log = EventLog()
+    ex = StageExecutor(setup[3], _store(setup), log=log)
+    x, y = setup[4][0]
+    job = ex.start_job(5, 7, x, y)
+    ex.forward_all(job)
+    assert all(isinstance(r, StashedRecord) for r in job.records)
+    ex.backward_all(job, layerwise=True)
+    kinds = [e.kind for e in log.events]
+    assert kinds[:2] == [EventKind.START, EventKind.FORWARD] and kinds[-1] == EventKind.UPDATE
+    start, forward, update = log.events[0], log.events[1], log.events[-1]
+    assert (start.batch_id, forward.params_version, forward.state_version, update.replaced_version) == (7, 0, 0, 0)
+    assert all(e.live_version == -1 for e in log.events)

@@ -28,7 +28,7 @@ def _floats(shape: tuple[int, ...], seed: int = 0) -> jax.Array:
 
 def _tokens(length: int, seed: int = 0) -> jax.Array:
     tokens = np.random.default_rng(seed).integers(1, VOCAB, size=(BATCH, length))
-    tokens[0, length // 2:] = 0  # one padded review among full-length ones
+    tokens[0, length // 2 :] = 0  # one padded review among full-length ones
     return jnp.asarray(tokens, jnp.int32)
 
 
@@ -47,9 +47,15 @@ CASES: dict[str, tuple[Callable[[nnx.Rngs], list[nnx.Module]], jax.Array]] = {
     "mlp": (_registry("mlp", (8, 8, 1)), _floats((8, 8, 1))),
     "cnn1d": (_registry("cnn1d", (40, 1)), _floats((40, 1))),
     "cnn": (_registry("cnn", (32, 32, 3)), _floats((32, 32, 3))),
-    "cnn-bn-8x8": (lambda rngs: cnn_stages((8, 8, 1), CLASSES, channels=(4, 8, 8, 8), batch_norm=True, rngs=rngs), _floats((8, 8, 1))),
+    "cnn-bn-8x8": (
+        lambda rngs: cnn_stages((8, 8, 1), CLASSES, channels=(4, 8, 8, 8), batch_norm=True, rngs=rngs),
+        _floats((8, 8, 1)),
+    ),
     "resnet18": (lambda rngs: resnet18_stages((32, 32, 3), CLASSES, width=1 / 16, rngs=rngs), _floats((32, 32, 3))),
-    "lstm": (lambda rngs: lstm_stages((12,), CLASSES, vocab_size=VOCAB, embed=8, hidden=8, layers=2, rngs=rngs), _tokens(12)),
+    "lstm": (
+        lambda rngs: lstm_stages((12,), CLASSES, vocab_size=VOCAB, embed=8, hidden=8, layers=2, rngs=rngs),
+        _tokens(12),
+    ),
 }
 LABELS = jnp.arange(BATCH, dtype=jnp.int32) % CLASSES
 
@@ -75,7 +81,8 @@ def test_stage_kernels_match_whole_model_autodiff(name):
     # Jitted because op-by-op autodiff compiles every primitive on its own, several
     # times slower on CPU for these many-shaped models.
     (ref_loss, _), ref_grads = jax.jit(jax.value_and_grad(model.loss_and_states, has_aux=True))(
-        v.params, v.states, x, LABELS)
+        v.params, v.states, x, LABELS
+    )
     np.testing.assert_allclose(loss, ref_loss, rtol=RTOL, atol=ATOL)
     _assert_trees_close(grads, ref_grads)
 
@@ -142,7 +149,9 @@ def test_lstm_output_shape_and_vocab_required():
 
 
 def test_lstm_ignores_padding_wherever_it_sits():
-    model, v = stages.from_modules(lstm_stages((5,), CLASSES, vocab_size=VOCAB, embed=8, hidden=8, layers=2, rngs=_rngs()))
+    model, v = stages.from_modules(
+        lstm_stages((5,), CLASSES, vocab_size=VOCAB, embed=8, hidden=8, layers=2, rngs=_rngs())
+    )
     real = np.random.default_rng(1).integers(1, VOCAB, size=(BATCH, 5))
     pad = np.zeros((BATCH, 3), np.int64)
 
@@ -157,7 +166,9 @@ def test_lstm_ignores_padding_wherever_it_sits():
 
 
 def test_fused_train_step_updates_batchnorm_stats_without_touching_its_inputs():
-    model, v = stages.from_modules(cnn_stages((8, 8, 1), 10, channels=(4, 4, 4), hidden=8, batch_norm=True, rngs=_rngs()))
+    model, v = stages.from_modules(
+        cnn_stages((8, 8, 1), 10, channels=(4, 4, 4), hidden=8, batch_norm=True, rngs=_rngs())
+    )
     tx = optax.sgd(0.1)
     before = [np.asarray(leaf) for leaf in jax.tree.leaves(v.states)]
     ts = kernels.TrainState(v.params, v.states, kernels.init_opt_states(tx, v.params))

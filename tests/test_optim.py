@@ -26,8 +26,9 @@ def test_docstring_examples_run():
 def tiny_mlp():
     # No BatchNorm: an optax transform sees parameters only.
     rngs = nnx.Rngs(1)
-    return stages.from_modules([nnx.Sequential(nnx.Linear(FEATURES, 16, rngs=rngs), nnx.relu),
-                                nnx.Linear(16, CLASSES, rngs=rngs)])
+    return stages.from_modules(
+        [nnx.Sequential(nnx.Linear(FEATURES, 16, rngs=rngs), nnx.relu), nnx.Linear(16, CLASSES, rngs=rngs)]
+    )
 
 
 def run_transform(model, variables, tx, x, y, map_workers):
@@ -46,13 +47,17 @@ def run_transform(model, variables, tx, x, y, map_workers):
     return jax.jit(map_workers(worker))(ts_D, x, y)
 
 
-@pytest.mark.parametrize("period, delay, merge, outer", [
-    (4, 2, "correct", None),
-    (4, 0, "correct", None),
-    (3, 3, "correct", None),
-    (4, 1, "overwrite", None),
-    (4, 2, "correct", optax.sgd(0.7, momentum=0.9, nesterov=True)),
-], ids=["dasgd", "local-sgd", "d-equals-H", "overwrite", "outer-nesterov"])
+@pytest.mark.parametrize(
+    "period, delay, merge, outer",
+    [
+        (4, 2, "correct", None),
+        (4, 0, "correct", None),
+        (3, 3, "correct", None),
+        (4, 1, "overwrite", None),
+        (4, 2, "correct", optax.sgd(0.7, momentum=0.9, nesterov=True)),
+    ],
+    ids=["dasgd", "local-sgd", "d-equals-H", "overwrite", "outer-nesterov"],
+)
 def test_delayed_averaging_equals_the_round_program(period, delay, merge, outer):
     model, variables = tiny_mlp()
     inner = optax.sgd(0.1, momentum=0.9)

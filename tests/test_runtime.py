@@ -2,6 +2,7 @@
 
 import _thread
 import collections
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -47,14 +48,21 @@ def exp():
 
 
 def _settings(exp, *, devices=1, **overrides):
-    base = dict(algo="pdasgd", devices=tuple(jax.devices()[:devices]), groups=devices, batch_size=16,
-                num_examples=16 * 40, queue_capacity=2)
+    base = dict(
+        algo="pdasgd",
+        devices=tuple(jax.devices()[:devices]),
+        groups=devices,
+        batch_size=16,
+        num_examples=16 * 40,
+        queue_capacity=2,
+    )
     return RuntimeSettings(**{**base, **overrides})
 
 
 def _recorder(exp, settings, **kw):
-    return MetricsLog(exp.evaluate, total_examples=settings.num_examples, eval_every=kw.pop("eval_every", 10**9),
-                      progress=False, **kw)
+    return MetricsLog(
+        exp.evaluate, total_examples=settings.num_examples, eval_every=kw.pop("eval_every", 10**9), progress=False, **kw
+    )
 
 
 def _runtime_threads():
@@ -74,6 +82,7 @@ def _assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
 
 
 # The queue -------------------------------------------------------------------------------
+
 
 def _blocked(fn):
     """Runs ``fn`` in a thread; returns the thread and a list that receives its outcome."""
@@ -114,7 +123,7 @@ def test_a_prefetching_producer_refills_in_bursts():
     q = BoundedQueue(4, refill_below=2)
     for item in range(4):
         q.put(item)
-    putter, outcome = _blocked(lambda: q.put(4))
+    putter, _outcome = _blocked(lambda: q.put(4))
     assert q.get() == 0 and q.get() == 1
     time.sleep(0.05)
     assert putter.is_alive()  # two items left: not yet below the refill mark
@@ -143,12 +152,15 @@ def test_queue_drains_after_its_last_producer_is_done():
 
 # Training --------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("algo, weights", [("pdasgd", "stashed"), ("pdasgd", "live"), ("pdasgd-block", "stashed"),
-                                           ("asgd", "stashed")])
+@pytest.mark.parametrize(
+    "algo, weights", [("pdasgd", "stashed"), ("pdasgd", "live"), ("pdasgd-block", "stashed"), ("asgd", "stashed")]
+)
 def test_runtime_trains_to_its_budget_and_reports(exp, algo, weights):
-    settings = _settings(exp, algo=algo, backward_weights=weights, groups=2 if algo == "asgd" else 1,
-                         num_examples=16 * 90 - 5)
+    settings = _settings(
+        exp, algo=algo, backward_weights=weights, groups=2 if algo == "asgd" else 1, num_examples=16 * 90 - 5
+    )
     rt = Runtime(exp, settings)
     result = rt.run(_recorder(exp, settings))
     jobs = settings.num_batches
@@ -189,6 +201,7 @@ def test_nonfinite_loss_stops_every_worker(exp):
 
 # Lifecycle -------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(30)
 def test_worker_exception_reraises_with_its_traceback_and_stops_everything(exp, monkeypatch):
     original = StageExecutor.backward_all
@@ -203,7 +216,7 @@ def test_worker_exception_reraises_with_its_traceback_and_stops_everything(exp, 
 
     monkeypatch.setattr(StageExecutor, "backward_all", failing)
     settings = _settings(exp, num_examples=16 * 10**4)
-    with pytest.raises(WorkerError, match="runtime worker 'd0/backward[01]' failed") as info:
+    with pytest.raises(WorkerError, match=r"runtime worker 'd0/backward[01]' failed") as info:
         Runtime(exp, settings).run(_recorder(exp, settings))
     assert time.monotonic() - failed_at[0] < 5
     assert isinstance(info.value.__cause__, ValueError)
@@ -249,10 +262,12 @@ def test_stop_with_a_full_or_empty_queue_does_not_hang(exp, monkeypatch, queue_s
     seen = _queue_lengths_at_abort(monkeypatch)
     sleeper = "backward" if queue_state == "full" else "forward"
     original = Control.sleep
-    monkeypatch.setattr(Control, "sleep",
-                        lambda self, s: original(self, 10.0) if sleeper in threading.current_thread().name else None)
-    settings = _settings(exp, num_examples=16 * 10**4, queue_capacity=1, backward_workers=1,
-                         delay=DelayModel("constant", mean=1e-6))
+    monkeypatch.setattr(
+        Control, "sleep", lambda self, s: original(self, 10.0) if sleeper in threading.current_thread().name else None
+    )
+    settings = _settings(
+        exp, num_examples=16 * 10**4, queue_capacity=1, backward_workers=1, delay=DelayModel("constant", mean=1e-6)
+    )
     rt = Runtime(exp, settings)
     handed = []  # one entry per job a forward worker starts handing on
     hand = ForwardWorker._hand
@@ -271,29 +286,46 @@ def test_stop_with_a_full_or_empty_queue_does_not_hang(exp, monkeypatch, queue_s
     result = rt.run(_recorder(exp, settings, eval_every=16 * 100))
     assert time.monotonic() - start < 5
     assert result.step == 1
-    feed_abort, job_queue_abort = seen  # the feed's queue, then the replica's job queue, once each
+    _feed_abort, job_queue_abort = seen  # the feed's queue, then the replica's job queue, once each
     assert job_queue_abort == ((1, 1) if queue_state == "full" else (0, 1))
 
 
 # Replay and lost updates -------------------------------------------------------------------
 
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("algo, weights", [("pdasgd", "stashed"), ("pdasgd-block", "live")])
 def test_replay_of_a_multi_device_run_reproduces_it(exp, algo, weights):
     assert jax.device_count() == 8
-    settings = _settings(exp, devices=8, algo=algo, backward_weights=weights, forward_workers=2, backward_workers=3,
-                         queue_capacity=3, num_examples=16 * 48, record_events=True)
+    settings = _settings(
+        exp,
+        devices=8,
+        algo=algo,
+        backward_weights=weights,
+        forward_workers=2,
+        backward_workers=3,
+        queue_capacity=3,
+        num_examples=16 * 48,
+        record_events=True,
+    )
     rt = Runtime(exp, settings)
     result = rt.run(_recorder(exp, settings))
-    assert len({d for d in rt.store.home_devices}) == exp.model.num_stages  # stages spread over devices
+    assert len(set(rt.store.home_devices)) == exp.model.num_stages  # stages spread over devices
     events = rt.log.events
     starts = [e for e in events if e.kind == "start"]
-    assert sorted(e.version for e in starts) == list(range(settings.num_batches))  # every batch exactly once
+    assert sorted(e.batch_id for e in starts) == list(range(settings.num_batches))  # every batch exactly once
     assert len({e.worker for e in starts}) > 2  # several forward workers took part
     batches = list(itertools.islice(numbered_batches(exp, settings.batch_size), settings.num_batches))
     v = exp.variables
-    replayed = replay(events, exp.kernels, v.params, v.states, init_opt_states(exp.tx, v.params),
-                      lambda b: (batches[b].x, batches[b].labels), backward_weights=weights)
+    replayed = replay(
+        events,
+        exp.kernels,
+        v.params,
+        v.states,
+        init_opt_states(exp.tx, v.params),
+        lambda b: (batches[b].x, batches[b].labels),
+        backward_weights=weights,
+    )
     _assert_trees_close(replayed.store.snapshot()[0], result.params)
     for a, b in zip(replayed.staleness.per_stage(), rt.executor.staleness.per_stage()):
         assert sorted(a.tolist()) == sorted(b.tolist())
@@ -302,10 +334,13 @@ def test_replay_of_a_multi_device_run_reproduces_it(exp, algo, weights):
 def _tiny_experiment(exp):
     rngs = nnx.Rngs(1)
     model, variables = stages.from_modules(
-        [nnx.Sequential(Flatten(), nnx.Linear(64, 8, rngs=rngs), nnx.relu),
-         nnx.Sequential(nnx.Linear(8, 8, rngs=rngs), nnx.relu),
-         nnx.Sequential(nnx.Linear(8, 8, rngs=rngs), nnx.relu),
-         nnx.Linear(8, 10, rngs=rngs)])
+        [
+            nnx.Sequential(Flatten(), nnx.Linear(64, 8, rngs=rngs), nnx.relu),
+            nnx.Sequential(nnx.Linear(8, 8, rngs=rngs), nnx.relu),
+            nnx.Sequential(nnx.Linear(8, 8, rngs=rngs), nnx.relu),
+            nnx.Linear(8, 10, rngs=rngs),
+        ]
+    )
     return dataclasses.replace(exp, model=model, variables=variables, tx=optax.sgd(0.01))
 
 
@@ -313,8 +348,16 @@ def _tiny_experiment(exp):
 def test_many_threads_lose_no_update(exp):
     """F=4, B=8 on each of 8 devices (96 workers), tiny jobs: every gradient applied exactly once."""
     tiny = _tiny_experiment(exp)
-    settings = _settings(tiny, devices=8, forward_workers=4, backward_workers=8, queue_capacity=8, batch_size=2,
-                         num_examples=2 * 400, record_events=True)
+    settings = _settings(
+        tiny,
+        devices=8,
+        forward_workers=4,
+        backward_workers=8,
+        queue_capacity=8,
+        batch_size=2,
+        num_examples=2 * 400,
+        record_events=True,
+    )
     rt = Runtime(tiny, settings)
     rt.run(_recorder(tiny, settings))
     n = settings.num_batches
@@ -322,7 +365,7 @@ def test_many_threads_lose_no_update(exp):
     updates = collections.defaultdict(list)
     for e in rt.log.events:
         if e.kind == "update":
-            updates[e.stage].append((e.version, e.job))
+            updates[e.stage].append((e.replaced_version, e.job))
     for m in range(tiny.model.num_stages):
         assert sorted(version for version, _ in updates[m]) == list(range(n))  # each version replaced once
         assert sorted(job for _, job in updates[m]) == list(range(n))  # each job updated the stage once
@@ -330,6 +373,7 @@ def test_many_threads_lose_no_update(exp):
 
 
 # Injected delays ----------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(30)
 def test_injected_delays_come_from_one_stream_per_worker(exp, monkeypatch):
@@ -362,6 +406,7 @@ def test_delay_mean_is_in_steps_of_the_calibrated_compute(exp):
 
 
 # End to end --------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(60)
 def test_cli_trains_pdasgd_and_writes_staleness(tmp_path):
@@ -404,12 +449,17 @@ def test_checkpoints_hold_the_parameters_they_evaluated(tmp_path, monkeypatch):
     though the workers train on while it runs."""
     saved = []
     save = RunCheckpointer.save
-    monkeypatch.setattr(RunCheckpointer, "save",
-                        lambda self, step, state, meta: saved.append((step, state)) or save(self, step, state, meta))
+    monkeypatch.setattr(
+        RunCheckpointer,
+        "save",
+        lambda self, step, state, meta: saved.append((step, state)) or save(self, step, state, meta),
+    )
     out = tmp_path / "run"
     config = Config(algo="asgd", replicas=1, epochs=1, eval_every=64, seed=2, progress=False, out=str(out))
     train_and_evaluate(config)
-    accuracy = {r["step"]: r["test_accuracy"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    accuracy = {
+        r["step"]: r["test_accuracy"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    }
     exp = Experiment.from_config(config)
     assert len(saved) >= 2
     for step, (params, states, _) in saved:
@@ -417,6 +467,7 @@ def test_checkpoints_hold_the_parameters_they_evaluated(tmp_path, monkeypatch):
 
 
 # Evaluations and exact resume -----------------------------------------------------------------
+
 
 def _slow_every_third_backward(monkeypatch):
     """Jobs 0, 3, 6, ... start their backward late, so with two backward workers the jobs
@@ -460,8 +511,9 @@ def test_evaluation_and_checkpoint_time_is_not_training_time(exp, tmp_path, monk
         return exp.evaluate(params, states)
 
     settings = _settings(exp, num_examples=16 * 12)
-    metrics = MetricsLog(slow_evaluate, total_examples=settings.num_examples, eval_every=32, progress=False,
-                         clock=clock)
+    metrics = MetricsLog(
+        slow_evaluate, total_examples=settings.num_examples, eval_every=32, progress=False, clock=clock
+    )
     ckpt = RunCheckpointer(str(tmp_path), clock=clock)
     write = ckpt._manager.save
     monkeypatch.setattr(ckpt._manager, "save", lambda *a, **kw: now.__setitem__(0, now[0] + 10.0) or write(*a, **kw))
@@ -484,8 +536,9 @@ def _updates(log):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("checkpoint_every, stop_after", [(0, 1), (0, 3), (48, 2), (48, 5)])
-def test_a_resumed_threaded_run_applies_every_batch_exactly_once(exp, tmp_path, monkeypatch, checkpoint_every,
-                                                                 stop_after):
+def test_a_resumed_threaded_run_applies_every_batch_exactly_once(
+    exp, tmp_path, monkeypatch, checkpoint_every, stop_after
+):
     """F=1, B=2 with out-of-order completion, killed right after its ``stop_after``-th
     checkpoint (at evaluations every 80 examples, or also every 48): across the two runs'
     event logs every job updates every stage exactly once, and the metrics stay in order."""
@@ -495,8 +548,14 @@ def test_a_resumed_threaded_run_applies_every_batch_exactly_once(exp, tmp_path, 
     runtimes = []
 
     def run(resume):
-        metrics = MetricsLog(exp.evaluate, total_examples=settings.num_examples, eval_every=80, out_dir=str(tmp_path),
-                             progress=False, resume=resume)
+        metrics = MetricsLog(
+            exp.evaluate,
+            total_examples=settings.num_examples,
+            eval_every=80,
+            out_dir=str(tmp_path),
+            progress=False,
+            resume=resume,
+        )
         ckpt = RunCheckpointer(str(tmp_path), every=checkpoint_every, fresh=not resume, clock=metrics.clock)
         runtimes.append(Runtime(exp, settings))
         try:
@@ -560,18 +619,19 @@ def test_every_host_thread_runs_on_the_cores_it_was_given(exp, host_cpus):
     spec = str(first) if host_cpus == "first" else host_cpus
     settings = _settings(exp, host_cpus=spec)
     extra = Runtime(exp, settings).run(_recorder(exp, settings)).extra
-    expected = {"auto": [max(_ALLOWED)] if len(_ALLOWED) > 1 else sorted(_ALLOWED), "off": sorted(_ALLOWED),
-                "first": [first]}[host_cpus]
+    expected = {
+        "auto": [max(_ALLOWED)] if len(_ALLOWED) > 1 else sorted(_ALLOWED),
+        "off": sorted(_ALLOWED),
+        "first": [first],
+    }[host_cpus]
     assert extra["host_cpus"] == (None if host_cpus == "off" or len(_ALLOWED) == 1 else expected)
     assert set(extra["thread_cpus"]) == {"feed", "d0/forward0", "d0/backward0", "d0/backward1"}
     assert all(cpus == expected for cpus in extra["thread_cpus"].values())
     assert affinity.current_thread_cpus() == tuple(sorted(_ALLOWED))  # the caller's thread is left where it was
     if os.path.isdir("/proc/self/task"):  # and no thread of the process (XLA's included) stays pinned
         for tid in os.listdir("/proc/self/task"):
-            try:
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
                 assert os.sched_getaffinity(int(tid)) == _ALLOWED, tid
-            except ProcessLookupError:
-                pass  # a thread that ended meanwhile
 
 
 @needs_pinning
@@ -587,9 +647,14 @@ def test_host_cpus_resolve_to_the_allowed_cores():
 
 
 @needs_pinning
-@pytest.mark.parametrize("bad, message", [("1,x", "is not allowed; use auto, off or core ids"),
-                                          ("4096", r"names core\(s\) \[4096\]; this process may use cores"),
-                                          ("-1", r"names core\(s\) \[-1\]")])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("1,x", "is not allowed; use auto, off or core ids"),
+        ("4096", r"names core\(s\) \[4096\]; this process may use cores"),
+        ("-1", r"names core\(s\) \[-1\]"),
+    ],
+)
 def test_a_bad_host_cpus_value_is_refused_before_any_work(exp, bad, message):
     with pytest.raises(ValueError, match=message):
         _settings(exp, host_cpus=bad)

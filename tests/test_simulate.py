@@ -27,8 +27,13 @@ STEP = TIMING.step_compute_time()  # 10.25
 def _simulate(timing=TIMING, log=None, **overrides):
     config = Config(**{"simulate": True, "progress": False, "batch_size": 16, "epochs": 0.1, **overrides}).validate()
     exp = Experiment.from_config(config)
-    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every or 10**9,
-                         target_accuracy=config.target_accuracy, progress=False)
+    metrics = MetricsLog(
+        exp.evaluate,
+        total_examples=exp.total_examples,
+        eval_every=config.eval_every or 10**9,
+        target_accuracy=config.target_accuracy,
+        progress=False,
+    )
     return exp, metrics, run_simulated(exp, metrics, timing=timing, log=log)
 
 
@@ -50,15 +55,16 @@ def _assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
 
 def _taus(events, num_stages):
     """Per-stage staleness of every update, in the order applied, from an event log."""
-    read = {(e.job, e.stage): e.version for e in events if e.kind == "forward"}
+    read = {(e.job, e.stage): e.params_version for e in events if e.kind == "forward"}
     taus = [[] for _ in range(num_stages)]
     for e in events:
         if e.kind == "update":
-            taus[e.stage].append(e.version - read[e.job, e.stage])
+            taus[e.stage].append(e.replaced_version - read[e.job, e.stage])
     return taus
 
 
 # --- the scheduler ---------------------------------------------------------------------------
+
 
 def _device_run(concurrency, kernels):
     """Runs one kernel per worker on one device; returns each worker's (start, end)."""
@@ -115,7 +121,9 @@ def _random_schedule(seed, *, general, stop_after=None):
         while True:
             job = yield Get(ch)
             for m in range(3):
-                yield Kernel(dev, works[name].pop(), lambda m=m, job=job: trace.append(("B", name, job, m, sched.now)), BACKWARD)
+                yield Kernel(
+                    dev, works[name].pop(), lambda m=m, job=job: trace.append(("B", name, job, m, sched.now)), BACKWARD
+                )
                 trace.append(("B end", name, job, m, sched.now))
                 if stop_after is not None and len(trace) > stop_after:
                     sched.stop()
@@ -169,18 +177,21 @@ def test_a_full_channel_blocks_the_putter_and_idle_time_frees_the_device():
     sched.spawn("p", producer())
     sched.spawn("c", consumer())
     assert sched.run() == 8.0
-    assert log == [("put", 0, 0.0), ("got", 0, 5.0), ("put", 1, 5.0), ("got", 1, 6.0), ("put", 2, 6.0),
-                   ("got", 2, 7.0)]
+    assert log == [("put", 0, 0.0), ("got", 0, 5.0), ("put", 1, 5.0), ("got", 1, 6.0), ("put", 2, 6.0), ("got", 2, 7.0)]
 
 
 # --- identities ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides", [
-    {"algo": "asgd"},
-    {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue": 1},
-    {"algo": "pdasgd", "backward_weights": "live"},
-    {"algo": "pdasgd-block", "backward_workers": 3},
-])
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"algo": "asgd"},
+        {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue": 1},
+        {"algo": "pdasgd", "backward_weights": "live"},
+        {"algo": "pdasgd-block", "backward_workers": 3},
+    ],
+)
 def test_one_device_without_delays_is_plain_sgd(overrides):
     """One device runs one kernel at a time, backward first: every job sees the previous
     job's updates, so any F, B, Q is SGD step for step, in virtual time sum of the costs."""
@@ -194,12 +205,14 @@ def test_one_device_without_delays_is_plain_sgd(overrides):
 
 
 def test_sync_is_sgd_on_the_global_batch_and_waits_for_the_slowest():
-    sync_exp, _, sync = _simulate(algo="sync", devices=4, batch_size=64, epochs=0.5, delay_model="constant",
-                                  delay_mean=0.5)
+    _sync_exp, _, sync = _simulate(
+        algo="sync", devices=4, batch_size=64, epochs=0.5, delay_model="constant", delay_mean=0.5
+    )
     config = Config(algo="sgd", progress=False, batch_size=64, epochs=0.5).validate()
     exp = Experiment.from_config(config)
-    sgd = RUNNERS["sgd"](exp, MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9,
-                                         progress=False))
+    sgd = RUNNERS["sgd"](
+        exp, MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    )
     assert sync.step == sgd.step == 12
     for a, b in zip(jax.tree.leaves(sync.params), jax.tree.leaves(sgd.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -229,8 +242,11 @@ def test_worker_groups_sharing_a_device_queue_for_it(algo):
     assert shared.step == 9 and shared.extra["devices"] == 1
     assert shared.extra["virtual_time"] == pytest.approx(9 * STEP)
     assert shared.extra["utilisation"]["devices"] == [pytest.approx(1.0)]
-    names = {"w0", "w1", "w2"} if algo == "asgd" else {f"d{g}/{kind}" for g in range(3)
-                                                     for kind in ("forward0", "backward0", "backward1")}
+    names = (
+        {"w0", "w1", "w2"}
+        if algo == "asgd"
+        else {f"d{g}/{kind}" for g in range(3) for kind in ("forward0", "backward0", "backward1")}
+    )
     assert set(shared.extra["utilisation"]["workers"]) == names
     if algo == "asgd":
         _, _, spread = _simulate(algo=algo, replicas=3)
@@ -238,6 +254,7 @@ def test_worker_groups_sharing_a_device_queue_for_it(algo):
 
 
 # --- closed-form staleness -------------------------------------------------------------------
+
 
 # PD-ASGD with F = B = Q = 1 on a device that runs both workers' kernels at full speed
 # (concurrency 2), costs f_m (forward), l (loss), b_m + u_m (backward and update), and a
@@ -259,21 +276,33 @@ def _closed_form(f, l, bu, d):
     return [int(t_b > t_f) + int(sum(bu[m:]) > sum(f[:m]) + d) for m in range(len(f))]
 
 
-@pytest.mark.parametrize("f, l, b, u, k, expected", [
-    ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.0, [2, 2, 2]),  # backward-bound, d = 0
-    ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.1, [2, 2, 1]),  # d = 1.025
-    ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.5, [2, 1, 1]),  # d = 5.125
-    ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.8, [1, 1, 1]),  # d = 8.2
-    ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.0, [1, 1, 0]),  # forward-bound, d = 0
-    ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.1, [1, 0, 0]),  # d = 1.15
-])
+@pytest.mark.parametrize(
+    "f, l, b, u, k, expected",
+    [
+        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.0, [2, 2, 2]),  # backward-bound, d = 0
+        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.1, [2, 2, 1]),  # d = 1.025
+        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.5, [2, 1, 1]),  # d = 5.125
+        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.8, [1, 1, 1]),  # d = 8.2
+        ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.0, [1, 1, 0]),  # forward-bound, d = 0
+        ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.1, [1, 0, 0]),  # d = 1.15
+    ],
+)
 def test_pdasgd_pipeline_staleness_has_the_closed_form(f, l, b, u, k, expected):
     timing = TimingModel(forward=f, backward=b, update=u, loss=l, concurrency=2.0)
     d = k * timing.step_compute_time()
     assert _closed_form(f, l, [bm + um for bm, um in zip(b, u)], d) == expected
     log = EventLog()
-    _, _, result = _simulate(timing, log, algo="pdasgd", forward_workers=1, backward_workers=1, queue=1,
-                             batch_size=8, delay_model="constant" if k else "none", delay_mean=k)
+    _, _, result = _simulate(
+        timing,
+        log,
+        algo="pdasgd",
+        forward_workers=1,
+        backward_workers=1,
+        queue=1,
+        batch_size=8,
+        delay_model="constant" if k else "none",
+        delay_mean=k,
+    )
     taus = _taus(log.events, 3)
     assert len(taus[0]) == 18
     for m, tau in enumerate(expected):
@@ -288,8 +317,9 @@ def test_synchronised_asgd_workers_see_the_closed_form_staleness(delay_mean):
     tau = w (histogram: each of 0..W-1 once per round; the max W-1 is the staleness of
     desynchronised workers, where every other worker updates once between a read and a write).
     Each worker is busy T of every T + d."""
-    exp, _, result = _simulate(algo="asgd", replicas=3, delay_model="constant" if delay_mean else "none",
-                               delay_mean=delay_mean)
+    _exp, _, result = _simulate(
+        algo="asgd", replicas=3, delay_model="constant" if delay_mean else "none", delay_mean=delay_mean
+    )
     assert result.step == 9
     for stats in result.extra["staleness"]["per_stage"]:
         assert stats["histogram"] == [3, 3, 3] and stats["mean"] == 1.0
@@ -301,8 +331,9 @@ def test_synchronised_asgd_workers_see_the_closed_form_staleness(delay_mean):
 
 # --- determinism, replay, reporting ----------------------------------------------------------
 
-STRAGGLER = TimingModel(forward=TIMING.forward, backward=TIMING.backward, update=TIMING.update, loss=TIMING.loss,
-                        worker_factors=(3.0,))
+STRAGGLER = TimingModel(
+    forward=TIMING.forward, backward=TIMING.backward, update=TIMING.update, loss=TIMING.loss, worker_factors=(3.0,)
+)
 NOISY = dict(algo="pdasgd", replicas=2, backward_workers=2, delay_model="lognormal", delay_mean=1.0, eval_every=48)
 
 
@@ -340,8 +371,15 @@ def test_a_simulated_run_replays_to_the_same_parameters(weights):
     v = exp.variables
     stream = exp.train_stream(exp.config.batch_size)
     batches = [next(stream) for _ in range(result.extra["jobs_started"])]
-    replayed = replay(log.events, exp.kernels, v.params, v.states, init_opt_states(exp.tx, v.params),
-                      lambda i: batches[i], backward_weights=weights)
+    replayed = replay(
+        log.events,
+        exp.kernels,
+        v.params,
+        v.states,
+        init_opt_states(exp.tx, v.params),
+        lambda i: batches[i],
+        backward_weights=weights,
+    )
     _assert_trees_close(replayed.store.snapshot()[0], result.params, rtol=0, atol=0)
     assert replayed.staleness.summary() == result.extra["staleness"]
 
@@ -369,15 +407,14 @@ def test_fused_jobs_do_the_arithmetic_of_the_per_stage_chain(monkeypatch):
     from pdasgd_jax.executor import StageExecutor
     from pdasgd_jax.simulate import run as sim_run
 
-    overrides = dict(algo="pdasgd", replicas=2, epochs=0.5, seed=3, eval_every=256, delay_model="exponential",
-                     delay_mean=1.0)
+    overrides = dict(
+        algo="pdasgd", replicas=2, epochs=0.5, seed=3, eval_every=256, delay_model="exponential", delay_mean=1.0
+    )
     _, fused_metrics, fused = _simulate(**overrides)
 
-    class PerStage(StageExecutor):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, "fuse_jobs": False})
-
-    monkeypatch.setattr(sim_run, "StageExecutor", PerStage)
+    monkeypatch.setattr(
+        sim_run, "StageExecutor", lambda *args, **kw: StageExecutor(*args, **{**kw, "fuse_jobs": False})
+    )
     _, chained_metrics, chained = _simulate(**overrides)
     assert fused.extra["staleness"] == chained.extra["staleness"]
     assert fused.extra["virtual_time"] == chained.extra["virtual_time"]

@@ -45,6 +45,8 @@ def cnn_stages(
         stages.append(nnx.Sequential(*layers))
         c_in = c_out
     stages.append(
-        nnx.Sequential(Flatten(), nnx.Linear(h * w * c_in, hidden, rngs=rngs), nnx.relu, nnx.Linear(hidden, num_classes, rngs=rngs))
+        nnx.Sequential(
+            Flatten(), nnx.Linear(h * w * c_in, hidden, rngs=rngs), nnx.relu, nnx.Linear(hidden, num_classes, rngs=rngs)
+        )
     )
     return stages

@@ -9,7 +9,9 @@ from flax import nnx
 from pdasgd_jax.models.common import Flatten
 
 
-def cnn1d_stages(input_shape: Sequence[int], num_classes: int, *, channels: int = 32, rngs: nnx.Rngs) -> list[nnx.Module]:
+def cnn1d_stages(
+    input_shape: Sequence[int], num_classes: int, *, channels: int = 32, rngs: nnx.Rngs
+) -> list[nnx.Module]:
     """Stages ``[conv+relu] x 3, flatten+dense`` for ``(T, C)`` sequences.
 
     Each conv has stride 2 and ``SAME`` padding, so it halves the time axis (rounding up);

@@ -89,6 +89,7 @@ class Runtime:
             clock=lambda: time.perf_counter() - self._start,
             fuse_jobs=not s.pipelined,
             fuse_forward=s.pipelined,
+            seed=s.seed,
         )
         consumers = s.groups * (s.forward_workers if s.pipelined else 1)
         # At least one batch ready per consumer at all times, refilled in bursts.

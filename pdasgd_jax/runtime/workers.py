@@ -51,8 +51,13 @@ class WorkerStats:
     def summary(self, total: float) -> dict[str, float]:
         """Fractions of ``total`` seconds (``busy`` is the worker's utilisation) and the job count."""
         total = max(total, 1e-9)
-        return {"busy": self.busy / total, "idle": self.idle / total, "starved": self.starved / total,
-                "blocked": self.blocked / total, "jobs": self.jobs}
+        return {
+            "busy": self.busy / total,
+            "idle": self.idle / total,
+            "starved": self.starved / total,
+            "blocked": self.blocked / total,
+            "jobs": self.jobs,
+        }
 
 
 class Worker:
@@ -70,8 +75,15 @@ class Worker:
       rng: this worker's delay stream.
     """
 
-    def __init__(self, name: str, device: jax.Device, executor: StageExecutor, control: Control, delay: DelayModel,
-                 rng: np.random.Generator):
+    def __init__(
+        self,
+        name: str,
+        device: jax.Device,
+        executor: StageExecutor,
+        control: Control,
+        delay: DelayModel,
+        rng: np.random.Generator,
+    ):
         self.name = name
         self.device = device
         self.executor = executor
@@ -123,8 +135,9 @@ class Worker:
 
     def _start_job(self, batch: Batch) -> Job:
         # Each batch makes exactly one job, so the batch id doubles as the job id.
-        return self.executor.start_job(batch.batch_id, batch.batch_id, batch.x, batch.labels, device=self.device,
-                                       worker=self.name)
+        return self.executor.start_job(
+            batch.batch_id, batch.batch_id, batch.x, batch.labels, device=self.device, worker=self.name
+        )
 
     def _settle_updates(self) -> None:
         # A stage's newer versions are computed from this job's update, so settling the

@@ -4,7 +4,8 @@ When the schedule is known in advance, stage ``m``'s forward at step ``t`` reads
 ``t - lag[t, m]`` of its parameters (the version after ``t - lag[t, m]`` updates), the
 gradient is exact at those stashed weights (a forward may mix versions, as in PD-ASGD), and
 step ``t``'s update of every stage is applied to the *current* parameters, producing version
-``t + 1``. A constant pattern ``tau`` is ``lag[t, m] = min(t, tau_m)``.
+``t + 1``; the optimizer sees its staleness ``lag[t, m]`` and the version read as ``old_params``.
+A constant pattern ``tau`` is ``lag[t, m] = min(t, tau_m)``.
 
 Each stage keeps a ring buffer of its last ``max_t lag[t, m] + 1`` versions (version ``v``
 in slot ``v % L_m``), so the whole run is one compiled program with no per-step dispatch.
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pdasgd_jax.executor import Event
+from pdasgd_jax.executor import Event, EventKind
 from pdasgd_jax.kernels import apply_stage_update
 from pdasgd_jax.stages import StagedModel
 
@@ -58,12 +59,15 @@ def ring_sizes(lags: np.ndarray) -> tuple[int, ...]:
     return tuple(int(s) + 1 for s in np.max(lags, axis=0))
 
 
-def init_ring_state(params: Sequence[PyTree], states: Sequence[PyTree], opt_states: Sequence[PyTree],
-                    sizes: Sequence[int]) -> RingState:
+def init_ring_state(
+    params: Sequence[PyTree], states: Sequence[PyTree], opt_states: Sequence[PyTree], sizes: Sequence[int]
+) -> RingState:
     """Version 0 of every stage, current and in slot 0 of its ring (the other slots are written
     before they are read; a stage that is never stale keeps no ring)."""
-    rings = tuple(() if n == 1 else jax.tree.map(lambda leaf, n=n: jnp.broadcast_to(leaf, (n, *jnp.shape(leaf))), p)
-                  for p, n in zip(params, sizes))
+    rings = tuple(
+        () if n == 1 else jax.tree.map(lambda leaf, n=n: jnp.broadcast_to(leaf, (n, *jnp.shape(leaf))), p)
+        for p, n in zip(params, sizes)
+    )
     return RingState(tuple(params), rings, tuple(states), tuple(opt_states), jnp.zeros((), jnp.int32))
 
 
@@ -80,34 +84,54 @@ StepsFn = Callable[[RingState, Any, Any, Any], tuple[RingState, jax.Array]]
 
 
 def make_fixed_staleness_steps(model: StagedModel, tx: optax.GradientTransformation, sizes: Sequence[int]) -> StepsFn:
-    """Jitted ``(RingState, xs, ys, lags) -> (RingState, losses)`` over the leading (step) axis."""
+    """Jitted ``(RingState, xs, ys, lags, keys=None) -> (RingState, losses)`` over the leading
+    (step) axis; ``keys``: each step's job key, for a model that draws randomness."""
     sizes = tuple(sizes)
 
     def step(rs: RingState, inputs):
-        x, labels, lag = inputs
+        x, labels, lag, key = inputs
         t = rs.step
         # A stage that is never stale (ring of one) reads its current parameters directly.
-        read = tuple(current if n == 1 else _version(ring, t - lag[m], n)
-                     for m, (current, ring, n) in enumerate(zip(rs.params, rs.rings, sizes)))
-        (loss, new_states), grads = jax.value_and_grad(model.loss_and_states, has_aux=True)(read, rs.states, x, labels)
+        read = tuple(
+            current if n == 1 else _version(ring, t - lag[m], n)
+            for m, (current, ring, n) in enumerate(zip(rs.params, rs.rings, sizes))
+        )
+        (loss, new_states), grads = jax.value_and_grad(model.loss_and_states, has_aux=True)(
+            read, rs.states, x, labels, key
+        )
         params, rings, opt_states = [], [], []
-        for current, ring, n, opt_state, g in zip(rs.params, rs.rings, sizes, rs.opt_states, grads):
-            p, opt_state = apply_stage_update(tx, current, opt_state, g)
+        for m, (current, ring, n, opt_state, g) in enumerate(zip(rs.params, rs.rings, sizes, rs.opt_states, grads)):
+            # Replacing version t, read at t - lag: the update is lag[m] stale.
+            p, opt_state = apply_stage_update(tx, current, opt_state, g, lag[m], read[m])
             if n > 1:
-                ring = jax.tree.map(lambda r, v: jax.lax.dynamic_update_index_in_dim(r, v, (t + 1) % n, 0), ring, p)
+                ring = jax.tree.map(
+                    lambda r, v, n=n: jax.lax.dynamic_update_index_in_dim(r, v, (t + 1) % n, 0), ring, p
+                )
             params.append(p)
             rings.append(ring)
             opt_states.append(opt_state)
         return RingState(tuple(params), tuple(rings), tuple(new_states), tuple(opt_states), t + 1), loss
 
-    return jax.jit(lambda rs, xs, ys, lags: jax.lax.scan(step, rs, (xs, ys, lags)))
+    return jax.jit(lambda rs, xs, ys, lags, keys=None: jax.lax.scan(step, rs, (xs, ys, lags, keys)))
 
 
-def run_fixed_staleness(model: StagedModel, tx: optax.GradientTransformation, params: Sequence[PyTree],
-                        states: Sequence[PyTree], opt_states: Sequence[PyTree], xs: Any, ys: Any,
-                        lags: np.ndarray) -> tuple[tuple[PyTree, ...], tuple[PyTree, ...], tuple[PyTree, ...],
-                                                   jax.Array]:
+def run_fixed_staleness(
+    model: StagedModel,
+    tx: optax.GradientTransformation,
+    params: Sequence[PyTree],
+    states: Sequence[PyTree],
+    opt_states: Sequence[PyTree],
+    xs: Any,
+    ys: Any,
+    lags: np.ndarray,
+    *,
+    seed: int = 0,
+    batch_ids: Sequence[int] | None = None,
+) -> tuple[tuple[PyTree, ...], tuple[PyTree, ...], tuple[PyTree, ...], jax.Array]:
     """Runs ``len(lags)`` steps on batches ``xs[t], ys[t]`` with read lags ``lags[t, m]``.
+
+    A model that draws randomness (Dropout) draws step ``t``'s from ``fold_in(key(seed),
+    batch_ids[t])`` (default ``batch_ids[t] = t``), the key the executor gives that batch's job.
 
     Returns the final ``(params, states, opt_states)`` and the per-step losses.
     """
@@ -117,8 +141,13 @@ def run_fixed_staleness(model: StagedModel, tx: optax.GradientTransformation, pa
     if np.any(lags < 0) or np.any(lags > np.arange(len(lags))[:, None]):
         raise ValueError("lags must satisfy 0 <= lag[t, m] <= t (a step reads a version that exists)")
     sizes = ring_sizes(lags)
-    rs, losses = make_fixed_staleness_steps(model, tx, sizes)(init_ring_state(params, states, opt_states, sizes),
-                                                              xs, ys, lags)
+    keys = None
+    if model.draws_randomness:
+        ids = np.arange(len(lags)) if batch_ids is None else np.asarray(batch_ids)
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), ids)
+    rs, losses = make_fixed_staleness_steps(model, tx, sizes)(
+        init_ring_state(params, states, opt_states, sizes), xs, ys, lags, keys
+    )
     return current_params(rs), rs.states, rs.opt_states, losses
 
 
@@ -134,16 +163,18 @@ def lags_from_log(events: Iterable[Event], num_stages: int) -> tuple[np.ndarray,
         read out of step order.
     """
     events = sorted(events, key=lambda e: e.seq)
-    if any(e.kind == "backward" and e.version >= 0 for e in events):
+    if any(e.kind == EventKind.BACKWARD and e.live_version >= 0 for e in events):
         raise ValueError("the log has live backwards; the fast path computes gradients at the stashed weights")
-    order = [[e.job for e in events if e.kind == "update" and e.stage == m] for m in range(num_stages)]
+    order = [[e.job for e in events if e.kind == EventKind.UPDATE and e.stage == m] for m in range(num_stages)]
     if any(o != order[0] for o in order):
         raise ValueError("stages were updated by their jobs in different orders; replay the log with executor.replay")
-    batch = {e.job: e.version for e in events if e.kind == "start"}
-    read = {(e.job, e.stage): e.version for e in events if e.kind == "forward"}
+    batch = {e.job: e.batch_id for e in events if e.kind == EventKind.START}
+    read = {(e.job, e.stage): e.params_version for e in events if e.kind == EventKind.FORWARD}
     jobs = order[0]
-    stateful = {e.stage for e in events if e.kind == "state"}
-    if any(e.kind == "forward" and e.stage in stateful and e.state_version != jobs.index(e.job) for e in events):
+    stateful = {e.stage for e in events if e.kind == EventKind.STATE}
+    if any(
+        e.kind == EventKind.FORWARD and e.stage in stateful and e.state_version != jobs.index(e.job) for e in events
+    ):
         raise ValueError("non-trainable states were read out of step order; replay the log with executor.replay")
     lags = np.array([[t - read[job, m] for m in range(num_stages)] for t, job in enumerate(jobs)], np.int32)
     return np.array([batch[job] for job in jobs], np.int64), lags.reshape(len(jobs), num_stages)

@@ -34,7 +34,9 @@ def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Work
     for m in range(sim.num_stages):
         if c.transfer[m]:
             yield Sleep(c.transfer[m])
-        yield Kernel(device, c.forward[m], functools.partial(ex.forward_stage, job, m, commit_state=False, worker=worker))
+        yield Kernel(
+            device, c.forward[m], functools.partial(ex.forward_stage, job, m, commit_state=False, worker=worker)
+        )
         ex.commit_state(job, m, worker=worker)
     yield Kernel(device, c.loss, functools.partial(ex.loss, job, worker=worker))
 
@@ -99,8 +101,7 @@ def spawn_asgd(sim: Simulation) -> None:
         sim.scheduler.spawn(name, asgd_worker(sim, device, name))
 
 
-def spawn_pdasgd(sim: Simulation, *, forward_workers: int, backward_workers: int, queue: int,
-                 layerwise: bool) -> None:
+def spawn_pdasgd(sim: Simulation, *, forward_workers: int, backward_workers: int, queue: int, layerwise: bool) -> None:
     """Per replica (group; by default one per device) ``F`` forward and ``B`` backward
     workers and a channel of capacity ``Q``."""
     for g, device in enumerate(sim.group_devices):

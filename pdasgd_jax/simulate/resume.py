@@ -7,8 +7,9 @@ rebuilds everything else by replaying the schedule:
 
 * ``capture`` (at an evaluation, inside ``on_job_done``): the store's values and, for every
   in-flight job, its payload (activation ``x``, the stashed residuals or stage inputs its
-  backward still needs, pending non-trainable states and gradients, ``delta``, loss) as
-  flat leaves, with a digest of the schedule at that instant.
+  backward still needs, the weights its forward read (the optimizer's ``old_params``),
+  pending non-trainable states and gradients, ``delta``, loss) as flat leaves, with a
+  digest of the schedule at that instant.
 * Resuming, the run starts over on ``AbstractKernels`` (every kernel evaluated by
   ``jax.eval_shape``, memoized: nothing is computed) and the executor does its usual
   bookkeeping: versions, staleness, the data stream, the event log, the event order. At the
@@ -33,7 +34,7 @@ import numpy as np
 
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.executor import Job
-from pdasgd_jax.kernels import StageKernels
+from pdasgd_jax.kernels import StageKernels, StageKernelsProtocol
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate.simulation import Simulation
 
@@ -43,14 +44,16 @@ PyTree = Any
 class AbstractKernels:
     """``StageKernels`` with every kernel evaluated abstractly: outputs with the real
     structure, shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), and no computation.
+    Implements ``StageKernelsProtocol``.
 
     Memoized per input signature, so a long replay traces each kernel once and afterwards
     costs a flatten and a dictionary lookup per call.
     """
 
-    def __init__(self, kernels: StageKernels):
+    def __init__(self, kernels: StageKernelsProtocol):
         stages = range(kernels.num_stages)
-        self.num_stages = kernels.num_stages
+        self._num_stages = kernels.num_stages
+        self._draws_randomness = kernels.draws_randomness
         self._forward = [_abstract(kernels.forward(m)) for m in stages]
         self._forward_stashed = [_abstract(kernels.forward_stashed(m)) for m in stages]
         self._backward_live = [_abstract(kernels.backward_live(m)) for m in stages]
@@ -58,6 +61,16 @@ class AbstractKernels:
         self._update = [_abstract(kernels.update(m)) for m in stages]
         self.loss_grad = _abstract(kernels.loss_grad)
         self.job_gradients = _abstract(kernels.job_gradients)
+        self.forward_all_stashed = _abstract(kernels.forward_all_stashed)
+        self.backward_update_stashed = _abstract(kernels.backward_update_stashed)
+
+    @property
+    def num_stages(self) -> int:
+        return self._num_stages
+
+    @property
+    def draws_randomness(self) -> bool:
+        return self._draws_randomness
 
     def forward(self, m: int) -> Callable:
         return self._forward[m]
@@ -71,8 +84,19 @@ class AbstractKernels:
     def backward_stashed(self, m: int) -> Callable:
         return self._backward_stashed[m]
 
-    def apply_update(self, m: int, params: PyTree, opt_state: PyTree, grads: PyTree) -> tuple[PyTree, PyTree]:
-        return self._update[m](params, opt_state, grads)
+    def update(self, m: int) -> Callable:
+        return self._update[m]
+
+    def apply_update(
+        self,
+        m: int,
+        params: PyTree,
+        opt_state: PyTree,
+        grads: PyTree,
+        staleness: int = 0,
+        old_params: PyTree | None = None,
+    ) -> tuple[PyTree, PyTree]:
+        return self._update[m](params, opt_state, grads, staleness, old_params)
 
 
 def _abstract(fn: Callable) -> Callable:
@@ -81,7 +105,11 @@ def _abstract(fn: Callable) -> Callable:
 
     def evaluate(*args: Any) -> Any:
         leaves, treedef = jax.tree.flatten(args)
-        key = (treedef, tuple((np.shape(l), l.dtype, getattr(l, "weak_type", False)) for l in leaves))
+        # A Python scalar (an update's staleness) traces as a weak scalar of its type, whatever its value.
+        key = (
+            treedef,
+            tuple((np.shape(l), getattr(l, "dtype", type(l)), getattr(l, "weak_type", False)) for l in leaves),
+        )
         out = memo.get(key)
         if out is None:
             out = memo[key] = jax.eval_shape(fn, *args)
@@ -93,7 +121,7 @@ def _abstract(fn: Callable) -> Callable:
 def _payload(job: Job) -> tuple:
     """What a job carries from one stage operation to the next (its batch labels excepted:
     the replay takes them from the data stream again)."""
-    return job.x, job.records, job.new_states, job.grads, job.delta, job.loss
+    return job.x, job.records, job.read_params, job.new_states, job.grads, job.delta, job.loss
 
 
 def _world(sim: Simulation) -> tuple[PyTree, list[Job]]:
@@ -146,11 +174,13 @@ def restore(sim: Simulation, checkpointer: RunCheckpointer, metrics: MetricsLog,
     store = sim.executor.store
     store.load(params, states, opt_states)
     for job, payload in zip(jobs, payloads, strict=True):
-        job.x, job.records, job.new_states, job.grads, job.delta, job.loss = payload
+        job.x, job.records, job.read_params, job.new_states, job.grads, job.delta, job.loss = payload
     sim.executor.kernels = kernels
     store.update_rule = kernels.apply_update
 
 
 def _diverged() -> RuntimeError:
-    return RuntimeError("the replayed schedule differs from the checkpointed run's: resume with the same config "
-                        "and timing model (a calibrated one is cached per machine; pass the run's own timing)")
+    return RuntimeError(
+        "the replayed schedule differs from the checkpointed run's: resume with the same config "
+        "and timing model (a calibrated one is cached per machine; pass the run's own timing)"
+    )

@@ -152,6 +152,7 @@ def _run_asynchronous(
         clock=lambda: scheduler.now,
         backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
         fuse_jobs=True,
+        seed=config.seed,
     )
     done, finished_at = 0, 0.0
 

@@ -48,15 +48,29 @@ class Simulation:
     (with one ASGD worker per device, as by default, device and worker factors agree).
     """
 
-    def __init__(self, scheduler: Scheduler, executor: StageExecutor, timing: TimingModel, delay: DelayModel, *,
-                 seed: int, batches: Iterator[tuple[Any, Any]], max_jobs: int, num_devices: int,
-                 on_job_done: Callable[[Job], None], groups: int | None = None):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: StageExecutor,
+        timing: TimingModel,
+        delay: DelayModel,
+        *,
+        seed: int,
+        batches: Iterator[tuple[Any, Any]],
+        max_jobs: int,
+        num_devices: int,
+        on_job_done: Callable[[Job], None],
+        groups: int | None = None,
+    ):
         if groups is not None and groups < num_devices:
-            raise ValueError(f"{groups} worker groups leave some of the {num_devices} devices idle; "
-                             f"use at least one group per device")
+            raise ValueError(
+                f"{groups} worker groups leave some of the {num_devices} devices idle; "
+                f"use at least one group per device"
+            )
         if timing.num_stages != executor.store.num_stages:
-            raise ValueError(f"the timing model has {timing.num_stages} stages but the model has "
-                             f"{executor.store.num_stages}")
+            raise ValueError(
+                f"the timing model has {timing.num_stages} stages but the model has {executor.store.num_stages}"
+            )
         self.scheduler = scheduler
         self.executor = executor
         self.timing = timing
@@ -77,10 +91,13 @@ class Simulation:
 
     def _device_costs(self, device: Device) -> DeviceCosts:
         t, d, stages = self.timing, device.index, range(self.num_stages)
-        return DeviceCosts(tuple(t.forward_time(m, d) for m in stages), t.loss_time(d),
-                           tuple(t.backward_time(m, d, live=self.executor.live) for m in stages),
-                           tuple(t.update_time(m, d) for m in stages),
-                           tuple(self.transfer_time(m, device) for m in stages))
+        return DeviceCosts(
+            tuple(t.forward_time(m, d) for m in stages),
+            t.loss_time(d),
+            tuple(t.backward_time(m, d, live=self.executor.live) for m in stages),
+            tuple(t.update_time(m, d) for m in stages),
+            tuple(self.transfer_time(m, device) for m in stages),
+        )
 
     def next_job(self, worker: str) -> Job | None:
         """Starts a job on the next batch of the stream, or None once the budget is spent."""

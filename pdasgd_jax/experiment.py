@@ -65,19 +65,37 @@ class Experiment:
     tx: optax.GradientTransformation
 
     @classmethod
-    def from_config(cls, config: Config) -> Experiment:
+    def from_config(
+        cls,
+        config: Config,
+        *,
+        model: tuple[StagedModel, Variables] | None = None,
+        optimizer: optax.GradientTransformation | None = None,
+    ) -> Experiment:
+        """The experiment ``config`` names, checked before any work.
+
+        Args:
+          config: the run's configuration (validated here).
+          model: your own ``(StagedModel, Variables)`` (e.g. from ``stages.from_modules``)
+            instead of ``config.model``'s.
+          optimizer: your own optax optimizer instead of ``config.optimizer`` with
+            ``config.lr``; ``--staleness-rule`` still applies to it.
+        """
         config.validate()
         dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
         _check_budget(config, len(dataset.train))
-        model, variables = models.build_model(config.model_name, dataset, seed=config.seed)
-        tx = make_optimizer(
-            config.optimizer,
-            config.lr,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-            staleness_rule=config.staleness_rule,
-            dc_lambda=config.dc_lambda,
-        )
+        model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed)
+        if optimizer is None:
+            tx = make_optimizer(
+                config.optimizer,
+                config.lr,
+                momentum=config.momentum,
+                weight_decay=config.weight_decay,
+                staleness_rule=config.staleness_rule,
+                dc_lambda=config.dc_lambda,
+            )
+        else:
+            tx = optim.with_staleness_rule(optimizer, config.staleness_rule, config.dc_lambda)
         exp = cls(config, dataset, model, variables, tx)
         exp.layout  # noqa: B018 (devices and replicas are checked against this machine before any work)
         if config.timing is not None:

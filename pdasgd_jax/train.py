@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 import jax
+import optax
 
 from pdasgd_jax import rundir
 from pdasgd_jax.checkpoint import RunCheckpointer
@@ -18,6 +19,7 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.reporting import write_json_atomic, write_summary
 from pdasgd_jax.run_result import Runner
 from pdasgd_jax.runners import select_runner
+from pdasgd_jax.stages import StagedModel, Variables
 
 
 def create_metrics(exp: Experiment, *, resume: bool = False) -> MetricsLog:
@@ -45,7 +47,14 @@ def create_checkpointer(config: Config, metrics: MetricsLog, *, resume: bool = F
     return RunCheckpointer(config.out, every=config.checkpoint_every, fresh=not resume, clock=metrics.clock)
 
 
-def train_and_evaluate(config: Config, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+def train_and_evaluate(
+    config: Config,
+    *,
+    model: tuple[StagedModel, Variables] | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Trains ``config.algo`` on ``config.dataset`` and returns the run summary.
 
     Writes ``config.json``, ``metrics.jsonl``, ``summary.json``, ``summary.md``,
@@ -54,6 +63,8 @@ def train_and_evaluate(config: Config, *, resume: bool = False, overwrite: bool 
     process on it is refused). With ``resume``, continues from the newest checkpoint in
     ``config.out``; a directory that already holds a run is refused unless ``resume`` or
     ``overwrite`` (which first deletes what an earlier run wrote there, and nothing else).
+    ``model`` (``(StagedModel, Variables)``, e.g. ``from_modules(...)``) and ``optimizer`` (any
+    optax optimizer) replace the ones ``config`` names; every other field applies as usual.
 
     Example::
 
@@ -67,7 +78,7 @@ def train_and_evaluate(config: Config, *, resume: bool = False, overwrite: bool 
         rundir.check_out(config.out, resume=resume, overwrite=overwrite)
     if resume and not (config.out and os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR))):
         raise ConfigError(f"nothing to resume: {config.out!r} holds no checkpoints")
-    exp = Experiment.from_config(config)
+    exp = Experiment.from_config(config, model=model, optimizer=optimizer)
     if not config.out:
         return _train(exp, runner, resume=resume)
     with rundir.RunDirLock(config.out):
@@ -93,9 +104,15 @@ def _train(exp: Experiment, runner: Runner, *, resume: bool) -> dict[str, Any]:
     return write_summary(metrics, config=config.to_dict(), extra=result.extra)
 
 
-def resume_run(run_dir: str) -> dict[str, Any]:
-    """Continues the run saved in ``run_dir`` (its ``config.json`` and newest checkpoint)."""
-    return train_and_evaluate(load_run_config(run_dir), resume=True)
+def resume_run(
+    run_dir: str,
+    *,
+    model: tuple[StagedModel, Variables] | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+) -> dict[str, Any]:
+    """Continues the run saved in ``run_dir`` (its ``config.json`` and newest checkpoint); a run
+    of your own model and optimizer needs them passed again."""
+    return train_and_evaluate(load_run_config(run_dir), model=model, optimizer=optimizer, resume=True)
 
 
 def _from_before_layout_flags(saved: dict[str, Any]) -> dict[str, Any]:

@@ -128,13 +128,19 @@ class Config:
 
         Every check here is input validation, so a ``ValueError`` from a check another module
         owns (dataset, model, core ids, averaging schedule) is re-raised as ``ConfigError``.
+        Validation runs once per set of values: the entry points (CLI, ``train_and_evaluate``,
+        ``Experiment``) may each call it, and only a changed config is checked again.
         """
+        values = dataclasses.astuple(self)
+        if self.__dict__.get("_validated") == values:
+            return self
         try:
             self._check()
         except ConfigError:
             raise
         except ValueError as e:
             raise ConfigError(str(e)) from e
+        self.__dict__["_validated"] = values
         return self
 
     def _check(self) -> None:

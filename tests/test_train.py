@@ -93,3 +93,16 @@ def test_bad_config_values_are_named(overrides, message):
 def test_batch_larger_than_dataset_is_rejected():
     with pytest.raises(ValueError, match="--batch-size 4096"):
         train_and_evaluate(Config(batch_size=4096, progress=False))
+
+
+def test_validation_runs_once_per_set_of_values(monkeypatch):
+    calls = []
+    check = Config._check
+    monkeypatch.setattr(Config, "_check", lambda self: calls.append(1) or check(self))
+    config = Config(epochs=1, progress=False)
+    config.validate().validate()
+    Experiment.from_config(config)
+    assert len(calls) == 1
+    config.lr = 0.1  # a changed config is checked again
+    config.validate()
+    assert len(calls) == 2

@@ -152,7 +152,8 @@ def float32_basis(peak: Peak, matmul_precision: str | None = None) -> str:
 def _signature(args: tuple) -> Hashable:
     """What selects a jitted function's compiled program: the argument tree and leaf types."""
     leaves, treedef = jax.tree.flatten(args)
-    return treedef, tuple((x.shape, x.dtype, getattr(x, "weak_type", False)) for x in leaves)
+    avals = [jax.typeof(x) for x in leaves]  # Python scalars too (a staleness), as jit sees them
+    return treedef, tuple((a.shape, a.dtype, a.weak_type) for a in avals)
 
 
 def _abstract(args: tuple) -> tuple:
@@ -163,7 +164,8 @@ def _abstract(args: tuple) -> tuple:
 
     def spec(x: Any) -> Any:
         sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=getattr(x, "weak_type", False))
+        aval = jax.typeof(x)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
 
     return jax.tree.map(spec, args)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, Sharding
@@ -86,9 +87,11 @@ def run_rounds(
     # A run resumed at its last checkpoint (budget spent, or target reached) has nothing left.
     stopped = restored is not None and metrics.reached_target
     loss_DxH = None
+    key = jax.random.key(cfg.seed) if exp.model.draws_randomness else None
     while examples < exp.total_examples and not stopped:
         previous = loss_DxH
-        ws, loss_DxH = program(ws, *_next_round(streams, cfg.period, num_workers, sharding))
+        randomness = () if key is None else (key, jnp.int32(step))  # worker w, step s: fold_in(fold_in(key, w), s)
+        ws, loss_DxH = program(ws, *_next_round(streams, cfg.period, num_workers, sharding), *randomness)
         spmd.wait_for_round(previous)
         params, states, loss_H = worker_mean((ws.train.params, ws.train.states, loss_DxH))
         for i in range(cfg.period):

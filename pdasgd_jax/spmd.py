@@ -107,20 +107,34 @@ def make_round(
     steps (none when ``d = H``: the merge ends the round). Written as two scans with the
     ``pmean`` before the first, the collective's result is needed only after ``d`` steps,
     so XLA can overlap it with them.
+
+    A model that draws randomness (Dropout) takes two more arguments, the run's key and the
+    round's first step ``kH``, and worker ``w``'s local step ``s`` draws from
+    ``fold_in(fold_in(key, w), s)``.
     """
     local_step = make_train_step(model, tx)
     d = rule.delay
 
-    def local_steps(ts: TrainState, x_SxB: jax.Array, y_SxB: jax.Array) -> tuple[TrainState, jax.Array]:
-        return jax.lax.scan(lambda ts, xy: local_step(ts, *xy), ts, (x_SxB, y_SxB))
+    def local_steps(ts: TrainState, inputs: tuple) -> tuple[TrainState, jax.Array]:
+        return jax.lax.scan(lambda ts, row: local_step(ts, *row), ts, inputs)
 
-    def round_fn(ws: WorkerState, x_HxB: jax.Array, y_HxB: jax.Array) -> tuple[WorkerState, jax.Array]:
+    def round_fn(
+        ws: WorkerState, x_HxB: jax.Array, y_HxB: jax.Array, *randomness: jax.Array
+    ) -> tuple[WorkerState, jax.Array]:
+        inputs = (x_HxB, y_HxB)
+        if randomness:
+            key, first_step = randomness
+            worker_key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
+            inputs = (
+                *inputs,
+                jax.vmap(lambda i: jax.random.fold_in(worker_key, first_step + i))(jnp.arange(len(x_HxB))),
+            )
         snapshot = (ws.train.params, ws.train.states)
         average = rule.average(snapshot, axis_name)
-        train, loss_in_flight = local_steps(ws.train, x_HxB[:d], y_HxB[:d])
+        train, loss_in_flight = local_steps(ws.train, tuple(a[:d] for a in inputs))
         params, outer = rule.merge_params(train.params, snapshot[0], average[0], ws.outer)
         states = rule.merge_tree(train.states, snapshot[1], average[1])
-        train, loss_after = local_steps(train._replace(params=params, states=states), x_HxB[d:], y_HxB[d:])
+        train, loss_after = local_steps(train._replace(params=params, states=states), tuple(a[d:] for a in inputs))
         return WorkerState(train, outer), jnp.concatenate([loss_in_flight, loss_after])
 
     return round_fn
@@ -163,17 +177,29 @@ def make_round_program(
 
     Every argument carries a leading worker axis of size D; with a mesh it is sharded
     along the mesh's axis (``worker_sharding``). The ``WorkerState`` passed in is donated.
+    A model that draws randomness also takes the run's key and the round's first step
+    (shared by every worker; see ``make_round``).
     """
+    shared = (None, None) if model.draws_randomness else ()  # the key and first step: not per worker
     # The workers' state is donated: D copies of the model and optimizer state per round
     # would otherwise be live twice.
     if mesh is None:
-        return jax.jit(jax.vmap(make_round(model, tx, rule, WORKER_AXIS), axis_name=WORKER_AXIS), donate_argnums=0)
-    per_device = jax.vmap(make_round(model, tx, rule, (WORKER_AXIS, _LOCAL_AXIS)), axis_name=_LOCAL_AXIS)
+        round_fn = jax.vmap(make_round(model, tx, rule, WORKER_AXIS), in_axes=(0, 0, 0, *shared), axis_name=WORKER_AXIS)
+        return jax.jit(round_fn, donate_argnums=0)
+    per_device = jax.vmap(
+        make_round(model, tx, rule, (WORKER_AXIS, _LOCAL_AXIS)), in_axes=(0, 0, 0, *shared), axis_name=_LOCAL_AXIS
+    )
     spec = P(WORKER_AXIS)
     # vma typing cannot mix a vmap axis and a mesh axis in one pmean (jax 0.10.2 rejects
     # it); nothing here is replicated (every leaf has the worker axis), so AD is unaffected.
     return jax.jit(
-        jax.shard_map(per_device, mesh=mesh, in_specs=(spec, spec, spec), out_specs=(spec, spec), check_vma=False),
+        jax.shard_map(
+            per_device,
+            mesh=mesh,
+            in_specs=(spec, spec, spec, *(P() for _ in shared)),
+            out_specs=(spec, spec),
+            check_vma=False,
+        ),
         donate_argnums=0,
     )
 

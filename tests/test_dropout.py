@@ -213,3 +213,12 @@ def test_a_dropout_model_trains_with_synchronous_sgd(digits_dropout, algo, devic
     exp = digits_dropout.with_config(algo=algo, devices=devices, queue=0)
     metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
     _trains(exp, RUNNERS[algo](exp, metrics))
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_dropout_model_trains_with_dasgd(digits_dropout, devices):
+    """Worker ``w``'s local step ``s`` draws from ``fold_in(fold_in(key(seed), w), s)``, vmapped
+    on one device or sharded over two."""
+    exp = digits_dropout.with_config(algo="dasgd", replicas=2, devices=devices, period=4, delay_steps=2, queue=0)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    _trains(exp, RUNNERS["dasgd"](exp, metrics))

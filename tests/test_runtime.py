@@ -487,9 +487,9 @@ def test_a_threaded_run_evaluates_at_every_count_a_sequential_run_does(exp, monk
     """F=1, B=2 with out-of-order completion: the same rows, at the same example counts,
     as plain SGD on the same budget and evaluation period (40 is no multiple of 16)."""
     _slow_every_third_backward(monkeypatch)
-    e = exp.with_config(algo="pdasgd", workers=1, forward_workers=1, backward_workers=2, epochs=0.3)
+    e = exp.with_config(algo="pdasgd", replicas=1, forward_workers=1, backward_workers=2, epochs=0.3)
     sequential = MetricsLog(e.evaluate, total_examples=e.total_examples, eval_every=40, progress=False)
-    sgd = run_sgd(e, sequential)
+    sgd = run_sgd(e.with_config(algo="sgd", replicas=0), sequential)
     threaded = MetricsLog(e.evaluate, total_examples=e.total_examples, eval_every=40, progress=False)
     result = Runtime(e, RuntimeSettings.from_config(e)).run(threaded)
     assert (result.step, result.examples) == (sgd.step, sgd.examples)

@@ -41,7 +41,7 @@ def test_simulated_averaging_runs_the_real_program(algo, d):
 def test_dasgd_hides_an_allreduce_of_d_steps_and_local_sgd_pays_it():
     step = 1e-3  # one local step: 1 ms of forward+backward
     timing = from_flops([1e6], rate_flops_per_s=1e9, backward_factor=0.0)
-    exp_config = Config(delay_steps=2, **COMMON)
+    exp_config = Config(algo="dasgd", simulate=True, delay_steps=2, **COMMON)
     model_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(Experiment.from_config(exp_config).variables))
     # beta such that the ring all-reduce takes exactly 2 steps: 2 (D-1)/D bytes / beta = 2 ms.
     beta = 2 * 3 / 4 * model_bytes / (2 * step)

@@ -48,10 +48,10 @@ def results(monkeypatch):
     experiments = {}
     from_config = Experiment.from_config
 
-    def shared(config):  # the kernels compile once; the run directory is the run's own
+    def shared(config, **kwargs):  # the kernels compile once; the run directory is the run's own
         key = json.dumps({**config.to_dict(), "out": None})
         if key not in experiments:
-            exp = experiments[key] = from_config(config)
+            exp = experiments[key] = from_config(config, **kwargs)
             _ = exp.kernels, exp._eval_step  # cached properties: the copies share them
         return experiments[key].with_config(out=config.out)  # the key leaves out only ``out``
 

@@ -49,7 +49,7 @@ def run_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointe
 
 def run_dasgd(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
     """DaSGD: the average started every ``--period`` steps is merged ``--delay-steps`` later."""
-    return run_rounds(exp, metrics, checkpointer, delay=exp.config.delay_steps, mesh=_layout_mesh(exp))
+    return run_rounds(exp, metrics, checkpointer, delay=exp.config.averaging_delay, mesh=_layout_mesh(exp))
 
 
 def _layout_mesh(exp: Experiment) -> Mesh | None:
@@ -107,6 +107,9 @@ def run_rounds(
         "devices": 1 if mesh is None else mesh.size,
         "replicas": num_workers,
         "placement": "vmap" if mesh is None else "shard_map",
+        # d = 0 merges the average as soon as it is taken: local SGD, whatever --algo said.
+        "effective_algorithm": "dasgd" if delay else "local",
+        "delay_steps": delay,
     }
     return RunResult(params, states, step, examples, extra)
 

@@ -114,8 +114,11 @@ class Config:
     )
     # Local SGD and DaSGD.
     period: int = _field(8, "local/dasgd: averaging period H in steps (>= 1)", group="averaging")
-    delay_steps: int = _field(
-        0, "dasgd: steps d between starting and merging the average, 0 <= d <= H", group="averaging"
+    delay_steps: int | None = _field(
+        None,
+        "dasgd: steps d between starting and merging the average, 0 <= d <= H (None: H // 2, the middle of the "
+        "round; d = 0 is local SGD)",
+        group="averaging",
     )
     merge: str = _field("correct", "dasgd merge rule", MERGES, group="averaging")
     outer_optimizer: str = _field(
@@ -167,7 +170,6 @@ class Config:
             "replicas",
             "queue",
             "delay_mean",
-            "delay_steps",
             "comm_latency",
             "comm_bandwidth",
         ):
@@ -190,14 +192,16 @@ class Config:
             raise ValueError(f"--straggler-factor {self.straggler_factor} must be >= 1")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"--target-accuracy {self.target_accuracy} is outside (0, 1]")
-        if self.delay_steps > self.period:
-            raise ValueError(f"--delay-steps {self.delay_steps} exceeds --period {self.period}; need 0 <= d <= H")
+        if self.delay_steps is not None:
+            _non_negative("delay-steps", self.delay_steps)
+            if self.delay_steps > self.period:
+                raise ValueError(f"--delay-steps {self.delay_steps} exceeds --period {self.period}; need 0 <= d <= H")
         if self.algo == "local" and self.delay_steps:
             raise ValueError(f"--delay-steps {self.delay_steps} applies to --algo dasgd; local SGD has no delay")
         if self.algo == "dasgd":
             from pdasgd_jax.optim import AveragingRule
 
-            AveragingRule(self.period, self.delay_steps, self.merge)  # raises on a schedule that cannot work
+            AveragingRule(self.period, self.averaging_delay, self.merge)  # raises on a schedule that cannot work
         _non_negative("dc-lambda", self.dc_lambda)
         if self.staleness_rule != "none" and self.algo not in ASYNCHRONOUS:
             raise ValueError(
@@ -214,6 +218,13 @@ class Config:
         from pdasgd_jax.models import DEFAULT_MODEL
 
         return self.model or DEFAULT_MODEL[self.dataset]
+
+    @property
+    def averaging_delay(self) -> int:
+        """The d that ``local`` (0) or ``dasgd`` (``--delay-steps``, default ``H // 2``) merges its average after."""
+        if self.algo != "dasgd":
+            return 0
+        return self.period // 2 if self.delay_steps is None else self.delay_steps
 
     @property
     def calibration_batch_size(self) -> int:

@@ -8,7 +8,7 @@ import optax
 import pytest
 from flax import nnx
 
-from pdasgd_jax import Config, spmd, stages
+from pdasgd_jax import Config, spmd, stages, train_and_evaluate
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
@@ -219,7 +219,14 @@ def test_runners_learn_digits_with_eight_workers(algo, overrides):
     exp = Experiment.from_config(cfg.validate())
     metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
     result = select_runner(cfg)(exp, metrics)
-    assert result.extra == {"devices": 8, "replicas": 8, "placement": "shard_map"}
+    delay = 2 if algo == "dasgd" else 0
+    assert result.extra == {
+        "devices": 8,
+        "replicas": 8,
+        "placement": "shard_map",
+        "delay_steps": delay,
+        "effective_algorithm": algo,
+    }
     assert result.examples == 8 * 16 * result.step >= exp.total_examples
     assert metrics.rows[-1]["test_accuracy"] > 0.9 and np.isfinite(metrics.rows[-1]["loss"])
 
@@ -246,3 +253,14 @@ def _run(algo, **overrides):
     exp = Experiment.from_config(Config(algo=algo, progress=False, **overrides).validate())
     metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
     return select_runner(exp.config)(exp, metrics)
+
+
+@pytest.mark.parametrize(
+    "delay_steps, expected_delay, effective", [(None, 2, "dasgd"), (3, 3, "dasgd"), (0, 0, "local")]
+)
+def test_dasgd_delays_its_merge_by_default_and_says_when_it_is_local_sgd(delay_steps, expected_delay, effective):
+    """``--algo dasgd`` alone is DaSGD (d = H // 2); d = 0 runs, and reports itself as, local SGD."""
+    cfg = Config(algo="dasgd", replicas=2, period=4, delay_steps=delay_steps, epochs=0.2, progress=False)
+    assert cfg.validate().averaging_delay == expected_delay
+    summary = train_and_evaluate(cfg)
+    assert (summary["delay_steps"], summary["effective_algorithm"]) == (expected_delay, effective)

@@ -38,7 +38,7 @@ def run_averaging(
     Returns ``(RunResult, virtual_time, utilisation, staleness)`` like the other simulated runners.
     """
     config = exp.config
-    delay_steps = config.delay_steps if config.algo == "dasgd" else 0
+    delay_steps = config.averaging_delay
     v = exp.variables
     rounds = math.ceil(exp.total_examples / (num_workers * config.batch_size * config.period))
     ends = averaging_step_end_times(

@@ -114,7 +114,8 @@ class RunCheckpointer:
         """Restores the newest checkpoint (shaped like ``like``) and rewinds ``metrics`` and
         this checkpointer's schedule to it; ``None`` when there is nothing to resume."""
         restored = self.restore_latest(like)
-        if restored is None:
+        if restored is None:  # nothing finalized (e.g. killed during the first save): start over
+            metrics.start_over()
             return None
         meta = restored[1]
         metrics.rewind(meta)

@@ -12,12 +12,14 @@ import contextlib
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.rundir import METRICS_FILE
 
 
@@ -210,8 +212,7 @@ class MetricsLog:
         """Continues from a checkpoint's ``position``: rows after its step are dropped (from
         ``metrics.jsonl`` too), and the clock and the schedule are set back to it."""
         if self.out_dir and os.path.exists(self._path):
-            with open(self._path) as f:
-                self.rows = [row for row in map(json.loads, f) if row["step"] <= position["step"]]
+            self.rows = [row for row in _read_rows(self._path) if row["step"] <= position["step"]]
             with open(self._path, "w") as f:
                 f.writelines(json.dumps(row) + "\n" for row in self.rows)
         else:
@@ -223,5 +224,36 @@ class MetricsLog:
         self._pending_first_step = position["pending_first_step"]
         self.progress(position["examples"])
 
+    def start_over(self) -> None:
+        """Forgets every row (``metrics.jsonl`` too): a resume that found no checkpoint to
+        continue from trains from the start, so rows of the earlier attempt would repeat."""
+        self.rows = []
+        if self.out_dir:
+            open(self._path, "w").close()
+
     def close(self) -> None:
         self._bar.close()
+
+
+def _read_rows(path: str) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``. A torn last line (a write cut short by a crash) is
+    dropped with a warning; any other unreadable line is damage, refused naming the line."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            if number == len(lines):
+                warnings.warn(
+                    f"{path}: dropped its last line, cut short by an interrupted write: {line[:60]!r}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                break
+            raise ConfigError(f"{path} is damaged at line {number}: {e}") from None
+        if not (isinstance(row, dict) and isinstance(row.get("step"), int)):
+            raise ConfigError(f"{path} is damaged at line {number}: not a metrics row with a step")
+        rows.append(row)
+    return rows

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,3 +132,37 @@ def test_a_checkpoint_write_killed_midway_leaves_the_last_good_one(tmp_path):
     state, meta = RunCheckpointer(str(tmp_path)).restore_latest(like={"w": np.zeros((512, 512), np.float32)})
     assert meta["step"] >= 3
     np.testing.assert_array_equal(state["w"], np.full((512, 512), meta["step"], np.float32))
+
+
+def _steps(run_dir):
+    return [row["step"] for row in _rows(os.path.join(run_dir, "metrics.jsonl"))]
+
+
+def test_a_resume_with_no_finalized_checkpoint_starts_over_with_its_metrics(tmp_path):
+    """As after a kill during the first save: the rows of the lost attempt are not kept."""
+    run = str(tmp_path / "run")
+    first = train_and_evaluate(Config(epochs=2, eval_every=500, seed=4, out=run, progress=False))
+    for step in os.listdir(os.path.join(run, "checkpoints")):
+        shutil.rmtree(os.path.join(run, "checkpoints", step))
+    again = resume_run(run)
+    steps = _steps(run)
+    assert steps == sorted(set(steps)) and steps[-1] == first["steps"] == again["steps"]
+    assert again["resumed_from_step"] is None
+
+
+def test_a_torn_last_metrics_line_is_dropped_and_a_damaged_one_refused(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    config = Config(epochs=1, eval_every=500, seed=4, out=run, progress=False)
+    whole = train_and_evaluate(config)
+    path = os.path.join(run, "metrics.jsonl")
+    with open(path, "a") as f:
+        f.write('{"step": 99, "exam')  # a write cut short
+    with pytest.warns(RuntimeWarning, match="dropped its last line"):
+        resumed = resume_run(run)
+    assert _steps(run) == sorted(set(_steps(run))) and resumed["steps"] == whole["steps"]
+    with open(path) as f:
+        lines = f.read().splitlines()
+    with open(path, "w") as f:
+        f.write("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
+    assert main(["train", "--resume", run]) == 2
+    assert "metrics.jsonl is damaged at line 2" in capsys.readouterr().err

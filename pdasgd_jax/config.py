@@ -227,12 +227,6 @@ class Config:
         return self.period // 2 if self.delay_steps is None else self.delay_steps
 
     @property
-    def calibration_batch_size(self) -> int:
-        """The batch one worker's kernels run at, which its calibration measures: simulated sync
-        splits the global batch over its workers; every other algorithm gives each worker a batch."""
-        return self.batch_size // (self.devices or 1) if self.simulate and self.algo == "sync" else self.batch_size
-
-    @property
     def queue_capacity(self) -> int:
         return self.queue or self.backward_workers
 

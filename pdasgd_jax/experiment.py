@@ -125,12 +125,18 @@ class Experiment:
     def _eval_step(self):
         return kernels.make_eval_step(self.model)
 
+    @property
+    def worker_batch_size(self) -> int:
+        """The batch one replica's kernels run at: sync splits the global ``--batch-size`` over its
+        devices; every other algorithm gives each replica a whole batch."""
+        config = self.config
+        return config.batch_size // self.layout.replicas if config.algo == "sync" else config.batch_size
+
     def calibration(self, batch_size: int | None = None) -> calibration_lib.Calibration:
-        """This model's kernel costs at ``batch_size`` (default: the config's
-        ``calibration_batch_size``) on this machine: ``--timing``'s file (checked against this
-        model, optimizer, batch, device and JAX version), or the cached or fresh measurement
-        (``--recalibrate``: always fresh)."""
-        batch_size = batch_size or self.config.calibration_batch_size
+        """This model's kernel costs at ``batch_size`` (default: ``worker_batch_size``) on this
+        machine: ``--timing``'s file (checked against this model, optimizer, batch, device and JAX
+        version), or the cached or fresh measurement (``--recalibrate``: always fresh)."""
+        batch_size = batch_size or self.worker_batch_size
         x, y = next(self.train_stream(batch_size))
         v = self.variables
         args = (self.kernels, v.params, v.states, kernels.init_opt_states(self.tx, v.params), x, y)

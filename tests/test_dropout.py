@@ -2,13 +2,13 @@
 state that concurrent jobs share."""
 
 import dataclasses
-import threading
 
 import jax
 import numpy as np
 import optax
 import pytest
 from flax import nnx
+from threaded_jobs import run_jobs_in_threads
 
 from pdasgd_jax import Config, data
 from pdasgd_jax.delays import TimingModel
@@ -106,45 +106,23 @@ def test_replay_of_a_threaded_dropout_run_is_bitwise(setup, mode):
     _model, v, tx, k, batches = setup
     log = EventLog()
     ex = _executor(setup, log=log, seed=7, **mode)
-    work = list(enumerate(batches))
-    lock = threading.Lock()
+    run_jobs_in_threads(ex, batches)
 
-    def worker(name):
-        while True:
-            with lock:
-                if not work:
-                    return
-                i, (x, y) = work.pop()
-            job = ex.start_job(i, i, x, y, worker=name)
-            ex.forward_all(job, worker=name)
-            ex.backward_all(job, layerwise=True, worker=name)
+    def replayed(seed):
+        weights = mode.get("backward_weights", "stashed")
+        return replay(
+            log.events,
+            k,
+            v.params,
+            v.states,
+            init_opt_states(tx, v.params),
+            lambda b: batches[b],
+            backward_weights=weights,
+            seed=seed,
+        )
 
-    threads = [threading.Thread(target=worker, args=(f"w{n}",)) for n in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    replayed = replay(
-        log.events,
-        k,
-        v.params,
-        v.states,
-        init_opt_states(tx, v.params),
-        lambda b: batches[b],
-        backward_weights=mode.get("backward_weights", "stashed"),
-        seed=7,
-    )
-    _assert_bitwise_equal(replayed.store.snapshot(), ex.store.snapshot())
-    other = replay(
-        log.events,
-        k,
-        v.params,
-        v.states,
-        init_opt_states(tx, v.params),
-        lambda b: batches[b],
-        backward_weights=mode.get("backward_weights", "stashed"),
-        seed=8,
-    )
+    _assert_bitwise_equal(replayed(7).store.snapshot(), ex.store.snapshot())
+    other = replayed(8)
     assert not np.array_equal(*(np.asarray(jax.tree.leaves(e.store.snapshot()[0])[0]) for e in (other, ex)))
 
 

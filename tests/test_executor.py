@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from threaded_jobs import run_jobs_in_threads
 
 from pdasgd_jax import data, models
 from pdasgd_jax.executor import EventLog, StageExecutor, replay
@@ -74,24 +75,7 @@ def test_replay_of_a_threaded_run_reproduces_its_parameters(setup, weights, fuse
     log = EventLog()
     store = _store(setup)
     ex = StageExecutor(k, store, backward_weights=weights, log=log, fuse_forward=fuse_forward)
-    work = list(enumerate(batches))
-    lock = threading.Lock()
-
-    def worker(name):
-        while True:
-            with lock:
-                if not work:
-                    return
-                i, (x, y) = work.pop()
-            job = ex.start_job(i, i, x, y, worker=name)
-            ex.forward_all(job, worker=name)
-            ex.backward_all(job, layerwise=True, worker=name)
-
-    threads = [threading.Thread(target=worker, args=(f"w{n}",)) for n in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_jobs_in_threads(ex, batches)
     assert store.versions() == (len(batches),) * model.num_stages
     replayed = replay(
         log.events, k, v.params, v.states, init_opt_states(tx, v.params), lambda b: batches[b], backward_weights=weights

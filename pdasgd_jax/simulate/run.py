@@ -85,11 +85,8 @@ def run_simulated(
     """
     config = exp.config
     workers, devices = exp.layout.replicas, exp.layout.devices  # asynchronous groups may share devices
-    if config.algo in SYNCHRONOUS:
-        worker_batch = config.batch_size // workers
-    elif config.algo in ASYNCHRONOUS + AVERAGING:
-        worker_batch = config.batch_size
-    else:
+    worker_batch = exp.worker_batch_size
+    if config.algo not in SYNCHRONOUS + ASYNCHRONOUS + AVERAGING:
         raise ValueError(
             f"--algo {config.algo} has no simulator; simulate one of "
             f"{', '.join(SYNCHRONOUS + ASYNCHRONOUS + AVERAGING)}"

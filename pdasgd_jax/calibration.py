@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +48,7 @@ PyTree = Any
 CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pdasgd_jax")
 FORMAT = "pdasgd-jax-calibration-1"
 KERNELS = ("forward", "backward", "update")
+_FLOAT_LITERAL = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +107,8 @@ def fingerprint(
     """``(digest, description)`` of everything the kernels' costs depend on; traces, never runs.
 
     The digest also covers each stage's forward program and the optimizer's update program
-    as JAX prints them, so two models with equal shapes but other operations differ.
+    as JAX prints them (without their float constants), so two models with equal shapes but
+    other operations differ, and two learning rates of one optimizer do not.
     """
     device = device or jax.devices()[0]
     programs, h = [], x
@@ -123,6 +126,9 @@ def fingerprint(
         "device": {"platform": device.platform, "kind": device.device_kind},
         "jax": jax.__version__,
     }
+    # Float constants (a learning rate, a momentum) change no kernel's cost: leave them out, so
+    # runs that differ only in such values share one calibration and one delay unit.
+    programs = [_FLOAT_LITERAL.sub("#", program) for program in programs]
     text = json.dumps({"description": description, "programs": programs}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest(), description
 

@@ -54,6 +54,8 @@ def test_fingerprint_changes_with_width_optimizer_batch_stages_and_operations(ml
     assert len({base, *digests.values()}) == 1 + len(variants), digests
     # The same computation built by hand is the built-in MLP: same costs, same key.
     assert calibration.fingerprint(*_setup(*_mlp((64, 256, 128, 10))))[0] == base
+    # Another learning rate costs the same: one calibration, one delay unit for both.
+    assert calibration.fingerprint(*_setup(tx=optax.sgd(0.5, momentum=0.9)))[0] == base
 
 
 def test_measure_repeats_rounds_and_keeps_their_spread(mlp):

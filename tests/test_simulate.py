@@ -15,7 +15,9 @@ from pdasgd_jax.executor import EventLog, replay
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.placement import Placement
 from pdasgd_jax.runners import RUNNERS
+from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.scheduler import BACKWARD, Channel, Device, Get, Kernel, Put, Scheduler, Sleep
 
@@ -420,3 +422,16 @@ def test_fused_jobs_do_the_arithmetic_of_the_per_stage_chain(monkeypatch):
     assert fused.extra["virtual_time"] == chained.extra["virtual_time"]
     _assert_trees_close(fused.params, chained.params, rtol=1e-4, atol=1e-5)
     assert [r["virtual_time"] for r in fused_metrics.rows] == [r["virtual_time"] for r in chained_metrics.rows]
+
+
+def test_placement_is_one_rule_for_the_simulator_and_the_runtime():
+    p = Placement(devices=3, groups=7, stages=5)
+    assert [p.group_device(g) for g in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [p.stage_home(m) for m in range(5)] == [0, 1, 2, 0, 1]
+    assert p.is_remote(stage=1, device=0) and not p.is_remote(stage=3, device=0)
+    with pytest.raises(ValueError, match="leave some of the 3 devices idle"):
+        Placement(devices=3, groups=2, stages=1).validate()
+    devices = tuple(jax.devices()[:3])
+    s = RuntimeSettings(algo="pdasgd", devices=devices, groups=7)
+    assert [s.device(g) for g in range(7)] == [devices[p.group_device(g)] for g in range(7)]
+    assert s.home_devices(5) == tuple(devices[p.stage_home(m)] for m in range(5))

@@ -17,6 +17,7 @@ from pdasgd_jax.affinity import AUTO, HostCpus, resolve_host_cpus
 from pdasgd_jax.config import ASYNCHRONOUS
 from pdasgd_jax.executor import BACKWARD_WEIGHTS
 from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.placement import Placement
 
 RUNTIME_ALGOS = ASYNCHRONOUS
 NO_DELAY = delays.DelayModel()  # immutable: one instance serves every default
@@ -29,10 +30,10 @@ class RuntimeSettings:
     Attributes:
       algo: ``asgd`` (W workers, each a whole step on one device), ``pdasgd`` (layer-wise
         updates) or ``pdasgd-block`` (all stages updated at the end of the backward).
-      devices: the devices used. Worker group ``g`` runs on ``devices[g % len(devices)]``
-        and stage ``m``'s home (where its parameters live and its updates run) is
-        ``devices[m % len(devices)]``: stages are spread round-robin, so updates of
-        different stages land on different devices (``replication="shared"``).
+      devices: the devices used. Worker groups and stage homes (where a stage's parameters
+        live and its updates run) are spread over them round-robin by
+        ``pdasgd_jax.placement.Placement``, the simulator's rule, so updates of different
+        stages land on different devices (``replication="shared"``).
       groups: ``asgd``: the number of workers W; ``pdasgd``: the number of replicas, each
         with ``forward_workers`` F, ``backward_workers`` B and one queue of
         ``queue_capacity`` Q between them.
@@ -96,11 +97,16 @@ class RuntimeSettings:
     def num_batches(self) -> int:
         return math.ceil(self.num_examples / self.batch_size)
 
+    def placement(self, num_stages: int) -> Placement:
+        """Groups and stages on the devices: the simulator's rule (``pdasgd_jax.placement``)."""
+        return Placement(len(self.devices), self.groups, num_stages)
+
     def device(self, group: int) -> jax.Device:
-        return self.devices[group % len(self.devices)]
+        return self.devices[self.placement(1).group_device(group)]
 
     def home_devices(self, num_stages: int) -> tuple[jax.Device, ...]:
-        return tuple(self.devices[m % len(self.devices)] for m in range(num_stages))
+        placement = self.placement(num_stages)
+        return tuple(self.devices[placement.stage_home(m)] for m in range(num_stages))
 
     @classmethod
     def from_config(cls, exp: Experiment, **overrides) -> RuntimeSettings:

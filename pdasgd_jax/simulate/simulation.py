@@ -10,6 +10,7 @@ import numpy as np
 
 from pdasgd_jax.delays import DelayModel, TimingModel, rng_for, tree_nbytes
 from pdasgd_jax.executor import Job, StageExecutor
+from pdasgd_jax.placement import Placement
 from pdasgd_jax.simulate.scheduler import Device, Scheduler, Sleep
 
 
@@ -34,11 +35,11 @@ class Simulation:
       seed: the root of every random stream (one generator per worker).
       batches: the training stream; a job takes the next batch (its id is its position).
       max_jobs: jobs to start in all (the example budget over the per-worker batch).
-      num_devices: simulated devices; stage ``m`` lives on device ``m % num_devices``.
+      num_devices: simulated devices; ``self.placement`` (the runtime's rule) puts groups
+        and stage homes on them.
       on_job_done: called with each job once all its updates are applied.
       groups: worker groups (ASGD workers, PD-ASGD replicas; default: one per device).
-        Group ``g`` runs on device ``g % num_devices``, as the threaded runtime places
-        them, so groups beyond the device count queue for a shared device.
+        Groups beyond the device count queue for a shared device.
 
     ``in_flight`` holds the jobs started and not yet done, by id: what a checkpoint of the
     run must save besides the store (their activations, stashed residuals, pending updates).
@@ -62,11 +63,8 @@ class Simulation:
         on_job_done: Callable[[Job], None],
         groups: int | None = None,
     ):
-        if groups is not None and groups < num_devices:
-            raise ValueError(
-                f"{groups} worker groups leave some of the {num_devices} devices idle; "
-                f"use at least one group per device"
-            )
+        self.placement = Placement(num_devices, groups or num_devices, executor.store.num_stages)
+        self.placement.validate()
         if timing.num_stages != executor.store.num_stages:
             raise ValueError(
                 f"the timing model has {timing.num_stages} stages but the model has {executor.store.num_stages}"
@@ -79,8 +77,8 @@ class Simulation:
         self.max_jobs = max_jobs
         self.num_stages = executor.store.num_stages
         self.devices = [Device(scheduler, d, timing) for d in range(num_devices)]
-        # The device of each worker group, round-robin (one group per device by default).
-        self.group_devices = [self.devices[g % num_devices] for g in range(groups or num_devices)]
+        # The device of each worker group (one group per device by default).
+        self.group_devices = [self.devices[self.placement.group_device(g)] for g in range(self.placement.groups)]
         self.started = 0
         self.in_flight: dict[int, Job] = {}
         self._batches = batches
@@ -115,7 +113,7 @@ class Simulation:
 
     def transfer_time(self, m: int, device: Device) -> float:
         """Moving stage ``m``'s parameters (or gradient) between ``device`` and its home device."""
-        if m % len(self.devices) == device.index:
+        if not self.placement.is_remote(m, device.index):
             return 0.0
         return self.timing.comm.transfer_time(self._stage_bytes[m])
 

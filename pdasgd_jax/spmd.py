@@ -43,6 +43,21 @@ def data_mesh(num_devices: int = 0, axis_name: str = DATA_AXIS) -> Mesh:
     return Mesh(np.array(devices[:n]), (axis_name,))
 
 
+def _shard_step(model: StagedModel, tx: optax.GradientTransformation, axis: str) -> tuple[Callable, bool]:
+    """One shard's part of a data parallel step over the mapped ``axis``: its gradient, loss
+    and BatchNorm statistics, averaged over the axis; a model that draws randomness takes
+    the step's key, and each shard draws from ``fold_in(key, shard)``. Returns the step and
+    whether it takes the key."""
+    shared_step = make_train_step(model, tx, axis_name=axis)
+    if not model.draws_randomness:
+        return shared_step, False
+
+    def per_shard(ts, x, labels, rng):
+        return shared_step(ts, x, labels, jax.random.fold_in(rng, jax.lax.axis_index(axis)))
+
+    return per_shard, True
+
+
 def make_sync_step(model: StagedModel, tx: optax.GradientTransformation, mesh: Mesh) -> Callable:
     """Jitted data parallel step ``(TrainState, x, y) -> (TrainState, loss)`` over ``mesh``.
 
@@ -51,14 +66,8 @@ def make_sync_step(model: StagedModel, tx: optax.GradientTransformation, mesh: M
     draws from ``fold_in(rng, shard)``.
     """
     axis = mesh.axis_names[0]
-    shared_step = make_train_step(model, tx, axis_name=axis)
-    step_fn, specs = shared_step, (P(), P(axis), P(axis))
-    if model.draws_randomness:
-
-        def per_shard(ts, x, labels, rng):
-            return shared_step(ts, x, labels, jax.random.fold_in(rng, jax.lax.axis_index(axis)))
-
-        step_fn, specs = per_shard, (*specs, P())
+    step_fn, keyed = _shard_step(model, tx, axis)
+    specs = (P(), P(axis), P(axis)) + ((P(),) if keyed else ())
     step = jax.shard_map(
         step_fn,
         mesh=mesh,
@@ -68,6 +77,24 @@ def make_sync_step(model: StagedModel, tx: optax.GradientTransformation, mesh: M
         # shared step pmeans explicitly (so it also works under vmap), hence old semantics.
         check_vma=False,
     )
+    return jax.jit(step)
+
+
+def make_sharded_step(model: StagedModel, tx: optax.GradientTransformation, num_shards: int) -> Callable:
+    """``make_sync_step``'s arithmetic on one device: the global batch is split into
+    ``num_shards`` equal shards, each computed as a device of real sync computes its shard
+    (per-shard BatchNorm statistics and Dropout keys), then averaged. The simulator's sync
+    runs it, so a simulated and a real run of ``--algo sync`` train the same model."""
+    axis = "shards"
+    step_fn, keyed = _shard_step(model, tx, axis)
+    mapped = jax.vmap(step_fn, in_axes=(None, 0, 0) + ((None,) if keyed else ()), out_axes=None, axis_name=axis)
+
+    def step(ts, x, labels, *rng):
+        def split(a):
+            return a.reshape(num_shards, a.shape[0] // num_shards, *a.shape[1:])
+
+        return mapped(ts, split(x), split(labels), *rng)
+
     return jax.jit(step)
 
 

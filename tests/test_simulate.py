@@ -7,6 +7,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from pdasgd_jax import Config
 from pdasgd_jax.cli import main
@@ -15,11 +16,13 @@ from pdasgd_jax.executor import EventLog, replay
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.models import cnn_stages
 from pdasgd_jax.placement import Placement
 from pdasgd_jax.runners import RUNNERS
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.scheduler import BACKWARD, Channel, Device, Get, Kernel, Put, Scheduler, Sleep
+from pdasgd_jax.stages import from_modules
 
 # Dyadic costs (exact in binary floating point) for the 3-stage digits MLP.
 TIMING = TimingModel(forward=(1.0, 1.0, 1.0), backward=(2.0, 2.0, 2.0), update=(0.25, 0.25, 0.25), loss=0.5)
@@ -206,21 +209,44 @@ def test_one_device_without_delays_is_plain_sgd(overrides):
     assert result.extra["utilisation"]["devices"] == [pytest.approx(1.0)]
 
 
-def test_sync_is_sgd_on_the_global_batch_and_waits_for_the_slowest():
+def _real_run(model=None, **overrides):
+    config = Config(**{"progress": False, **overrides}).validate()
+    exp = Experiment.from_config(config, model=model)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    return RUNNERS[config.algo](exp, metrics)
+
+
+def test_sync_is_real_sync_and_waits_for_the_slowest():
     _sync_exp, _, sync = _simulate(
         algo="sync", devices=4, batch_size=64, epochs=0.5, delay_model="constant", delay_mean=0.5
     )
-    config = Config(algo="sgd", progress=False, batch_size=64, epochs=0.5).validate()
-    exp = Experiment.from_config(config)
-    sgd = RUNNERS["sgd"](
-        exp, MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
-    )
-    assert sync.step == sgd.step == 12
-    for a, b in zip(jax.tree.leaves(sync.params), jax.tree.leaves(sgd.params), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    real = _real_run(algo="sync", devices=4, batch_size=64, epochs=0.5)
+    assert sync.step == real.step == 12
+    _assert_trees_close(sync.params, real.params, rtol=0, atol=1e-5)
     # Each step: compute (the timing is per worker) plus the constant delay; free all-reduce.
     assert sync.extra["virtual_time"] == pytest.approx(12 * 1.5 * STEP)
     assert sync.extra["utilisation"]["devices"] == [pytest.approx(1 / 1.5)] * 4
+
+
+def test_simulated_sync_computes_batchnorm_statistics_per_shard_as_real_sync_does():
+    """BatchNorm on 4 shards is not BatchNorm on the global batch (their statistics differ):
+    the simulator runs real sync's per-shard kernels, so both give the same model."""
+    bn_cnn = from_modules(cnn_stages((8, 8, 1), 10, channels=(8, 8), hidden=16, batch_norm=True, rngs=nnx.Rngs(0)))
+    common = dict(algo="sync", devices=4, batch_size=32, epochs=0.05, seed=3, progress=False)
+    config = Config(simulate=True, **common).validate()
+    exp = Experiment.from_config(config, model=bn_cnn)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    timing = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.0,) * 3)
+    simulated = run_simulated(exp, metrics, timing=timing)
+    real = _real_run(bn_cnn, **common)
+    assert simulated.step == real.step > 1
+    _assert_trees_close((simulated.params, simulated.states), (real.params, real.states), rtol=0, atol=1e-5)
+    global_batch = _real_run(bn_cnn, **{**common, "algo": "sgd", "devices": 0})
+    difference = max(
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+        for a, b in zip(jax.tree.leaves(simulated.states), jax.tree.leaves(global_batch.states), strict=True)
+    )
+    assert difference > 1e-4  # the global-batch kernel would fail this test
 
 
 def test_remote_stages_cost_a_transfer_each_way():

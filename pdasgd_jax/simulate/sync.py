@@ -2,8 +2,9 @@
 
 ``D`` workers each compute the gradient of their shard of the global batch and wait for the
 slowest: a step ends ``max_w (compute_w + delay_w) + all-reduce`` after the previous one
-(``averaging_clock.sync_step_end_times``). The arithmetic is that of plain SGD on the global
-batch, so the step runs as the fused whole-model kernel on it.
+(``averaging_clock.sync_step_end_times``). The arithmetic is real sync's, shard by shard
+(``spmd.make_sharded_step``: per-shard gradients, BatchNorm statistics and Dropout keys,
+averaged), so a simulated and a real sync run train the same model.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from pdasgd_jax import spmd
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
 from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
+from pdasgd_jax.kernels import TrainState, init_opt_states
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate.averaging_clock import sync_step_end_times
 from pdasgd_jax.simulate.simulation import num_jobs
@@ -66,7 +68,7 @@ def run_sync(
         exp,
         VirtualTimeMetrics(metrics, ends),
         checkpointer,
-        jax.jit(make_train_step(exp.model, exp.tx)),
+        spmd.make_sharded_step(exp.model, exp.tx, num_workers),
         ts,
         lambda a: a,
         jax.device_put,

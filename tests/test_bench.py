@@ -95,12 +95,15 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
         assert len(cell[algo]["simulated_per_worker_s"]) == 1
     # The runtime's layout: its 4 replicas on this process's devices (the tests' 8 fake CPU
     # ones), so one device each, which is the other prediction's layout: the same run.
-    assert results["simulated_devices"] == {"simulated": 4, "simulated_per_worker": 0}
-    for algo in ("pdasgd", "asgd", "sync"):
-        assert cell[algo]["simulated_s"] == cell[algo]["simulated_per_worker_s"]
     for algo in ("pdasgd", "asgd"):
+        assert cell[algo]["runtime_devices"] == 4
+        assert cell[algo]["simulated_s"] == cell[algo]["simulated_per_worker_s"]
+    assert cell["asgd-3t"]["runtime_devices"] == 8  # 12 threads on the 8 devices
+    for algo in bench_runtime.ASYNCHRONOUS:
         ratio = cell["sync"]["measured_s"][0] / cell[algo]["measured_s"][0]
         assert cell[algo]["speedup_vs_sync_measured"] == pytest.approx(ratio)
+        predicted = cell[algo]["speedup_vs_sync_simulated"] / cell[algo]["speedup_vs_sync_measured"] - 1
+        assert cell[algo]["speedup_prediction_error"] == pytest.approx(predicted)
     assert bench_runtime.TWO_LOOPS in table and "vs sync simulated per worker" in table
 
 
@@ -109,3 +112,22 @@ def test_unknown_benchmark_is_refused(capsys):
         main(["bench", "speed"])
     assert exc.value.code == 2
     assert "invalid choice: 'speed'" in capsys.readouterr().err
+
+
+def test_rate_tuning_widens_the_grid_until_its_best_rate_is_interior():
+    # Best rate 0.05 of a U-shaped curve around 0.05: from the grid (0.2, 0.8) it widens low.
+    def cost(lr):
+        return abs(math.log(lr / 0.05))
+
+    tuned = delays.tune(cost, (0.2, 0.8), max_widenings=3)
+    assert tuned["lr"] == pytest.approx(0.05) and not tuned["edge"]
+    assert sorted(tuned["tuning"]) == pytest.approx([0.0125, 0.05, 0.2, 0.8])
+    # Out of widenings: the best rate stays on the edge and says so.
+    capped = delays.tune(cost, (0.8, 3.2), max_widenings=1)
+    assert capped["lr"] == pytest.approx(0.2) and capped["edge"]
+    # Nothing reaches the target: no widening, no edge claim.
+    assert delays.tune(lambda lr: math.inf, (0.1, 0.4)) == {
+        "lr": 0.1,
+        "tuning": {0.1: math.inf, 0.4: math.inf},
+        "edge": False,
+    }

@@ -2,7 +2,8 @@
 
 Per dataset (digits with the MLP, MNIST-1D with the 1-D CNN) every algorithm gets the same
 example budget, per-worker batch and optimizer settings, over three seeds. The parallel
-asynchronous algorithms use ``WORKERS`` workers, the data parallel ones (sync, local SGD,
+asynchronous algorithms use ``WORKERS`` devices (ASGD one worker or ``F + B = 3`` per device,
+PD-ASGD F = 1, B = 2 per device, LPP-SGD 3 Hogwild! threads per device averaged every 8 updates), the data parallel ones (sync, local SGD,
 DaSGD) ``DATA_PARALLEL_WORKERS`` (the DaSGD protocol's D = 8); the asynchronous ones run on the virtual clock with the
 costs calibrated on this machine and an exponential per-step delay of mean one step's
 compute (so their staleness is that of a delayed cluster, not of one idle device); sync
@@ -42,6 +43,8 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
         "batch_size": DATA_PARALLEL_WORKERS * BATCH_SIZE,
     },
     "asgd": {"algo": "asgd", **ASYNC},
+    "asgd (3 threads per device)": {"algo": "asgd", "replicas": 3 * WORKERS, **ASYNC},
+    "lpp (3 threads per device)": {"algo": "lpp", "replicas": 3 * WORKERS, "period": 8, **ASYNC},
     "pdasgd (layer, stashed)": {"algo": "pdasgd", "backward_weights": "stashed", **ASYNC},
     "pdasgd (layer, live)": {"algo": "pdasgd", "backward_weights": "live", **ASYNC},
     "pdasgd-block (stashed)": {"algo": "pdasgd-block", "backward_weights": "stashed", **ASYNC},

@@ -5,21 +5,51 @@ a process killed mid-write leaves the previous checkpoint intact; a half-written
 never listed. ``save`` copies the state to host memory and returns; orbax writes it to disk
 in the background while training goes on (the next ``save``, a restore and ``close`` wait
 for it). ``RunCheckpointer`` keeps the last two.
+
+Each step's metadata carries a SHA-256 checksum of its state arrays (bytes, dtypes,
+shapes) and of the rest of its metadata, taken from the host copy that is written. A
+restore recomputes it from what it read: a step that cannot be read (emptied, truncated,
+files missing) or whose checksum differs (a flipped bit) is reported with a warning naming
+its directory and what is wrong, moved aside to ``checkpoints.damaged/`` (kept for
+inspection, never read again) and the next older step is tried; with none left the run
+starts over.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
+import warnings
 from typing import Any
 
 import jax
 import numpy as np
 
 from pdasgd_jax.metrics import MetricsLog, TrainingClock
-from pdasgd_jax.rundir import CHECKPOINT_DIR
+from pdasgd_jax.rundir import CHECKPOINT_DIR, DAMAGED_CHECKPOINT_DIR
 
 PyTree = Any
+
+
+class DamagedCheckpointWarning(RuntimeWarning):
+    """A checkpoint step could not be restored or failed its checksum; an older one is used."""
+
+
+def checksum(state: PyTree, meta: dict[str, Any]) -> str:
+    """SHA-256 of ``state``'s leaves (dtype, shape and bytes of each, in any order: a restore
+    without a target tree returns another container structure) and of ``meta`` as JSON
+    (without its own ``checksum`` entry)."""
+    leaves = []
+    for leaf in jax.tree.leaves(state):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        leaves.append(hashlib.sha256(f"{a.dtype.str}{a.shape}".encode() + a.tobytes()).hexdigest())
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode())
+    for leaf_digest in sorted(leaves):
+        digest.update(leaf_digest.encode())
+    return digest.hexdigest()
 
 
 class RunCheckpointer:
@@ -60,6 +90,7 @@ class RunCheckpointer:
         import orbax.checkpoint as ocp  # imported here: orbax takes a second to import
 
         self._ocp = ocp
+        self._verified: set[int] = set()  # steps written or checked by this process
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=True),
@@ -86,7 +117,9 @@ class RunCheckpointer:
             host_state = jax.tree.map(np.array, jax.device_get(state))  # private copies the writer owns
             self._manager.wait_until_finished()
             meta = {**meta, "next_checkpoint": self.next_due}
+            meta["checksum"] = checksum(host_state, meta)
             ocp = self._ocp
+            self._verified.add(step)
             self._manager.save(
                 step,
                 args=ocp.args.Composite(state=ocp.args.StandardSave(host_state), meta=ocp.args.JsonSave(meta)),
@@ -94,21 +127,63 @@ class RunCheckpointer:
             )
 
     def latest_step(self) -> int | None:
-        """The newest complete checkpoint's step (``None``: there is none)."""
+        """The newest intact checkpoint's step (``None``: there is none).
+
+        Steps this process did not write are read back and checked once; damaged ones are
+        reported and moved aside (see the module docstring).
+        """
         self._manager.wait_until_finished()
-        return self._manager.latest_step()
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            if step in self._verified:
+                return step
+            try:
+                self._restore_checked(step, None)
+            except Exception as exc:  # unreadable in any way orbax reports: try the older one
+                self._set_aside(step, _problem(exc))
+                continue
+            self._verified.add(step)
+            return step
+        return None
 
     def restore_latest(self, like: PyTree) -> tuple[PyTree, dict[str, Any]] | None:
-        """The newest complete checkpoint as ``(state shaped like like, meta)``, or ``None``."""
-        step = self.latest_step()
-        if step is None:
-            return None
-        ocp = self._ocp
+        """The newest intact checkpoint as ``(state shaped like like, meta)``, or ``None``."""
         abstract = jax.tree.map(lambda x: np.zeros(np.shape(x), np.asarray(x).dtype), jax.device_get(like))
+        while (step := self.latest_step()) is not None:
+            try:
+                return self._restore_checked(step, abstract)
+            except Exception as exc:  # damaged since it was checked: try the older one
+                self._set_aside(step, _problem(exc))
+        return None
+
+    def _restore_checked(self, step: int, abstract: PyTree | None) -> tuple[PyTree, dict[str, Any]]:
+        """Step ``step`` shaped like ``abstract`` (``None``: as saved), its checksum verified."""
+        ocp = self._ocp
         restored = self._manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
         )
-        return restored.state, restored.meta
+        state, meta = restored.state, restored.meta
+        if meta is None:
+            raise ValueError("its metadata is missing")
+        expected = meta.get("checksum")
+        # Steps written before checksums existed carry none and are taken as they are.
+        if expected is not None and checksum(state, meta) != expected:
+            raise ValueError("its contents do not match the checksum written with them")
+        return state, meta
+
+    def _set_aside(self, step: int, problem: str) -> None:
+        """Moves damaged step ``step`` out of the checkpoint directory, saying why."""
+        source = os.path.join(self.directory, str(step))
+        target = os.path.join(os.path.dirname(self.directory), DAMAGED_CHECKPOINT_DIR, str(step))
+        warnings.warn(
+            f"checkpoint {source} is damaged ({problem}); moved to {target}, resuming from an older one",
+            DamagedCheckpointWarning,
+            stacklevel=3,
+        )
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)  # an earlier damaged copy of the same step
+        os.replace(source, target)
+        self._verified.discard(step)
+        self._manager.reload()
 
     def resume(self, like: PyTree, metrics: MetricsLog) -> tuple[PyTree, dict[str, Any]] | None:
         """Restores the newest checkpoint (shaped like ``like``) and rewinds ``metrics`` and
@@ -126,3 +201,9 @@ class RunCheckpointer:
         """Waits for the last save to reach the disk, then releases the manager."""
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _problem(exc: Exception) -> str:
+    """The first line of what went wrong reading a step."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

@@ -37,6 +37,7 @@ STALENESS_PLOT = "staleness.png"
 TIMING_FILE = "timing.json"
 EVENT_LOG = "events.jsonl"
 CHECKPOINT_DIR = "checkpoints"
+DAMAGED_CHECKPOINT_DIR = "checkpoints.damaged"  # steps that failed their check on a resume
 LOCK_FILE = ".pdasgd.lock"
 RUN_FILES = (
     CONFIG_FILE,
@@ -48,6 +49,7 @@ RUN_FILES = (
     TIMING_FILE,
     EVENT_LOG,
     CHECKPOINT_DIR,
+    DAMAGED_CHECKPOINT_DIR,
     LOCK_FILE,
 )
 

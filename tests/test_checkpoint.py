@@ -166,3 +166,75 @@ def test_a_torn_last_metrics_line_is_dropped_and_a_damaged_one_refused(tmp_path,
         f.write("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
     assert main(["train", "--resume", run]) == 2
     assert "metrics.jsonl is damaged at line 2" in capsys.readouterr().err
+
+
+def _largest_file(directory):
+    files = [os.path.join(d, n) for d, _, names in os.walk(directory) for n in names]
+    return max(files, key=os.path.getsize)
+
+
+def _damage(step_dir, how):
+    """Damages a checkpoint step as a crash, a bad disk or a careless hand would."""
+    if how == "emptied":
+        for name in os.listdir(step_dir):
+            path = os.path.join(step_dir, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+    elif how == "truncated":
+        path = _largest_file(step_dir)
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    else:  # one flipped bit in the middle of the largest data file
+        path = _largest_file(step_dir)
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x10]))
+
+
+@pytest.mark.parametrize("how", ["emptied", "truncated", "bit-flipped"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_older_one(tmp_path, how):
+    ckpt = RunCheckpointer(str(tmp_path))
+    like = {"w": np.zeros((64, 64), np.float32), "b": np.zeros(3, np.int32)}
+    for step in (1, 2):
+        ckpt.save(step, {"w": np.full((64, 64), step, np.float32), "b": np.arange(3, dtype=np.int32) + step}, {})
+    ckpt.close()
+    _damage(str(tmp_path / "checkpoints" / "2"), how)
+    again = RunCheckpointer(str(tmp_path))
+    with pytest.warns(RuntimeWarning, match=r"checkpoints/2 is damaged .*resuming from an older one"):
+        state, _ = again.restore_latest(like=like)
+    np.testing.assert_array_equal(state["w"], np.full((64, 64), 1, np.float32))
+    assert again.latest_step() == 1 and os.path.isdir(tmp_path / "checkpoints.damaged" / "2")
+    _damage(str(tmp_path / "checkpoints" / "1"), how)
+    with pytest.warns(RuntimeWarning, match="checkpoints/1 is damaged"):
+        assert again.restore_latest(like=like) is None  # nothing good left: the run starts over
+    again.close()
+
+
+@pytest.mark.parametrize(
+    "algo, extra, how",
+    [
+        ("sync", {"devices": 8, "batch_size": 64}, "bit-flipped"),
+        ("pdasgd", {"simulate": True, "replicas": 2, "delay_model": "exponential", "delay_mean": 1.0}, "truncated"),
+    ],
+)
+def test_a_run_resumed_past_a_damaged_checkpoint_ends_where_the_whole_run_ends(tmp_path, algo, extra, how):
+    """The finished run's last checkpoint is damaged: the resume goes back to the one before
+    and trains the rest again, ending exactly where the run had ended."""
+    whole = str(tmp_path / "whole")
+    result = train_and_evaluate(Config(algo=algo, epochs=1, eval_every=400, seed=5, out=whole, progress=False, **extra))
+    damaged = str(tmp_path / "damaged")
+    shutil.copytree(whole, damaged)
+    steps = sorted(int(s) for s in os.listdir(os.path.join(damaged, "checkpoints")))
+    assert len(steps) == 2
+    _damage(os.path.join(damaged, "checkpoints", str(steps[-1])), how)
+    with pytest.warns(RuntimeWarning, match="is damaged"):
+        resumed = resume_run(damaged)
+    assert resumed["resumed_from_step"] == steps[0]
+    assert (resumed["steps"], resumed["test_accuracy"], resumed["test_loss"]) == (
+        result["steps"],
+        result["test_accuracy"],
+        result["test_loss"],
+    )
+    rows = _steps(damaged)
+    assert rows == sorted(set(rows)) and rows == _steps(whole)

@@ -8,6 +8,7 @@ import functools
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
 from pdasgd_jax import calibration as calibration_lib
@@ -51,6 +52,36 @@ def _check_budget(config: Config, train_examples: int) -> None:
         raise ConfigError(
             f"--epochs {config.epochs} is less than one example of the {train_examples} of "
             f"{config.dataset}; need at least {1 / train_examples:.2g}"
+        )
+
+
+# The most input memory one averaging round may stack (its H batches of every replica, on
+# the host and again on the devices): a guard against a --period that would exhaust memory.
+ROUND_INPUT_LIMIT_BYTES = 4 * 2**30
+
+
+def _check_rounds(config: Config, replicas: int, train: data.Split, total_examples: int) -> None:
+    """Refuses a ``local``/``dasgd`` round longer than the budget, or too large to hold in memory.
+
+    A round of ``--period`` H steps runs whole, so one round longer than the budget would
+    train many times the budget; its H batches of every replica are stacked as one input.
+    """
+    if config.algo not in ("local", "dasgd"):
+        return
+    round_examples = config.period * replicas * config.batch_size
+    if round_examples > total_examples:
+        most = max(1, total_examples // (replicas * config.batch_size))
+        raise ConfigError(
+            f"--period {config.period} makes one averaging round {round_examples} examples long "
+            f"({replicas} replicas x batch {config.batch_size}), more than the budget of {total_examples} "
+            f"(--epochs {config.epochs}); use --period <= {most} or train longer"
+        )
+    example_bytes = sum(np.asarray(a).nbytes for a in train.take(np.arange(1)))
+    needed = round_examples * example_bytes
+    if needed > ROUND_INPUT_LIMIT_BYTES:
+        raise ConfigError(
+            f"--period {config.period} stacks {needed / 2**30:.1f} GiB of inputs per averaging round "
+            f"(limit {ROUND_INPUT_LIMIT_BYTES / 2**30:.0f} GiB); use a smaller --period or --batch-size"
         )
 
 
@@ -98,6 +129,7 @@ class Experiment:
             tx = optim.with_staleness_rule(optimizer, config.staleness_rule, config.dc_lambda)
         exp = cls(config, dataset, model, variables, tx)
         exp.layout  # noqa: B018 (devices and replicas are checked against this machine before any work)
+        _check_rounds(config, exp.layout.replicas, dataset.train, exp.total_examples)
         if config.timing is not None:
             exp.calibration()  # a missing, malformed or mismatched file is refused before any work
         return exp

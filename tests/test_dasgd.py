@@ -264,3 +264,14 @@ def test_dasgd_delays_its_merge_by_default_and_says_when_it_is_local_sgd(delay_s
     assert cfg.validate().averaging_delay == expected_delay
     summary = train_and_evaluate(cfg)
     assert (summary["delay_steps"], summary["effective_algorithm"]) == (expected_delay, effective)
+
+
+def test_an_averaging_round_longer_than_the_budget_or_too_large_for_memory_is_refused(monkeypatch):
+    from pdasgd_jax import experiment
+    from pdasgd_jax.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--period 100000 makes one averaging round .* use --period <= 5 "):
+        experiment.Experiment.from_config(Config(algo="dasgd", period=100000, epochs=1.0))
+    monkeypatch.setattr(experiment, "ROUND_INPUT_LIMIT_BYTES", 1000)
+    with pytest.raises(ConfigError, match=r"--period 8 stacks .* GiB of inputs per averaging round"):
+        experiment.Experiment.from_config(Config(algo="local", period=8, epochs=1.0))

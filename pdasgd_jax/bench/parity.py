@@ -2,13 +2,14 @@
 
 Per dataset (digits with the MLP, MNIST-1D with the 1-D CNN) every algorithm gets the same
 example budget, per-worker batch and optimizer settings, over three seeds. The parallel
-asynchronous algorithms use ``WORKERS`` devices (ASGD one worker or ``F + B = 3`` per device,
-PD-ASGD F = 1, B = 2 per device, LPP-SGD 3 Hogwild! threads per device averaged every 8 updates), the data parallel ones (sync, local SGD,
-DaSGD) ``DATA_PARALLEL_WORKERS`` (the DaSGD protocol's D = 8); the asynchronous ones run on the virtual clock with the
-costs calibrated on this machine and an exponential per-step delay of mean one step's
-compute (so their staleness is that of a delayed cluster, not of one idle device); sync
-is simulated too (same arithmetic as on a mesh); local SGD and DaSGD run their SPMD
-programs (vmapped workers on one device).
+asynchronous algorithms use ``WORKERS`` devices (ASGD with one worker or ``F + B = 3`` per
+device, PD-ASGD with F = 1, B = 2 per device, LPP-SGD with 3 Hogwild! threads per device
+averaged every 8 updates), the data parallel ones (sync, local SGD, DaSGD)
+``DATA_PARALLEL_WORKERS`` (the DaSGD protocol's D = 8); the asynchronous ones run on the
+virtual clock with the costs calibrated on this machine and an exponential per-step delay
+of mean one step's compute (so their staleness is that of a delayed cluster, not of one
+idle device); sync is simulated too (real sync's per-shard arithmetic); local SGD and
+DaSGD run their SPMD programs (vmapped workers on one device).
 """
 
 from __future__ import annotations

@@ -274,4 +274,4 @@ def test_an_averaging_round_longer_than_the_budget_or_too_large_for_memory_is_re
         experiment.Experiment.from_config(Config(algo="dasgd", period=100000, epochs=1.0))
     monkeypatch.setattr(experiment, "ROUND_INPUT_LIMIT_BYTES", 1000)
     with pytest.raises(ConfigError, match=r"--period 8 stacks .* GiB of inputs per averaging round"):
-        experiment.Experiment.from_config(Config(algo="local", period=8, epochs=1.0))
+        experiment.Experiment.from_config(Config(algo="local", replicas=2, period=8, epochs=1.0))

@@ -113,6 +113,7 @@ class MetricsLog:
         self.resumed_from_step: int | None = None
         self._pending_losses: list[Any] = []
         self._pending_first_step = 0
+        self._checked = 0  # pending losses already found finite
         self._examples = 0
         self._bar = tqdm(total=total_examples, unit="ex", disable=not progress, dynamic_ncols=True)
         if out_dir:
@@ -138,10 +139,25 @@ class MetricsLog:
         return examples >= self.next_eval or examples >= self.total_examples
 
     def add_loss(self, step: int, loss: Any) -> None:
-        """Queues a step's loss (a device scalar is fine: it is read at the next evaluation)."""
+        """Queues a step's loss (a device scalar is fine: it is averaged at the next evaluation).
+
+        Raises:
+          NonFiniteLossError: a queued loss that has been computed is NaN or infinite. Losses
+            are read as soon as they are ready (never waiting for the device), so a
+            divergence stops the run within a step or two of it, whatever the evaluation cadence.
+        """
         if not self._pending_losses:
             self._pending_first_step = step
+            self._checked = 0
         self._pending_losses.append(loss)
+        while self._checked < len(self._pending_losses):
+            pending = self._pending_losses[self._checked]
+            if hasattr(pending, "is_ready") and not pending.is_ready():
+                break
+            value = float(np.asarray(pending))
+            if not np.isfinite(value):
+                raise self._non_finite(value, self._pending_first_step + self._checked)
+            self._checked += 1
 
     def progress(self, examples: int) -> None:
         """Moves the progress bar to ``examples``."""
@@ -190,11 +206,12 @@ class MetricsLog:
         self._pending_losses = []
         bad = np.flatnonzero(~np.isfinite(losses))
         if bad.size:
-            raise NonFiniteLossError(
-                f"training loss became {losses[bad[0]]} at step {self._pending_first_step + int(bad[0])}; "
-                "lower --lr or check the data"
-            )
+            raise self._non_finite(losses[bad[0]], self._pending_first_step + int(bad[0]))
         return float(losses.mean())
+
+    @staticmethod
+    def _non_finite(value: float, step: int) -> NonFiniteLossError:
+        return NonFiniteLossError(f"training loss became {value} at step {step}; lower --lr or check the data")
 
     def position(self, step: int, examples: int) -> dict[str, Any]:
         """What a checkpoint at ``step`` records of the log, for ``rewind``: the counts, the
@@ -222,6 +239,7 @@ class MetricsLog:
         self.resumed_from_step = position["step"]
         self._pending_losses = list(position["pending_losses"])
         self._pending_first_step = position["pending_first_step"]
+        self._checked = 0
         self.progress(position["examples"])
 
     def start_over(self) -> None:

@@ -3,6 +3,7 @@
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -106,3 +107,25 @@ def test_validation_runs_once_per_set_of_values(monkeypatch):
     config.lr = 0.1  # a changed config is checked again
     config.validate()
     assert len(calls) == 2
+
+
+def test_a_non_finite_loss_stops_the_run_within_steps_whatever_the_evaluation_cadence():
+    metrics = MetricsLog(lambda p, s: {}, total_examples=10**6, eval_every=10**9, progress=False)
+    metrics.add_loss(1, jnp.float32(0.5))
+    metrics.add_loss(2, np.float32(0.4))
+    with pytest.raises(NonFiniteLossError, match="became nan at step 3"):
+        metrics.add_loss(3, jnp.float32(jnp.nan))
+
+    class CountingLog(MetricsLog):
+        calls = 0
+
+        def add_loss(self, step, loss):
+            CountingLog.calls += 1
+            super().add_loss(step, loss)
+
+    config = Config(algo="sgd", optimizer="sgd", lr=1e9, epochs=100, eval_every=10**9, progress=False).validate()
+    exp = Experiment.from_config(config)
+    log = CountingLog(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every, progress=False)
+    with pytest.raises(NonFiniteLossError):
+        RUNNERS["sgd"](exp, log)
+    assert CountingLog.calls < 20  # of the 4494 steps of the budget

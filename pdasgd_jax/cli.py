@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -122,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pdasgd_jax.data import DatasetNotPreparedError
     from pdasgd_jax.reporting import NonFiniteLossError
 
+    run_dir = args.resume or getattr(args, "out", None) if args.command == "train" else None
     try:
         if args.command == "train":
             from pdasgd_jax.distributed import initialize_from_env_or_args
@@ -149,4 +151,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NonFiniteLossError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"interrupted{_resume_hint(run_dir)}", file=sys.stderr)
+        return 130
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        print(f"error: no space left on the device writing {e.filename or run_dir or 'the run'}", file=sys.stderr)
+        print(f"{_resume_hint(run_dir).lstrip('; ')}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _resume_hint(run_dir: str | None) -> str:
+    """Where an interrupted run's last checkpoint is and how to go on from it (one line)."""
+    if not run_dir:
+        return "; nothing was saved (no --out)"
+    from pdasgd_jax.rundir import CHECKPOINT_DIR
+
+    directory = os.path.join(run_dir, CHECKPOINT_DIR)
+    steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
+    where = f"the last checkpoint is {os.path.join(directory, str(max(steps)))}" if steps else "no checkpoint yet"
+    return f"; {where}; go on with: python -m pdasgd_jax train --resume {run_dir}"

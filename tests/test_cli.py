@@ -1,8 +1,11 @@
 """The command line: help, exit codes and messages on bad input, a real run."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -160,3 +163,45 @@ def test_a_used_out_is_refused_unless_overwritten_and_overwrite_clears_only_our_
     assert main([*args, "--overwrite"]) == 2
     assert "did not write (notes.txt)" in capsys.readouterr().err
     assert (out / "notes.txt").exists() and (out / "summary.json").exists()
+
+
+def test_ctrl_c_prints_one_line_with_the_checkpoint_and_the_resume_command(tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    command = [sys.executable, "-m", "pdasgd_jax", "train", "--algo", "sgd", "--epochs", "500"]
+    proc = subprocess.Popen(
+        [*command, "--eval-every", "2000", "--no-progress", "--out", str(run)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoints").is_dir() or not any(n.isdigit() for n in os.listdir(run / "checkpoints")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint was written"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"interrupted; the last checkpoint is {run}/checkpoints/")
+    assert last.endswith(f"go on with: python -m pdasgd_jax train --resume {run}")
+
+
+def test_a_full_disk_prints_one_line_naming_the_file(monkeypatch, tmp_path, capsys):
+    import errno
+
+    from pdasgd_jax import train
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "metrics.jsonl"))
+
+    monkeypatch.setattr(train, "train_and_evaluate", full)
+    assert main(["train", "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: no space left on the device writing {tmp_path}/run/metrics.jsonl\n")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 2

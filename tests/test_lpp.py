@@ -16,6 +16,7 @@ from pdasgd_jax.delays import CommModel, TimingModel
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.runtime import WorkerError
 from pdasgd_jax.runtime.lpp import LppRuntime
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.simulate import run_simulated
@@ -162,6 +163,21 @@ def test_runtime_on_two_devices_with_two_threads_each_applies_every_update(exp):
     assert set(extra["utilisation"]) == {"d0/w0", "d0/w1", "d1/w0", "d1/w1", "averager"}
     assert extra["utilisation"]["averager"]["jobs"] == extra["averaging_rounds"]
     assert metrics.rows[-1]["test_accuracy"] > 0.7
+    assert not [t for t in threading.enumerate() if t.name.startswith("pdasgd-")]
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_averager_stops_the_run_and_every_thread(exp, monkeypatch):
+    def failing(*args, **kwargs):
+        raise ValueError("boom in a round")
+
+    monkeypatch.setattr(lpp, "correct_in_place", failing)
+    real = exp.with_config(simulate=False, devices=2, replicas=2, period=1)
+    settings = RuntimeSettings.from_config(real, num_examples=BATCH * 10**4)
+    metrics = MetricsLog(real.evaluate, total_examples=settings.num_examples, eval_every=10**9, progress=False)
+    with pytest.raises(WorkerError, match="runtime worker 'averager' failed") as info:
+        LppRuntime(real, settings).run(metrics)
+    assert "boom in a round" in str(info.value)
     assert not [t for t in threading.enumerate() if t.name.startswith("pdasgd-")]
 
 

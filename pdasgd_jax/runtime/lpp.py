@@ -1,11 +1,12 @@
 """LPP-SGD on real threads (``--algo lpp``; algorithms.md §2, ``pdasgd_jax.lpp``).
 
 ``LppRuntime`` is the threaded ``Runtime`` with one ``ParameterStore`` per device (every stage
-at home there, so no update crosses devices), T = R / D ``AsgdWorker`` threads per device on
-that device's executor, named ``d{d}/w{t}`` as in the simulator, and one ``Averager`` thread:
+at home there, so no update crosses devices), T = R / D plain ``AsgdWorker`` threads per
+device on that device's executor, named ``d{d}/w{t}`` as in the simulator, and one
+``Averager`` thread:
 
-* each worker books its job with the averager once the job's updates are applied
-  (``LppWorker``), before its injected delay;
+* each worker's job is booked with the averager when the worker reports it finished (its
+  updates applied; ``DeviceControl``), before its injected delay;
 * once some device has applied ``H`` updates since its previous snapshot (``lpp.Rounds``),
   the averager snapshots every replica's parameters, computes their mean on the first
   device (gathered there, then sent back to each device: the all-reduce's arithmetic), and
@@ -137,26 +138,24 @@ class Averager:
             self.rounds.end()
 
 
-class LppWorker(AsgdWorker):
-    """An ``AsgdWorker`` on its device's replica that books each job with the averager once
-    the job's updates are applied (before its injected delay).
+class DeviceControl:
+    """The run's ``Control`` as device ``device``'s workers see it: each job they report
+    finished (its updates applied) is first booked with the averager, and their exits too.
+    Everything else is the run's ``Control``. So the workers are plain ``AsgdWorker``s."""
 
-    Args:
-      device_index: its device's index in the run.
-      averager: the run's averager.
-    """
+    def __init__(self, control: Control, averager: Averager, device: int):
+        self._control, self._averager, self._device = control, averager, device
 
-    def __init__(self, *args: Any, device_index: int, averager: Averager, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.device_index, self.averager = device_index, averager
+    def job_finished(self, loss: Any) -> None:
+        self._averager.applied(self._device)
+        self._control.job_finished(loss)
 
-    def _done(self, busy: float) -> None:
-        self.averager.applied(self.device_index)
-        super()._done(busy)
+    def thread_exited(self) -> None:
+        self._averager.worker_exited()
+        self._control.thread_exited()
 
-    def _on_exit(self) -> None:
-        super()._on_exit()
-        self.averager.worker_exited()
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._control, name)
 
 
 class LppRuntime(Runtime):
@@ -189,19 +188,18 @@ class LppRuntime(Runtime):
         self.control = Control([gate, feed_queue, self.averager], host_cpus=s.pinned_cpus)
         self.feed = DataFeed(exp, s.batch_size, range(first_batch, s.num_batches), feed_queue, self.control, gate)
         self.workers = []
+        controls = [DeviceControl(self.control, self.averager, d) for d in range(num_devices)]
         for d, t in lpp.threads(num_devices, s.groups):
             name = lpp.worker_name(d, t)
             self.workers.append(
-                LppWorker(
+                AsgdWorker(
                     name,
                     s.devices[d],
                     self.executors[d],
-                    self.control,
+                    controls[d],  # the run's Control, booking finished jobs with the averager
                     s.delay,
                     rng_for(s.seed, "delay", name),
                     feed=feed_queue,
-                    device_index=d,
-                    averager=self.averager,
                 )
             )
         self.averager.control = self.control

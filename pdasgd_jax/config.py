@@ -16,9 +16,10 @@ from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.models import MODELS
 from pdasgd_jax.optim import MERGES, STALENESS_RULES
 
-ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd")
-# Those that run as independent worker threads (or simulated workers) updating a shared store.
-ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block")
+ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd", "lpp")
+# Those that run as independent worker threads (or simulated workers) updating a shared store
+# (lpp: one store per device, averaged in place).
+ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block", "lpp")
 OPTIMIZERS = ("sgd", "momentum", "adamw")
 DELAY_MODELS = ("none", "constant", "uniform", "exponential", "lognormal", "straggler")
 BACKWARD_WEIGHTS = ("stashed", "live")
@@ -63,7 +64,8 @@ class Config:
         0,
         "replicas, each taking its own batches: local/dasgd workers with a model each, asgd workers "
         "(a thread each, one shared model), pdasgd groups of F forward + B backward workers and a "
-        "queue; shared round-robin by the devices (0: one per device); sync: one per device",
+        "queue, lpp threads (R / D per device replica); shared round-robin by the devices (0: one "
+        "per device); sync: one per device",
         group="parallel",
     )
     # Asynchronous algorithms.
@@ -113,7 +115,12 @@ class Config:
         False, "measure the kernels afresh instead of using the cached calibration", group="delays"
     )
     # Local SGD and DaSGD.
-    period: int = _field(8, "local/dasgd: averaging period H in steps (>= 1)", group="averaging")
+    period: int = _field(
+        8,
+        "averaging period H (>= 1): local/dasgd: local steps per round; lpp: updates a device applies "
+        "to its replica between its snapshots (the first device to reach H starts a round)",
+        group="averaging",
+    )
     delay_steps: int | None = _field(
         None,
         "dasgd: steps d between starting and merging the average, 0 <= d <= H (None: H // 2, the middle of the "

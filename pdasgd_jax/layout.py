@@ -8,11 +8,12 @@ One rule per algorithm, resolved once per experiment, before any work:
 * ``sgd``: one device, one replica.
 * ``sync``: one replica per device; ``--devices`` (0: every device on a real run, one on the
   simulator); ``--replicas`` is refused.
-* ``local``, ``dasgd``, ``asgd``, ``pdasgd``, ``pdasgd-block``: ``R = --replicas`` or else
-  ``--devices`` or else every device (the simulator: 1); on ``D = --devices`` or else
+* ``local``, ``dasgd``, ``asgd``, ``pdasgd``, ``pdasgd-block``, ``lpp``: ``R = --replicas`` or
+  else ``--devices`` or else every device (the simulator: 1); on ``D = --devices`` or else
   ``min(R, devices available)`` devices (the simulator: ``R``). Replicas share devices
-  round-robin; none may be left without one (``R >= D``), and ``local``/``dasgd`` spread
-  them evenly (``R`` a multiple of ``D``), refusing rather than silently running on fewer.
+  round-robin; none may be left without one (``R >= D``), and ``local``/``dasgd``/``lpp``
+  spread them evenly (``R`` a multiple of ``D``: lpp runs ``R / D`` threads per device
+  replica), refusing rather than silently running on fewer.
 
 Example::
 
@@ -25,6 +26,9 @@ from typing import NamedTuple
 
 from pdasgd_jax.config import Config
 from pdasgd_jax.errors import ConfigError
+
+# Algorithms whose replicas must spread evenly over the devices.
+EVEN_SPREAD = ("local", "dasgd", "lpp")
 
 
 class Layout(NamedTuple):
@@ -74,7 +78,7 @@ def resolve(config: Config, available: int) -> Layout:
             f"the simulator gives each of the {replicas} local/dasgd replicas a device of its own; "
             f"drop --devices {devices} or set it to {replicas}"
         )
-    if algo in ("local", "dasgd") and replicas % devices:
+    if algo in EVEN_SPREAD and replicas % devices:
         raise ConfigError(
             f"--replicas {replicas} cannot be spread evenly over {devices} devices; use a multiple of "
             f"{devices} replicas or a --devices that divides {replicas}"

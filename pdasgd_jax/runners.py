@@ -10,6 +10,7 @@ from pdasgd_jax import averaging_runner
 from pdasgd_jax.config import ALGORITHMS, Config
 from pdasgd_jax.run_result import Runner
 from pdasgd_jax.runtime import run_runtime
+from pdasgd_jax.runtime.lpp import run_lpp_runtime
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.sync_runner import run_sgd, run_sync
 
@@ -22,6 +23,7 @@ RUNNERS: dict[str, Runner] = {
     "pdasgd-block": run_runtime,
     "local": averaging_runner.run_local,
     "dasgd": averaging_runner.run_dasgd,
+    "lpp": run_lpp_runtime,
 }
 
 

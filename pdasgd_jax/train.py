@@ -21,6 +21,9 @@ from pdasgd_jax.run_result import Runner
 from pdasgd_jax.runners import select_runner
 from pdasgd_jax.stages import StagedModel, Variables
 
+# Algorithms whose runs write no checkpoints, so ``--resume`` is refused before any work.
+NOT_RESUMABLE = ("lpp",)
+
 
 def create_metrics(exp: Experiment, *, resume: bool = False) -> MetricsLog:
     """The run's metrics log (``metrics.jsonl`` in ``--out``), evaluating every ``--eval-every``
@@ -76,6 +79,11 @@ def train_and_evaluate(
     runner = select_runner(config)
     if config.out:
         rundir.check_out(config.out, resume=resume, overwrite=overwrite)
+    if resume and config.algo in NOT_RESUMABLE:
+        raise ConfigError(
+            f"--algo {config.algo} runs cannot be resumed yet (they write no checkpoints: every device "
+            f"replica and an averaging round in flight would have to be saved); start the run over"
+        )
     if resume and not (config.out and os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR))):
         raise ConfigError(f"nothing to resume: {config.out!r} holds no checkpoints")
     exp = Experiment.from_config(config, model=model, optimizer=optimizer)

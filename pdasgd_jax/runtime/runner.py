@@ -57,6 +57,8 @@ class Runtime:
     """
 
     def __init__(self, exp: Experiment, settings: RuntimeSettings):
+        if settings.algo == "lpp" and type(self) is Runtime:
+            raise ValueError("--algo lpp runs on runtime.lpp.LppRuntime (one store per device), not on Runtime")
         self.exp = exp
         self.settings = settings
         v = exp.variables
@@ -175,7 +177,7 @@ class Runtime:
                 continue
             # Paused: batches 0 .. step-1 are all applied and no job is in flight.
             if step == last or exited:
-                jax.block_until_ready(self.store.snapshot())  # the last updates may still be running on the device
+                self._wait_for_updates()
                 self.train_time = self._clock.elapsed - self._train_start
             evaluated = False
             if metrics.eval_due(examples) or exited:
@@ -188,6 +190,10 @@ class Runtime:
                 return
             pause = self._next_pause(metrics, checkpointer)
             self.feed.gate.open_until(pause)
+
+    def _wait_for_updates(self) -> None:
+        """Waits until the updates dispatched so far have run on the devices."""
+        jax.block_until_ready(self.store.snapshot())
 
     def _next_pause(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> int:
         """Finished jobs at the next evaluation or checkpoint (or the last batch)."""

@@ -20,6 +20,8 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.placement import Placement
 
 RUNTIME_ALGOS = ASYNCHRONOUS
+# Algorithms whose workers each run whole jobs (no forward/backward pipeline).
+WHOLE_JOBS = ("asgd", "lpp")
 NO_DELAY = delays.DelayModel()  # immutable: one instance serves every default
 
 
@@ -29,14 +31,16 @@ class RuntimeSettings:
 
     Attributes:
       algo: ``asgd`` (W workers, each a whole step on one device), ``pdasgd`` (layer-wise
-        updates) or ``pdasgd-block`` (all stages updated at the end of the backward).
+        updates), ``pdasgd-block`` (all stages updated at the end of the backward) or ``lpp``
+        (a replica per device, ``groups / len(devices)`` ASGD threads on each, averaged in
+        place every ``period`` updates; run by ``runtime.lpp.LppRuntime``).
       devices: the devices used. Worker groups and stage homes (where a stage's parameters
         live and its updates run) are spread over them round-robin by
         ``pdasgd_jax.placement.Placement``, the simulator's rule, so updates of different
         stages land on different devices (``replication="shared"``).
       groups: ``asgd``: the number of workers W; ``pdasgd``: the number of replicas, each
         with ``forward_workers`` F, ``backward_workers`` B and one queue of
-        ``queue_capacity`` Q between them.
+        ``queue_capacity`` Q between them; ``lpp``: the threads, a multiple of the devices.
       backward_weights: ``stashed`` or ``live`` (PD-ASGD; ASGD's backward uses the weights
         its own forward read either way, so ``stashed``).
       batch_size: examples per job.
@@ -46,6 +50,7 @@ class RuntimeSettings:
         from its own stream ``delays.rng_for(seed, "delay", worker_name)``, with the
         simulator's worker names, so both draw the same random numbers for the same seed.
       seed: seed of the delay streams.
+      period: ``lpp``: H, updates a device applies to its replica between its snapshots.
       record_events: keep an ``EventLog`` (for replay and tests; costs memory per event).
       host_cpus: the cores the feed and worker threads run on: ``"auto"`` (on CPU devices
         one core, the last this process may use; elsewhere unpinned), ``"off"`` or core
@@ -63,6 +68,7 @@ class RuntimeSettings:
     num_examples: int = 0
     delay: delays.DelayModel = NO_DELAY
     seed: int = 0
+    period: int = 8
     record_events: bool = False
     host_cpus: HostCpus = AUTO
 
@@ -71,16 +77,24 @@ class RuntimeSettings:
             raise ValueError(f"the threaded runtime runs {', '.join(RUNTIME_ALGOS)}, not {self.algo!r}")
         if self.backward_weights not in BACKWARD_WEIGHTS:
             raise ValueError(f"backward_weights {self.backward_weights!r} is not one of {BACKWARD_WEIGHTS}")
-        if self.algo == "asgd" and self.backward_weights != "stashed":
+        if self.algo in WHOLE_JOBS and self.backward_weights != "stashed":
             raise ValueError(
-                f"asgd computes its gradient at the weights it read: backward_weights must be 'stashed', "
+                f"{self.algo} computes its gradient at the weights it read: backward_weights must be 'stashed', "
                 f"not {self.backward_weights!r}"
             )
         if not self.devices:
             raise ValueError("the runtime needs at least one device")
-        for name in ("groups", "forward_workers", "backward_workers", "queue_capacity", "batch_size"):
+        for name in ("groups", "forward_workers", "backward_workers", "queue_capacity", "batch_size", "period"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} must be >= 1")
+        if self.algo == "lpp":
+            if self.groups % len(self.devices):
+                raise ValueError(
+                    f"lpp runs the same number of threads on each device: {self.groups} threads do not "
+                    f"spread evenly over {len(self.devices)} devices"
+                )
+            if self.record_events:
+                raise ValueError("lpp keeps no event log: its device replicas are separate stores")
         resolve_host_cpus(self.host_cpus)  # raises on cores this process may not use
 
     @property
@@ -90,8 +104,8 @@ class RuntimeSettings:
 
     @property
     def pipelined(self) -> bool:
-        """True for PD-ASGD (forward and backward workers), False for ASGD."""
-        return self.algo != "asgd"
+        """True for PD-ASGD (forward and backward workers), False for ASGD and LPP-SGD."""
+        return self.algo not in WHOLE_JOBS
 
     @property
     def num_batches(self) -> int:
@@ -128,11 +142,12 @@ class RuntimeSettings:
             forward_workers=config.forward_workers,
             backward_workers=config.backward_workers,
             queue_capacity=config.queue_capacity,
-            backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
+            backward_weights=config.backward_weights if config.algo not in WHOLE_JOBS else "stashed",
             batch_size=config.batch_size,
             num_examples=exp.total_examples,
             delay=delays.DelayModel.from_config(config, step_time),
             seed=config.seed,
+            period=config.period,
             host_cpus=config.host_cpus,
         )
         return cls(**{**settings, **overrides})

@@ -19,6 +19,7 @@ from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.rundir import TIMING_FILE
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.averaging import run_averaging
+from pdasgd_jax.simulate.lpp import run_lpp
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, num_jobs
 from pdasgd_jax.simulate.sync import run_sync
@@ -64,7 +65,7 @@ def run_simulated(
 
     Args:
       exp: the experiment; ``sgd``, ``sync``, ``asgd``, ``pdasgd``, ``pdasgd-block``,
-        ``local`` and ``dasgd`` (``--batch-size`` per worker; sync: the global batch).
+        ``local``, ``dasgd`` and ``lpp`` (``--batch-size`` per worker; sync: the global batch).
       metrics: the run's metrics log.
       checkpointer: saves the run when it says a checkpoint is due, and resumes it from its
         newest checkpoint (``None``: neither).
@@ -72,7 +73,8 @@ def run_simulated(
         with ``--comm-latency`` and ``--comm-bandwidth`` as its communication cost
         (machine-dependent: pass a fixed one, e.g. ``delays.from_flops``, for bitwise
         reproducible runs across machines).
-      log: records the run's stage operations for ``executor.replay`` (asynchronous algorithms).
+      log: records the run's stage operations for ``executor.replay`` (asgd, pdasgd,
+        pdasgd-block; lpp, with one store per device, keeps none).
 
     Example::
 
@@ -99,6 +101,10 @@ def run_simulated(
         result = RunResult(ts.params, ts.states, steps, examples, {})
     elif config.algo in AVERAGING:
         result, now, utilisation, staleness = run_averaging(exp, metrics, checkpointer, timing, delay, workers)
+    elif config.algo == "lpp":
+        if log is not None:
+            raise ValueError("--algo lpp keeps no event log: its device replicas are separate stores")
+        result, now, utilisation, staleness = run_lpp(exp, metrics, checkpointer, timing, delay, devices, workers)
     else:
         result, now, utilisation, staleness = _run_asynchronous(
             exp, metrics, checkpointer, timing, delay, workers, devices, log

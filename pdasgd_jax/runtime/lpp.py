@@ -1,0 +1,246 @@
+"""LPP-SGD on real threads (``--algo lpp``; algorithms.md §2, ``pdasgd_jax.lpp``).
+
+``LppRuntime`` is the threaded ``Runtime`` with one ``ParameterStore`` per device (every stage
+at home there, so no update crosses devices), T = R / D plain ``AsgdWorker`` threads per
+device on that device's executor, named ``d{d}/w{t}`` as in the simulator, and one
+``Averager`` thread:
+
+* each worker's job is booked with the averager when the worker reports it finished (its
+  updates applied; ``DeviceControl``), before its injected delay;
+* once some device has applied ``H`` updates since its previous snapshot (``lpp.Rounds``),
+  the averager snapshots every replica's parameters, computes their mean on the first
+  device (gathered there, then sent back to each device: the all-reduce's arithmetic), and
+  corrects every replica in place, ``theta_d += mean - s_d``, stage by stage under each
+  stage's lock. The training threads never wait for it, and updates applied meanwhile stay;
+* the averager stops when the run stops or when every worker has finished (no update will
+  come), so it can neither deadlock the end of a run nor outlive a stop.
+
+Evaluations and the result use the mean of the replicas (taken between rounds' corrections,
+so a round is either wholly in it or not at all; a round does not change it anyway).
+The supervisor, data feed, pauses at evaluations and shutdown are ``Runtime``'s. Runs are
+not checkpointed yet (``train`` refuses ``--resume`` for lpp).
+
+Example::
+
+    exp = Experiment.from_config(Config(algo="lpp", devices=2, replicas=4, period=8))
+    result = run_lpp_runtime(exp, MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=500))
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import jax
+
+from pdasgd_jax import lpp
+from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.delays import rng_for
+from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.executor import StageExecutor
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.run_result import RunResult
+from pdasgd_jax.runtime.control import Control
+from pdasgd_jax.runtime.feed import Batch, DataFeed, Gate
+from pdasgd_jax.runtime.queue import BoundedQueue
+from pdasgd_jax.runtime.runner import Runtime
+from pdasgd_jax.runtime.settings import RuntimeSettings
+from pdasgd_jax.runtime.workers import AsgdWorker, WorkerStats
+from pdasgd_jax.store import ParameterStore
+
+
+class Averager:
+    """LPP-SGD's averaging thread (see the module docstring); ``stats.jobs`` counts its rounds
+    and ``stats.busy`` the time it spent in them.
+
+    Args:
+      stores: every device's replica, ``stores[d]`` on ``devices[d]``.
+      devices: the run's devices; the mean is computed on the first.
+      period: H.
+      workers: how many worker threads book updates (the averager ends once all have exited).
+    """
+
+    name = "averager"
+
+    def __init__(self, stores: list[ParameterStore], devices: tuple[jax.Device, ...], period: int, workers: int):
+        self.stores = stores
+        self.devices = devices
+        self.rounds = lpp.Rounds(len(stores), period)
+        self.stats = WorkerStats()
+        # Held while the corrections of a round land: a reader of every replica under it sees
+        # each round wholly or not at all.
+        self.merge_lock = threading.Lock()
+        self.control: Control | None = None
+        self._cond = threading.Condition()
+        self._workers_left = workers
+        self._aborted = False
+        self.thread = threading.Thread(target=self._run, name=f"pdasgd-{self.name}", daemon=True)
+
+    # Called by the workers, the supervisor and ``Control``.
+    def applied(self, device: int) -> None:
+        """A job's updates have all landed on ``device``'s replica."""
+        with self._cond:
+            if self.rounds.applied(device):
+                self._cond.notify()
+
+    def worker_exited(self) -> None:
+        with self._cond:
+            self._workers_left -= 1
+            self._cond.notify()
+
+    def abort(self) -> None:
+        """Wakes the averager to stop (``Control.stop``); a round in progress is finished first."""
+        with self._cond:
+            self._aborted = True
+            self._cond.notify()
+
+    def start(self) -> None:
+        if self.control is None:
+            raise RuntimeError("the averager needs its run's Control before it starts")
+        self.control.thread_started()
+        self.thread.start()
+
+    # The thread.
+    def _run(self) -> None:
+        assert self.control is not None
+        try:
+            self.control.thread_running(self.name)
+            while self._next_round():
+                start = time.perf_counter()
+                self._average()
+                self.stats.busy += time.perf_counter() - start
+                self.stats.jobs += 1
+        except BaseException as exc:  # reported to the supervisor, which re-raises it
+            self.control.fail(self.name, exc)
+        finally:
+            self.control.thread_exited()
+
+    def _next_round(self) -> bool:
+        """Waits until a round is due (and starts it: True) or the run is over (False)."""
+        with self._cond:
+            while not (self._aborted or self._workers_left == 0 or self.rounds.due):
+                self._cond.wait()
+            if self._aborted or self._workers_left == 0:
+                return False
+            self.rounds.start()
+            return True
+
+    def _average(self) -> None:
+        snapshots = [lpp.snapshot_params(store) for store in self.stores]
+        mean = lpp.mean_of(jax.device_put(snapshots, self.devices[0]))
+        means = [jax.device_put(mean, device) for device in self.devices]
+        with self.merge_lock:
+            for store, mean_d, snapshot in zip(self.stores, means, snapshots, strict=True):
+                lpp.correct_in_place(store, mean_d, snapshot)
+        with self._cond:
+            self.rounds.end()
+
+
+class DeviceControl:
+    """The run's ``Control`` as device ``device``'s workers see it: each job they report
+    finished (its updates applied) is first booked with the averager, and their exits too.
+    Everything else is the run's ``Control``. So the workers are plain ``AsgdWorker``s."""
+
+    def __init__(self, control: Control, averager: Averager, device: int):
+        self._control, self._averager, self._device = control, averager, device
+
+    def job_finished(self, loss: Any) -> None:
+        self._averager.applied(self._device)
+        self._control.job_finished(loss)
+
+    def thread_exited(self) -> None:
+        self._averager.worker_exited()
+        self._control.thread_exited()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._control, name)
+
+
+class LppRuntime(Runtime):
+    """One threaded LPP-SGD run (use once); ``stores[d]`` is device ``d``'s replica,
+    ``executors[d]`` its executor and ``averager`` the averaging thread (with one device it
+    only counts the updates: there is nothing to average). ``store`` and ``executor`` are
+    device 0's."""
+
+    def _build(self, params: Any, states: Any, opt_states: Any, *, first_batch: int) -> None:
+        s, exp = self.settings, self.exp
+        if first_batch:
+            raise ValueError("lpp does not resume runs yet")
+        num_stages = exp.model.num_stages
+        self.stores = [
+            ParameterStore(params, states, opt_states, exp.kernels.apply_update, home_devices=(device,) * num_stages)
+            for device in s.devices
+        ]
+        self.log = None
+        clock = lambda: time.perf_counter() - self._start
+        # An ASGD worker computes its whole gradient at once anyway: one program per job.
+        self.executors = [
+            StageExecutor(exp.kernels, store, clock=clock, fuse_jobs=True, seed=s.seed) for store in self.stores
+        ]
+        self.store, self.executor = self.stores[0], self.executors[0]
+        num_devices = len(s.devices)
+        self.averager = Averager(self.stores, s.devices, s.period, s.groups)
+        # At least one batch ready per thread at all times, refilled in bursts.
+        feed_queue: BoundedQueue[Batch] = BoundedQueue(2 * s.groups + 2, refill_below=s.groups + 1)
+        gate = Gate(first_batch)  # shut until the supervisor opens it
+        self.control = Control([gate, feed_queue, self.averager], host_cpus=s.pinned_cpus)
+        self.feed = DataFeed(exp, s.batch_size, range(first_batch, s.num_batches), feed_queue, self.control, gate)
+        self.workers = []
+        controls = [DeviceControl(self.control, self.averager, d) for d in range(num_devices)]
+        for d, t in lpp.threads(num_devices, s.groups):
+            name = lpp.worker_name(d, t)
+            self.workers.append(
+                AsgdWorker(
+                    name,
+                    s.devices[d],
+                    self.executors[d],
+                    controls[d],  # the run's Control, booking finished jobs with the averager
+                    s.delay,
+                    rng_for(s.seed, "delay", name),
+                    feed=feed_queue,
+                )
+            )
+        self.averager.control = self.control
+        self.workers.append(self.averager)  # started, reported and joined with the workers
+
+    def _wait_for_updates(self) -> None:
+        jax.block_until_ready([store.snapshot() for store in self.stores])
+
+    def _gather(self) -> tuple[Any, Any]:
+        """The mean of the replicas' params and states, on the first device."""
+        with self.averager.merge_lock:
+            return lpp.mean_variables(self.stores, self.settings.devices[0])
+
+    def metrics(self) -> dict[str, Any]:
+        out = super().metrics()
+        s = self.settings
+        rounds = self.averager.rounds
+        del out["stage_home_devices"]  # every stage of a replica is on the replica's device
+        out.update(
+            staleness=lpp.merged_staleness([ex.staleness for ex in self.executors]).summary(),
+            replica_devices=[str(d) for d in s.devices],
+            threads_per_device=s.groups // len(s.devices),
+            period=s.period,
+            averaging_rounds=rounds.finished,
+            updates_per_device=list(rounds.counts),
+        )
+        return out
+
+
+def run_lpp_runtime(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None = None,
+    settings: RuntimeSettings | None = None,
+) -> RunResult:
+    """Trains ``exp`` (``--algo lpp``) with real threads; ``RunResult.params`` is the mean of
+    the device replicas. Writes no checkpoints (see the module docstring).
+
+    Raises:
+      ConfigError: ``checkpointer`` holds a checkpoint to resume.
+    """
+    if checkpointer is not None and checkpointer.latest_step() is not None:
+        raise ConfigError("--algo lpp cannot resume a run yet: its checkpoints would need every device replica")
+    return LppRuntime(exp, settings or RuntimeSettings.from_config(exp)).run(metrics, None)

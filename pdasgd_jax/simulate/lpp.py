@@ -1,0 +1,211 @@
+"""LPP-SGD on the virtual clock (``--algo lpp --simulate``; algorithms.md §2, ``pdasgd_jax.lpp``).
+
+Each device is a one-device ASGD simulation of its own (``DeviceSimulation``: its store,
+executor and device, its speed factor, every stage at home, so nothing is transferred)
+running T ``policies.asgd_worker`` threads named ``d{d}/w{t}``; all of them share one
+scheduler, one stream of batches and one job budget. The averaging (``Averaging``):
+
+* a round starts when some device has applied ``H`` updates since its previous snapshot
+  (``lpp.Rounds``) and no round is in flight;
+* the snapshots of every replica are taken at that instant, after every write of the
+  instant (an event of the scheduler's read phase, so updates ending then are in them);
+* the all-reduce of the parameters takes ``timing.comm.allreduce_time(bytes, D)`` of
+  network time: no device work, and the threads keep training meanwhile;
+* at its end every replica gets ``theta_d += mean - s_d``, all stages at one instant.
+
+No thread ever waits for the averaging, so the virtual time of a run does not depend on the
+communication cost; only how stale the merged mean is does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from pdasgd_jax import lpp
+from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
+from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.executor import Job, StageExecutor, StalenessStats
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import init_opt_states
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.run_result import RunResult
+from pdasgd_jax.simulate import policies
+from pdasgd_jax.simulate.scheduler import END, START, Scheduler
+from pdasgd_jax.simulate.simulation import Simulation, num_jobs
+from pdasgd_jax.store import ParameterStore
+
+
+class _Budget:
+    """The jobs started on every device together: one job id and batch per job of the run."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+
+class DeviceSimulation(Simulation):
+    """One device of an LPP-SGD run: a one-device ``Simulation`` of its own store whose jobs
+    come from the run's shared batch stream and budget (``started`` is the run's count, so
+    job ids and batch ids are the run's), at the device's speed factor.
+
+    Args:
+      device: the device's index in the run (its speed factor ``timing.worker_factor(device)``).
+      budget: the run's shared job count.
+      threads: T, the ASGD threads on this device.
+      Everything else as ``Simulation``.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: StageExecutor,
+        timing: TimingModel,
+        delay: DelayModel,
+        *,
+        device: int,
+        threads: int,
+        budget: _Budget,
+        **kwargs: Any,
+    ):
+        self.device_index = device
+        self._budget = budget
+        timing = dataclasses.replace(timing, worker_factors=(timing.worker_factor(device),))
+        super().__init__(scheduler, executor, timing, delay, num_devices=1, groups=threads, **kwargs)
+
+    @property
+    def started(self) -> int:  # the run's jobs, read and bumped by ``Simulation.next_job``
+        return self._budget.started
+
+    @started.setter
+    def started(self, value: int) -> None:
+        self._budget.started = value
+
+
+class Averaging:
+    """LPP-SGD's averager on the virtual clock (see the module docstring).
+
+    Args:
+      scheduler: the run's clock.
+      stores: every device's replica.
+      period: H.
+      allreduce_time: virtual seconds of one all-reduce of the parameters.
+    """
+
+    def __init__(self, scheduler: Scheduler, stores: list[ParameterStore], period: int, allreduce_time: float):
+        self.scheduler = scheduler
+        self.stores = stores
+        self.rounds = lpp.Rounds(len(stores), period)
+        self.allreduce_time = allreduce_time
+
+    def applied(self, device: int) -> None:
+        """A job's updates have all landed on ``device``'s replica."""
+        if self.rounds.applied(device):
+            self._start()
+
+    def _start(self) -> None:
+        self.rounds.in_flight = True  # no second round until this one's snapshots exist
+        self.scheduler.call(START, self._snapshot)  # after every write of this instant
+
+    def _snapshot(self) -> None:
+        self.rounds.start()
+        snapshots = [lpp.snapshot_params(store) for store in self.stores]
+        mean = lpp.mean_of(snapshots)
+        self.scheduler.call_at(self.scheduler.now + self.allreduce_time, END, self._merge, snapshots, mean)
+
+    def _merge(self, snapshots: list[tuple[Any, ...]], mean: tuple[Any, ...]) -> None:
+        for store, snapshot in zip(self.stores, snapshots, strict=True):
+            lpp.correct_in_place(store, mean, snapshot)
+        self.rounds.end()
+        if self.rounds.due:
+            self._start()
+
+
+def run_lpp(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None,
+    timing: TimingModel,
+    delay: DelayModel,
+    devices: int,
+    replicas: int,
+) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
+    """LPP-SGD with ``replicas`` threads on ``devices`` simulated devices (``replicas / devices``
+    each), ``--period`` H; returns ``(RunResult, virtual_time, utilisation, staleness)`` like the
+    other simulated runners. ``RunResult.params`` is the mean of the device replicas.
+
+    It writes no checkpoints (``checkpointer`` is only checked for one to resume, which is
+    refused): the replicas and a round in flight are not saved yet.
+
+    Raises:
+      ConfigError: ``checkpointer`` holds a checkpoint to resume.
+    """
+    if checkpointer is not None and checkpointer.latest_step() is not None:
+        raise ConfigError("--algo lpp cannot resume a run yet: its checkpoints would need every device replica")
+    config = exp.config
+    v = exp.variables
+    scheduler = Scheduler()
+    stores = [
+        ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), exp.kernels.apply_update)
+        for _ in range(devices)
+    ]
+    averaging = Averaging(scheduler, stores, config.period, timing.comm.allreduce_time(tree_nbytes(v.params), devices))
+    done, finished_at = 0, 0.0
+
+    def on_job_done(device: int, job: Job) -> None:
+        nonlocal done, finished_at
+        averaging.applied(device)
+        done += 1
+        finished_at = scheduler.now
+        metrics.add_loss(done, job.loss)
+        examples = done * config.batch_size
+        params, states = lpp.mean_variables(stores) if metrics.eval_due(examples) else (None, None)
+        metrics.observe(step=done, examples=examples, params=params, states=states, virtual_time=scheduler.now)
+        if metrics.reached_target:
+            scheduler.stop()
+
+    batches = exp.train_stream(config.batch_size)
+    budget = _Budget()
+    sims = [
+        DeviceSimulation(
+            scheduler,
+            StageExecutor(exp.kernels, store, clock=lambda: scheduler.now, fuse_jobs=True, seed=config.seed),
+            timing,
+            delay,
+            seed=config.seed,
+            batches=batches,
+            max_jobs=num_jobs(exp.total_examples, config.batch_size),
+            on_job_done=functools.partial(on_job_done, d),
+            device=d,
+            budget=budget,
+            threads=replicas // devices,
+        )
+        for d, store in enumerate(stores)
+    ]
+    for d, t in lpp.threads(devices, replicas):
+        name = lpp.worker_name(d, t)
+        sim = sims[d]
+        scheduler.spawn(name, policies.asgd_worker(sim, sim.devices[0], name))
+    scheduler.run()
+    now = finished_at  # the workers' idle time after the last update is not training time
+    params, states = lpp.mean_variables(stores)
+    examples = done * config.batch_size
+    if not metrics.rows or metrics.rows[-1]["examples"] != examples:
+        metrics.evaluate(step=done, examples=examples, params=params, states=states, virtual_time=now)
+    total = max(now, 1e-30)
+    utilisation = {
+        "workers": {p.name: p.busy / total for p in scheduler.processes},
+        "devices": [sim.devices[0].busy / total for sim in sims],
+    }
+    extra = {
+        "jobs_started": budget.started,
+        "replicas": replicas,
+        "threads_per_device": replicas // devices,
+        "period": config.period,
+        "averaging_rounds": averaging.rounds.finished,
+        "updates_per_device": list(averaging.rounds.counts),
+        "allreduce_time": averaging.allreduce_time,
+    }
+    staleness = lpp.merged_staleness([sim.executor.staleness for sim in sims])
+    return RunResult(params, states, done, examples, extra), now, utilisation, staleness

@@ -51,6 +51,14 @@ class Config:
     eval_every: int = _field(0, "examples between evaluations (0: once per epoch)")
     checkpoint_every: int = _field(0, "with --out: examples between checkpoints (0: at every evaluation)")
     target_accuracy: float | None = _field(None, "stop once test accuracy reaches this fraction, in (0, 1]")
+    on_divergence: str = _field(
+        "stop",
+        "when the training loss stays above --divergence-factor x its starting value for "
+        "--divergence-window steps: stop with an error, warn once, or off",
+        ("stop", "warn", "off"),
+    )
+    divergence_factor: float = _field(3.0, "multiple of the starting loss that counts as diverged (> 1)")
+    divergence_window: int = _field(100, "consecutive steps above it before --on-divergence acts (>= 1)")
     data_dir: str | None = _field(None, "TFDS data directory; None: TFDS's default")
     progress: bool = _field(True, "show a tqdm progress bar")
     # Multi-worker settings shared by the parallel algorithms.
@@ -170,6 +178,9 @@ class Config:
         _positive("forward-workers", self.forward_workers)
         _positive("backward-workers", self.backward_workers)
         _positive("delay-sigma", self.delay_sigma)
+        _positive("divergence-window", self.divergence_window)
+        if not self.divergence_factor > 1:
+            raise ValueError(f"--divergence-factor {self.divergence_factor} must be > 1")
         for name in (
             "weight_decay",
             "eval_every",

@@ -19,12 +19,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.divergence import DivergenceWatch
+from pdasgd_jax.errors import ConfigError, NonFiniteLossError
 from pdasgd_jax.rundir import METRICS_FILE
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A training loss became NaN or infinite."""
 
 
 class TrainingClock:
@@ -79,6 +76,7 @@ class MetricsLog:
       resume: keep ``out_dir``'s rows (``rewind`` trims them to the restored checkpoint);
         otherwise they are discarded.
       clock: the training clock (default: a new one).
+      divergence: watches each computed loss for a sustained rise (``pdasgd_jax.divergence``).
 
     Example::
 
@@ -99,6 +97,7 @@ class MetricsLog:
         progress: bool = True,
         resume: bool = False,
         clock: TrainingClock | None = None,
+        divergence: DivergenceWatch | None = None,
     ):
         if eval_every < 1:
             raise ValueError(f"eval_every {eval_every} must be >= 1 example")
@@ -114,6 +113,7 @@ class MetricsLog:
         self._pending_losses: list[Any] = []
         self._pending_first_step = 0
         self._checked = 0  # pending losses already found finite
+        self.divergence = divergence
         self._examples = 0
         self._bar = tqdm(total=total_examples, unit="ex", disable=not progress, dynamic_ncols=True)
         if out_dir:
@@ -157,6 +157,8 @@ class MetricsLog:
             value = float(np.asarray(pending))
             if not np.isfinite(value):
                 raise self._non_finite(value, self._pending_first_step + self._checked)
+            if self.divergence is not None:
+                self.divergence.observe(self._pending_first_step + self._checked, value)
             self._checked += 1
 
     def progress(self, examples: int) -> None:

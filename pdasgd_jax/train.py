@@ -13,6 +13,7 @@ import optax
 from pdasgd_jax import rundir
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import Config
+from pdasgd_jax.divergence import DivergenceWatch
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
@@ -37,6 +38,7 @@ def create_metrics(exp: Experiment, *, resume: bool = False) -> MetricsLog:
         target_accuracy=config.target_accuracy,
         progress=config.progress,
         resume=resume,
+        divergence=DivergenceWatch(config.divergence_factor, config.divergence_window, config.on_divergence),
     )
 
 
@@ -109,7 +111,8 @@ def _train(exp: Experiment, runner: Runner, *, resume: bool) -> dict[str, Any]:
             checkpointer.close()  # the last save reaches the disk, even when the run failed
     if not metrics.rows or metrics.rows[-1]["examples"] != result.examples:
         metrics.evaluate(step=result.step, examples=result.examples, params=result.params, states=result.states)
-    return write_summary(metrics, config=config.to_dict(), extra=result.extra)
+    divergence = metrics.divergence.event if metrics.divergence is not None else None
+    return write_summary(metrics, config=config.to_dict(), extra={**result.extra, "divergence": divergence})
 
 
 def resume_run(

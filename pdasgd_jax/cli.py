@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument("--coordinator-address", help="host:port of process 0 for jax.distributed")
     hosts.add_argument("--num-processes", type=int, help="number of processes in the run")
     hosts.add_argument("--process-id", type=int, help="this process's index")
+    hosts.add_argument(
+        "--coordinator-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds to wait for every process to join; then exit 1 naming who is missing (default 300)",
+    )
     bench = sub.add_parser(
         "bench",
         help="run a benchmark protocol of algorithms.md §6",
@@ -130,7 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pdasgd_jax.train import resume_run, train_and_evaluate
 
             config = None if args.resume else config_from_args(args).validate()
-            initialize_from_env_or_args(args.coordinator_address, args.num_processes, args.process_id)
+            initialize_from_env_or_args(
+                args.coordinator_address, args.num_processes, args.process_id, args.coordinator_timeout
+            )
             summary = resume_run(args.resume) if args.resume else train_and_evaluate(config, overwrite=args.overwrite)
             out = summary["config"]["out"]
             print(

@@ -109,9 +109,7 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("process_id", [0, 1])
 def test_a_process_whose_peer_never_comes_says_so_and_exits_after_the_timeout(process_id):
     """The coordinator (0) waits for process 1, process 1 for a coordinator that is not there."""
-    with socket.socket() as s:  # a free port
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     flags = ["--coordinator-address", f"localhost:{port}", "--num-processes", "2", "--process-id", str(process_id)]
     done = subprocess.run(
@@ -123,15 +121,9 @@ def test_a_process_whose_peer_never_comes_says_so_and_exits_after_the_timeout(pr
     )
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
-    assert (
-        lines[0]
-        == f"process {process_id} of 2: "
-        + (
-            f"hosting the coordinator at localhost:{port}"
-            if process_id == 0
-            else f"joining the coordinator at localhost:{port}"
-        )
-        + "; waiting up to 2 s for all 2 processes"
+    role = "hosting" if process_id == 0 else "joining"
+    assert lines[0] == (
+        f"process {process_id} of 2: {role} the coordinator at localhost:{port}; waiting up to 2 s for all 2 processes"
     )
     assert lines[-1].startswith(f"error: process {process_id} of 2: not all 2 processes joined the coordinator")
     assert "Check failure" not in done.stderr and "Traceback" not in done.stderr

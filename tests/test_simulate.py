@@ -19,7 +19,18 @@ from pdasgd_jax.placement import Placement
 from pdasgd_jax.runners import RUNNERS
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.simulate import run_simulated
-from pdasgd_jax.simulate.scheduler import BACKWARD, Channel, Device, Get, Kernel, Put, Scheduler, Sleep
+from pdasgd_jax.simulate.scheduler import (
+    BACKWARD,
+    Channel,
+    Device,
+    Get,
+    Kernel,
+    Launch,
+    Put,
+    Scheduler,
+    Sleep,
+    mutex,
+)
 
 # Dyadic costs (exact in binary floating point) for the 3-stage digits MLP.
 TIMING = TimingModel(forward=(1.0, 1.0, 1.0), backward=(2.0, 2.0, 2.0), update=(0.25, 0.25, 0.25), loss=0.5)
@@ -157,6 +168,52 @@ def test_concurrent_kernels_share_the_device_at_its_concurrency():
     # 1.5x: two kernels run at 0.75 each; after the first ends the second runs alone.
     spans, _ = _device_run(1.5, [("a", 1.5, 1), ("b", 3.0, 1)])
     assert spans["a"] == (0.0, 2.0) and spans["b"] == (0.0, 3.5)
+
+
+def test_a_sleeps_start_reads_after_the_instants_writes_and_launched_work_runs_beside_its_launcher():
+    """``Sleep(d, at_start)`` reads in the start phase (after a kernel ending at that instant
+    has written); ``Launch`` goes on at once, its kernel charged to the launcher; a ``mutex``
+    lets launched kernels through one at a time even on a device with room for both."""
+    sched = Scheduler()
+    dev = Device(sched, 0, TimingModel(forward=(1.0,), backward=(1.0,), update=(0.0,), concurrency=4.0))
+    lock = mutex()
+    store, log = {"x": 0}, []
+
+    def writer():
+        yield Kernel(dev, 1.0)
+        store["x"] = 1  # the write, at the kernel's end (t = 1)
+
+    def reader():
+        yield Sleep(1.0)  # wakes at t = 1, before the writer's kernel-end event
+        yield Sleep(0.5, lambda: log.append(("read", store["x"], sched.now)))
+        log.append(("pulled", sched.now))
+
+    def locked_update(name):
+        yield Get(lock)
+        yield Kernel(dev, 2.0, lambda: log.append((name, "start", sched.now)))
+        log.append((name, "end", sched.now))
+        yield Put(lock, None)
+
+    def launcher():
+        yield Sleep(3.0)
+        yield Launch(locked_update("u0"))
+        yield Launch(locked_update("u1"))
+        log.append(("launcher goes on", sched.now))
+
+    sched.spawn("r", reader())
+    sched.spawn("w", writer())
+    launch = sched.spawn("l", launcher())
+    assert sched.run() == 7.0
+    assert log == [
+        ("read", 1, 1.0),
+        ("pulled", 1.5),
+        ("launcher goes on", 3.0),
+        ("u0", "start", 3.0),
+        ("u0", "end", 5.0),
+        ("u1", "start", 5.0),
+        ("u1", "end", 7.0),
+    ]
+    assert launch.busy == 4.0 and [p.name for p in sched.processes] == ["r", "w", "l"]
 
 
 def test_a_full_channel_blocks_the_putter_and_idle_time_frees_the_device():

@@ -282,12 +282,16 @@ def test_sync_is_sgd_on_the_global_batch_and_waits_for_the_slowest():
 
 def test_remote_stages_cost_a_transfer_each_way():
     """Stage m lives on device m % W. With W = 2, ASGD worker 0 pulls and pushes stage 1,
-    worker 1 stages 0 and 2: their first steps end at T + 2 alpha and T + 4 alpha."""
+    worker 1 stages 0 and 2. Worker 1's forward and backward (9.5 of compute) end at
+    9.5 + 2 alpha; it pushes stage 2 (alpha), launches its update on device 0 and its local
+    stage 1's update on device 1, pushes stage 0 (alpha), whose update (0.25) on device 0
+    ends its job at 9.5 + 4 alpha + 0.25 = T + 4 alpha - 0.5: the other two updates ran
+    during its pushes. Each worker is charged its job's compute, updates included."""
     timing = dataclasses.replace(TIMING, comm=CommModel(alpha=1.0))
     _, _, result = _simulate(timing, algo="asgd", replicas=2, epochs=0.02)
     assert result.step == 2
-    assert result.extra["virtual_time"] == STEP + 4.0
-    assert result.extra["utilisation"]["workers"] == {"w0": STEP / (STEP + 4.0), "w1": STEP / (STEP + 4.0)}
+    assert result.extra["virtual_time"] == STEP + 3.5
+    assert result.extra["utilisation"]["workers"] == {"w0": STEP / (STEP + 3.5), "w1": STEP / (STEP + 3.5)}
 
 
 @pytest.mark.parametrize("algo", ["asgd", "pdasgd"])
@@ -315,12 +319,14 @@ def test_worker_groups_sharing_a_device_queue_for_it(algo):
 # --- closed-form staleness -------------------------------------------------------------------
 
 
-# PD-ASGD with F = B = Q = 1 on a device that runs both workers' kernels at full speed
-# (concurrency 2), costs f_m (forward), l (loss), b_m + u_m (backward and update), and a
-# constant delay d each worker idles after its part of each job. Let
-#   T_F = sum_m f_m + l,   T_B = sum_m (b_m + u_m),
-#   F_m = sum_{k<m} f_k        (when, after a forward starts, it reads stage m),
-#   c_m = sum_{k>=m} (b_k + u_k) (when, after a backward starts, it updates stage m).
+# PD-ASGD with F = B = Q = 1 on a device that runs the forward, the backward and an update
+# kernel at once at full speed (concurrency 3: the backward worker does not wait for stage m's
+# update, which runs beside stage m-1's backward), costs f_m (forward), l (loss), b_m
+# (backward), u_m (update, u_m <= b_{m-1}), and a constant delay d each worker idles after
+# its part of each job. Let
+#   T_F = sum_m f_m + l,   T_B = sum_m b_m + u_0  (the job ends when its last update lands),
+#   F_m = sum_{k<m} f_k          (when, after a forward starts, it reads stage m),
+#   c_m = sum_{k>=m} b_k + u_m   (when, after a backward starts, stage m's update lands).
 # Backward-bound (T_B > T_F): the backward worker is never idle but for d; it takes job j at
 # s_j, s_{j+1} = s_j + T_B + d. The forward worker, blocked on the full channel with job j+1,
 # hands it over at s_j, idles d and reads stage m of job j+2 at s_j + d + F_m. Job j updates
@@ -330,9 +336,9 @@ def test_worker_groups_sharing_a_device_queue_for_it(algo):
 # Forward-bound (T_F > T_B): the backward worker waits for every job: job j is handed over at
 # a_j; the forward worker idles d and reads stage m of job j+1 at a_j + d + F_m, while job j
 # updates it at a_j + c_m and job j-1 finished by a_j; the same formula holds with [.] = 0.
-def _closed_form(f, l, bu, d):
-    t_f, t_b = sum(f) + l, sum(bu)
-    return [int(t_b > t_f) + int(sum(bu[m:]) > sum(f[:m]) + d) for m in range(len(f))]
+def _closed_form(f, l, b, u, d):
+    t_f, t_b = sum(f) + l, sum(b) + u[0]
+    return [int(t_b > t_f) + int(sum(b[m:]) + u[m] > sum(f[:m]) + d) for m in range(len(f))]
 
 
 @pytest.mark.parametrize(
@@ -347,9 +353,9 @@ def _closed_form(f, l, bu, d):
     ],
 )
 def test_pdasgd_pipeline_staleness_has_the_closed_form(f, l, b, u, k, expected):
-    timing = TimingModel(forward=f, backward=b, update=u, loss=l, concurrency=2.0)
+    timing = TimingModel(forward=f, backward=b, update=u, loss=l, concurrency=3.0)
     d = k * timing.step_compute_time()
-    assert _closed_form(f, l, [bm + um for bm, um in zip(b, u)], d) == expected
+    assert _closed_form(f, l, b, u, d) == expected
     log = EventLog()
     _, _, result = _simulate(
         timing,
@@ -371,11 +377,13 @@ def test_pdasgd_pipeline_staleness_has_the_closed_form(f, l, b, u, k, expected):
 
 @pytest.mark.parametrize("delay_mean", [0.0, 0.5])
 def test_synchronised_asgd_workers_see_the_closed_form_staleness(delay_mean):
-    """W workers with identical constant timings stay in lock step: all read the same versions;
-    their updates of a stage land at one instant, in worker order, so worker w's update has
-    tau = w (histogram: each of 0..W-1 once per round; the max W-1 is the staleness of
+    """W workers with identical constant timings read the same versions each round (worker w
+    starts its round w updates later, still before any update of the round); their updates of
+    a stage run one after another on its home device, in worker order, so worker w's update
+    has tau = w (histogram: each of 0..W-1 once per round; the max W-1 is the staleness of
     desynchronised workers, where every other worker updates once between a read and a write).
-    Each worker is busy T of every T + d."""
+    The last worker's job always ends its round, T + d after the previous one; each worker is
+    busy 3 T (its compute, its updates included)."""
     _exp, _, result = _simulate(
         algo="asgd", replicas=3, delay_model="constant" if delay_mean else "none", delay_mean=delay_mean
     )

@@ -6,6 +6,10 @@ operation of which job, and when. The operations themselves are the same everywh
 * ``start_job``: take a batch;
 * ``forward_stage(job, m)``: read the latest stage ``m`` (recording its version), run its
   forward, keep what the backward needs, write the new non-trainable state;
+* ``pull_stage(job, m)``: read stage ``m`` ahead of its forward (or of a ``live``
+  backward), for a worker that must first move it from its remote home: the version is the
+  one current when the pull starts, and the later ``forward_stage``/``backward_stage`` runs
+  on those weights;
 * ``loss``: loss and ``delta_M``;
 * ``backward_stage(job, m)``: ``(g_m, delta_{m-1})`` with ``stashed`` or ``live`` weights;
 * ``update_stage(job, m)``: apply ``g_m`` to the store (a layer-wise partial update);
@@ -66,6 +70,8 @@ class Event:
       state_version: ``forward``: the stage's non-trainable state version read.
       live_version: ``backward`` with ``live`` weights: the params version re-linearised at.
       replaced_version: ``update``/``state``: the version the write replaced.
+      time: the clock when it happened; a ``forward``'s when it read the stage (for a stage
+        pulled from a remote home, when the pull started, before its kernel ran).
     """
 
     seq: int
@@ -142,6 +148,16 @@ class LiveRecord(NamedTuple):
     state: Any
 
 
+class Pull(NamedTuple):
+    """A stage read ahead of its kernel (``pull_stage``): the weights (and, for a forward,
+    the state) taken when the pull from the stage's remote home started, and their params
+    version."""
+
+    params: Any
+    state: Any
+    version: int
+
+
 class ReadRecord(NamedTuple):
     """What a fused job's forward keeps: the weights and state it read (the job's program
     runs at its loss)."""
@@ -160,7 +176,8 @@ class Job:
     Per stage ``m``: ``records[m]`` (the executor's mode's record, None once its backward
     ran), ``read_versions[m]`` and ``read_params[m]`` (the params version the forward read
     and its weights as stored, the optimizer's ``old_params``), ``new_states[m]`` (state
-    not yet committed) and ``grads[m]`` (a gradient not yet applied).
+    not yet committed), ``grads[m]`` (a gradient not yet applied) and ``pulled[m]`` (a
+    ``Pull``: stage ``m`` read for its next kernel, which has not run yet).
     """
 
     id: int
@@ -176,6 +193,7 @@ class Job:
     delta: Any = None
     loss: Any = None
     rng: Any = None  # the job's key, from the run's seed and its batch id (None: the model draws nothing)
+    pulled: list[Pull | None] = dataclasses.field(default_factory=list)
 
 
 class StageExecutor:
@@ -266,9 +284,10 @@ class StageExecutor:
         raise NotImplementedError
 
     def _stage_backward(
-        self, job: Job, m: int, record: StageRecord, live_version: int | None
+        self, job: Job, m: int, record: StageRecord, live_version: int | None, pulled: Pull | None = None
     ) -> tuple[PyTree, Any, int]:
-        """``(g_m, delta_{m-1}, live_version)`` from the stage's record (-1: not live)."""
+        """``(g_m, delta_{m-1}, live_version)`` from the stage's record (-1: not live);
+        ``pulled``: the live weights a pull read (at ``live_version``)."""
         raise NotImplementedError
 
     def _place_with_first_kernel(self) -> bool:
@@ -290,7 +309,19 @@ class StageExecutor:
         host_batch = all(isinstance(a, np.ndarray) for a in (x, labels))
         if device is not None and not (host_batch and self._place_with_first_kernel()):
             x, labels = place((x, labels), device)
-        job = Job(job_id, batch_id, x, labels, device, [None] * m, [-1] * m, [None] * m, [None] * m, [None] * m)
+        job = Job(
+            job_id,
+            batch_id,
+            x,
+            labels,
+            device,
+            [None] * m,
+            [-1] * m,
+            [None] * m,
+            [None] * m,
+            [None] * m,
+            pulled=[None] * m,
+        )
         if self._key is not None:
             job.rng = self._local(job, jax.random.fold_in(self._key, batch_id))
         self._record(EventKind.START, job, batch_id=batch_id, worker=worker)
@@ -327,9 +358,22 @@ class StageExecutor:
         commit_state: bool = True,
         worker: str = "",
     ) -> None:
-        """Stage ``m``'s forward on the latest weights, or on ``version`` when replaying."""
-        params, state, state_version = self._read_stage(job, m, version, state_version)
+        """Stage ``m``'s forward on the latest weights, on those ``pull_stage`` read, or on
+        ``version`` when replaying."""
+        pulled, job.pulled[m] = job.pulled[m], None
+        if pulled is None:
+            params, state = self._read_forward(job, m, version, state_version, worker)
+        else:  # read, and logged, when its pull started
+            params, state = pulled.params, pulled.state
         job.x, job.new_states[m], job.records[m] = self._stage_forward(job, m, params, state)
+        if commit_state:
+            self.commit_state(job, m, worker=worker)
+
+    def _read_forward(
+        self, job: Job, m: int, version: int | None, state_version: int | None, worker: str
+    ) -> tuple[PyTree, PyTree]:
+        """Reads stage ``m`` for the job's forward and logs the read (the ``forward`` event)."""
+        params, state, state_version = self._read_stage(job, m, version, state_version)
         self._record(
             EventKind.FORWARD,
             job,
@@ -338,8 +382,21 @@ class StageExecutor:
             state_version=state_version,
             worker=worker,
         )
-        if commit_state:
-            self.commit_state(job, m, worker=worker)
+        return params, state
+
+    def pull_stage(self, job: Job, m: int, *, backward: bool = False, worker: str = "") -> None:
+        """Reads stage ``m`` now for the job's next kernel on it, which runs later on these
+        weights: a worker moving the stage from its remote home reads the version current
+        when the pull starts. Before the forward (``backward=False``): the latest params and
+        state, booked and logged as the forward's read (the ``forward`` event, stamped now).
+        Before a ``live`` backward: the latest params, its ``live_version``. A ``stashed``
+        backward reads nothing (it has its forward's weights)."""
+        if not backward:
+            params, state = self._read_forward(job, m, None, None, worker)
+            job.pulled[m] = Pull(params, state, job.read_versions[m])
+        elif self.live:
+            (params, _), version = self.store.slots[m].params.read()
+            job.pulled[m] = Pull(self._local(job, params), None, version)
 
     def commit_state(self, job: Job, m: int, *, expect: int | None = None, worker: str = "") -> None:
         """Writes the non-trainable state the job's forward produced for stage ``m``."""
@@ -363,7 +420,10 @@ class StageExecutor:
     def backward_stage(self, job: Job, m: int, *, live_version: int | None = None, worker: str = "") -> None:
         """``(g_m, delta_{m-1})`` for stage ``m``; frees what the forward stored for it."""
         record, job.records[m] = job.records[m], None
-        job.grads[m], job.delta, live_version = self._stage_backward(job, m, record, live_version)
+        pulled, job.pulled[m] = job.pulled[m], None
+        if pulled is not None and live_version is None:  # a live backward's pull read its weights
+            live_version = pulled.version
+        job.grads[m], job.delta, live_version = self._stage_backward(job, m, record, live_version, pulled)
         self._record(EventKind.BACKWARD, job, stage=m, live_version=live_version, worker=worker)
 
     def update_stage(self, job: Job, m: int, *, expect: int | None = None, worker: str = "") -> int:
@@ -423,7 +483,7 @@ class StashedExecutor(StageExecutor):
         return y, new_state, StashedRecord(vjp)
 
     def _stage_backward(
-        self, job: Job, m: int, record: StashedRecord, live_version: int | None
+        self, job: Job, m: int, record: StashedRecord, live_version: int | None, pulled: Pull | None = None
     ) -> tuple[PyTree, Any, int]:
         g, delta = self.kernels.backward_stashed(m)(record.vjp, job.delta)
         return g, delta, -1
@@ -443,16 +503,17 @@ class LiveExecutor(StageExecutor):
         return y, new_state, LiveRecord(job.x, state)
 
     def _stage_backward(
-        self, job: Job, m: int, record: LiveRecord, live_version: int | None
+        self, job: Job, m: int, record: LiveRecord, live_version: int | None, pulled: Pull | None = None
     ) -> tuple[PyTree, Any, int]:
         slots = self.store.slots[m]
-        if live_version is None:
+        if pulled is not None:
+            params = pulled.params
+        elif live_version is None:
             (params, _), live_version = slots.params.read()
+            params = self._local(job, params)
         else:
-            params = slots.params.at(live_version)[0]
-        g, delta = self.kernels.backward_live(m)(
-            self._local(job, params), record.state, record.x_in, job.delta, job.rng
-        )
+            params = self._local(job, slots.params.at(live_version)[0])
+        g, delta = self.kernels.backward_live(m)(params, record.state, record.x_in, job.delta, job.rng)
         return g, delta, live_version
 
 
@@ -474,7 +535,7 @@ class FusedJobExecutor(StageExecutor):
         return job.loss
 
     def _stage_backward(
-        self, job: Job, m: int, record: ReadRecord, live_version: int | None
+        self, job: Job, m: int, record: ReadRecord, live_version: int | None, pulled: Pull | None = None
     ) -> tuple[PyTree, Any, int]:
         return job.delta[m], None if m == 0 else job.delta, -1
 

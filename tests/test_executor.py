@@ -217,3 +217,46 @@ def test_the_constructor_picks_the_mode_class_and_logs_typed_events(setup):
     start, forward, update = log.events[0], log.events[1], log.events[-1]
     assert (start.batch_id, forward.params_version, forward.state_version, update.replaced_version) == (7, 0, 0, 0)
     assert all(e.live_version == -1 for e in log.events)
+
+
+@pytest.mark.parametrize(
+    "mode", [{}, {"backward_weights": "live"}, {"fuse_jobs": True}, {"fuse_forward": True}], ids=str
+)
+def test_a_pulled_stage_runs_on_the_version_read_when_its_pull_started(setup, mode):
+    """``pull_stage`` reads a remote stage when its transfer starts; updates landing before
+    its kernel runs are not in what it computes with: job 1 pulls stage 1 at version 0, job 0's
+    update lands, job 1's forward of stage 1 still runs on version 0 (and a ``live`` backward
+    pulled at version 1 runs there although job 2 has made it 2). In every executor mode the
+    log replays (per-stage kernels at the logged versions) to the same parameters."""
+    _model, v, tx, k, batches = setup
+    log = EventLog()
+    ex = StageExecutor(k, _store(setup), log=log, **mode)
+    jobs = [ex.start_job(i, i, *batches[i]) for i in range(3)]
+    ex.forward_all(jobs[0])
+    ex.forward_stage(jobs[1], 0)
+    ex.pull_stage(jobs[1], 1)
+    ex.backward_all(jobs[0], layerwise=True)  # every stage at version 1
+    ex.forward_stage(jobs[1], 1)  # on the pulled version 0
+    ex.forward_stage(jobs[1], 2)
+    ex.loss(jobs[1])
+    assert jobs[1].read_versions == [0, 0, 1]
+    ex.pull_stage(jobs[1], 2, backward=True)  # live: version 1; stashed: reads nothing
+    ex.forward_all(jobs[2])
+    ex.backward_all(jobs[2], layerwise=True)  # every stage at version 2
+    for m in (2, 1, 0):
+        ex.backward_stage(jobs[1], m)
+        ex.update_stage(jobs[1], m)
+    live = [e.live_version for e in log.events if e.kind == "backward" and e.job == 1]
+    assert live == ([1, 2, 2] if ex.live else [-1, -1, -1])
+    assert [t.tolist() for t in ex.staleness.per_stage()] == [[0, 0, 2], [0, 0, 2], [0, 0, 1]]
+    replayed = replay(
+        log.events,
+        k,
+        v.params,
+        v.states,
+        init_opt_states(tx, v.params),
+        lambda b: batches[b],
+        backward_weights=mode.get("backward_weights", "stashed"),
+    )
+    _assert_trees_close(replayed.store.snapshot()[0], ex.store.snapshot()[0])
+    assert replayed.staleness.summary() == ex.staleness.summary()

@@ -95,7 +95,7 @@ def test_agrees_with_the_event_simulator_on_its_schedule():
     ).validate()
     exp = Experiment.from_config(config)
     metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
-    timing = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5, concurrency=2.0)
+    timing = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5, concurrency=3.0)
     log = EventLog()
     result = run_simulated(exp, metrics, timing=timing, log=log)
     batch_ids, lags = lags_from_log(log.events, 3)

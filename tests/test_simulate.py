@@ -21,7 +21,18 @@ from pdasgd_jax.placement import Placement
 from pdasgd_jax.runners import RUNNERS
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.simulate import run_simulated
-from pdasgd_jax.simulate.scheduler import BACKWARD, Channel, Device, Get, Kernel, Put, Scheduler, Sleep
+from pdasgd_jax.simulate.scheduler import (
+    BACKWARD,
+    Channel,
+    Device,
+    Get,
+    Kernel,
+    Launch,
+    Put,
+    Scheduler,
+    Sleep,
+    mutex,
+)
 from pdasgd_jax.stages import from_modules
 
 # Dyadic costs (exact in binary floating point) for the 3-stage digits MLP.
@@ -162,6 +173,52 @@ def test_concurrent_kernels_share_the_device_at_its_concurrency():
     assert spans["a"] == (0.0, 2.0) and spans["b"] == (0.0, 3.5)
 
 
+def test_a_sleeps_start_reads_after_the_instants_writes_and_launched_work_runs_beside_its_launcher():
+    """``Sleep(d, at_start)`` reads in the start phase (after a kernel ending at that instant
+    has written); ``Launch`` goes on at once, its kernel charged to the launcher; a ``mutex``
+    lets launched kernels through one at a time even on a device with room for both."""
+    sched = Scheduler()
+    dev = Device(sched, 0, TimingModel(forward=(1.0,), backward=(1.0,), update=(0.0,), concurrency=4.0))
+    lock = mutex()
+    store, log = {"x": 0}, []
+
+    def writer():
+        yield Kernel(dev, 1.0)
+        store["x"] = 1  # the write, at the kernel's end (t = 1)
+
+    def reader():
+        yield Sleep(1.0)  # wakes at t = 1, before the writer's kernel-end event
+        yield Sleep(0.5, lambda: log.append(("read", store["x"], sched.now)))
+        log.append(("pulled", sched.now))
+
+    def locked_update(name):
+        yield Get(lock)
+        yield Kernel(dev, 2.0, lambda: log.append((name, "start", sched.now)))
+        log.append((name, "end", sched.now))
+        yield Put(lock, None)
+
+    def launcher():
+        yield Sleep(3.0)
+        yield Launch(locked_update("u0"))
+        yield Launch(locked_update("u1"))
+        log.append(("launcher goes on", sched.now))
+
+    sched.spawn("r", reader())
+    sched.spawn("w", writer())
+    launch = sched.spawn("l", launcher())
+    assert sched.run() == 7.0
+    assert log == [
+        ("read", 1, 1.0),
+        ("pulled", 1.5),
+        ("launcher goes on", 3.0),
+        ("u0", "start", 3.0),
+        ("u0", "end", 5.0),
+        ("u1", "start", 5.0),
+        ("u1", "end", 7.0),
+    ]
+    assert launch.busy == 4.0 and [p.name for p in sched.processes] == ["r", "w", "l"]
+
+
 def test_a_full_channel_blocks_the_putter_and_idle_time_frees_the_device():
     sched = Scheduler()
     ch = Channel(1)
@@ -251,12 +308,16 @@ def test_simulated_sync_computes_batchnorm_statistics_per_shard_as_real_sync_doe
 
 def test_remote_stages_cost_a_transfer_each_way():
     """Stage m lives on device m % W. With W = 2, ASGD worker 0 pulls and pushes stage 1,
-    worker 1 stages 0 and 2: their first steps end at T + 2 alpha and T + 4 alpha."""
+    worker 1 stages 0 and 2. Worker 1's forward and backward (9.5 of compute) end at
+    9.5 + 2 alpha; it pushes stage 2 (alpha), launches its update on device 0 and its local
+    stage 1's update on device 1, pushes stage 0 (alpha), whose update (0.25) on device 0
+    ends its job at 9.5 + 4 alpha + 0.25 = T + 4 alpha - 0.5: the other two updates ran
+    during its pushes. Each worker is charged its job's compute, updates included."""
     timing = dataclasses.replace(TIMING, comm=CommModel(alpha=1.0))
     _, _, result = _simulate(timing, algo="asgd", replicas=2, epochs=0.02)
     assert result.step == 2
-    assert result.extra["virtual_time"] == STEP + 4.0
-    assert result.extra["utilisation"]["workers"] == {"w0": STEP / (STEP + 4.0), "w1": STEP / (STEP + 4.0)}
+    assert result.extra["virtual_time"] == STEP + 3.5
+    assert result.extra["utilisation"]["workers"] == {"w0": STEP / (STEP + 3.5), "w1": STEP / (STEP + 3.5)}
 
 
 @pytest.mark.parametrize("algo", ["asgd", "pdasgd"])
@@ -284,12 +345,14 @@ def test_worker_groups_sharing_a_device_queue_for_it(algo):
 # --- closed-form staleness -------------------------------------------------------------------
 
 
-# PD-ASGD with F = B = Q = 1 on a device that runs both workers' kernels at full speed
-# (concurrency 2), costs f_m (forward), l (loss), b_m + u_m (backward and update), and a
-# constant delay d each worker idles after its part of each job. Let
-#   T_F = sum_m f_m + l,   T_B = sum_m (b_m + u_m),
-#   F_m = sum_{k<m} f_k        (when, after a forward starts, it reads stage m),
-#   c_m = sum_{k>=m} (b_k + u_k) (when, after a backward starts, it updates stage m).
+# PD-ASGD with F = B = Q = 1 on a device that runs the forward, the backward and an update
+# kernel at once at full speed (concurrency 3: the backward worker does not wait for stage m's
+# update, which runs beside stage m-1's backward), costs f_m (forward), l (loss), b_m
+# (backward), u_m (update, u_m <= b_{m-1}), and a constant delay d each worker idles after
+# its part of each job. Let
+#   T_F = sum_m f_m + l,   T_B = sum_m b_m + u_0  (the job ends when its last update lands),
+#   F_m = sum_{k<m} f_k          (when, after a forward starts, it reads stage m),
+#   c_m = sum_{k>=m} b_k + u_m   (when, after a backward starts, stage m's update lands).
 # Backward-bound (T_B > T_F): the backward worker is never idle but for d; it takes job j at
 # s_j, s_{j+1} = s_j + T_B + d. The forward worker, blocked on the full channel with job j+1,
 # hands it over at s_j, idles d and reads stage m of job j+2 at s_j + d + F_m. Job j updates
@@ -299,9 +362,9 @@ def test_worker_groups_sharing_a_device_queue_for_it(algo):
 # Forward-bound (T_F > T_B): the backward worker waits for every job: job j is handed over at
 # a_j; the forward worker idles d and reads stage m of job j+1 at a_j + d + F_m, while job j
 # updates it at a_j + c_m and job j-1 finished by a_j; the same formula holds with [.] = 0.
-def _closed_form(f, l, bu, d):
-    t_f, t_b = sum(f) + l, sum(bu)
-    return [int(t_b > t_f) + int(sum(bu[m:]) > sum(f[:m]) + d) for m in range(len(f))]
+def _closed_form(f, l, b, u, d):
+    t_f, t_b = sum(f) + l, sum(b) + u[0]
+    return [int(t_b > t_f) + int(sum(b[m:]) + u[m] > sum(f[:m]) + d) for m in range(len(f))]
 
 
 @pytest.mark.parametrize(
@@ -316,9 +379,9 @@ def _closed_form(f, l, bu, d):
     ],
 )
 def test_pdasgd_pipeline_staleness_has_the_closed_form(f, l, b, u, k, expected):
-    timing = TimingModel(forward=f, backward=b, update=u, loss=l, concurrency=2.0)
+    timing = TimingModel(forward=f, backward=b, update=u, loss=l, concurrency=3.0)
     d = k * timing.step_compute_time()
-    assert _closed_form(f, l, [bm + um for bm, um in zip(b, u)], d) == expected
+    assert _closed_form(f, l, b, u, d) == expected
     log = EventLog()
     _, _, result = _simulate(
         timing,
@@ -340,11 +403,13 @@ def test_pdasgd_pipeline_staleness_has_the_closed_form(f, l, b, u, k, expected):
 
 @pytest.mark.parametrize("delay_mean", [0.0, 0.5])
 def test_synchronised_asgd_workers_see_the_closed_form_staleness(delay_mean):
-    """W workers with identical constant timings stay in lock step: all read the same versions;
-    their updates of a stage land at one instant, in worker order, so worker w's update has
-    tau = w (histogram: each of 0..W-1 once per round; the max W-1 is the staleness of
+    """W workers with identical constant timings read the same versions each round (worker w
+    starts its round w updates later, still before any update of the round); their updates of
+    a stage run one after another on its home device, in worker order, so worker w's update
+    has tau = w (histogram: each of 0..W-1 once per round; the max W-1 is the staleness of
     desynchronised workers, where every other worker updates once between a read and a write).
-    Each worker is busy T of every T + d."""
+    The last worker's job always ends its round, T + d after the previous one; each worker is
+    busy 3 T (its compute, its updates included)."""
     _exp, _, result = _simulate(
         algo="asgd", replicas=3, delay_model="constant" if delay_mean else "none", delay_mean=delay_mean
     )

@@ -110,6 +110,9 @@ def _assert_bitwise_equal(a, b):
         ("pdasgd", {"queue": 1}),
         ("pdasgd", {"queue": 1, "checkpoint_every": 64}),  # checkpoints between evaluations
         ("pdasgd", {"queue": 1, "backward_weights": "live"}),
+        # priced pulls and pushes: checkpoints with pulls under way (their weights read at the start)
+        ("pdasgd", {"queue": 1, "backward_weights": "live", "comm_latency": 0.375}),
+        ("asgd", {"comm_latency": 0.375}),
         ("pdasgd-block", {"queue": 2}),
         ("asgd", {}),
         ("sync", {"batch_size": 64}),
@@ -120,10 +123,12 @@ def test_a_resumed_simulated_run_is_bitwise_the_uninterrupted_run(tmp_path, monk
     config = Config(algo=algo, **COMMON, **extra)
     whole = train_and_evaluate(config)  # in memory: no checkpoints
     pending = []  # per checkpoint: stage values the in-flight jobs hold (residuals, gradients)
+    pulls = []  # per checkpoint: pulls under way
     capture = resume.capture
 
     def counting_capture(sim):
         pending.append(sum(v is not None for job in sim.in_flight.values() for v in job.records + job.grads))
+        pulls.append(sum(p is not None for job in sim.in_flight.values() for p in job.pulled))
         return capture(sim)
 
     monkeypatch.setattr(resume, "capture", counting_capture)
@@ -134,6 +139,8 @@ def test_a_resumed_simulated_run_is_bitwise_the_uninterrupted_run(tmp_path, monk
     assert 0 < resumed["resumed_from_step"] < resumed["steps"] == whole["steps"]
     if algo not in ("sync", "dasgd"):  # the asynchronous runs were stopped mid-flight
         assert pending[2] > 0
+    if extra.get("comm_latency"):
+        assert any(pulls[:3]), pulls
     (first, whole_metrics), (last, _) = results[0], results[-1]
     _assert_bitwise_equal((first.params, first.states), (last.params, last.states))
     assert _recorded_rows(tmp_path / "part") == _rows(whole_metrics.rows)

@@ -6,17 +6,41 @@ end (writes: a stage's update, its non-trainable state). Each worker draws one i
 delay per job, after its part of the job (idle time: the device is free meanwhile).
 
 * ASGD (algorithms.md §2): each worker reads every stage in its forward, computes the full
-  gradient and applies all stages at the end.
+  gradient and pushes every stage's gradient at the end.
 * PD-ASGD (§3): per replica ``F`` forward workers feed ``B`` backward workers
   through a channel of capacity ``Q`` (a full channel blocks the forward worker); a
-  backward applies stage ``m``'s update at the end of stage ``m``'s backward (``layerwise``)
-  or all updates after the whole backward (``pdasgd-block``). Every replica's workers read
-  and update one shared store (``replication="shared"``); a stage whose home is another
-  device costs a transfer before it is read (pull) and before its update lands (push).
+  backward pushes stage ``m``'s gradient right after stage ``m``'s backward (``layerwise``)
+  or all of them after the whole backward (``pdasgd-block``). Every replica's workers read
+  and update one shared store (``replication="shared"``).
+
+The shared store as the threaded runtime runs it (algorithms.md §3, §5):
+
+* **Where updates run.** Stage ``m`` lives on its home device ``sim.homes[m]``
+  (``Placement.stage_home``). Its updates run there, as update kernels (backward
+  priority) queued with that device's other kernels, and **one at a time** per stage
+  (``sim.stage_locks[m]``, taken before the kernel is queued and given back at its end,
+  as the runtime's stage lock orders its updates), even on a device that runs several
+  kernels at once. An update's write (``update_stage``: the new version, its staleness)
+  happens at the end of its kernel.
+* **Pushes.** A worker pushes a gradient to a remote home (``transfer`` seconds of idle
+  time, ``alpha + bytes / beta``; nothing when the home is its own device), then
+  launches the update and goes on: **it does not wait for the update kernel**. The
+  runtime's backward thread likewise returns from ``update_stage`` once the update is
+  dispatched to the home device (JAX runs it asynchronously) and starts stage ``m - 1``'s
+  backward. A worker sends its messages one at a time and waits for each send.
+* **End of a job.** The worker waits until every update of its job has been applied (the
+  runtime's ``_settle_updates``), then the job is done (``sim.job_done``: metrics,
+  evaluations and checkpoints see all of its updates) and the worker draws its idle time.
+* **Pulls.** A stage whose home is another device is pulled before the forward reads it
+  (and before a ``live`` backward re-reads it): the read, with its version, happens when
+  the pull **starts** (what the worker asks its home for then is what it receives), and
+  the kernel runs on those weights after ``transfer`` seconds. A local stage is read
+  when its kernel starts. A ``stashed`` backward reads nothing.
 
 Worker group ``g`` (ASGD worker or PD-ASGD replica) runs on ``sim.group_devices[g]``;
 its workers are named ``w{g}`` and ``d{g}/forward{i}``, ``d{g}/backward{i}``, as in the
-threaded runtime, so both draw the same delays.
+threaded runtime, so both draw the same delays. An update's device time is charged to
+the worker that pushed it.
 """
 
 from __future__ import annotations
@@ -24,16 +48,17 @@ from __future__ import annotations
 import functools
 
 from pdasgd_jax.executor import Job
-from pdasgd_jax.simulate.scheduler import BACKWARD, Channel, Device, Get, Kernel, Put, Sleep, Worker
-from pdasgd_jax.simulate.simulation import Simulation
+from pdasgd_jax.simulate.scheduler import BACKWARD, Channel, Device, Get, Kernel, Launch, Put, Sleep, Worker
+from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
 
 
 def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Worker:
-    """Stage forwards ``0..M-1`` (each reads the stage current at its start) and the loss."""
+    """Stage forwards ``0..M-1`` (each reads the stage current at its start, or at the start
+    of its pull when remote) and the loss."""
     ex, c = sim.executor, sim.costs[device.index]
     for m in range(sim.num_stages):
         if c.transfer[m]:
-            yield Sleep(c.transfer[m])
+            yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, worker=worker))
         yield Kernel(
             device, c.forward[m], functools.partial(ex.forward_stage, job, m, commit_state=False, worker=worker)
         )
@@ -42,23 +67,44 @@ def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Work
 
 
 def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, layerwise: bool) -> Worker:
-    """Stage backwards ``M-1..0`` with layer-wise updates, or all updates at the end."""
+    """Stage backwards ``M-1..0``, pushing each gradient after its backward (``layerwise``)
+    or all at the end; returns once every update of the job has been applied."""
     ex, c = sim.executor, sim.costs[device.index]
     stages = range(sim.num_stages - 1, -1, -1)
+    applied = Channel(sim.num_stages)
     for m in stages:
         if ex.live and c.transfer[m]:  # re-linearises at the current weights: pull them if remote
-            yield Sleep(c.transfer[m])
-        work = c.backward[m] + (c.update[m] if layerwise else 0.0)
-        yield Kernel(device, work, functools.partial(ex.backward_stage, job, m, worker=worker), BACKWARD)
+            yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, backward=True, worker=worker))
+        yield Kernel(device, c.backward[m], functools.partial(ex.backward_stage, job, m, worker=worker), BACKWARD)
         if layerwise:
-            if c.transfer[m]:
-                yield Sleep(c.transfer[m])
-            ex.update_stage(job, m, worker=worker)
+            yield from _push(sim, job, m, c.transfer[m], worker, applied)
     if not layerwise:
-        yield Kernel(device, sum(c.update[m] for m in stages), None, BACKWARD)
-        yield Sleep(sum(c.transfer[m] for m in stages))
         for m in stages:
-            ex.update_stage(job, m, worker=worker)
+            yield from _push(sim, job, m, c.transfer[m], worker, applied)
+    for _ in stages:
+        yield Get(applied)
+
+
+def _push(sim: Simulation, job: Job, m: int, transfer: float, worker: str, applied: Channel) -> Worker:
+    """Sends the job's ``g_m`` to stage ``m``'s home, then launches its update there."""
+    if transfer:
+        yield Sleep(transfer)
+    yield Launch(_update(sim, job, m, worker, applied))
+
+
+def _update(sim: Simulation, job: Job, m: int, worker: str, applied: Channel) -> Worker:
+    """Stage ``m``'s update of ``job`` on its home device, once no other update of the
+    stage runs; tells ``applied`` when written."""
+    home, lock = sim.homes[m], sim.stage_locks[m]
+    yield Get(lock)
+    start: list[float] = []
+    at_start = None if sim.on_update is None else lambda: start.append(sim.scheduler.now)
+    yield Kernel(home, sim.update_costs[m], at_start, BACKWARD)
+    sim.executor.update_stage(job, m, worker=worker)
+    if sim.on_update is not None:
+        sim.on_update(UpdateSpan(m, home.index, job.id, start[0], sim.scheduler.now))
+    yield Put(lock, None)
+    yield Put(applied, m)
 
 
 def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:

@@ -8,7 +8,9 @@ rebuilds everything else by replaying the schedule:
 * ``capture`` (at an evaluation, inside ``on_job_done``): the store's values and, for every
   in-flight job, its payload (activation ``x``, the stashed residuals or stage inputs its
   backward still needs, the weights its forward read (the optimizer's ``old_params``),
-  pending non-trainable states and gradients, ``delta``, loss) as flat leaves, with a
+  pending non-trainable states and gradients (an update queued or running on a stage's
+  home device still holds its gradient in the job), ``delta``, loss, the weights of a pull
+  under way) as flat leaves, with a
   digest of the schedule at that instant.
 * Resuming, the run starts over on ``AbstractKernels`` (every kernel evaluated by
   ``jax.eval_shape``, memoized: nothing is computed) and the executor does its usual
@@ -120,8 +122,18 @@ def _abstract(fn: Callable) -> Callable:
 
 def _payload(job: Job) -> tuple:
     """What a job carries from one stage operation to the next (its batch labels excepted:
-    the replay takes them from the data stream again)."""
-    return job.x, job.records, job.read_params, job.new_states, job.grads, job.delta, job.loss
+    the replay takes them from the data stream again; the versions of the stages it pulled
+    are the schedule's, so only their values)."""
+    pulled = [None if p is None else (p.params, p.state) for p in job.pulled]
+    return job.x, job.records, job.read_params, job.new_states, job.grads, job.delta, job.loss, pulled
+
+
+def _load_payload(job: Job, payload: tuple) -> None:
+    job.x, job.records, job.read_params, job.new_states, job.grads, job.delta, job.loss, pulled = payload
+    job.pulled = [
+        None if p is None else p._replace(params=values[0], state=values[1])
+        for p, values in zip(job.pulled, pulled, strict=True)
+    ]
 
 
 def _world(sim: Simulation) -> tuple[PyTree, list[Job]]:
@@ -174,7 +186,7 @@ def restore(sim: Simulation, checkpointer: RunCheckpointer, metrics: MetricsLog,
     store = sim.executor.store
     store.load(params, states, opt_states)
     for job, payload in zip(jobs, payloads, strict=True):
-        job.x, job.records, job.read_params, job.new_states, job.grads, job.delta, job.loss = payload
+        _load_payload(job, payload)
     sim.executor.kernels = kernels
     store.update_rule = kernels.apply_update
 

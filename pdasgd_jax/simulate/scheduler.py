@@ -7,9 +7,15 @@ Simulated workers are generators that yield requests to the scheduler:
   kernel *reads*: the store's versions current at its virtual start), and the worker
   resumes at its end (so code after the ``yield`` runs at the end: this is when it
   *writes*).
-* ``Sleep(duration)``: idle time (injected delays, communication): no device work.
+* ``Sleep(duration, at_start)``: idle time (injected delays, communication): no device
+  work. An ``at_start`` runs first, among the current instant's reads (a pull reads the
+  stage when its transfer starts).
 * ``Put(channel, item)`` / ``Get(channel)``: a bounded FIFO channel; a full channel blocks
-  the putter, an empty one the getter.
+  the putter, an empty one the getter. ``mutex()`` is a channel holding one token: ``Get``
+  takes it (waiting, first come first served, while another holds it), ``Put`` gives it back.
+* ``Launch(worker)``: starts another generator at once, in this instant, and goes on without
+  waiting for it (an update dispatched to a stage's home device); its device time is
+  charged to the launching worker's ``busy``.
 
 Determinism: events are ordered by ``(time, phase, sequence number)``. At one instant all
 *end* events (kernel ends, wake-ups: the writes) run before any *start* event (kernel
@@ -57,9 +63,18 @@ class Kernel(NamedTuple):
 
 
 class Sleep(NamedTuple):
-    """Idle time: the worker waits ``duration`` seconds without occupying a device."""
+    """Idle time: the worker waits ``duration`` seconds without occupying a device;
+    ``at_start()`` (if given) runs when it starts, in the instant's start phase (a read)."""
 
     duration: float
+    at_start: Callable[[], Any] | None = None
+
+
+class Launch(NamedTuple):
+    """Starts ``worker`` now as a process of its own (charged to the launching one); the
+    launching worker goes on at once."""
+
+    worker: Worker
 
 
 class Put(NamedTuple):
@@ -79,14 +94,16 @@ Worker = Generator[Any, Any, None]
 
 
 class Process:
-    """A running worker generator and its accounting (busy = time inside its kernels)."""
+    """A running worker generator and its accounting (busy = time inside its kernels, and
+    inside the kernels of the processes it launched: ``account`` is who is charged)."""
 
-    __slots__ = ("busy", "gen", "name")
+    __slots__ = ("account", "busy", "gen", "name")
 
-    def __init__(self, name: str, gen: Worker):
+    def __init__(self, name: str, gen: Worker, account: Process | None = None):
         self.name = name
         self.gen = gen
         self.busy = 0.0
+        self.account = self if account is None else account
 
 
 class Channel:
@@ -99,6 +116,14 @@ class Channel:
         self.items: collections.deque = collections.deque()
         self.getters: collections.deque[Process] = collections.deque()
         self.putters: collections.deque[tuple[Process, Any]] = collections.deque()
+
+
+def mutex() -> Channel:
+    """A lock for simulated workers: ``yield Get(lock)`` acquires it (in arrival order),
+    ``yield Put(lock, None)`` releases it."""
+    lock = Channel(1)
+    lock.items.append(None)
+    return lock
 
 
 class _Running:
@@ -179,7 +204,7 @@ class Device:
         if self._waiting and not self._admit_pending:
             self._admit_pending = True
             self.scheduler.call(START, self._admit)
-        proc.busy += elapsed
+        proc.account.busy += elapsed
         self.scheduler.resume(proc)
 
     def _advance(self) -> None:
@@ -222,7 +247,7 @@ class Device:
             self._admit_pending = True
             self.scheduler.call(START, self._admit)
         for r in done:
-            r.proc.busy += self.scheduler.now - r.started
+            r.proc.account.busy += self.scheduler.now - r.started
             self.scheduler.resume(r.proc)
 
 
@@ -283,9 +308,14 @@ class Scheduler:
                 req.device.request(proc, req)
                 return
             if isinstance(req, Sleep):
+                if req.at_start is not None:
+                    self.call(START, self._start_sleep, proc, req)
+                    return
                 if req.duration > 0:
                     self.call_at(self.now + req.duration, END, self.resume, proc)
                     return
+            elif isinstance(req, Launch):
+                self.resume(Process(proc.name, req.worker, proc.account))
             elif isinstance(req, Put):
                 ch = req.channel
                 if ch.getters:
@@ -306,4 +336,8 @@ class Scheduler:
                     ch.items.append(item)
                     self._wake(putter)
             else:
-                raise TypeError(f"worker {proc.name} yielded {req!r}, not a Kernel, Sleep, Put or Get")
+                raise TypeError(f"worker {proc.name} yielded {req!r}, not a Kernel, Sleep, Put, Get or Launch")
+
+    def _start_sleep(self, proc: Process, sleep: Sleep) -> None:
+        sleep.at_start()
+        self.call_at(self.now + sleep.duration, END, self.resume, proc)

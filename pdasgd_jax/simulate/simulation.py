@@ -11,7 +11,7 @@ import numpy as np
 from pdasgd_jax.delays import DelayModel, TimingModel, rng_for, tree_nbytes
 from pdasgd_jax.executor import Job, StageExecutor
 from pdasgd_jax.placement import Placement
-from pdasgd_jax.simulate.scheduler import Device, Scheduler, Sleep
+from pdasgd_jax.simulate.scheduler import Channel, Device, Scheduler, Sleep, mutex
 
 
 class DeviceCosts(NamedTuple):
@@ -20,8 +20,17 @@ class DeviceCosts(NamedTuple):
     forward: tuple[float, ...]
     loss: float
     backward: tuple[float, ...]  # a ``live`` backward includes its re-run of the stage forward
-    update: tuple[float, ...]
     transfer: tuple[float, ...]  # to or from the stage's home device (0 when it is this one)
+
+
+class UpdateSpan(NamedTuple):
+    """One applied update on the virtual clock: of ``stage``, by ``job``, on device ``device``."""
+
+    stage: int
+    device: int
+    job: int
+    start: float
+    end: float
 
 
 class Simulation:
@@ -40,6 +49,10 @@ class Simulation:
       on_job_done: called with each job once all its updates are applied.
       groups: worker groups (ASGD workers, PD-ASGD replicas; default: one per device).
         Groups beyond the device count queue for a shared device.
+      on_update: called with an ``UpdateSpan`` as each update is applied (tests, tracing).
+
+    Stage ``m``'s updates run on ``homes[m]``, its home device, at ``update_costs[m]`` each,
+    one at a time (``stage_locks[m]``), whichever worker pushed them.
 
     ``in_flight`` holds the jobs started and not yet done, by id: what a checkpoint of the
     run must save besides the store (their activations, stashed residuals, pending updates).
@@ -62,6 +75,7 @@ class Simulation:
         num_devices: int,
         on_job_done: Callable[[Job], None],
         groups: int | None = None,
+        on_update: Callable[[UpdateSpan], None] | None = None,
     ):
         self.placement = Placement(num_devices, groups or num_devices, executor.store.num_stages)
         self.placement.validate()
@@ -79,6 +93,11 @@ class Simulation:
         self.devices = [Device(scheduler, d, timing) for d in range(num_devices)]
         # The device of each worker group (one group per device by default).
         self.group_devices = [self.devices[self.placement.group_device(g)] for g in range(self.placement.groups)]
+        # Each stage's home device runs its updates, one at a time.
+        self.homes = [self.devices[self.placement.stage_home(m)] for m in range(self.num_stages)]
+        self.update_costs = tuple(timing.update_time(m, home.index) for m, home in enumerate(self.homes))
+        self.stage_locks: list[Channel] = [mutex() for _ in range(self.num_stages)]
+        self.on_update = on_update
         self.started = 0
         self.in_flight: dict[int, Job] = {}
         self._batches = batches
@@ -93,7 +112,6 @@ class Simulation:
             tuple(t.forward_time(m, d) for m in stages),
             t.loss_time(d),
             tuple(t.backward_time(m, d, live=self.executor.live) for m in stages),
-            tuple(t.update_time(m, d) for m in stages),
             tuple(self.transfer_time(m, device) for m in stages),
         )
 
@@ -123,9 +141,9 @@ class Simulation:
         return sum(c.forward) + c.loss
 
     def backward_compute(self, device: Device) -> float:
-        """Device work of one job's backward pass and updates on ``device``."""
-        c = self.costs[device.index]
-        return sum(b + u for b, u in zip(c.backward, c.update))
+        """Device work of one job's backward pass on ``device`` and of its updates (each on
+        its stage's home device)."""
+        return sum(self.costs[device.index].backward) + sum(self.update_costs)
 
     def delay_rng(self, worker: str) -> np.random.Generator:
         return rng_for(self.seed, "delay", worker)

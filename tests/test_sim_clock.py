@@ -1,0 +1,273 @@
+"""The shared store on the virtual clock as the threaded runtime runs it: each stage's updates
+on its home device, one at a time; a remote read versioned when its pull starts; every pull
+and push priced (algorithms.md §3, §5).
+
+The schedules run on ``AbstractKernels`` (shapes only, nothing computed: the schedule never
+depends on values), so a random layout with dozens of jobs takes milliseconds.
+"""
+
+import collections
+import itertools
+import re
+
+import numpy as np
+import optax
+import pytest
+
+from pdasgd_jax import data, models
+from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
+from pdasgd_jax.executor import EventLog, StageExecutor
+from pdasgd_jax.kernels import StageKernels, init_opt_states
+from pdasgd_jax.simulate import policies
+from pdasgd_jax.simulate.resume import AbstractKernels
+from pdasgd_jax.simulate.scheduler import Scheduler
+from pdasgd_jax.simulate.simulation import Simulation
+from pdasgd_jax.store import ParameterStore
+
+EPS = 1e-9  # slack for sums of transfer times computed in another order
+NO_DELAY = DelayModel()
+
+
+@pytest.fixture(scope="module")
+def world():
+    """The digits MLP (3 stages), its abstract kernels (traced once, shared) and one batch."""
+    ds = data.load_dataset("digits")
+    model, variables = models.build_model("mlp", ds, seed=0)
+    tx = optax.sgd(0.05, momentum=0.9)
+    batch = next(data.train_batches(ds.train, 8, seed=0, epoch=0))
+    return variables, tx, AbstractKernels(StageKernels(model, tx)), batch
+
+
+class Run:
+    """One simulated asynchronous run on abstract kernels, with everything recorded."""
+
+    def __init__(
+        self,
+        world,
+        timing,
+        *,
+        algo,
+        devices,
+        groups,
+        jobs,
+        forward_workers=1,
+        backward_workers=2,
+        queue=2,
+        weights="stashed",
+        fuse_jobs=True,
+        delay=NO_DELAY,
+        seed=0,
+    ):
+        v, tx, kernels, batch = world
+        self.scheduler = Scheduler()
+        self.log = EventLog()
+        self.executor = StageExecutor(
+            kernels,
+            self._store(v, tx, kernels),
+            log=self.log,
+            clock=lambda: self.scheduler.now,
+            backward_weights=weights,
+            fuse_jobs=fuse_jobs,
+        )
+        self.spans, self.done_at, self.pulls = [], {}, []
+        pull = self.executor.pull_stage
+
+        def recording_pull(job, m, *, backward=False, worker=""):
+            self.pulls.append((job.id, m, backward, self.scheduler.now))
+            pull(job, m, backward=backward, worker=worker)
+
+        self.executor.pull_stage = recording_pull
+        self.sim = Simulation(
+            self.scheduler,
+            self.executor,
+            timing,
+            delay,
+            seed=seed,
+            batches=itertools.repeat(batch),
+            max_jobs=jobs,
+            num_devices=devices,
+            groups=groups,
+            on_job_done=lambda job: self.done_at.__setitem__(job.id, self.scheduler.now),
+            on_update=self.spans.append,
+        )
+        if algo == "asgd":
+            policies.spawn_asgd(self.sim)
+        else:
+            policies.spawn_pdasgd(
+                self.sim,
+                forward_workers=forward_workers,
+                backward_workers=backward_workers,
+                queue=queue,
+                layerwise=algo == "pdasgd",
+            )
+        self.scheduler.run()
+        self.events = self.log.events
+
+    @staticmethod
+    def _store(v, tx, kernels):
+        return ParameterStore(v.params, v.states, init_opt_states(tx, v.params), kernels.apply_update)
+
+    def device_of(self, worker):
+        """The device of a worker named ``w{g}`` or ``d{g}/...``."""
+        return self.sim.placement.group_device(int(re.match(r"[wd](\d+)", worker).group(1)))
+
+    def version_at(self, m, t):
+        """Stage ``m``'s version at instant ``t``: its updates written by then (writes at an
+        instant come before its reads)."""
+        return sum(s.stage == m and s.end <= t for s in self.spans)
+
+    def event(self, kind, job, m):
+        (e,) = [e for e in self.events if e.kind == kind and e.job == job and e.stage == m]
+        return e
+
+
+def _random_config(seed):
+    rnd = np.random.default_rng(seed)
+    devices = int(rnd.integers(1, 5))
+    groups = int(rnd.integers(devices, 17))
+    algo = ("asgd", "pdasgd", "pdasgd-block", "pdasgd")[seed % 4]
+    priced = seed % 3 != 0  # 12 seeds: every algorithm with free and with priced communication
+    timing = TimingModel(
+        forward=rnd.choice([0.25, 0.5, 1.0], 3),
+        backward=rnd.choice([0.5, 1.0, 2.0], 3),
+        update=rnd.choice([0.125, 0.25, 0.5], 3),
+        loss=0.25,
+        worker_factors=rnd.choice([1.0, 2.0], devices),
+        comm=CommModel(alpha=float(rnd.choice([0.25, 0.5, 1.0])), beta=float(rnd.choice([2e4, np.inf])))
+        if priced
+        else CommModel(),
+        concurrency=float(rnd.choice([1.0, 2.0])),
+    )
+    kwargs = dict(
+        algo=algo,
+        devices=devices,
+        groups=groups,
+        jobs=min(3 * groups, 40),
+        forward_workers=int(rnd.integers(1, 4)),
+        backward_workers=int(rnd.integers(1, 4)),
+        queue=int(rnd.integers(1, 4)),
+        weights="stashed" if algo == "asgd" else ("stashed", "live")[(seed // 4 + seed // 2) % 2],
+        fuse_jobs=bool(rnd.integers(2)),
+        delay=DelayModel("exponential", float(rnd.choice([0.5, 2.0]))),
+        seed=seed,
+    )
+    return timing, kwargs
+
+
+def _check(run, timing, kwargs):
+    """Every property of the clock on one run; returns counts that make the checks non-vacuous."""
+    sim, M = run.sim, run.sim.num_stages
+    seen = collections.Counter()
+    assert sorted(run.done_at) == list(range(kwargs["jobs"]))
+    assert len(run.spans) == kwargs["jobs"] * M
+    by_job = collections.defaultdict(dict)
+    for s in run.spans:
+        by_job[s.job][s.stage] = s
+    replaced = {(e.job, e.stage): e.replaced_version for e in run.events if e.kind == "update"}
+    for m in range(M):
+        spans = sorted((s for s in run.spans if s.stage == m), key=lambda s: s.start)
+        for k, s in enumerate(spans):
+            # On its home device, for its own cost (at that device's speed) when running alone.
+            assert s.device == sim.placement.stage_home(m) and s.end - s.start >= sim.update_costs[m] - EPS
+            # One at a time: an update of the stage starts once the previous one has ended ...
+            if k:
+                assert s.start >= spans[k - 1].end, (m, spans[k - 1], s)
+            # ... and its write replaces the version the previous writes made.
+            assert replaced[s.job, m] == k
+    for j, spans in by_job.items():  # a job is done when its last update is written
+        assert run.done_at[j] == max(s.end for s in spans.values())
+    # Reads: the version current when the read happened, which for a remote stage is the
+    # start of its pull (priced: the kernel runs after the transfer).
+    pulls = {(j, m, backward): t for j, m, backward, t in run.pulls}
+    for e in run.events:
+        if e.kind not in ("forward", "backward") or (e.kind == "backward" and e.live_version < 0):
+            continue
+        d = run.device_of(e.worker)
+        transfer = sim.costs[d].transfer[e.stage]
+        backward = e.kind == "backward"
+        version = e.live_version if backward else e.params_version
+        if transfer:
+            t = pulls[e.job, e.stage, backward]
+            assert version == run.version_at(e.stage, t), e
+            seen["remote reads"] += 1
+            if run.version_at(e.stage, t + transfer) > version:
+                seen["backward reads updated during the pull" if backward else "reads updated during the pull"] += 1
+            if backward:  # the live backward's kernel (logged at its start) runs after the transfer
+                assert e.time >= t + transfer - EPS
+            else:  # the forward's read is logged when its pull starts, its kernel runs after it
+                assert e.time == t
+                later = [x.time for x in run.events if x.job == e.job and x.seq > e.seq]
+                assert min(later) >= t + transfer + sim.costs[d].forward[e.stage] - EPS
+        else:
+            assert (e.job, e.stage, backward) not in pulls
+            assert version == run.version_at(e.stage, e.time), e
+    # Staleness: replaced minus read, as booked.
+    read = {(e.job, e.stage): e.params_version for e in run.events if e.kind == "forward"}
+    taus = [sorted(replaced[j, m] - read[j, m] for j in by_job) for m in range(M)]
+    assert [sorted(t.tolist()) for t in run.executor.staleness.per_stage()] == taus
+    # Pushes are priced: an update starts no earlier than its gradient can have reached home.
+    backwards = {(e.job, e.stage): e for e in run.events if e.kind == "backward"}
+    for j, spans in by_job.items():
+        d = run.device_of(backwards[j, 0].worker)
+        c = sim.costs[d]
+        if kwargs["algo"] == "pdasgd":
+            for m, s in spans.items():
+                assert s.start >= backwards[j, m].time + c.backward[m] + c.transfer[m] - EPS
+                # The worker does not wait for the update: stage m - 1's backward may start first.
+                if m and backwards[j, m - 1].time < s.end:
+                    seen["backwards overlapping the previous stage's update"] += 1
+        else:
+            end_of_backward = backwards[j, 0].time + c.backward[0]
+            for m, s in spans.items():
+                assert s.start >= end_of_backward + sum(c.transfer[m:]) - EPS
+        seen["priced pushes"] += sum(c.transfer[m] > 0 for m in spans)
+    return seen
+
+
+def test_random_schedules_run_updates_at_home_one_at_a_time_and_version_pulls_at_their_start(world):
+    seen = collections.Counter()
+    for seed in range(12):
+        timing, kwargs = _random_config(seed)
+        run = Run(world, timing, **kwargs)
+        seen.update(_check(run, timing, kwargs))
+    # The random layouts exercised what the checks are about.
+    for what in (
+        "remote reads",
+        "reads updated during the pull",
+        "backward reads updated during the pull",
+        "backwards overlapping the previous stage's update",
+        "priced pushes",
+    ):
+        assert seen[what] > 0, (what, seen)
+
+
+def test_concurrent_device_still_runs_one_update_of_a_stage_at_a_time(world):
+    """One device running four kernels at once, eight ASGD workers on it: every stage's
+    updates still run one after another; different stages' updates overlap."""
+    timing = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.5,) * 3, loss=0.5, concurrency=4.0)
+    run = Run(world, timing, algo="asgd", devices=1, groups=8, jobs=16)
+    _check(run, timing, dict(algo="asgd", jobs=16))
+    spans = sorted(run.spans, key=lambda s: s.start)
+    assert any(a.end > b.start for a, b in itertools.pairwise(spans))  # other stages overlapped
+
+
+def test_an_update_landing_during_a_pull_is_not_in_what_the_pull_read(world):
+    """ASGD on 2 devices, alpha = 4, the 3-stage costs (1, 2, 0.25 per stage, loss 0.5).
+    Worker 0 (device 0) ends job 0's backward at 13.5 (one pull of stage 1 in its forward),
+    pushes stage 1 during [13.5, 17.5] (update on device 1 until 17.75) and ends the job at
+    17.75. Worker 1 (device 1) updates stage 1 on its own device after pushing stage 2
+    (21.5): version 2 lands at 21.75. Worker 0's job 2 reads stage 0 locally at 17.75 and pulls stage 1 during
+    [18.75, 22.75]: it reads version 1, current when its pull starts, although version 2
+    lands before its transfer ends; its own update of stage 1 then counts that one as stale."""
+    timing = TimingModel(
+        forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5, comm=CommModel(alpha=4.0)
+    )
+    run = Run(world, timing, algo="asgd", devices=2, groups=2, jobs=3)
+    read = run.event("forward", 2, 1)
+    assert (read.time, read.params_version, read.worker) == (18.75, 1, "w0")
+    updates = {(s.job, s.stage): s for s in run.spans}
+    assert updates[0, 1].end == 17.75 and updates[1, 1].end == 21.75  # versions 1 and 2 of stage 1
+    assert read.time < updates[1, 1].end < read.time + 4.0
+    assert run.event("update", 2, 1).replaced_version - read.params_version == 1
+    assert run.done_at[0] == 17.75
+    _check(run, timing, dict(algo="asgd", jobs=3))

@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.reporting import mean_staleness
 from pdasgd_jax.rundir import METRICS_FILE, SUMMARY_FILE
 
 TABLE_COLUMNS = (
@@ -54,6 +53,18 @@ def load_run(run_dir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     with open(os.path.join(run_dir, METRICS_FILE)) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return summary, rows
+
+
+def mean_staleness(summary: dict[str, Any]) -> float | None:
+    """Mean staleness over every update of every stage (``summary["staleness"]``, the
+    ``StalenessStats.summary()`` of asynchronous and simulated runs); ``None`` for runs that
+    record none."""
+    per_stage = (summary.get("staleness") or {}).get("per_stage") or []
+    counts = [sum(stage.get("histogram") or []) for stage in per_stage]
+    total = sum(counts)
+    if not total:
+        return None
+    return sum(stage["mean"] * n for stage, n in zip(per_stage, counts)) / total
 
 
 def summary_row(summary: dict[str, Any]) -> dict[str, Any]:

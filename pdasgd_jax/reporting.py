@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from pdasgd_jax.compare import TABLE_COLUMNS, TABLE_HEADERS, markdown_table, mean_staleness, summary_row
 from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
 from pdasgd_jax.rundir import CURVES_PLOT, STALENESS_PLOT, SUMMARY_FILE, SUMMARY_MD
 
-__all__ = ["NonFiniteLossError", "mean_staleness", "summary_line", "write_json_atomic", "write_summary"]
+__all__ = ["NonFiniteLossError", "summary_line", "write_json_atomic", "write_summary"]
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
@@ -63,18 +64,6 @@ def write_summary(
     return summary
 
 
-def mean_staleness(summary: dict[str, Any]) -> float | None:
-    """Mean staleness over every update of every stage (``summary["staleness"]``, the
-    ``StalenessStats.summary()`` of asynchronous and simulated runs); ``None`` for runs that
-    record none."""
-    per_stage = (summary.get("staleness") or {}).get("per_stage") or []
-    counts = [sum(stage.get("histogram") or []) for stage in per_stage]
-    total = sum(counts)
-    if not total:
-        return None
-    return sum(stage["mean"] * n for stage, n in zip(per_stage, counts)) / total
-
-
 def summary_line(summary: dict[str, Any]) -> str:
     """The CLI's last line of a run: test accuracy, wall time (training time), virtual time
     (simulated runs), mean staleness (runs that record it), examples and the absolute
@@ -95,7 +84,6 @@ def summary_line(summary: dict[str, Any]) -> str:
 
 def _write_files(out_dir: str, summary: dict[str, Any], rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
     # Imported here: matplotlib takes a second to import, and in-memory runs never plot.
-    from pdasgd_jax.compare import TABLE_COLUMNS, TABLE_HEADERS, markdown_table, summary_row
     from pdasgd_jax.plots import describe_run, plot_runs, plot_staleness
 
     write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), _jsonable(summary))

@@ -13,10 +13,10 @@ import pytest
 
 from pdasgd_jax import plots
 from pdasgd_jax.cli import main
-from pdasgd_jax.compare import compare, unique_labels
+from pdasgd_jax.compare import compare, mean_staleness, unique_labels
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.reporting import mean_staleness, summary_line
+from pdasgd_jax.reporting import summary_line
 
 
 def _rows(clock: str, n: int = 3) -> list[dict]:

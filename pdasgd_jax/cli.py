@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--resume",
         metavar="DIR",
-        help="continue the run saved in DIR (its config and newest checkpoint); other flags are ignored",
+        help="continue the run saved in DIR (its config and newest checkpoint); other flags are ignored, "
+        "but for --progress/--no-progress, which this command's setting decides",
     )
     train.add_argument(
         "--overwrite",
@@ -93,9 +94,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", choices=tuple(BENCHMARKS), help="which benchmark (see below)")
     bench.add_argument("--out", default="bench_out", help="directory for <name>.json and <name>.md")
     bench.add_argument("--quick", action="store_true", help="a small, fast version (for tests and smoke checks)")
-    compare = sub.add_parser("compare", help="overlay finished runs in one plot and one table")
+    compare = sub.add_parser(
+        "compare",
+        help="overlay finished runs in one plot and one table",
+        description="Overlays finished runs in one PNG (train and test loss, test accuracy against examples, "
+        "and against time in one panel per clock: simulated runs' virtual time and real runs' wall time are "
+        "never put on one axis) and prints one markdown table, notes on what the runs do not share, and the "
+        "absolute path of every file written. Runs are labelled by the shortest path suffix that tells them "
+        "apart. Runs on different datasets are refused unless --allow-mixed-datasets.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     compare.add_argument("runs", nargs="+", help="run directories (each with summary.json and metrics.jsonl)")
-    compare.add_argument("--plot", default="compare.png", help="path of the overlaid PNG plot")
+    compare.add_argument("--plot", default="compare.png", help="path of the overlaid PNG plot (relative: to here)")
+    compare.add_argument(
+        "--allow-mixed-datasets",
+        action="store_true",
+        help="compare runs on different datasets (their losses and accuracies measure different tasks)",
+    )
     return parser
 
 
@@ -134,22 +149,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "train":
             from pdasgd_jax.distributed import initialize_from_env_or_args
-            from pdasgd_jax.train import resume_run, train_and_evaluate
+            from pdasgd_jax.reporting import summary_line
+            from pdasgd_jax.train import load_run_config, train_and_evaluate
 
-            config = None if args.resume else config_from_args(args).validate()
+            if args.resume:
+                # The saved config is the run's, but whether a bar is drawn is this command's call.
+                config = load_run_config(args.resume)
+                config.progress = args.progress
+            else:
+                config = config_from_args(args).validate()
             initialize_from_env_or_args(
                 args.coordinator_address, args.num_processes, args.process_id, args.coordinator_timeout
             )
-            summary = resume_run(args.resume) if args.resume else train_and_evaluate(config, overwrite=args.overwrite)
-            out = summary["config"]["out"]
-            print(
-                f"test_accuracy={summary['test_accuracy']:.4f} wall_time={summary['wall_time']:.1f}s "
-                f"examples={summary['examples']}" + (f" out={out}" if out else "")
-            )
+            summary = train_and_evaluate(config, resume=bool(args.resume), overwrite=args.overwrite)
+            print(summary_line(summary))
         elif args.command == "compare":
-            from pdasgd_jax.compare import compare_runs
+            from pdasgd_jax.compare import compare
 
-            print(compare_runs(args.runs, args.plot))
+            comparison = compare(args.runs, args.plot, allow_mixed_datasets=args.allow_mixed_datasets)
+            print(comparison.text)
+            for path in comparison.files:
+                print(f"wrote {path}")
         elif args.command == "bench":
             from pdasgd_jax.bench import run_benchmark
 

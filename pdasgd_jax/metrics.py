@@ -162,9 +162,12 @@ class MetricsLog:
             self._checked += 1
 
     def progress(self, examples: int) -> None:
-        """Moves the progress bar to ``examples``."""
-        self._bar.update(examples - self._examples)
-        self._examples = examples
+        """Moves the progress bar to ``examples``, never past its total: a last partial batch
+        or a whole averaging round may process a few examples more than the budget, and the
+        bar stops at the budget (the run's summary counts every example)."""
+        shown = min(max(examples, 0), self.total_examples)
+        self._bar.update(shown - self._examples)
+        self._examples = shown
 
     def observe(self, *, step: int, examples: int, params: Any, states: Any, **extra: Any) -> bool:
         """Progress update; evaluates ``params``, ``states`` if an evaluation is due (they may

@@ -1,7 +1,9 @@
 """A run's final files: summary.json, summary.md and the plots, and atomic JSON writes.
 
 ``write_summary`` turns a finished run's ``MetricsLog`` and its runner's extras into the
-run summary; ``NonFiniteLossError`` is re-exported here for the modules that catch it.
+run summary; ``summary_line`` is the one line the CLI prints of it (wall time, and virtual
+time and mean staleness where the run has them); ``NonFiniteLossError`` is re-exported here
+for the modules that catch it.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from pdasgd_jax.compare import TABLE_COLUMNS, TABLE_HEADERS, markdown_table, mean_staleness, summary_row
 from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
 from pdasgd_jax.rundir import CURVES_PLOT, STALENESS_PLOT, SUMMARY_FILE, SUMMARY_MD
 
-__all__ = ["NonFiniteLossError", "write_json_atomic", "write_summary"]
+__all__ = ["NonFiniteLossError", "summary_line", "write_json_atomic", "write_summary"]
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
@@ -61,22 +64,47 @@ def write_summary(
     return summary
 
 
+def summary_line(summary: dict[str, Any]) -> str:
+    """The CLI's last line of a run: test accuracy, wall time (training time), virtual time
+    (simulated runs), mean staleness (runs that record it), examples and the absolute
+    ``--out``; e.g. ``test_accuracy=0.9 wall_time=1.5s virtual_time=0.0305s
+    mean_staleness=1.20 examples=288 out=/abs/run``."""
+    parts = [f"test_accuracy={summary['test_accuracy']:.4f}", f"wall_time={summary['wall_time']:.1f}s"]
+    if summary.get("virtual_time") is not None:
+        parts.append(f"virtual_time={summary['virtual_time']:.4g}s")
+    staleness = mean_staleness(summary)
+    if staleness is not None:
+        parts.append(f"mean_staleness={staleness:.2f}")
+    parts.append(f"examples={summary['examples']}")
+    out = (summary.get("config") or {}).get("out")
+    if out:
+        parts.append(f"out={os.path.abspath(out)}")
+    return " ".join(parts)
+
+
 def _write_files(out_dir: str, summary: dict[str, Any], rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
     # Imported here: matplotlib takes a second to import, and in-memory runs never plot.
-    from pdasgd_jax.compare import TABLE_COLUMNS, markdown_table, summary_row
-    from pdasgd_jax.plots import plot_runs, plot_staleness
+    from pdasgd_jax.plots import describe_run, plot_runs, plot_staleness
 
     write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), _jsonable(summary))
-    algo = config.get("algo", "")
-    plot_runs({algo: rows}, os.path.join(out_dir, CURVES_PLOT), title=algo)
+    title = describe_run(config, summary)
+    plot_runs({config.get("algo", "run"): rows}, os.path.join(out_dir, CURVES_PLOT), title=title)
     if summary.get("staleness", {}).get("per_stage"):  # asynchronous and simulated runs
-        plot_staleness(summary, os.path.join(out_dir, STALENESS_PLOT))
+        plot_staleness(summary, os.path.join(out_dir, STALENESS_PLOT), title)
+    row_columns = ["step", "examples", "wall_time"]
+    if any("virtual_time" in r for r in rows):
+        row_columns.append("virtual_time")
+    row_columns += ["loss", "test_loss", "test_accuracy"]
+    heading = title.replace("\n", " | ")
     with open(os.path.join(out_dir, SUMMARY_MD), "w") as f:
         f.write(
-            f"# Run summary: {algo} on {config.get('dataset')}\n\n"
-            + markdown_table([summary_row(summary)], TABLE_COLUMNS)
+            f"# Run summary: {heading}\n\n"
+            + markdown_table([summary_row(summary)], TABLE_COLUMNS, TABLE_HEADERS)
             + "\n\n"
-            + markdown_table(rows, ("step", "examples", "wall_time", "loss", "test_accuracy"))
+            + "Times in seconds: wall time is training time (evaluations and checkpoints excluded)"
+            + ("; virtual time is the simulator's clock" if "virtual_time" in row_columns else "")
+            + "; loss is the mean training loss since the previous row.\n\n"
+            + markdown_table(rows, row_columns, TABLE_HEADERS)
             + "\n"
         )
 

@@ -32,6 +32,7 @@ from pdasgd_jax.runtime import (
     Runtime,
     RuntimeSettings,
     WorkerError,
+    WouldBlock,
     numbered_batches,
     run_runtime,
 )
@@ -148,6 +149,69 @@ def test_queue_drains_after_its_last_producer_is_done():
     assert sum(isinstance(o, QueueClosed) for o in outcomes) == 1
     with pytest.raises(QueueClosed):
         q.put(3)
+
+
+@pytest.mark.timeout(10)
+def test_a_reserved_slot_counts_against_the_capacity_until_filled_or_cancelled():
+    q = BoundedQueue(2)
+    q.put("a")
+    slot = q.reserve()
+    assert len(q) == 1  # a reservation is no item...
+    with pytest.raises(WouldBlock):
+        q.reserve(block=False)  # ...but takes the room of one
+    putter, put_outcome = _blocked(lambda: q.put("b"))
+    assert putter.is_alive()
+    slot.cancel()
+    putter.join(1)
+    assert not putter.is_alive() and put_outcome == [None]
+    reserver, reserve_outcome = _blocked(q.reserve)
+    assert reserver.is_alive()  # full again
+    assert q.get() == "a"
+    reserver.join(1)
+    assert not reserver.is_alive()
+    slot = reserve_outcome[0]
+    slot.fill("c")
+    assert [q.get(), q.get()] == ["b", "c"]
+    with pytest.raises(RuntimeError, match="already filled"):
+        slot.fill("d")
+    with pytest.raises(WouldBlock):
+        q.get(block=False)
+
+
+@pytest.mark.timeout(10)
+def test_abort_wakes_a_reserver_and_refuses_a_fill():
+    q = BoundedQueue(1)
+    held = q.reserve()
+    reserver, outcome = _blocked(q.reserve)
+    assert reserver.is_alive()
+    q.abort()
+    reserver.join(1)
+    assert not reserver.is_alive() and isinstance(outcome[0], QueueClosed)
+    with pytest.raises(QueueClosed):
+        held.fill("a")
+    with pytest.raises(QueueClosed):
+        q.reserve(block=False)
+
+
+@pytest.mark.timeout(10)
+def test_consumers_wait_for_a_reserved_slot_and_drain_after_the_last_producer():
+    q = BoundedQueue(2, producers=2)
+    with q.reserve() as slot:  # producer 1 reserves
+        q.producer_done()  # producer 2 is done
+        getter, outcome = _blocked(q.get)
+        assert getter.is_alive()  # the reserved slot may still bring an item
+        slot.fill("a")
+    getter.join(1)
+    assert outcome == ["a"]
+    with q.reserve():  # left unfilled: cancelled on the way out
+        pass
+    getter, outcome = _blocked(q.get)
+    assert getter.is_alive()
+    q.producer_done()
+    getter.join(1)
+    assert isinstance(outcome[0], QueueClosed)
+    with pytest.raises(QueueClosed):
+        q.reserve()
 
 
 # Training --------------------------------------------------------------------------------

@@ -175,7 +175,9 @@ class Runtime:
                 continue
             # Paused: batches 0 .. step-1 are all applied and no job is in flight.
             if step == last or exited:
-                jax.block_until_ready(self.store.snapshot())  # the last updates may still be running on the device
+                # Workers report a job only once its updates are computed, so this waits for nothing
+                # unless a worker broke that rule: train_time never ends before the device does.
+                jax.block_until_ready(self.store.snapshot())
                 self.train_time = self._clock.elapsed - self._train_start
             evaluated = False
             if metrics.eval_due(examples) or exited:

@@ -178,6 +178,10 @@ class Job:
     and its weights as stored, the optimizer's ``old_params``), ``new_states[m]`` (state
     not yet committed), ``grads[m]`` (a gradient not yet applied) and ``pulled[m]`` (a
     ``Pull``: stage ``m`` read for its next kernel, which has not run yet).
+
+    ``updated``: None (nothing kept), or a list to which each of the job's updates appends
+    the ``(params_m, opt_state_m)`` it wrote, so that the worker that ran them can wait
+    until they are computed on the device (the threaded runtime's workers set it).
     """
 
     id: int
@@ -194,6 +198,7 @@ class Job:
     loss: Any = None
     rng: Any = None  # the job's key, from the run's seed and its batch id (None: the model draws nothing)
     pulled: list[Pull | None] = dataclasses.field(default_factory=list)
+    updated: list[Any] | None = None
 
 
 class StageExecutor:
@@ -430,13 +435,8 @@ class StageExecutor:
         """Applies the job's ``g_m`` to the store; returns its staleness ``tau_m``."""
         grads, job.grads[m] = job.grads[m], None
         read_params, job.read_params[m] = job.read_params[m], None
-        before = self.store.apply_gradient(
-            m,
-            grads,
-            on_commit=self._update_event(job, m, worker),
-            read_version=job.read_versions[m],
-            read_params=read_params,
-        )
+        step = self.store.gradient_step(m, grads, read_version=job.read_versions[m], read_params=read_params)
+        before = self.store.update_with(m, _keeping(job, step), self._update_event(job, m, worker))
         _check_expected("update", job, m, before, expect)
         return self._count_staleness(job, m, before)
 
@@ -602,9 +602,23 @@ class FusedForwardExecutor(StashedExecutor):
             self._record(EventKind.BACKWARD, job, stage=m, worker=worker)  # before its update's event
             return params, opt_state
 
-        before = self.store.update_with(m, step, self._update_event(job, m, worker))
+        before = self.store.update_with(m, _keeping(job, step), self._update_event(job, m, worker))
         job.delta = deltas_in[0]
         return self._count_staleness(job, m, before)
+
+
+def _keeping(job: Job, step: Callable[[PyTree, PyTree, int], tuple[PyTree, PyTree]]) -> Callable:
+    """``step``, also appending what it returns to ``job.updated`` when the job keeps its updates."""
+    updated = job.updated
+    if updated is None:
+        return step
+
+    def keeping(params: PyTree, opt_state: PyTree, version: int) -> tuple[PyTree, PyTree]:
+        out = step(params, opt_state, version)
+        updated.append(out)
+        return out
+
+    return keeping
 
 
 def _stateful_stages(store: ParameterStore) -> list[bool]:

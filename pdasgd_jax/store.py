@@ -161,6 +161,15 @@ class ParameterStore:
           read_params: the parameters that forward read, for the optimizer's ``old_params``
             (None: the current ones).
         """
+        return self.update_with(
+            m, self.gradient_step(m, grads, read_version=read_version, read_params=read_params), on_commit
+        )
+
+    def gradient_step(
+        self, m: int, grads: PyTree, *, read_version: int | None = None, read_params: PyTree | None = None
+    ) -> Callable[[PyTree, PyTree, int], tuple[PyTree, PyTree]]:
+        """The ``step`` that ``apply_gradient`` hands to ``update_with`` (arguments as there):
+        ``grads`` and ``read_params`` moved to the stage's home device, then ``update_rule``."""
         grads = self._home(m, grads)
         old = None if read_params is None else self._home(m, read_params)
 
@@ -168,7 +177,7 @@ class ParameterStore:
             tau = 0 if read_version is None else version - read_version
             return self.update_rule(m, p, o, grads, tau, p if old is None else old)
 
-        return self.update_with(m, step, on_commit)
+        return step
 
     def update_with(
         self,

@@ -43,9 +43,17 @@ def test_sequential_jobs_equal_plain_sgd(setup, weights, fuse_forward, layerwise
     ts = TrainState(v.params, v.states, init_opt_states(tx, v.params))
     for i, (x, y) in enumerate(batches):
         job = ex.start_job(i, i, x, y)
+        keep = i % 2 == 0
+        if keep:
+            job.updated = []  # the job keeps what its updates wrote
         ex.forward_all(job)
         ex.backward_all(job, layerwise=layerwise)
         ts, _ = step(ts, x, y)
+        if keep:  # one entry per stage: the values the store now holds (no job ran after it)
+            current = [ex.store.read_params(m).value for m in range(model.num_stages)]
+            assert sorted(map(id, job.updated)) == sorted(map(id, current))
+        else:
+            assert job.updated is None
     _assert_trees_close(ex.store.snapshot()[0], ts.params)
     assert all(t.max() == 0 for t in ex.staleness.per_stage())
     assert ex.store.versions() == (len(batches),) * model.num_stages

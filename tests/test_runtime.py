@@ -12,6 +12,7 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -32,6 +33,7 @@ from pdasgd_jax.runtime import (
     Runtime,
     RuntimeSettings,
     WorkerError,
+    WouldBlock,
     numbered_batches,
     run_runtime,
 )
@@ -148,6 +150,69 @@ def test_queue_drains_after_its_last_producer_is_done():
     assert sum(isinstance(o, QueueClosed) for o in outcomes) == 1
     with pytest.raises(QueueClosed):
         q.put(3)
+
+
+@pytest.mark.timeout(10)
+def test_a_reserved_slot_counts_against_the_capacity_until_filled_or_cancelled():
+    q = BoundedQueue(2)
+    q.put("a")
+    slot = q.reserve()
+    assert len(q) == 1  # a reservation is no item...
+    with pytest.raises(WouldBlock):
+        q.reserve(block=False)  # ...but takes the room of one
+    putter, put_outcome = _blocked(lambda: q.put("b"))
+    assert putter.is_alive()
+    slot.cancel()
+    putter.join(1)
+    assert not putter.is_alive() and put_outcome == [None]
+    reserver, reserve_outcome = _blocked(q.reserve)
+    assert reserver.is_alive()  # full again
+    assert q.get() == "a"
+    reserver.join(1)
+    assert not reserver.is_alive()
+    slot = reserve_outcome[0]
+    slot.fill("c")
+    assert [q.get(), q.get()] == ["b", "c"]
+    with pytest.raises(RuntimeError, match="already filled"):
+        slot.fill("d")
+    with pytest.raises(WouldBlock):
+        q.get(block=False)
+
+
+@pytest.mark.timeout(10)
+def test_abort_wakes_a_reserver_and_refuses_a_fill():
+    q = BoundedQueue(1)
+    held = q.reserve()
+    reserver, outcome = _blocked(q.reserve)
+    assert reserver.is_alive()
+    q.abort()
+    reserver.join(1)
+    assert not reserver.is_alive() and isinstance(outcome[0], QueueClosed)
+    with pytest.raises(QueueClosed):
+        held.fill("a")
+    with pytest.raises(QueueClosed):
+        q.reserve(block=False)
+
+
+@pytest.mark.timeout(10)
+def test_consumers_wait_for_a_reserved_slot_and_drain_after_the_last_producer():
+    q = BoundedQueue(2, producers=2)
+    with q.reserve() as slot:  # producer 1 reserves
+        q.producer_done()  # producer 2 is done
+        getter, outcome = _blocked(q.get)
+        assert getter.is_alive()  # the reserved slot may still bring an item
+        slot.fill("a")
+    getter.join(1)
+    assert outcome == ["a"]
+    with q.reserve():  # left unfilled: cancelled on the way out
+        pass
+    getter, outcome = _blocked(q.get)
+    assert getter.is_alive()
+    q.producer_done()
+    getter.join(1)
+    assert isinstance(outcome[0], QueueClosed)
+    with pytest.raises(QueueClosed):
+        q.reserve()
 
 
 # Training --------------------------------------------------------------------------------
@@ -269,25 +334,175 @@ def test_stop_with_a_full_or_empty_queue_does_not_hang(exp, monkeypatch, queue_s
         exp, num_examples=16 * 10**4, queue_capacity=1, backward_workers=1, delay=DelayModel("constant", mean=1e-6)
     )
     rt = Runtime(exp, settings)
-    handed = []  # one entry per job a forward worker starts handing on
-    hand = ForwardWorker._hand
+    reserving = []  # one entry per job a forward worker starts reserving a queue slot for
+    reserve = ForwardWorker._reserve
 
-    def handing(self, q, item):
-        handed.append(item)
-        # Full: stop once the forward worker is blocked handing on job 3 (job 2 waits in the
-        # queue of capacity 1 while the backward worker sleeps). Empty: once the backward
-        # worker, its first job done, waits on the queue while the forward worker sleeps.
-        if len(handed) == (3 if queue_state == "full" else 1):
+    def reserving_slot(self, q):
+        reserving.append(q)
+        # Full: stop once the forward worker is blocked reserving a slot for its third job
+        # (the second waits in the queue of capacity 1 while the backward worker sleeps).
+        # Empty: once the backward worker, its first job done, waits on the queue while the
+        # forward worker sleeps.
+        if len(reserving) == (3 if queue_state == "full" else 1):
             threading.Timer(0.3, rt.control.stop).start()
-        hand(self, q, item)
+        return reserve(self, q)
 
-    monkeypatch.setattr(ForwardWorker, "_hand", handing)
+    monkeypatch.setattr(ForwardWorker, "_reserve", reserving_slot)
     start = time.monotonic()
     result = rt.run(_recorder(exp, settings, eval_every=16 * 100))
     assert time.monotonic() - start < 5
     assert result.step == 1
     _feed_abort, job_queue_abort = seen  # the feed's queue, then the replica's job queue, once each
     assert job_queue_abort == ((1, 1) if queue_state == "full" else (0, 1))
+
+
+# How far the workers run ahead of their device ---------------------------------------------
+
+
+def _slow_updates(size=256, rounds=6):
+    """An optax transformation that leaves the updates as they are but keeps the device busy
+    for some milliseconds in every update program: JAX dispatches it asynchronously, so
+    its results are not ready when the dispatching worker's call returns."""
+
+    def update(updates, state, params=None):
+        del params
+        leaf = jax.tree.leaves(updates)[0]
+        a = jnp.full((size, size), 1e-3, leaf.dtype) + leaf.ravel()[0] * 1e-6
+        busy = jax.lax.fori_loop(0, rounds, lambda _, a: jnp.tanh(a @ a), a)
+        nudge = (busy[0, 0] * 0).astype(leaf.dtype)  # the busy work is an input of the result
+        return jax.tree.map(lambda u: u + nudge, updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+@pytest.fixture(scope="module")
+def slow_exp(exp):
+    return dataclasses.replace(exp, tx=optax.chain(optax.sgd(0.02), _slow_updates()))
+
+
+def _update_seconds(slow_exp):
+    """The fastest of three runs of one stage's slow update program."""
+    v = slow_exp.variables
+    p, o = v.params[0], init_opt_states(slow_exp.tx, v.params)[0]
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        jax.block_until_ready(slow_exp.kernels.apply_update(0, p, o, p))
+        times.append(time.perf_counter() - start)
+    return min(times[1:])
+
+
+def _unready(tree):
+    return sum(not leaf.is_ready() for leaf in jax.tree.leaves(tree))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algo", ["pdasgd", "pdasgd-block", "asgd"])
+def test_a_job_counts_as_finished_only_once_its_updates_are_computed(slow_exp, monkeypatch, algo):
+    """Update programs that keep the device busy: at every ``job_finished`` each update the
+    job made (one per stage) is computed, and the workers' busy time counts that compute."""
+    settings = _settings(slow_exp, algo=algo, groups=2 if algo == "asgd" else 1, num_examples=16 * 12)
+    rt = Runtime(slow_exp, settings)
+    jobs_by_loss = {}
+    backward_all = rt.executor.backward_all
+
+    def keeping(job, **kw):
+        jobs_by_loss[id(job.loss)] = job
+        return backward_all(job, **kw)
+
+    unready = []  # per finished job: its update results not yet computed (asserted below, not in the thread)
+    job_finished = Control.job_finished
+
+    def checking(self, loss):
+        job = jobs_by_loss[id(loss)]
+        unready.append((len(job.updated), _unready(job.updated), _unready(loss)))
+        job_finished(self, loss)
+
+    monkeypatch.setattr(rt.executor, "backward_all", keeping)
+    monkeypatch.setattr(Control, "job_finished", checking)
+    result = rt.run(_recorder(slow_exp, settings, eval_every=16 * 5))  # pauses after jobs 5 and 10
+    stages = slow_exp.model.num_stages
+    assert result.step == settings.num_batches
+    assert unready == [(stages, 0, 0)] * settings.num_batches
+    # Each job's part ends with at least one slow update program: busy time is device time.
+    busy = sum(w.stats.busy for w in rt.workers if "forward" not in w.name)
+    assert busy >= 0.5 * settings.num_batches * _update_seconds(slow_exp)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algo", ["pdasgd", "asgd"])
+def test_a_worker_dispatches_at_most_one_job_beyond_what_its_device_computed(slow_exp, monkeypatch, algo):
+    """When a worker dispatches a job, its previous job is computed: a forward worker's
+    previous forward (loss and cotangent), a backward or ASGD worker's previous updates."""
+    settings = _settings(slow_exp, algo=algo, groups=2 if algo == "asgd" else 1, num_examples=16 * 16)
+    rt = Runtime(slow_exp, settings)
+    last = {}  # thread -> the results of its previous job's part
+    unready = []
+    forward_all, backward_all = rt.executor.forward_all, rt.executor.backward_all
+
+    dispatches = []
+
+    def dispatching(thread):
+        dispatches.append(thread)
+        if thread in last:
+            unready.append(_unready(last[thread]))
+
+    def forwarding(job, **kw):
+        thread = threading.current_thread().name
+        dispatching(thread)
+        loss = forward_all(job, **kw)
+        if "forward" in thread:
+            last[thread] = (loss, job.delta)
+        return loss
+
+    def backwarding(job, **kw):
+        thread = threading.current_thread().name
+        if "backward" in thread:
+            dispatching(thread)
+        backward_all(job, **kw)
+        last[thread] = list(job.updated)
+
+    monkeypatch.setattr(rt.executor, "forward_all", forwarding)
+    monkeypatch.setattr(rt.executor, "backward_all", backwarding)
+    rt.run(_recorder(slow_exp, settings))
+    assert len(dispatches) == settings.num_batches * (1 if algo == "asgd" else 2)
+    assert len(unready) == len(dispatches) - len(set(dispatches))  # all but each worker's first
+    assert unready == [0] * len(unready)
+
+
+@pytest.mark.timeout(60)
+def test_a_forward_reads_its_weights_only_once_its_job_has_a_queue_slot(exp, monkeypatch):
+    """F = B = 1, Q = 1, the backward worker stuck on job 0 while job 1 fills the queue: the
+    forward of job 2 reads nothing until the backward worker takes job 1. So every forward
+    reads after all jobs but its predecessor have updated, and no update is more than one
+    version stale."""
+    settings = _settings(exp, backward_workers=1, queue_capacity=1, num_examples=16 * 10, record_events=True)
+    rt = Runtime(exp, settings)
+    reads = []  # job ids in the order their forwards read
+    forward_all, backward_all = rt.executor.forward_all, rt.executor.backward_all
+    read_while_stuck = []
+
+    def stuck_on_job_0(job, **kw):
+        if job.id == 0:
+            deadline = time.monotonic() + 10
+            while 1 not in reads and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)  # time enough for the forward worker to read job 2, were it free to
+            read_while_stuck.extend(reads)
+        return backward_all(job, **kw)
+
+    def reading(job, **kw):
+        reads.append(job.id)
+        return forward_all(job, **kw)
+
+    monkeypatch.setattr(rt.executor, "forward_all", reading)
+    monkeypatch.setattr(rt.executor, "backward_all", stuck_on_job_0)
+    rt.run(_recorder(exp, settings))
+    assert read_while_stuck == [0, 1]
+    read = {(e.job, e.stage): e.params_version for e in rt.log.events if e.kind == "forward"}
+    assert all(v >= job - 1 for (job, _m), v in read.items()), read
+    assert all(stage["max"] <= 1 for stage in rt.executor.staleness.summary()["per_stage"])
+    assert rt.executor.staleness.num_updates == settings.num_batches * exp.model.num_stages
 
 
 # Replay and lost updates -------------------------------------------------------------------

@@ -13,7 +13,7 @@ Example::
 
 from pdasgd_jax.runtime.control import WorkerError
 from pdasgd_jax.runtime.feed import Batch, numbered_batches
-from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed
+from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, Reservation, WouldBlock
 from pdasgd_jax.runtime.runner import JOIN_TIMEOUT_S, Runtime, run_runtime
 from pdasgd_jax.runtime.settings import RUNTIME_ALGOS, RuntimeSettings
 
@@ -23,9 +23,11 @@ __all__ = [
     "Batch",
     "BoundedQueue",
     "QueueClosed",
+    "Reservation",
     "Runtime",
     "RuntimeSettings",
     "WorkerError",
+    "WouldBlock",
     "numbered_batches",
     "run_runtime",
 ]

@@ -88,7 +88,8 @@ class Control:
             self._cond.notify_all()
 
     def job_finished(self, loss: Any) -> None:
-        """A job's updates are all applied; ``loss`` is its training loss (a device scalar)."""
+        """A job's updates are all applied and computed on the device (``workers.Worker._settle``);
+        ``loss`` is its training loss (a device scalar, ready)."""
         with self._cond:
             self._losses.append(loss)
             # Waking the supervisor for every job would cost the workers the GIL for nothing.

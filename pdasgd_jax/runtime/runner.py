@@ -177,6 +177,8 @@ class Runtime:
                 continue
             # Paused: batches 0 .. step-1 are all applied and no job is in flight.
             if step == last or exited:
+                # Workers report a job only once its updates are computed, so this waits for nothing
+                # unless a worker broke that rule: train_time never ends before the device does.
                 self._wait_for_updates()
                 self.train_time = self._clock.elapsed - self._train_start
             evaluated = False

@@ -1,22 +1,36 @@
 """Worker threads: each is a policy loop over the executor's stage operations.
 
-* ``ForwardWorker`` (PD-ASGD): takes a batch, ``forward_all`` on the latest weights,
-  hands the job (stored activations, read versions, loss) to its replica's queue; a full
-  queue blocks it, which bounds staleness by the queue capacity.
+* ``ForwardWorker`` (PD-ASGD): takes a batch, reserves a slot in its replica's queue,
+  then ``forward_all`` on the latest weights and fills the slot with the job (stored
+  activations, read versions, loss); a full queue blocks it *before* it reads, which
+  bounds staleness by the queue capacity.
 * ``BackwardWorker`` (PD-ASGD): takes a job, ``backward_all`` with layer-wise updates
   (``pdasgd``) or all stages at the end (``pdasgd-block``).
 * ``AsgdWorker`` (Hogwild!-style ASGD, algorithms.md §2): takes a batch, reads every
   stage and computes the full gradient (``forward_all``), then applies it
   (``backward_all(layerwise=False)``).
 
-After its part of a job a worker hands the result on (queue, store) and sleeps its
-injected delay (woken early by a stop): a delay is idle time between a worker's jobs,
-during which the device is free for the other workers, as in algorithms.md §5. With
-delays, each job's compute ends by waiting for its results on the device, so the sleep
-follows the compute instead of overlapping it and busy time is the real compute. Without
-delays nothing waits: JAX's asynchronous dispatch keeps the device fed (waiting costs
-about 10% of throughput on small models), and busy time is the host time spent in the
-operations.
+**How far a worker runs ahead of its device** (algorithms.md §7). JAX dispatches device
+work asynchronously: an operation returns before its results are computed. A worker keeps
+at most one job *dispatched but not known computed* (its pending job): before it dispatches
+its next job's work, and before it blocks on anything but the device (an empty input
+queue, a full output queue, its injected delay, the end of its input), it waits until the
+pending job's results are ready on the device (``_settle``). Only then does the job count:
+a backward or ASGD worker reports it finished (``Control.job_finished``, whose loss the
+metrics count) once every update it made is computed, and a forward worker's next read
+of the weights follows its previous forward's outputs being computed. So the host never
+queues more than one job per worker on a device, the supervisor never counts a job whose
+updates are still running, and a worker blocked on an empty feed (a pause for an
+evaluation) holds no unreported job. In between, the host work for the next job (taking
+it, reserving its slot) overlaps the device's compute of the last one.
+
+After its part of a job a worker hands the result on (queue, store) and, with injected
+delays, sleeps its delay (woken early by a stop): a delay is idle time between a worker's
+jobs, during which the device is free for the other workers, as in algorithms.md §5. With
+delays each job is settled right after its dispatch, before it is handed on or reported,
+so the sleep follows the compute and a handed-on job's forward is done, as in the
+simulator. ``WorkerStats.busy`` is the time from a job's dispatch to the moment its worker
+found its results ready on the device.
 """
 
 from __future__ import annotations
@@ -24,7 +38,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import numpy as np
@@ -33,14 +48,17 @@ from pdasgd_jax.delays import DelayModel
 from pdasgd_jax.executor import Job, StageExecutor
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.feed import Batch
-from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed
+from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, Reservation, WouldBlock
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
 class WorkerStats:
-    """Wall time a worker spent computing (``busy``), in injected delays (``idle``), waiting
-    for its input (``starved``: an empty feed or queue) and waiting to hand its output on
-    (``blocked``: a full queue)."""
+    """Wall time a worker spent computing (``busy``: from each job's dispatch until its
+    results were ready on the device), in injected delays (``idle``), waiting for its input
+    (``starved``: an empty feed or queue) and waiting to hand its output on (``blocked``: a
+    full queue)."""
 
     busy: float = 0.0
     idle: float = 0.0
@@ -60,11 +78,30 @@ class WorkerStats:
         }
 
 
+class Pending(NamedTuple):
+    """A worker's last dispatched job, not yet known computed.
+
+    Attributes:
+      outputs: the arrays whose readiness means the job's part is computed.
+      start: ``time.perf_counter()`` when its dispatch began.
+      finish: called once they are ready (reports the job), or None.
+    """
+
+    outputs: Any
+    start: float
+    finish: Callable[[], None] | None
+
+
 class Worker:
     """A daemon thread calling ``step`` until its input queue closes or the run stops.
 
     Any exception is reported to ``control`` (which stops the run and lets the supervisor
-    re-raise it), never raised in the thread itself.
+    re-raise it), never raised in the thread itself. When its input ends (not a stop), the
+    thread settles its pending job before it exits, so the run's last jobs are reported.
+
+    A ``step`` takes its input with ``_take`` (or a slot with ``_reserve``), calls
+    ``_settle`` before it dispatches device work, ``_dispatched`` after, and ``_rest`` at
+    its end: those keep the rules in the module docstring.
 
     Args:
       name: the worker's name in the event log and the stats.
@@ -92,7 +129,8 @@ class Worker:
         self.rng = rng
         self.stats = WorkerStats()
         self._delayed = injects_idle_time(delay)
-        self._settle = jax.block_until_ready if self._delayed else _no_wait
+        self._pending: Pending | None = None
+        self._last_busy = 0.0
         self.thread = threading.Thread(target=self._run, name=f"pdasgd-{name}", daemon=True)
 
     def start(self) -> None:
@@ -109,55 +147,90 @@ class Worker:
     def _run(self) -> None:
         try:
             self.control.thread_running(self.name)
-            while not self.control.stopped:
-                self.step()
-        except QueueClosed:
-            pass  # input exhausted, or the run stopped
+            try:
+                while not self.control.stopped:
+                    self.step()
+            except QueueClosed:
+                pass  # input exhausted, or the run stopped
+            if not self.control.stopped:
+                self._settle()  # the input ended: the last job is computed and reported
         except BaseException as exc:  # reported to the supervisor, which re-raises it
             self.control.fail(self.name, exc)
         finally:
             self._on_exit()
             self.control.thread_exited()
 
-    def _take(self, q: BoundedQueue) -> Any:
-        start = time.perf_counter()
-        try:
-            return q.get()
-        finally:
-            self.stats.starved += time.perf_counter() - start
-
-    def _hand(self, q: BoundedQueue, item: Any) -> None:
-        start = time.perf_counter()
-        try:
-            q.put(item)
-        finally:
-            self.stats.blocked += time.perf_counter() - start
-
-    def _start_job(self, batch: Batch) -> Job:
-        # Each batch makes exactly one job, so the batch id doubles as the job id.
-        return self.executor.start_job(
-            batch.batch_id, batch.batch_id, batch.x, batch.labels, device=self.device, worker=self.name
-        )
-
-    def _settle_updates(self) -> None:
-        # A stage's newer versions are computed from this job's update, so settling the
-        # latest parameters of every stage settles this job's updates too.
-        store = self.executor.store
-        self._settle([store.read_params(m).value for m in range(store.num_stages)])
-
-    def _done(self, busy: float) -> None:
-        """Books a job's ``busy`` seconds of compute, then sleeps its injected delay."""
-        self.stats.busy += busy
+    # Waiting: for the device, for input, for room.
+    def _settle(self) -> None:
+        """Waits until the device has computed the pending job's outputs, books its busy time
+        and reports it; a no-op when no job is pending."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        jax.block_until_ready(pending.outputs)
+        self._last_busy = time.perf_counter() - pending.start
+        self.stats.busy += self._last_busy
         self.stats.jobs += 1
+        if pending.finish is not None:
+            pending.finish()
+
+    def _dispatched(self, outputs: Any, start: float, finish: Callable[[], None] | None = None) -> None:
+        """The job whose dispatch began at ``start`` is dispatched: it is pending until its
+        ``outputs`` are ready, then ``finish`` reports it. With injected delays it is settled
+        at once."""
+        self._pending = Pending(outputs, start, finish)
         if self._delayed:
-            idle = self.delay.idle_time(self.rng, busy)
+            self._settle()
+
+    def _rest(self) -> None:
+        """Sleeps the job's injected delay (none without delays)."""
+        if self._delayed:
+            idle = self.delay.idle_time(self.rng, self._last_busy)
             start = time.perf_counter()
             self.control.sleep(idle)
             self.stats.idle += time.perf_counter() - start
 
+    def _wait(self, attempt: Callable[..., T], stat: str) -> T:
+        """``attempt(block=False)``, or, where it would block, the pending job settled first
+        and then ``attempt(block=True)``, its wait booked in ``stats.<stat>``."""
+        try:
+            return attempt(block=False)
+        except WouldBlock:
+            pass
+        self._settle()
+        start = time.perf_counter()
+        try:
+            return attempt(block=True)
+        finally:
+            setattr(self.stats, stat, getattr(self.stats, stat) + time.perf_counter() - start)
+
+    def _take(self, q: BoundedQueue[T]) -> T:
+        """The next item of ``q`` (waiting is ``starved`` time)."""
+        return self._wait(q.get, "starved")
+
+    def _reserve(self, q: BoundedQueue[T]) -> Reservation[T]:
+        """A slot in ``q`` (waiting is ``blocked`` time)."""
+        return self._wait(q.reserve, "blocked")
+
+    def _start_job(self, batch: Batch) -> Job:
+        # Each batch makes exactly one job, so the batch id doubles as the job id.
+        job = self.executor.start_job(
+            batch.batch_id, batch.batch_id, batch.x, batch.labels, device=self.device, worker=self.name
+        )
+        job.updated = []  # its updates keep what they write, for _settle to wait on
+        return job
+
+    def _job_finished(self, job: Job) -> Callable[[], None]:
+        """What reports ``job`` finished once its updates are computed."""
+        return lambda: self.control.job_finished(job.loss)
+
 
 class ForwardWorker(Worker):
-    """PD-ASGD forward worker of one replica: feed -> ``forward_all`` -> the replica's queue.
+    """PD-ASGD forward worker of one replica: feed -> slot in the replica's queue ->
+    ``forward_all`` -> the job into its slot.
+
+    Its weights are read only once the queue has room for the job (a reserved slot) and its
+    previous forward is computed.
 
     Args:
       feed: numbered batches.
@@ -170,19 +243,23 @@ class ForwardWorker(Worker):
 
     def step(self) -> None:
         batch = self._take(self.feed)
-        start = time.perf_counter()
-        job = self._start_job(batch)
-        self._settle(self.executor.forward_all(job, worker=self.name))
-        busy = time.perf_counter() - start
-        self._hand(self.jobs, job)
-        self._done(busy)
+        with self._reserve(self.jobs) as slot:
+            self._settle()
+            start = time.perf_counter()
+            job = self._start_job(batch)
+            loss = self.executor.forward_all(job, worker=self.name)
+            # Taken before the job is handed on: its backward replaces delta.
+            self._dispatched((loss, job.delta), start)
+            slot.fill(job)
+        self._rest()
 
     def _on_exit(self) -> None:
         self.jobs.producer_done()
 
 
 class BackwardWorker(Worker):
-    """PD-ASGD backward worker of one replica: queue -> ``backward_all`` -> stage updates.
+    """PD-ASGD backward worker of one replica: queue -> ``backward_all`` -> stage updates;
+    the job counts as finished once all its updates are computed.
 
     Args:
       jobs: the replica's queue from the forward workers.
@@ -196,15 +273,16 @@ class BackwardWorker(Worker):
 
     def step(self) -> None:
         job = self._take(self.jobs)
+        self._settle()
         start = time.perf_counter()
         self.executor.backward_all(job, layerwise=self.layerwise, worker=self.name)
-        self._settle_updates()
-        self.control.job_finished(job.loss)
-        self._done(time.perf_counter() - start)
+        self._dispatched(job.updated, start, self._job_finished(job))
+        self._rest()
 
 
 class AsgdWorker(Worker):
-    """ASGD worker: feed -> full gradient at the weights it read -> one update of every stage.
+    """ASGD worker: feed -> full gradient at the weights it read -> one update of every
+    stage; the job counts as finished once its updates are computed.
 
     Args:
       feed: numbered batches.
@@ -216,17 +294,13 @@ class AsgdWorker(Worker):
 
     def step(self) -> None:
         batch = self._take(self.feed)
+        self._settle()
         start = time.perf_counter()
         job = self._start_job(batch)
         self.executor.forward_all(job, worker=self.name)
         self.executor.backward_all(job, layerwise=False, worker=self.name)
-        self._settle_updates()
-        self.control.job_finished(job.loss)
-        self._done(time.perf_counter() - start)
-
-
-def _no_wait(tree: Any) -> Any:
-    return tree
+        self._dispatched(job.updated, start, self._job_finished(job))
+        self._rest()
 
 
 def injects_idle_time(delay: DelayModel) -> bool:

@@ -146,13 +146,23 @@ class RunCheckpointer:
         return None
 
     def restore_latest(self, like: PyTree) -> tuple[PyTree, dict[str, Any]] | None:
-        """The newest intact checkpoint as ``(state shaped like like, meta)``, or ``None``."""
+        """The newest intact checkpoint as ``(state shaped like like, meta)``, or ``None``.
+
+        Raises:
+          Exception: orbax's error when an intact step does not fit ``like`` (another
+            config's state): that is the caller's mismatch, not damage, and the step stays.
+        """
         abstract = jax.tree.map(lambda x: np.zeros(np.shape(x), np.asarray(x).dtype), jax.device_get(like))
         while (step := self.latest_step()) is not None:
             try:
                 return self._restore_checked(step, abstract)
-            except Exception as exc:  # damaged since it was checked: try the older one
-                self._set_aside(step, _problem(exc))
+            except Exception as exc:
+                try:  # intact as saved? then the state does not fit ``like``
+                    self._restore_checked(step, None)
+                except Exception:
+                    self._set_aside(step, _problem(exc))  # damaged since it was checked
+                    continue
+                raise
         return None
 
     def _restore_checked(self, step: int, abstract: PyTree | None) -> tuple[PyTree, dict[str, Any]]:

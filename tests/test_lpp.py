@@ -88,7 +88,9 @@ def test_a_round_keeps_the_updates_applied_meanwhile_and_the_replicas_mean():
 
 def test_one_device_is_asgd_on_that_device_bitwise(exp):
     """One replica: no round ever runs, and T threads on it are T ASGD workers sharing one
-    device (the same schedule: a constant delay draws nothing from the worker's stream)."""
+    device (the same schedule: a constant delay draws nothing from the worker's stream).
+    (On one device their gradient programs run one after another, each after the previous
+    one's updates, so they see no staleness: the threaded runtime measures 0.1-0.3.)"""
     common = dict(devices=1, replicas=3, epochs=0.2, delay_model="constant", delay_mean=0.5)
     _, ours = _simulate(exp, algo="lpp", period=1, **common)
     _, asgd = _simulate(exp, algo="asgd", **common)
@@ -96,7 +98,7 @@ def test_one_device_is_asgd_on_that_device_bitwise(exp):
     for a, b in zip(jax.tree.leaves(ours.params), jax.tree.leaves(asgd.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert ours.extra["staleness"] == asgd.extra["staleness"]
-    assert max(s["max"] for s in ours.extra["staleness"]["per_stage"]) > 0  # the threads did overlap
+    assert all(ours.extra["utilisation"]["workers"][f"d0/w{t}"] > 0 for t in range(3))  # every thread worked
     assert ours.extra["averaging_rounds"] == 0 and ours.extra["updates_per_device"] == [ours.step]
     assert set(ours.extra["utilisation"]["workers"]) == {"d0/w0", "d0/w1", "d0/w2"}
 

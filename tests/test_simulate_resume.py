@@ -112,9 +112,9 @@ def _assert_bitwise_equal(a, b):
         ("pdasgd", {"queue": 1, "backward_weights": "live"}),
         # priced pulls and pushes: checkpoints with pulls under way (their weights read at the start)
         ("pdasgd", {"queue": 1, "backward_weights": "live", "comm_latency": 0.375}),
-        ("asgd", {"comm_latency": 0.375}),
+        ("asgd", {"comm_latency": 0.375, "replicas": 4}),
         ("pdasgd-block", {"queue": 2}),
-        ("asgd", {}),
+        ("asgd", {"replicas": 4}),  # two workers per device: checkpoints with jobs in flight
         ("sync", {"batch_size": 64}),
         ("dasgd", {"period": 4, "delay_steps": 2}),
     ],

@@ -34,7 +34,7 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.simulate import policies
 from pdasgd_jax.simulate.scheduler import END, START, Scheduler
-from pdasgd_jax.simulate.simulation import Simulation, num_jobs
+from pdasgd_jax.simulate.simulation import Simulation, final_evaluation, num_jobs
 from pdasgd_jax.store import ParameterStore
 
 
@@ -190,14 +190,16 @@ def run_lpp(
     scheduler.run()
     now = finished_at  # the workers' idle time after the last update is not training time
     params, states = lpp.mean_variables(stores)
-    examples = done * config.batch_size
-    if not metrics.rows or metrics.rows[-1]["examples"] != examples:
-        metrics.evaluate(step=done, examples=examples, params=params, states=states, virtual_time=now)
-    total = max(now, 1e-30)
-    utilisation = {
-        "workers": {p.name: p.busy / total for p in scheduler.processes},
-        "devices": [sim.devices[0].busy / total for sim in sims],
-    }
+    examples, utilisation = final_evaluation(
+        metrics,
+        scheduler,
+        [sim.devices[0] for sim in sims],
+        done=done,
+        batch_size=config.batch_size,
+        now=now,
+        params=params,
+        states=states,
+    )
     extra = {
         "jobs_started": budget.started,
         "replicas": replicas,

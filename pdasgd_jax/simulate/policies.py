@@ -5,8 +5,9 @@ Every operation is a real kernel run through the ``StageExecutor`` at its virtua
 end (writes: a stage's update, its non-trainable state). Each worker draws one injected
 delay per job, after its part of the job (idle time: the device is free meanwhile).
 
-* ASGD (algorithms.md §2): each worker reads every stage in its forward, computes the full
-  gradient and pushes every stage's gradient at the end.
+* ASGD (algorithms.md §2): each worker runs a job's whole gradient as one device program
+  (``gradient_program``: it reads every stage as the program starts, a remote one when
+  its pull starts), as the runtime's fused job does, then pushes every stage's gradient.
 * PD-ASGD (§3): per replica ``F`` forward workers feed ``B`` backward workers
   through a channel of capacity ``Q`` (a full channel blocks the forward worker); a
   backward pushes stage ``m``'s gradient right after stage ``m``'s backward (``layerwise``)
@@ -79,8 +80,18 @@ def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, lay
         if layerwise:
             yield from _push(sim, job, m, c.transfer[m], worker, applied)
     if not layerwise:
-        for m in stages:
-            yield from _push(sim, job, m, c.transfer[m], worker, applied)
+        yield from _push_all(sim, job, c.transfer, worker)
+        return
+    for _ in stages:
+        yield Get(applied)
+
+
+def _push_all(sim: Simulation, job: Job, transfer: tuple[float, ...], worker: str) -> Worker:
+    """Pushes every stage's gradient (``M-1..0``) and returns once every update is applied."""
+    applied = Channel(sim.num_stages)
+    stages = range(sim.num_stages - 1, -1, -1)
+    for m in stages:
+        yield from _push(sim, job, m, transfer[m], worker, applied)
     for _ in stages:
         yield Get(applied)
 
@@ -112,10 +123,33 @@ def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
     rng = sim.delay_rng(name)
     compute = sim.forward_compute(device) + sim.backward_compute(device)
     while (job := sim.next_job(name)) is not None:
-        yield from forward_pass(sim, job, device, name)
-        yield from backward_pass(sim, job, device, name, layerwise=False)
+        yield from gradient_program(sim, job, device, name)
+        yield from _push_all(sim, job, sim.costs[device.index].transfer, name)
         sim.job_done(job)
         yield sim.idle(rng, compute)
+
+
+def gradient_program(sim: Simulation, job: Job, device: Device, worker: str) -> Worker:
+    """A whole job's gradient as one device program, as an ASGD worker runs it (the runtime's
+    fused job, and any Hogwild! step): remote stages are pulled first (each read when its
+    pull starts), local stages are read when the program starts, and the device runs the
+    forward, loss and backward without another job's kernel in between."""
+    ex, c = sim.executor, sim.costs[device.index]
+    stages = range(sim.num_stages)
+    for m in stages:
+        if c.transfer[m]:
+            yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, worker=worker))
+
+    def read_and_compute() -> None:
+        for m in stages:
+            ex.forward_stage(job, m, commit_state=False, worker=worker)
+        ex.loss(job, worker=worker)
+
+    yield Kernel(device, sum(c.forward) + c.loss + sum(c.backward), read_and_compute)
+    for m in stages:
+        ex.commit_state(job, m, worker=worker)
+    for m in reversed(stages):
+        ex.backward_stage(job, m, worker=worker)
 
 
 def forward_worker(sim: Simulation, device: Device, name: str, channel: Channel) -> Worker:

@@ -21,7 +21,7 @@ from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.averaging import run_averaging
 from pdasgd_jax.simulate.lpp import run_lpp
 from pdasgd_jax.simulate.scheduler import Scheduler
-from pdasgd_jax.simulate.simulation import Simulation, num_jobs
+from pdasgd_jax.simulate.simulation import Simulation, final_evaluation, num_jobs
 from pdasgd_jax.simulate.sync import run_sync
 from pdasgd_jax.store import ParameterStore
 
@@ -211,13 +211,8 @@ def _run_asynchronous(
         )
     now = finished_at  # the workers' idle time after the last update is not training time
     params, states, _ = store.snapshot()
-    examples = done * config.batch_size
-    if not metrics.rows or metrics.rows[-1]["examples"] != examples:
-        metrics.evaluate(step=done, examples=examples, params=params, states=states, virtual_time=now)
-    total = max(now, 1e-30)
-    utilisation = {
-        "workers": {p.name: p.busy / total for p in scheduler.processes},
-        "devices": [d.busy / total for d in sim.devices],
-    }
+    examples, utilisation = final_evaluation(
+        metrics, scheduler, sim.devices, done=done, batch_size=config.batch_size, now=now, params=params, states=states
+    )
     result = RunResult(params, states, done, examples, {"jobs_started": sim.started})
     return result, now, utilisation, executor.staleness

@@ -10,6 +10,7 @@ import numpy as np
 
 from pdasgd_jax.delays import DelayModel, TimingModel, rng_for, tree_nbytes
 from pdasgd_jax.executor import Job, StageExecutor
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.placement import Placement
 from pdasgd_jax.simulate.scheduler import Channel, Device, Scheduler, Sleep, mutex
 
@@ -156,3 +157,28 @@ class Simulation:
 def num_jobs(total_examples: int, batch_size: int) -> int:
     """Jobs needed to process at least ``total_examples`` (a last partial batch counts whole)."""
     return math.ceil(total_examples / batch_size)
+
+
+def final_evaluation(
+    metrics: MetricsLog,
+    scheduler: Scheduler,
+    devices: list[Device],
+    *,
+    done: int,
+    batch_size: int,
+    now: float,
+    params: Any,
+    states: Any,
+) -> tuple[int, dict[str, Any]]:
+    """Evaluates the final model unless the last row already did, at virtual time ``now``
+    (the last job's end); returns the examples processed and the workers' and devices'
+    utilisation (busy time over ``now``)."""
+    examples = done * batch_size
+    if not metrics.rows or metrics.rows[-1]["examples"] != examples:
+        metrics.evaluate(step=done, examples=examples, params=params, states=states, virtual_time=now)
+    total = max(now, 1e-30)
+    utilisation = {
+        "workers": {p.name: p.busy / total for p in scheduler.processes},
+        "devices": [d.busy / total for d in devices],
+    }
+    return examples, utilisation

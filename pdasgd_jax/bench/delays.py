@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -86,6 +86,18 @@ def _base_experiment(seed: int, lr: float) -> Experiment:
     return Experiment.from_config(Config(seed=seed, lr=lr, progress=False))
 
 
+class Outcome(NamedTuple):
+    """One run: virtual seconds to ``TARGET`` (inf: never, or diverged), its mean staleness
+    and its busiest device's utilisation (nan when it diverged)."""
+
+    time: float
+    staleness: float
+    busiest_device: float
+
+
+DIVERGED = Outcome(math.inf, math.nan, math.nan)
+
+
 def time_to_target(
     algo: str,
     workers: int,
@@ -96,7 +108,7 @@ def time_to_target(
     epochs: float,
     comm: CommModel = FREE_NETWORK,
 ) -> float:
-    """Virtual seconds until the test accuracy reaches ``TARGET`` (inf: never, or diverged)."""
+    """Virtual seconds until the test accuracy reaches ``TARGET``, with the run's staleness and load."""
     overrides = dict(ALGORITHMS[algo])
     threads = overrides.pop("threads_per_device", 1)
     batch = BATCH_SIZE * workers if overrides["algo"] == "sync" else BATCH_SIZE
@@ -115,8 +127,8 @@ def time_to_target(
     )
     config = exp.config
     timing = dataclasses.replace(exp.calibration(BATCH_SIZE).timing, comm=comm)
-    if straggler:
-        timing = dataclasses.replace(timing, worker_factors=(STRAGGLER_FACTOR,))
+    if straggler:  # the last device: no stage's home (W > M), so it slows compute, not every update
+        timing = dataclasses.replace(timing, worker_factors=(1.0,) * (workers - 1) + (STRAGGLER_FACTOR,))
     metrics = MetricsLog(
         exp.evaluate,
         total_examples=exp.total_examples,
@@ -125,10 +137,22 @@ def time_to_target(
         progress=False,
     )
     try:
-        reached = run_simulated(exp, metrics, timing=timing).extra["virtual_time_to_target"]
+        extra = run_simulated(exp, metrics, timing=timing).extra
     except NonFiniteLossError:
-        return math.inf
-    return math.inf if reached is None else reached
+        return DIVERGED
+    reached = extra["virtual_time_to_target"]
+    return Outcome(
+        math.inf if reached is None else reached,
+        mean_staleness(extra["staleness"]),
+        max(extra["utilisation"]["devices"], default=math.nan),
+    )
+
+
+def mean_staleness(summary: dict[str, Any]) -> float:
+    """Mean staleness over every update of every stage (``StalenessStats.summary()``)."""
+    counts = [sum(stage["histogram"]) for stage in summary["per_stage"]]
+    total = sum(counts)
+    return sum(stage["mean"] * n for stage, n in zip(summary["per_stage"], counts)) / total if total else 0.0
 
 
 def tune(evaluate: Any, lrs: tuple[float, ...], max_widenings: int = MAX_WIDENINGS) -> dict[str, Any]:
@@ -168,21 +192,25 @@ def cell(
 ) -> dict[str, Any]:
     """The best rate of ``lrs`` on ``tuning_seed`` (``None``: the only rate), then ``seeds`` at it."""
 
-    def time_at(lr: float, seed: int) -> float:
+    def run(lr: float, seed: int) -> Outcome:
         return time_to_target(algo, workers, k, straggler, lr, seed, epochs, comm)
 
     if tuning_seed is None:
         tuned = {"lr": lrs[0], "tuning": {}, "edge": False}
     else:
-        tuned = tune(lambda lr: time_at(lr, tuning_seed), lrs)
-    times = [time_at(tuned["lr"], s) for s in seeds]
+        tuned = tune(lambda lr: run(lr, tuning_seed).time, lrs)
+    outcomes = [run(tuned["lr"], s) for s in seeds]
+    times = [o.time for o in outcomes]
     reached = all(math.isfinite(t) for t in times)
     return {
         **tuned,
         "tuning_seed": tuning_seed,
         "times": times,
         "mean": float(np.mean(times)) if reached else math.inf,
-        "std": float(np.std(times)) if reached else math.nan,
+        # Sample standard deviation over the reported seeds (0 with one seed).
+        "std": float(np.std(times, ddof=1)) if reached and len(times) > 1 else (0.0 if reached else math.nan),
+        "staleness": [o.staleness for o in outcomes],
+        "busiest_device": [o.busiest_device for o in outcomes],
     }
 
 
@@ -253,7 +281,13 @@ def grid(
                 "dasgd vs sync": _ratio(by_algo["sync"]["mean"], by_algo["dasgd"]["mean"]),
             }
         )
+    timing = _base_experiment(SEEDS[0], LRS["pdasgd"][0]).calibration(BATCH_SIZE)
     results = {
+        "timing": {
+            "fingerprint": timing.fingerprint,
+            "step_compute_s": timing.timing.step_compute_time(),
+            **timing.timing.to_dict(),
+        },
         "target_accuracy": TARGET,
         "batch_size": BATCH_SIZE,
         "epochs_budget": epochs,

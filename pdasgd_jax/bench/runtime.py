@@ -53,7 +53,7 @@ from pdasgd_jax import affinity
 from pdasgd_jax.bench import interleaved_seconds, json_ready, rate_summary
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
-from pdasgd_jax.delays import DelayModel, rng_for
+from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
 from pdasgd_jax.executor import StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
@@ -268,21 +268,50 @@ def runtime_with_delays(exp: Experiment) -> tuple[float, float]:
     return _first_reaching(metrics, "wall_time"), mean_staleness(rt.executor.staleness.summary())
 
 
-def simulated(exp: Experiment, devices: int, stand_in: bool = False) -> tuple[float, float]:
+def fused_step_seconds(exp: Experiment, batch_size: int, calls: int = 51) -> float:
+    """Median seconds of one fused whole-model step on a ``batch_size`` batch, each call
+    waited for: what sync's stand-in loop runs per step (the calibration times each stage's
+    kernels apart, which on a CPU charges a launch per kernel that the fused step does not pay)."""
+    fused = _fused_step(exp.kernels)
+    v = exp.variables
+    ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
+    x, y = next(exp.train_stream(batch_size))
+    x, y = jax.device_put(x), jax.device_put(y)
+    seconds = []
+    for i in range(calls + 5):  # five warm-up calls
+        start = time.perf_counter()
+        jax.block_until_ready(fused(ts, x, y))
+        if i >= 5:
+            seconds.append(time.perf_counter() - start)
+    return float(np.median(seconds))
+
+
+def scaled(timing: TimingModel, factor: float) -> TimingModel:
+    """``timing`` with every kernel ``factor`` times as long."""
+    return dataclasses.replace(
+        timing,
+        forward=tuple(t * factor for t in timing.forward),
+        backward=tuple(t * factor for t in timing.backward),
+        update=tuple(t * factor for t in timing.update),
+        loss=timing.loss * factor,
+    )
+
+
+def simulated(exp: Experiment, devices: int, stand_in: float | None = None) -> tuple[float, float]:
     """Virtual seconds to ``TARGET`` predicted by the simulator for the same config, and its
     mean staleness; its replicas share ``devices`` simulated devices.
 
-    ``stand_in``: predict sync's measured stand-in loop (``sync_with_delays``): each of the
-    ``W`` simulated workers takes the fused global-batch step's calibrated time, and the
-    delays keep their seconds (``k`` per-worker steps), so the virtual clock runs what the
-    loop runs.
+    ``stand_in``: predict sync's measured stand-in loop (``sync_with_delays``), whose step
+    takes ``stand_in`` seconds (``fused_step_seconds`` of the global batch): each of the
+    ``W`` simulated workers' steps is scaled to it, and the delays keep their seconds (``k``
+    per-worker steps), so the virtual clock runs what the loop runs.
     """
     sim = exp.with_config(simulate=True, devices=devices)
     timing = exp.calibration(DELAY_BATCH).timing
-    if stand_in:
-        fused = exp.calibration(exp.config.batch_size).timing
-        sim = sim.with_config(delay_mean=exp.config.delay_mean * timing.step_compute_time() / fused.step_compute_time())
-        timing = fused
+    if stand_in is not None:
+        step = timing.step_compute_time()
+        sim = sim.with_config(delay_mean=exp.config.delay_mean * step / stand_in)
+        timing = scaled(timing, stand_in / step)
     metrics = _metrics(sim)
     extra = run_simulated(sim, metrics, timing=timing).extra
     return extra["virtual_time_to_target"] or math.inf, mean_staleness(extra["staleness"])
@@ -303,10 +332,13 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
         real = sync_with_delays if name == "sync" else runtime_with_delays
         real(warm_up)
         # The runtime's layout of sync is its stand-in loop; one device per worker is real sync.
+        stand_in = fused_step_seconds(base, DELAY_BATCH * WORKERS) if name == "sync" else None
         runners = {
             "measured": real,
             "simulated": functools.partial(
-                simulated, devices=WORKERS if name == "sync" else warm_up.layout.devices, stand_in=name == "sync"
+                simulated,
+                devices=WORKERS if name == "sync" else warm_up.layout.devices,
+                stand_in=stand_in,
             ),
             "simulated_per_worker": functools.partial(simulated, devices=WORKERS),
         }
@@ -321,6 +353,7 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
         out[name] = {
             "lr": config["lr"],
             "runtime_devices": warm_up.layout.devices,
+            "stand_in_step_s": stand_in,
             **{f"{kind}_s": [t for t, _ in r] for kind, r in runs.items()},
             **{f"{kind}_staleness": float(np.mean([tau for _, tau in r])) for kind, r in runs.items()},
         }

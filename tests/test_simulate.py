@@ -526,3 +526,43 @@ def test_placement_is_one_rule_for_the_simulator_and_the_runtime():
     s = RuntimeSettings(algo="pdasgd", devices=devices, groups=7)
     assert [s.device(g) for g in range(7)] == [devices[p.group_device(g)] for g in range(7)]
     assert s.home_devices(5) == tuple(devices[p.stage_home(m)] for m in range(5))
+
+
+@pytest.mark.parametrize("algo", ["pdasgd", "asgd"])
+def test_draining_at_evaluations_starts_no_job_past_one_before_every_earlier_job_is_done(algo):
+    """What the threaded runtime does at each evaluation, so that the simulator can predict it."""
+    config = Config(
+        algo=algo,
+        simulate=True,
+        replicas=2,
+        batch_size=16,
+        epochs=0.25,
+        eval_every=64,
+        delay_model="exponential",
+        delay_mean=1.0,
+        progress=False,
+    ).validate()
+    exp = Experiment.from_config(config)
+    runs = {}
+    for drain in (False, True):
+        metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=64, progress=False)
+        log = EventLog()
+        runs[drain] = run_simulated(exp, metrics, timing=TIMING, log=log, drain_at_evaluations=drain), log.events
+    overlapping = 0
+    for drain, (result, events) in runs.items():
+        first_read = {}
+        last_write = {}
+        for e in events:
+            if e.kind == "forward":
+                first_read.setdefault(e.job, e.time)
+            if e.kind == "update":
+                last_write[e.job] = max(last_write.get(e.job, 0.0), e.time)
+        for pause in range(4, result.step, 4):  # 64 examples = 4 jobs of 16
+            before = max(last_write[j] for j in range(pause))
+            after = min(first_read[j] for j in range(pause, result.step))
+            if drain:
+                assert after >= before, (pause, before, after)
+            else:
+                overlapping += after < before
+    assert overlapping > 0  # without draining, jobs do run across the evaluation points
+    assert runs[True][0].extra["virtual_time"] > runs[False][0].extra["virtual_time"]

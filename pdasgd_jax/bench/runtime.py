@@ -297,14 +297,16 @@ def scaled(timing: TimingModel, factor: float) -> TimingModel:
     )
 
 
-def simulated(exp: Experiment, devices: int, stand_in: float | None = None) -> tuple[float, float]:
+def simulated(exp: Experiment, devices: int, stand_in: float | None = None, drain: bool = False) -> tuple[float, float]:
     """Virtual seconds to ``TARGET`` predicted by the simulator for the same config, and its
     mean staleness; its replicas share ``devices`` simulated devices.
 
     ``stand_in``: predict sync's measured stand-in loop (``sync_with_delays``), whose step
     takes ``stand_in`` seconds (``fused_step_seconds`` of the global batch): each of the
     ``W`` simulated workers' steps is scaled to it, and the delays keep their seconds (``k``
-    per-worker steps), so the virtual clock runs what the loop runs.
+    per-worker steps), so the virtual clock runs what the loop runs. ``drain``: the
+    asynchronous workers pause at every evaluation until the jobs before it are done, as
+    the runtime's do.
     """
     sim = exp.with_config(simulate=True, devices=devices)
     timing = exp.calibration(DELAY_BATCH).timing
@@ -313,7 +315,7 @@ def simulated(exp: Experiment, devices: int, stand_in: float | None = None) -> t
         sim = sim.with_config(delay_mean=exp.config.delay_mean * step / stand_in)
         timing = scaled(timing, stand_in / step)
     metrics = _metrics(sim)
-    extra = run_simulated(sim, metrics, timing=timing).extra
+    extra = run_simulated(sim, metrics, timing=timing, drain_at_evaluations=drain).extra
     return extra["virtual_time_to_target"] or math.inf, mean_staleness(extra["staleness"])
 
 
@@ -339,6 +341,7 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
                 simulated,
                 devices=WORKERS if name == "sync" else warm_up.layout.devices,
                 stand_in=stand_in,
+                drain=name != "sync",
             ),
             "simulated_per_worker": functools.partial(simulated, devices=WORKERS),
         }
@@ -474,8 +477,9 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
         f"{DELAY_BATCH * WORKERS}), real Exp(k x step compute) sleeps per worker per job (sync: the max of "
         f"{WORKERS} draws per step); wall seconds, mean ± std over {len(seeds)} seed(s); simulated: the "
         f"simulator's virtual seconds for the same configs with the runtime's layout (its worker groups "
-        f"on min(groups, {len(all_devices)}) device(s); sync: its stand-in loop); per worker: {WORKERS} "
-        "devices (sync: real sync); speedups: mean of per-seed ratios."
+        f"on min(groups, {len(all_devices)}) device(s), draining at every evaluation as the runtime does; "
+        f"sync: its stand-in loop, from its timed fused step); per worker: {WORKERS} devices, no drain "
+        "(sync: real sync); speedups: mean of per-seed ratios."
     )
     table = "\n\n".join(
         [

@@ -122,7 +122,7 @@ def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
     """Hogwild!-style worker: read all stages, full gradient, apply, repeat."""
     rng = sim.delay_rng(name)
     compute = sim.forward_compute(device) + sim.backward_compute(device)
-    while (job := sim.next_job(name)) is not None:
+    while (job := (yield from sim.take_job(name))) is not None:
         yield from gradient_program(sim, job, device, name)
         yield from _push_all(sim, job, sim.costs[device.index].transfer, name)
         sim.job_done(job)
@@ -156,7 +156,7 @@ def forward_worker(sim: Simulation, device: Device, name: str, channel: Channel)
     """PD-ASGD forward worker: forward a batch, hand the job to the backward workers."""
     rng = sim.delay_rng(name)
     compute = sim.forward_compute(device)
-    while (job := sim.next_job(name)) is not None:
+    while (job := (yield from sim.take_job(name))) is not None:
         yield from forward_pass(sim, job, device, name)
         yield Put(channel, job)
         yield sim.idle(rng, compute)

@@ -56,6 +56,7 @@ def run_simulated(
     *,
     timing: TimingModel | None = None,
     log: EventLog | None = None,
+    drain_at_evaluations: bool = False,
 ) -> RunResult:
     """Runs ``exp.config.algo`` on the virtual clock with the real kernels.
 
@@ -107,7 +108,7 @@ def run_simulated(
         result, now, utilisation, staleness = run_lpp(exp, metrics, checkpointer, timing, delay, devices, workers)
     else:
         result, now, utilisation, staleness = _run_asynchronous(
-            exp, metrics, checkpointer, timing, delay, workers, devices, log
+            exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
         )
     target = config.target_accuracy
     result.extra.update(
@@ -135,6 +136,7 @@ def _run_asynchronous(
     workers: int,
     devices: int,
     log: EventLog | None,
+    drain_at_evaluations: bool = False,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """ASGD or PD-ASGD on the virtual clock; saved whenever ``checkpointer`` says a checkpoint is due.
 
@@ -158,6 +160,7 @@ def _run_asynchronous(
         seed=config.seed,
     )
     done, finished_at = 0, 0.0
+    max_jobs = num_jobs(exp.total_examples, config.batch_size)
 
     def on_job_done(job: Job) -> None:
         nonlocal done, finished_at
@@ -188,10 +191,11 @@ def _run_asynchronous(
         delay,
         seed=config.seed,
         batches=exp.train_stream(config.batch_size),
-        max_jobs=num_jobs(exp.total_examples, config.batch_size),
+        max_jobs=max_jobs,
         num_devices=devices,
         groups=workers,
         on_job_done=on_job_done,
+        drain_at=_evaluation_jobs(metrics, config.batch_size, max_jobs) if drain_at_evaluations else (),
     )
     if config.algo == "asgd":
         policies.spawn_asgd(sim)
@@ -216,3 +220,9 @@ def _run_asynchronous(
     )
     result = RunResult(params, states, done, examples, {"jobs_started": sim.started})
     return result, now, utilisation, executor.staleness
+
+
+def _evaluation_jobs(metrics: MetricsLog, batch_size: int, max_jobs: int) -> list[int]:
+    """The job counts at which ``metrics`` evaluates (the runtime's pauses: ``Runtime._next_pause``)."""
+    first, every = metrics.next_eval, metrics.eval_every
+    return sorted({math.ceil(e / batch_size) for e in range(first, max_jobs * batch_size + 1, every)})

@@ -293,6 +293,11 @@ class Scheduler:
             fn(*args)
         return self.now
 
+    def wake_all(self, channel: Channel) -> None:
+        """Wakes every process blocked on a ``Get`` of ``channel`` (each gets None)."""
+        while channel.getters:
+            self._wake(channel.getters.popleft())
+
     def _wake(self, proc: Process, value: Any = None) -> None:
         self.call(END, self.resume, proc, value)
 

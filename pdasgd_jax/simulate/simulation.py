@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -12,7 +12,7 @@ from pdasgd_jax.delays import DelayModel, TimingModel, rng_for, tree_nbytes
 from pdasgd_jax.executor import Job, StageExecutor
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.placement import Placement
-from pdasgd_jax.simulate.scheduler import Channel, Device, Scheduler, Sleep, mutex
+from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Scheduler, Sleep, Worker, mutex
 
 
 class DeviceCosts(NamedTuple):
@@ -48,6 +48,8 @@ class Simulation:
       num_devices: simulated devices; ``self.placement`` (the runtime's rule) puts groups
         and stage homes on them.
       on_job_done: called with each job once all its updates are applied.
+      drain_at: job counts where no job starts until every started one is done (the
+        threaded runtime's pauses at evaluations; see ``take_job``).
       groups: worker groups (ASGD workers, PD-ASGD replicas; default: one per device).
         Groups beyond the device count queue for a shared device.
       on_update: called with an ``UpdateSpan`` as each update is applied (tests, tracing).
@@ -77,6 +79,7 @@ class Simulation:
         on_job_done: Callable[[Job], None],
         groups: int | None = None,
         on_update: Callable[[UpdateSpan], None] | None = None,
+        drain_at: Iterable[int] = (),
     ):
         self.placement = Placement(num_devices, groups or num_devices, executor.store.num_stages)
         self.placement.validate()
@@ -103,6 +106,10 @@ class Simulation:
         self.in_flight: dict[int, Job] = {}
         self._batches = batches
         self._on_job_done = on_job_done
+        # Job counts where the run drains, as the threaded runtime does at each evaluation.
+        self._drains = iter(sorted(drain_at))
+        self._drain = next(self._drains, None)
+        self._drained = Channel(1)  # workers waiting for a drain to end (its getters)
         # Bytes of each stage's parameters: what a remote read pulls and a remote update pushes.
         self._stage_bytes = [tree_nbytes(executor.store.read_params(m).value[0]) for m in range(self.num_stages)]
         self.costs = [self._device_costs(device) for device in self.devices]
@@ -115,6 +122,17 @@ class Simulation:
             tuple(t.backward_time(m, d, live=self.executor.live) for m in stages),
             tuple(self.transfer_time(m, device) for m in stages),
         )
+
+    def take_job(self, worker: str) -> Worker:
+        """``next_job`` once the run is not draining (a generator: ``job = yield from ...``).
+
+        At a drain point (``drain_at``) no job starts until every started one is done: the
+        threaded runtime's pause at an evaluation or checkpoint, where its data feed stops
+        until the jobs before it have finished.
+        """
+        while self._drain is not None and self.started >= self._drain and self.in_flight:
+            yield Get(self._drained)
+        return self.next_job(worker)
 
     def next_job(self, worker: str) -> Job | None:
         """Starts a job on the next batch of the stream, or None once the budget is spent."""
@@ -129,6 +147,10 @@ class Simulation:
     def job_done(self, job: Job) -> None:
         del self.in_flight[job.id]
         self._on_job_done(job)
+        if self._drain is not None and self.started >= self._drain and not self.in_flight:
+            while self._drain is not None and self._drain <= self.started:
+                self._drain = next(self._drains, None)
+            self.scheduler.wake_all(self._drained)
 
     def transfer_time(self, m: int, device: Device) -> float:
         """Moving stage ``m``'s parameters (or gradient) between ``device`` and its home device."""

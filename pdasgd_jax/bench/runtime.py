@@ -11,8 +11,10 @@ Digits with the MLP. Two measurements:
   sequential loops in two threads: what two threads get at all here (the GIL and two
   cores), the ceiling for PD-ASGD's two-thread F = 1, B = 1 layout; the F = 1, B = 1
   layout with its host threads left unpinned (``host_cpus="off"``; the runtime pins them
-  to one core by default, see ``pdasgd_jax.affinity``); and the sequential loop pinned to
-  that core, to show that pinning alone does not speed up a single thread.
+  to one core by default, see ``pdasgd_jax.affinity``); the sequential loop pinned to
+  that core, to show that pinning alone does not speed up a single thread; and plain SGD
+  with the fused whole-model step (one program per batch), the fastest single-device loop:
+  what the per-stage operations cost in extra launches.
 * **time to target**: wall seconds until the test accuracy reaches ``TARGET`` with real
   injected delays ``Exp(mean = k x one step's calibrated compute)`` (``time.sleep``), for
   PD-ASGD (``W`` replicas of F=1, B=2) and ASGD (``W`` workers), each worker drawing one
@@ -83,6 +85,7 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
 # The reference rows (see ``two_thread_loops`` and ``sequential_loop``).
 TWO_LOOPS = "2 threads, independent sequential loops"
 PINNED_LOOP = "sequential loop on the runtime's host core"
+FUSED_LOOP = "fused SGD step loop (one program per batch)"
 ASYNCHRONOUS = tuple(name for name in ALGORITHMS if name != "sync")
 # (name, settings overrides); "sequential" is the baseline.
 LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -165,6 +168,21 @@ def two_thread_loops(exp: Experiment, device: jax.Device, batch_size: int, num_b
     return time.perf_counter() - start
 
 
+def fused_loop(exp: Experiment, device: jax.Device, batch_size: int, num_batches: int) -> float:
+    """Seconds of plain SGD with the fused whole-model step (one program per batch) on
+    ``device``, same data stream, from the first batch to the parameters ready: the fastest
+    single-device loop, the reference the per-stage ones pay their extra launches against."""
+    fused = _fused_step(exp.kernels)
+    v = exp.variables
+    ts = jax.device_put(TrainState(v.params, v.states, init_opt_states(exp.tx, v.params)), device)
+    batches = [jax.device_put(b, device) for _, b in zip(range(num_batches), exp.train_stream(batch_size))]
+    start = time.perf_counter()
+    for x, y in batches:
+        ts, _ = fused(ts, x, y)
+    jax.block_until_ready(ts)
+    return time.perf_counter() - start
+
+
 def runtime_seconds(exp: Experiment, settings: RuntimeSettings) -> float:
     """Seconds of one runtime run, from starting the threads to the last job done (no evaluation)."""
     rt = Runtime(exp, settings)
@@ -185,6 +203,7 @@ def throughput(
     runs: dict[str, Callable[[int], float]] = {
         "sequential": lambda n: sequential_loop(exp, devices[0], batch_size, n),
         TWO_LOOPS: lambda n: two_thread_loops(exp, devices[0], batch_size, n),
+        FUSED_LOOP: lambda n: fused_loop(exp, devices[0], batch_size, n),
     }
     if host_core is not None:
         runs[PINNED_LOOP] = lambda n: sequential_loop(exp, devices[0], batch_size, n, cpus=host_core)

@@ -1,0 +1,51 @@
+"""The ``delays`` benchmark on a part of its grid, one cell at a time.
+
+``python -m pdasgd_jax bench delays`` runs every cell (W in {4, 16, 64}, k, straggler) and
+writes its table at the end; on a 2-core machine the faithful clock makes that a matter of
+hours (runs that miss the target use the whole budget). This script runs the cells of the
+given device counts with the same protocol (``pdasgd_jax.bench.delays.grid``), appending
+each finished cell to ``OUT/delays-subgrid.jsonl`` and its table row to
+``OUT/delays-subgrid.md`` as it goes, so a partial run still reports what it measured.
+
+Usage::
+
+    python scripts/delays_subgrid.py --workers 4 --out bench_out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from pdasgd_jax.bench import delays
+from pdasgd_jax.compare import markdown_table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[4], choices=delays.WORKERS)
+    parser.add_argument("--out", default="bench_out")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    jsonl, md = (os.path.join(args.out, f"delays-subgrid.{ext}") for ext in ("jsonl", "md"))
+    rows = []
+    for workers in args.workers:
+        for straggler in (False, True):
+            for k in delays.DELAY_FACTORS:
+                results, [row] = delays.grid([(workers, k, straggler)], quick=False)
+                with open(jsonl, "a") as f:
+                    f.write(json.dumps(results) + "\n")
+                rows.append(row)
+                with open(md, "w") as f:
+                    f.write(
+                        delays.header("delays (subgrid)", results)
+                        + "\n\n"
+                        + markdown_table(rows, delays.COLUMNS)
+                        + "\n"
+                    )
+                print(markdown_table([row], delays.COLUMNS).splitlines()[-1], flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,13 +1,15 @@
 """Probes the learning-rate grid edges of the ``delays`` benchmark's hardest cell.
 
 At ``W = 64`` devices, ``k = 0`` (no injected delay, free communication, no straggler),
-``bench delays`` picks sync's largest grid rate (0.8) and PD-ASGD's smallest (0.00078).
+``bench delays`` picked sync's largest grid rate (0.8) and PD-ASGD's smallest (0.00078) on
+the old clock (the grid now widens itself at its edges; this probe stays for checking a
+cell by hand).
 This script runs, on seed 0 and the same protocol (``pdasgd_jax.bench.delays``), PD-ASGD
 on a finer grid around its best rate and sync above its grid, to check that a wider grid
 would not change the cell's verdict. Prints one line per run: virtual milliseconds to
 the target accuracy (``inf``: never reached or diverged).
 
-    python scripts/delays_grid_edges.py     # about 20 seconds on two CPU cores
+    python scripts/delays_grid_edges.py     # about 20 seconds on two CPU cores (old clock)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def main() -> None:
     print(f"delays cell W={WORKERS}, k={K:g}, no straggler, seed {SEED}: virtual ms to test accuracy {delays.TARGET}")
     for algo, rates in RATES.items():
         for lr in rates:
-            t = delays.time_to_target(algo, WORKERS, K, False, lr, SEED, delays.EPOCHS)
+            t = delays.time_to_target(algo, WORKERS, K, False, lr, SEED, delays.EPOCHS).time
             print(f"{algo:7s} lr {lr:<9g} {t * 1e3 if math.isfinite(t) else math.inf:.2f} ms", flush=True)
 
 

@@ -19,13 +19,14 @@ from pdasgd_jax.reporting import write_json_atomic
 # project is developed on (the durations BENCHMARKS.md records next to each command).
 BENCHMARKS: dict[str, str] = {
     "parity": "final test accuracy of every algorithm at an equal example budget, digits and mnist1d, "
-    "3 seeds (about 10 minutes)",
+    "3 seeds (about 19 minutes)",
     "delays": "virtual time to 90 % test accuracy under injected delays, W in {4, 16, 64}, speedups over sync "
-    "and ASGD (about 25 minutes)",
-    "delays-network": "the delays protocol with communication priced as a 10 GbE-class network (about 8 minutes)",
+    "and the best asynchronous baseline (hours on two CPU cores; scripts/delays_subgrid.py runs part of the "
+    "grid, one cell at a time)",
+    "delays-network": "the delays protocol with communication priced as a 10 GbE-class network (about 30 minutes)",
     "sim-speed": "the simulator's examples/s against a plain jitted SGD loop (about 20 seconds)",
     "runtime": "the threaded runtime against a sequential loop and sync under real injected delays, and the "
-    "simulator's prediction of both (about 1.5 minutes)",
+    "simulator's prediction of both (about 2 minutes)",
     "overlap": "whether DaSGD hides its all-reduce: round times with and without averaging, on the virtual "
     "clock and on this machine's devices",
     "mfu": "achieved FLOP/s and model FLOPs utilisation per algorithm, ResNet-18 on CIFAR-shaped data "

@@ -8,7 +8,7 @@ per device, ASGD with ``F + B = 3`` workers per device (the same threads per dev
 PD-ASGD) and LPP-SGD (the paper's comparator: 3 Hogwild! threads on a per-device replica,
 replicas averaged in place every ``H = 4`` updates). Every worker draws an idle delay
 ``Exp(mean = k x one step's compute)`` per job (sync: per step, and the step waits for the
-slowest worker); optionally device 0 is a straggler, 3x slower. The per-worker batch is the
+slowest worker); optionally the last device is a straggler, 3x slower. The per-worker batch is the
 same for all (sync's global batch is ``W`` times it).
 
 DaSGD: ``W`` workers of one device each, averaging every ``H = 4`` steps and merging

@@ -165,7 +165,7 @@ def test_a_simulated_run_with_staleness_aware_updates_differs_only_in_its_values
 
 @pytest.mark.parametrize("rule", ["staleness-aware", "delay-compensated"])
 def test_a_staleness_rule_on_a_synchronous_algorithm_is_refused(rule):
-    with pytest.raises(ValueError, match=r"--staleness-rule .* asgd, pdasgd, pdasgd-block, not to sgd"):
+    with pytest.raises(ValueError, match=r"--staleness-rule .* asgd, pdasgd, pdasgd-block, lpp, not to sgd"):
         Config(algo="sgd", staleness_rule=rule).validate()
     with pytest.raises(ValueError, match="--dc-lambda -1"):
         Config(algo="asgd", staleness_rule="delay-compensated", dc_lambda=-1.0).validate()

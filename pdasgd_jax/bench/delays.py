@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pdasgd_jax import compare
 from pdasgd_jax.bench import json_ready
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
@@ -150,11 +151,10 @@ def time_to_target(
     )
 
 
-def mean_staleness(summary: dict[str, Any]) -> float:
-    """Mean staleness over every update of every stage (``StalenessStats.summary()``)."""
-    counts = [sum(stage["histogram"]) for stage in summary["per_stage"]]
-    total = sum(counts)
-    return sum(stage["mean"] * n for stage, n in zip(summary["per_stage"], counts)) / total if total else 0.0
+def mean_staleness(staleness: dict[str, Any]) -> float:
+    """Mean staleness over every update of every stage of a ``StalenessStats.summary()``
+    (0 with no update)."""
+    return compare.mean_staleness({"staleness": staleness}) or 0.0
 
 
 def tune(evaluate: Any, lrs: tuple[float, ...], max_widenings: int = MAX_WIDENINGS) -> dict[str, Any]:

@@ -53,6 +53,7 @@ import numpy as np
 
 from pdasgd_jax import affinity
 from pdasgd_jax.bench import interleaved_seconds, json_ready, rate_summary
+from pdasgd_jax.bench.delays import mean_staleness
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
@@ -269,13 +270,6 @@ def sync_with_delays(exp: Experiment) -> tuple[float, float]:
     ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
     run_synchronous_loop(exp, metrics, None, step, ts, jax.device_put, jax.device_put, config.batch_size)
     return _first_reaching(metrics, "wall_time"), 0.0
-
-
-def mean_staleness(summary: dict[str, Any]) -> float:
-    """Mean staleness over every update of every stage (``StalenessStats.summary()``)."""
-    counts = [sum(stage["histogram"]) for stage in summary["per_stage"]]
-    total = sum(counts)
-    return sum(stage["mean"] * n for stage, n in zip(summary["per_stage"], counts)) / total if total else 0.0
 
 
 def runtime_with_delays(exp: Experiment) -> tuple[float, float]:

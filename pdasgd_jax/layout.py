@@ -42,8 +42,19 @@ def resolve(config: Config, available: int) -> Layout:
 
     Raises:
       ConfigError: the flags ask for more devices than there are, replicas that leave a device
-        idle or cannot be spread evenly, or a count the algorithm does not take.
+        idle or cannot be spread evenly, a count the algorithm does not take, or
+        ``--straggler-devices`` that leave no device at full speed.
     """
+    layout = _resolve(config, available)
+    if config.straggler_devices >= layout.devices:
+        raise ConfigError(
+            f"--straggler-devices {config.straggler_devices} must be below the run's {layout.devices} "
+            f"device(s): at least one device runs at full speed"
+        )
+    return layout
+
+
+def _resolve(config: Config, available: int) -> Layout:
     algo, d, r = config.algo, config.devices, config.replicas
     if algo == "sgd":
         if d > 1 or r > 1:

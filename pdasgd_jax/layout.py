@@ -15,6 +15,8 @@ One rule per algorithm, resolved once per experiment, before any work:
   spread them evenly (``R`` a multiple of ``D``: lpp runs ``R / D`` threads per device
   replica), refusing rather than silently running on fewer.
 
+``--straggler-devices N`` must leave a device at full speed: ``N < D``.
+
 Example::
 
     layout = resolve(Config(algo="pdasgd", replicas=16), available=8)  # Layout(devices=8, replicas=16)

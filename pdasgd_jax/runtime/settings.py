@@ -52,7 +52,8 @@ class RuntimeSettings:
       device_factors: persistent slow-down of ``devices[d]`` (``--straggler-devices``:
         ``delays.straggler_factors``; a device past the end of the tuple has factor 1). A
         worker on a device of factor ``F`` sleeps ``(F - 1)`` times the measured duration of
-        each job's compute right after it, so each of its jobs takes ``F`` times as long.
+        each job's compute right after it, so each of its jobs takes ``F`` times as long
+        (not its first, which compiles: see ``runtime.workers``).
       seed: seed of the delay streams.
       period: ``lpp``: H, updates a device applies to its replica between its snapshots.
       record_events: keep an ``EventLog`` (for replay and tests; costs memory per event).

@@ -105,7 +105,17 @@ class Config:
     delay_mean: float = _field(0.0, "mean injected delay, in multiples of one step's compute (>= 0)", group="delays")
     delay_sigma: float = _field(1.0, "lognormal shape sigma (> 0)", group="delays")
     straggler_prob: float = _field(0.1, "straggler: probability an operation is slow, in [0, 1]", group="delays")
-    straggler_factor: float = _field(3.0, "straggler: slow-down factor (>= 1)", group="delays")
+    straggler_factor: float = _field(
+        3.0,
+        "slow-down factor (>= 1) of --delay-model straggler's slow operations and of the --straggler-devices",
+        group="delays",
+    )
+    straggler_devices: int = _field(
+        0,
+        "persistent stragglers: the last N devices run every operation --straggler-factor times slower, "
+        "whatever the delay model (0 <= N < devices; --simulate, or the threaded asgd, pdasgd, pdasgd-block, lpp)",
+        group="delays",
+    )
     comm_latency: float = _field(
         0.0, "simulator: latency alpha of one message or all-reduce, seconds (>= 0)", group="delays"
     )
@@ -208,6 +218,28 @@ class Config:
             raise ValueError(f"--straggler-prob {self.straggler_prob} is outside [0, 1]")
         if not self.straggler_factor >= 1:
             raise ValueError(f"--straggler-factor {self.straggler_factor} must be >= 1")
+        # --straggler-devices against the algorithm and delay model (layout.resolve checks it
+        # against the run's device count, which only it knows).
+        n = self.straggler_devices
+        if not (isinstance(n, int) and n >= 0):
+            raise ValueError(f"--straggler-devices {n!r} must be an integer >= 0")
+        if n and self.delay_model == "straggler":
+            raise ValueError(
+                f"--straggler-devices {n} and --delay-model straggler would both apply --straggler-factor "
+                f"(F x F on a straggling device's slow operations); pick one, or combine --straggler-devices "
+                f"with another delay model"
+            )
+        if n and self.algo == "sgd":
+            raise ValueError(
+                f"--straggler-devices {n} needs a run over several devices; --algo sgd runs on one "
+                f"(use --algo sync or an asynchronous algorithm)"
+            )
+        if n and not self.simulate and self.algo not in ASYNCHRONOUS:
+            raise ValueError(
+                f"--straggler-devices {n} needs --simulate for --algo {self.algo}: its real steps run on every "
+                f"device in lockstep, so a straggler only slows every step; the threaded runtime takes it for "
+                f"{', '.join(ASYNCHRONOUS)}"
+            )
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"--target-accuracy {self.target_accuracy} is outside (0, 1]")
         if self.delay_steps is not None:

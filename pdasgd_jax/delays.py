@@ -7,6 +7,8 @@
   the simulator frees the device during it and the real runtime sleeps through it.
 * ``CommModel`` and ``TimingModel``: how long each per-stage kernel, all-reduce and
   parameter transfer takes, per worker, and how concurrent kernels share a device.
+* ``straggler_factors`` and ``with_stragglers``: ``--straggler-devices``, the last devices
+  persistently slower, whatever the delay model.
 * ``from_flops`` and ``stage_forward_flops``: costs from FLOP counts (``pdasgd_jax.calibration``
   measures them instead).
 * ``rng_for``: one independent random stream per (seed, purpose, worker), so that the same
@@ -207,7 +209,8 @@ class TimingModel:
       update: per-stage optimizer step cost.
       loss: cost of the loss and its gradient with respect to the logits.
       worker_factors: slow-down factor of worker ``w`` (``3.0``: three times slower); a
-        worker past the end of the tuple has factor 1, so ``(3.0,)`` is one straggler.
+        worker past the end of the tuple has factor 1, so ``(3.0,)`` is one straggler
+        (``with_stragglers`` makes the last devices slow, as ``--straggler-devices`` does).
         The asynchronous simulator applies factor ``d`` to everything on device ``d``
         (all of a PD-ASGD replica's workers; with fewer ``--devices`` than ``--replicas``, every replica there).
       comm: all-reduce and transfer costs.
@@ -301,6 +304,37 @@ class TimingModel:
         comm = d["comm"]
         beta = math.inf if comm["beta"] is None else comm["beta"]
         return cls(**{**d, "comm": CommModel(comm["alpha"], beta)})
+
+
+def straggler_factors(num_devices: int, stragglers: int, factor: float) -> tuple[float, ...]:
+    """Speed factors of ``num_devices`` devices whose last ``stragglers`` are ``factor`` times slower.
+
+    ``--straggler-devices N --straggler-factor F``, one rule for the simulator (``with_stragglers``)
+    and the threaded runtime (``RuntimeSettings.device_factors``). The *last* devices straggle:
+    stage homes and worker groups go round-robin from device 0 (``pdasgd_jax.placement``), so
+    with more devices than stages no straggler is a stage's home and the straggler slows its
+    own workers' compute, not every update of a stage.
+
+    Example::
+
+        straggler_factors(4, 1, 3.0)  # (1.0, 1.0, 1.0, 3.0)
+    """
+    _require(
+        0 <= stragglers < num_devices,
+        f"--straggler-devices {stragglers} must be in [0, {num_devices}): at least one of the "
+        f"{num_devices} device(s) runs at full speed",
+    )
+    _require(math.isfinite(factor) and factor >= 1, f"--straggler-factor {factor!r} must be >= 1")
+    return (1.0,) * (num_devices - stragglers) + (float(factor),) * stragglers
+
+
+def with_stragglers(timing: TimingModel, num_devices: int, stragglers: int, factor: float) -> TimingModel:
+    """``timing`` with the last ``stragglers`` of ``num_devices`` devices ``factor`` times slower
+    (``straggler_factors``), on top of its own ``worker_factors``; ``timing`` itself with none."""
+    factors = straggler_factors(num_devices, stragglers, factor)
+    if not stragglers:
+        return timing
+    return dataclasses.replace(timing, worker_factors=tuple(timing.worker_factor(d) * f for d, f in enumerate(factors)))
 
 
 def from_flops(

@@ -15,6 +15,8 @@ One rule per algorithm, resolved once per experiment, before any work:
   spread them evenly (``R`` a multiple of ``D``: lpp runs ``R / D`` threads per device
   replica), refusing rather than silently running on fewer.
 
+``--straggler-devices N`` must leave a device at full speed: ``N < D``.
+
 Example::
 
     layout = resolve(Config(algo="pdasgd", replicas=16), available=8)  # Layout(devices=8, replicas=16)
@@ -42,8 +44,19 @@ def resolve(config: Config, available: int) -> Layout:
 
     Raises:
       ConfigError: the flags ask for more devices than there are, replicas that leave a device
-        idle or cannot be spread evenly, or a count the algorithm does not take.
+        idle or cannot be spread evenly, a count the algorithm does not take, or
+        ``--straggler-devices`` that leave no device at full speed.
     """
+    layout = _resolve(config, available)
+    if config.straggler_devices >= layout.devices:
+        raise ConfigError(
+            f"--straggler-devices {config.straggler_devices} must be below the run's {layout.devices} "
+            f"device(s): at least one device runs at full speed"
+        )
+    return layout
+
+
+def _resolve(config: Config, available: int) -> Layout:
     algo, d, r = config.algo, config.devices, config.replicas
     if algo == "sgd":
         if d > 1 or r > 1:

@@ -8,7 +8,8 @@ per device, ASGD with ``F + B = 3`` workers per device (the same threads per dev
 PD-ASGD) and LPP-SGD (the paper's comparator: 3 Hogwild! threads on a per-device replica,
 replicas averaged in place every ``H = 4`` updates). Every worker draws an idle delay
 ``Exp(mean = k x one step's compute)`` per job (sync: per step, and the step waits for the
-slowest worker); optionally the last device is a straggler, 3x slower. The per-worker batch is the
+slowest worker); optionally the last device is a straggler, 3x slower (``--straggler-devices 1
+--straggler-factor 3``, which ``run_simulated`` applies). The per-worker batch is the
 same for all (sync's global batch is ``W`` times it).
 
 DaSGD: ``W`` workers of one device each, averaging every ``H = 4`` steps and merging
@@ -127,11 +128,12 @@ def time_to_target(
         eval_every=BATCH_SIZE,
         delay_model="exponential" if k else "none",
         delay_mean=k,
+        # --straggler-devices: the last device (no stage's home, W > M: it slows compute, not every update)
+        straggler_devices=int(straggler),
+        straggler_factor=STRAGGLER_FACTOR,
     )
     config = exp.config
     timing = dataclasses.replace(exp.calibration(BATCH_SIZE).timing, comm=comm)
-    if straggler:  # the last device: no stage's home (W > M), so it slows compute, not every update
-        timing = dataclasses.replace(timing, worker_factors=(1.0,) * (workers - 1) + (STRAGGLER_FACTOR,))
     metrics = MetricsLog(
         exp.evaluate,
         total_examples=exp.total_examples,

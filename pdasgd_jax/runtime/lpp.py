@@ -199,6 +199,7 @@ class LppRuntime(Runtime):
                     controls[d],  # the run's Control, booking finished jobs with the averager
                     s.delay,
                     rng_for(s.seed, "delay", name),
+                    slowdown=s.device_factor(d),
                     feed=feed_queue,
                 )
             )

@@ -114,7 +114,16 @@ class Runtime:
     def _add(self, cls: type[Worker], name: str, group: int, **kwargs: Any) -> None:
         s = self.settings
         self.workers.append(
-            cls(name, s.device(group), self.executor, self.control, s.delay, rng_for(s.seed, "delay", name), **kwargs)
+            cls(
+                name,
+                s.device(group),
+                self.executor,
+                self.control,
+                s.delay,
+                rng_for(s.seed, "delay", name),
+                slowdown=s.slowdown(group),
+                **kwargs,
+            )
         )
 
     @property

@@ -49,6 +49,11 @@ class RuntimeSettings:
         every worker draws one idle time per job it works on, after its part of the job,
         from its own stream ``delays.rng_for(seed, "delay", worker_name)``, with the
         simulator's worker names, so both draw the same random numbers for the same seed.
+      device_factors: persistent slow-down of ``devices[d]`` (``--straggler-devices``:
+        ``delays.straggler_factors``; a device past the end of the tuple has factor 1). A
+        worker on a device of factor ``F`` sleeps ``(F - 1)`` times the measured duration of
+        each job's compute right after it, so each of its jobs takes ``F`` times as long
+        (not its first, which compiles: see ``runtime.workers``).
       seed: seed of the delay streams.
       period: ``lpp``: H, updates a device applies to its replica between its snapshots.
       record_events: keep an ``EventLog`` (for replay and tests; costs memory per event).
@@ -67,6 +72,7 @@ class RuntimeSettings:
     batch_size: int = 32
     num_examples: int = 0
     delay: delays.DelayModel = NO_DELAY
+    device_factors: tuple[float, ...] = ()
     seed: int = 0
     period: int = 8
     record_events: bool = False
@@ -95,6 +101,11 @@ class RuntimeSettings:
                 )
             if self.record_events:
                 raise ValueError("lpp keeps no event log: its device replicas are separate stores")
+        if len(self.device_factors) > len(self.devices):
+            raise ValueError(f"{len(self.device_factors)} device factors for {len(self.devices)} devices")
+        for d, factor in enumerate(self.device_factors):
+            if not (math.isfinite(factor) and factor >= 1):
+                raise ValueError(f"device factor {factor!r} of device {d} must be >= 1")
         resolve_host_cpus(self.host_cpus)  # raises on cores this process may not use
 
     @property
@@ -117,6 +128,14 @@ class RuntimeSettings:
 
     def device(self, group: int) -> jax.Device:
         return self.devices[self.placement(1).group_device(group)]
+
+    def device_factor(self, device: int) -> float:
+        """The persistent slow-down of ``devices[device]`` (``device_factors``)."""
+        return self.device_factors[device] if device < len(self.device_factors) else 1.0
+
+    def slowdown(self, group: int) -> float:
+        """The persistent slow-down of ``group``'s device."""
+        return self.device_factor(self.placement(1).group_device(group))
 
     def home_devices(self, num_stages: int) -> tuple[jax.Device, ...]:
         placement = self.placement(num_stages)
@@ -146,6 +165,9 @@ class RuntimeSettings:
             batch_size=config.batch_size,
             num_examples=exp.total_examples,
             delay=delays.DelayModel.from_config(config, step_time),
+            device_factors=delays.straggler_factors(
+                exp.layout.devices, config.straggler_devices, config.straggler_factor
+            ),
             seed=config.seed,
             period=config.period,
             host_cpus=config.host_cpus,

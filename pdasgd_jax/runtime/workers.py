@@ -31,6 +31,15 @@ delays each job is settled right after its dispatch, before it is handed on or r
 so the sleep follows the compute and a handed-on job's forward is done, as in the
 simulator. ``WorkerStats.busy`` is the time from a job's dispatch to the moment its worker
 found its results ready on the device.
+
+A worker on a persistently straggling device (``--straggler-devices``, ``slowdown`` F > 1)
+settles each job at once too and then sleeps ``(F - 1)`` times its measured busy time
+before its injected delay, so every job of it takes F times as long; that sleep stands for
+the slow device computing and is booked as ``busy``. Its first job is not slowed: its busy
+time includes compiling the worker's programs, which is not device compute (F times a
+compilation would stall a short run). It slows the worker, not the device:
+other workers on the device may use it meanwhile (the simulator, whose devices run one
+kernel at a time by default, slows the device itself, stage updates homed there included).
 """
 
 from __future__ import annotations
@@ -110,6 +119,7 @@ class Worker:
       control: the run's shared lifecycle state.
       delay: injected idle time, one draw per job.
       rng: this worker's delay stream.
+      slowdown: its device's persistent slow-down factor F (>= 1; see the module docstring).
     """
 
     def __init__(
@@ -120,17 +130,22 @@ class Worker:
         control: Control,
         delay: DelayModel,
         rng: np.random.Generator,
+        slowdown: float = 1.0,
     ):
+        if not slowdown >= 1:
+            raise ValueError(f"slowdown {slowdown!r} of worker {name} must be >= 1")
         self.name = name
         self.device = device
         self.executor = executor
         self.control = control
         self.delay = delay
         self.rng = rng
+        self.slowdown = slowdown
         self.stats = WorkerStats()
-        self._delayed = injects_idle_time(delay)
+        self._delayed = injects_idle_time(delay) or slowdown > 1
         self._pending: Pending | None = None
         self._last_busy = 0.0
+        self._warm = False  # its first job compiled its programs (see the module docstring)
         self.thread = threading.Thread(target=self._run, name=f"pdasgd-{name}", daemon=True)
 
     def start(self) -> None:
@@ -183,12 +198,19 @@ class Worker:
             self._settle()
 
     def _rest(self) -> None:
-        """Sleeps the job's injected delay (none without delays)."""
-        if self._delayed:
-            idle = self.delay.idle_time(self.rng, self._last_busy)
+        """Sleeps the job's straggling time (booked busy) and its injected delay (none without either)."""
+        if not self._delayed:
+            return
+        if self.slowdown > 1 and self._warm:
             start = time.perf_counter()
-            self.control.sleep(idle)
-            self.stats.idle += time.perf_counter() - start
+            self.control.sleep(self._last_busy * (self.slowdown - 1.0))
+            self.stats.busy += time.perf_counter() - start
+        self._warm = True
+        # The delay sees the job's whole duration, as the simulator's sees the scaled compute.
+        idle = self.delay.idle_time(self.rng, self._last_busy * self.slowdown)
+        start = time.perf_counter()
+        self.control.sleep(idle)
+        self.stats.idle += time.perf_counter() - start
 
     def _wait(self, attempt: Callable[..., T], stat: str) -> T:
         """``attempt(block=False)``, or, where it would block, the pending job settled first

@@ -10,7 +10,7 @@ from typing import Any
 from pdasgd_jax import calibration
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import ASYNCHRONOUS, Config
-from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
+from pdasgd_jax.delays import CommModel, DelayModel, TimingModel, with_stragglers
 from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
@@ -73,7 +73,9 @@ def run_simulated(
       timing: the timing model; default: calibrated from the real kernels on this machine,
         with ``--comm-latency`` and ``--comm-bandwidth`` as its communication cost
         (machine-dependent: pass a fixed one, e.g. ``delays.from_flops``, for bitwise
-        reproducible runs across machines).
+        reproducible runs across machines). Either way ``--straggler-devices`` N makes the
+        last N simulated devices ``--straggler-factor`` times slower on top of it
+        (``delays.with_stragglers``; sync, local, dasgd: the last N workers).
       log: records the run's stage operations for ``executor.replay`` (asgd, pdasgd,
         pdasgd-block; lpp, with one store per device, keeps none).
 
@@ -96,6 +98,8 @@ def run_simulated(
         )
     if timing is None:
         timing = _run_timing(exp, checkpointer, worker_batch)
+    # Applied here, not saved in timing.json: a resumed run takes them from its config again.
+    timing = with_stragglers(timing, devices, config.straggler_devices, config.straggler_factor)
     delay = DelayModel.from_config(config, timing.step_compute_time())
     if config.algo in SYNCHRONOUS:
         ts, steps, examples, now, utilisation, staleness = run_sync(exp, metrics, checkpointer, timing, delay, workers)

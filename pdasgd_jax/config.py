@@ -23,6 +23,9 @@ ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block", "lpp")
 OPTIMIZERS = ("sgd", "momentum", "adamw")
 DELAY_MODELS = ("none", "constant", "uniform", "exponential", "lognormal", "straggler")
 BACKWARD_WEIGHTS = ("stashed", "live")
+REPLICATIONS = ("shared", "replicas")
+# What --replication replicas applies to (algorithms.md §3a), and where it runs so far.
+REPLICATED = ("asgd", "pdasgd", "pdasgd-block")
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
 MAX_SEED = 2**32 - 1  # seeds are NumPy SeedSequence entropy and JAX PRNG keys alike
 
@@ -84,6 +87,14 @@ class Config:
     backward_workers: int = _field(2, "PD-ASGD backward workers per replica (B)", group="async")
     queue: int = _field(0, "PD-ASGD queue capacity Q (0: Q = B)", group="async")
     backward_weights: str = _field("stashed", "weights the PD-ASGD backward uses", BACKWARD_WEIGHTS, group="async")
+    replication: str = _field(
+        "shared",
+        "asgd/pdasgd: shared (one store, each stage on a home device) or replicas (one store per "
+        "device, joined by DaSGD's delayed averaging every --period jobs, merged --delay-steps jobs later; "
+        "simulator only so far)",
+        REPLICATIONS,
+        group="async",
+    )
     staleness_rule: str = _field(
         "none",
         "rule applied to each asynchronous update with its staleness tau: none, "
@@ -246,9 +257,11 @@ class Config:
             _non_negative("delay-steps", self.delay_steps)
             if self.delay_steps > self.period:
                 raise ValueError(f"--delay-steps {self.delay_steps} exceeds --period {self.period}; need 0 <= d <= H")
+        if self.replication == "replicas":
+            _check_replicated(self)
         if self.algo == "local" and self.delay_steps:
             raise ValueError(f"--delay-steps {self.delay_steps} applies to --algo dasgd; local SGD has no delay")
-        if self.algo == "dasgd":
+        if self.algo == "dasgd" or self.replication == "replicas":
             from pdasgd_jax.optim import AveragingRule
 
             AveragingRule(self.period, self.averaging_delay, self.merge)  # raises on a schedule that cannot work
@@ -271,8 +284,9 @@ class Config:
 
     @property
     def averaging_delay(self) -> int:
-        """The d that ``local`` (0) or ``dasgd`` (``--delay-steps``, default ``H // 2``) merges its average after."""
-        if self.algo != "dasgd":
+        """The d that ``local`` (0), ``dasgd`` or a replicated asynchronous run (``--delay-steps``,
+        default ``H // 2``) merges its average after."""
+        if self.algo != "dasgd" and self.replication != "replicas":
             return 0
         return self.period // 2 if self.delay_steps is None else self.delay_steps
 
@@ -282,6 +296,22 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _check_replicated(config: Config) -> None:
+    """What ``--replication replicas`` supports so far (algorithms.md §3a)."""
+    if config.algo not in REPLICATED:
+        raise ValueError(
+            f"--replication replicas applies to --algo {', '.join(REPLICATED)}, not to {config.algo} "
+            "(local, dasgd and lpp keep a replica per device already)"
+        )
+    if not config.simulate:
+        raise ValueError("--replication replicas runs on the simulator only so far: add --simulate")
+    if config.outer_optimizer != "none":
+        raise ValueError(
+            f"--outer-optimizer {config.outer_optimizer} is not supported with --replication replicas yet; "
+            "use --outer-optimizer none"
+        )
 
 
 def _flag(name: str) -> str:

@@ -13,7 +13,7 @@ One rule per algorithm, resolved once per experiment, before any work:
   ``min(R, devices available)`` devices (the simulator: ``R``). Replicas share devices
   round-robin; none may be left without one (``R >= D``), and ``local``/``dasgd``/``lpp``
   spread them evenly (``R`` a multiple of ``D``: lpp runs ``R / D`` threads per device
-  replica), refusing rather than silently running on fewer.
+  replica; so does ``--replication replicas``), refusing rather than silently running on fewer.
 
 ``--straggler-devices N`` must leave a device at full speed: ``N < D``.
 
@@ -91,7 +91,7 @@ def _resolve(config: Config, available: int) -> Layout:
             f"the simulator gives each of the {replicas} local/dasgd replicas a device of its own; "
             f"drop --devices {devices} or set it to {replicas}"
         )
-    if algo in EVEN_SPREAD and replicas % devices:
+    if (algo in EVEN_SPREAD or config.replication == "replicas") and replicas % devices:
         raise ConfigError(
             f"--replicas {replicas} cannot be spread evenly over {devices} devices; use a multiple of "
             f"{devices} replicas or a --devices that divides {replicas}"

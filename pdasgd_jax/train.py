@@ -81,9 +81,10 @@ def train_and_evaluate(
     runner = select_runner(config)
     if config.out:
         rundir.check_out(config.out, resume=resume, overwrite=overwrite)
-    if resume and config.algo in NOT_RESUMABLE:
+    if resume and (config.algo in NOT_RESUMABLE or config.replication == "replicas"):
+        what = f"--algo {config.algo}" + (" --replication replicas" if config.replication == "replicas" else "")
         raise ConfigError(
-            f"--algo {config.algo} runs cannot be resumed yet (they write no checkpoints: every device "
+            f"{what} runs cannot be resumed yet (they write no checkpoints: every device "
             f"replica and an averaging round in flight would have to be saved); start the run over"
         )
     if resume and not (config.out and os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR))):

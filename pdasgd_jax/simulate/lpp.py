@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from pdasgd_jax import lpp
@@ -53,7 +54,7 @@ class DeviceSimulation(Simulation):
     Args:
       device: the device's index in the run (its speed factor ``timing.worker_factor(device)``).
       budget: the run's shared job count.
-      threads: T, the ASGD threads on this device.
+      groups: the worker groups on this device (LPP's T threads; PD-ASGD replicas).
       Everything else as ``Simulation``.
     """
 
@@ -65,14 +66,14 @@ class DeviceSimulation(Simulation):
         delay: DelayModel,
         *,
         device: int,
-        threads: int,
+        groups: int,
         budget: _Budget,
         **kwargs: Any,
     ):
         self.device_index = device
         self._budget = budget
         timing = dataclasses.replace(timing, worker_factors=(timing.worker_factor(device),))
-        super().__init__(scheduler, executor, timing, delay, num_devices=1, groups=threads, **kwargs)
+        super().__init__(scheduler, executor, timing, delay, num_devices=1, groups=groups, **kwargs)
 
     @property
     def started(self) -> int:  # the run's jobs, read and bumped by ``Simulation.next_job``
@@ -143,6 +144,57 @@ def run_lpp(
     """
     if checkpointer is not None and checkpointer.latest_step() is not None:
         raise ConfigError("--algo lpp cannot resume a run yet: its checkpoints would need every device replica")
+    allreduce_time = timing.comm.allreduce_time(tree_nbytes(exp.variables.params), devices)
+    averaging: list[Averaging] = []
+
+    def make_averaging(scheduler: Scheduler, sims: list[Simulation]) -> Averaging:
+        averaging.append(Averaging(scheduler, [sim.executor.store for sim in sims], exp.config.period, allreduce_time))
+        return averaging[0]
+
+    def spawn(sims: list[Simulation]) -> None:
+        for d, t in lpp.threads(devices, replicas):
+            name = lpp.worker_name(d, t)
+            sims[d].scheduler.spawn(name, policies.asgd_worker(sims[d], sims[d].devices[0], name))
+
+    result, now, utilisation, staleness = run_device_groups(
+        exp, metrics, timing, delay, devices=devices, replicas=replicas, make_averaging=make_averaging, spawn=spawn
+    )
+    rounds = averaging[0].rounds
+    result.extra.update(
+        {
+            "replicas": replicas,
+            "threads_per_device": replicas // devices,
+            "period": exp.config.period,
+            "averaging_rounds": rounds.finished,
+            "updates_per_device": list(rounds.counts),
+            "allreduce_time": allreduce_time,
+        }
+    )
+    return result, now, utilisation, staleness
+
+
+def run_device_groups(
+    exp: Experiment,
+    metrics: MetricsLog,
+    timing: TimingModel,
+    delay: DelayModel,
+    *,
+    devices: int,
+    replicas: int,
+    make_averaging: Callable[[Scheduler, list[Simulation]], Any],
+    spawn: Callable[[list[Simulation]], None],
+    backward_weights: str = "stashed",
+) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
+    """One store per device, averaged across devices: the clock, stores and data of LPP-SGD
+    and of replicated ASGD/PD-ASGD (``simulate/replicas.py``).
+
+    Builds a ``DeviceSimulation`` of its own store for each of ``devices`` devices
+    (``replicas / devices`` worker groups each; all share one clock, batch stream and
+    budget), ``make_averaging(scheduler, sims)`` (told ``applied(device)`` after each job's
+    updates have all landed), lets ``spawn(sims)`` start the workers and runs the clock.
+    Evaluations and the result use the mean of the device replicas. Returns
+    ``(RunResult, virtual_time, utilisation, staleness)`` with ``jobs_started`` in its extra.
+    """
     config = exp.config
     v = exp.variables
     scheduler = Scheduler()
@@ -150,8 +202,8 @@ def run_lpp(
         ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), exp.kernels.apply_update)
         for _ in range(devices)
     ]
-    averaging = Averaging(scheduler, stores, config.period, timing.comm.allreduce_time(tree_nbytes(v.params), devices))
     done, finished_at = 0, 0.0
+    averaging: Any = None
 
     def on_job_done(device: int, job: Job) -> None:
         nonlocal done, finished_at
@@ -167,10 +219,17 @@ def run_lpp(
 
     batches = exp.train_stream(config.batch_size)
     budget = _Budget()
-    sims = [
+    sims: list[Simulation] = [
         DeviceSimulation(
             scheduler,
-            StageExecutor(exp.kernels, store, clock=lambda: scheduler.now, fuse_jobs=True, seed=config.seed),
+            StageExecutor(
+                exp.kernels,
+                store,
+                clock=lambda: scheduler.now,
+                backward_weights=backward_weights,
+                fuse_jobs=True,
+                seed=config.seed,
+            ),
             timing,
             delay,
             seed=config.seed,
@@ -179,14 +238,12 @@ def run_lpp(
             on_job_done=functools.partial(on_job_done, d),
             device=d,
             budget=budget,
-            threads=replicas // devices,
+            groups=replicas // devices,
         )
         for d, store in enumerate(stores)
     ]
-    for d, t in lpp.threads(devices, replicas):
-        name = lpp.worker_name(d, t)
-        sim = sims[d]
-        scheduler.spawn(name, policies.asgd_worker(sim, sim.devices[0], name))
+    averaging = make_averaging(scheduler, sims)
+    spawn(sims)
     scheduler.run()
     now = finished_at  # the workers' idle time after the last update is not training time
     params, states = lpp.mean_variables(stores)
@@ -200,14 +257,5 @@ def run_lpp(
         params=params,
         states=states,
     )
-    extra = {
-        "jobs_started": budget.started,
-        "replicas": replicas,
-        "threads_per_device": replicas // devices,
-        "period": config.period,
-        "averaging_rounds": averaging.rounds.finished,
-        "updates_per_device": list(averaging.rounds.counts),
-        "allreduce_time": averaging.allreduce_time,
-    }
     staleness = lpp.merged_staleness([sim.executor.staleness for sim in sims])
-    return RunResult(params, states, done, examples, extra), now, utilisation, staleness
+    return RunResult(params, states, done, examples, {"jobs_started": budget.started}), now, utilisation, staleness

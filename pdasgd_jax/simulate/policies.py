@@ -47,6 +47,7 @@ the worker that pushed it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 from pdasgd_jax.executor import Job
 from pdasgd_jax.simulate.scheduler import BACKWARD, Channel, Device, Get, Kernel, Launch, Put, Sleep, Worker
@@ -181,10 +182,20 @@ def spawn_asgd(sim: Simulation) -> None:
         sim.scheduler.spawn(name, asgd_worker(sim, device, name))
 
 
-def spawn_pdasgd(sim: Simulation, *, forward_workers: int, backward_workers: int, queue: int, layerwise: bool) -> None:
+def spawn_pdasgd(
+    sim: Simulation,
+    *,
+    forward_workers: int,
+    backward_workers: int,
+    queue: int,
+    layerwise: bool,
+    replica_ids: Sequence[int] | None = None,
+) -> None:
     """Per replica (group; by default one per device) ``F`` forward and ``B`` backward
-    workers and a channel of capacity ``Q``."""
-    for g, device in enumerate(sim.group_devices):
+    workers and a channel of capacity ``Q``. ``replica_ids`` names the groups' replicas in
+    the run (default ``0, 1, ...``): a replicated run's device simulations each hold some."""
+    ids = range(len(sim.group_devices)) if replica_ids is None else replica_ids
+    for g, device in zip(ids, sim.group_devices, strict=True):
         channel = Channel(queue)
         for i in range(forward_workers):
             name = f"d{g}/forward{i}"

@@ -20,6 +20,7 @@ from pdasgd_jax.rundir import TIMING_FILE
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.averaging import run_averaging
 from pdasgd_jax.simulate.lpp import run_lpp
+from pdasgd_jax.simulate.replicas import run_replicated
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, final_evaluation, num_jobs
 from pdasgd_jax.simulate.sync import run_sync
@@ -106,10 +107,11 @@ def run_simulated(
         result = RunResult(ts.params, ts.states, steps, examples, {})
     elif config.algo in AVERAGING:
         result, now, utilisation, staleness = run_averaging(exp, metrics, checkpointer, timing, delay, workers)
-    elif config.algo == "lpp":
+    elif config.algo == "lpp" or config.replication == "replicas":
         if log is not None:
-            raise ValueError("--algo lpp keeps no event log: its device replicas are separate stores")
-        result, now, utilisation, staleness = run_lpp(exp, metrics, checkpointer, timing, delay, devices, workers)
+            raise ValueError(f"--algo {config.algo} with one store per device keeps no event log")
+        run = run_lpp if config.algo == "lpp" else run_replicated
+        result, now, utilisation, staleness = run(exp, metrics, checkpointer, timing, delay, devices, workers)
     else:
         result, now, utilisation, staleness = _run_asynchronous(
             exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations

@@ -110,6 +110,8 @@ class Simulation:
         self._drains = iter(sorted(drain_at))
         self._drain = next(self._drains, None)
         self._drained = Channel(1)  # workers waiting for a drain to end (its getters)
+        self.paused = False  # see ``pause``
+        self._unpaused = Channel(1)  # workers waiting for ``unpause`` (its getters)
         # Bytes of each stage's parameters: what a remote read pulls and a remote update pushes.
         self._stage_bytes = [tree_nbytes(executor.store.read_params(m).value[0]) for m in range(self.num_stages)]
         self.costs = [self._device_costs(device) for device in self.devices]
@@ -132,7 +134,23 @@ class Simulation:
         """
         while self._drain is not None and self.started >= self._drain and self.in_flight:
             yield Get(self._drained)
+        yield from self.gate()
         return self.next_job(worker)
+
+    def gate(self) -> Worker:
+        """Waits while the run is paused (a generator: ``yield from sim.gate()``)."""
+        while self.paused:
+            yield Get(self._unpaused)
+
+    def pause(self) -> None:
+        """From now on no worker starts a job (``take_job``) until ``unpause``; jobs already
+        started go on to their end, queued ones included (so a pause never strands a job).
+        A replicated group waiting for an average it must merge (``simulate/replicas.py``)."""
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+        self.scheduler.wake_all(self._unpaused)
 
     def next_job(self, worker: str) -> Job | None:
         """Starts a job on the next batch of the stream, or None once the budget is spent."""

@@ -1,0 +1,176 @@
+"""Replicated ASGD and PD-ASGD on the simulator (``--replication replicas``, algorithms.md §3a):
+its identities with shared-store PD-ASGD, local SGD and DaSGD, the merge schedule and its
+waits, and the flags it refuses."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pdasgd_jax import Config
+from pdasgd_jax.delays import CommModel, TimingModel
+from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.optim import AveragingRule
+from pdasgd_jax.simulate import run_simulated
+from pdasgd_jax.simulate.replicas import GroupAveraging
+from pdasgd_jax.simulate.scheduler import Scheduler
+from pdasgd_jax.store import ParameterStore
+from pdasgd_jax.train import train_and_evaluate
+
+# Dyadic costs (exact in binary floating point) for the 3-stage digits MLP.
+TIMING = TimingModel(forward=(1.0, 1.0, 1.0), backward=(2.0, 2.0, 2.0), update=(0.25, 0.25, 0.25), loss=0.5)
+STEP = TIMING.step_compute_time()
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def exp():
+    """One experiment whose data, model and compiled kernels every simulated run shares."""
+    return Experiment.from_config(Config(algo="pdasgd", simulate=True, batch_size=BATCH, progress=False))
+
+
+def _simulate(exp, timing=TIMING, **changes):
+    run = exp.with_config(**changes)
+    metrics = MetricsLog(run.evaluate, total_examples=run.total_examples, eval_every=10**9, progress=False)
+    return run_simulated(run, metrics, timing=timing)
+
+
+def _epochs(exp, examples):
+    return examples / len(exp.dataset.train)
+
+
+def _max_diff(a, b):
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b, strict=True))
+
+
+# --- the schedule ---------------------------------------------------------------------------
+
+
+class _Group:
+    """What ``GroupAveraging`` needs of a group's simulation: its store, pause and unpause."""
+
+    def __init__(self, value: float):
+        add = lambda m, p, o, g, tau, old: (p + g, o)
+        self.executor = type("Executor", (), {"store": ParameterStore([jnp.float32(value)], [{}], [()], add)})()
+        self.paused = False
+
+    def pause(self):
+        self.paused = True
+
+    def unpause(self):
+        self.paused = False
+
+
+def _value(group):
+    return float(group.executor.store.read_params(0).value[0])
+
+
+def test_a_group_snapshots_every_h_jobs_and_waits_at_its_merge_for_the_others():
+    """H = 2, d = 1, all-reduce 1 s: group 0 runs ahead, waits at its merge until the slow
+    group's snapshot and the all-reduce are in, and keeps what it did since its snapshot."""
+    scheduler = Scheduler()
+    groups = [_Group(1.0), _Group(3.0)]
+    avg = GroupAveraging(scheduler, groups, AveragingRule(period=2, delay=1), allreduce_time=1.0)
+    scheduler.run()  # round 0 (the start): snapshots 1 and 3, mean 2 arrives at t = 1
+    for g in groups:  # each group's first job: merge of round 0
+        g.executor.store.apply_gradient(0, jnp.float32(0.5))
+        avg.applied(groups.index(g))
+    assert [_value(g) for g in groups] == [2.5, 2.5] and avg.rounds_merged == 1
+    for _ in range(2):  # group 0: jobs 2 (snapshot of round 1 at 3.0) and 3 (its merge)
+        groups[0].executor.store.apply_gradient(0, jnp.float32(0.5))
+        avg.applied(0)
+    assert groups[0].paused and _value(groups[0]) == 3.5  # no mean yet: group 1 has not snapshotted
+    groups[1].executor.store.apply_gradient(0, jnp.float32(-0.5))
+    avg.applied(1)  # group 1's snapshot of round 1 (2.0): the all-reduce starts now
+    assert groups[0].paused
+    scheduler.run()  # the mean 2.5 arrives 1 s later
+    assert not groups[0].paused and _value(groups[0]) == 2.5 + (3.5 - 3.0)
+    assert avg.merge_wait[0] == 1.0 and avg.waits == 1  # from t = 1 (the pause) to t = 2 (the mean)
+    assert groups[0].executor.store.versions() == (5,)  # 3 updates, 2 merges: each a write
+
+
+# --- identities -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", ["pdasgd", "asgd"])
+def test_one_group_is_the_shared_store_run_bitwise(exp, algo):
+    common = dict(algo=algo, devices=1, replicas=2, epochs=0.2, delay_model="constant", delay_mean=0.5)
+    shared = _simulate(exp, **common)
+    ours = _simulate(exp, replication="replicas", **common)
+    assert ours.step == shared.step and ours.extra["virtual_time"] == shared.extra["virtual_time"]
+    for a, b in zip(jax.tree.leaves(ours.params), jax.tree.leaves(shared.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert ours.extra["staleness"] == shared.extra["staleness"]
+    assert ours.extra["averaging_rounds"] == 0
+
+
+@pytest.mark.parametrize("period, delay", [(1, 0), (2, 0), (4, 2), (4, 4)])
+def test_asgd_groups_of_one_thread_are_local_sgd_and_dasgd(exp, period, delay):
+    """One thread per group, no delays: each group steps in lockstep with the others, so the
+    run is local SGD (d = 0) or DaSGD (d > 0) with D = G workers: the same parameters to
+    float rounding and, with the all-reduce priced, the same virtual time (d = 0 pays it,
+    d >= the all-reduce's steps hides it)."""
+    groups, steps = 2, 8
+    epochs = _epochs(exp, groups * BATCH * steps)
+    timing = dataclasses.replace(TIMING, comm=CommModel(alpha=2 * STEP))
+    common = dict(devices=groups, period=period, delay_steps=delay, epochs=epochs, optimizer="momentum")
+    ours = _simulate(exp, timing=timing, algo="asgd", replicas=groups, replication="replicas", **common)
+    averaging = "local" if delay == 0 else "dasgd"
+    theirs = _simulate(exp, timing=timing, algo=averaging, replicas=groups, **{**common, "devices": 0})
+    assert (ours.step, theirs.step) == (groups * steps, steps)
+    assert _max_diff(jax.tree.leaves(ours.params), jax.tree.leaves(theirs.params)) < 1e-6
+    assert ours.extra["virtual_time"] == pytest.approx(theirs.extra["virtual_time"])
+    # d = 0: every group waits out every all-reduce, the start's included; d >= 2 steps hides it.
+    assert ours.extra["merge_wait"]["waits"] == (groups * (steps // period + 1) if delay == 0 else 0)
+
+
+# --- PD-ASGD groups ---------------------------------------------------------------------------
+
+
+def test_pdasgd_groups_wait_for_a_slow_group_and_lose_no_job(exp):
+    """A straggling device makes the others wait at their merges; every started job finishes
+    (a wait never strands a queued job) and the result is the groups' mean."""
+    slow = dataclasses.replace(TIMING, worker_factors=(1.0, 1.0, 3.0))
+    run = dict(algo="pdasgd", devices=3, replicas=3, period=4, epochs=0.3, replication="replicas")
+    waited = _simulate(exp, timing=slow, **run)
+    even = _simulate(exp, **run)
+    assert waited.extra["jobs_started"] == waited.step == even.step
+    assert sum(waited.extra["jobs_per_group"]) == waited.step
+    assert waited.extra["merge_wait"]["waits"] > 0 and waited.extra["merge_wait"]["per_group"][2] == 0.0
+    assert waited.extra["averaging_rounds"] >= waited.step // (3 * 4) - 1
+    assert even.extra["virtual_time"] < waited.extra["virtual_time"]
+    assert waited.extra["delay_steps"] == 2  # d defaults to H // 2, as for dasgd
+
+
+# --- flags ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(algo="sync"), "applies to --algo asgd, pdasgd, pdasgd-block"),
+        (dict(algo="lpp"), "not to lpp"),
+        (dict(simulate=False), "simulator only so far"),
+        (dict(outer_optimizer="nesterov"), "--outer-optimizer nesterov"),
+        (dict(period=4, delay_steps=5), "--delay-steps 5 exceeds --period 4"),
+        (dict(merge="overwrite", period=2, delay_steps=2), "discards every local step"),
+    ],
+)
+def test_bad_replicated_configs_are_refused(changes, message):
+    config = Config(**{"algo": "pdasgd", "simulate": True, "replication": "replicas", **changes})
+    with pytest.raises(ConfigError, match=message):
+        config.validate()
+
+
+def test_an_uneven_layout_and_a_resume_are_refused(tmp_path):
+    config = Config(algo="pdasgd", simulate=True, replication="replicas", devices=2, replicas=3, progress=False)
+    with pytest.raises(ConfigError, match="cannot be spread evenly"):
+        Experiment.from_config(config)
+    (tmp_path / "checkpoints").mkdir()
+    config = dataclasses.replace(config, replicas=2, out=str(tmp_path))
+    with pytest.raises(ConfigError, match="--replication replicas runs cannot be resumed"):
+        train_and_evaluate(config, resume=True)

@@ -16,7 +16,7 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.simulate import run_simulated
-from pdasgd_jax.simulate.replicas import GroupAveraging
+from pdasgd_jax.simulate.replicas import group_rounds
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.store import ParameterStore
 from pdasgd_jax.train import train_and_evaluate
@@ -51,7 +51,7 @@ def _max_diff(a, b):
 
 
 class _Group:
-    """What ``GroupAveraging`` needs of a group's simulation: its store, pause and unpause."""
+    """What ``group_rounds`` needs of a group's simulation: its store, pause and unpause."""
 
     def __init__(self, value: float):
         add = lambda m, p, o, g, tau, old: (p + g, o)
@@ -74,7 +74,8 @@ def test_a_group_snapshots_every_h_jobs_and_waits_at_its_merge_for_the_others():
     group's snapshot and the all-reduce are in, and keeps what it did since its snapshot."""
     scheduler = Scheduler()
     groups = [_Group(1.0), _Group(3.0)]
-    avg = GroupAveraging(scheduler, groups, AveragingRule(period=2, delay=1), allreduce_time=1.0)
+    avg = group_rounds(scheduler, groups, AveragingRule(period=2, delay=1), allreduce_time=1.0)
+    avg.start()
     scheduler.run()  # round 0 (the start): snapshots 1 and 3, mean 2 arrives at t = 1
     for g in groups:  # each group's first job: merge of round 0
         g.executor.store.apply_gradient(0, jnp.float32(0.5))

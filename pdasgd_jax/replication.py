@@ -1,0 +1,178 @@
+"""Replicated ASGD and PD-ASGD (``--replication replicas``, algorithms.md §3a): the schedule
+the simulator and the threaded runtime share.
+
+One group per device, each with its own ``ParameterStore``; ``GroupRounds`` joins the groups
+with DaSGD's delayed averaging (``optim.AveragingRule``), counted per group in completed jobs
+``c_g`` (a job is complete once all its updates are applied):
+
+* at ``c_g = kH`` (``k = 0, 1, ...``) group ``g`` snapshots its store (parameters and
+  non-trainable state) and goes on;
+* once every group has snapshotted round ``k``, the all-reduce of the snapshots starts
+  (``start_allreduce``, which hands the mean back through ``deliver`` when it has arrived:
+  later on the virtual clock, at once on the runtime, where the mean is a device array still
+  being computed);
+* at ``c_g = kH + d`` group ``g`` merges round ``k``'s mean (the rule's ``merge_tree``;
+  non-trainable state takes the mean itself); a merge writes every stage (it bumps the
+  versions). If the mean has not arrived the group is paused (``pause(g)``: its workers start
+  no new job; jobs already started finish) until it has, then merged and ``unpause(g)``d.
+  Waits are summed per group (``merge_wait``) on the caller's clock.
+
+With one group nothing is averaged and nothing waits. Not thread-safe: the runtime calls it
+under one lock.
+
+Example::
+
+    rounds = GroupRounds(stores, AveragingRule(period=4, delay=2), start_allreduce, pause, unpause, clock)
+    rounds.applied(g)  # after each of group g's jobs has all its updates applied
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from pdasgd_jax.optim import AveragingRule
+
+PyTree = Any
+Snapshot = tuple[PyTree, PyTree]  # a store's (params, states), one tree per stage each
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _merged(rule: AveragingRule, local: PyTree, snapshot: PyTree, average: PyTree) -> PyTree:
+    return rule.merge_tree(local, snapshot, average)
+
+
+@dataclasses.dataclass
+class _Round:
+    """Round ``k``: each group's snapshot, and each group's copy of the mean once it has arrived."""
+
+    snapshots: list[Snapshot | None]
+    means: list[Snapshot] | None = None
+    merged: int = 0
+
+
+class GroupRounds:
+    """The snapshots, all-reduces and merges of a replicated run (see the module docstring).
+
+    Args:
+      stores: each group's store.
+      rule: the period H, delay d and merge (no outer optimizer).
+      start_allreduce: ``start_allreduce(snapshots, deliver)`` starts the all-reduce of one
+        snapshot per group and calls ``deliver(means)`` (one copy per group, where its store
+        lives) once the mean has arrived.
+      pause, unpause: stop and restart group ``g`` starting jobs.
+      clock: the caller's time, for the waits.
+    """
+
+    def __init__(
+        self,
+        stores: Sequence[Any],
+        rule: AveragingRule,
+        start_allreduce: Callable[[list[Snapshot], Callable[[list[Snapshot]], None]], None],
+        pause: Callable[[int], None],
+        unpause: Callable[[int], None],
+        clock: Callable[[], float],
+    ):
+        if rule.outer is not None:
+            raise ValueError("replicated runs take no outer optimizer yet")
+        self.stores = list(stores)
+        self.rule = rule
+        self._start_allreduce = start_allreduce
+        self._pause, self._unpause, self._clock = pause, unpause, clock
+        groups = len(self.stores)
+        self.counts = [0] * groups
+        self.merge_wait = [0.0] * groups
+        self.waits = 0  # merges that waited a positive time for their mean
+        self.rounds_merged = 0
+        self._rounds: dict[int, _Round] = {}
+        self._due: list[collections.deque[tuple[str, int]]] = [collections.deque() for _ in range(groups)]
+        self._waiting_since: list[float | None] = [None] * groups
+
+    def start(self) -> None:
+        """Round 0: every group snapshots its starting store (before any job)."""
+        if len(self.stores) > 1:
+            for g in range(len(self.stores)):
+                self._book(g, 0)
+
+    def applied(self, group: int) -> None:
+        """One more job of ``group`` is complete (all its updates applied)."""
+        self.counts[group] += 1
+        if len(self.stores) > 1:
+            self._book(group, self.counts[group])
+
+    def summary(self) -> dict[str, Any]:
+        """What a run reports: rounds merged by every group, jobs per group, the waits."""
+        return {
+            "period": self.rule.period,
+            "delay_steps": self.rule.delay,
+            "averaging_rounds": self.rounds_merged,
+            "jobs_per_group": list(self.counts),
+            "merge_wait": {"per_group": list(self.merge_wait), "waits": self.waits},
+        }
+
+    def _book(self, g: int, count: int) -> None:
+        """Queues what falls due at ``count`` completed jobs (the rule's order) and does it."""
+        h, d = self.rule.period, self.rule.delay
+        snapshot = [("snapshot", count // h)] if count % h == 0 else []
+        merge = [("merge", (count - d) // h)] if count >= d and (count - d) % h == 0 else []
+        self._due[g].extend(snapshot + merge if d == 0 else merge + snapshot)
+        self._work(g)
+
+    def _work(self, g: int) -> None:
+        """Does group ``g``'s due actions in order, stopping (and pausing it) at a merge whose
+        mean has not arrived."""
+        due = self._due[g]
+        while due:
+            action, k = due[0]
+            if action == "snapshot":
+                self._snapshot(g, k)
+            elif self._round(k).means is None:
+                if self._waiting_since[g] is None:
+                    self._waiting_since[g] = self._clock()
+                    self._pause(g)
+                return
+            else:
+                self._merge(g, k)
+            due.popleft()
+        if self._waiting_since[g] is not None:
+            waited = self._clock() - self._waiting_since[g]
+            self.merge_wait[g] += waited
+            self.waits += waited > 0
+            self._waiting_since[g] = None
+            self._unpause(g)
+
+    def _round(self, k: int) -> _Round:
+        if k not in self._rounds:
+            self._rounds[k] = _Round([None] * len(self.stores))
+        return self._rounds[k]
+
+    def _snapshot(self, g: int, k: int) -> None:
+        params, states, _ = self.stores[g].snapshot()
+        rnd = self._round(k)
+        rnd.snapshots[g] = (params, states)
+        if all(s is not None for s in rnd.snapshots):  # the last group: the all-reduce starts
+            self._start_allreduce(list(rnd.snapshots), functools.partial(self._arrive, k))
+
+    def _arrive(self, k: int, means: list[Snapshot]) -> None:
+        self._round(k).means = means
+        for g in range(len(self.stores)):
+            if self._due[g] and self._due[g][0] == ("merge", k):
+                self._work(g)
+
+    def _merge(self, g: int, k: int) -> None:
+        rnd = self._rounds[k]
+        (snap_params, _), (mean_params, mean_states) = rnd.snapshots[g], rnd.means[g]
+        store = self.stores[g]
+        for m in range(store.num_stages):
+            store.update_with(m, lambda p, o, _v, s=snap_params[m], a=mean_params[m]: (_merged(self.rule, p, s, a), o))
+            if jax.tree.leaves(mean_states[m]):
+                store.write_state(m, mean_states[m])
+        rnd.merged += 1
+        if rnd.merged == len(self.stores):
+            del self._rounds[k]  # every group has merged it: its snapshots can go
+            self.rounds_merged += 1

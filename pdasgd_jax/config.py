@@ -90,8 +90,7 @@ class Config:
     replication: str = _field(
         "shared",
         "asgd/pdasgd: shared (one store, each stage on a home device) or replicas (one store per "
-        "device, joined by DaSGD's delayed averaging every --period jobs, merged --delay-steps jobs later; "
-        "simulator only so far)",
+        "device, joined by DaSGD's delayed averaging every --period jobs, merged --delay-steps jobs later)",
         REPLICATIONS,
         group="async",
     )
@@ -305,8 +304,6 @@ def _check_replicated(config: Config) -> None:
             f"--replication replicas applies to --algo {', '.join(REPLICATED)}, not to {config.algo} "
             "(local, dasgd and lpp keep a replica per device already)"
         )
-    if not config.simulate:
-        raise ValueError("--replication replicas runs on the simulator only so far: add --simulate")
     if config.outer_optimizer != "none":
         raise ValueError(
             f"--outer-optimizer {config.outer_optimizer} is not supported with --replication replicas yet; "

@@ -175,3 +175,57 @@ def test_an_uneven_layout_and_a_resume_are_refused(tmp_path):
     config = dataclasses.replace(config, replicas=2, out=str(tmp_path))
     with pytest.raises(ConfigError, match="--replication replicas runs cannot be resumed"):
         train_and_evaluate(config, resume=True)
+
+
+# --- the threaded runtime -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_runtime_groups_are_identical_after_each_merge_with_d0_and_lose_no_update(exp, monkeypatch):
+    """ASGD groups of one thread, d = 0, on 2 devices: a group's thread is paused from its
+    snapshot until the mean has arrived, so each merge sets its store to the mean itself
+    (bitwise the same on both devices: the all-reduce's output is replicated); every job's
+    updates are applied and the result is the groups' mean."""
+    from pdasgd_jax import replication
+    from pdasgd_jax.runtime.runner import run_runtime
+
+    merged: dict[int, list] = {}
+    merge = replication.GroupRounds._merge
+
+    def recording_merge(self, g, k):
+        merge(self, g, k)
+        params = self.stores[g].snapshot()[0]
+        merged.setdefault(k, []).append(np.concatenate([np.ravel(x) for x in jax.tree.leaves(params)]))
+
+    monkeypatch.setattr(replication.GroupRounds, "_merge", recording_merge)
+    run = exp.with_config(
+        algo="asgd", simulate=False, devices=2, replicas=2, replication="replicas", period=3, delay_steps=0, lr=0.02
+    )
+    run = run.with_config(epochs=_epochs(run, 40 * BATCH))
+    metrics = MetricsLog(run.evaluate, total_examples=run.total_examples, eval_every=10**9, progress=False)
+    result = run_runtime(run, metrics)
+    assert result.step == 40 and sum(result.extra["jobs_per_group"]) == 40
+    assert result.extra["averaging_rounds"] >= 1 + 40 // (2 * 3) - 1  # round 0 and most of the others
+    complete = [copies for copies in merged.values() if len(copies) == 2]
+    assert len(complete) == result.extra["averaging_rounds"]
+    for a, b in complete:
+        np.testing.assert_array_equal(a, b)
+    assert np.isfinite(metrics.rows[-1]["test_loss"])
+
+
+@pytest.mark.timeout(180)
+def test_runtime_pdasgd_groups_train_and_book_every_job(exp):
+    from pdasgd_jax.runtime.runner import run_runtime
+
+    run = exp.with_config(simulate=False, devices=2, replicas=2, replication="replicas", period=4, lr=0.02, epochs=1)
+    metrics = MetricsLog(run.evaluate, total_examples=run.total_examples, eval_every=10**9, progress=False)
+    result = run_runtime(run, metrics)
+    extra = result.extra
+    assert sum(extra["jobs_per_group"]) == result.step == run.total_examples // BATCH + (run.total_examples % BATCH > 0)
+    assert extra["replication"] == "replicas" and extra["delay_steps"] == 2 and extra["averaging_rounds"] > 0
+    assert set(extra["utilisation"]) == {"d0/forward0", "d0/backward0", "d0/backward1"} | {
+        "d1/forward0",
+        "d1/backward0",
+        "d1/backward1",
+    }
+    assert metrics.rows[-1]["test_accuracy"] > 0.5  # an epoch of digits at a safe rate

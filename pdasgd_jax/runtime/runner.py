@@ -21,6 +21,7 @@ import jax
 from pdasgd_jax import data
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import rng_for
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import EventLog, StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
@@ -59,6 +60,8 @@ class Runtime:
     def __init__(self, exp: Experiment, settings: RuntimeSettings):
         if settings.algo == "lpp" and type(self) is Runtime:
             raise ValueError("--algo lpp runs on runtime.lpp.LppRuntime (one store per device), not on Runtime")
+        if settings.replication == "replicas" and type(self) is Runtime:
+            raise ValueError("replicated runs run on runtime.replicas.ReplicatedRuntime, not on Runtime")
         self.exp = exp
         self.settings = settings
         v = exp.variables
@@ -276,4 +279,11 @@ def run_runtime(
 
         summary = train_and_evaluate(Config(algo="pdasgd", forward_workers=1, backward_workers=2))
     """
-    return Runtime(exp, settings or RuntimeSettings.from_config(exp)).run(metrics, checkpointer)
+    settings = settings or RuntimeSettings.from_config(exp)
+    if settings.replication == "replicas":
+        from pdasgd_jax.runtime.replicas import ReplicatedRuntime  # it builds on this module
+
+        if checkpointer is not None and checkpointer.latest_step() is not None:
+            raise ConfigError("--replication replicas cannot resume a run yet: start it over")
+        return ReplicatedRuntime(exp, settings).run(metrics, None)
+    return Runtime(exp, settings).run(metrics, checkpointer)

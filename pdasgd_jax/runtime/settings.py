@@ -55,7 +55,11 @@ class RuntimeSettings:
         each job's compute right after it, so each of its jobs takes ``F`` times as long
         (not its first, which compiles: see ``runtime.workers``).
       seed: seed of the delay streams.
-      period: ``lpp``: H, updates a device applies to its replica between its snapshots.
+      period: ``lpp``: H, updates a device applies to its replica between its snapshots;
+        ``replication="replicas"``: jobs a group completes between its snapshots.
+      replication: ``shared`` (one store, stage homes spread over the devices) or
+        ``replicas`` (a store per device, joined by delayed averaging every ``period`` jobs
+        and merged ``delay_steps`` jobs later with ``merge``: ``runtime.replicas``).
       record_events: keep an ``EventLog`` (for replay and tests; costs memory per event).
       host_cpus: the cores the feed and worker threads run on: ``"auto"`` (on CPU devices
         one core, the last this process may use; elsewhere unpinned), ``"off"`` or core
@@ -75,6 +79,9 @@ class RuntimeSettings:
     device_factors: tuple[float, ...] = ()
     seed: int = 0
     period: int = 8
+    replication: str = "shared"
+    delay_steps: int = 0
+    merge: str = "correct"
     record_events: bool = False
     host_cpus: HostCpus = AUTO
 
@@ -101,6 +108,14 @@ class RuntimeSettings:
                 )
             if self.record_events:
                 raise ValueError("lpp keeps no event log: its device replicas are separate stores")
+        if self.replication == "replicas":
+            if self.algo not in ("asgd", "pdasgd", "pdasgd-block") or self.groups % len(self.devices):
+                raise ValueError(
+                    f"replication 'replicas' runs asgd, pdasgd or pdasgd-block with the same number of "
+                    f"replicas on each device, not {self.algo} with {self.groups} on {len(self.devices)}"
+                )
+            if self.record_events:
+                raise ValueError("a replicated run keeps no event log: its groups are separate stores")
         if len(self.device_factors) > len(self.devices):
             raise ValueError(f"{len(self.device_factors)} device factors for {len(self.devices)} devices")
         for d, factor in enumerate(self.device_factors):
@@ -170,6 +185,9 @@ class RuntimeSettings:
             ),
             seed=config.seed,
             period=config.period,
+            replication=config.replication,
+            delay_steps=config.averaging_delay,
+            merge=config.merge,
             host_cpus=config.host_cpus,
         )
         return cls(**{**settings, **overrides})

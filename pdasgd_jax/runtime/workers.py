@@ -227,7 +227,11 @@ class Worker:
             setattr(self.stats, stat, getattr(self.stats, stat) + time.perf_counter() - start)
 
     def _take(self, q: BoundedQueue[T]) -> T:
-        """The next item of ``q`` (waiting is ``starved`` time)."""
+        """The next item of ``q`` (waiting is ``starved`` time). An input whose ``settle_first``
+        is true (a replicated group's gate, which a finished job may close) first settles the
+        pending job, so the job is reported before the worker takes more."""
+        if getattr(q, "settle_first", False):
+            self._settle()
         return self._wait(q.get, "starved")
 
     def _reserve(self, q: BoundedQueue[T]) -> Reservation[T]:

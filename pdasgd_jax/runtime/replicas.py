@@ -1,0 +1,240 @@
+"""Replicated ASGD and PD-ASGD on real threads (``--replication replicas``; algorithms.md §3a).
+
+``ReplicatedRuntime`` is the threaded ``Runtime`` with one ``ParameterStore`` per device (a
+group: every stage at home there, so no update crosses devices) and the workers of the
+``R / D`` replicas placed on that device (F forward + B backward workers and a queue each,
+or one ASGD thread each, named as in the simulator). ``replication.GroupRounds`` keeps the
+groups together with DaSGD's delayed averaging, driven by the workers themselves:
+
+* each job is booked with the rounds when its worker reports it finished (its updates
+  computed), under one lock;
+* a group's snapshot is its store's arrays at that moment (immutable: nothing is copied);
+  once every group has one, the mean is dispatched as **one collective** over the devices
+  (``allreduce_mean``: a jitted mean whose output is replicated on every device, so XLA
+  runs an all-reduce) and handed to the rounds at once: it is a device array still being
+  computed, and no host thread waits for it;
+* a group merges it ``d`` jobs after its snapshot (the merge's update is dispatched after
+  the all-reduce, on the device). A group that reaches its merge before every group has
+  snapshotted is paused: its ``GroupGate`` stops its workers taking batches (jobs already
+  taken finish) until the last snapshot arrives.
+
+Evaluations and the result use the mean of the groups' stores, taken under the rounds' lock.
+Runs are not checkpointed yet (``train`` refuses ``--resume``).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pdasgd_jax import lpp
+from pdasgd_jax.delays import rng_for
+from pdasgd_jax.executor import StageExecutor
+from pdasgd_jax.optim import AveragingRule
+from pdasgd_jax.replication import GroupRounds, Snapshot
+from pdasgd_jax.runtime.control import Control
+from pdasgd_jax.runtime.feed import Batch, DataFeed, Gate
+from pdasgd_jax.runtime.lpp import DeviceControl
+from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, WouldBlock
+from pdasgd_jax.runtime.runner import Runtime
+from pdasgd_jax.runtime.workers import AsgdWorker, BackwardWorker, ForwardWorker
+from pdasgd_jax.store import ParameterStore
+
+PyTree = Any
+AXIS = "groups"
+
+
+def allreduce_mean(snapshots: list[PyTree], devices: tuple[jax.Device, ...]) -> list[PyTree]:
+    """The mean of one tree per device (``snapshots[g]`` on ``devices[g]``) as one collective;
+    returns each device's copy. Dispatched asynchronously: nothing here waits for the devices.
+    Leaves that are not floats (counters) keep each device's own value."""
+    mesh = Mesh(np.asarray(devices), (AXIS,))
+    stacked = NamedSharding(mesh, PartitionSpec(AXIS))
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def mean_leaf(*leaves: jax.Array) -> list[jax.Array]:
+        if not jnp.issubdtype(leaves[0].dtype, jnp.inexact):
+            return list(leaves)
+        shards = [jax.device_put(leaf[None], device) for leaf, device in zip(leaves, devices, strict=True)]
+        stack = jax.make_array_from_single_device_arrays((len(devices), *leaves[0].shape), stacked, shards)
+        mean = _mean_program(replicated)(stack)
+        by_device = {shard.device: shard.data for shard in mean.addressable_shards}
+        return [by_device[device] for device in devices]
+
+    per_leaf = jax.tree.map(mean_leaf, *snapshots)
+    return [
+        jax.tree.map(lambda copies, g=g: copies[g], per_leaf, is_leaf=lambda x: isinstance(x, list))
+        for g in range(len(devices))
+    ]
+
+
+@functools.lru_cache(maxsize=None)
+def _mean_program(out: NamedSharding) -> Any:
+    """One jitted mean over the stacked axis per output sharding (a replicated output: an all-reduce)."""
+    return jax.jit(lambda x: jnp.mean(x, axis=0, dtype=x.dtype), out_shardings=out)
+
+
+class GroupGate:
+    """Group ``g``'s view of the data feed: ``get`` as the feed's, except while the group is
+    paused for a merge, when it waits (or raises ``WouldBlock`` when asked not to block).
+    ``abort`` (``Control.stop``) wakes it. A worker settles (reports) its pending job before
+    it takes from a gate (``settle_first``): that job may be the one that pauses the group,
+    as in the simulator, where a worker asks for its next job only after its last is done."""
+
+    settle_first = True
+
+    def __init__(self, feed: BoundedQueue[Batch]):
+        self._feed = feed
+        self._cond = threading.Condition()
+        self._paused = False
+        self._aborted = False
+
+    def pause(self) -> None:
+        with self._cond:
+            self._paused = True
+
+    def unpause(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def abort(self) -> None:
+        with self._cond:
+            self._aborted = True
+            self._cond.notify_all()
+
+    def get(self, *, block: bool = True) -> Batch:
+        with self._cond:
+            while self._paused and not self._aborted:
+                if not block:
+                    raise WouldBlock("the group waits for an average to merge")
+                self._cond.wait()
+            if self._aborted:
+                raise QueueClosed("the run stopped")
+        return self._feed.get(block=block)
+
+
+class LockedRounds:
+    """``GroupRounds`` as the workers' ``DeviceControl`` books with it: ``applied`` and
+    ``worker_exited``, under one lock (the merges it triggers run in the booking thread)."""
+
+    def __init__(self, rounds: GroupRounds):
+        self.rounds = rounds
+        self.lock = threading.Lock()
+
+    def applied(self, group: int) -> None:
+        with self.lock:
+            self.rounds.applied(group)
+
+    def worker_exited(self) -> None:
+        pass
+
+
+class ReplicatedRuntime(Runtime):
+    """One threaded run of replicated ASGD or PD-ASGD (use once); ``stores[d]`` is device
+    ``d``'s group's store, ``rounds`` the averaging. ``store`` and ``executor`` are device 0's."""
+
+    def _build(self, params: Any, states: Any, opt_states: Any, *, first_batch: int) -> None:
+        s, exp = self.settings, self.exp
+        if first_batch:
+            raise ValueError("replicated runs do not resume yet")
+        num_stages = exp.model.num_stages
+        devices = s.devices
+        self.stores = [
+            ParameterStore(params, states, opt_states, exp.kernels.apply_update, home_devices=(device,) * num_stages)
+            for device in devices
+        ]
+        self.log = None
+        clock = lambda: time.perf_counter() - self._start
+        self.executors = [
+            StageExecutor(
+                exp.kernels,
+                store,
+                backward_weights=s.backward_weights,
+                clock=clock,
+                fuse_jobs=not s.pipelined,
+                fuse_forward=s.pipelined,
+                seed=s.seed,
+            )
+            for store in self.stores
+        ]
+        self.store, self.executor = self.stores[0], self.executors[0]
+        consumers = s.groups * (s.forward_workers if s.pipelined else 1)
+        feed_queue: BoundedQueue[Batch] = BoundedQueue(2 * consumers + 2, refill_below=consumers + 1)
+        self.gates = [GroupGate(feed_queue) for _ in devices]
+        self._clock_start = time.perf_counter()
+
+        def start_allreduce(snapshots: list[Snapshot], deliver: Any) -> None:
+            deliver(allreduce_mean(snapshots, devices))
+
+        self.rounds = GroupRounds(
+            self.stores,
+            AveragingRule(s.period, s.delay_steps, s.merge),
+            start_allreduce,
+            pause=lambda g: self.gates[g].pause(),
+            unpause=lambda g: self.gates[g].unpause(),
+            clock=lambda: time.perf_counter() - self._clock_start,
+        )
+        self.rounds.start()
+        self.booking = LockedRounds(self.rounds)
+        job_queues = [BoundedQueue(s.queue_capacity, producers=s.forward_workers) for _ in range(s.groups)]
+        gate = Gate(first_batch)
+        self.control = Control([gate, feed_queue, *self.gates, *job_queues], host_cpus=s.pinned_cpus)
+        self.feed = DataFeed(exp, s.batch_size, range(first_batch, s.num_batches), feed_queue, self.control, gate)
+        controls = [DeviceControl(self.control, self.booking, d) for d in range(len(devices))]
+        self.workers = []
+        for r in range(s.groups):
+            d = r % len(devices)
+            common = dict(slowdown=s.device_factor(d))
+            if s.pipelined:
+                for i in range(s.forward_workers):
+                    name = f"d{r}/forward{i}"
+                    self.workers.append(
+                        ForwardWorker(
+                            name, devices[d], self.executors[d], controls[d], s.delay,
+                            rng_for(s.seed, "delay", name), feed=self.gates[d], jobs=job_queues[r], **common,
+                        )
+                    )  # fmt: skip
+                for i in range(s.backward_workers):
+                    name = f"d{r}/backward{i}"
+                    self.workers.append(
+                        BackwardWorker(
+                            name, devices[d], self.executors[d], controls[d], s.delay,
+                            rng_for(s.seed, "delay", name), jobs=job_queues[r], layerwise=s.algo == "pdasgd",
+                            **common,
+                        )
+                    )  # fmt: skip
+            else:
+                name = lpp.worker_name(d, r // len(devices))
+                self.workers.append(
+                    AsgdWorker(
+                        name, devices[d], self.executors[d], controls[d], s.delay,
+                        rng_for(s.seed, "delay", name), feed=self.gates[d], **common,
+                    )
+                )  # fmt: skip
+
+    def _wait_for_updates(self) -> None:
+        jax.block_until_ready([store.snapshot() for store in self.stores])
+
+    def _gather(self) -> tuple[Any, Any]:
+        """The mean of the groups' params and states, on the first device (whole merges only)."""
+        with self.booking.lock:
+            return lpp.mean_variables(self.stores, self.settings.devices[0])
+
+    def metrics(self) -> dict[str, Any]:
+        out = super().metrics()
+        del out["stage_home_devices"]  # every stage of a group is on the group's device
+        out.update(
+            replication="replicas",
+            staleness=lpp.merged_staleness([ex.staleness for ex in self.executors]).summary(),
+            group_devices=[str(d) for d in self.settings.devices],
+            **self.rounds.summary(),
+        )
+        return out

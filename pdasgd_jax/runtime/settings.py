@@ -15,6 +15,7 @@ import jax
 from pdasgd_jax import delays
 from pdasgd_jax.affinity import AUTO, HostCpus, resolve_host_cpus
 from pdasgd_jax.config import ASYNCHRONOUS
+from pdasgd_jax.eventlog import event_log_path
 from pdasgd_jax.executor import BACKWARD_WEIGHTS
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.placement import Placement
@@ -52,6 +53,8 @@ class RuntimeSettings:
       seed: seed of the delay streams.
       period: ``lpp``: H, updates a device applies to its replica between its snapshots.
       record_events: keep an ``EventLog`` (for replay and tests; costs memory per event).
+      event_log: a file to stream the events to instead, as they happen (``--event-log``:
+        ``eventlog.EventLogFile``; bounded memory).
       host_cpus: the cores the feed and worker threads run on: ``"auto"`` (on CPU devices
         one core, the last this process may use; elsewhere unpinned), ``"off"`` or core
         ids (see ``pdasgd_jax.affinity``).
@@ -70,6 +73,7 @@ class RuntimeSettings:
     seed: int = 0
     period: int = 8
     record_events: bool = False
+    event_log: str | None = None
     host_cpus: HostCpus = AUTO
 
     def __post_init__(self):
@@ -93,7 +97,7 @@ class RuntimeSettings:
                     f"lpp runs the same number of threads on each device: {self.groups} threads do not "
                     f"spread evenly over {len(self.devices)} devices"
                 )
-            if self.record_events:
+            if self.record_events or self.event_log:
                 raise ValueError("lpp keeps no event log: its device replicas are separate stores")
         resolve_host_cpus(self.host_cpus)  # raises on cores this process may not use
 
@@ -149,5 +153,6 @@ class RuntimeSettings:
             seed=config.seed,
             period=config.period,
             host_cpus=config.host_cpus,
+            event_log=event_log_path(config),
         )
         return cls(**{**settings, **overrides})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -11,6 +12,7 @@ from pdasgd_jax import calibration
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import ASYNCHRONOUS, Config
 from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
+from pdasgd_jax.eventlog import EventLogFile, event_log_path
 from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
@@ -75,7 +77,8 @@ def run_simulated(
         (machine-dependent: pass a fixed one, e.g. ``delays.from_flops``, for bitwise
         reproducible runs across machines).
       log: records the run's stage operations for ``executor.replay`` (asgd, pdasgd,
-        pdasgd-block; lpp, with one store per device, keeps none).
+        pdasgd-block; lpp, with one store per device, keeps none). Without one,
+        ``--event-log`` streams them to ``events.jsonl`` in ``--out``.
 
     Example::
 
@@ -107,9 +110,15 @@ def run_simulated(
             raise ValueError("--algo lpp keeps no event log: its device replicas are separate stores")
         result, now, utilisation, staleness = run_lpp(exp, metrics, checkpointer, timing, delay, devices, workers)
     else:
-        result, now, utilisation, staleness = _run_asynchronous(
-            exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
-        )
+        path = event_log_path(config) if log is None else None
+        if path and checkpointer is not None and checkpointer.latest_step() is not None:
+            raise ValueError(
+                "an event log file covers a run from its initial variables: a resumed run cannot write one"
+            )
+        with EventLogFile(path) if path else contextlib.nullcontext(log) as log:
+            result, now, utilisation, staleness = _run_asynchronous(
+                exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
+            )
     target = config.target_accuracy
     result.extra.update(
         {

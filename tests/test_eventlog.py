@@ -1,16 +1,23 @@
 """``--event-log`` and ``replay DIR``: the event log as a file, replayed onto the saved final variables."""
 
 import dataclasses
+import itertools
 import json
 import shutil
 import threading
 
+import jax
+import numpy as np
 import pytest
 
 from pdasgd_jax.cli import main
 from pdasgd_jax.eventlog import EventFile, EventLogFile, event_from_json, event_to_json
-from pdasgd_jax.executor import Event, EventKind
+from pdasgd_jax.executor import Event, EventKind, last_reads, replay
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.rundir import EVENT_LOG, FINAL_VARIABLES, clear_run
+from pdasgd_jax.runtime.feed import numbered_batches
+from pdasgd_jax.train import load_run_config
 
 TINY = ["--epochs", "0.2", "--batch-size", "16", "--eval-every", "10000", "--no-progress"]
 
@@ -165,3 +172,32 @@ def test_the_file_log_writes_events_in_seq_order_from_many_threads(tmp_path):
     assert event_from_json(event_to_json(start)) == start
     assert json.loads(event_to_json(start)) == {"seq": 7, "kind": "start", "job": 3, "batch_id": 5, "worker": "w0"}
     assert dataclasses.asdict(event_from_json(event_to_json(events[0]))) == dataclasses.asdict(events[0])
+
+
+def test_replay_keeps_only_the_versions_still_to_be_read(threaded_run):
+    """With ``last_reads`` the replay drops each version after its last reader: same result,
+    a history as long as the staleness, not the run."""
+    config = load_run_config(str(threaded_run))
+    exp = Experiment.from_config(config)
+    events = list(EventFile(str(threaded_run / EVENT_LOG)))
+    batches = list(itertools.islice(numbered_batches(exp, config.batch_size), 18))
+    v = exp.variables
+
+    def replayed(reads):
+        return replay(
+            events,
+            exp.kernels,
+            v.params,
+            v.states,
+            init_opt_states(exp.tx, v.params),
+            lambda b: (batches[b].x, batches[b].labels),
+            backward_weights="stashed",
+            seed=config.seed,
+            reads=reads,
+        )
+
+    full, pruned = replayed(None), replayed(last_reads(events))
+    for a, b in zip(jax.tree.leaves(full.store.snapshot()), jax.tree.leaves(pruned.store.snapshot())):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert [len(s.params._history) for s in full.store.slots] == [18 + 1] * 3  # every version
+    assert all(len(s.params._history) <= 4 for s in pruned.store.slots)  # the current one and a few stale ones

@@ -217,7 +217,7 @@ class StageExecutor:
         simulated run replays its schedule).
       store: the shared parameter store.
       backward_weights: ``stashed`` (the weights the forward read) or ``live`` (current).
-      log: optional ``EventLog``.
+      log: optional ``EventLog`` (or ``eventlog.EventLogFile``, which streams to a file).
       clock: returns the time stamped on events (wall clock or the simulator's).
       fuse_jobs: with ``stashed`` weights and no non-trainable state, run each job's whole
         forward and backward as one program (``kernels.job_gradients``) at its ``loss``:

@@ -111,6 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare runs on different datasets (their losses and accuracies measure different tasks)",
     )
+    replay = sub.add_parser(
+        "replay",
+        help="replay a run's events.jsonl (--event-log) and check it lands on its final variables",
+        description="Rebuilds the run's experiment from DIR/config.json, re-executes every logged read and update "
+        "with the logged versions, and compares the result with DIR/final_variables.npz leaf by leaf. Exit 0: "
+        "'replay matches: max |diff| = ...'; exit 1: a mismatch (naming the largest mismatching leaf, or the "
+        "event that did not replay as logged) or an incomplete log (a run that did not finish).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    replay.add_argument("run_dir", metavar="DIR", help="a run directory trained with --event-log")
+    replay.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance per element")
+    replay.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance per element")
     return parser
 
 
@@ -170,6 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(comparison.text)
             for path in comparison.files:
                 print(f"wrote {path}")
+        elif args.command == "replay":
+            from pdasgd_jax.replay_run import replay_run
+
+            report = replay_run(args.run_dir, rtol=args.rtol, atol=args.atol)
+            print(report.text)
+            return 0 if report.matches else 1
         elif args.command == "bench":
             from pdasgd_jax.bench import run_benchmark
 

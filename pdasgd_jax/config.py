@@ -27,6 +27,8 @@ REPLICATIONS = ("shared", "replicas")
 # What --replication replicas applies to (algorithms.md §3a), and where it runs so far.
 REPLICATED = ("asgd", "pdasgd", "pdasgd-block")
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
+# Those with one shared, versioned parameter store, whose reads and updates --event-log records.
+EVENT_LOG_ALGOS = ("asgd", "pdasgd", "pdasgd-block")
 MAX_SEED = 2**32 - 1  # seeds are NumPy SeedSequence entropy and JAX PRNG keys alike
 
 
@@ -103,6 +105,12 @@ class Config:
     )
     dc_lambda: float = _field(
         0.04, "delay-compensated: DC-ASGD's constant lambda (>= 0; Zheng et al. 2017, arXiv 1609.08326)", group="async"
+    )
+    event_log: bool = _field(
+        False,
+        "with --out: stream every stage read and update (versions, staleness) to events.jsonl and "
+        "save the final variables, for `python -m pdasgd_jax replay DIR` (asgd, pdasgd, pdasgd-block)",
+        group="async",
     )
     host_cpus: str = _field(
         "auto",
@@ -270,6 +278,13 @@ class Config:
                 f"--staleness-rule {self.staleness_rule} applies to the asynchronous algorithms "
                 f"{', '.join(ASYNCHRONOUS)}, not to {self.algo}"
             )
+        if self.event_log and self.algo not in EVENT_LOG_ALGOS:
+            raise ValueError(
+                f"--event-log records the reads and updates of a shared parameter store: "
+                f"{', '.join(EVENT_LOG_ALGOS)} have one, --algo {self.algo} does not"
+            )
+        if self.event_log and not self.out:
+            raise ValueError("--event-log writes events.jsonl into the run directory: give --out DIR")
         from pdasgd_jax.affinity import resolve_host_cpus
 
         resolve_host_cpus(self.host_cpus)  # raises on a core this process may not use

@@ -35,7 +35,8 @@ SUMMARY_MD = "summary.md"
 CURVES_PLOT = "curves.png"
 STALENESS_PLOT = "staleness.png"
 TIMING_FILE = "timing.json"
-EVENT_LOG = "events.jsonl"
+EVENT_LOG = "events.jsonl"  # --event-log (pdasgd_jax.eventlog)
+FINAL_VARIABLES = "final_variables.npz"  # --event-log: what a replay of the log must land on
 CHECKPOINT_DIR = "checkpoints"
 DAMAGED_CHECKPOINT_DIR = "checkpoints.damaged"  # steps that failed their check on a resume
 LOCK_FILE = ".pdasgd.lock"
@@ -48,6 +49,7 @@ RUN_FILES = (
     STALENESS_PLOT,
     TIMING_FILE,
     EVENT_LOG,
+    FINAL_VARIABLES,
     CHECKPOINT_DIR,
     DAMAGED_CHECKPOINT_DIR,
     LOCK_FILE,

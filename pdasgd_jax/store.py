@@ -81,6 +81,11 @@ class VersionedSlot(Generic[T]):
                 self._history[version] = value
             self._current = Versioned(value, version)
 
+    def forget(self, version: int) -> None:
+        """Drops an old ``version`` from the history (a replay that knows nothing reads it again)."""
+        if self._history is not None and version != self._current.version:
+            self._history.pop(version, None)
+
     def at(self, version: int) -> T:
         """The value at ``version`` (history must be kept)."""
         if self._history is None:

@@ -15,6 +15,7 @@ from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import Config
 from pdasgd_jax.divergence import DivergenceWatch
 from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.eventlog import save_final_variables
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.reporting import write_json_atomic, write_summary
@@ -64,7 +65,8 @@ def train_and_evaluate(
 
     Writes ``config.json``, ``metrics.jsonl``, ``summary.json``, ``summary.md``,
     ``curves.png`` and checkpoints (at every evaluation, or every ``--checkpoint-every``
-    examples) to ``config.out`` if set, holding the directory's lock meanwhile (a second
+    examples) to ``config.out`` if set (with ``config.event_log`` also ``events.jsonl`` and
+    ``final_variables.npz``, see ``pdasgd_jax.eventlog``), holding the directory's lock meanwhile (a second
     process on it is refused). With ``resume``, continues from the newest checkpoint in
     ``config.out``; a directory that already holds a run is refused unless ``resume`` or
     ``overwrite`` (which first deletes what an earlier run wrote there, and nothing else).
@@ -86,6 +88,11 @@ def train_and_evaluate(
         raise ConfigError(
             f"{what} runs cannot be resumed yet (they write no checkpoints: every device "
             f"replica and an averaging round in flight would have to be saved); start the run over"
+        )
+    if resume and config.event_log:
+        raise ConfigError(
+            f"{config.out!r} was run with --event-log, whose log replays a run from its initial "
+            f"variables: it cannot be resumed; start it over with --overwrite"
         )
     if resume and not (config.out and os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR))):
         raise ConfigError(f"nothing to resume: {config.out!r} holds no checkpoints")
@@ -110,6 +117,8 @@ def _train(exp: Experiment, runner: Runner, *, resume: bool) -> dict[str, Any]:
     finally:
         if checkpointer is not None:
             checkpointer.close()  # the last save reaches the disk, even when the run failed
+    if config.event_log:  # what a replay of events.jsonl must land on
+        save_final_variables(config.out, result.params, result.states)
     if not metrics.rows or metrics.rows[-1]["examples"] != result.examples:
         metrics.evaluate(step=result.step, examples=result.examples, params=result.params, states=result.states)
     divergence = metrics.divergence.event if metrics.divergence is not None else None

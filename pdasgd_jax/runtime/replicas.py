@@ -75,7 +75,7 @@ def allreduce_mean(snapshots: list[PyTree], devices: tuple[jax.Device, ...]) -> 
     ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mean_program(out: NamedSharding) -> Any:
     """One jitted mean over the stacked axis per output sharding (a replicated output: an all-reduce)."""
     return jax.jit(lambda x: jnp.mean(x, axis=0, dtype=x.dtype), out_shardings=out)

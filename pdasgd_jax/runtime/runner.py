@@ -22,6 +22,7 @@ from pdasgd_jax import data
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import rng_for
 from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.eventlog import EventLogFile
 from pdasgd_jax.executor import EventLog, StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
@@ -43,9 +44,10 @@ class Runtime:
     """One threaded run of ``settings.algo`` on ``exp`` (use once).
 
     After ``run``: ``store`` holds the final parameters, ``executor.staleness`` the
-    per-stage staleness, ``log`` the event log (if ``settings.record_events``) and
-    ``workers`` their stats. The workers pause at every evaluation and checkpoint, so a
-    checkpoint holds batches ``0 .. step-1`` fully applied and no job in flight; a resumed
+    per-stage staleness, ``log`` the event log (if ``settings.record_events``; with
+    ``settings.event_log`` it streams to that file, opened here and closed when ``run``
+    ends) and ``workers`` their stats. The workers pause at every evaluation and checkpoint,
+    so a checkpoint holds batches ``0 .. step-1`` fully applied and no job in flight; a resumed
     run restarts from its newest checkpoint's variables at batch ``step``, and so applies
     every batch exactly once across the two runs.
 
@@ -65,6 +67,10 @@ class Runtime:
         self.exp = exp
         self.settings = settings
         v = exp.variables
+        # One log for the run, kept across a resume's rebuild (which an event log file refuses).
+        self.log: EventLog | EventLogFile | None = (
+            EventLogFile(settings.event_log) if settings.event_log else EventLog() if settings.record_events else None
+        )
         self._build(v.params, v.states, init_opt_states(exp.tx, v.params), first_batch=0)
         self.completed = 0
         self.train_time = 0.0  # start to the last job (or the stop), evaluations excluded: what throughput counts
@@ -84,7 +90,6 @@ class Runtime:
         self.store = ParameterStore(
             params, states, opt_states, exp.kernels.apply_update, home_devices=s.home_devices(exp.model.num_stages)
         )
-        self.log = EventLog() if s.record_events else None
         # An ASGD worker computes its whole gradient at once anyway: one program per job.
         self.executor = StageExecutor(
             exp.kernels,
@@ -141,9 +146,20 @@ class Runtime:
           NonFiniteLossError: the metrics log found a NaN or infinite training loss.
           KeyboardInterrupt: after every thread has stopped.
         """
+        try:
+            return self._run(metrics, checkpointer)
+        finally:
+            if isinstance(self.log, EventLogFile):
+                self.log.close()
+
+    def _run(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> RunResult:
         self._clock = metrics.clock
         if checkpointer is not None:
             restored = checkpointer.resume(like=self.store.snapshot(), metrics=metrics)
+            if restored is not None and self.settings.event_log:
+                raise ValueError(
+                    "an event log file covers a run from its initial variables: a resumed run cannot write one"
+                )
             if restored is not None:  # every batch before the checkpoint's step applied, none in flight
                 (params, states, opt_states), meta = restored
                 self._build(params, states, opt_states, first_batch=meta["step"])

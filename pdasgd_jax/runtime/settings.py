@@ -15,6 +15,7 @@ import jax
 from pdasgd_jax import delays
 from pdasgd_jax.affinity import AUTO, HostCpus, resolve_host_cpus
 from pdasgd_jax.config import ASYNCHRONOUS
+from pdasgd_jax.eventlog import event_log_path
 from pdasgd_jax.executor import BACKWARD_WEIGHTS
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.placement import Placement
@@ -61,6 +62,8 @@ class RuntimeSettings:
         ``replicas`` (a store per device, joined by delayed averaging every ``period`` jobs
         and merged ``delay_steps`` jobs later with ``merge``: ``runtime.replicas``).
       record_events: keep an ``EventLog`` (for replay and tests; costs memory per event).
+      event_log: a file to stream the events to instead, as they happen (``--event-log``:
+        ``eventlog.EventLogFile``; bounded memory).
       host_cpus: the cores the feed and worker threads run on: ``"auto"`` (on CPU devices
         one core, the last this process may use; elsewhere unpinned), ``"off"`` or core
         ids (see ``pdasgd_jax.affinity``).
@@ -83,6 +86,7 @@ class RuntimeSettings:
     delay_steps: int = 0
     merge: str = "correct"
     record_events: bool = False
+    event_log: str | None = None
     host_cpus: HostCpus = AUTO
 
     def __post_init__(self):
@@ -106,7 +110,7 @@ class RuntimeSettings:
                     f"lpp runs the same number of threads on each device: {self.groups} threads do not "
                     f"spread evenly over {len(self.devices)} devices"
                 )
-            if self.record_events:
+            if self.record_events or self.event_log:
                 raise ValueError("lpp keeps no event log: its device replicas are separate stores")
         if self.replication == "replicas":
             if self.algo not in ("asgd", "pdasgd", "pdasgd-block") or self.groups % len(self.devices):
@@ -189,5 +193,6 @@ class RuntimeSettings:
             delay_steps=config.averaging_delay,
             merge=config.merge,
             host_cpus=config.host_cpus,
+            event_log=event_log_path(config),
         )
         return cls(**{**settings, **overrides})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -11,6 +12,7 @@ from pdasgd_jax import calibration
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import ASYNCHRONOUS, Config
 from pdasgd_jax.delays import CommModel, DelayModel, TimingModel, with_stragglers
+from pdasgd_jax.eventlog import EventLogFile, event_log_path
 from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
@@ -78,7 +80,8 @@ def run_simulated(
         last N simulated devices ``--straggler-factor`` times slower on top of it
         (``delays.with_stragglers``; sync, local, dasgd: the last N workers).
       log: records the run's stage operations for ``executor.replay`` (asgd, pdasgd,
-        pdasgd-block; lpp, with one store per device, keeps none).
+        pdasgd-block; lpp, with one store per device, keeps none). Without one,
+        ``--event-log`` streams them to ``events.jsonl`` in ``--out``.
 
     Example::
 
@@ -113,9 +116,15 @@ def run_simulated(
         run = run_lpp if config.algo == "lpp" else run_replicated
         result, now, utilisation, staleness = run(exp, metrics, checkpointer, timing, delay, devices, workers)
     else:
-        result, now, utilisation, staleness = _run_asynchronous(
-            exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
-        )
+        path = event_log_path(config) if log is None else None
+        if path and checkpointer is not None and checkpointer.latest_step() is not None:
+            raise ValueError(
+                "an event log file covers a run from its initial variables: a resumed run cannot write one"
+            )
+        with EventLogFile(path) if path else contextlib.nullcontext(log) as log:
+            result, now, utilisation, staleness = _run_asynchronous(
+                exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
+            )
     target = config.target_accuracy
     result.extra.update(
         {

@@ -15,7 +15,7 @@ from sklearn.datasets import load_digits
 from pdasgd_jax import Config, from_modules, train_and_evaluate, update_modules
 from pdasgd_jax.data import Dataset
 from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.train import load_run_config
+from pdasgd_jax.train import load_run_config, resume_run
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +71,17 @@ def test_own_model_optimizer_and_data_honour_target_eval_every_and_out(arrays, t
     assert not np.allclose(result.variables.params[0]["layers"][0]["kernel"], initial.params[0]["layers"][0]["kernel"])
 
 
-def test_own_data_with_the_configs_model_and_optimizer(arrays):
-    result = train_and_evaluate(Config(algo="sgd", epochs=0.5, lr=0.1, progress=False), dataset=arrays)
+def test_own_data_with_the_configs_model_and_optimizer_and_its_resume(arrays, tmp_path):
+    out = str(tmp_path / "run")
+    result = train_and_evaluate(Config(algo="sgd", epochs=0.5, lr=0.1, out=out, progress=False), dataset=arrays)
     assert result["test_accuracy"] > 0.5
     assert result["config"]["dataset"] == "arrays" and result["config"]["model"] is None
     assert result["config"]["optimizer"] == Config().optimizer
+    # A finished run resumes at its last checkpoint, on the data passed again, with nothing left to do.
+    again = resume_run(out, dataset=arrays)
+    assert again["steps"] == result["steps"] and again["test_accuracy"] == result["test_accuracy"]
+    for a, b in zip(jax.tree.leaves(again.variables), jax.tree.leaves(result.variables)):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_update_modules_makes_the_modules_compute_the_trained_model(arrays):

@@ -39,7 +39,7 @@ class TrainResult(dict):
     ``result["staleness"]``, ...) with the trained model's variables as ``result.variables``.
 
     ``variables`` are the variables the last evaluation scored (for the averaging algorithms,
-    the replicas' average), as single-device arrays; ``stages.update_modules`` writes them back
+    the replicas' average), as single-device arrays; ``update_modules`` writes them back
     into your NNX modules.
     """
 
@@ -48,7 +48,7 @@ class TrainResult(dict):
         self.variables = variables
 
 
-def as_dataset(dataset: DatasetLike) -> Dataset:
+def _as_dataset(dataset: DatasetLike) -> Dataset:
     """``dataset`` as a ``Dataset``: the arrays ``(x_train, y_train, x_test, y_test)`` through
     ``Dataset.from_arrays``."""
     if isinstance(dataset, Dataset):
@@ -132,7 +132,7 @@ def train_and_evaluate(
     """
     config.validate()
     if dataset is not None:
-        dataset = as_dataset(dataset)
+        dataset = _as_dataset(dataset)
     runner = select_runner(config)
     if config.out:
         rundir.check_out(config.out, resume=resume, overwrite=overwrite)
@@ -144,13 +144,9 @@ def train_and_evaluate(
     if resume and not (config.out and os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR))):
         raise ConfigError(f"nothing to resume: {config.out!r} holds no checkpoints")
     exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=dataset)
-    recorded = config.to_dict()
-    if model is not None:
-        recorded["model"] = OWN
-    if optimizer is not None:
-        recorded["optimizer"] = OWN
-    if dataset is not None:
-        recorded["dataset"] = dataset.name
+    recorded = _recorded_config(
+        config, own_model=model is not None, own_optimizer=optimizer is not None, dataset=dataset
+    )
     if not config.out:
         return _train(exp, runner, recorded, resume=resume)
     with rundir.RunDirLock(config.out):
@@ -159,6 +155,21 @@ def train_and_evaluate(
         if not resume:
             write_json_atomic(os.path.join(config.out, rundir.CONFIG_FILE), config.to_dict())
         return _train(exp, runner, recorded, resume=resume)
+
+
+def _recorded_config(
+    config: Config, *, own_model: bool, own_optimizer: bool, dataset: Dataset | None
+) -> dict[str, Any]:
+    """The config as the summary records it: ``"own"`` for the caller's model or optimizer, the
+    name of the caller's dataset."""
+    recorded = config.to_dict()
+    if own_model:
+        recorded["model"] = OWN
+    if own_optimizer:
+        recorded["optimizer"] = OWN
+    if dataset is not None:
+        recorded["dataset"] = dataset.name
+    return recorded
 
 
 def _train(exp: Experiment, runner: Runner, recorded: dict[str, Any], *, resume: bool) -> TrainResult:

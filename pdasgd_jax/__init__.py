@@ -10,8 +10,8 @@ from pdasgd_jax.kernels import (
     make_train_step,
 )
 from pdasgd_jax.optim import AveragingRule, delay_compensated, delayed_averaging, staleness_aware
-from pdasgd_jax.stages import Stage, StagedModel, Variables, from_modules, softmax_cross_entropy
-from pdasgd_jax.train import train_and_evaluate
+from pdasgd_jax.stages import Stage, StagedModel, Variables, from_modules, softmax_cross_entropy, update_modules
+from pdasgd_jax.train import TrainResult, train_and_evaluate
 from pdasgd_jax.version import __version__
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "Stage",
     "StageKernels",
     "StagedModel",
+    "TrainResult",
     "TrainState",
     "Variables",
     "__version__",
@@ -33,4 +34,5 @@ __all__ = [
     "softmax_cross_entropy",
     "staleness_aware",
     "train_and_evaluate",
+    "update_modules",
 ]

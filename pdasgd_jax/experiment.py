@@ -42,16 +42,17 @@ def make_optimizer(
     return optim.with_staleness_rule(base, staleness_rule, dc_lambda)
 
 
-def _check_budget(config: Config, train_examples: int) -> None:
+def _check_budget(config: Config, dataset: data.Dataset) -> None:
     """Refuses a batch larger than the training set, or a budget of no example at all, before any work."""
+    train_examples = len(dataset.train)
     if config.batch_size > train_examples:
         raise ConfigError(
-            f"--batch-size {config.batch_size} exceeds the {train_examples} training examples of {config.dataset}"
+            f"--batch-size {config.batch_size} exceeds the {train_examples} training examples of {dataset.name}"
         )
     if round(config.epochs * train_examples) < 1:
         raise ConfigError(
             f"--epochs {config.epochs} is less than one example of the {train_examples} of "
-            f"{config.dataset}; need at least {1 / train_examples:.2g}"
+            f"{dataset.name}; need at least {1 / train_examples:.2g}"
         )
 
 
@@ -102,6 +103,7 @@ class Experiment:
         *,
         model: tuple[StagedModel, Variables] | None = None,
         optimizer: optax.GradientTransformation | None = None,
+        dataset: data.Dataset | None = None,
     ) -> Experiment:
         """The experiment ``config`` names, checked before any work.
 
@@ -111,10 +113,13 @@ class Experiment:
             instead of ``config.model``'s.
           optimizer: your own optax optimizer instead of ``config.optimizer`` with
             ``config.lr``; ``--staleness-rule`` still applies to it.
+          dataset: your own data (e.g. ``data.Dataset.from_arrays``) instead of ``config.dataset``;
+            without ``model``, ``config``'s model is built for it.
         """
         config.validate()
-        dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
-        _check_budget(config, len(dataset.train))
+        if dataset is None:
+            dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
+        _check_budget(config, dataset)
         model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed)
         if optimizer is None:
             tx = make_optimizer(

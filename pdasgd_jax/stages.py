@@ -259,3 +259,44 @@ def from_modules(
 def num_params(params: PyTree) -> int:
     """Number of scalar parameters in a tree."""
     return sum(int(jnp.size(leaf)) for leaf in jax.tree.leaves(params))
+
+
+def update_modules(modules: Sequence[nnx.Module | Callable], variables: Variables) -> None:
+    """Writes ``variables`` (e.g. a trained run's ``result.variables``) into the NNX modules they
+    were made from by ``from_modules``, in place: the modules then compute what the staged model
+    computes with ``variables``.
+
+    Args:
+      modules: the list given to ``from_modules`` (plain functions in it hold nothing and are skipped).
+      variables: per-stage parameters and state of the staged model built from ``modules``.
+
+    Raises:
+      ValueError: the stage counts, or a stage's variable structure or shapes, differ (the
+        variables belong to another model).
+
+    Example::
+
+        model, variables = from_modules(modules)
+        result = train_and_evaluate(config, model=(model, variables))
+        update_modules(modules, result.variables)
+    """
+    if len(modules) != len(variables.params) or len(modules) != len(variables.states):
+        raise ValueError(
+            f"got {len(modules)} modules but variables of {len(variables.params)} stages; pass the list given "
+            "to from_modules"
+        )
+    updates = []  # checked for every stage before any module changes
+    for m, (module, params, state) in enumerate(zip(modules, variables.params, variables.states)):
+        if not isinstance(module, nnx.Module):
+            continue
+        _, old_params, _, old_state = _split(module)
+        new = []
+        for what, old, tree in (("parameters", old_params, params), ("state", old_state, state)):
+            new.append(_as_nnx(jax.tree.structure(old), tree, f"{what} of stage {m}"))
+            old_shapes = [jnp.shape(leaf) for leaf in jax.tree.leaves(old)]
+            new_shapes = [jnp.shape(leaf) for leaf in jax.tree.leaves(tree)]
+            if old_shapes != new_shapes:
+                raise ValueError(f"{what} of stage {m} have shapes {new_shapes}; the module holds {old_shapes}")
+        updates.append((module, new))
+    for module, new in updates:
+        nnx.update(module, *new)

@@ -8,11 +8,14 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 
 from pdasgd_jax import rundir
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import Config
+from pdasgd_jax.data import Dataset
 from pdasgd_jax.divergence import DivergenceWatch
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.eventlog import save_final_variables
@@ -25,6 +28,41 @@ from pdasgd_jax.stages import StagedModel, Variables
 
 # Algorithms whose runs write no checkpoints, so ``--resume`` is refused before any work.
 NOT_RESUMABLE = ("lpp",)
+# What the summary's config records for a model or optimizer the caller supplied.
+OWN = "own"
+
+# Your own data: a ``Dataset`` or the arrays ``(x_train, y_train, x_test, y_test)``.
+DatasetLike = Dataset | tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+class TrainResult(dict):
+    """What ``train_and_evaluate`` returns: the run summary (this dict: ``result["test_accuracy"]``,
+    ``result["staleness"]``, ...) with the trained model's variables as ``result.variables``.
+
+    ``variables`` are the variables the last evaluation scored (for the averaging algorithms,
+    the replicas' average), as single-device arrays; ``update_modules`` writes them back
+    into your NNX modules.
+    """
+
+    def __init__(self, summary: dict[str, Any], variables: Variables):
+        super().__init__(summary)
+        self.variables = variables
+
+
+def _as_dataset(dataset: DatasetLike) -> Dataset:
+    """``dataset`` as a ``Dataset``: the arrays ``(x_train, y_train, x_test, y_test)`` through
+    ``Dataset.from_arrays``."""
+    if isinstance(dataset, Dataset):
+        return dataset
+    if not isinstance(dataset, tuple | list) or len(dataset) != 4:
+        raise ConfigError(
+            f"dataset= takes a pdasgd_jax.data.Dataset or the arrays (x_train, y_train, x_test, y_test); "
+            f"got {type(dataset).__name__}" + (f" of {len(dataset)} items" if isinstance(dataset, tuple | list) else "")
+        )
+    try:
+        return Dataset.from_arrays(*dataset)
+    except ValueError as e:
+        raise ConfigError(f"dataset=: {e}") from e
 
 
 def create_metrics(exp: Experiment, *, resume: bool = False) -> MetricsLog:
@@ -58,10 +96,12 @@ def train_and_evaluate(
     *,
     model: tuple[StagedModel, Variables] | None = None,
     optimizer: optax.GradientTransformation | None = None,
+    dataset: DatasetLike | None = None,
     resume: bool = False,
     overwrite: bool = False,
-) -> dict[str, Any]:
-    """Trains ``config.algo`` on ``config.dataset`` and returns the run summary.
+) -> TrainResult:
+    """Trains ``config.algo`` on ``config.dataset`` and returns the run summary with the trained
+    variables (a ``TrainResult``: the summary dict, plus ``.variables``).
 
     Writes ``config.json``, ``metrics.jsonl``, ``summary.json``, ``summary.md``,
     ``curves.png`` and checkpoints (at every evaluation, or every ``--checkpoint-every``
@@ -70,16 +110,31 @@ def train_and_evaluate(
     process on it is refused). With ``resume``, continues from the newest checkpoint in
     ``config.out``; a directory that already holds a run is refused unless ``resume`` or
     ``overwrite`` (which first deletes what an earlier run wrote there, and nothing else).
-    ``model`` (``(StagedModel, Variables)``, e.g. ``from_modules(...)``) and ``optimizer`` (any
-    optax optimizer) replace the ones ``config`` names; every other field applies as usual.
+
+    Your own pieces replace the ones ``config`` names; every other field applies as usual
+    (algorithm, devices, delays, ``eval_every``, ``target_accuracy``, ``out``, ...):
+
+    * ``model``: ``(StagedModel, Variables)``, e.g. ``from_modules([...])``, instead of
+      ``config.model``;
+    * ``optimizer``: any optax optimizer instead of ``config.optimizer`` at ``config.lr``
+      (``--staleness-rule`` still wraps it);
+    * ``dataset``: a ``data.Dataset`` or the arrays ``(x_train, y_train, x_test, y_test)``
+      (``Dataset.from_arrays``) instead of ``config.dataset``; without ``model``, ``config``'s
+      model is built for it (it must also fit ``config.dataset``, which the config checks).
+
+    ``config.json`` in ``out`` stays the config as given (``resume_run`` needs your pieces passed
+    again); the summary's ``config`` records ``"own"`` for your model or optimizer and your
+    dataset's name.
 
     Example::
 
         from pdasgd_jax import Config, train_and_evaluate
-        summary = train_and_evaluate(Config(algo="sgd", dataset="digits", epochs=5))
-        print(summary["test_accuracy"])
+        result = train_and_evaluate(Config(algo="sgd", dataset="digits", epochs=5))
+        print(result["test_accuracy"], len(result.variables.params))
     """
     config.validate()
+    if dataset is not None:
+        dataset = _as_dataset(dataset)
     runner = select_runner(config)
     if config.out:
         rundir.check_out(config.out, resume=resume, overwrite=overwrite)
@@ -96,19 +151,38 @@ def train_and_evaluate(
         )
     if resume and not (config.out and os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR))):
         raise ConfigError(f"nothing to resume: {config.out!r} holds no checkpoints")
-    exp = Experiment.from_config(config, model=model, optimizer=optimizer)
+    exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=dataset)
+    recorded = _recorded_config(
+        config, own_model=model is not None, own_optimizer=optimizer is not None, dataset=dataset
+    )
     if not config.out:
-        return _train(exp, runner, resume=resume)
+        return _train(exp, runner, recorded, resume=resume)
     with rundir.RunDirLock(config.out):
         if overwrite:
             rundir.clear_run(config.out)
         if not resume:
             write_json_atomic(os.path.join(config.out, rundir.CONFIG_FILE), config.to_dict())
-        return _train(exp, runner, resume=resume)
+        return _train(exp, runner, recorded, resume=resume)
 
 
-def _train(exp: Experiment, runner: Runner, *, resume: bool) -> dict[str, Any]:
-    """Runs ``runner`` on ``exp`` with its metrics log and checkpointer; writes the summary."""
+def _recorded_config(
+    config: Config, *, own_model: bool, own_optimizer: bool, dataset: Dataset | None
+) -> dict[str, Any]:
+    """The config as the summary records it: ``"own"`` for the caller's model or optimizer, the
+    name of the caller's dataset."""
+    recorded = config.to_dict()
+    if own_model:
+        recorded["model"] = OWN
+    if own_optimizer:
+        recorded["optimizer"] = OWN
+    if dataset is not None:
+        recorded["dataset"] = dataset.name
+    return recorded
+
+
+def _train(exp: Experiment, runner: Runner, recorded: dict[str, Any], *, resume: bool) -> TrainResult:
+    """Runs ``runner`` on ``exp`` with its metrics log and checkpointer; writes the summary
+    (its config: ``recorded``)."""
     config = exp.config
     metrics = create_metrics(exp, resume=resume)
     checkpointer = create_checkpointer(config, metrics, resume=resume)
@@ -122,7 +196,18 @@ def _train(exp: Experiment, runner: Runner, *, resume: bool) -> dict[str, Any]:
     if not metrics.rows or metrics.rows[-1]["examples"] != result.examples:
         metrics.evaluate(step=result.step, examples=result.examples, params=result.params, states=result.states)
     divergence = metrics.divergence.event if metrics.divergence is not None else None
-    return write_summary(metrics, config=config.to_dict(), extra={**result.extra, "divergence": divergence})
+    summary = write_summary(metrics, config=recorded, extra={**result.extra, "divergence": divergence})
+    return TrainResult(
+        summary, Variables(*jax.tree.map(_on_default_device, (tuple(result.params), tuple(result.states))))
+    )
+
+
+def _on_default_device(a: Any) -> Any:
+    """``a`` off the run's devices (a mesh, replicated or sharded) on the default one; a
+    multi-process run's global array stays as it is (no process holds all of it)."""
+    if isinstance(a, jax.Array) and not a.is_fully_addressable:
+        return a
+    return jnp.asarray(jax.device_get(a))
 
 
 def resume_run(
@@ -130,10 +215,11 @@ def resume_run(
     *,
     model: tuple[StagedModel, Variables] | None = None,
     optimizer: optax.GradientTransformation | None = None,
-) -> dict[str, Any]:
+    dataset: DatasetLike | None = None,
+) -> TrainResult:
     """Continues the run saved in ``run_dir`` (its ``config.json`` and newest checkpoint); a run
-    of your own model and optimizer needs them passed again."""
-    return train_and_evaluate(load_run_config(run_dir), model=model, optimizer=optimizer, resume=True)
+    of your own model, optimizer or dataset needs them passed again."""
+    return train_and_evaluate(load_run_config(run_dir), model=model, optimizer=optimizer, dataset=dataset, resume=True)
 
 
 def _from_before_layout_flags(saved: dict[str, Any]) -> dict[str, Any]:

@@ -472,10 +472,16 @@ The library works on a model as a **chain of stages**: stage `m` maps
 trees (PD-ASGD updates one stage at a time). This notebook
 
 1. turns your own Flax NNX modules into a staged model with `from_modules`;
-2. checks that chaining the per-stage backward kernels gives exactly `jax.grad` of the whole model;
-3. trains the model with an optax optimizer, one jitted per-stage update per stage;
-4. trains it data-parallel with DaSGD's optax-style `delayed_averaging` inside your own
-   jitted step, with the workers under `jax.vmap(..., axis_name="workers")`.
+2. trains it on your own arrays with your optax optimizer, one `train_and_evaluate` call per
+   algorithm: PD-ASGD on the simulator and on real threads, and DaSGD; then writes the trained
+   weights back into your modules with `update_modules`.
+
+Then the pieces underneath, for your own training loops:
+
+3. chaining the per-stage backward kernels gives exactly `jax.grad` of the whole model;
+4. one jitted per-stage optax update per stage;
+5. DaSGD's optax-style `delayed_averaging` inside your own jitted step, with the workers
+   under `jax.vmap(..., axis_name="workers")`.
 """),
         INSTALL,
         SMALL_SWITCH,
@@ -512,16 +518,45 @@ from flax import nnx
 from pdasgd_jax import StageKernels, chained_gradients, from_modules, make_eval_step
 
 rngs = nnx.Rngs(0)
-model, variables = from_modules(
-    [
-        nnx.Sequential(nnx.Linear(64, 128, rngs=rngs), nnx.LayerNorm(128, rngs=rngs), nnx.gelu),
-        nnx.Sequential(nnx.Linear(128, 128, rngs=rngs), nnx.gelu),
-        nnx.Linear(128, 10, rngs=rngs),
-    ],
-    names=["embed", "hidden", "head"],
-)
+modules = [
+    nnx.Sequential(nnx.Linear(64, 128, rngs=rngs), nnx.LayerNorm(128, rngs=rngs), nnx.gelu),
+    nnx.Sequential(nnx.Linear(128, 128, rngs=rngs), nnx.gelu),
+    nnx.Linear(128, 10, rngs=rngs),
+]
+model, variables = from_modules(modules, names=["embed", "hidden", "head"])
 for stage, params in zip(model.stages, variables.params):
     print(f"{stage.name:7s} {sum(p.size for p in jax.tree.leaves(params)):6d} parameters")
+"""),
+        md("""
+## Training it with PD-ASGD and DaSGD
+
+`train_and_evaluate` takes your model (`model=(model, variables)`), any optax optimizer and
+your arrays (`dataset=(x_train, y_train, x_test, y_test)`); everything else comes from the
+`Config`, as for a built-in model: the algorithm, simulated or real, replicas, delays,
+`eval_every`, `target_accuracy`, `out`. Every run starts from the same initial `variables`.
+It returns the run summary (a dict) with the trained variables as `.variables`, which
+`update_modules` writes back into your NNX modules.
+"""),
+        code("""
+from pdasgd_jax import Config, train_and_evaluate, update_modules
+
+RUNS = {
+    "PD-ASGD, simulated": dict(algo="pdasgd", simulate=True),
+    "PD-ASGD, threads": dict(algo="pdasgd"),
+    "DaSGD": dict(algo="dasgd"),
+}
+results = {}
+for name, setup in RUNS.items():
+    config = Config(**setup, replicas=2, epochs=3 if SMALL else 20, progress=False)
+    results[name] = train_and_evaluate(
+        config, model=(model, variables), optimizer=optax.adamw(1e-3), dataset=(x_train, y_train, x_test, y_test)
+    )
+    print(f"{name:19s} test accuracy {results[name]['test_accuracy']:.4f}")
+
+update_modules(modules, results["DaSGD"].variables)  # your modules now hold DaSGD's trained weights
+network = nnx.Sequential(*modules)
+modules_accuracy = float((network(x_test).argmax(-1) == y_test).mean())
+print(f"your modules after update_modules: test accuracy {modules_accuracy:.4f}")
 """),
         md("""
 ## Chained per-stage gradients equal `jax.grad`
@@ -632,12 +667,15 @@ ax.legend()
 show(fig)
 """),
         md("""
-To run the library's own algorithms (PD-ASGD threads, the simulator, the compiled DaSGD
-rounds) on a built-in model, use `train_and_evaluate(Config(...))` as in the other notebooks.
+The library's own algorithms run these same pieces: see the other notebooks for PD-ASGD's
+threads and simulator and the compiled DaSGD rounds, on built-in models and datasets.
 """),
         code("""
 print(f"RESULT test_accuracy={dasgd_accuracy:.4f} layerwise_accuracy={layerwise_accuracy:.4f} "
-      f"grad_max_abs_diff={grad_diff:.3e}")
+      f"grad_max_abs_diff={grad_diff:.3e} "
+      f"pdasgd_simulated_accuracy={results['PD-ASGD, simulated']['test_accuracy']:.4f} "
+      f"pdasgd_threads_accuracy={results['PD-ASGD, threads']['test_accuracy']:.4f} "
+      f"dasgd_library_accuracy={results['DaSGD']['test_accuracy']:.4f} modules_accuracy={modules_accuracy:.4f}")
 """),
     ]
 

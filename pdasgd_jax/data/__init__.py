@@ -6,6 +6,8 @@ Example::
     ds = data.load_dataset("digits")
     for x, y in data.train_batches(ds.train, 32, seed=0, epoch=0):
         ...
+
+Your own arrays: ``data.Dataset.from_arrays(x_train, y_train, x_test, y_test)``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,9 @@ class ModelSpec:
 
 
 MODELS: dict[str, ModelSpec] = {
-    "mlp": ModelSpec(lambda shape, classes, vocab, rngs: mlp_stages(shape, classes, rngs=rngs), ("image", "sequence")),
+    "mlp": ModelSpec(
+        lambda shape, classes, vocab, rngs: mlp_stages(shape, classes, rngs=rngs), ("image", "sequence", "features")
+    ),
     "cnn1d": ModelSpec(lambda shape, classes, vocab, rngs: cnn1d_stages(shape, classes, rngs=rngs), ("sequence",)),
     "cnn": ModelSpec(lambda shape, classes, vocab, rngs: cnn_stages(shape, classes, rngs=rngs), ("image",)),
     "resnet18": ModelSpec(lambda shape, classes, vocab, rngs: resnet18_stages(shape, classes, rngs=rngs), ("image",)),

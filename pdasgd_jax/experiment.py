@@ -166,7 +166,8 @@ class Experiment:
         _check_budget(config, len(dataset.train))
         model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed)
         rule = (config.staleness_rule, config.dc_lambda)
-        exp = cls(config, dataset, model, variables, optimizer and optim.with_staleness_rule(optimizer, *rule))
+        own = None if optimizer is None else optim.with_staleness_rule(optimizer, *rule)
+        exp = cls(config, dataset, model, variables, own)
         exp.layout  # noqa: B018 (devices and replicas are checked against this machine before any work)
         if optimizer is None:  # its schedule's horizon depends on the layout and the budget
             exp.horizon = schedule_horizon(config, exp.layout, exp.total_examples)

@@ -1,6 +1,7 @@
 """The papers' recipes: learning-rate schedules and their horizon per algorithm, crop-flip
 augmentation, presets, and optimizer-state averaging for local SGD / DaSGD."""
 
+import dataclasses
 import math
 
 import jax
@@ -278,3 +279,18 @@ def test_the_round_program_merges_the_optimizer_states_only_when_asked(average_o
     assert all(equal) if average_opt_state else not any(equal)
     params = jax.tree.leaves(jax.device_get(ws.train.params))
     assert all(np.array_equal(p[0], p[1]) for p in params)  # the parameters merge either way
+
+
+def test_local_sgd_with_adam_averages_its_moments_through_the_runner():
+    """The flag reaches the runner's round program: Adam's moments (and its integer count,
+    equal on every worker) merged at every round change the trajectory."""
+    base = Config(algo="local", replicas=2, devices=1, period=2, optimizer="adamw", lr=1e-3, epochs=0.1)
+    results = []
+    for average in (False, True):
+        exp = Experiment.from_config(dataclasses.replace(base, average_opt_state=average).validate())
+        recorder = RecordingCheckpointer()
+        results.append(select_runner(exp.config)(exp, _metrics(exp), recorder))
+        counts = [np.asarray(leaf) for leaf in jax.tree.leaves(recorder.state.train.opt_states) if leaf.ndim == 1]
+        assert all(c.tolist() == [exp.horizon] * 2 for c in counts)  # Adam's and the schedule's counts
+    before, after = (jax.tree.leaves(r.params) for r in results)
+    assert not all(np.allclose(a, b) for a, b in zip(before, after, strict=True))

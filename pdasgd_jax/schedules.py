@@ -83,9 +83,10 @@ def learning_rate(
     elif kind == "cosine":
         main = optax.cosine_decay_schedule(lr, max(1, total_updates - warm))
     else:
-        steps = [round(b * total_updates) - warm for b in boundaries]
-        if any(s <= 0 for s in steps):
+        if any(b <= warmup for b in boundaries):
             raise ValueError(f"--lr-boundaries {list(boundaries)} must all come after --warmup {warmup}")
+        # In a run of a few updates a boundary may round into the warm-up: it decays at its end.
+        steps = [max(0, round(b * total_updates) - warm) for b in boundaries]
         scales: dict[int, float] = {}
         for s in steps:  # two fractions that round to one update decay twice there
             scales[s] = scales.get(s, 1.0) * decay

@@ -69,7 +69,8 @@ def run_rounds(
     rounds of ``--period`` steps whose average is merged ``delay`` steps after it starts."""
     cfg = exp.config
     num_workers = exp.layout.replicas
-    rule = AveragingRule(cfg.period, delay, cfg.merge, outer_optimizer(cfg.outer_optimizer, cfg.outer_lr))
+    outer = outer_optimizer(cfg.outer_optimizer, cfg.outer_lr)
+    rule = AveragingRule(cfg.period, delay, cfg.merge, outer, average_opt_state=cfg.average_opt_state)
     sharding = spmd.worker_sharding(mesh)
     program = spmd.make_round_program(exp.model, exp.tx, rule, mesh)
     worker_mean = spmd.make_worker_mean(mesh)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pdasgd_jax.bench import BENCHMARKS
 from pdasgd_jax.config import Config
 from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.presets import PRESETS
 from pdasgd_jax.version import __version__
 
 # Algorithms whose replicas are single workers, for which --workers is unambiguous.
@@ -46,7 +47,8 @@ def _program_name() -> str:
     return "python -m pdasgd_jax" if name in ("", "__main__.py", "-m") or name.endswith(".py") else name
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``preset``, ``train``'s defaults are that preset's values."""
     parser = argparse.ArgumentParser(
         prog=_program_name(), description="Asynchronous and delay-tolerant SGD in JAX (PD-ASGD, DaSGD and baselines)."
     )
@@ -56,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
         "train", help="train one configuration", formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     _add_config_flags(train)
+    train.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        help="a paper's setup (README: Presets) as defaults: flags given explicitly win; "
+        + "; ".join(f"{name}: {p.description}" for name, p in PRESETS.items()),
+    )
+    if preset is not None:
+        train.set_defaults(**PRESETS[preset].values)
     train.add_argument(
         "--resume",
         metavar="DIR",
@@ -126,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses the command line; ``train --preset NAME`` fills every flag not given explicitly
+    from the preset (a second parse, with the preset's values as the defaults)."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "preset", None) is None:
+        return args
+    return build_parser(args.preset).parse_args(argv)
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """The ``Config`` of the parsed ``train`` flags (``--workers W`` read as ``--replicas W``).
 
@@ -153,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a non-finite training loss exits 1 with its message; any other exception is a failure
     during the work and propagates with its traceback.
     """
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     from pdasgd_jax.data import DatasetNotPreparedError
     from pdasgd_jax.reporting import NonFiniteLossError
 

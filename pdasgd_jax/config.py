@@ -11,10 +11,11 @@ import dataclasses
 import math
 from typing import Any
 
-from pdasgd_jax.data import DATASETS
+from pdasgd_jax.data import AUGMENTATIONS, DATASETS
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.models import MODELS
 from pdasgd_jax.optim import MERGES, STALENESS_RULES
+from pdasgd_jax.schedules import LR_SCHEDULES
 
 ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd", "lpp")
 # Those that run as independent worker threads (or simulated workers) updating a shared store
@@ -168,6 +169,34 @@ class Config:
         "none", "DiLoCo-style outer optimizer on the averaged model", OUTER_OPTIMIZERS, group="averaging"
     )
     outer_lr: float = _field(1.0, "outer optimizer learning rate (> 0)", group="averaging")
+    # Recipes: learning-rate schedule, data augmentation, optimizer-state averaging.
+    lr_schedule: str = _field(
+        "constant",
+        "learning-rate schedule of every stage's optimizer over the run's updates (docs/algorithms.md §8): "
+        "constant --lr, cosine from --lr to 0, or step (--lr times --lr-decay at each of --lr-boundaries)",
+        LR_SCHEDULES,
+        group="recipe",
+    )
+    warmup: float = _field(
+        0.0, "fraction of the run's updates, in [0, 1), in which the rate rises linearly from 0 to --lr", group="recipe"
+    )
+    lr_boundaries: str = _field(
+        "0.5,0.75", "step: increasing fractions of the run's updates at which the rate is decayed", group="recipe"
+    )
+    lr_decay: float = _field(0.1, "step: factor applied at each boundary, in (0, 1)", group="recipe")
+    augment: str = _field(
+        "none",
+        "training-image augmentation on the host: crop-flip (4-pixel zero padding, random crop, horizontal "
+        "flip; the CIFAR recipe); image datasets only",
+        AUGMENTATIONS,
+        group="recipe",
+    )
+    average_opt_state: bool = _field(
+        False,
+        "local/dasgd: average the optimizer states with the parameters at every merge (default: each "
+        "replica keeps its own)",
+        group="averaging",
+    )
 
     def validate(self) -> Config:
         """Checks every value; raises ``ConfigError`` naming the bad one and what is allowed.
@@ -289,6 +318,32 @@ class Config:
 
         resolve_host_cpus(self.host_cpus)  # raises on a core this process may not use
         models.check_model_fits(self.model_name, self.dataset, data.DATASET_MODALITY[self.dataset])
+        self._check_recipe()
+
+    def _check_recipe(self) -> None:
+        """The schedule, augmentation and optimizer-state averaging flags."""
+        from pdasgd_jax import data, schedules
+
+        if not (isinstance(self.warmup, (int, float)) and 0 <= self.warmup < 1):
+            raise ValueError(f"--warmup {self.warmup!r} is outside [0, 1): it is a fraction of the run's updates")
+        if not (isinstance(self.lr_decay, (int, float)) and 0 < self.lr_decay < 1):
+            raise ValueError(f"--lr-decay {self.lr_decay!r} is outside (0, 1)")
+        boundaries = schedules.parse_boundaries(self.lr_boundaries)
+        if self.lr_schedule == "step" and boundaries[0] <= self.warmup:
+            raise ValueError(
+                f"--lr-boundaries {self.lr_boundaries} must come after --warmup {self.warmup}: "
+                f"the first decay falls inside the warm-up"
+            )
+        if self.augment != "none" and data.DATASET_MODALITY[self.dataset] != "image":
+            images = ", ".join(name for name, kind in data.DATASET_MODALITY.items() if kind == "image")
+            raise ValueError(
+                f"--augment {self.augment} applies to image datasets ({images}), not to {self.dataset} "
+                f"({data.DATASET_MODALITY[self.dataset]} inputs); use --augment none"
+            )
+        if self.average_opt_state and self.algo not in ("local", "dasgd"):
+            raise ValueError(
+                f"--average-opt-state applies to --algo local and dasgd, whose replicas average; not to {self.algo}"
+            )
 
     @property
     def model_name(self) -> str:

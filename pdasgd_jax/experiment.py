@@ -12,7 +12,7 @@ import numpy as np
 import optax
 
 from pdasgd_jax import calibration as calibration_lib
-from pdasgd_jax import data, kernels, models, optim
+from pdasgd_jax import data, kernels, models, optim, schedules
 from pdasgd_jax import layout as layout_lib
 from pdasgd_jax.config import Config
 from pdasgd_jax.errors import ConfigError
@@ -23,15 +23,15 @@ EVAL_BATCH_SIZE = 512
 
 def make_optimizer(
     name: str,
-    lr: float,
+    lr: float | optax.Schedule,
     *,
     momentum: float = 0.9,
     weight_decay: float = 0.0,
     staleness_rule: str = "none",
     dc_lambda: float = 0.04,
 ) -> optax.GradientTransformationExtraArgs:
-    """The optax optimizer named ``sgd``, ``momentum`` or ``adamw`` under ``staleness_rule``
-    (``optim.with_staleness_rule``)."""
+    """The optax optimizer named ``sgd``, ``momentum`` or ``adamw`` with rate (or schedule) ``lr``
+    under ``staleness_rule`` (``optim.with_staleness_rule``)."""
     if name == "adamw":
         base = optax.adamw(lr, weight_decay=weight_decay)
     elif name in ("sgd", "momentum"):
@@ -40,6 +40,44 @@ def make_optimizer(
     else:
         raise ValueError(f"unknown optimizer {name!r}; choose one of sgd, momentum, adamw")
     return optim.with_staleness_rule(base, staleness_rule, dc_lambda)
+
+
+def schedule_horizon(config: Config, layout: layout_lib.Layout, total_examples: int) -> int:
+    """Updates one stage's optimizer state receives in this run (``schedules.stage_updates``)."""
+    return schedules.stage_updates(
+        config.algo,
+        total_examples=total_examples,
+        batch_size=config.batch_size,
+        replicas=layout.replicas,
+        devices=layout.devices,
+        period=config.period,
+    )
+
+
+def config_optimizer(config: Config, horizon: int) -> optax.GradientTransformationExtraArgs:
+    """The optimizer ``config`` names, its rate on ``--lr-schedule`` over ``horizon`` updates: the
+    one place every algorithm's per-stage optimizer is built."""
+    lr = schedules.learning_rate(
+        config.lr_schedule,
+        config.lr,
+        horizon,
+        warmup=config.warmup,
+        boundaries=schedules.parse_boundaries(config.lr_boundaries),
+        decay=config.lr_decay,
+    )
+    return make_optimizer(
+        config.optimizer,
+        lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        staleness_rule=config.staleness_rule,
+        dc_lambda=config.dc_lambda,
+    )
+
+
+def _scheduled(config: Config) -> bool:
+    """Whether the rate depends on the run's horizon (anything but a constant rate without warm-up)."""
+    return config.lr_schedule != "constant" or config.warmup > 0
 
 
 def _check_budget(config: Config, dataset: data.Dataset) -> None:
@@ -88,13 +126,18 @@ def _check_rounds(config: Config, replicas: int, train: data.Split, total_exampl
 
 @dataclasses.dataclass
 class Experiment:
-    """A validated config with its dataset, model, initial variables and optimizer."""
+    """A validated config with its dataset, model, initial variables and optimizer.
+
+    ``horizon`` is the schedule horizon ``tx`` was built for (``schedule_horizon``); ``None``
+    when ``tx`` is the caller's own optimizer.
+    """
 
     config: Config
     dataset: data.Dataset
     model: StagedModel
     variables: Variables
     tx: optax.GradientTransformation
+    horizon: int | None = None
 
     @classmethod
     def from_config(
@@ -112,28 +155,28 @@ class Experiment:
           model: your own ``(StagedModel, Variables)`` (e.g. from ``stages.from_modules``)
             instead of ``config.model``'s.
           optimizer: your own optax optimizer instead of ``config.optimizer`` with
-            ``config.lr``; ``--staleness-rule`` still applies to it.
+            ``config.lr`` (and ``--lr-schedule``, ``--warmup``, which are refused with it: give
+            your optimizer an optax schedule instead); ``--staleness-rule`` still applies to it.
           dataset: your own data (e.g. ``data.Dataset.from_arrays``) instead of ``config.dataset``;
             without ``model``, ``config``'s model is built for it.
         """
         config.validate()
+        if optimizer is not None and _scheduled(config):
+            raise ConfigError(
+                f"--lr-schedule {config.lr_schedule} --warmup {config.warmup} applies to the config's optimizer, "
+                f"not to your own: give it an optax schedule as its learning rate instead"
+            )
         if dataset is None:
             dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
         _check_budget(config, dataset)
         model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed)
-        if optimizer is None:
-            tx = make_optimizer(
-                config.optimizer,
-                config.lr,
-                momentum=config.momentum,
-                weight_decay=config.weight_decay,
-                staleness_rule=config.staleness_rule,
-                dc_lambda=config.dc_lambda,
-            )
-        else:
-            tx = optim.with_staleness_rule(optimizer, config.staleness_rule, config.dc_lambda)
-        exp = cls(config, dataset, model, variables, tx)
+        rule = (config.staleness_rule, config.dc_lambda)
+        own = None if optimizer is None else optim.with_staleness_rule(optimizer, *rule)
+        exp = cls(config, dataset, model, variables, own)
         exp.layout  # noqa: B018 (devices and replicas are checked against this machine before any work)
+        if optimizer is None:  # its schedule's horizon depends on the layout and the budget
+            exp.horizon = schedule_horizon(config, exp.layout, exp.total_examples)
+            exp.tx = config_optimizer(config, exp.horizon)
         _check_rounds(config, exp.layout.replicas, dataset.train, exp.total_examples)
         if config.timing is not None:
             exp.calibration()  # a missing, malformed or mismatched file is refused before any work
@@ -142,11 +185,21 @@ class Experiment:
     def with_config(self, **changes: Any) -> Experiment:
         """This experiment under a changed (validated) config, sharing its data, model,
         initial variables, optimizer and compiled kernels: for runs that differ only in how
-        they train (algorithm, devices and replicas, delays, budget)."""
+        they train (algorithm, devices and replicas, delays, budget). A scheduled optimizer
+        built from the config (``--lr-schedule``, ``--warmup``) is rebuilt, with its kernels,
+        when its horizon or schedule changes."""
         out = copy.copy(self)
         out.config = dataclasses.replace(self.config, **changes).validate()
         out.__dict__.pop("layout", None)  # resolved again for the new config
         out.layout  # noqa: B018 (checked now, before any work)
+        if self.horizon is not None:
+            horizon = schedule_horizon(out.config, out.layout, out.total_examples)
+            schedule = ("lr_schedule", "warmup", "lr_boundaries", "lr_decay")
+            changed = any(getattr(out.config, f) != getattr(self.config, f) for f in schedule)
+            if (_scheduled(out.config) or _scheduled(self.config)) and (changed or horizon != self.horizon):
+                out.tx = config_optimizer(out.config, horizon)
+                out.__dict__.pop("kernels", None)
+            out.horizon = horizon
         return out
 
     @functools.cached_property
@@ -198,7 +251,8 @@ class Experiment:
         return {"test_loss": float(loss_sum) / n, "test_accuracy": float(correct) / n}
 
     def train_stream(self, batch_size: int, *, shard_index: int = 0, num_shards: int = 1, start: int = 0):
-        """Endless shuffled training batches for one worker, epoch after epoch, from its batch ``start`` on."""
+        """Endless shuffled training batches for one worker, epoch after epoch, from its batch ``start`` on,
+        augmented as ``--augment`` says."""
         per_epoch = data.batches_per_epoch(self.dataset.train, batch_size, num_shards)
         if per_epoch == 0:
             raise ValueError(
@@ -206,6 +260,7 @@ class Experiment:
                 f"training examples of {self.dataset.name}"
             )
         epoch, offset = divmod(start, per_epoch)
+        augment = data.augmentation(self.config.augment)
         while True:
             yield from data.train_batches(
                 self.dataset.train,
@@ -215,5 +270,6 @@ class Experiment:
                 shard_index=shard_index,
                 num_shards=num_shards,
                 start=offset,
+                augment=augment,
             )
             epoch, offset = epoch + 1, 0

@@ -49,7 +49,8 @@ class AveragingRule:
     ``correct``: ``theta <- a + (theta - s)``; ``overwrite``: ``theta <- a``. With an
     ``outer`` optimizer the pseudo-gradient ``global - a`` is fed to it, and the global
     model it produces takes the place of ``a`` in the merge of the parameters.
-    Non-trainable state (BatchNorm statistics) is merged with ``a`` itself. When a merge
+    Non-trainable state (BatchNorm statistics) is merged with ``a`` itself, and so is the
+    optimizer state when ``average_opt_state`` (by default each worker keeps its own). When a merge
     and a snapshot fall on the same ``t``, ``d = H`` merges first (the previous round's
     average) and ``d = 0`` snapshots first (local SGD: ``theta <- a`` at once).
 
@@ -60,12 +61,15 @@ class AveragingRule:
       outer: optional optax optimizer applied to the pseudo-gradient, e.g.
         ``optax.sgd(0.7, momentum=0.9, nesterov=True)``; ``optax.sgd(1.0)`` is the same
         as none.
+      average_opt_state: also snapshot, average and merge the workers' optimizer states
+        (momentum, Adam moments; counts are equal on every worker), as the parameters.
     """
 
     period: int
     delay: int = 0
     merge: str = "correct"
     outer: optax.GradientTransformation | None = None
+    average_opt_state: bool = False
 
     def __post_init__(self):
         if not (isinstance(self.period, int) and self.period >= 1):
@@ -133,11 +137,14 @@ class DelayedAveragingState(NamedTuple):
 
     Attributes:
       count: local steps taken.
-      inner_state: the wrapped optimizer's state (never averaged).
+      inner_state: the wrapped optimizer's state (averaged only with ``average_opt_state``).
       snapshot: the parameters at the last snapshot step.
       average: the workers' mean of ``snapshot``: computed (``pmean``) at the snapshot
         step and held, in flight, until it is merged ``delay`` steps later.
       outer: the outer optimizer's ``OuterState``, or ``()`` without one.
+      opt_snapshot: with ``average_opt_state``, ``inner_state`` at the last snapshot step
+        (else ``()``).
+      opt_average: the workers' mean of ``opt_snapshot``, held like ``average``.
     """
 
     count: jax.Array
@@ -145,6 +152,8 @@ class DelayedAveragingState(NamedTuple):
     snapshot: optax.Params
     average: optax.Params
     outer: OuterState | tuple
+    opt_snapshot: optax.OptState | tuple = ()
+    opt_average: optax.OptState | tuple = ()
 
 
 def delayed_averaging(
@@ -154,6 +163,7 @@ def delayed_averaging(
     axis_name: AxisName,
     merge: str = "correct",
     outer: optax.GradientTransformation | None = None,
+    average_opt_state: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
     """DaSGD (local SGD with delayed averaging) as a per-step optax wrapper.
 
@@ -188,6 +198,8 @@ def delayed_averaging(
       axis_name: the workers' mapped axis (or a tuple of axes).
       merge: ``"correct"`` (``a + (theta - s)``) or ``"overwrite"`` (``a``).
       outer: optional DiLoCo-style outer optimizer on the pseudo-gradient.
+      average_opt_state: also average ``inner``'s state (momentum, Adam moments) on the
+        same schedule and merge it like the parameters (default: each worker keeps its own).
 
     Returns:
       A transformation whose ``update(grads, state, params, **extra)`` needs ``params``;
@@ -210,12 +222,14 @@ def delayed_averaging(
     >>> jax.vmap(train, axis_name="workers")(jnp.zeros(2), grads).tolist()
     [-3.0, -5.0]
     """
-    rule = AveragingRule(period, delay, merge, outer)
+    rule = AveragingRule(period, delay, merge, outer, average_opt_state)
     inner = optax.with_extra_args_support(inner)
 
     def init(params: optax.Params) -> DelayedAveragingState:
+        inner_state = inner.init(params)
+        held = inner_state if average_opt_state else ()
         return DelayedAveragingState(
-            jnp.zeros((), jnp.int32), inner.init(params), params, params, rule.init_outer(params)
+            jnp.zeros((), jnp.int32), inner_state, params, params, rule.init_outer(params), held, held
         )
 
     def update(
@@ -226,22 +240,31 @@ def delayed_averaging(
         inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra)
         theta = optax.apply_updates(params, inner_updates)
         t = state.count + 1
-        snapshot, average, outer_state = state.snapshot, state.average, state.outer
+        held = (state.snapshot, state.opt_snapshot), (state.average, state.opt_average)
 
-        def merged(theta, outer_state):
-            return jax.lax.cond(
-                rule.is_merge(t), rule.merge_params, lambda p, s, a, o: (p, o), theta, snapshot, average, outer_state
-            )
+        def merge(held, theta, inner_state, outer_state):
+            (snapshot, opt_snapshot), (average, opt_average) = held
+            theta, outer_state = rule.merge_params(theta, snapshot, average, outer_state)
+            if average_opt_state:
+                inner_state = rule.merge_tree(inner_state, opt_snapshot, opt_average)
+            return theta, inner_state, outer_state
 
+        def merged(held, values):
+            return jax.lax.cond(rule.is_merge(t), merge, lambda held, *v: v, held, *values)
+
+        values = (theta, inner_state, state.outer)
         if delay > 0:  # merges the average started `delay` steps ago, before a new snapshot
-            theta, outer_state = merged(theta, outer_state)
-        snapshot, average = jax.lax.cond(
-            rule.is_snapshot(t), lambda: (theta, rule.average(theta, axis_name)), lambda: (snapshot, average)
-        )
+            values = merged(held, values)
+        taken = (values[0], values[1] if average_opt_state else ())
+        held = jax.lax.cond(rule.is_snapshot(t), lambda: (taken, rule.average(taken, axis_name)), lambda: held)
         if delay == 0:  # local SGD: the average just taken is merged at once
-            theta, outer_state = merged(theta, outer_state)
+            values = merged(held, values)
+        theta, inner_state, outer_state = values
+        (snapshot, opt_snapshot), (average, opt_average) = held
         new_updates = jax.tree.map(jnp.subtract, theta, params)
-        return new_updates, DelayedAveragingState(t, inner_state, snapshot, average, outer_state)
+        return new_updates, DelayedAveragingState(
+            t, inner_state, snapshot, average, outer_state, opt_snapshot, opt_average
+        )
 
     return optax.GradientTransformationExtraArgs(init, update)
 

@@ -128,12 +128,12 @@ def make_round(
     ``(WorkerState, x_HxB..., y_HxB) -> (WorkerState, loss_H)``, to be mapped over the
     workers with ``axis_name`` (``vmap`` or ``shard_map``). Round ``k`` covers local steps
     ``kH .. kH+H-1``; row ``i`` of the inputs is the worker's batch ``kH + i`` of its own
-    stream. The snapshot is the state at the round's start and its average (parameters
-    and non-trainable states) is issued there; rows ``0 .. d-1`` feed the steps that run
-    while the average is in flight; then the merge; rows ``d .. H-1`` feed the remaining
-    steps (none when ``d = H``: the merge ends the round). Written as two scans with the
-    ``pmean`` before the first, the collective's result is needed only after ``d`` steps,
-    so XLA can overlap it with them.
+    stream. The snapshot is the state at the round's start and its average (parameters,
+    non-trainable states and, with ``rule.average_opt_state``, optimizer states) is issued
+    there; rows ``0 .. d-1`` feed the steps that run while the average is in flight; then
+    the merge; rows ``d .. H-1`` feed the remaining steps (none when ``d = H``: the merge
+    ends the round). Written as two scans with the ``pmean`` before the first, the
+    collective's result is needed only after ``d`` steps, so XLA can overlap it with them.
 
     A model that draws randomness (Dropout) takes two more arguments, the run's key and the
     round's first step ``kH``, and worker ``w``'s local step ``s`` draws from
@@ -156,12 +156,17 @@ def make_round(
                 *inputs,
                 jax.vmap(lambda i: jax.random.fold_in(worker_key, first_step + i))(jnp.arange(len(x_HxB))),
             )
-        snapshot = (ws.train.params, ws.train.states)
+        # The optimizer states travel with the average only when asked (``average_opt_state``).
+        snapshot = TrainState(ws.train.params, ws.train.states, ws.train.opt_states if rule.average_opt_state else ())
         average = rule.average(snapshot, axis_name)
         train, loss_in_flight = local_steps(ws.train, tuple(a[:d] for a in inputs))
-        params, outer = rule.merge_params(train.params, snapshot[0], average[0], ws.outer)
-        states = rule.merge_tree(train.states, snapshot[1], average[1])
-        train, loss_after = local_steps(train._replace(params=params, states=states), tuple(a[d:] for a in inputs))
+        params, outer = rule.merge_params(train.params, snapshot.params, average.params, ws.outer)
+        states = rule.merge_tree(train.states, snapshot.states, average.states)
+        opt_states = train.opt_states
+        if rule.average_opt_state:
+            opt_states = rule.merge_tree(opt_states, snapshot.opt_states, average.opt_states)
+        merged = TrainState(params, states, opt_states)
+        train, loss_after = local_steps(merged, tuple(a[d:] for a in inputs))
         return WorkerState(train, outer), jnp.concatenate([loss_in_flight, loss_after])
 
     return round_fn

@@ -12,6 +12,7 @@ Your own arrays: ``data.Dataset.from_arrays(x_train, y_train, x_test, y_test)``.
 
 from __future__ import annotations
 
+from pdasgd_jax.data.augment import AUGMENTATIONS, augmentation
 from pdasgd_jax.data.offline import load_digits, load_mnist1d
 from pdasgd_jax.data.pipeline import ArraySplit, Split, batches_per_epoch, eval_batches, train_batches
 from pdasgd_jax.data.spec import MODALITIES, Dataset
@@ -59,6 +60,7 @@ def load_dataset(name: str, *, data_dir: str | None = None) -> Dataset:
 
 
 __all__ = [
+    "AUGMENTATIONS",
     "DATASETS",
     "DATASET_MODALITY",
     "MODALITIES",
@@ -67,6 +69,7 @@ __all__ = [
     "ArraySplit",
     "Dataset",
     "Split",
+    "augmentation",
     "batches_per_epoch",
     "check_dataset_name",
     "eval_batches",

@@ -15,6 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
+from pdasgd_jax.data.augment import Augmentation, batch_rng
+
 
 class Split(Protocol):
     """A random-access split of a dataset."""
@@ -53,17 +55,27 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def train_batches(
-    split: Split, batch_size: int, *, seed: int, epoch: int, shard_index: int = 0, num_shards: int = 1, start: int = 0
+    split: Split,
+    batch_size: int,
+    *,
+    seed: int,
+    epoch: int,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    start: int = 0,
+    augment: Augmentation | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Shuffled full batches of one epoch for worker ``shard_index`` of ``num_shards``,
-    from the worker's batch ``start`` on (a resumed run skips without reading)."""
+    from the worker's batch ``start`` on (a resumed run skips without reading), each passed
+    through ``augment`` (``data.augment``) with the generator of its ``(seed, epoch, batch)``."""
     if not 0 <= shard_index < num_shards:
         raise ValueError(f"shard_index {shard_index} is outside [0, {num_shards})")
     order = epoch_permutation(len(split), seed, epoch)
     n = batches_per_epoch(split, batch_size, num_shards)
     for b in range(start, n):
         k = b * num_shards + shard_index
-        yield split.take(np.sort(order[k * batch_size : (k + 1) * batch_size]))
+        x, y = split.take(np.sort(order[k * batch_size : (k + 1) * batch_size]))
+        yield (x if augment is None else augment(x, batch_rng(seed, epoch, k))), y
 
 
 def eval_batches(split: Split, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:

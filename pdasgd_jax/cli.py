@@ -104,6 +104,9 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     bench.add_argument("name", choices=tuple(BENCHMARKS), help="which benchmark (see below)")
     bench.add_argument("--out", default="bench_out", help="directory for <name>.json and <name>.md")
     bench.add_argument("--quick", action="store_true", help="a small, fast version (for tests and smoke checks)")
+    bench.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bar over the runs (on stderr)"
+    )
     compare = sub.add_parser(
         "compare",
         help="overlay finished runs in one plot and one table",
@@ -210,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "bench":
             from pdasgd_jax.bench import run_benchmark
 
-            print(run_benchmark(args.name, args.out, quick=args.quick))
+            print(run_benchmark(args.name, args.out, quick=args.quick, show_progress=args.progress))
     except (ConfigError, DatasetNotPreparedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import os
 
 import pytest
@@ -34,7 +35,13 @@ def test_delays_network_quick_reports_every_algorithm_with_consistent_speedups(t
         assert cell[algo]["mean"] is not None, f"{algo} did not reach the target in the quick budget"
     assert cell["pdasgd_speedup"]["sync"] == pytest.approx(cell["sync"]["mean"] / cell["pdasgd"]["mean"])
     assert f"{cell['pdasgd_speedup']['sync']:.2f}x" in table
-    assert "| W | k |" in capsys.readouterr().out  # the table is printed too
+    printed = capsys.readouterr()
+    assert "| W | k |" in printed.out  # the table is printed too
+    # A bar over the runs on stderr: one tick per simulated run (tuning and reported seeds).
+    ticks = re.findall(r"bench delays-network: (\d+) runs", printed.err)
+    assert ticks and int(ticks[-1]) == sum(
+        len(cell[a]["tuning_seeds"]) * len(cell[a]["tuning"]) + len(cell[a]["times"]) for a in delays.ALGORITHMS
+    )
 
 
 def test_overlap_quick_shows_dasgd_hiding_what_sync_pays(tmp_path):

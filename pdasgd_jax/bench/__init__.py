@@ -34,11 +34,15 @@ BENCHMARKS: dict[str, str] = {
 }
 
 
-def run_benchmark(name: str, out_dir: str, *, quick: bool = False) -> str:
-    """Runs benchmark ``name``, writes its JSON and markdown, returns the markdown."""
+def run_benchmark(name: str, out_dir: str, *, quick: bool = False, show_progress: bool = True) -> str:
+    """Runs benchmark ``name`` (with a progress bar over its runs on stderr unless
+    ``show_progress`` is False), writes its JSON and markdown, returns the markdown."""
+    from pdasgd_jax.bench import progress
+
     module = importlib.import_module(f"pdasgd_jax.bench.{name.replace('-', '_')}")
     os.makedirs(out_dir, exist_ok=True)
-    results, table = module.run(out_dir, quick=quick)
+    with progress.bar(name, enabled=show_progress):
+        results, table = module.run(out_dir, quick=quick)
     write_json_atomic(os.path.join(out_dir, f"{name}.json"), results)
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(table + "\n")
@@ -60,10 +64,13 @@ def interleaved_seconds(runs: dict[str, Callable[[], float]], repeats: int) -> d
     Round-robin, so a drift in this shared machine's speed hits all runs alike and a ratio
     taken within a round compares them under the same load.
     """
+    from pdasgd_jax.bench import progress
+
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, fn in runs.items():
             seconds[name].append(fn())
+            progress.tick(name)
     return seconds
 
 

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pdasgd_jax import compare
-from pdasgd_jax.bench import json_ready
+from pdasgd_jax.bench import json_ready, progress
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.delays import CommModel
@@ -145,6 +145,8 @@ def time_to_target(
         extra = run_simulated(exp, metrics, timing=timing).extra
     except NonFiniteLossError:
         return DIVERGED
+    finally:
+        progress.tick(f"{algo} W={workers} k={k:g}{' straggler' if straggler else ''} lr={lr:g} seed {seed}")
     reached = extra["virtual_time_to_target"]
     return Outcome(
         math.inf if reached is None else reached,

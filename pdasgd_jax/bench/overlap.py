@@ -22,6 +22,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from pdasgd_jax import data, models, spmd
+from pdasgd_jax.bench import progress
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
 from pdasgd_jax.kernels import make_train_step
@@ -62,6 +63,7 @@ def _time_rounds(program, ws, x, y, rounds: int, repeats: int) -> list[float]:
             spmd.wait_for_round(previous)
         jax.block_until_ready((ws, loss))
         samples.append((time.perf_counter() - start) / (rounds * PERIOD))
+        progress.tick()
     return samples
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from pdasgd_jax.bench import progress
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.reporting import NonFiniteLossError
@@ -60,6 +61,8 @@ def final_accuracy(config: Config) -> float:
         return float(train_and_evaluate(config)["test_accuracy"])
     except NonFiniteLossError:
         return math.nan
+    finally:
+        progress.tick(f"{config.dataset} {config.algo} seed {config.seed}")
 
 
 def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:

@@ -52,7 +52,7 @@ import jax
 import numpy as np
 
 from pdasgd_jax import affinity
-from pdasgd_jax.bench import interleaved_seconds, json_ready, rate_summary
+from pdasgd_jax.bench import interleaved_seconds, json_ready, progress, rate_summary
 from pdasgd_jax.bench.delays import mean_staleness
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
@@ -366,6 +366,7 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
                     runs[key].append(fn(exp))
                 except NonFiniteLossError:
                     runs[key].append((math.inf, math.nan))
+                progress.tick(f"{name} {key} seed {seed}")
         out[name] = {
             "lr": config["lr"],
             "runtime_devices": warm_up.layout.devices,

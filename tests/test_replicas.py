@@ -155,7 +155,6 @@ def test_pdasgd_groups_wait_for_a_slow_group_and_lose_no_job(exp):
     [
         (dict(algo="sync"), "applies to --algo asgd, pdasgd, pdasgd-block"),
         (dict(algo="lpp"), "not to lpp"),
-        (dict(simulate=False), "simulator only so far"),
         (dict(outer_optimizer="nesterov"), "--outer-optimizer nesterov"),
         (dict(period=4, delay_steps=5), "--delay-steps 5 exceeds --period 4"),
         (dict(merge="overwrite", period=2, delay_steps=2), "discards every local step"),

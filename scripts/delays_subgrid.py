@@ -25,14 +25,18 @@ from pdasgd_jax.compare import markdown_table
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[4], choices=delays.WORKERS)
+    parser.add_argument("--k", type=float, nargs="+", default=list(delays.DELAY_FACTORS), help="delay factors to run")
+    parser.add_argument(
+        "--straggler", choices=("both", "no", "yes"), default="both", help="cells without, with or both"
+    )
     parser.add_argument("--out", default="bench_out")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     jsonl, md = (os.path.join(args.out, f"delays-subgrid.{ext}") for ext in ("jsonl", "md"))
     rows = []
     for workers in args.workers:
-        for straggler in (False, True):
-            for k in delays.DELAY_FACTORS:
+        for straggler in {"both": (False, True), "no": (False,), "yes": (True,)}[args.straggler]:
+            for k in args.k:
                 results, [row] = delays.grid([(workers, k, straggler)], quick=False)
                 with open(jsonl, "a") as f:
                     f.write(json.dumps(results) + "\n")

@@ -35,6 +35,7 @@ def test_delays_network_quick_reports_every_algorithm_with_consistent_speedups(t
         assert cell[algo]["mean"] is not None, f"{algo} did not reach the target in the quick budget"
     assert cell["pdasgd_speedup"]["sync"] == pytest.approx(cell["sync"]["mean"] / cell["pdasgd"]["mean"])
     assert f"{cell['pdasgd_speedup']['sync']:.2f}x" in table
+    assert cell["pdasgd_rep_speedup"]["lpp"] == pytest.approx(cell["lpp"]["mean"] / cell["pdasgd-rep"]["mean"])
     printed = capsys.readouterr()
     assert "| W | k |" in printed.out  # the table is printed too
     # A bar over the runs on stderr: one tick per simulated run (tuning and reported seeds).

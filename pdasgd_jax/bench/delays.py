@@ -12,6 +12,11 @@ slowest worker); optionally the last device is a straggler, 3x slower (``--strag
 --straggler-factor 3``, which ``run_simulated`` applies). The per-worker batch is the
 same for all (sync's global batch is ``W`` times it).
 
+Replicated variants (``--replication replicas``, algorithms.md §3a): ``pdasgd-rep`` is
+PD-ASGD with a store per device (F = 1, B = 2 on it) and ``asgd-3t-rep`` three Hogwild!
+threads per device store, the stores joined by DaSGD's delayed averaging (H = 4, d = 2, not
+tuned); ``asgd-3t-rep`` counts among the asynchronous baselines.
+
 DaSGD: ``W`` workers of one device each, averaging every ``H = 4`` steps and merging
 ``d = 2`` steps later; each step waits only for the average started ``d`` steps earlier,
 so per-step delays are absorbed until a worker falls ``d`` steps behind (communication is
@@ -56,11 +61,16 @@ TUNING_SEEDS = (100, 101)  # pick each cell's rate (mean time; a rate failing on
 MAX_WIDENINGS = 2  # 4x steps a rate grid may grow on each side while its best rate is on the edge
 THREADS_PER_DEVICE = 3  # PD-ASGD's F + B, given to the threaded baselines too
 LPP_PERIOD = 4
+# Replicated PD-ASGD and ASGD (--replication replicas, algorithms.md §3a): DaSGD's H and d
+# of this protocol (not tuned, like LPP's H).
+REPLICA_PERIOD, REPLICA_DELAY = 4, 2
 BATCH_SIZE = 16
 TARGET = 0.9
 EPOCHS = 30.0
-# The asynchronous baselines PD-ASGD must beat (the "best asynchronous baseline").
-ASYNC_BASELINES = ("asgd", "asgd-3t", "lpp")
+# The asynchronous baselines PD-ASGD must beat (the "best asynchronous baseline");
+# asgd-3t-rep is LPP-SGD's threads with DaSGD's delayed averaging instead of in-place rounds.
+ASYNC_BASELINES = ("asgd", "asgd-3t", "lpp", "asgd-3t-rep")
+REPLICATED = {"replication": "replicas", "period": REPLICA_PERIOD, "delay_steps": REPLICA_DELAY}
 ALGORITHMS: dict[str, dict[str, Any]] = {
     "sync": {"algo": "sync"},
     "asgd": {"algo": "asgd"},
@@ -68,6 +78,8 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "lpp": {"algo": "lpp", "threads_per_device": THREADS_PER_DEVICE, "period": LPP_PERIOD},
     "pdasgd": {"algo": "pdasgd", "backward_weights": "stashed"},
     "pdasgd-live": {"algo": "pdasgd", "backward_weights": "live"},
+    "pdasgd-rep": {"algo": "pdasgd", "backward_weights": "stashed", **REPLICATED},
+    "asgd-3t-rep": {"algo": "asgd", "threads_per_device": THREADS_PER_DEVICE, **REPLICATED},
     "dasgd": {"algo": "dasgd", "period": 4, "delay_steps": 2},
 }
 # Each algorithm's rate grid, 4x apart, covering where it trains best on digits (sync's
@@ -80,6 +92,8 @@ LRS: dict[str, tuple[float, ...]] = {
     "lpp": (0.00078125, 0.003125, 0.0125, 0.05),
     "pdasgd": (0.00078125, 0.003125, 0.0125, 0.05),
     "pdasgd-live": (0.00078125, 0.003125, 0.0125, 0.05),
+    "pdasgd-rep": (0.00078125, 0.003125, 0.0125, 0.05),
+    "asgd-3t-rep": (0.00078125, 0.003125, 0.0125, 0.05),
     "dasgd": (0.0125, 0.05, 0.2),
 }
 
@@ -245,6 +259,8 @@ COLUMNS = (
     *(f"{a} (ms)" for a in ALGORITHMS),
     "pdasgd vs sync",
     "pdasgd vs best async",
+    "pdasgd-rep vs sync",
+    "pdasgd-rep vs best async",
     "dasgd vs sync",
 )
 
@@ -261,9 +277,12 @@ def grid(
         by_algo = {
             algo: cell(algo, workers, k, straggler, lrs[algo], seeds, epochs, comm, tuning_seeds) for algo in ALGORITHMS
         }
-        pd = by_algo["pdasgd"]["mean"]
+        pd, rep = by_algo["pdasgd"]["mean"], by_algo["pdasgd-rep"]["mean"]
         rival = best_async(by_algo)
         speedup = {ref: by_algo[ref]["mean"] / pd if math.isfinite(pd) else 0.0 for ref in ("sync", *ASYNC_BASELINES)}
+        rep_speedup = {
+            ref: by_algo[ref]["mean"] / rep if math.isfinite(rep) else 0.0 for ref in ("sync", *ASYNC_BASELINES)
+        }
         cells.append(
             json_ready(
                 {
@@ -272,6 +291,7 @@ def grid(
                     "straggler": straggler,
                     **by_algo,
                     "pdasgd_speedup": speedup,
+                    "pdasgd_rep_speedup": rep_speedup,
                     "best_async": rival,
                 }
             )
@@ -284,6 +304,8 @@ def grid(
                 **{f"{a} (ms)": _fmt(c) for a, c in by_algo.items()},
                 "pdasgd vs sync": _ratio(by_algo["sync"]["mean"], pd),
                 "pdasgd vs best async": f"{_ratio(by_algo[rival]['mean'], pd)} ({rival})",
+                "pdasgd-rep vs sync": _ratio(by_algo["sync"]["mean"], rep),
+                "pdasgd-rep vs best async": f"{_ratio(by_algo[rival]['mean'], rep)} ({rival})",
                 "dasgd vs sync": _ratio(by_algo["sync"]["mean"], by_algo["dasgd"]["mean"]),
             }
         )
@@ -302,6 +324,7 @@ def grid(
         "tuning_seeds": list(tuning_seeds),
         "threads_per_device": THREADS_PER_DEVICE,
         "lpp_period": LPP_PERIOD,
+        "replicated": {"period": REPLICA_PERIOD, "delay_steps": REPLICA_DELAY},
         "straggler_factor": STRAGGLER_FACTOR,
         "cells": cells,
     }
@@ -314,7 +337,8 @@ def header(name: str, results: dict[str, Any]) -> str:
         f"accuracy {TARGET}; batch {BATCH_SIZE} per worker; Exp(k x step compute) delay per worker per job; "
         f"each cell's lr tuned on seeds {results['tuning_seeds']} (not reported; mean time, a rate failing on "
         f"either is out) over the grid {results['lrs']}, "
-        f"widened 4x at a time while on its edge; asgd-3t and lpp: {THREADS_PER_DEVICE} threads per device"
+        f"widened 4x at a time while on its edge; asgd-3t, lpp and asgd-3t-rep: {THREADS_PER_DEVICE} threads per "
+        f"device; -rep: --replication replicas, H = {REPLICA_PERIOD}, d = {REPLICA_DELAY}"
     )
 
 

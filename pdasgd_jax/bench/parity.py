@@ -50,6 +50,22 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "pdasgd (layer, stashed)": {"algo": "pdasgd", "backward_weights": "stashed", **ASYNC},
     "pdasgd (layer, live)": {"algo": "pdasgd", "backward_weights": "live", **ASYNC},
     "pdasgd-block (stashed)": {"algo": "pdasgd-block", "backward_weights": "stashed", **ASYNC},
+    # A store per device joined by delayed averaging (algorithms.md §3a), H and d as dasgd's below.
+    "pdasgd (replicas, H 8, d 4)": {
+        "algo": "pdasgd",
+        "replication": "replicas",
+        "period": 8,
+        "delay_steps": 4,
+        **ASYNC,
+    },
+    "asgd (replicas, 3 threads per device, H 8, d 4)": {
+        "algo": "asgd",
+        "replicas": 3 * WORKERS,
+        "replication": "replicas",
+        "period": 8,
+        "delay_steps": 4,
+        **ASYNC,
+    },
     "local": {"algo": "local", "replicas": DATA_PARALLEL_WORKERS, "period": 8},
     "dasgd": {"algo": "dasgd", "replicas": DATA_PARALLEL_WORKERS, "period": 8, "delay_steps": 4},
 }

@@ -8,9 +8,9 @@ with DaSGD's delayed averaging (``optim.AveragingRule``), counted per group in c
 * at ``c_g = kH`` (``k = 0, 1, ...``) group ``g`` snapshots its store (parameters and
   non-trainable state) and goes on;
 * once every group has snapshotted round ``k``, the all-reduce of the snapshots starts
-  (``start_allreduce``, which hands the mean back through ``deliver`` when it has arrived:
-  later on the virtual clock, at once on the runtime, where the mean is a device array still
-  being computed);
+  (``start_allreduce(k)``; the caller calls ``arrive(k)`` when it has arrived: later on the
+  virtual clock, at once on the runtime, where ``mean`` dispatches a collective whose result
+  is a device array still being computed);
 * at ``c_g = kH + d`` group ``g`` merges round ``k``'s mean (the rule's ``merge_tree``;
   non-trainable state takes the mean itself); a merge writes every stage (it bumps the
   versions). If the mean has not arrived the group is paused (``pause(g)``: its workers start
@@ -18,11 +18,14 @@ with DaSGD's delayed averaging (``optim.AveragingRule``), counted per group in c
   Waits are summed per group (``merge_wait``) on the caller's clock.
 
 With one group nothing is averaged and nothing waits. Not thread-safe: the runtime calls it
-under one lock.
+under one lock. ``abstract`` (a simulated run replaying its schedule to a checkpoint)
+evaluates the means and merges by shape only; ``values`` and ``load`` are the rounds in
+flight, for a checkpoint.
 
 Example::
 
-    rounds = GroupRounds(stores, AveragingRule(period=4, delay=2), start_allreduce, pause, unpause, clock)
+    rounds = GroupRounds(stores, AveragingRule(period=4, delay=2), start_allreduce, mean, pause, unpause, clock)
+    rounds.start()
     rounds.applied(g)  # after each of group g's jobs has all its updates applied
 """
 
@@ -62,9 +65,10 @@ class GroupRounds:
     Args:
       stores: each group's store.
       rule: the period H, delay d and merge (no outer optimizer).
-      start_allreduce: ``start_allreduce(snapshots, deliver)`` starts the all-reduce of one
-        snapshot per group and calls ``deliver(means)`` (one copy per group, where its store
-        lives) once the mean has arrived.
+      start_allreduce: ``start_allreduce(k)``: round ``k``'s snapshots are all taken; the
+        caller calls ``arrive(k)`` once its all-reduce would have delivered.
+      mean: the all-reduce's arithmetic: one snapshot per group in, one copy of their mean
+        per group out (where the group's store lives).
       pause, unpause: stop and restart group ``g`` starting jobs.
       clock: the caller's time, for the waits.
     """
@@ -73,7 +77,8 @@ class GroupRounds:
         self,
         stores: Sequence[Any],
         rule: AveragingRule,
-        start_allreduce: Callable[[list[Snapshot], Callable[[list[Snapshot]], None]], None],
+        start_allreduce: Callable[[int], None],
+        mean: Callable[[list[Snapshot]], list[Snapshot]],
         pause: Callable[[int], None],
         unpause: Callable[[int], None],
         clock: Callable[[], float],
@@ -83,6 +88,8 @@ class GroupRounds:
         self.stores = list(stores)
         self.rule = rule
         self._start_allreduce = start_allreduce
+        self._mean = mean
+        self.abstract = False
         self._pause, self._unpause, self._clock = pause, unpause, clock
         groups = len(self.stores)
         self.counts = [0] * groups
@@ -156,10 +163,13 @@ class GroupRounds:
         rnd = self._round(k)
         rnd.snapshots[g] = (params, states)
         if all(s is not None for s in rnd.snapshots):  # the last group: the all-reduce starts
-            self._start_allreduce(list(rnd.snapshots), functools.partial(self._arrive, k))
+            self._start_allreduce(k)
 
-    def _arrive(self, k: int, means: list[Snapshot]) -> None:
-        self._round(k).means = means
+    def arrive(self, k: int) -> None:
+        """Round ``k``'s mean has arrived: the groups waiting for it merge it."""
+        rnd = self._round(k)
+        mean = functools.partial(jax.eval_shape, self._mean) if self.abstract else self._mean
+        rnd.means = mean(list(rnd.snapshots))
         for g in range(len(self.stores)):
             if self._due[g] and self._due[g][0] == ("merge", k):
                 self._work(g)
@@ -168,11 +178,24 @@ class GroupRounds:
         rnd = self._rounds[k]
         (snap_params, _), (mean_params, mean_states) = rnd.snapshots[g], rnd.means[g]
         store = self.stores[g]
+        merged = functools.partial(_merged, self.rule)
+        if self.abstract:
+            merged = functools.partial(jax.eval_shape, merged)
         for m in range(store.num_stages):
-            store.update_with(m, lambda p, o, _v, s=snap_params[m], a=mean_params[m]: (_merged(self.rule, p, s, a), o))
+            store.update_with(m, lambda p, o, _v, s=snap_params[m], a=mean_params[m]: (merged(p, s, a), o))
             if jax.tree.leaves(mean_states[m]):
                 store.write_state(m, mean_states[m])
         rnd.merged += 1
         if rnd.merged == len(self.stores):
             del self._rounds[k]  # every group has merged it: its snapshots can go
             self.rounds_merged += 1
+
+    def values(self) -> list[tuple[int, list[Snapshot | None], list[Snapshot] | None]]:
+        """The rounds in flight, ``(k, snapshots so far, means or None)``: what a checkpoint
+        saves besides the stores (the counts and due actions are the schedule's, replayed)."""
+        return [(k, list(r.snapshots), r.means) for k, r in sorted(self._rounds.items())]
+
+    def load(self, values: list[tuple[int, list[Snapshot | None], list[Snapshot] | None]]) -> None:
+        """Replaces the rounds' values by ``values`` (of a replayed ``values()``'s structure)."""
+        for k, snapshots, means in values:
+            self._rounds[k].snapshots, self._rounds[k].means = list(snapshots), means

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pdasgd_jax import averaging_runner
 from pdasgd_jax.config import ALGORITHMS, Config
 from pdasgd_jax.run_result import Runner
-from pdasgd_jax.runtime import run_runtime
 from pdasgd_jax.runtime.lpp import run_lpp_runtime
+from pdasgd_jax.runtime.replicas import run_threads
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.sync_runner import run_sgd, run_sync
 
@@ -18,9 +18,9 @@ from pdasgd_jax.sync_runner import run_sgd, run_sync
 RUNNERS: dict[str, Runner] = {
     "sgd": run_sgd,
     "sync": run_sync,
-    "asgd": run_runtime,
-    "pdasgd": run_runtime,
-    "pdasgd-block": run_runtime,
+    "asgd": run_threads,
+    "pdasgd": run_threads,
+    "pdasgd-block": run_threads,
     "local": averaging_runner.run_local,
     "dasgd": averaging_runner.run_dasgd,
     "lpp": run_lpp_runtime,

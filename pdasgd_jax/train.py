@@ -138,7 +138,7 @@ def train_and_evaluate(
     runner = select_runner(config)
     if config.out:
         rundir.check_out(config.out, resume=resume, overwrite=overwrite)
-    if resume and (config.algo in NOT_RESUMABLE or config.replication == "replicas"):
+    if resume and (config.algo in NOT_RESUMABLE or (config.replication == "replicas" and not config.simulate)):
         what = f"--algo {config.algo}" + (" --replication replicas" if config.replication == "replicas" else "")
         raise ConfigError(
             f"{what} runs cannot be resumed yet (they write no checkpoints: every device "

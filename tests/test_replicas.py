@@ -166,12 +166,13 @@ def test_bad_replicated_configs_are_refused(changes, message):
         config.validate()
 
 
-def test_an_uneven_layout_and_a_resume_are_refused(tmp_path):
+def test_an_uneven_layout_and_a_threaded_resume_are_refused(tmp_path):
+    """(Simulated replicated runs resume bitwise: tests/test_simulate_resume.py.)"""
     config = Config(algo="pdasgd", simulate=True, replication="replicas", devices=2, replicas=3, progress=False)
     with pytest.raises(ConfigError, match="cannot be spread evenly"):
         Experiment.from_config(config)
     (tmp_path / "checkpoints").mkdir()
-    config = dataclasses.replace(config, replicas=2, out=str(tmp_path))
+    config = dataclasses.replace(config, simulate=False, devices=1, replicas=2, out=str(tmp_path))
     with pytest.raises(ConfigError, match="--replication replicas runs cannot be resumed"):
         train_and_evaluate(config, resume=True)
 
@@ -186,7 +187,7 @@ def test_runtime_groups_are_identical_after_each_merge_with_d0_and_lose_no_updat
     (bitwise the same on both devices: the all-reduce's output is replicated); every job's
     updates are applied and the result is the groups' mean."""
     from pdasgd_jax import replication
-    from pdasgd_jax.runtime.runner import run_runtime
+    from pdasgd_jax.runtime.replicas import run_threads
 
     merged: dict[int, list] = {}
     merge = replication.GroupRounds._merge
@@ -202,7 +203,7 @@ def test_runtime_groups_are_identical_after_each_merge_with_d0_and_lose_no_updat
     )
     run = run.with_config(epochs=_epochs(run, 40 * BATCH))
     metrics = MetricsLog(run.evaluate, total_examples=run.total_examples, eval_every=10**9, progress=False)
-    result = run_runtime(run, metrics)
+    result = run_threads(run, metrics)
     assert result.step == 40 and sum(result.extra["jobs_per_group"]) == 40
     assert result.extra["averaging_rounds"] >= 1 + 40 // (2 * 3) - 1  # round 0 and most of the others
     complete = [copies for copies in merged.values() if len(copies) == 2]
@@ -214,11 +215,11 @@ def test_runtime_groups_are_identical_after_each_merge_with_d0_and_lose_no_updat
 
 @pytest.mark.timeout(180)
 def test_runtime_pdasgd_groups_train_and_book_every_job(exp):
-    from pdasgd_jax.runtime.runner import run_runtime
+    from pdasgd_jax.runtime.replicas import run_threads
 
     run = exp.with_config(simulate=False, devices=2, replicas=2, replication="replicas", period=4, lr=0.02, epochs=1)
     metrics = MetricsLog(run.evaluate, total_examples=run.total_examples, eval_every=10**9, progress=False)
-    result = run_runtime(run, metrics)
+    result = run_threads(run, metrics)
     extra = result.extra
     assert sum(extra["jobs_per_group"]) == result.step == run.total_examples // BATCH + (run.total_examples % BATCH > 0)
     assert extra["replication"] == "replicas" and extra["delay_steps"] == 2 and extra["averaging_rounds"] > 0

@@ -203,3 +203,29 @@ def test_a_run_killed_at_its_last_checkpoint_resumes_to_the_same_end(tmp_path, m
     assert resumed["resumed_from_step"] == resumed["steps"] == whole["steps"]
     assert resumed["test_accuracy"] == whole["test_accuracy"]
     _assert_bitwise_equal(results[0][0].params, results[-1][0].params)
+
+
+@pytest.mark.parametrize("algo", ["pdasgd", "asgd"])
+def test_a_resumed_replicated_run_is_bitwise_the_uninterrupted_run(tmp_path, monkeypatch, results, algo):
+    """``--replication replicas``: every group's store and jobs and the averaging rounds in
+    flight (an all-reduce of about a third of a step) are checkpointed and replayed."""
+    config = Config(algo=algo, replication="replicas", replicas=4, period=2, delay_steps=1, comm_latency=3.0, **COMMON)
+    whole = train_and_evaluate(config)
+    in_flight = []  # per checkpoint: (jobs in flight, averaging rounds in flight)
+    capture = resume.capture_groups
+
+    def counting_capture(sims, rounds):
+        in_flight.append((sum(len(sim.in_flight) for sim in sims), len(rounds.values())))
+        return capture(sims, rounds)
+
+    monkeypatch.setattr(resume, "capture_groups", counting_capture)
+    resumed = _interrupted_and_resumed(
+        monkeypatch, Config(**{**config.to_dict(), "out": str(tmp_path / "part")}), lambda saved: len(saved) == 3
+    )
+    assert 0 < resumed["resumed_from_step"] < resumed["steps"] == whole["steps"]
+    assert any(jobs for jobs, _ in in_flight[:3]) and any(rounds for _, rounds in in_flight[:3]), in_flight
+    (first, whole_metrics), (last, _) = results[0], results[-1]
+    _assert_bitwise_equal((first.params, first.states), (last.params, last.states))
+    assert _recorded_rows(tmp_path / "part") == _rows(whole_metrics.rows)
+    for key in ("virtual_time", "staleness", "utilisation", "jobs_started", "averaging_rounds", "merge_wait"):
+        assert resumed.get(key) == whole.get(key), key

@@ -35,15 +35,21 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pdasgd_jax import lpp
+from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import rng_for
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import StageExecutor
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
-from pdasgd_jax.replication import GroupRounds, Snapshot
+from pdasgd_jax.replication import GroupRounds
+from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.feed import Batch, DataFeed, Gate
 from pdasgd_jax.runtime.lpp import DeviceControl
 from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, WouldBlock
-from pdasgd_jax.runtime.runner import Runtime
+from pdasgd_jax.runtime.runner import Runtime, run_runtime
+from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.runtime.workers import AsgdWorker, BackwardWorker, ForwardWorker
 from pdasgd_jax.store import ParameterStore
 
@@ -171,13 +177,13 @@ class ReplicatedRuntime(Runtime):
         self.gates = [GroupGate(feed_queue) for _ in devices]
         self._clock_start = time.perf_counter()
 
-        def start_allreduce(snapshots: list[Snapshot], deliver: Any) -> None:
-            deliver(allreduce_mean(snapshots, devices))
-
         self.rounds = GroupRounds(
             self.stores,
             AveragingRule(s.period, s.delay_steps, s.merge),
-            start_allreduce,
+            # The collective is dispatched at once and its result merged when due: a device
+            # array still being computed, which the merge's own dispatch waits for on the device.
+            start_allreduce=lambda k: self.rounds.arrive(k),
+            mean=lambda snapshots: allreduce_mean(snapshots, devices),
             pause=lambda g: self.gates[g].pause(),
             unpause=lambda g: self.gates[g].unpause(),
             clock=lambda: time.perf_counter() - self._clock_start,
@@ -238,3 +244,23 @@ class ReplicatedRuntime(Runtime):
             **self.rounds.summary(),
         )
         return out
+
+
+def run_threads(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None = None,
+    settings: RuntimeSettings | None = None,
+) -> RunResult:
+    """``asgd``, ``pdasgd`` or ``pdasgd-block`` on threads: ``run_runtime``, or with
+    ``--replication replicas`` a ``ReplicatedRuntime`` (which writes no checkpoints yet).
+
+    Raises:
+      ConfigError: a replicated run's ``checkpointer`` holds a checkpoint to resume.
+    """
+    settings = settings or RuntimeSettings.from_config(exp)
+    if settings.replication != "replicas":
+        return run_runtime(exp, metrics, checkpointer, settings)
+    if checkpointer is not None and checkpointer.latest_step() is not None:
+        raise ConfigError("--replication replicas on threads cannot resume a run yet: start it over")
+    return ReplicatedRuntime(exp, settings).run(metrics, None)

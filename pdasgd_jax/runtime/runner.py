@@ -21,7 +21,6 @@ import jax
 from pdasgd_jax import data
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import rng_for
-from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.eventlog import EventLogFile
 from pdasgd_jax.executor import EventLog, StageExecutor
 from pdasgd_jax.experiment import Experiment
@@ -295,11 +294,4 @@ def run_runtime(
 
         summary = train_and_evaluate(Config(algo="pdasgd", forward_workers=1, backward_workers=2))
     """
-    settings = settings or RuntimeSettings.from_config(exp)
-    if settings.replication == "replicas":
-        from pdasgd_jax.runtime.replicas import ReplicatedRuntime  # it builds on this module
-
-        if checkpointer is not None and checkpointer.latest_step() is not None:
-            raise ConfigError("--replication replicas cannot resume a run yet: start it over")
-        return ReplicatedRuntime(exp, settings).run(metrics, None)
-    return Runtime(exp, settings).run(metrics, checkpointer)
+    return Runtime(exp, settings or RuntimeSettings.from_config(exp)).run(metrics, checkpointer)

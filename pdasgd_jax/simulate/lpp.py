@@ -30,10 +30,10 @@ from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import init_opt_states
+from pdasgd_jax.kernels import StageKernelsProtocol, init_opt_states
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.run_result import RunResult
-from pdasgd_jax.simulate import policies
+from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.scheduler import END, START, Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, final_evaluation, num_jobs
 from pdasgd_jax.store import ParameterStore
@@ -184,6 +184,9 @@ def run_device_groups(
     make_averaging: Callable[[Scheduler, list[Simulation]], Any],
     spawn: Callable[[list[Simulation]], None],
     backward_weights: str = "stashed",
+    checkpointer: RunCheckpointer | None = None,
+    capture: Callable[[list[Simulation]], Any] | None = None,
+    restore: Callable[[list[Simulation], StageKernelsProtocol], None] | None = None,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """One store per device, averaged across devices: the clock, stores and data of LPP-SGD
     and of replicated ASGD/PD-ASGD (``simulate/replicas.py``).
@@ -194,12 +197,19 @@ def run_device_groups(
     updates have all landed), lets ``spawn(sims)`` start the workers and runs the clock.
     Evaluations and the result use the mean of the device replicas. Returns
     ``(RunResult, virtual_time, utilisation, staleness)`` with ``jobs_started`` in its extra.
+
+    With ``checkpointer`` (and ``capture``, ``restore``), a checkpoint due after a job holds
+    ``capture(sims)``; a run resumed from one replays its schedule on abstract kernels up to
+    that job, then ``restore(sims, real_kernels)`` loads the values and the run goes on with
+    the real kernels, ending bitwise where the uninterrupted run ends (``simulate/resume.py``).
     """
     config = exp.config
     v = exp.variables
+    resume_at = (checkpointer.latest_step() if checkpointer is not None else None) or 0
+    kernels = resume.AbstractKernels(exp.kernels) if resume_at else exp.kernels
     scheduler = Scheduler()
     stores = [
-        ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), exp.kernels.apply_update)
+        ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), kernels.apply_update)
         for _ in range(devices)
     ]
     done, finished_at = 0, 0.0
@@ -210,10 +220,20 @@ def run_device_groups(
         averaging.applied(device)
         done += 1
         finished_at = scheduler.now
+        if done <= resume_at:  # replaying up to the checkpoint, whose metrics are recorded already
+            if done == resume_at:
+                restore(sims, exp.kernels)
+                if metrics.reached_target:
+                    scheduler.stop()
+            return
         metrics.add_loss(done, job.loss)
         examples = done * config.batch_size
         params, states = lpp.mean_variables(stores) if metrics.eval_due(examples) else (None, None)
-        metrics.observe(step=done, examples=examples, params=params, states=states, virtual_time=scheduler.now)
+        evaluated = metrics.observe(
+            step=done, examples=examples, params=params, states=states, virtual_time=scheduler.now
+        )
+        if checkpointer is not None and capture is not None and checkpointer.due(examples, evaluated=evaluated):
+            checkpointer.save(done, capture(sims), metrics.position(done, examples))
         if metrics.reached_target:
             scheduler.stop()
 
@@ -223,7 +243,7 @@ def run_device_groups(
         DeviceSimulation(
             scheduler,
             StageExecutor(
-                exp.kernels,
+                kernels,
                 store,
                 clock=lambda: scheduler.now,
                 backward_weights=backward_weights,
@@ -245,6 +265,11 @@ def run_device_groups(
     averaging = make_averaging(scheduler, sims)
     spawn(sims)
     scheduler.run()
+    if done < resume_at:
+        raise RuntimeError(
+            f"the replayed schedule ended after {done} jobs, before the checkpoint after job "
+            f"{resume_at}: resume with the run's own config"
+        )
     now = finished_at  # the workers' idle time after the last update is not training time
     params, states = lpp.mean_variables(stores)
     examples, utilisation = final_evaluation(

@@ -17,20 +17,19 @@ With one group nothing is averaged: the run is shared-store ASGD or PD-ASGD on o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from pdasgd_jax import lpp
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
-from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import StageKernelsProtocol
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
-from pdasgd_jax.replication import GroupRounds, Snapshot
+from pdasgd_jax.replication import GroupRounds
 from pdasgd_jax.run_result import RunResult
-from pdasgd_jax.simulate import policies
+from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.lpp import run_device_groups
 from pdasgd_jax.simulate.scheduler import END, Scheduler
 from pdasgd_jax.simulate.simulation import Simulation
@@ -42,18 +41,16 @@ def group_rounds(
     """``GroupRounds`` on the virtual clock: the mean arrives ``allreduce_time`` after the last
     snapshot (network time, no device time), and a waiting group's simulation is paused."""
 
-    def start_allreduce(snapshots: list[Snapshot], deliver: Callable[[list[Snapshot]], None]) -> None:
-        mean = lpp.mean_of(snapshots)
-        scheduler.call_at(scheduler.now + allreduce_time, END, deliver, [mean] * len(sims))
-
-    return GroupRounds(
+    rounds = GroupRounds(
         [sim.executor.store for sim in sims],
         rule,
-        start_allreduce,
+        start_allreduce=lambda k: scheduler.call_at(scheduler.now + allreduce_time, END, rounds.arrive, k),
+        mean=lambda snapshots: [lpp.mean_of(snapshots)] * len(snapshots),
         pause=lambda g: sims[g].pause(),
         unpause=lambda g: sims[g].unpause(),
         clock=lambda: scheduler.now,
     )
+    return rounds
 
 
 def run_replicated(
@@ -70,11 +67,10 @@ def run_replicated(
     ``(RunResult, virtual_time, utilisation, staleness)`` like the other simulated runners.
     ``RunResult.params`` is the mean of the groups' stores.
 
-    Raises:
-      ConfigError: ``checkpointer`` holds a checkpoint to resume (not supported yet).
+    Checkpoints hold every group's store and in-flight jobs and the averaging rounds in
+    flight; a resumed run replays its schedule to the checkpoint and ends bitwise where the
+    uninterrupted run ends.
     """
-    if checkpointer is not None and checkpointer.latest_step() is not None:
-        raise ConfigError("--replication replicas cannot resume a run yet: start it over")
     config = exp.config
     rule = AveragingRule(config.period, config.averaging_delay, config.merge)
     nbytes = tree_nbytes(exp.variables.params) + tree_nbytes(exp.variables.states)
@@ -99,10 +95,16 @@ def run_replicated(
 
     averaging: list[GroupRounds] = []
 
+    replaying = checkpointer is not None and checkpointer.latest_step() is not None
+
     def make_averaging(scheduler: Scheduler, sims: list[Simulation]) -> GroupRounds:
         averaging.append(group_rounds(scheduler, sims, rule, allreduce_time))
+        averaging[0].abstract = replaying
         averaging[0].start()
         return averaging[0]
+
+    def restore(sims: list[Simulation], kernels: StageKernelsProtocol) -> None:
+        resume.restore_groups(sims, averaging[0], checkpointer, metrics, kernels)
 
     result, now, utilisation, staleness = run_device_groups(
         exp,
@@ -114,6 +116,9 @@ def run_replicated(
         make_averaging=make_averaging,
         spawn=spawn,
         backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
+        checkpointer=checkpointer,
+        capture=lambda sims: resume.capture_groups(sims, averaging[0]),
+        restore=restore,
     )
     result.extra.update(
         {"replication": "replicas", "replicas": replicas, "allreduce_time": allreduce_time, **averaging[0].summary()}

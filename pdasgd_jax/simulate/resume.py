@@ -142,18 +142,25 @@ def _world(sim: Simulation) -> tuple[PyTree, list[Job]]:
     return (sim.executor.store.snapshot(), [_payload(j) for j in jobs]), jobs
 
 
-def _schedule_digest(sim: Simulation, jobs: list[Job], leaves: list[Any]) -> np.ndarray:
-    """SHA-256 of the schedule's state: clock, versions, in-flight jobs and the values' shapes."""
+def _schedule(sim: Simulation, jobs: list[Job]) -> dict[str, Any]:
+    """One simulation's part of the schedule: its store's versions and its in-flight jobs."""
     store = sim.executor.store
-    schedule = {
-        "now": float(sim.scheduler.now).hex(),
-        "started": sim.started,
+    return {
         "versions": store.versions(),
         "state_versions": store.state_versions(),
         "jobs": [(j.id, j.batch_id, j.read_versions) for j in jobs],
-        "leaves": [(np.shape(l), str(l.dtype)) for l in leaves],
     }
+
+
+def _digest(schedule: dict[str, Any], leaves: list[Any]) -> np.ndarray:
+    """SHA-256 of a schedule's state and its values' shapes."""
+    schedule = {**schedule, "leaves": [(np.shape(l), str(l.dtype)) for l in leaves]}
     return np.frombuffer(hashlib.sha256(json.dumps(schedule).encode()).digest(), np.uint8)
+
+
+def _schedule_digest(sim: Simulation, jobs: list[Job], leaves: list[Any]) -> np.ndarray:
+    """SHA-256 of the schedule's state: clock, versions, in-flight jobs and the values' shapes."""
+    return _digest({"now": float(sim.scheduler.now).hex(), "started": sim.started, **_schedule(sim, jobs)}, leaves)
 
 
 def capture(sim: Simulation) -> dict[str, Any]:
@@ -196,3 +203,61 @@ def _diverged() -> RuntimeError:
         "the replayed schedule differs from the checkpointed run's: resume with the same config "
         "and timing model (a calibrated one is cached per machine; pass the run's own timing)"
     )
+
+
+# Replicated runs (``simulate/replicas.py``): every group's store and in-flight jobs, and the
+# averaging rounds in flight (``replication.GroupRounds.values``).
+
+
+def _groups_world(sims: list[Simulation], rounds: Any) -> tuple[PyTree, list[list[Job]], dict[str, Any]]:
+    jobs = [[sim.in_flight[i] for i in sorted(sim.in_flight)] for sim in sims]
+    in_flight = rounds.values()
+    tree = (
+        [sim.executor.store.snapshot() for sim in sims],
+        [[_payload(j) for j in js] for js in jobs],
+        [(snapshots, means) for _, snapshots, means in in_flight],
+    )
+    schedule = {
+        "now": float(sims[0].scheduler.now).hex(),
+        "started": sims[0].started,
+        "groups": [_schedule(sim, js) for sim, js in zip(sims, jobs, strict=True)],
+        "rounds": [(k, [s is not None for s in snapshots], means is not None) for k, snapshots, means in in_flight],
+    }
+    return tree, jobs, schedule
+
+
+def capture_groups(sims: list[Simulation], rounds: Any) -> dict[str, Any]:
+    """The checkpoint of a replicated run now (``capture`` for every group and the rounds)."""
+    tree, _, schedule = _groups_world(sims, rounds)
+    leaves = jax.tree.leaves(tree)
+    return {"schedule": _digest(schedule, leaves), "leaves": leaves}
+
+
+def restore_groups(
+    sims: list[Simulation], rounds: Any, checkpointer: RunCheckpointer, metrics: MetricsLog, kernels: StageKernels
+) -> None:
+    """``restore`` for a replicated run: every group's store and jobs, and the rounds in
+    flight, loaded into the replayed run; then the real kernels and arithmetic.
+
+    Raises:
+      RuntimeError: the replayed schedule is not the checkpointed one.
+    """
+    tree, jobs, schedule = _groups_world(sims, rounds)
+    leaves, treedef = jax.tree.flatten(tree)
+    digest = _digest(schedule, leaves)
+    like = {"schedule": np.zeros_like(digest), "leaves": [np.zeros(np.shape(l), l.dtype) for l in leaves]}
+    try:
+        saved, _ = checkpointer.resume(like=like, metrics=metrics)
+    except ValueError as e:
+        raise _diverged() from e
+    if not np.array_equal(saved["schedule"], digest):
+        raise _diverged()
+    stores, payloads, in_flight = jax.tree.unflatten(treedef, jax.device_put(list(saved["leaves"])))
+    for sim, values, group_jobs, group_payloads in zip(sims, stores, jobs, payloads, strict=True):
+        sim.executor.store.load(*values)
+        for job, payload in zip(group_jobs, group_payloads, strict=True):
+            _load_payload(job, payload)
+        sim.executor.kernels = kernels
+        sim.executor.store.update_rule = kernels.apply_update
+    rounds.load([(k, snapshots, means) for (k, _, _), (snapshots, means) in zip(rounds.values(), in_flight)])
+    rounds.abstract = False

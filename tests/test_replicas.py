@@ -229,3 +229,29 @@ def test_runtime_pdasgd_groups_train_and_book_every_job(exp):
         "d1/backward1",
     }
     assert metrics.rows[-1]["test_accuracy"] > 0.5  # an epoch of digits at a safe rate
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_worker_in_one_group_stops_every_group(exp):
+    """Group 1's backward raises: the run stops promptly with its traceback, group 0's
+    workers and a group paused at a merge included (no thread is left waiting)."""
+    from pdasgd_jax.runtime import WorkerError
+    from pdasgd_jax.runtime.replicas import ReplicatedRuntime
+    from pdasgd_jax.runtime.settings import RuntimeSettings
+
+    run = exp.with_config(simulate=False, devices=2, replicas=2, replication="replicas", period=2, lr=0.02, epochs=1)
+    rt = ReplicatedRuntime(run, RuntimeSettings.from_config(run))
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("boom in group 1")
+        return backward_all(*args, **kwargs)
+
+    backward_all = rt.executors[1].backward_all
+    rt.executors[1].backward_all = failing
+    metrics = MetricsLog(run.evaluate, total_examples=run.total_examples, eval_every=10**9, progress=False)
+    with pytest.raises(WorkerError, match="boom in group 1"):
+        rt.run(metrics)
+    assert not any(t.is_alive() for t in rt._threads)

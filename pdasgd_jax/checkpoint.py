@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import warnings
 from typing import Any
 
@@ -182,6 +183,7 @@ class RunCheckpointer:
 
     def _set_aside(self, step: int, problem: str) -> None:
         """Moves damaged step ``step`` out of the checkpoint directory, saying why."""
+        _silence_orbax_failed_read_noise()
         source = os.path.join(self.directory, str(step))
         target = os.path.join(os.path.dirname(self.directory), DAMAGED_CHECKPOINT_DIR, str(step))
         warnings.warn(
@@ -217,3 +219,26 @@ def _problem(exc: Exception) -> str:
     """The first line of what went wrong reading a step."""
     lines = str(exc).splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _is_failed_read_noise(unraisable: Any) -> bool:
+    """Orbax's failed read of a damaged file leaves callbacks that post to its closed event
+    loop; Python reports their ``RuntimeError('Event loop is closed')`` as unraisable."""
+    exc = unraisable.exc_value
+    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+
+def _silence_orbax_failed_read_noise() -> None:
+    """Drops exactly that report (it can come long after the read), once a damaged step has
+    been found: the warning naming the step is what the user needs. Any other unraisable
+    exception still reaches the hook that was there before."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_pdasgd_filter", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not _is_failed_read_noise(unraisable):
+            previous(unraisable)
+
+    hook._pdasgd_filter = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook

@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 from pdasgd_jax.bench import BENCHMARKS
@@ -168,6 +169,17 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return config
 
 
+def _one_line_library_warning(message, category, filename, lineno, line=None) -> str:
+    """This library's warnings (a damaged checkpoint skipped, ...) as one line for the user,
+    without the source line the default format appends; others as Python formats them."""
+    if category.__module__.startswith("pdasgd_jax"):
+        return f"warning: {message}\n"
+    return _PYTHON_FORMATWARNING(message, category, filename, lineno, line)
+
+
+_PYTHON_FORMATWARNING = warnings.formatwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status (2: bad input, with its message alone).
 
@@ -176,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     during the work and propagates with its traceback.
     """
     args = parse_args(argv)
+    warnings.formatwarning = _one_line_library_warning
     from pdasgd_jax.data import DatasetNotPreparedError
     from pdasgd_jax.reporting import NonFiniteLossError
 

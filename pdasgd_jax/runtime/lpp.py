@@ -158,7 +158,24 @@ class DeviceControl:
         return getattr(self._control, name)
 
 
-class LppRuntime(Runtime):
+class DeviceStoresRuntime(Runtime):
+    """A threaded run with one store per device (``stores``), averaged by a helper that holds
+    ``merge_lock`` while its merges land: LPP-SGD and replicated ASGD/PD-ASGD."""
+
+    stores: list[ParameterStore]
+    merge_lock: threading.Lock
+
+    def _wait_for_updates(self) -> None:
+        jax.block_until_ready([store.snapshot() for store in self.stores])
+
+    def _gather(self) -> tuple[Any, Any]:
+        """The mean of the device stores' params and states, on the first device (taken
+        between merges, so a round is either wholly in it or not at all)."""
+        with self.merge_lock:
+            return lpp.mean_variables(self.stores, self.settings.devices[0])
+
+
+class LppRuntime(DeviceStoresRuntime):
     """One threaded LPP-SGD run (use once); ``stores[d]`` is device ``d``'s replica,
     ``executors[d]`` its executor and ``averager`` the averaging thread (with one device it
     only counts the updates: there is nothing to average). ``store`` and ``executor`` are
@@ -205,14 +222,7 @@ class LppRuntime(Runtime):
             )
         self.averager.control = self.control
         self.workers.append(self.averager)  # started, reported and joined with the workers
-
-    def _wait_for_updates(self) -> None:
-        jax.block_until_ready([store.snapshot() for store in self.stores])
-
-    def _gather(self) -> tuple[Any, Any]:
-        """The mean of the replicas' params and states, on the first device."""
-        with self.averager.merge_lock:
-            return lpp.mean_variables(self.stores, self.settings.devices[0])
+        self.merge_lock = self.averager.merge_lock
 
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()

@@ -46,9 +46,9 @@ from pdasgd_jax.replication import GroupRounds
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.feed import Batch, DataFeed, Gate
-from pdasgd_jax.runtime.lpp import DeviceControl
+from pdasgd_jax.runtime.lpp import DeviceControl, DeviceStoresRuntime
 from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, WouldBlock
-from pdasgd_jax.runtime.runner import Runtime, run_runtime
+from pdasgd_jax.runtime.runner import run_runtime
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.runtime.workers import AsgdWorker, BackwardWorker, ForwardWorker
 from pdasgd_jax.store import ParameterStore
@@ -143,7 +143,7 @@ class LockedRounds:
         pass
 
 
-class ReplicatedRuntime(Runtime):
+class ReplicatedRuntime(DeviceStoresRuntime):
     """One threaded run of replicated ASGD or PD-ASGD (use once); ``stores[d]`` is device
     ``d``'s group's store, ``rounds`` the averaging. ``store`` and ``executor`` are device 0's."""
 
@@ -225,14 +225,7 @@ class ReplicatedRuntime(Runtime):
                         rng_for(s.seed, "delay", name), feed=self.gates[d], **common,
                     )
                 )  # fmt: skip
-
-    def _wait_for_updates(self) -> None:
-        jax.block_until_ready([store.snapshot() for store in self.stores])
-
-    def _gather(self) -> tuple[Any, Any]:
-        """The mean of the groups' params and states, on the first device (whole merges only)."""
-        with self.booking.lock:
-            return lpp.mean_variables(self.stores, self.settings.devices[0])
+        self.merge_lock = self.booking.lock  # merges run under it
 
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 from pdasgd_jax.executor import Job
 from pdasgd_jax.simulate.scheduler import BACKWARD, Channel, Device, Get, Kernel, Launch, Put, Sleep, Worker
@@ -203,3 +204,15 @@ def spawn_pdasgd(
         for i in range(backward_workers):
             name = f"d{g}/backward{i}"
             sim.scheduler.spawn(name, backward_worker(sim, device, name, channel, layerwise=layerwise))
+
+
+def spawn_configured(sim: Simulation, config: Any, replica_ids: Sequence[int] | None = None) -> None:
+    """``spawn_pdasgd`` with ``config``'s F, B, Q and update granularity (``pdasgd``: layer-wise)."""
+    spawn_pdasgd(
+        sim,
+        forward_workers=config.forward_workers,
+        backward_workers=config.backward_workers,
+        queue=config.queue_capacity,
+        layerwise=config.algo == "pdasgd",
+        replica_ids=replica_ids,
+    )

@@ -84,14 +84,7 @@ def run_replicated(
                     name = lpp.worker_name(d, t)
                     sim.scheduler.spawn(name, policies.asgd_worker(sim, sim.devices[0], name))
             else:
-                policies.spawn_pdasgd(
-                    sim,
-                    forward_workers=config.forward_workers,
-                    backward_workers=config.backward_workers,
-                    queue=config.queue_capacity,
-                    layerwise=config.algo == "pdasgd",
-                    replica_ids=list(ids),
-                )
+                policies.spawn_configured(sim, config, replica_ids=list(ids))
 
     averaging: list[GroupRounds] = []
 

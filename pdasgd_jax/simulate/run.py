@@ -215,13 +215,7 @@ def _run_asynchronous(
     if config.algo == "asgd":
         policies.spawn_asgd(sim)
     else:
-        policies.spawn_pdasgd(
-            sim,
-            forward_workers=config.forward_workers,
-            backward_workers=config.backward_workers,
-            queue=config.queue_capacity,
-            layerwise=config.algo == "pdasgd",
-        )
+        policies.spawn_configured(sim, config)
     scheduler.run()
     if done < resume_at:
         raise RuntimeError(

@@ -75,7 +75,7 @@ if importlib.util.find_spec("pdasgd_jax") is None:
     requirement = f"{root}[all]" if root else os.environ.get("PDASGD_SOURCE", PDASGD_SOURCE)
     pins = sorted(
         {f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
-         if (d.metadata["Name"] or "").lower().startswith(KEEP)}
+         if (d.metadata.get("Name") or "").lower().startswith(KEEP)}
     )
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
         constraints.write("\\n".join(pins))

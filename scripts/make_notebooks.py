@@ -20,6 +20,7 @@ import sys
 import nbformat
 
 NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+# The repository's address (not confirmed yet): the Colab badges and the default install source.
 REPO_URL = "https://github.com/pdasgd-jax/pdasgd-jax"
 # The notebooks' default install source (README, "Notebooks", says how to point them elsewhere).
 PIP_SPEC = f"pdasgd-jax[all] @ git+{REPO_URL}"
@@ -36,7 +37,8 @@ def code(source: str) -> Cell:
 
 
 def colab_badge(name: str) -> str:
-    url = f"https://colab.research.google.com/github/pdasgd-jax/pdasgd-jax/blob/main/notebooks/{name}.ipynb"
+    repo = REPO_URL.removeprefix("https://github.com/")
+    url = f"https://colab.research.google.com/github/{repo}/blob/main/notebooks/{name}.ipynb"
     return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
 
 

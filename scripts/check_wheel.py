@@ -4,7 +4,9 @@ repository and runs the README's examples against the installed package.
 What it runs follows the README by itself: the quick start's command is the one the README
 says ``make train`` runs (with the files it says that writes), and the Python blocks are the
 ones ``tests/test_readme.py`` extracts and checks, executed by that same test file copied
-next to a copy of the README, so nothing here repeats the extraction. Everything runs in a
+next to a copy of the README, so nothing here repeats the extraction. Last, the notebooks'
+install cell (``scripts/make_notebooks.py``) reinstalls the wheel through ``PDASGD_SOURCE``
+and must leave the installed JAX alone. Everything runs in a
 temporary directory outside the checkout, and the script first checks that ``pdasgd_jax``
 is imported from the new environment's site-packages.
 
@@ -18,6 +20,7 @@ makes an example fail here instead of being supplied by the development environm
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import re
 import shlex
@@ -49,9 +52,51 @@ def quick_start(readme: str) -> tuple[list[str], list[str]]:
     return shlex.split(command.group(1)), files
 
 
+def version(python: pathlib.Path, package: str) -> str:
+    """``package``'s version in the environment of ``python``."""
+    code = f"import importlib.metadata; print(importlib.metadata.version({package!r}))"
+    return subprocess.run([python, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+
+
 def run(args: list[str | pathlib.Path], cwd: pathlib.Path) -> None:
     print("+", " ".join(map(str, args)), flush=True)
     subprocess.run([str(a) for a in args], cwd=cwd, check=True)
+
+
+def build_wheel(work: pathlib.Path) -> pathlib.Path:
+    """A wheel of the working tree, built in ``work``."""
+    # From a copy of the files git tracks or would track: a stale build/ in the clone
+    # (setuptools builds in place) could otherwise put deleted modules into the wheel.
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (work / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, work / "src" / name)
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", work / "dist", work / "src"], cwd=work)
+    (wheel,) = (work / "dist").glob("pdasgd_jax-*.whl")
+    return wheel
+
+
+def check_install_cell(python: pathlib.Path, wheel: pathlib.Path, work: pathlib.Path) -> None:
+    """The notebooks' install cell, outside a clone and pointed at the wheel, reinstalls the
+    package and leaves the installed JAX as it was."""
+    jax_before = version(python, "jax")
+    run([python, "-m", "pip", "uninstall", "-q", "-y", "pdasgd-jax"], cwd=work)
+    sys.path.insert(0, str(REPO / "scripts"))  # the cell's source is generated there
+    from make_notebooks import INSTALL
+
+    (work / "install_cell.py").write_text(INSTALL[1])
+    print("+ the notebooks' install cell with PDASGD_SOURCE", flush=True)
+    cell_env = {**os.environ, "PDASGD_SOURCE": f"{wheel}[all]"}
+    subprocess.run([python, "install_cell.py"], cwd=work, check=True, env=cell_env)
+    if version(python, "jax") != jax_before:
+        raise SystemExit(f"the install cell replaced jax {jax_before} with {version(python, 'jax')}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,8 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     work = pathlib.Path(tempfile.mkdtemp(prefix="pdasgd-wheel-"))
     print("working in", work, flush=True)
     try:
-        run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", work / "dist", REPO], cwd=work)
-        (wheel,) = (work / "dist").glob("pdasgd_jax-*.whl")
+        wheel = build_wheel(work)
         env = work / "env"
         run([sys.executable, "-m", "venv", env], cwd=work)
         python = env / "bin" / "python"
@@ -84,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         shutil.copy(README, work / "README.md")
         shutil.copy(REPO / "tests" / "test_readme.py", work / "tests" / "test_readme.py")
         run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_readme.py"], cwd=work)
+        check_install_cell(python, wheel, work)
         print(f"wheel check passed in {time.monotonic() - start:.0f} s: {wheel.name}")
     finally:
         if args.keep:

@@ -1,10 +1,14 @@
 # `make train` runs the main job, `make test` the test suite; each creates .venv on first use.
+# `make floors` runs a smoke subset of the tests in a new .venv-floor holding the oldest
+# versions pyproject.toml allows (requirements-floor.txt); `make wheel-check` installs a wheel
+# of the repo into a new environment outside it and runs the README's examples there.
 PYTHON ?= python3
 VENV := .venv
+FLOOR_VENV := .venv-floor
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test lint bench clean
+.PHONY: train test lint bench floors wheel-check clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,5 +27,30 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Optimizers (shard_map included), kernels of a plain and a batchnorm model, the simulator,
+# an SPMD program, the threaded runtime and the README's examples.
+SMOKE := tests/test_optim.py \
+	tests/test_executor.py::test_sequential_jobs_equal_plain_sgd \
+	"tests/test_models.py::test_stage_kernels_match_whole_model_autodiff[mlp]" \
+	"tests/test_models.py::test_stage_kernels_match_whole_model_autodiff[cnn-bn-8x8]" \
+	tests/test_simulate.py::test_one_device_without_delays_is_plain_sgd \
+	tests/test_simulate.py::test_sync_is_real_sync_and_waits_for_the_slowest \
+	"tests/test_dasgd.py::test_vmap_on_one_device_equals_shard_map_over_the_mesh[8-8]" \
+	tests/test_runtime.py::test_runtime_trains_to_its_budget_and_reports \
+	tests/test_readme.py
+
+# The old versions' warnings about newer APIs' deprecations are not failures here (`make test`
+# still turns every warning into an error, on the pinned versions).
+floors:
+	rm -rf $(FLOOR_VENV)
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FLOOR_VENV)/bin/python -m pip install -q -c requirements-floor.txt -e . scikit-learn pytest pytest-timeout
+	$(FLOOR_VENV)/bin/python -m pip list 2>/dev/null | grep -iE "^(jax|jaxlib|flax|optax|numpy|scikit-learn) "
+	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning $(SMOKE)
+
+wheel-check: $(STAMP)
+	$(PY) scripts/check_wheel.py
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(FLOOR_VENV) runs

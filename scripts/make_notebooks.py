@@ -20,8 +20,10 @@ import sys
 import nbformat
 
 NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+# The repository's address (not confirmed yet): the Colab badges and the default install source.
 REPO_URL = "https://github.com/pdasgd-jax/pdasgd-jax"
-PIP_SPEC = f"pdasgd-jax @ git+{REPO_URL}"
+# The notebooks' default install source (README, "Notebooks", says how to point them elsewhere).
+PIP_SPEC = f"pdasgd-jax[all] @ git+{REPO_URL}"
 
 Cell = tuple[str, str]  # ("md" | "code", source)
 
@@ -35,18 +37,60 @@ def code(source: str) -> Cell:
 
 
 def colab_badge(name: str) -> str:
-    url = f"https://colab.research.google.com/github/pdasgd-jax/pdasgd-jax/blob/main/notebooks/{name}.ipynb"
+    repo = REPO_URL.removeprefix("https://github.com/")
+    url = f"https://colab.research.google.com/github/{repo}/blob/main/notebooks/{name}.ipynb"
     return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
 
 
-INSTALL = code(f'''
-# On Colab, install pdasgd-jax from its repository. Anywhere else this cell does nothing:
-# install the package yourself (e.g. `pip install -e .` in a clone of the repository).
-import sys
+# The install cell. It installs nothing where pdasgd_jax already imports (a checkout with the
+# package installed, the test suite, a second run on Colab); otherwise it installs from the
+# checkout the notebook sits in, else from PDASGD_SOURCE. The JAX already there (Colab's
+# accelerator build and its plugins) is kept: pip is constrained to the installed versions.
+INSTALL = code(
+    '''
+# Where pdasgd-jax comes from when it is not installed yet: any pip requirement (a git URL, or a
+# wheel's path or URL followed by [all]); the environment variable PDASGD_SOURCE overrides it.
+PDASGD_SOURCE = "@PIP_SPEC@"
 
-if "google.colab" in sys.modules:
-    %pip install -q "{PIP_SPEC}"
-''')
+import importlib.metadata
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+KEEP = ("jax", "libtpu", "numpy", "ipywidgets")  # installed packages pip must not replace
+
+
+def checkout_root():
+    """The clone of the repository this notebook runs in, if it runs in one."""
+    for root in (pathlib.Path.cwd(), *pathlib.Path.cwd().parents):
+        pyproject = root / "pyproject.toml"
+        if pyproject.is_file() and 'name = "pdasgd-jax"' in pyproject.read_text():
+            return root
+    return None
+
+
+if importlib.util.find_spec("pdasgd_jax") is None:
+    root = None if "PDASGD_SOURCE" in os.environ else checkout_root()
+    requirement = f"{root}[all]" if root else os.environ.get("PDASGD_SOURCE", PDASGD_SOURCE)
+    pins = sorted(
+        {f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+         if (d.metadata.get("Name") or "").lower().startswith(KEEP)}
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
+        constraints.write("\\n".join(pins))
+    print("installing", requirement, "keeping", ", ".join(pins) or "nothing")
+    # ipywidgets draws tqdm's progress bars in a notebook (Config(progress=True)).
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-c", constraints.name, requirement, "ipywidgets"]
+    subprocess.check_call(pip)
+
+import pdasgd_jax
+
+print("pdasgd-jax", pdasgd_jax.__version__, "from", pathlib.Path(pdasgd_jax.__file__).parent)
+'''.replace("@PIP_SPEC@", PIP_SPEC)
+)
 
 SMALL_SWITCH = code("""
 import os

@@ -85,6 +85,24 @@ def _check_rounds(config: Config, replicas: int, train: data.Split, total_exampl
         )
 
 
+def check_against_dataset(config: Config, dataset: data.Dataset) -> None:
+    """Refuses a batch, budget, layout or averaging round that ``dataset`` or this machine's
+    devices cannot give ``config``; needs no model, so it runs before one is built."""
+    _check_budget(config, len(dataset.train))
+    layout = layout_lib.resolve(config, jax.device_count())
+    _check_rounds(config, layout.replicas, dataset.train, round(config.epochs * len(dataset.train)))
+
+
+def load_checked_dataset(config: Config) -> data.Dataset:
+    """The dataset ``config`` names, once ``config`` has passed every check that needs no model
+    (``Config.validate`` and ``check_against_dataset``): a bad flag is refused before any model,
+    kernel or file exists."""
+    config.validate()
+    dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
+    check_against_dataset(config, dataset)
+    return dataset
+
+
 @dataclasses.dataclass
 class Experiment:
     """A validated config with its dataset, model, initial variables and optimizer."""
@@ -102,6 +120,7 @@ class Experiment:
         *,
         model: tuple[StagedModel, Variables] | None = None,
         optimizer: optax.GradientTransformation | None = None,
+        dataset: data.Dataset | None = None,
     ) -> Experiment:
         """The experiment ``config`` names, checked before any work.
 
@@ -110,16 +129,19 @@ class Experiment:
           model: your own ``(StagedModel, Variables)`` (e.g. from ``stages.from_modules``)
             instead of ``config.model``'s.
           optimizer: your own optax optimizer instead of ``config.optimizer`` with
-            ``config.lr``; ``--staleness-rule`` still applies to it.
+            ``config.effective_lr``; ``--staleness-rule`` still applies to it.
+          dataset: ``config.dataset`` already loaded (``load_checked_dataset``), not loaded again.
         """
-        config.validate()
-        dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
-        _check_budget(config, len(dataset.train))
+        if dataset is None:
+            dataset = load_checked_dataset(config)
+        else:
+            config.validate()
+            check_against_dataset(config, dataset)
         model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed)
         if optimizer is None:
             tx = make_optimizer(
                 config.optimizer,
-                config.lr,
+                config.effective_lr,
                 momentum=config.momentum,
                 weight_decay=config.weight_decay,
                 staleness_rule=config.staleness_rule,
@@ -128,8 +150,6 @@ class Experiment:
         else:
             tx = optim.with_staleness_rule(optimizer, config.staleness_rule, config.dc_lambda)
         exp = cls(config, dataset, model, variables, tx)
-        exp.layout  # noqa: B018 (devices and replicas are checked against this machine before any work)
-        _check_rounds(config, exp.layout.replicas, dataset.train, exp.total_examples)
         if config.timing is not None:
             exp.calibration()  # a missing, malformed or mismatched file is refused before any work
         return exp
@@ -137,8 +157,10 @@ class Experiment:
     def with_config(self, **changes: Any) -> Experiment:
         """This experiment under a changed (validated) config, sharing its data, model,
         initial variables, optimizer and compiled kernels: for runs that differ only in how
-        they train (algorithm, devices and replicas, delays, budget)."""
+        they train (algorithm, devices and replicas, delays, budget). The rate stays the shared
+        optimizer's: another ``algo`` does not bring in its own default rate."""
         out = copy.copy(self)
+        changes.setdefault("lr", self.config.effective_lr)
         out.config = dataclasses.replace(self.config, **changes).validate()
         out.__dict__.pop("layout", None)  # resolved again for the new config
         out.layout  # noqa: B018 (checked now, before any work)

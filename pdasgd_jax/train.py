@@ -15,7 +15,7 @@ from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import Config
 from pdasgd_jax.divergence import DivergenceWatch
 from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.experiment import Experiment, load_checked_dataset
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.reporting import write_json_atomic, write_summary
 from pdasgd_jax.run_result import Runner
@@ -88,7 +88,8 @@ def train_and_evaluate(
         )
     if resume and not (config.out and os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR))):
         raise ConfigError(f"nothing to resume: {config.out!r} holds no checkpoints")
-    exp = Experiment.from_config(config, model=model, optimizer=optimizer)
+    dataset = load_checked_dataset(config)  # every flag is checked before a model or a file exists
+    exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=dataset)
     if not config.out:
         return _train(exp, runner, resume=resume)
     with rundir.RunDirLock(config.out):

@@ -51,7 +51,7 @@ class Config:
     lr: float | None = _field(
         None,
         f"learning rate (> 0); None: the algorithm's default, {ASYNCHRONOUS_DEFAULT_LR} for "
-        f"{', '.join(ASYNCHRONOUS)}, {DEFAULT_LR} for the others",
+        f"{', '.join(ASYNCHRONOUS)}; {DEFAULT_LR} for the others",
     )
     momentum: float = _field(0.9, "momentum for --optimizer momentum, in [0, 1)")
     weight_decay: float = _field(0.0, "decoupled weight decay (>= 0)")

@@ -2,7 +2,7 @@
 
 Runs PD-ASGD exactly as ``python -m pdasgd_jax train --algo pdasgd --replicas 2 --epochs 40``
 runs it (threaded runtime, digits, every other flag at its default, the default rate of
-``config.DEFAULT_LR`` included) over 30 seeds, and reports each seed's final test accuracy,
+``config.ASYNCHRONOUS_DEFAULT_LR`` included) over 30 seeds, and reports each seed's final test accuracy,
 the minimum and how many runs collapsed: ended below ``COLLAPSED_BELOW`` test accuracy or
 were stopped by the divergence watch. A collapse exits 0 unless the watch catches it, so
 only many seeds show how often the default rate fails. Sync at its own default rate over

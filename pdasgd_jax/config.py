@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 from pdasgd_jax.data import AUGMENTATIONS, DATASETS
@@ -31,6 +32,12 @@ OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
 # Those with one shared, versioned parameter store, whose reads and updates --event-log records.
 EVENT_LOG_ALGOS = ("asgd", "pdasgd", "pdasgd-block")
 MAX_SEED = 2**32 - 1  # seeds are NumPy SeedSequence entropy and JAX PRNG keys alike
+# The learning rate without --lr, per algorithm. The asynchronous ones apply stale updates from
+# several workers to one model: threaded PD-ASGD on digits (2 replicas, 40 epochs) ends every
+# seed at chance from a rate between 0.1 and 0.15 on, and at the others' 0.05 it once ended 2
+# of 30 so; 0.02 keeps a 5x margin at the same final accuracy (BENCHMARKS.md, stability).
+DEFAULT_LR = 0.05
+ASYNCHRONOUS_DEFAULT_LR = 0.02
 
 
 def _field(default: Any, help: str, choices: tuple[str, ...] | None = None, group: str = "training"):
@@ -47,7 +54,11 @@ class Config:
     )
     model: str | None = _field(None, "model; None: the dataset's default model", tuple(MODELS))
     optimizer: str = _field("momentum", "optax optimizer applied per stage", OPTIMIZERS)
-    lr: float = _field(0.05, "learning rate (> 0)")
+    lr: float | None = _field(
+        None,
+        f"learning rate (> 0); None: the algorithm's default, {ASYNCHRONOUS_DEFAULT_LR} for "
+        f"{', '.join(ASYNCHRONOUS)}; {DEFAULT_LR} for the others",
+    )
     momentum: float = _field(0.9, "momentum for --optimizer momentum, in [0, 1)")
     weight_decay: float = _field(0.0, "decoupled weight decay (>= 0)")
     batch_size: int = _field(32, "examples per step per worker (sync: global batch)")
@@ -227,7 +238,8 @@ class Config:
             if choices and value is not None and value not in choices:
                 raise ValueError(f"--{_flag(f.name)} {value!r} is not allowed; choose one of {', '.join(choices)}")
         data.check_dataset_name(self.dataset)
-        _positive("lr", self.lr)
+        if self.lr is not None:
+            _positive("lr", self.lr)
         _positive("batch-size", self.batch_size)
         _positive("epochs", self.epochs)
         _positive("outer-lr", self.outer_lr)
@@ -259,6 +271,8 @@ class Config:
             )
         if self.timing is not None and self.recalibrate:
             raise ValueError(f"--timing {self.timing} and --recalibrate exclude each other: use the file or measure")
+        if self.timing is not None and not os.path.isfile(self.timing):
+            raise ValueError(f"--timing {self.timing!r} does not exist; give a calibration such as a run's timing.json")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"--momentum {self.momentum} is outside [0, 1)")
         if not 0 <= self.straggler_prob <= 1:
@@ -346,6 +360,13 @@ class Config:
             )
 
     @property
+    def effective_lr(self) -> float:
+        """The learning rate the run trains at: ``--lr``, or else the algorithm's default."""
+        if self.lr is not None:
+            return self.lr
+        return ASYNCHRONOUS_DEFAULT_LR if self.algo in ASYNCHRONOUS else DEFAULT_LR
+
+    @property
     def model_name(self) -> str:
         from pdasgd_jax.models import DEFAULT_MODEL
 
@@ -364,7 +385,9 @@ class Config:
         return self.queue or self.backward_workers
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as saved in ``config.json`` and the summary: ``lr`` is the effective rate, so a
+        resumed run keeps it even if the default changes."""
+        return {**dataclasses.asdict(self), "lr": self.effective_lr}
 
 
 def _check_replicated(config: Config) -> None:

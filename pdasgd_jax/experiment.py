@@ -59,7 +59,7 @@ def config_optimizer(config: Config, horizon: int) -> optax.GradientTransformati
     one place every algorithm's per-stage optimizer is built."""
     lr = schedules.learning_rate(
         config.lr_schedule,
-        config.lr,
+        config.effective_lr,
         horizon,
         warmup=config.warmup,
         boundaries=schedules.parse_boundaries(config.lr_boundaries),
@@ -124,6 +124,24 @@ def _check_rounds(config: Config, replicas: int, train: data.Split, total_exampl
         )
 
 
+def check_against_dataset(config: Config, dataset: data.Dataset) -> None:
+    """Refuses a batch, budget, layout or averaging round that ``dataset`` or this machine's
+    devices cannot give ``config``; needs no model, so it runs before one is built."""
+    _check_budget(config, dataset)
+    layout = layout_lib.resolve(config, jax.device_count())
+    _check_rounds(config, layout.replicas, dataset.train, round(config.epochs * len(dataset.train)))
+
+
+def load_checked_dataset(config: Config) -> data.Dataset:
+    """The dataset ``config`` names, once ``config`` has passed every check that needs no model
+    (``Config.validate`` and ``check_against_dataset``): a bad flag is refused before any model,
+    kernel or file exists."""
+    config.validate()
+    dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
+    check_against_dataset(config, dataset)
+    return dataset
+
+
 @dataclasses.dataclass
 class Experiment:
     """A validated config with its dataset, model, initial variables and optimizer.
@@ -155,10 +173,11 @@ class Experiment:
           model: your own ``(StagedModel, Variables)`` (e.g. from ``stages.from_modules``)
             instead of ``config.model``'s.
           optimizer: your own optax optimizer instead of ``config.optimizer`` with
-            ``config.lr`` (and ``--lr-schedule``, ``--warmup``, which are refused with it: give
-            your optimizer an optax schedule instead); ``--staleness-rule`` still applies to it.
+            ``config.effective_lr`` (and ``--lr-schedule``, ``--warmup``, which are refused with it:
+            give your optimizer an optax schedule instead); ``--staleness-rule`` still applies to it.
           dataset: your own data (e.g. ``data.Dataset.from_arrays``) instead of ``config.dataset``;
-            without ``model``, ``config``'s model is built for it.
+            without ``model``, ``config``'s model is built for it. Either way every flag is
+            checked against it (``check_against_dataset``) before a model exists.
         """
         config.validate()
         if optimizer is not None and _scheduled(config):
@@ -167,8 +186,9 @@ class Experiment:
                 f"not to your own: give it an optax schedule as its learning rate instead"
             )
         if dataset is None:
-            dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
-        _check_budget(config, dataset)
+            dataset = load_checked_dataset(config)
+        else:
+            check_against_dataset(config, dataset)
         model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed)
         rule = (config.staleness_rule, config.dc_lambda)
         own = None if optimizer is None else optim.with_staleness_rule(optimizer, *rule)
@@ -177,7 +197,6 @@ class Experiment:
         if optimizer is None:  # its schedule's horizon depends on the layout and the budget
             exp.horizon = schedule_horizon(config, exp.layout, exp.total_examples)
             exp.tx = config_optimizer(config, exp.horizon)
-        _check_rounds(config, exp.layout.replicas, dataset.train, exp.total_examples)
         if config.timing is not None:
             exp.calibration()  # a missing, malformed or mismatched file is refused before any work
         return exp
@@ -185,10 +204,12 @@ class Experiment:
     def with_config(self, **changes: Any) -> Experiment:
         """This experiment under a changed (validated) config, sharing its data, model,
         initial variables, optimizer and compiled kernels: for runs that differ only in how
-        they train (algorithm, devices and replicas, delays, budget). A scheduled optimizer
-        built from the config (``--lr-schedule``, ``--warmup``) is rebuilt, with its kernels,
-        when its horizon or schedule changes."""
+        they train (algorithm, devices and replicas, delays, budget). The rate stays the shared
+        optimizer's: another ``algo`` does not bring in its own default rate. A scheduled
+        optimizer built from the config (``--lr-schedule``, ``--warmup``) is rebuilt, with its
+        kernels, when its horizon or schedule changes."""
         out = copy.copy(self)
+        changes.setdefault("lr", self.config.effective_lr)
         out.config = dataclasses.replace(self.config, **changes).validate()
         out.__dict__.pop("layout", None)  # resolved again for the new config
         out.layout  # noqa: B018 (checked now, before any work)

@@ -116,7 +116,7 @@ def train_and_evaluate(
 
     * ``model``: ``(StagedModel, Variables)``, e.g. ``from_modules([...])``, instead of
       ``config.model``;
-    * ``optimizer``: any optax optimizer instead of ``config.optimizer`` at ``config.lr``
+    * ``optimizer``: any optax optimizer instead of ``config.optimizer`` at ``config.effective_lr``
       (``--staleness-rule`` still wraps it);
     * ``dataset``: a ``data.Dataset`` or the arrays ``(x_train, y_train, x_test, y_test)``
       (``Dataset.from_arrays``) instead of ``config.dataset``; without ``model``, ``config``'s
@@ -151,6 +151,7 @@ def train_and_evaluate(
         )
     if resume and not (config.out and os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR))):
         raise ConfigError(f"nothing to resume: {config.out!r} holds no checkpoints")
+    # Every flag is checked (from_config: load_checked_dataset) before a model or a file exists.
     exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=dataset)
     recorded = _recorded_config(
         config, own_model=model is not None, own_optimizer=optimizer is not None, dataset=dataset

@@ -8,9 +8,10 @@ import re
 import pytest
 
 from pdasgd_jax import affinity
-from pdasgd_jax.bench import delays, interleaved_seconds, json_ready, rate_summary
+from pdasgd_jax.bench import delays, interleaved_seconds, json_ready, rate_summary, stability
 from pdasgd_jax.bench import runtime as bench_runtime
 from pdasgd_jax.cli import main
+from pdasgd_jax.config import Config
 
 
 def _load(out, name):
@@ -140,3 +141,19 @@ def test_rate_tuning_widens_the_grid_until_its_best_rate_is_interior():
         "tuning": {0.1: math.inf, 0.4: math.inf},
         "edge": False,
     }
+
+
+def test_stability_quick_default_pdasgd_collapses_on_no_seed(tmp_path):
+    """The default rate's regression test (the full benchmark runs 30 seeds of 40 epochs): three
+    threaded runs with every flag at its default but the budget all learn; at a rate that does
+    collapse the same check fails, so it can tell."""
+    out = str(tmp_path)
+    assert main(["bench", "stability", "--quick", "--out", out]) == 0
+    results, table = _load(out, "stability")
+    runs = results["pdasgd"]["runs"]
+    assert results["pdasgd"]["lr"] == Config(algo="pdasgd").effective_lr
+    assert [r["seed"] for r in runs] == [0, 1, 2]
+    assert not [r for r in runs if r["collapsed"]], runs
+    assert "| pdasgd, 2 replicas (threaded) |" in table
+    [too_fast] = stability.seed_outcomes("pdasgd", [0], epochs=3.0, lr=0.3)
+    assert too_fast["collapsed"]

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,33 +32,90 @@ def test_help_documents_every_flag(capsys):
         assert flag in text
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--lr", "-1"], "--lr -1.0 must be a positive number"),
-        (["--model", "lstm"], "model 'lstm' does not fit dataset 'digits'"),
-        (["--algo", "sync", "--replicas", "2"], "--replicas 2 does not apply to --algo sync"),
-        (["--algo", "sgd", "--devices", "2"], "--algo sgd runs one replica on one device"),
-        (["--algo", "sync", "--devices", "9"], "--devices 9 exceeds the 8 device(s) this run has"),
-        (["--algo", "pdasgd", "--simulate", "--replicas", "2", "--devices", "3"], "leaves 1 device(s) idle"),
-        (["--algo", "dasgd", "--replicas", "3", "--devices", "2"], "cannot be spread evenly over 2 devices"),
-        (["--algo", "local", "--simulate", "--replicas", "4", "--devices", "2"], "a device of its own"),
-        (["--algo", "pdasgd", "--workers", "2"], "--workers is ambiguous for --algo pdasgd"),
-        (["--algo", "asgd", "--workers", "2", "--replicas", "3"], "--workers 2 and --replicas 3 disagree"),
-        (["--devices", "-1"], "--devices -1 must be >= 0"),
-        (["--algo", "sync", "--batch-size", "30", "--devices", "4"], "--batch-size 30 (sync: the global batch)"),
-        (["--seed", "-1"], "--seed -1 is outside [0, 4294967295]"),
-        (["--seed", str(2**64)], f"--seed {2**64} is outside"),
-        (["--simulate", "--delay-mean", "3"], "--delay-mean 3.0 has no effect with --delay-model none"),
-        (["--epochs", "1e-9"], "--epochs 1e-09 is less than one example"),
-        (["--batch-size", "5000"], "--batch-size 5000 exceeds the 1438 training examples of digits"),
-    ],
-)
-def test_bad_values_exit_nonzero_before_training(args, message, capsys, tmp_path):
-    out = tmp_path / "never"
+def _snapshot(path: Path) -> dict[str, bytes] | bytes | None:
+    """Everything under ``path`` (a file's bytes; a directory's files by relative name), to tell
+    whether a command wrote anything there."""
+    if path.is_file():
+        return path.read_bytes()
+    if not path.is_dir():
+        return None
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _a_file(tmp_path: Path) -> Path:
+    (tmp_path / "notes.txt").write_text("mine")
+    return tmp_path / "notes.txt"
+
+
+def _read_only(tmp_path: Path) -> Path:
+    parent = tmp_path / "read-only"
+    parent.mkdir(mode=0o500)
+    if os.access(parent, os.W_OK):  # root ignores permission bits; /proc/self refuses even root
+        parent = Path("/proc/self")
+    return parent / "run"
+
+
+def _another_run(tmp_path: Path) -> Path:
+    run = tmp_path / "earlier"
+    run.mkdir()
+    (run / "config.json").write_text('{"algo": "sgd"}')
+    (run / "summary.json").write_text('{"test_accuracy": 0.97}')
+    return run
+
+
+# (flags, what the message must say, the --out to use: a fresh path unless one of the above)
+BAD_FLAGS = [
+    (["--lr", "-1"], "--lr -1.0 must be a positive number", None),
+    (["--lr", "nan"], "--lr nan must be a positive number", None),
+    (["--model", "lstm"], "model 'lstm' does not fit dataset 'digits'", None),
+    (["--algo", "sync", "--replicas", "2"], "--replicas 2 does not apply to --algo sync", None),
+    (["--algo", "sgd", "--devices", "2"], "--algo sgd runs one replica on one device", None),
+    (["--algo", "sync", "--devices", "9"], "--devices 9 exceeds the 8 device(s) this run has", None),
+    (["--algo", "sync", "--devices", "100"], "--devices 100 exceeds the 8 device(s) this run has", None),
+    (["--algo", "pdasgd", "--simulate", "--replicas", "2", "--devices", "3"], "leaves 1 device(s) idle", None),
+    (["--algo", "dasgd", "--replicas", "3", "--devices", "2"], "cannot be spread evenly over 2 devices", None),
+    (["--algo", "local", "--simulate", "--replicas", "4", "--devices", "2"], "a device of its own", None),
+    (["--algo", "pdasgd", "--workers", "2"], "--workers is ambiguous for --algo pdasgd", None),
+    (["--algo", "asgd", "--workers", "2", "--replicas", "3"], "--workers 2 and --replicas 3 disagree", None),
+    (["--devices", "-1"], "--devices -1 must be >= 0", None),
+    (["--algo", "sync", "--batch-size", "30", "--devices", "4"], "--batch-size 30 (sync: the global batch)", None),
+    (["--seed", "-1"], "--seed -1 is outside [0, 4294967295]", None),
+    (["--seed", str(2**64)], f"--seed {2**64} is outside", None),
+    (["--simulate", "--delay-mean", "3"], "--delay-mean 3.0 has no effect with --delay-model none", None),
+    (["--epochs", "1e-9"], "--epochs 1e-09 is less than one example", None),
+    (["--batch-size", "5000"], "--batch-size 5000 exceeds the 1438 training examples of digits", None),
+    (["--algo", "local", "--replicas", "2", "--period", "1000"], "--period 1000 makes one averaging round", None),
+    (
+        ["--algo", "local", "--replicas", "1", "--period", "600000", "--epochs", "20000"],
+        "--period 600000 stacks",
+        None,
+    ),
+    (["--algo", "dasgd", "--period", "4", "--delay-steps", "5"], "--delay-steps 5 exceeds --period 4", None),
+    (["--algo", "local", "--delay-steps", "2"], "--delay-steps 2 applies to --algo dasgd", None),
+    (["--timing", "no-such-timing.json"], "--timing 'no-such-timing.json' does not exist", None),
+    ([], "is a file, not a directory", _a_file),
+    ([], "cannot be written", _read_only),
+    ([], "already holds a run; continue it with --resume", _another_run),
+]
+
+
+@pytest.mark.parametrize("args, message, make_out", BAD_FLAGS)
+def test_every_bad_flag_is_refused_before_any_work(args, message, make_out, capsys, tmp_path, monkeypatch):
+    """Exit 2 with a message naming the flag, before a model exists or a file is written."""
+    from pdasgd_jax import models
+    from pdasgd_jax.experiment import Experiment
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a bad flag must be refused before a model or kernels are built")
+
+    monkeypatch.setattr(Experiment, "from_config", no_work)
+    monkeypatch.setattr(models, "build_model", no_work)
+    monkeypatch.chdir(tmp_path)
+    out = make_out(tmp_path) if make_out else tmp_path / "never"
+    before = _snapshot(out), _snapshot(tmp_path)
     assert main(["train", "--out", str(out), "--no-progress", *args]) == 2
     assert message in capsys.readouterr().err
-    assert not out.exists()
+    assert (_snapshot(out), _snapshot(tmp_path)) == before
 
 
 @pytest.mark.parametrize("flag, value", [("--algo", "magic"), ("--dataset", "imagenet"), ("--model", "vit")])

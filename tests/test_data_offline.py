@@ -26,6 +26,16 @@ def test_digits_splits_are_disjoint_and_standardised(digits):
     assert overlap < 5  # sklearn's digits holds a handful of exact duplicate images
 
 
+def test_digits_read_without_importing_sklearn_are_sklearns_digits():
+    from sklearn.datasets import load_digits
+
+    from pdasgd_jax.data.offline import _digits_table
+
+    raw, table = load_digits(), _digits_table()
+    np.testing.assert_array_equal(table[:, :-1].reshape(-1, 8, 8), raw.images)
+    np.testing.assert_array_equal(table[:, -1].astype(int), raw.target)
+
+
 def test_mnist1d_is_generated_offline_and_reproducible():
     a, b = data.load_dataset("mnist1d"), data.load_dataset("mnist1d")
     assert (len(a.train), len(a.test)) == (4000, 1000)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pdasgd_jax import Config, train_and_evaluate
+from pdasgd_jax.config import ALGORITHMS, ASYNCHRONOUS, ASYNCHRONOUS_DEFAULT_LR, DEFAULT_LR
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.reporting import NonFiniteLossError
@@ -94,6 +95,23 @@ def test_bad_config_values_are_named(overrides, message):
 def test_batch_larger_than_dataset_is_rejected():
     with pytest.raises(ValueError, match="--batch-size 4096"):
         train_and_evaluate(Config(batch_size=4096, progress=False))
+
+
+def test_the_default_rate_is_the_algorithms_own_and_the_run_trains_at_and_records_it(tmp_path):
+    for algo in ALGORITHMS:
+        expected = ASYNCHRONOUS_DEFAULT_LR if algo in ASYNCHRONOUS else DEFAULT_LR
+        assert Config(algo=algo).effective_lr == expected
+        assert Config(algo=algo, lr=0.07).effective_lr == 0.07  # an explicit --lr is kept
+    # The optimizer steps at it, on the simulator as on threads: plain SGD moves by -lr x gradient.
+    exp = Experiment.from_config(Config(algo="pdasgd", simulate=True, optimizer="sgd", progress=False))
+    params = exp.variables.params
+    updates, _ = exp.tx.update(jax.tree.map(jnp.ones_like, params), exp.tx.init(params), params)
+    assert all(np.allclose(u, -ASYNCHRONOUS_DEFAULT_LR) for u in jax.tree.leaves(updates))
+    # A copy under another algorithm keeps the shared optimizer's rate, not that algorithm's default.
+    assert exp.with_config(algo="sync", simulate=True).config.effective_lr == ASYNCHRONOUS_DEFAULT_LR
+    summary = train_and_evaluate(Config(algo="asgd", replicas=2, epochs=0.1, out=str(tmp_path), progress=False))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["lr"] == summary["config"]["lr"] == ASYNCHRONOUS_DEFAULT_LR
 
 
 def test_validation_runs_once_per_set_of_values(monkeypatch):

@@ -310,7 +310,7 @@ class Bench:
         # The config picks the optimizer and validates; its dataset and model name the pair
         # the synthetic data and this ResNet stand in for (the built Experiment reads neither).
         config = Config(dataset="cifar10", model="resnet18", batch_size=batch_size, progress=False).validate()
-        tx = make_optimizer(config.optimizer, config.lr, momentum=config.momentum)
+        tx = make_optimizer(config.optimizer, config.effective_lr, momentum=config.momentum)
         self.exp = Experiment(config, dataset, model, variables, tx)
         self.counted = count_programs(self.exp.kernels)
         self.sgd_step = CountedProgram("train_step", jax.jit(make_train_step(model, tx)))

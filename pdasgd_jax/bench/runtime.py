@@ -102,7 +102,7 @@ LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
 
 
 @functools.cache
-def _experiment(lr: float = Config.lr) -> Experiment:
+def _experiment(lr: float | None = None) -> Experiment:
     """Digits MLP at this learning rate; the copies made by ``with_config`` share its kernels."""
     exp = Experiment.from_config(Config(lr=lr, progress=False))
     # Creates the cached kernels and evaluation step now, so that every copy shares them.

@@ -19,7 +19,7 @@ from pdasgd_jax.data import Dataset
 from pdasgd_jax.divergence import DivergenceWatch
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.eventlog import save_final_variables
-from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.experiment import Experiment, check_against_dataset, load_checked_dataset
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.reporting import write_json_atomic, write_summary
 from pdasgd_jax.run_result import Runner
@@ -151,8 +151,13 @@ def train_and_evaluate(
         )
     if resume and not (config.out and os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR))):
         raise ConfigError(f"nothing to resume: {config.out!r} holds no checkpoints")
-    # Every flag is checked (from_config: load_checked_dataset) before a model or a file exists.
-    exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=dataset)
+    # Every flag is checked before a model or a file exists.
+    if dataset is None:
+        checked = load_checked_dataset(config)
+    else:
+        check_against_dataset(config, dataset)
+        checked = dataset
+    exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=checked)
     recorded = _recorded_config(
         config, own_model=model is not None, own_optimizer=optimizer is not None, dataset=dataset
     )

@@ -135,7 +135,7 @@ def test_a_cosine_run_of_a_shared_store_ends_at_the_end_of_its_schedule():
     assert exp.horizon == math.ceil(exp.total_examples / 32)
     rt = Runtime(exp, RuntimeSettings.from_config(exp))
     rt.run(_metrics(exp))
-    schedule = learning_rate("cosine", config.lr, exp.horizon)
+    schedule = learning_rate("cosine", config.effective_lr, exp.horizon)
     for count in _counts(rt.store.snapshot()[2]):
         assert count == exp.horizon
         assert float(schedule(count)) == pytest.approx(0.0, abs=1e-9)
@@ -150,7 +150,7 @@ def test_a_cosine_run_of_replicas_ends_at_the_end_of_its_schedule_and_a_new_layo
     assert exp.horizon == 2 * rounds
     recorder = RecordingCheckpointer()
     select_runner(exp.config)(exp, _metrics(exp), recorder)
-    schedule = learning_rate("cosine", config.lr, exp.horizon)
+    schedule = learning_rate("cosine", config.effective_lr, exp.horizon)
     for count_D in _counts(recorder.state.train.opt_states):
         assert count_D.tolist() == [exp.horizon] * 2
         assert float(schedule(count_D[0])) == pytest.approx(0.0, abs=1e-9)

@@ -140,9 +140,9 @@ def fingerprint(
 
     The digest also covers each stage's forward program and the optimizer's update program
     as JAX prints them (without their float constants), so two models with equal shapes but
-    other operations differ, and two learning rates of one optimizer do not, and ``FORMAT``
-    (what a calibration measures), so a new format never reads an old cache file. The fused
-    programs are built from the same stage and update programs, so they add nothing to it.
+    other operations differ, and two learning rates of one optimizer do not. It also covers
+    ``FORMAT`` (what a calibration holds), so a new format never reads an old cache file; the
+    fused programs are built from the same stage and update programs and add nothing else.
     """
     device = device or jax.devices()[0]
     programs, h = [], x

@@ -3,6 +3,7 @@ fused gradient program for ASGD and LPP-SGD, the fused training step for sync, l
 and DaSGD, the per-stage kernels for PD-ASGD."""
 
 import dataclasses
+import functools
 
 import pytest
 from flax import nnx
@@ -23,9 +24,18 @@ FUSED = dataclasses.replace(PER_STAGE, job_gradients=3.0, train_step=4.0)
 UPDATES = sum(PER_STAGE.update)
 
 
+@functools.cache
+def _digits_mlp() -> Experiment:
+    """One experiment whose compiled kernels every run here shares."""
+    return Experiment.from_config(Config(simulate=True, progress=False, batch_size=16, epochs=0.1).validate())
+
+
 def _simulate(timing=FUSED, model=None, **overrides):
-    config = Config(**{"simulate": True, "progress": False, "batch_size": 16, "epochs": 0.1, **overrides}).validate()
-    exp = Experiment.from_config(config, model=model)
+    if model is None:
+        exp = _digits_mlp().with_config(**overrides)
+    else:
+        config = Config(**{"simulate": True, "progress": False, "batch_size": 16, **overrides}).validate()
+        exp = Experiment.from_config(config, model=model)
     metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
     return run_simulated(exp, metrics, timing=timing)
 

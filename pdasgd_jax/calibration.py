@@ -1,24 +1,35 @@
 """Kernel costs measured on this machine, keyed by what determines them.
 
-A ``Calibration`` is a ``TimingModel`` of the real per-stage kernels with the evidence
-behind it: its ``fingerprint`` and the spread of the rounds it took. The fingerprint hashes
-everything a kernel's cost depends on: each stage's computation (its traced program, so
-widths, activations and layer types all count), the shapes and dtypes of its parameters,
-state and optimizer state (so the optimizer counts), the optimizer's update program, the
-batch's shape, the device kind and the JAX version. A user's own model is therefore always
-measured, never served another model's costs.
+A ``Calibration`` is a ``TimingModel`` of the real programs the algorithms run with the
+evidence behind it. Its programs (``PROGRAMS``): every per-stage kernel (the stashing
+forward, the stashed backward, the optimizer update: PD-ASGD's layer-wise path), the loss,
+a job's whole gradient as one program (``kernels.job_gradients``: what an ASGD or LPP-SGD
+worker runs per job) and the fused whole-model training step (``kernels.train_step``: what
+a sync, local SGD or DaSGD worker runs per step). Each is timed on its own, as its
+algorithm launches it: on a device where a launch costs as much as a small model's
+compute, a fused program costs several times less than the sum of its per-stage kernels.
 
-Measuring repeats rounds (each the median of ``repeats`` timed calls per kernel) until the
-median over rounds of one step's cost moves by less than ``tolerance``; the per-kernel
-median over rounds is the timing, and each kernel's smallest and largest round is kept as
-its spread. Calibrations are cached in memory and as JSON files under ``CACHE_DIR`` by
-fingerprint; ``recalibrate`` measures afresh, and ``load`` reads a saved calibration (a
-run's ``timing.json``), refusing one whose fingerprint differs.
+A calibration carries its ``fingerprint`` and the spread of the rounds it took. The
+fingerprint hashes everything a kernel's cost depends on: each stage's computation (its
+traced program, so widths, activations and layer types all count), the shapes and dtypes
+of its parameters, state and optimizer state (so the optimizer counts), the optimizer's
+update program, the batch's shape, the device kind, the JAX version and ``FORMAT``. A
+user's own model is therefore always measured, never served another model's costs.
+
+Measuring repeats rounds (each the median of ``repeats`` timed calls per program) until
+the medians over rounds of one per-stage step's cost and of each fused program's move by
+less than ``tolerance``; the per-program median over rounds is the timing, and each
+program's smallest and largest round is kept as its spread. Calibrations are cached in
+memory and as JSON files under ``CACHE_DIR`` by fingerprint; ``recalibrate`` measures
+afresh, and ``load`` reads a saved calibration (a run's ``timing.json``), refusing one
+whose fingerprint differs or that an older version wrote (``FORMAT``: a file without the
+fused programs is measured afresh, never guessed).
 
 Example::
 
     cal = calibrate(kernels, params, states, opt_states, x, y)
     cal.timing.step_compute_time(), cal.spread["step_compute_time"]
+    cal.timing.train_step_time(), cal.spread["train_step"]  # the fused step: [min, max]
     save(cal, "timing.json"); same = load("timing.json", expected=cal.fingerprint)
 """
 
@@ -41,13 +52,17 @@ import numpy as np
 
 from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.kernels import StageKernels
+from pdasgd_jax.kernels import StageKernels, TrainState
 from pdasgd_jax.reporting import write_json_atomic
 
 PyTree = Any
 CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pdasgd_jax")
-FORMAT = "pdasgd-jax-calibration-1"
-KERNELS = ("forward", "backward", "update")
+# Bumped whenever what a calibration holds changes: the fingerprint hashes it, so every
+# cached file of an older format is measured afresh, and ``load`` refuses one by name.
+FORMAT = "pdasgd-jax-calibration-2"
+KERNELS = ("forward", "backward", "update")  # per stage
+FUSED = ("job_gradients", "train_step")  # whole-model programs, one cost each
+PROGRAMS = (*KERNELS, "loss", *FUSED)
 _FLOAT_LITERAL = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
 
@@ -57,10 +72,12 @@ class Calibration:
 
     Attributes:
       fingerprint: SHA-256 of what determines the kernels' costs (see the module docstring).
-      timing: per-kernel medians over the rounds (free communication, no worker factors).
-      spread: ``{"forward"|"backward"|"update": [[min, max] per stage], "loss": [min, max],
-        "step_compute_time": {"median", "min", "max"}}`` over the rounds (the step times are
-        each round's total; the timing's own total is the sum of per-kernel medians).
+      timing: per-program medians over the rounds (free communication, no worker factors),
+        ``job_gradients`` and ``train_step`` included.
+      spread: ``{"forward"|"backward"|"update": [[min, max] per stage], "loss"|
+        "job_gradients"|"train_step": [min, max], "step_compute_time": {"median", "min",
+        "max"}}`` over the rounds (the step times are each round's per-stage total; the
+        timing's own total is the sum of per-kernel medians).
       rounds: how many rounds were measured.
       description: the readable part of the fingerprint (stage shapes, batch, device, JAX).
     """
@@ -83,8 +100,23 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
+        """Inverse of ``to_dict``.
+
+        Raises:
+          ValueError: ``d`` is not a calibration, or one of an older format (it lacks the
+            fused programs' costs, which cannot be derived from the per-stage ones: a
+            measured old file would charge every fused program its per-stage sum).
+        """
+        fmt = d.get("format") if isinstance(d, dict) else None
+        if isinstance(fmt, str) and fmt.startswith(FORMAT.rsplit("-", 1)[0] + "-") and fmt != FORMAT:
+            raise ValueError(
+                f"it is of format {fmt!r}, written by an older pdasgd_jax that timed the per-stage kernels "
+                f"only; this one also times the fused programs ({', '.join(FUSED)}; format {FORMAT!r})"
+            )
+        if fmt != FORMAT:
             raise ValueError(f'not a calibration (expected "format": {FORMAT!r})')
+        # A fused cost of None (a hand-built or FLOP-derived timing, saved with a run) means
+        # the per-stage sum, as in ``TimingModel``; a measured one always has both.
         return cls(d["fingerprint"], TimingModel.from_dict(d["timing"]), d["spread"], d["rounds"], d["description"])
 
 
@@ -108,7 +140,9 @@ def fingerprint(
 
     The digest also covers each stage's forward program and the optimizer's update program
     as JAX prints them (without their float constants), so two models with equal shapes but
-    other operations differ, and two learning rates of one optimizer do not.
+    other operations differ, and two learning rates of one optimizer do not. It also covers
+    ``FORMAT`` (what a calibration holds), so a new format never reads an old cache file; the
+    fused programs are built from the same stage and update programs and add nothing else.
     """
     device = device or jax.devices()[0]
     programs, h = [], x
@@ -129,7 +163,7 @@ def fingerprint(
     # Float constants (a learning rate, a momentum) change no kernel's cost: leave them out, so
     # runs that differ only in such values share one calibration and one delay unit.
     programs = [_FLOAT_LITERAL.sub("#", program) for program in programs]
-    text = json.dumps({"description": description, "programs": programs}, sort_keys=True)
+    text = json.dumps({"format": FORMAT, "description": description, "programs": programs}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest(), description
 
 
@@ -144,9 +178,12 @@ def _median_time(fn: Callable, *args: Any, repeats: int) -> float:
 
 
 def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repeats: int) -> TimingModel:
-    """One round: every per-stage kernel's median of ``repeats`` timed calls (after a warm-up).
+    """One round: every program's median of ``repeats`` timed calls (after a warm-up), each
+    called on its own as its algorithm launches it.
 
-    ``forward`` is the stashing forward and ``backward`` the stashed backward.
+    ``forward`` is the stashing forward and ``backward`` the stashed backward (per stage);
+    ``job_gradients`` the whole job's gradient in one program and ``train_step`` the fused
+    whole-model step (gradient and updates).
     """
     num_stages = kernels.num_stages
     forward, backward, update = [0.0] * num_stages, [0.0] * num_stages, [0.0] * num_stages
@@ -163,11 +200,14 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
         grads[m], delta = kernels.backward_stashed(m)(vjps[m], delta)
     for m in range(num_stages):
         update[m] = _median_time(kernels.update(m), params[m], opt_states[m], grads[m], repeats=repeats)
-    return TimingModel(forward, backward, update, loss)
+    params, states, opt_states = tuple(params), tuple(states), tuple(opt_states)
+    job = _median_time(kernels.job_gradients, params, states, x, y, repeats=repeats)
+    step = _median_time(kernels.train_step, TrainState(params, states, opt_states), x, y, repeats=repeats)
+    return TimingModel(forward, backward, update, loss, job_gradients=job, train_step=step)
 
 
 def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
-    """Per-kernel medians over ``rounds`` and each kernel's ``[min, max]``."""
+    """Per-program medians over ``rounds`` and each program's ``[min, max]``."""
 
     def per_stage(name: str) -> tuple[list[float], list[list[float]]]:
         columns = list(zip(*(getattr(r, name) for r in rounds)))
@@ -176,10 +216,11 @@ def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
     medians, spread = {}, {}
     for name in KERNELS:
         medians[name], spread[name] = per_stage(name)
-    losses = [r.loss for r in rounds]
+    for name in ("loss", *FUSED):
+        values = [getattr(r, name) for r in rounds]
+        medians[name], spread[name] = statistics.median(values), [min(values), max(values)]
     steps = [r.step_compute_time() for r in rounds]
-    spread["loss"] = [min(losses), max(losses)]
-    timing = TimingModel(medians["forward"], medians["backward"], medians["update"], statistics.median(losses))
+    timing = TimingModel(**medians)
     spread["step_compute_time"] = {"median": statistics.median(steps), "min": min(steps), "max": max(steps)}
     return timing, spread
 
@@ -197,9 +238,9 @@ def measure(
     max_rounds: int = 9,
     tolerance: float = 0.05,
 ) -> Calibration:
-    """Measures rounds until stable: at least ``min_rounds``, then until the median step cost
-    over the rounds moves by less than ``tolerance`` (relative) with one more round, at most
-    ``max_rounds``.
+    """Measures rounds until stable: at least ``min_rounds``, then until the medians over the
+    rounds of the per-stage step cost and of each fused program's cost (``_totals``) all move
+    by less than ``tolerance`` (relative) with one more round, at most ``max_rounds``.
 
     Raises:
       ValueError: ``repeats < 1``, ``min_rounds < 1``, ``max_rounds < min_rounds`` or
@@ -215,12 +256,18 @@ def measure(
     previous = None
     while len(rounds) < max_rounds:
         rounds.append(measure_round(kernels, params, states, opt_states, x, y, repeats))
-        current = statistics.median(r.step_compute_time() for r in rounds)
-        if len(rounds) >= min_rounds and previous is not None and abs(current - previous) <= tolerance * previous:
+        current = [statistics.median(column) for column in zip(*map(_totals, rounds))]
+        stable = previous is not None and all(abs(c - p) <= tolerance * p for c, p in zip(current, previous))
+        if len(rounds) >= min_rounds and stable:
             break
         previous = current
     timing, spread = _combine(rounds)
     return Calibration(digest, timing, spread, len(rounds), description)
+
+
+def _totals(r: TimingModel) -> tuple[float, float, float]:
+    """What must be stable over the rounds: the per-stage step and each fused program."""
+    return r.step_compute_time(), r.job_gradients_time(), r.train_step_time()
 
 
 # fingerprint -> (calibration, measured by this process rather than read from a file)
@@ -298,7 +345,9 @@ def load(path: str, *, expected: str | None = None, num_stages: int | None = Non
     except FileNotFoundError:
         raise ConfigError(f"timing file {path!r} does not exist") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"timing file {path!r} is not a usable calibration: {e}") from None
+        raise ConfigError(
+            f"timing file {path!r} is not a usable calibration: {e}; measure afresh with --recalibrate or drop --timing"
+        ) from None
     if num_stages is not None and cal.timing.num_stages != num_stages:
         raise ConfigError(f"timing file {path!r} has {cal.timing.num_stages} stages but the model has {num_stages}")
     if expected is not None and cal.fingerprint != expected:

@@ -5,8 +5,9 @@
   speed factor) is followed by ``idle_time = d * (slowdown - 1) + sample`` seconds of idle
   time, so it lasts ``d * slowdown + sample`` in all. Idle time is waiting, not device work:
   the simulator frees the device during it and the real runtime sleeps through it.
-* ``CommModel`` and ``TimingModel``: how long each per-stage kernel, all-reduce and
-  parameter transfer takes, per worker, and how concurrent kernels share a device.
+* ``CommModel`` and ``TimingModel``: how long each per-stage kernel, each fused program
+  (a job's whole gradient, a whole training step), all-reduce and parameter transfer
+  takes, per worker, and how concurrent kernels share a device.
 * ``straggler_factors`` and ``with_stragglers``: ``--straggler-devices``, the last devices
   persistently slower, whatever the delay model.
 * ``from_flops`` and ``stage_forward_flops``: costs from FLOP counts (``pdasgd_jax.calibration``
@@ -208,6 +209,14 @@ class TimingModel:
       backward: per-stage stashed backward cost, typically about twice the forward.
       update: per-stage optimizer step cost.
       loss: cost of the loss and its gradient with respect to the logits.
+      job_gradients: cost of a job's whole gradient as one program (``kernels.job_gradients``:
+        every forward, the loss and every backward; what an ASGD or LPP-SGD worker runs per
+        job). None: the sum of those per-stage kernels.
+      train_step: cost of one fused whole-model training step (``kernels.train_step``: the
+        gradient and every stage's update; what a sync, local SGD or DaSGD worker runs per
+        step). None: ``step_compute_time()``, the per-stage sum. On a device where a kernel
+        launch costs as much as a small model's compute, a fused program costs several
+        times less than its per-stage kernels: calibrations measure both.
       worker_factors: slow-down factor of worker ``w`` (``3.0``: three times slower); a
         worker past the end of the tuple has factor 1, so ``(3.0,)`` is one straggler
         (``with_stragglers`` makes the last devices slow, as ``--straggler-devices`` does).
@@ -232,6 +241,8 @@ class TimingModel:
     worker_factors: tuple[float, ...] = ()
     comm: CommModel = CommModel()
     concurrency: float = 1.0
+    job_gradients: float | None = None
+    train_step: float | None = None
 
     def __post_init__(self):
         for name in ("forward", "backward", "update", "worker_factors"):
@@ -246,6 +257,9 @@ class TimingModel:
             for m, cost in enumerate(getattr(self, name)):
                 _finite_non_negative(f"{name} cost of stage {m}", cost)
         _finite_non_negative("loss cost", self.loss)
+        for name in ("job_gradients", "train_step"):
+            if getattr(self, name) is not None:
+                _finite_non_negative(f"{name} cost", getattr(self, name))
         for w, factor in enumerate(self.worker_factors):
             _require(math.isfinite(factor) and factor > 0, f"speed factor {factor!r} of worker {w} must be > 0")
         _require(
@@ -279,8 +293,26 @@ class TimingModel:
         """The loss and its gradient on ``worker``."""
         return self.loss * self.worker_factor(worker)
 
+    def stage_job_time(self, worker: int = 0) -> float:
+        """A job's gradient as per-stage kernels (every forward, the loss, every stashed
+        backward, one after another) on ``worker``."""
+        return (sum(self.forward) + self.loss + sum(self.backward)) * self.worker_factor(worker)
+
+    def job_gradients_time(self, worker: int = 0) -> float:
+        """A job's whole gradient as one program (forward, loss, backward) on ``worker``."""
+        if self.job_gradients is None:
+            return self.stage_job_time(worker)
+        return self.job_gradients * self.worker_factor(worker)
+
+    def train_step_time(self, worker: int = 0) -> float:
+        """One fused whole-model training step (gradient and updates) on ``worker``."""
+        cost = self.step_compute_time() if self.train_step is None else self.train_step
+        return cost * self.worker_factor(worker)
+
     def step_compute_time(self) -> float:
-        """One full training step on a factor-1 worker: the unit of ``Config.delay_mean``."""
+        """One full training step of per-stage kernels on a factor-1 worker: the unit of
+        ``Config.delay_mean`` (the per-stage sum, whatever program an algorithm runs, so
+        one delay unit serves every algorithm)."""
         return sum(self.forward) + sum(self.backward) + sum(self.update) + self.loss
 
     def kernel_rate(self, num_concurrent: int) -> float:

@@ -17,8 +17,9 @@ job, for the simulator), ``forward_all_stashed`` (every stage's ``forward_stashe
 loss, for the runtime's forward workers) and ``backward_update_stashed`` (one stage's
 backward and its update, run under the stage's update lock).
 
-Whole-model kernels (``train_step``, ``eval_step``) chain the same stage functions and
-serve the synchronous baselines and evaluation.
+Whole-model kernels (``make_train_step``, jitted as ``StageKernels.train_step``, and
+``eval_step``) chain the same stage functions and serve the synchronous baselines and
+evaluation.
 
 Every training-mode kernel takes an optional last argument ``rng``, the key of the job (or
 step) its randomness (Dropout masks) is drawn from; stage ``m`` draws from
@@ -141,6 +142,9 @@ class StageKernels:
         self.backward_update_stashed: Callable[..., tuple[PyTree, PyTree, Any]] = jax.jit(
             functools.partial(_backward_update, tx)
         )
+        # The whole-model SGD step in one program (``make_train_step``): what a synchronous,
+        # local SGD or DaSGD worker runs per step; the calibration times it.
+        self.train_step: Callable[..., tuple[TrainState, jax.Array]] = jax.jit(make_train_step(model, tx))
 
     @property
     def num_stages(self) -> int:

@@ -58,6 +58,13 @@ def test_fingerprint_changes_with_width_optimizer_batch_stages_and_operations(ml
     assert calibration.fingerprint(*_setup(tx=optax.sgd(0.5, momentum=0.9)))[0] == base
 
 
+def test_a_new_format_is_a_new_cache_key(mlp, monkeypatch):
+    """What a calibration holds is part of its key: an older format's cached file is never read."""
+    base, _ = calibration.fingerprint(*mlp)
+    monkeypatch.setattr(calibration, "FORMAT", "pdasgd-jax-calibration-1")
+    assert calibration.fingerprint(*mlp)[0] != base
+
+
 def test_measure_repeats_rounds_and_keeps_their_spread(mlp):
     cal = calibration.measure(*mlp, repeats=2, min_rounds=2, max_rounds=3)
     assert 2 <= cal.rounds <= 3
@@ -66,6 +73,12 @@ def test_measure_repeats_rounds_and_keeps_their_spread(mlp):
     for name in calibration.KERNELS:
         for m, (lo, hi) in enumerate(spread[name]):
             assert lo <= getattr(t, name)[m] <= hi
+    # Every program an algorithm runs has its own measured cost, not a sum of kernels.
+    assert set(calibration.PROGRAMS) == {*calibration.KERNELS, "loss", "job_gradients", "train_step"}
+    for name in ("loss", "job_gradients", "train_step"):
+        lo, hi = spread[name]
+        assert 0 < lo <= getattr(t, name) <= hi
+    assert t.job_gradients_time() == t.job_gradients and t.train_step_time() == t.train_step
     step = spread["step_compute_time"]
     assert step["min"] <= step["median"] <= step["max"]
     assert cal.description["batch"]["x"][0][0] == [32, 8, 8, 1]
@@ -111,6 +124,23 @@ def test_load_refuses_missing_malformed_and_mismatched_files(mlp, tmp_path):
         calibration.load(str(good), expected="0" * 64)
 
 
+def _old_format(cal):
+    """``cal`` as the previous format wrote it: per-stage kernels only."""
+    d = cal.to_dict()
+    d["format"] = "pdasgd-jax-calibration-1"
+    for name in ("job_gradients", "train_step"):
+        del d["timing"][name]
+    return d
+
+
+def test_load_refuses_an_older_format_by_name(mlp, tmp_path):
+    cal = calibration.measure(*mlp, repeats=1, min_rounds=1, max_rounds=1)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(_old_format(cal)))
+    with pytest.raises(ConfigError, match=r"old\.json' .*'pdasgd-jax-calibration-1'.*older pdasgd_jax.*--recalibrate"):
+        calibration.load(str(old), expected=cal.fingerprint)
+
+
 def test_timing_flag_is_checked_before_any_work(tmp_path, capsys):
     from pdasgd_jax.cli import main
 
@@ -118,7 +148,14 @@ def test_timing_flag_is_checked_before_any_work(tmp_path, capsys):
     wide = tmp_path / "other.json"
     cal = calibration.measure(*_setup(*_mlp((64, 512, 128, 10))), repeats=1, min_rounds=1, max_rounds=1)
     calibration.save(cal, str(wide))
-    for path, message in ((tmp_path / "missing.json", "does not exist"), (wide, "measured for another model")):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(_old_format(cal)))
+    cases = (
+        (tmp_path / "missing.json", "does not exist"),
+        (wide, "measured for another model"),
+        (old, "written by an older pdasgd_jax"),
+    )
+    for path, message in cases:
         args = ["train", "--simulate", "--algo", "asgd", "--timing", str(path), "--out", str(out), "--no-progress"]
         assert main(args) == 2
         err = capsys.readouterr().err

@@ -30,12 +30,13 @@ Digits with the MLP. Two measurements:
   assume). Sync's measured run is a stand-in loop (one fused step on the ``W``-times
   larger global batch on the first device, then the slowest of ``W`` delay draws); its
   prediction in the runtime's layout simulates exactly that (each worker's step takes the
-  fused step's calibrated time), and one device per worker simulates real ``W``-device
-  sync. ASGD runs twice: ``W`` workers, and ``3W`` (PD-ASGD's ``F + B = 3`` threads per
-  replica). LPP-SGD is left out here: on this machine's one device it is ASGD with its
-  threads (one replica, nothing to average); ``delays`` compares it on ``W`` devices. The
-  last column is the prediction's error in the runtime's layout: simulated over measured
-  speedup, and simulated over measured mean staleness, minus one.
+  global-batch fused step's calibrated time), and one device per worker simulates real
+  ``W``-device sync (each worker's step: the per-worker batch's fused step). ASGD runs
+  twice: ``W`` workers, and ``3W`` (PD-ASGD's ``F + B = 3`` threads per replica).
+  LPP-SGD is left out here: on this machine's one device it is ASGD with its threads (one
+  replica, nothing to average); ``delays`` compares it on ``W`` devices. The last column
+  is the prediction's error in the runtime's layout: simulated over measured speedup, and
+  simulated over measured mean staleness, minus one.
 """
 
 from __future__ import annotations
@@ -56,10 +57,10 @@ from pdasgd_jax.bench import interleaved_seconds, json_ready, progress, rate_sum
 from pdasgd_jax.bench.delays import mean_staleness
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
-from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
+from pdasgd_jax.delays import DelayModel, rng_for
 from pdasgd_jax.executor import StageExecutor
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
+from pdasgd_jax.kernels import TrainState, init_opt_states
 from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
 from pdasgd_jax.runtime import Runtime, RuntimeSettings, numbered_batches
 from pdasgd_jax.simulate import run_simulated
@@ -173,7 +174,7 @@ def fused_loop(exp: Experiment, device: jax.Device, batch_size: int, num_batches
     """Seconds of plain SGD with the fused whole-model step (one program per batch) on
     ``device``, same data stream, from the first batch to the parameters ready: the fastest
     single-device loop, the reference the per-stage ones pay their extra launches against."""
-    fused = _fused_step(exp.kernels)
+    fused = exp.kernels.train_step
     v = exp.variables
     ts = jax.device_put(TrainState(v.params, v.states, init_opt_states(exp.tx, v.params)), device)
     batches = [jax.device_put(b, device) for _, b in zip(range(num_batches), exp.train_stream(batch_size))]
@@ -244,12 +245,6 @@ def _metrics(exp: Experiment) -> MetricsLog:
     )
 
 
-@functools.cache
-def _fused_step(kernels: StageKernels) -> Callable:
-    """The whole-model SGD step, compiled once per model and optimizer (``kernels`` holds both)."""
-    return jax.jit(make_train_step(kernels.model, kernels.tx))
-
-
 def sync_with_delays(exp: Experiment) -> tuple[float, float]:
     """Wall seconds to ``TARGET`` of ``WORKERS``-way sync with real per-step delays (and its
     staleness, 0)."""
@@ -257,7 +252,7 @@ def sync_with_delays(exp: Experiment) -> tuple[float, float]:
     step_compute = exp.calibration(DELAY_BATCH).timing.step_compute_time()
     delay = DelayModel.from_config(config, step_compute)
     rngs = [rng_for(config.seed, "step-delays", w) for w in range(WORKERS)]  # the simulator's sync streams
-    fused = _fused_step(exp.kernels)
+    fused = exp.kernels.train_step
 
     def step(ts: TrainState, x: jax.Array, y: jax.Array) -> tuple[TrainState, jax.Array]:
         ts, loss = fused(ts, x, y)
@@ -281,33 +276,10 @@ def runtime_with_delays(exp: Experiment) -> tuple[float, float]:
     return _first_reaching(metrics, "wall_time"), mean_staleness(rt.executor.staleness.summary())
 
 
-def fused_step_seconds(exp: Experiment, batch_size: int, calls: int = 51) -> float:
-    """Median seconds of one fused whole-model step on a ``batch_size`` batch, each call
-    waited for: what sync's stand-in loop runs per step (the calibration times each stage's
-    kernels apart, which on a CPU charges a launch per kernel that the fused step does not pay)."""
-    fused = _fused_step(exp.kernels)
-    v = exp.variables
-    ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
-    x, y = next(exp.train_stream(batch_size))
-    x, y = jax.device_put(x), jax.device_put(y)
-    seconds = []
-    for i in range(calls + 5):  # five warm-up calls
-        start = time.perf_counter()
-        jax.block_until_ready(fused(ts, x, y))
-        if i >= 5:
-            seconds.append(time.perf_counter() - start)
-    return float(np.median(seconds))
-
-
-def scaled(timing: TimingModel, factor: float) -> TimingModel:
-    """``timing`` with every kernel ``factor`` times as long."""
-    return dataclasses.replace(
-        timing,
-        forward=tuple(t * factor for t in timing.forward),
-        backward=tuple(t * factor for t in timing.backward),
-        update=tuple(t * factor for t in timing.update),
-        loss=timing.loss * factor,
-    )
+def fused_step_seconds(exp: Experiment, batch_size: int) -> float:
+    """Seconds of one fused whole-model step (``kernels.train_step``) on a ``batch_size``
+    batch, from the calibration: what sync's stand-in loop runs per step."""
+    return exp.calibration(batch_size).timing.train_step_time()
 
 
 def simulated(exp: Experiment, devices: int, stand_in: float | None = None, drain: bool = False) -> tuple[float, float]:
@@ -316,17 +288,16 @@ def simulated(exp: Experiment, devices: int, stand_in: float | None = None, drai
 
     ``stand_in``: predict sync's measured stand-in loop (``sync_with_delays``), whose step
     takes ``stand_in`` seconds (``fused_step_seconds`` of the global batch): each of the
-    ``W`` simulated workers' steps is scaled to it, and the delays keep their seconds (``k``
-    per-worker steps), so the virtual clock runs what the loop runs. ``drain``: the
+    ``W`` simulated workers' steps takes that long, and the delays keep their seconds (``k``
+    per-worker steps of per-stage compute, the delay unit), so the virtual clock runs what
+    the loop runs. ``drain``: the
     asynchronous workers pause at every evaluation until the jobs before it are done, as
     the runtime's do.
     """
     sim = exp.with_config(simulate=True, devices=devices)
     timing = exp.calibration(DELAY_BATCH).timing
     if stand_in is not None:
-        step = timing.step_compute_time()
-        sim = sim.with_config(delay_mean=exp.config.delay_mean * step / stand_in)
-        timing = scaled(timing, stand_in / step)
+        timing = dataclasses.replace(timing, train_step=stand_in)
     metrics = _metrics(sim)
     extra = run_simulated(sim, metrics, timing=timing, drain_at_evaluations=drain).extra
     return extra["virtual_time_to_target"] or math.inf, mean_staleness(extra["staleness"])

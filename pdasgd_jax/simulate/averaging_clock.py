@@ -3,7 +3,8 @@
 Their arithmetic does not depend on timing (every worker takes the same steps whatever the
 clock says), so a simulated run executes the real SPMD program and this module only says
 *when* each step ends. Each worker ``w`` advances its own clock by its step's compute
-(scaled by its speed factor) plus injected idle time. Then:
+(``TimingModel.train_step_time``: the calibrated fused whole-model step, the one program a
+worker runs per step, scaled by its speed factor) plus injected idle time. Then:
 
 * ``sync``: every step ends for everyone at the slowest worker's finish plus one gradient
   all-reduce.
@@ -24,11 +25,10 @@ from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
 
 def _step_costs(timing: TimingModel, delays: DelayModel, num_workers: int, steps: int, seed: int) -> np.ndarray:
     """``(steps, workers)`` durations: compute at each worker's speed plus its injected idle time."""
-    base = timing.step_compute_time()
     costs = np.empty((steps, num_workers))
     for w in range(num_workers):
         rng = rng_for(seed, "step-delays", w)
-        compute = base * timing.worker_factor(w)
+        compute = timing.train_step_time(w)
         costs[:, w] = [compute + delays.idle_time(rng, compute) for _ in range(steps)]
     return costs
 

@@ -7,7 +7,8 @@ delay per job, after its part of the job (idle time: the device is free meanwhil
 
 * ASGD (algorithms.md §2): each worker runs a job's whole gradient as one device program
   (``gradient_program``: it reads every stage as the program starts, a remote one when
-  its pull starts), as the runtime's fused job does, then pushes every stage's gradient.
+  its pull starts), as the runtime's fused job does, charged that program's calibrated
+  cost (``Simulation.job_program_time``), then pushes every stage's gradient.
 * PD-ASGD (§3): per replica ``F`` forward workers feed ``B`` backward workers
   through a channel of capacity ``Q`` (a full channel blocks the forward worker); a
   backward pushes stage ``m``'s gradient right after stage ``m``'s backward (``layerwise``)
@@ -123,7 +124,7 @@ def _update(sim: Simulation, job: Job, m: int, worker: str, applied: Channel) ->
 def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
     """Hogwild!-style worker: read all stages, full gradient, apply, repeat."""
     rng = sim.delay_rng(name)
-    compute = sim.forward_compute(device) + sim.backward_compute(device)
+    compute = sim.job_compute(device)
     while (job := (yield from sim.take_job(name))) is not None:
         yield from gradient_program(sim, job, device, name)
         yield from _push_all(sim, job, sim.costs[device.index].transfer, name)
@@ -135,7 +136,8 @@ def gradient_program(sim: Simulation, job: Job, device: Device, worker: str) -> 
     """A whole job's gradient as one device program, as an ASGD worker runs it (the runtime's
     fused job, and any Hogwild! step): remote stages are pulled first (each read when its
     pull starts), local stages are read when the program starts, and the device runs the
-    forward, loss and backward without another job's kernel in between."""
+    forward, loss and backward without another job's kernel in between, for the program's
+    calibrated time (not its per-stage kernels' sum: one launch, not one per kernel)."""
     ex, c = sim.executor, sim.costs[device.index]
     stages = range(sim.num_stages)
     for m in stages:
@@ -147,7 +149,7 @@ def gradient_program(sim: Simulation, job: Job, device: Device, worker: str) -> 
             ex.forward_stage(job, m, commit_state=False, worker=worker)
         ex.loss(job, worker=worker)
 
-    yield Kernel(device, sum(c.forward) + c.loss + sum(c.backward), read_and_compute)
+    yield Kernel(device, c.job, read_and_compute)
     for m in stages:
         ex.commit_state(job, m, worker=worker)
     for m in reversed(stages):

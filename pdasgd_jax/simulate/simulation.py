@@ -16,12 +16,13 @@ from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Scheduler, Sleep
 
 
 class DeviceCosts(NamedTuple):
-    """Per-stage durations on one device, computed once (they are looked up for every kernel)."""
+    """Durations on one device, computed once (they are looked up for every kernel)."""
 
     forward: tuple[float, ...]
     loss: float
     backward: tuple[float, ...]  # a ``live`` backward includes its re-run of the stage forward
     transfer: tuple[float, ...]  # to or from the stage's home device (0 when it is this one)
+    job: float  # a job's whole gradient as ASGD's (and LPP-SGD's) program: see ``job_program_time``
 
 
 class UpdateSpan(NamedTuple):
@@ -123,7 +124,16 @@ class Simulation:
             t.loss_time(d),
             tuple(t.backward_time(m, d, live=self.executor.live) for m in stages),
             tuple(self.transfer_time(m, device) for m in stages),
+            self.job_program_time(d),
         )
+
+    def job_program_time(self, device: int) -> float:
+        """A job's whole gradient as one program on ``device``, as the runtime's ASGD worker
+        runs it: the fused program's calibrated cost (``kernels.job_gradients``) where the
+        runtime fuses the job (``executor.fused``: stashed weights, no non-trainable state;
+        the runtime's executor picks its mode by the same rule), else its per-stage kernels'."""
+        fused = self.executor.fused
+        return self.timing.job_gradients_time(device) if fused else self.timing.stage_job_time(device)
 
     def take_job(self, worker: str) -> Worker:
         """``next_job`` once the run is not draining (a generator: ``job = yield from ...``).
@@ -180,6 +190,11 @@ class Simulation:
         """Device work of one job's forward pass (and loss) on ``device``."""
         c = self.costs[device.index]
         return sum(c.forward) + c.loss
+
+    def job_compute(self, device: Device) -> float:
+        """Device work of one ASGD job on ``device``: its gradient program, and its updates
+        (each on its stage's home device)."""
+        return self.costs[device.index].job + sum(self.update_costs)
 
     def backward_compute(self, device: Device) -> float:
         """Device work of one job's backward pass on ``device`` and of its updates (each on

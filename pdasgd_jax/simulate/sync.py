@@ -1,7 +1,8 @@
 """Synchronous data parallel SGD on the virtual clock (algorithms.md §1).
 
-``D`` workers each compute the gradient of their shard of the global batch and wait for the
-slowest: a step ends ``max_w (compute_w + delay_w) + all-reduce`` after the previous one
+``D`` workers each compute the gradient of their shard of the global batch (one fused
+step each, ``TimingModel.train_step_time``) and wait for the slowest: a step ends
+``max_w (compute_w + delay_w) + all-reduce`` after the previous one
 (``averaging_clock.sync_step_end_times``). The arithmetic is real sync's, shard by shard
 (``spmd.make_sharded_step``: per-shard gradients, BatchNorm statistics and Dropout keys,
 averaged), so a simulated and a real sync run train the same model.
@@ -87,8 +88,8 @@ def run_sync(
 
 
 def busy_fractions(timing: TimingModel, steps: int, now: float, num_workers: int) -> list[float]:
-    """Each worker's share of ``now`` spent computing its ``steps`` steps."""
-    return [steps * timing.step_compute_time() * timing.worker_factor(w) / now for w in range(num_workers)]
+    """Each worker's share of ``now`` spent computing its ``steps`` fused steps."""
+    return [steps * timing.train_step_time(w) / now for w in range(num_workers)]
 
 
 def fresh_updates(num_stages: int, steps: int) -> StalenessStats:

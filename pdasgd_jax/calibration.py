@@ -59,9 +59,9 @@ PyTree = Any
 CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pdasgd_jax")
 # Bumped whenever what a calibration holds changes: the fingerprint hashes it, so every
 # cached file of an older format is measured afresh, and ``load`` refuses one by name.
-FORMAT = "pdasgd-jax-calibration-2"
-KERNELS = ("forward", "backward", "update")  # per stage
-FUSED = ("job_gradients", "train_step")  # whole-model programs, one cost each
+FORMAT = "pdasgd-jax-calibration-3"
+KERNELS = ("forward", "backward", "update", "backward_update")  # per stage
+FUSED = ("job_gradients", "train_step", "forward_all")  # whole-model programs, one cost each
 PROGRAMS = (*KERNELS, "loss", *FUSED)
 _FLOAT_LITERAL = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
@@ -110,8 +110,8 @@ class Calibration:
         fmt = d.get("format") if isinstance(d, dict) else None
         if isinstance(fmt, str) and fmt.startswith(FORMAT.rsplit("-", 1)[0] + "-") and fmt != FORMAT:
             raise ValueError(
-                f"it is of format {fmt!r}, written by an older pdasgd_jax that timed the per-stage kernels "
-                f"only; this one also times the fused programs ({', '.join(FUSED)}; format {FORMAT!r})"
+                f"it is of format {fmt!r}, written by an older pdasgd_jax that did not time every program "
+                f"this one charges (the fused {', '.join(FUSED)} and per-stage backward_update; format {FORMAT!r})"
             )
         if fmt != FORMAT:
             raise ValueError(f'not a calibration (expected "format": {FORMAT!r})')
@@ -195,15 +195,29 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
     loss = _median_time(kernels.loss_grad, h, y, repeats=repeats)
     _, delta = kernels.loss_grad(h, y)
     grads = [None] * num_stages
+    backward_update = [0.0] * num_stages
     for m in reversed(range(num_stages)):
         backward[m] = _median_time(kernels.backward_stashed(m), vjps[m], delta, repeats=repeats)
+        backward_update[m] = _median_time(
+            kernels.backward_update_stashed, vjps[m], delta, params[m], opt_states[m], 0, params[m], repeats=repeats
+        )
         grads[m], delta = kernels.backward_stashed(m)(vjps[m], delta)
     for m in range(num_stages):
         update[m] = _median_time(kernels.update(m), params[m], opt_states[m], grads[m], repeats=repeats)
     params, states, opt_states = tuple(params), tuple(states), tuple(opt_states)
     job = _median_time(kernels.job_gradients, params, states, x, y, repeats=repeats)
     step = _median_time(kernels.train_step, TrainState(params, states, opt_states), x, y, repeats=repeats)
-    return TimingModel(forward, backward, update, loss, job_gradients=job, train_step=step)
+    forward_all = _median_time(kernels.forward_all_stashed, params, states, x, y, repeats=repeats)
+    return TimingModel(
+        forward,
+        backward,
+        update,
+        loss,
+        job_gradients=job,
+        train_step=step,
+        forward_all=forward_all,
+        backward_update=backward_update,
+    )
 
 
 def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:

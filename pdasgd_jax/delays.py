@@ -212,6 +212,12 @@ class TimingModel:
       job_gradients: cost of a job's whole gradient as one program (``kernels.job_gradients``:
         every forward, the loss and every backward; what an ASGD or LPP-SGD worker runs per
         job). None: the sum of those per-stage kernels.
+      forward_all: cost of a job's whole forward and loss as one program
+        (``kernels.forward_all_stashed``: what the runtime's PD-ASGD forward worker runs per
+        job with ``stashed`` weights). None: the per-stage forwards and the loss.
+      backward_update: per stage, its stashed backward and its update as one program
+        (``kernels.backward_update_stashed``: what the runtime's layer-wise backward worker
+        runs for a stage on its own device). None: ``backward[m] + update[m]``.
       train_step: cost of one fused whole-model training step (``kernels.train_step``: the
         gradient and every stage's update; what a sync, local SGD or DaSGD worker runs per
         step). None: ``step_compute_time()``, the per-stage sum. On a device where a kernel
@@ -243,6 +249,8 @@ class TimingModel:
     concurrency: float = 1.0
     job_gradients: float | None = None
     train_step: float | None = None
+    forward_all: float | None = None
+    backward_update: tuple[float, ...] | None = None
 
     def __post_init__(self):
         for name in ("forward", "backward", "update", "worker_factors"):
@@ -257,9 +265,17 @@ class TimingModel:
             for m, cost in enumerate(getattr(self, name)):
                 _finite_non_negative(f"{name} cost of stage {m}", cost)
         _finite_non_negative("loss cost", self.loss)
-        for name in ("job_gradients", "train_step"):
+        for name in ("job_gradients", "train_step", "forward_all"):
             if getattr(self, name) is not None:
                 _finite_non_negative(f"{name} cost", getattr(self, name))
+        if self.backward_update is not None:
+            object.__setattr__(self, "backward_update", tuple(float(v) for v in self.backward_update))
+            _require(
+                len(self.backward_update) == len(self.forward),
+                f"backward_update has {len(self.backward_update)} stages, the model {len(self.forward)}",
+            )
+            for m, cost in enumerate(self.backward_update):
+                _finite_non_negative(f"backward_update cost of stage {m}", cost)
         for w, factor in enumerate(self.worker_factors):
             _require(math.isfinite(factor) and factor > 0, f"speed factor {factor!r} of worker {w} must be > 0")
         _require(
@@ -303,6 +319,16 @@ class TimingModel:
         if self.job_gradients is None:
             return self.stage_job_time(worker)
         return self.job_gradients * self.worker_factor(worker)
+
+    def forward_all_time(self, worker: int = 0) -> float:
+        """A job's whole forward and loss as one program on ``worker``."""
+        cost = sum(self.forward) + self.loss if self.forward_all is None else self.forward_all
+        return cost * self.worker_factor(worker)
+
+    def backward_update_time(self, m: int, worker: int = 0) -> float:
+        """Stage ``m``'s stashed backward and update as one program on ``worker``."""
+        cost = self.backward[m] + self.update[m] if self.backward_update is None else self.backward_update[m]
+        return cost * self.worker_factor(worker)
 
     def train_step_time(self, worker: int = 0) -> float:
         """One fused whole-model training step (gradient and updates) on ``worker``."""

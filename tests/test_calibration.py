@@ -74,11 +74,14 @@ def test_measure_repeats_rounds_and_keeps_their_spread(mlp):
         for m, (lo, hi) in enumerate(spread[name]):
             assert lo <= getattr(t, name)[m] <= hi
     # Every program an algorithm runs has its own measured cost, not a sum of kernels.
-    assert set(calibration.PROGRAMS) == {*calibration.KERNELS, "loss", "job_gradients", "train_step"}
-    for name in ("loss", "job_gradients", "train_step"):
+    fused = ("job_gradients", "train_step", "forward_all")
+    assert set(calibration.PROGRAMS) == {*calibration.KERNELS, "loss", *fused}
+    assert "backward_update" in calibration.KERNELS  # PD-ASGD's local stage: backward and update in one
+    for name in ("loss", *fused):
         lo, hi = spread[name]
         assert 0 < lo <= getattr(t, name) <= hi
     assert t.job_gradients_time() == t.job_gradients and t.train_step_time() == t.train_step
+    assert t.forward_all_time() == t.forward_all and t.backward_update_time(1) == t.backward_update[1]
     step = spread["step_compute_time"]
     assert step["min"] <= step["median"] <= step["max"]
     assert cal.description["batch"]["x"][0][0] == [32, 8, 8, 1]

@@ -1,6 +1,6 @@
 """The virtual clock charges each algorithm the program it really runs (issue 15): a job's
 fused gradient program for ASGD and LPP-SGD, the fused training step for sync, local SGD
-and DaSGD, the per-stage kernels for PD-ASGD."""
+and DaSGD, PD-ASGD's fused forward and fused backward-and-update of a local stage."""
 
 import dataclasses
 import functools
@@ -18,9 +18,9 @@ from pdasgd_jax.stages import from_modules
 
 # Dyadic costs for the 3-stage digits MLP whose fused programs cost far less than their
 # per-stage kernels, as they do on a launch-bound CPU: per-stage step 10.25, fused job 3,
-# fused step 4.
+# fused step 4, PD-ASGD's fused forward 1.5 and fused backward-and-update 1.5 per stage.
 PER_STAGE = TimingModel(forward=(1.0, 1.0, 1.0), backward=(2.0, 2.0, 2.0), update=(0.25, 0.25, 0.25), loss=0.5)
-FUSED = dataclasses.replace(PER_STAGE, job_gradients=3.0, train_step=4.0)
+FUSED = dataclasses.replace(PER_STAGE, job_gradients=3.0, train_step=4.0, forward_all=1.5, backward_update=(1.5,) * 3)
 UPDATES = sum(PER_STAGE.update)
 
 
@@ -52,8 +52,16 @@ def _busy(result):
         # One program per job, then the per-stage updates: not the 9.5 of per-stage kernels.
         ({"algo": "asgd"}, FUSED.job_gradients + UPDATES),
         ({"algo": "lpp", "replicas": 2, "devices": 1}, FUSED.job_gradients + UPDATES),
-        # PD-ASGD's layer-wise path stays per-stage kernels.
-        ({"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue": 1}, PER_STAGE.step_compute_time()),
+        # PD-ASGD (stashed) as the runtime runs it: one forward program, and each stage's
+        # backward and update as one program on its home device (one device: every stage).
+        ({"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue": 1}, 1.5 + 3 * 1.5),
+        # Block updates: the fused forward, per-stage backwards, then the per-stage updates.
+        ({"algo": "pdasgd-block", "forward_workers": 1, "backward_workers": 1, "queue": 1}, 1.5 + 6.0 + UPDATES),
+        # Live weights re-run each stage's forward in its backward: per-stage kernels throughout.
+        (
+            {"algo": "pdasgd", "backward_weights": "live", "forward_workers": 1, "backward_workers": 1, "queue": 1},
+            PER_STAGE.step_compute_time() + sum(PER_STAGE.forward),
+        ),
     ],
 )
 def test_asynchronous_jobs_are_charged_the_program_their_algorithm_runs(overrides, per_job):

@@ -197,8 +197,9 @@ def _check(run, timing, kwargs):
             else:  # the forward's read is logged when its pull starts, its kernel runs after it
                 assert e.time == t
                 later = [x.time for x in run.events if x.job == e.job and x.seq > e.seq]
-                # (ASGD's gradient program runs after all of its pulls, one after another.)
-                kernel = sim.costs[d].forward[e.stage] if kwargs["algo"] != "asgd" else 0.0
+                # (ASGD's gradient program and a stashed PD-ASGD forward, one program each, run
+                # after all of their pulls, one after another.)
+                kernel = sim.costs[d].forward[e.stage] if kwargs.get("weights", "stashed") == "live" else 0.0
                 assert min(later) >= t + transfer + kernel - EPS
         else:
             assert (e.job, e.stage, backward) not in pulls
@@ -214,6 +215,13 @@ def _check(run, timing, kwargs):
         c = sim.costs[d]
         if kwargs["algo"] == "pdasgd":
             for m, s in spans.items():
+                if kwargs.get("weights", "stashed") == "stashed" and sim.placement.stage_home(m) == d:
+                    # A local stage's backward and update are one program (the runtime's
+                    # backward_update_stashed), written at its end; the next stage's follows it.
+                    assert s.start == backwards[j, m].time and s.end - s.start >= c.backward_update[m] - EPS
+                    assert m == 0 or backwards[j, m - 1].time >= s.end - EPS
+                    seen["fused local backward-updates"] += 1
+                    continue
                 assert s.start >= backwards[j, m].time + c.backward[m] + c.transfer[m] - EPS
                 # The worker does not wait for the update: stage m - 1's backward may start first.
                 if m and backwards[j, m - 1].time < s.end:

@@ -57,9 +57,13 @@ from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
 
 
 def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Worker:
-    """Stage forwards ``0..M-1`` (each reads the stage current at its start, or at the start
-    of its pull when remote) and the loss."""
+    """Stage forwards ``0..M-1`` and the loss. With ``stashed`` weights as one program, as the
+    runtime's forward worker runs it (``fused_forward``); with ``live`` ones stage by stage,
+    each reading the stage current at its start (or at the start of its pull when remote)."""
     ex, c = sim.executor, sim.costs[device.index]
+    if not ex.live:
+        yield from fused_forward(sim, job, device, worker, c.forward_all)
+        return
     for m in range(sim.num_stages):
         if c.transfer[m]:
             yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, worker=worker))
@@ -77,6 +81,10 @@ def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, lay
     stages = range(sim.num_stages - 1, -1, -1)
     applied = Channel(sim.num_stages)
     for m in stages:
+        if layerwise and not ex.live and sim.homes[m] is device:
+            yield from _backward_and_update(sim, job, m, device, worker)
+            yield Put(applied, m)
+            continue
         if ex.live and c.transfer[m]:  # re-linearises at the current weights: pull them if remote
             yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, backward=True, worker=worker))
         yield Kernel(device, c.backward[m], functools.partial(ex.backward_stage, job, m, worker=worker), BACKWARD)
@@ -104,6 +112,26 @@ def _push(sim: Simulation, job: Job, m: int, transfer: float, worker: str, appli
     if transfer:
         yield Sleep(transfer)
     yield Launch(_update(sim, job, m, worker, applied))
+
+
+def _backward_and_update(sim: Simulation, job: Job, m: int, device: Device, worker: str) -> Worker:
+    """Stage ``m``'s stashed backward and its update as one program on ``device``, the
+    stage's home, once no other update of the stage runs: the runtime's layer-wise backward
+    worker runs a local stage so (``kernels.backward_update_stashed`` under the stage's
+    lock). The update is written at the program's end."""
+    lock = sim.stage_locks[m]
+    yield Get(lock)
+    start: list[float] = []
+
+    def backward() -> None:
+        start.append(sim.scheduler.now)
+        sim.executor.backward_stage(job, m, worker=worker)
+
+    yield Kernel(device, sim.costs[device.index].backward_update[m], backward, BACKWARD)
+    sim.executor.update_stage(job, m, worker=worker)
+    if sim.on_update is not None:
+        sim.on_update(UpdateSpan(m, device.index, job.id, start[0], sim.scheduler.now))
+    yield Put(lock, None)
 
 
 def _update(sim: Simulation, job: Job, m: int, worker: str, applied: Channel) -> Worker:
@@ -134,10 +162,17 @@ def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
 
 def gradient_program(sim: Simulation, job: Job, device: Device, worker: str) -> Worker:
     """A whole job's gradient as one device program, as an ASGD worker runs it (the runtime's
-    fused job, and any Hogwild! step): remote stages are pulled first (each read when its
-    pull starts), local stages are read when the program starts, and the device runs the
-    forward, loss and backward without another job's kernel in between, for the program's
-    calibrated time (not its per-stage kernels' sum: one launch, not one per kernel)."""
+    fused job, and any Hogwild! step): ``fused_forward`` for the program's calibrated time
+    (not its per-stage kernels' sum: one launch, not one per kernel), its backward inside."""
+    yield from fused_forward(sim, job, device, worker, sim.costs[device.index].job)
+    for m in reversed(range(sim.num_stages)):
+        sim.executor.backward_stage(job, m, worker=worker)
+
+
+def fused_forward(sim: Simulation, job: Job, device: Device, worker: str, cost: float) -> Worker:
+    """A job's forward and loss in one device program of ``cost`` seconds: remote stages are
+    pulled first (each read when its pull starts), local stages are read when the program
+    starts, and the device runs it without another job's kernel in between."""
     ex, c = sim.executor, sim.costs[device.index]
     stages = range(sim.num_stages)
     for m in stages:
@@ -149,11 +184,9 @@ def gradient_program(sim: Simulation, job: Job, device: Device, worker: str) -> 
             ex.forward_stage(job, m, commit_state=False, worker=worker)
         ex.loss(job, worker=worker)
 
-    yield Kernel(device, c.job, read_and_compute)
+    yield Kernel(device, cost, read_and_compute)
     for m in stages:
         ex.commit_state(job, m, worker=worker)
-    for m in reversed(stages):
-        ex.backward_stage(job, m, worker=worker)
 
 
 def forward_worker(sim: Simulation, device: Device, name: str, channel: Channel) -> Worker:

@@ -23,6 +23,8 @@ class DeviceCosts(NamedTuple):
     backward: tuple[float, ...]  # a ``live`` backward includes its re-run of the stage forward
     transfer: tuple[float, ...]  # to or from the stage's home device (0 when it is this one)
     job: float  # a job's whole gradient as ASGD's (and LPP-SGD's) program: see ``job_program_time``
+    forward_all: float  # PD-ASGD's fused forward and loss (``kernels.forward_all_stashed``)
+    backward_update: tuple[float, ...]  # PD-ASGD's fused backward and update of a local stage
 
 
 class UpdateSpan(NamedTuple):
@@ -125,6 +127,8 @@ class Simulation:
             tuple(t.backward_time(m, d, live=self.executor.live) for m in stages),
             tuple(self.transfer_time(m, device) for m in stages),
             self.job_program_time(d),
+            t.forward_all_time(d),
+            tuple(t.backward_update_time(m, d) for m in stages),
         )
 
     def job_program_time(self, device: int) -> float:
@@ -187,9 +191,10 @@ class Simulation:
         return self.timing.comm.transfer_time(self._stage_bytes[m])
 
     def forward_compute(self, device: Device) -> float:
-        """Device work of one job's forward pass (and loss) on ``device``."""
+        """Device work of one job's forward pass (and loss) on ``device``: one fused program
+        with ``stashed`` weights (``policies.forward_pass``), per-stage kernels with ``live``."""
         c = self.costs[device.index]
-        return sum(c.forward) + c.loss
+        return sum(c.forward) + c.loss if self.executor.live else c.forward_all
 
     def job_compute(self, device: Device) -> float:
         """Device work of one ASGD job on ``device``: its gradient program, and its updates

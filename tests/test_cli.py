@@ -263,3 +263,21 @@ def test_a_full_disk_prints_one_line_naming_the_file(monkeypatch, tmp_path, caps
     err = capsys.readouterr().err
     assert err.startswith(f"error: no space left on the device writing {tmp_path}/run/metrics.jsonl\n")
     assert "Traceback" not in err and len(err.strip().splitlines()) == 2
+
+
+def test_a_damaged_timing_json_and_a_held_run_directory_are_refused_on_resume(tmp_path, capsys):
+    """Resuming a simulated run whose timing.json is garbage exits 2 naming the file; a run
+    directory another process trains in is refused at once, naming the holder."""
+    from pdasgd_jax.rundir import RunDirLock
+
+    run = tmp_path / "run"
+    args = ["train", "--algo", "asgd", "--simulate", "--epochs", "0.3", "--eval-every", "200", "--no-progress"]
+    assert main([*args, "--out", str(run)]) == 0
+    (run / "timing.json").write_text("{ garbage")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "timing.json" in err and "Traceback" not in err
+    with RunDirLock(str(run)):
+        assert main(["train", "--resume", str(run)]) == 2
+    assert f"in use by process {os.getpid()}" in capsys.readouterr().err

@@ -279,9 +279,11 @@ def measure(
     return Calibration(digest, timing, spread, len(rounds), description)
 
 
-def _totals(r: TimingModel) -> tuple[float, float, float]:
-    """What must be stable over the rounds: the per-stage step and each fused program."""
-    return r.step_compute_time(), r.job_gradients_time(), r.train_step_time()
+def _totals(r: TimingModel) -> tuple[float, ...]:
+    """What must be stable over the rounds: the per-stage step, each fused program and
+    PD-ASGD's fused backward-and-updates (summed over the stages)."""
+    fused_backward = sum(r.backward_update_time(m) for m in range(r.num_stages))
+    return r.step_compute_time(), r.job_gradients_time(), r.train_step_time(), r.forward_all_time(), fused_backward
 
 
 # fingerprint -> (calibration, measured by this process rather than read from a file)

@@ -348,11 +348,13 @@ def test_worker_groups_sharing_a_device_queue_for_it(algo):
 # PD-ASGD with F = B = Q = 1 on a device that runs the forward, the backward and an update
 # kernel at once at full speed (concurrency 3: the backward worker does not wait for stage m's
 # update, which runs beside stage m-1's backward), costs f_m (forward), l (loss), b_m
-# (backward), u_m (update, u_m <= b_{m-1}), and a constant delay d each worker idles after
-# its part of each job. Let
-#   T_F = sum_m f_m + l,   T_B = sum_m b_m + u_0  (the job ends when its last update lands),
-#   F_m = sum_{k<m} f_k          (when, after a forward starts, it reads stage m),
-#   c_m = sum_{k>=m} b_k + u_m   (when, after a backward starts, stage m's update lands).
+# (backward), u_m (update), and a constant delay d each worker idles after its part of each
+# job. With stashed weights on one device the forward is one program that reads every stage
+# at its start, and each stage's backward and update are one program (as the runtime runs
+# them; algorithms.md §5), so let
+#   T_F = sum_m f_m + l,   T_B = sum_m (b_m + u_m)  (the job ends when its last update lands),
+#   F_m = 0                          (when, after a forward starts, it reads stage m),
+#   c_m = sum_{k>=m} (b_k + u_k)     (when, after a backward starts, stage m's update lands).
 # Backward-bound (T_B > T_F): the backward worker is never idle but for d; it takes job j at
 # s_j, s_{j+1} = s_j + T_B + d. The forward worker, blocked on the full channel with job j+1,
 # hands it over at s_j, idles d and reads stage m of job j+2 at s_j + d + F_m. Job j updates
@@ -363,19 +365,20 @@ def test_worker_groups_sharing_a_device_queue_for_it(algo):
 # a_j; the forward worker idles d and reads stage m of job j+1 at a_j + d + F_m, while job j
 # updates it at a_j + c_m and job j-1 finished by a_j; the same formula holds with [.] = 0.
 def _closed_form(f, l, b, u, d):
-    t_f, t_b = sum(f) + l, sum(b) + u[0]
-    return [int(t_b > t_f) + int(sum(b[m:]) + u[m] > sum(f[:m]) + d) for m in range(len(f))]
+    t_f, t_b = sum(f) + l, sum(b) + sum(u)
+    return [int(t_b > t_f) + int(sum(b[m:]) + sum(u[m:]) > d) for m in range(len(f))]
 
 
 @pytest.mark.parametrize(
     "f, l, b, u, k, expected",
     [
         ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.0, [2, 2, 2]),  # backward-bound, d = 0
-        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.1, [2, 2, 1]),  # d = 1.025
+        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.3, [2, 2, 1]),  # d = 3.075
         ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.5, [2, 1, 1]),  # d = 5.125
         ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.8, [1, 1, 1]),  # d = 8.2
-        ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.0, [1, 1, 0]),  # forward-bound, d = 0
-        ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.1, [1, 0, 0]),  # d = 1.15
+        ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.0, [1, 1, 1]),  # forward-bound, d = 0
+        ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.2, [1, 1, 0]),  # d = 2.3
+        ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.3, [1, 0, 0]),  # d = 3.45
     ],
 )
 def test_pdasgd_pipeline_staleness_has_the_closed_form(f, l, b, u, k, expected):

@@ -184,9 +184,12 @@ class RuntimeSettings:
             batch_size=config.batch_size,
             num_examples=exp.total_examples,
             delay=delays.DelayModel.from_config(config, step_time),
+            # No straggler: no factors (every device at 1), whatever devices a caller then picks.
             device_factors=delays.straggler_factors(
                 exp.layout.devices, config.straggler_devices, config.straggler_factor
-            ),
+            )
+            if config.straggler_devices
+            else (),
             seed=config.seed,
             period=config.period,
             replication=config.replication,

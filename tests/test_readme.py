@@ -25,3 +25,24 @@ def test_a_readme_block_runs_as_written(block, tmp_path, monkeypatch, capsys):
     exec(compile(block, str(README), "exec"), {"__name__": "readme"})
     lines = capsys.readouterr().out.splitlines()
     assert lines and all(0.5 < float(line.split()[0]) <= 1.0 for line in lines)  # each line: a test accuracy first
+
+
+COMMANDS = [
+    line.split("-m pdasgd_jax", 1)[1].split("#", 1)[0].split()
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    for line in block.replace("\\\n", " ").splitlines()
+    if "-m pdasgd_jax" in line
+]
+
+
+def test_the_readme_commands_are_valid_as_written():
+    """Every ``python -m pdasgd_jax`` command of the README parses, and each ``train`` command's
+    flags pass the checks made before any work (running them is the quick start's and the
+    wheel check's job; these only must not have gone stale)."""
+    from pdasgd_jax.cli import config_from_args, parse_args
+
+    assert len(COMMANDS) >= 5 and any(argv[0] == "train" for argv in COMMANDS)
+    for argv in COMMANDS:
+        args = parse_args(argv)
+        if args.command == "train" and not args.resume:
+            config_from_args(args).validate()

@@ -195,7 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = args.resume or getattr(args, "out", None) if args.command == "train" else None
     try:
         if args.command == "train":
+            from pdasgd_jax import interrupts
             from pdasgd_jax.distributed import initialize_from_env_or_args
+
+            interrupts.install()
             from pdasgd_jax.reporting import summary_line
             from pdasgd_jax.train import load_run_config, train_and_evaluate
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from pdasgd_jax import interrupts
 from pdasgd_jax.divergence import DivergenceWatch
 from pdasgd_jax.errors import ConfigError, NonFiniteLossError
 from pdasgd_jax.rundir import METRICS_FILE
@@ -146,6 +147,7 @@ class MetricsLog:
             are read as soon as they are ready (never waiting for the device), so a
             divergence stops the run within a step or two of it, whatever the evaluation cadence.
         """
+        interrupts.check()  # a Ctrl-C that library code swallowed still stops the run here
         if not self._pending_losses:
             self._pending_first_step = step
             self._checked = 0

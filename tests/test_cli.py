@@ -283,3 +283,27 @@ def test_a_damaged_timing_json_and_a_held_run_directory_are_refused_on_resume(tm
     with RunDirLock(str(run)):
         assert main(["train", "--resume", str(run)]) == 2
     assert f"in use by process {os.getpid()}" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_that_library_code_swallowed_still_stops_the_run_at_the_next_step():
+    """(An interrupt landing inside a checkpoint write could be caught there.)"""
+    import signal as signal_lib
+
+    from pdasgd_jax import interrupts
+    from pdasgd_jax.metrics import MetricsLog
+
+    metrics = MetricsLog(lambda p, s: {}, total_examples=10, eval_every=10**9, progress=False)
+    previous = signal_lib.getsignal(signal_lib.SIGINT)
+    try:
+        interrupts.install()
+        metrics.add_loss(1, 1.0)  # no request yet
+        try:
+            os.kill(os.getpid(), signal_lib.SIGINT)
+            time.sleep(1)  # the handler runs here
+        except KeyboardInterrupt:
+            pass  # swallowed, as a library might
+        with pytest.raises(KeyboardInterrupt):
+            metrics.add_loss(2, 1.0)
+    finally:
+        signal_lib.signal(signal_lib.SIGINT, previous)
+        interrupts._requested.clear()

@@ -1,0 +1,35 @@
+"""Ctrl-C that library code cannot swallow.
+
+Python turns SIGINT into a ``KeyboardInterrupt`` wherever the main thread happens to be; if
+that is inside a library that catches every exception (a checkpoint write may be under way
+when the user presses Ctrl-C), the interrupt is lost and the run goes on to its end. The
+command line installs ``install``'s handler, which also remembers the request, and the
+training loop calls ``check`` at every step (``MetricsLog.add_loss``), so a swallowed
+interrupt still stops the run within a step.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+_requested = threading.Event()
+
+
+def _handler(signum: int, frame: FrameType | None) -> None:
+    _requested.set()
+    raise KeyboardInterrupt
+
+
+def install() -> None:
+    """Makes Ctrl-C (SIGINT) a remembered request; call from the main thread."""
+    _requested.clear()
+    signal.signal(signal.SIGINT, _handler)
+
+
+def check() -> None:
+    """Raises ``KeyboardInterrupt`` if Ctrl-C was pressed since ``install`` (even if the
+    ``KeyboardInterrupt`` it raised was caught somewhere)."""
+    if _requested.is_set():
+        raise KeyboardInterrupt

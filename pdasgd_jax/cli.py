@@ -197,8 +197,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train":
             from pdasgd_jax import interrupts
             from pdasgd_jax.distributed import initialize_from_env_or_args
-
-            interrupts.install()
             from pdasgd_jax.reporting import summary_line
             from pdasgd_jax.train import load_run_config, train_and_evaluate
 
@@ -211,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             initialize_from_env_or_args(
                 args.coordinator_address, args.num_processes, args.process_id, args.coordinator_timeout
             )
-            summary = train_and_evaluate(config, resume=bool(args.resume), overwrite=args.overwrite)
+            with interrupts.remembered():  # a Ctrl-C swallowed by library code still stops the run
+                summary = train_and_evaluate(config, resume=bool(args.resume), overwrite=args.overwrite)
             print(summary_line(summary))
         elif args.command == "compare":
             from pdasgd_jax.compare import compare

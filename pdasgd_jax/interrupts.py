@@ -10,8 +10,10 @@ interrupt still stops the run within a step.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 _requested = threading.Event()
@@ -23,7 +25,8 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 
 
 def install() -> None:
-    """Makes Ctrl-C (SIGINT) a remembered request; call from the main thread."""
+    """Makes Ctrl-C (SIGINT) a remembered request; call from the main thread (``remembered``
+    scopes it to a block)."""
     _requested.clear()
     signal.signal(signal.SIGINT, _handler)
 
@@ -33,3 +36,16 @@ def check() -> None:
     ``KeyboardInterrupt`` it raised was caught somewhere)."""
     if _requested.is_set():
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def remembered() -> Iterator[None]:
+    """``install`` for the block only: the previous SIGINT handler is back afterwards and no
+    request outlives it (a process that goes on, such as a test runner, keeps its own)."""
+    previous = signal.getsignal(signal.SIGINT)
+    install()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _requested.clear()

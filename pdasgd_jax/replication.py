@@ -71,6 +71,11 @@ class GroupRounds:
         per group out (where the group's store lives).
       pause, unpause: stop and restart group ``g`` starting jobs.
       clock: the caller's time, for the waits.
+      averaged: whether rounds run at all (default: more than one store); a process of a
+        multi-process run averages with the other processes' groups even with one store.
+
+    ``on_merge``, if set, is called as ``on_merge(g, k)`` right after group ``g`` merged round
+    ``k`` (in the merging thread, under the caller's lock): tests read the stores there.
     """
 
     def __init__(
@@ -82,6 +87,8 @@ class GroupRounds:
         pause: Callable[[int], None],
         unpause: Callable[[int], None],
         clock: Callable[[], float],
+        *,
+        averaged: bool | None = None,
     ):
         if rule.outer is not None:
             raise ValueError("replicated runs take no outer optimizer yet")
@@ -90,6 +97,8 @@ class GroupRounds:
         self._start_allreduce = start_allreduce
         self._mean = mean
         self.abstract = False
+        self.averaged = len(self.stores) > 1 if averaged is None else averaged
+        self.on_merge: Callable[[int, int], None] | None = None
         self._pause, self._unpause, self._clock = pause, unpause, clock
         groups = len(self.stores)
         self.counts = [0] * groups
@@ -102,14 +111,14 @@ class GroupRounds:
 
     def start(self) -> None:
         """Round 0: every group snapshots its starting store (before any job)."""
-        if len(self.stores) > 1:
+        if self.averaged:
             for g in range(len(self.stores)):
                 self._book(g, 0)
 
     def applied(self, group: int) -> None:
         """One more job of ``group`` is complete (all its updates applied)."""
         self.counts[group] += 1
-        if len(self.stores) > 1:
+        if self.averaged:
             self._book(group, self.counts[group])
 
     def summary(self) -> dict[str, Any]:
@@ -165,11 +174,18 @@ class GroupRounds:
         if all(s is not None for s in rnd.snapshots):  # the last group: the all-reduce starts
             self._start_allreduce(k)
 
-    def arrive(self, k: int) -> None:
-        """Round ``k``'s mean has arrived: the groups waiting for it merge it."""
+    def snapshots(self, k: int) -> list[Snapshot | None]:
+        """Round ``k``'s snapshots so far (``None`` for a group that has not taken one)."""
+        return list(self._round(k).snapshots)
+
+    def arrive(self, k: int, means: list[Snapshot] | None = None) -> None:
+        """Round ``k``'s mean has arrived: the groups waiting for it merge it. ``means`` (one
+        copy per group) if the caller computed it, else ``mean`` of the snapshots."""
         rnd = self._round(k)
-        mean = functools.partial(jax.eval_shape, self._mean) if self.abstract else self._mean
-        rnd.means = mean(list(rnd.snapshots))
+        if means is None:
+            mean = functools.partial(jax.eval_shape, self._mean) if self.abstract else self._mean
+            means = mean(list(rnd.snapshots))
+        rnd.means = means
         for g in range(len(self.stores)):
             if self._due[g] and self._due[g][0] == ("merge", k):
                 self._work(g)
@@ -186,6 +202,8 @@ class GroupRounds:
             if jax.tree.leaves(mean_states[m]):
                 store.write_state(m, mean_states[m])
         rnd.merged += 1
+        if self.on_merge is not None:
+            self.on_merge(g, k)
         if rnd.merged == len(self.stores):
             del self._rounds[k]  # every group has merged it: its snapshots can go
             self.rounds_merged += 1

@@ -107,9 +107,10 @@ def train_and_evaluate(
     ``curves.png`` and checkpoints (at every evaluation, or every ``--checkpoint-every``
     examples) to ``config.out`` if set (with ``config.event_log`` also ``events.jsonl`` and
     ``final_variables.npz``, see ``pdasgd_jax.eventlog``), holding the directory's lock meanwhile (a second
-    process on it is refused). With ``resume``, continues from the newest checkpoint in
-    ``config.out``; a directory that already holds a run is refused unless ``resume`` or
-    ``overwrite`` (which first deletes what an earlier run wrote there, and nothing else).
+    process on it is refused; in a multi-process run only process 0 writes them). With ``resume``,
+    continues from the newest checkpoint in ``config.out``; a directory that already holds a run
+    is refused unless ``resume`` or ``overwrite`` (which first deletes what an earlier run wrote
+    there, and nothing else).
 
     Your own pieces replace the ones ``config`` names; every other field applies as usual
     (algorithm, devices, delays, ``eval_every``, ``target_accuracy``, ``out``, ...):
@@ -133,6 +134,9 @@ def train_and_evaluate(
         print(result["test_accuracy"], len(result.variables.params))
     """
     config.validate()
+    if config.out and jax.process_index() != 0:
+        # Process 0 writes the run's files; the others would write the same files over them.
+        config = dataclasses.replace(config, out=None, event_log=False)
     if dataset is not None:
         dataset = _as_dataset(dataset)
     runner = select_runner(config)

@@ -1,10 +1,19 @@
-"""Multi-host training without a cluster: two processes on localhost, 4 CPU devices each,
-joined by ``jax.distributed`` (gloo collectives), train ``sync`` and ``dasgd`` over one
-8-device mesh and must land where one process with 8 devices does.
+"""Multi-host training without a cluster: two processes on localhost joined by
+``jax.distributed`` (gloo collectives).
 
-Run as a script, this file is one of those processes.
+* 4 CPU devices each: ``sync`` and ``dasgd`` over one 8-device mesh must land where one
+  process with 8 devices does.
+* 2 CPU devices each: replicated ASGD (``--replication replicas``, a group per device, the
+  averages one collective over both processes) ends within a point of one process with 4
+  devices, every group identical right after each d = 0 merge; a worker failing in one
+  process stops both, with its traceback.
+
+Run as a script, this file is one of those processes (``python test_multihost.py MODE ...``).
 """
 
+import collections
+import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -20,6 +29,9 @@ from pdasgd_jax.distributed import initialize_from_env_or_args
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners import RUNNERS
+from pdasgd_jax.runtime.processes import process_share
+from pdasgd_jax.runtime.replicas import ReplicatedRuntime
+from pdasgd_jax.runtime.settings import RuntimeSettings
 
 PROCESSES, DEVICES_PER_PROCESS = 2, 4
 RUNS = {
@@ -47,17 +59,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
-    assert jax.device_count() == 8
+def _launch(mode: str, outputs: list, timeout: float = 240) -> list[tuple[int, str]]:
+    """Runs this file as ``PROCESSES`` processes in ``mode``, process ``i`` writing ``outputs[i]``;
+    returns each one's exit status and output."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the child sets its own device count
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get("PYTHONPATH", "")]
     )
-    outputs = [tmp_path / f"process{i}.npz" for i in range(PROCESSES)]
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, str(out), str(port), str(i)],
+            [sys.executable, __file__, mode, str(out), str(port), str(i)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -66,12 +78,18 @@ def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
         for i, out in enumerate(outputs)
     ]
     try:
-        logs = [p.communicate(timeout=240)[0] for p in procs]
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
         for p in procs:
             p.kill()
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, f"process exited with {p.returncode}:\n{log[-3000:]}"
+    return [(p.returncode, log) for p, log in zip(procs, logs)]
+
+
+def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
+    assert jax.device_count() == 8
+    outputs = [tmp_path / f"process{i}.npz" for i in range(PROCESSES)]
+    for returncode, log in _launch("spmd", outputs):
+        assert returncode == 0, f"process exited with {returncode}:\n{log[-3000:]}"
 
     single = train_all()
     for out in outputs:
@@ -81,11 +99,58 @@ def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
             np.testing.assert_allclose(multi[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def _process_main(out: str, port: str, process_id: str) -> None:
-    jax.config.update("jax_num_cpu_devices", DEVICES_PER_PROCESS)
+# Replicated ASGD on 4 devices (a group of one thread each), averaged every 4 jobs and merged at once.
+REPLICATED = dict(
+    algo="asgd", replication="replicas", devices=4, replicas=4, period=4, delay_steps=0, batch_size=16, epochs=4
+)
+REPLICATED_DEVICES_PER_PROCESS = 2
+FAILING_PROCESS = 1
+
+
+def train_replicated(*, fail_after: int | None = None) -> dict:
+    """``REPLICATED`` in this process (its share when there are several); the test accuracy of
+    the final model and, per merge, ``(round, global group, digest of the group's parameters
+    right after it)``. With ``fail_after``, group 0's worker raises at that job."""
+    exp = Experiment.from_config(Config(**REPLICATED, seed=0, progress=False).validate())
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    settings = RuntimeSettings.from_config(exp)
+    if jax.process_count() > 1:
+        settings = process_share(settings)
+    rt = ReplicatedRuntime(exp, settings)
+    first_group = jax.process_index() * len(settings.devices)
+    merges = []
+
+    def record(g: int, k: int) -> None:
+        leaves = jax.tree.leaves(jax.device_get(rt.stores[g].snapshot()[0]))
+        merges.append((k, first_group + g, hashlib.sha1(b"".join(np.asarray(x).tobytes() for x in leaves)).hexdigest()))
+
+    rt.rounds.on_merge = record
+    if fail_after is not None:
+        executor, calls = rt.executors[0], iter(range(10**9))
+        backward_all = executor.backward_all
+
+        def failing(*args, **kwargs):
+            if next(calls) == fail_after:
+                raise ValueError(f"injected failure in process {jax.process_index()}")
+            return backward_all(*args, **kwargs)
+
+        executor.backward_all = failing
+    result = rt.run(metrics)
+    return dict(accuracy=exp.evaluate(result.params, result.states)["test_accuracy"], merges=merges, step=result.step)
+
+
+def _process_main(mode: str, out: str, port: str, process_id: str) -> None:
+    per_process = DEVICES_PER_PROCESS if mode == "spmd" else REPLICATED_DEVICES_PER_PROCESS
+    jax.config.update("jax_num_cpu_devices", per_process)
     assert initialize_from_env_or_args(f"localhost:{port}", PROCESSES, int(process_id))
-    assert jax.device_count() == PROCESSES * DEVICES_PER_PROCESS and jax.local_device_count() == DEVICES_PER_PROCESS
-    np.savez(out, **train_all())
+    assert jax.device_count() == PROCESSES * per_process and jax.local_device_count() == per_process
+    if mode == "spmd":
+        np.savez(out, **train_all())
+    elif mode == "replicas":
+        with open(out, "w") as f:
+            json.dump(train_replicated(), f)
+    else:  # "fail<i>": a worker of process i raises; the run must stop everywhere
+        train_replicated(fail_after=5 if mode == f"fail{process_id}" else None)
 
 
 def test_initialize_from_env_or_args_needs_all_three_or_none(monkeypatch):
@@ -100,6 +165,35 @@ def test_initialize_from_env_or_args_needs_all_three_or_none(monkeypatch):
     monkeypatch.setenv("JAX_PROCESS_ID", "zero")
     with pytest.raises(ValueError, match="JAX_PROCESS_ID='zero' is not an integer"):
         initialize_from_env_or_args("localhost:1")
+
+
+def test_replicated_groups_over_two_processes_end_near_one_process_and_agree_after_each_merge(tmp_path):
+    outputs = [tmp_path / f"process{i}.json" for i in range(PROCESSES)]
+    for returncode, log in _launch("replicas", outputs):
+        assert returncode == 0, f"process exited with {returncode}:\n{log[-3000:]}"
+    runs = [json.loads(out.read_text()) for out in outputs]
+    assert runs[0]["accuracy"] == runs[1]["accuracy"]  # one final model: the global mean
+    single = train_replicated()
+    assert runs[0]["step"] == single["step"]  # the processes' shares add up to the whole budget
+    assert abs(runs[0]["accuracy"] - single["accuracy"]) <= 0.01, (runs[0]["accuracy"], single["accuracy"])
+    by_round = collections.defaultdict(dict)
+    for run in runs:
+        for k, group, digest in run["merges"]:
+            by_round[k][group] = digest
+    whole = [k for k, groups in by_round.items() if len(groups) == 4]
+    assert len(whole) >= 5, by_round.keys()
+    for k, groups in by_round.items():
+        assert len(set(groups.values())) == 1, f"round {k}: the groups differ right after the merge: {groups}"
+
+
+def test_a_worker_failing_in_one_process_stops_both_with_its_traceback(tmp_path):
+    outputs = [tmp_path / f"process{i}" for i in range(PROCESSES)]
+    done = _launch(f"fail{FAILING_PROCESS}", outputs, timeout=120)
+    (failed_code, failed_log), (peer_code, peer_log) = done[FAILING_PROCESS], done[1 - FAILING_PROCESS]
+    assert failed_code != 0 and peer_code != 0
+    assert "runtime worker 'd0/w0' failed" in failed_log and "ValueError: injected failure in process 1" in failed_log
+    assert "error: process 1 of 2 failed, so process 0 stops too" in peer_log
+    assert "ValueError: injected failure in process 1" in peer_log
 
 
 if __name__ == "__main__":

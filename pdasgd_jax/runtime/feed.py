@@ -73,13 +73,24 @@ class DataFeed:
     """A thread putting the numbered batches with ids in ``batch_ids`` into ``out``, each
     once ``gate`` lets it through.
 
+    ``batches`` replaces the run's stream (``numbered_batches``) by another numbered from
+    ``batch_ids.start``: a process's share of a multi-process run.
     It calls ``out.producer_done()`` when it is done or stopped, so consumers drain and end.
     """
 
     def __init__(
-        self, exp: Experiment, batch_size: int, batch_ids: range, out: BoundedQueue[Batch], control: Control, gate: Gate
+        self,
+        exp: Experiment,
+        batch_size: int,
+        batch_ids: range,
+        out: BoundedQueue[Batch],
+        control: Control,
+        gate: Gate,
+        batches: Iterator[Batch] | None = None,
     ):
-        self._batches = itertools.islice(numbered_batches(exp, batch_size, start=batch_ids.start), len(batch_ids))
+        if batches is None:
+            batches = numbered_batches(exp, batch_size, start=batch_ids.start)
+        self._batches = itertools.islice(batches, len(batch_ids))
         self.out = out
         self.gate = gate
         self._control = control

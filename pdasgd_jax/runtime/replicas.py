@@ -47,6 +47,14 @@ from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.feed import Batch, DataFeed, Gate
 from pdasgd_jax.runtime.lpp import DeviceControl, DeviceStoresRuntime
+from pdasgd_jax.runtime.processes import (
+    PeerWatch,
+    ProcessRounds,
+    announce_failure,
+    process_batches,
+    process_share,
+    run_keys,
+)
 from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, WouldBlock
 from pdasgd_jax.runtime.runner import run_runtime
 from pdasgd_jax.runtime.settings import RuntimeSettings
@@ -57,11 +65,18 @@ PyTree = Any
 AXIS = "groups"
 
 
-def allreduce_mean(snapshots: list[PyTree], devices: tuple[jax.Device, ...]) -> list[PyTree]:
+def allreduce_mean(
+    snapshots: list[PyTree], devices: tuple[jax.Device, ...], mesh_devices: tuple[jax.Device, ...] | None = None
+) -> list[PyTree]:
     """The mean of one tree per device (``snapshots[g]`` on ``devices[g]``) as one collective;
     returns each device's copy. Dispatched asynchronously: nothing here waits for the devices.
-    Leaves that are not floats (counters) keep each device's own value."""
-    mesh = Mesh(np.asarray(devices), (AXIS,))
+    Leaves that are not floats (counters) keep each device's own value.
+
+    ``mesh_devices`` (default ``devices``) are every participant's devices: in a multi-process
+    run all of ``jax.devices()``, of which ``devices`` are this process's; every process makes
+    the same call, with its own trees, and the mean is over all of them."""
+    mesh_devices = devices if mesh_devices is None else mesh_devices
+    mesh = Mesh(np.asarray(mesh_devices), (AXIS,))
     stacked = NamedSharding(mesh, PartitionSpec(AXIS))
     replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -69,7 +84,7 @@ def allreduce_mean(snapshots: list[PyTree], devices: tuple[jax.Device, ...]) -> 
         if not jnp.issubdtype(leaves[0].dtype, jnp.inexact):
             return list(leaves)
         shards = [jax.device_put(leaf[None], device) for leaf, device in zip(leaves, devices, strict=True)]
-        stack = jax.make_array_from_single_device_arrays((len(devices), *leaves[0].shape), stacked, shards)
+        stack = jax.make_array_from_single_device_arrays((len(mesh_devices), *leaves[0].shape), stacked, shards)
         mean = _mean_program(replicated)(stack)
         by_device = {shard.device: shard.data for shard in mean.addressable_shards}
         return [by_device[device] for device in devices]
@@ -176,24 +191,46 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         feed_queue: BoundedQueue[Batch] = BoundedQueue(2 * consumers + 2, refill_below=consumers + 1)
         self.gates = [GroupGate(feed_queue) for _ in devices]
         self._clock_start = time.perf_counter()
-
+        multi = jax.process_count() > 1
         self.rounds = GroupRounds(
             self.stores,
             AveragingRule(s.period, s.delay_steps, s.merge),
             # The collective is dispatched at once and its result merged when due: a device
             # array still being computed, which the merge's own dispatch waits for on the device.
-            start_allreduce=lambda k: self.rounds.arrive(k),
+            # Across processes one thread per process dispatches them, in round order.
+            start_allreduce=lambda k: self.processes.start_round(k) if self.processes else self.rounds.arrive(k),
             mean=lambda snapshots: allreduce_mean(snapshots, devices),
             pause=lambda g: self.gates[g].pause(),
             unpause=lambda g: self.gates[g].unpause(),
             clock=lambda: time.perf_counter() - self._clock_start,
+            averaged=True if multi else None,
         )
-        self.rounds.start()
         self.booking = LockedRounds(self.rounds)
+        self.processes: ProcessRounds | None = None
+        if multi:
+            self.keys = run_keys()
+            self.processes = ProcessRounds(
+                snapshots=self._locked(self.rounds.snapshots),
+                finals=self._locked(lambda: [store.snapshot()[:2] for store in self.stores]),
+                allreduce=lambda trees: allreduce_mean(trees, devices, tuple(jax.devices())),
+                arrive=self._locked(self.rounds.arrive),
+                fail=lambda exc: self.control.fail("process rounds", exc),
+                keys=self.keys,
+            )
+        self.rounds.start()
         job_queues = [BoundedQueue(s.queue_capacity, producers=s.forward_workers) for _ in range(s.groups)]
         gate = Gate(first_batch)
-        self.control = Control([gate, feed_queue, *self.gates, *job_queues], host_cpus=s.pinned_cpus)
-        self.feed = DataFeed(exp, s.batch_size, range(first_batch, s.num_batches), feed_queue, self.control, gate)
+        aborted = [gate, feed_queue, *self.gates, *job_queues, *([self.processes] if self.processes else [])]
+        self.control = Control(aborted, host_cpus=s.pinned_cpus)
+        self.feed = DataFeed(
+            exp,
+            s.batch_size,
+            range(first_batch, s.num_batches),
+            feed_queue,
+            self.control,
+            gate,
+            batches=process_batches(exp, s.batch_size) if multi else None,
+        )
         controls = [DeviceControl(self.control, self.booking, d) for d in range(len(devices))]
         self.workers = []
         for r in range(s.groups):
@@ -227,6 +264,59 @@ class ReplicatedRuntime(DeviceStoresRuntime):
                 )  # fmt: skip
         self.merge_lock = self.booking.lock  # merges run under it
 
+    def _locked(self, fn: Any) -> Any:
+        """``fn`` called under the rounds' lock."""
+
+        def locked(*args: Any) -> Any:
+            with self.booking.lock:
+                return fn(*args)
+
+        return locked
+
+    def run(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
+        """``Runtime.run``; across processes it also starts the rounds' thread and the watch for
+        other processes' failures, and announces its own failure to them."""
+        if self.processes is None:
+            return super().run(metrics, checkpointer)
+        watch = PeerWatch(self.keys)
+        watch.start()
+        self.processes.start()
+        try:
+            result = super().run(metrics, checkpointer)
+        except BaseException as exc:
+            watch.stop()
+            announce_failure(exc, self.keys)
+            raise
+        finally:
+            watch.stop()
+        # Every process's jobs: what the run as a whole trained on.
+        total = self.processes.total_jobs or self.completed
+        return result._replace(step=total, examples=total * self.settings.batch_size)
+
+    def _supervise(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> None:
+        super()._supervise(metrics, checkpointer)
+        if self.processes is not None and self.processes.final is None:  # it stopped at the target
+            self._finish_rounds()
+
+    def _wait_for_updates(self) -> None:
+        """Across processes, first the rounds the other processes still start, then the final mean."""
+        if self.processes is not None:
+            self._finish_rounds()
+        super()._wait_for_updates()
+
+    def _finish_rounds(self) -> None:
+        assert self.processes is not None
+        self.processes.data_done(self.completed)
+        self.processes.wait(lambda: self.control.stopped)
+        self.control.raise_failure()
+
+    def _gather(self) -> tuple[Any, Any]:
+        """The mean of every group's params and states: across processes once the rounds are
+        over (before: this process's groups only)."""
+        if self.processes is not None and self.processes.final is not None:
+            return self.processes.final
+        return super()._gather()
+
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
         del out["stage_home_devices"]  # every stage of a group is on the group's device
@@ -236,6 +326,8 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             group_devices=[str(d) for d in self.settings.devices],
             **self.rounds.summary(),
         )
+        if self.processes is not None:
+            out.update(processes=self.processes.processes, rounds_joined_after_data=self.processes.joined)
         return out
 
 
@@ -252,6 +344,8 @@ def run_threads(
       ConfigError: a replicated run's ``checkpointer`` holds a checkpoint to resume.
     """
     settings = settings or RuntimeSettings.from_config(exp)
+    if jax.process_count() > 1:
+        settings = process_share(settings)
     if settings.replication != "replicas":
         return run_runtime(exp, metrics, checkpointer, settings)
     if checkpointer is not None and checkpointer.latest_step() is not None:

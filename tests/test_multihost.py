@@ -59,15 +59,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(mode: str, outputs: list, timeout: float = 240) -> list[tuple[int, str]]:
-    """Runs this file as ``PROCESSES`` processes in ``mode``, process ``i`` writing ``outputs[i]``;
-    returns each one's exit status and output."""
+def _start(mode: str, outputs: list) -> list[subprocess.Popen]:
+    """Starts this file as ``PROCESSES`` processes in ``mode``, process ``i`` writing ``outputs[i]``."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the child sets its own device count
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get("PYTHONPATH", "")]
     )
-    procs = [
+    return [
         subprocess.Popen(
             [sys.executable, __file__, mode, str(out), str(port), str(i)],
             env=env,
@@ -77,6 +76,10 @@ def _launch(mode: str, outputs: list, timeout: float = 240) -> list[tuple[int, s
         )
         for i, out in enumerate(outputs)
     ]
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
+    """Each process's exit status and output (killed after ``timeout`` s)."""
     try:
         logs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
@@ -88,7 +91,7 @@ def _launch(mode: str, outputs: list, timeout: float = 240) -> list[tuple[int, s
 def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
     assert jax.device_count() == 8
     outputs = [tmp_path / f"process{i}.npz" for i in range(PROCESSES)]
-    for returncode, log in _launch("spmd", outputs):
+    for returncode, log in _finish(_start("spmd", outputs)):
         assert returncode == 0, f"process exited with {returncode}:\n{log[-3000:]}"
 
     single = train_all()
@@ -101,7 +104,7 @@ def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
 
 # Replicated ASGD on 4 devices (a group of one thread each), averaged every 4 jobs and merged at once.
 REPLICATED = dict(
-    algo="asgd", replication="replicas", devices=4, replicas=4, period=4, delay_steps=0, batch_size=16, epochs=4
+    algo="asgd", replication="replicas", devices=4, replicas=4, period=4, delay_steps=0, batch_size=16, epochs=3
 )
 REPLICATED_DEVICES_PER_PROCESS = 2
 FAILING_PROCESS = 1
@@ -146,11 +149,11 @@ def _process_main(mode: str, out: str, port: str, process_id: str) -> None:
     assert jax.device_count() == PROCESSES * per_process and jax.local_device_count() == per_process
     if mode == "spmd":
         np.savez(out, **train_all())
-    elif mode == "replicas":
+    else:  # "replicas": a run, then one whose worker in FAILING_PROCESS raises: it must stop everywhere
         with open(out, "w") as f:
             json.dump(train_replicated(), f)
-    else:  # "fail<i>": a worker of process i raises; the run must stop everywhere
-        train_replicated(fail_after=5 if mode == f"fail{process_id}" else None)
+        print("first run done", flush=True)
+        train_replicated(fail_after=5 if int(process_id) == FAILING_PROCESS else None)
 
 
 def test_initialize_from_env_or_args_needs_all_three_or_none(monkeypatch):
@@ -167,30 +170,38 @@ def test_initialize_from_env_or_args_needs_all_three_or_none(monkeypatch):
         initialize_from_env_or_args("localhost:1")
 
 
-def test_replicated_groups_over_two_processes_end_near_one_process_and_agree_after_each_merge(tmp_path):
-    outputs = [tmp_path / f"process{i}.json" for i in range(PROCESSES)]
-    for returncode, log in _launch("replicas", outputs):
-        assert returncode == 0, f"process exited with {returncode}:\n{log[-3000:]}"
-    runs = [json.loads(out.read_text()) for out in outputs]
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory):
+    """``REPLICATED`` over two processes (each then runs a failing run), and in this process:
+    ``(each process's first run, each one's exit status and output, the single-process run)``."""
+    outputs = [tmp_path_factory.mktemp("replicated") / f"process{i}.json" for i in range(PROCESSES)]
+    procs = _start("replicas", outputs)
+    single = train_replicated()  # meanwhile, with 4 of this process's devices
+    done = _finish(procs)
+    runs = [json.loads(out.read_text()) if out.exists() else None for out in outputs]
+    return runs, done, single
+
+
+def test_replicated_groups_over_two_processes_end_near_one_process_and_agree_after_each_merge(replicated):
+    runs, done, single = replicated
+    assert None not in runs, "\n".join(log[-3000:] for _, log in done)
     assert runs[0]["accuracy"] == runs[1]["accuracy"]  # one final model: the global mean
-    single = train_replicated()
     assert runs[0]["step"] == single["step"]  # the processes' shares add up to the whole budget
     assert abs(runs[0]["accuracy"] - single["accuracy"]) <= 0.01, (runs[0]["accuracy"], single["accuracy"])
     by_round = collections.defaultdict(dict)
     for run in runs:
         for k, group, digest in run["merges"]:
             by_round[k][group] = digest
-    whole = [k for k, groups in by_round.items() if len(groups) == 4]
-    assert len(whole) >= 5, by_round.keys()
+    assert sum(len(groups) == 4 for groups in by_round.values()) >= 5, by_round.keys()
     for k, groups in by_round.items():
         assert len(set(groups.values())) == 1, f"round {k}: the groups differ right after the merge: {groups}"
 
 
-def test_a_worker_failing_in_one_process_stops_both_with_its_traceback(tmp_path):
-    outputs = [tmp_path / f"process{i}" for i in range(PROCESSES)]
-    done = _launch(f"fail{FAILING_PROCESS}", outputs, timeout=120)
+def test_a_worker_failing_in_one_process_stops_both_with_its_traceback(replicated):
+    _, done, _ = replicated
     (failed_code, failed_log), (peer_code, peer_log) = done[FAILING_PROCESS], done[1 - FAILING_PROCESS]
-    assert failed_code != 0 and peer_code != 0
+    assert "first run done" in failed_log and "first run done" in peer_log
+    assert failed_code == 1 and peer_code == 1, (failed_log[-3000:], peer_log[-3000:])
     assert "runtime worker 'd0/w0' failed" in failed_log and "ValueError: injected failure in process 1" in failed_log
     assert "error: process 1 of 2 failed, so process 0 stops too" in peer_log
     assert "ValueError: injected failure in process 1" in peer_log

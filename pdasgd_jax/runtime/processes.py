@@ -187,7 +187,7 @@ class ProcessRounds:
             elif time.monotonic() - since > self.timeout_s:
                 raise RoundsTimeout(
                     f"process {self.process} of {self.processes}: round {self.started} waited more than "
-                    f"{self.timeout_s:g} s for the other processes (--coordinator-timeout); "
+                    f"{self.timeout_s:g} s for the other processes after this one's data ended; "
                     f"processes done so far: {sorted(self._done())}"
                 )
 

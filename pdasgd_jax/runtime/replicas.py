@@ -19,6 +19,8 @@ groups together with DaSGD's delayed averaging, driven by the workers themselves
   taken finish) until the last snapshot arrives.
 
 Evaluations and the result use the mean of the groups' stores, taken under the rounds' lock.
+With ``jax.distributed`` each process runs the groups of its own devices on its share of the
+batches and the averages span every process's devices (``runtime.processes``).
 Runs are not checkpointed yet (``train`` refuses ``--resume``).
 """
 

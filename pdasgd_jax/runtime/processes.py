@@ -126,6 +126,8 @@ class ProcessRounds:
       fail: ``fail(exc)``: report this thread's exception (called in its ``except`` block).
       keys: the run's key prefix (``run_keys()``).
       timeout_s: the longest wait for the other processes once this one's data has ended.
+      kv, process, processes: the key-value store and this process's place among the
+        processes (default: ``jax.distributed``'s; tests pass their own).
     """
 
     def __init__(
@@ -137,12 +139,17 @@ class ProcessRounds:
         fail: Callable[[BaseException], None],
         keys: str,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        kv: Any = None,
+        process: int | None = None,
+        processes: int | None = None,
     ):
         self._keys = keys
         self._snapshots, self._finals, self._allreduce = snapshots, finals, allreduce
         self._arrive, self._fail, self.timeout_s = arrive, fail, timeout_s
-        self.process, self.processes = jax.process_index(), jax.process_count()
-        self._kv = kv_store()
+        self.process = jax.process_index() if process is None else process
+        self.processes = jax.process_count() if processes is None else processes
+        self._kv = kv_store() if kv is None else kv
         self._cond = threading.Condition()
         self._due: collections.deque[int] = collections.deque()
         self._data_done = False

@@ -282,9 +282,13 @@ class PeerWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
+            try:
+                announced = self._kv.key_value_dir_get(f"{self._keys}/failed/")
+            except Exception:  # the coordinator is gone (the run is ending): XLA tells this process
+                return
             failed = [
                 (int(key.rsplit("/", 1)[1]), error)
-                for key, error in self._kv.key_value_dir_get(f"{self._keys}/failed/")
+                for key, error in announced
                 if int(key.rsplit("/", 1)[1]) != self.process
             ]
             if failed and not self._stop.is_set():

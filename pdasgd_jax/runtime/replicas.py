@@ -287,7 +287,10 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             result = super().run(metrics, checkpointer)
         except BaseException as exc:
             watch.stop()
-            announce_failure(exc, self.keys)
+            try:
+                announce_failure(exc, self.keys)
+            except Exception as unreachable:  # the coordinator is gone: the others learn it from XLA
+                exc.add_note(f"could not tell the other processes about this failure: {unreachable}")
             raise
         finally:
             watch.stop()

@@ -13,13 +13,14 @@ keeps the processes together:
   not, until every process is done; so all processes run the same rounds, and a process
   whose groups wait for a merge waits until every process has started that round. Then every
   process takes the global mean of all groups (one more collective): the run's final model,
-  identical everywhere. A process that waits more than ``timeout_s`` for the others fails
-  with a message naming the round and the processes it waited for.
+  identical everywhere. A process whose data has ended and that then waits more than
+  ``timeout_s`` for the others fails with a message naming the round and the processes done.
 * **Failures** (``PeerWatch``, ``announce_failure``): a process whose run fails writes its
   traceback to the store; every other process polls for it and fails too, with that
-  traceback in its error, so all of them exit nonzero promptly (a collective the failed
-  process will never join cannot be interrupted, so the watcher ends the process itself:
-  ``os._exit(1)`` after printing the peer's traceback).
+  traceback, so all of them exit nonzero promptly (a collective the failed process will never
+  join cannot be interrupted, so the watcher ends the process itself: it prints the peer's
+  traceback, leaves the coordinator together with the failed process, which raises its error
+  as usual, and calls ``os._exit(1)``).
 
 The key-value store is the one ``jax.distributed.initialize`` connects every process to.
 """

@@ -76,15 +76,16 @@ def hvp_power_iteration(
     )
 
     @jax.jit
-    def step(v):
-        v = jax.tree.map(lambda x: x / _norm(v), v)
-        hv = jax.jvp(jax.grad(lambda p: loss_fn(p, batch)), (params,), (v,))[1]
-        return hv, _norm(hv)
+    def iterate(v, params, batch):
+        def step(_, carry):
+            v, _ = carry
+            v = jax.tree.map(lambda x: x / _norm(v), v)
+            hv = jax.jvp(jax.grad(lambda p: loss_fn(p, batch)), (params,), (v,))[1]
+            return hv, _norm(hv)
 
-    norm = jnp.zeros(())
-    for _ in range(iters):
-        v, norm = step(v)
-    return float(norm)
+        return jax.lax.fori_loop(0, iters, step, (v, _norm(v)))[1]
+
+    return float(iterate(v, params, batch))
 
 
 def _norm(tree: PyTree) -> jax.Array:

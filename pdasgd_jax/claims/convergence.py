@@ -72,12 +72,19 @@ def loglog_slope(ks: Sequence[float], gaps: Sequence[float], confidence: float =
 
 
 def _t_quantile(p: float, dof: int) -> float:
-    """Student-t quantile by bisection on its CDF (``1 - I_{dof/(dof+t^2)}(dof/2, 1/2) / 2``, t > 0)."""
-    lo, hi = 0.0, 1e3
-    for _ in range(100):
+    """Student-t quantile (``p > 1/2``): bisection on its CDF ``1 - I_{dof/(dof+t^2)}(dof/2, 1/2) / 2``."""
+    return float(_t_bisection(jnp.float32(p), jnp.float32(dof)))
+
+
+@jax.jit
+def _t_bisection(p: jax.Array, dof: jax.Array) -> jax.Array:
+    def halve(_, bounds):
+        lo, hi = bounds
         mid = (lo + hi) / 2
-        cdf = 1 - 0.5 * float(jax.scipy.special.betainc(dof / 2, 0.5, dof / (dof + mid * mid)))
-        lo, hi = (mid, hi) if cdf < p else (lo, mid)
+        below = 1 - 0.5 * jax.scipy.special.betainc(dof / 2, 0.5, dof / (dof + mid * mid)) < p
+        return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
+
+    lo, hi = jax.lax.fori_loop(0, 60, halve, (jnp.float32(0.0), jnp.float32(1e3)))
     return (lo + hi) / 2
 
 

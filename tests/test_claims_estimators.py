@@ -195,3 +195,4 @@ def test_probe_points_come_from_a_simulated_run_and_feed_the_report():
     assert report["tau_max"] == run.staleness.max() and report["eta"] == config.effective_lr
     assert report["points"][0]["stashed"]["bias"] == 0.0 and report["points"][0]["live"]["bias"] == 0.0
     assert report["points"][1]["stashed"]["bias"] > 0
+    assert report["G_full"] <= report["G"] and report["points"][1]["eta_tau"] <= report["points"][1]["eta_tau_max"]

@@ -52,10 +52,13 @@ def bias_along_run(
       seed: the probe batches' keys (Dropout).
 
     Returns:
-      ``{"eta", "tau_max", "G", "staleness_mean", "points": [...]}``; each point holds
-      ``job``, ``staleness`` (per stage), ``alpha``, ``eta_tau_max``, ``alpha_eta_tau_max``,
-      ``bound`` (None: vacuous) and per weights (``stashed``, ``live``) ``bias``,
-      ``stderr``, ``grad_norm`` and ``verdict``.
+      ``{"eta", "tau_max", "G", "G_full", "staleness_mean", "points": [...]}`` (``G``: the
+      largest per-batch gradient norm; ``G_full``: the largest full-gradient norm estimate);
+      each point holds ``job``, ``staleness`` (per stage), ``alpha``, ``eta_tau`` (with the
+      point's own largest staleness), ``eta_tau_max``, ``alpha_eta_tau_max``, ``bound``
+      (with ``G``; None: vacuous), ``bound_full`` (with ``G_full``) and per weights
+      (``stashed``, ``live``) ``bias``, ``stderr``, ``grad_norm`` and ``verdict`` (against
+      ``bound``).
     """
     exp = run.exp
     eta = exp.config.effective_lr if eta is None else eta
@@ -75,6 +78,9 @@ def bias_along_run(
         alpha = hvp_power_iteration(loss_fn, point.current, (x_all, y_all), alpha_iters, seed=seed)
         rows.append({"job": job, "staleness": list(point.staleness), "alpha": alpha, "measured": measured})
     grad_bound = max((p.grad_norm_max for r in rows for p in r["measured"].values()), default=0.0)
+    # The full gradient's norm bound (largest ||grad f(theta_t)|| over the points): a tighter G
+    # when the bound is read as one on E[g], not on every stochastic gradient.
+    full_bound = max((r["measured"]["stashed"].grad_norm for r in rows), default=0.0)
     points = []
     for r in rows:
         bound = bias_bound(grad_bound, r["alpha"], eta, tau_max)
@@ -83,9 +89,11 @@ def bias_along_run(
                 "job": r["job"],
                 "staleness": r["staleness"],
                 "alpha": r["alpha"],
+                "eta_tau": eta * max(r["staleness"], default=0),
                 "eta_tau_max": eta * tau_max,
                 "alpha_eta_tau_max": r["alpha"] * eta * tau_max,
                 "bound": bound,
+                "bound_full": bias_bound(full_bound, r["alpha"], eta, tau_max),
                 **{
                     w: {
                         "bias": p.bias,
@@ -101,6 +109,7 @@ def bias_along_run(
         "eta": eta,
         "tau_max": tau_max,
         "G": grad_bound,
+        "G_full": full_bound,
         "staleness_mean": float(run.staleness.mean()) if run.staleness.size else 0.0,
         "points": points,
     }

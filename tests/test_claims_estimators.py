@@ -12,6 +12,7 @@ from pdasgd_jax import Config, stages
 from pdasgd_jax.claims import (
     ProbePoint,
     bias_along_run,
+    bias_at_points,
     bias_bound,
     hvp_power_iteration,
     live_gradients,
@@ -79,6 +80,25 @@ def test_bias_recovers_the_closed_form_on_a_quadratic_with_scripted_staleness(qu
             assert probe.tau_max == tau and probe.probes == 16
             np.testing.assert_allclose(probe.bias, expected, rtol=1e-4, atol=1e-6)
             assert probe.grad_norm_max > 0
+
+
+def test_report_on_scripted_points_takes_alpha_from_the_model_and_applies_the_bound(quadratic):
+    """On the quadratic the Hessian is A everywhere: alpha is its top eigenvalue, and the
+    bound is G a / (1 - a) until a = alpha eta tau_max reaches 1."""
+    kernels, v = quadratic
+    theta = {"theta": jnp.asarray([1.0, -2.0, 0.5], jnp.float32)}
+    older = {"theta": jnp.asarray([1.2, -2.4, 0.6], jnp.float32)}
+    points = [ProbePoint((theta,), (theta,), (0,), v.states), ProbePoint((theta,), (older,), (2,), v.states)]
+    top = np.linalg.eigvalsh(A).max()
+    report = bias_at_points(kernels, points, _noisy_batches(4), eta=0.05, tau_max=2, alpha_iters=60)
+    fresh, stale = report["points"]
+    assert fresh["alpha"] == pytest.approx(top, rel=1e-3) and fresh["stashed"]["bias"] == 0.0
+    a = top * 0.05 * 2
+    assert stale["alpha_eta_tau_max"] == pytest.approx(a, rel=1e-3) and stale["eta_tau"] == pytest.approx(0.1)
+    assert stale["bound"] == pytest.approx(report["G"] * a / (1 - a), rel=1e-3)
+    np.testing.assert_allclose(stale["live"]["bias"], np.linalg.norm(A @ [0.2, -0.4, 0.1]), rtol=1e-4)
+    vacuous = bias_at_points(kernels, points, _noisy_batches(4), eta=1.0, tau_max=2, alpha_iters=60)
+    assert vacuous["points"][1]["bound"] is None and vacuous["points"][1]["stashed"]["verdict"] == "vacuous"
 
 
 def _two_scalar_stages():

@@ -6,6 +6,10 @@ re-executes the log on a store that keeps every version. A job's probe point is 
 stage ``m``, the version its update replaced (``theta_t``, what the gradient is applied to),
 the version its forward read (``theta_{t-tau_m}``) and ``tau_m``: the run's own staleness,
 read by its own jobs, not a model of it.
+
+The replay keeps every version of every stage until it returns (memory: the run's updates
+times a stage's size), which suits the small models the claims are measured on; the run
+itself costs as much again as the simulation.
 """
 
 from __future__ import annotations

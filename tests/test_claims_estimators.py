@@ -99,6 +99,7 @@ def test_report_on_scripted_points_takes_alpha_from_the_model_and_applies_the_bo
     np.testing.assert_allclose(stale["live"]["bias"], np.linalg.norm(A @ [0.2, -0.4, 0.1]), rtol=1e-4)
     vacuous = bias_at_points(kernels, points, _noisy_batches(4), eta=1.0, tau_max=2, alpha_iters=60)
     assert vacuous["points"][1]["bound"] is None and vacuous["points"][1]["stashed"]["verdict"] == "vacuous"
+    assert vacuous["points"][1]["live"]["verdict_full"] == "vacuous"
 
 
 def _two_scalar_stages():

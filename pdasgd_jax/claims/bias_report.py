@@ -104,8 +104,8 @@ def bias_at_points(
       each point holds ``job``, ``staleness`` (per stage), ``alpha``, ``eta_tau`` (with the
       point's own largest staleness), ``eta_tau_max``, ``alpha_eta_tau_max``, ``bound``
       (with ``G``; None: vacuous), ``bound_full`` (with ``G_full``) and per weights
-      (``stashed``, ``live``) ``bias``, ``stderr``, ``grad_norm`` and ``verdict`` (against
-      ``bound``).
+      (``stashed``, ``live``) ``bias``, ``stderr``, ``grad_norm``, ``verdict`` (against
+      ``bound``) and ``verdict_full`` (against ``bound_full``).
     """
     x_all = jnp.concatenate([jnp.asarray(x) for x, _ in batches])
     y_all = jnp.concatenate([jnp.asarray(y) for _, y in batches])
@@ -126,6 +126,7 @@ def bias_at_points(
     points = []
     for r in rows:
         bound = bias_bound(grad_bound, r["alpha"], eta, tau_max)
+        bound_full = bias_bound(full_bound, r["alpha"], eta, tau_max)
         points.append(
             {
                 "job": r["job"],
@@ -135,13 +136,14 @@ def bias_at_points(
                 "eta_tau_max": eta * tau_max,
                 "alpha_eta_tau_max": r["alpha"] * eta * tau_max,
                 "bound": bound,
-                "bound_full": bias_bound(full_bound, r["alpha"], eta, tau_max),
+                "bound_full": bound_full,
                 **{
                     w: {
                         "bias": p.bias,
                         "stderr": p.stderr,
                         "grad_norm": p.grad_norm,
                         "verdict": verdict(p.bias, p.stderr, bound),
+                        "verdict_full": verdict(p.bias, p.stderr, bound_full),
                     }
                     for w, p in r["measured"].items()
                 },

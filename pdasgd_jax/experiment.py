@@ -189,7 +189,7 @@ class Experiment:
             dataset = load_checked_dataset(config)
         else:
             check_against_dataset(config, dataset)
-        model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed)
+        model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed, depth=config.depth)
         rule = (config.staleness_rule, config.dc_lambda)
         own = None if optimizer is None else optim.with_staleness_rule(optimizer, *rule)
         exp = cls(config, dataset, model, variables, own)

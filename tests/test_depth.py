@@ -17,6 +17,7 @@ from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.models import resnet1d
+from pdasgd_jax.plots import model_name
 from pdasgd_jax.simulate import run_simulated
 
 SHAPE = (40, 1)
@@ -87,6 +88,11 @@ def test_config_refuses_depth_for_a_fixed_depth_model():
     with pytest.raises(ConfigError, match="--depth 8 applies to"):
         Config(dataset="mnist1d", model="cnn1d", depth=8).validate()
     assert Config(dataset="mnist1d", model="resnet1d", depth=32).validate().depth == 32
+
+
+def test_tables_and_plots_name_the_depth():
+    assert model_name({"dataset": "mnist1d-large", "depth": 16}) == "resnet1d (depth 16)"
+    assert model_name({"dataset": "mnist1d-large", "model": "resnet1d", "depth": None}) == "resnet1d"
 
 
 def test_calibration_fingerprint_tells_depths_apart():

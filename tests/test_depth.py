@@ -170,6 +170,8 @@ def test_resnet1d_trains_with_simulated_pdasgd(large):
     assert metrics.rows[-1]["examples"] == 1024
     assert metrics.rows[-1]["test_accuracy"] > 0.2  # chance is 0.1
     assert len(result.params) == 5
+    with pytest.raises(ConfigError, match="cannot change --depth"):
+        exp.with_config(depth=6)  # the model is shared: another depth needs its own experiment
 
 
 def test_lstm_fits_mnist1d_tokens():

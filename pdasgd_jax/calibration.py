@@ -50,13 +50,13 @@ from typing import Any
 import jax
 import numpy as np
 
+from pdasgd_jax.cache import CACHE_DIR
 from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.kernels import StageKernels, TrainState
 from pdasgd_jax.reporting import write_json_atomic
 
 PyTree = Any
-CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pdasgd_jax")
 # Bumped whenever what a calibration holds changes: the fingerprint hashes it, so every
 # cached file of an older format is measured afresh, and ``load`` refuses one by name.
 FORMAT = "pdasgd-jax-calibration-3"

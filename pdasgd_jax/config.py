@@ -50,9 +50,14 @@ class Config:
 
     algo: str = _field("sgd", "training algorithm", ALGORITHMS)
     dataset: str = _field(
-        "digits", "dataset: digits and mnist1d are offline; the TFDS ones must be prepared first", DATASETS
+        "digits", "dataset: digits and the mnist1d ones are offline; the TFDS ones must be prepared first", DATASETS
     )
     model: str | None = _field(None, "model; None: the dataset's default model", tuple(MODELS))
+    depth: int | None = _field(
+        None,
+        "number of stages M of --model resnet1d (4..32; None: 8): a stem, M - 2 residual blocks and a head; "
+        "the other models have a fixed depth and refuse it",
+    )
     optimizer: str = _field("momentum", "optax optimizer applied per stage", OPTIMIZERS)
     lr: float | None = _field(
         None,
@@ -332,6 +337,7 @@ class Config:
 
         resolve_host_cpus(self.host_cpus)  # raises on a core this process may not use
         models.check_model_fits(self.model_name, self.dataset, data.DATASET_MODALITY[self.dataset])
+        models.check_depth(self.model_name, self.depth)
         self._check_recipe()
 
     def _check_recipe(self) -> None:

@@ -189,7 +189,7 @@ class Experiment:
             dataset = load_checked_dataset(config)
         else:
             check_against_dataset(config, dataset)
-        model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed)
+        model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed, depth=config.depth)
         rule = (config.staleness_rule, config.dc_lambda)
         own = None if optimizer is None else optim.with_staleness_rule(optimizer, *rule)
         exp = cls(config, dataset, model, variables, own)
@@ -207,7 +207,18 @@ class Experiment:
         they train (algorithm, devices and replicas, delays, budget). The rate stays the shared
         optimizer's: another ``algo`` does not bring in its own default rate. A scheduled
         optimizer built from the config (``--lr-schedule``, ``--warmup``) is rebuilt, with its
-        kernels, when its horizon or schedule changes."""
+        kernels, when its horizon or schedule changes.
+
+        Raises:
+          ConfigError: a change to what the shared data or model are built from (``dataset``,
+            ``model``, ``depth``): that needs an experiment of its own (``from_config``).
+        """
+        rebuilt = [f for f in ("dataset", "model", "depth") if f in changes and changes[f] != getattr(self.config, f)]
+        if rebuilt:
+            raise ConfigError(
+                f"with_config shares this experiment's data and model, so it cannot change "
+                f"{', '.join('--' + f for f in rebuilt)}; build another Experiment.from_config"
+            )
         out = copy.copy(self)
         changes.setdefault("lr", self.config.effective_lr)
         out.config = dataclasses.replace(self.config, **changes).validate()

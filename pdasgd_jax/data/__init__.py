@@ -1,4 +1,4 @@
-"""Datasets: embedded offline defaults (``digits``, ``mnist1d``) and TFDS-backed ones.
+"""Datasets: offline ones (``digits``, ``mnist1d``, ``mnist1d-large``, ``mnist1d-tokens``) and TFDS-backed ones.
 
 Example::
 
@@ -13,18 +13,20 @@ Your own arrays: ``data.Dataset.from_arrays(x_train, y_train, x_test, y_test)``.
 from __future__ import annotations
 
 from pdasgd_jax.data.augment import AUGMENTATIONS, augmentation
-from pdasgd_jax.data.offline import load_digits, load_mnist1d
+from pdasgd_jax.data.offline import MNIST1D_LARGE_SAMPLES, load_digits, load_mnist1d, load_mnist1d_tokens
 from pdasgd_jax.data.pipeline import ArraySplit, Split, batches_per_epoch, eval_batches, train_batches
 from pdasgd_jax.data.spec import MODALITIES, Dataset
 from pdasgd_jax.data.tfds_loader import DatasetNotPreparedError  # noqa: F401  (re-exported for callers)
 
-OFFLINE_DATASETS = ("digits", "mnist1d")
+OFFLINE_DATASETS = ("digits", "mnist1d", "mnist1d-large", "mnist1d-tokens")
 TFDS_DATASETS = ("mnist", "cifar10", "cifar100", "imdb_reviews")
 DATASETS = OFFLINE_DATASETS + TFDS_DATASETS
 # Known before loading, so that a model/dataset mismatch fails before any data is read.
 DATASET_MODALITY = {
     "digits": "image",
     "mnist1d": "sequence",
+    "mnist1d-large": "sequence",
+    "mnist1d-tokens": "text",
     "mnist": "image",
     "cifar10": "image",
     "cifar100": "image",
@@ -54,6 +56,10 @@ def load_dataset(name: str, *, data_dir: str | None = None) -> Dataset:
         return load_digits()
     if name == "mnist1d":
         return load_mnist1d()
+    if name == "mnist1d-large":
+        return load_mnist1d(MNIST1D_LARGE_SAMPLES, name=name)
+    if name == "mnist1d-tokens":
+        return load_mnist1d_tokens()
     from pdasgd_jax.data.tfds_loader import load_tfds
 
     return load_tfds(name, data_dir=data_dir)

@@ -1,7 +1,9 @@
 """Built-in staged models and the registry the CLI uses.
 
 Each builder returns a list of NNX modules, one per stage; ``build_model`` turns it into a
-``StagedModel`` with ``stages.from_modules``.
+``StagedModel`` with ``stages.from_modules``. A builder is called as
+``build(input_shape, num_classes, vocab_size, rngs, **options)``; the options it takes are
+the ``ModelSpec``'s knobs (so far ``depth``, resnet1d's stage count).
 """
 
 from __future__ import annotations
@@ -17,15 +19,18 @@ from pdasgd_jax.models.cnn1d import cnn1d_stages
 from pdasgd_jax.models.lstm import lstm_stages
 from pdasgd_jax.models.mlp import mlp_stages
 from pdasgd_jax.models.resnet import resnet18_stages
+from pdasgd_jax.models.resnet1d import MAX_DEPTH, MIN_DEPTH, resnet1d_stages
 from pdasgd_jax.stages import StagedModel, Variables, from_modules
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """A built-in model: its stage builder and the data modalities it accepts."""
+    """A built-in model: its stage builder, the data modalities it accepts and, for a model
+    whose stage count is a choice, the depths (stage counts) it can be built with."""
 
     build: Callable[..., list[nnx.Module]]
     modalities: tuple[str, ...]
+    depths: range | None = None
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -35,6 +40,11 @@ MODELS: dict[str, ModelSpec] = {
     "cnn1d": ModelSpec(lambda shape, classes, vocab, rngs: cnn1d_stages(shape, classes, rngs=rngs), ("sequence",)),
     "cnn": ModelSpec(lambda shape, classes, vocab, rngs: cnn_stages(shape, classes, rngs=rngs), ("image",)),
     "resnet18": ModelSpec(lambda shape, classes, vocab, rngs: resnet18_stages(shape, classes, rngs=rngs), ("image",)),
+    "resnet1d": ModelSpec(
+        lambda shape, classes, vocab, rngs, **options: resnet1d_stages(shape, classes, rngs=rngs, **options),
+        ("sequence",),
+        depths=range(MIN_DEPTH, MAX_DEPTH + 1),
+    ),
     "lstm": ModelSpec(
         lambda shape, classes, vocab, rngs: lstm_stages(shape, classes, vocab_size=vocab, rngs=rngs), ("text",)
     ),
@@ -43,6 +53,8 @@ MODELS: dict[str, ModelSpec] = {
 DEFAULT_MODEL = {
     "digits": "mlp",
     "mnist1d": "cnn1d",
+    "mnist1d-large": "resnet1d",
+    "mnist1d-tokens": "lstm",
     "mnist": "cnn",
     "cifar10": "resnet18",
     "cifar100": "resnet18",
@@ -63,8 +75,36 @@ def check_model_fits(model: str, dataset: str, modality: str) -> None:
         )
 
 
-def build_model(name: str, dataset: Dataset, *, seed: int = 0) -> tuple[StagedModel, Variables]:
-    """Builds a built-in model for ``dataset`` with parameters initialised from ``seed``."""
+def check_depth(model: str, depth: int | None) -> None:
+    """Raises a ``ValueError`` if ``depth`` (None: the model's own) is not a stage count ``model`` can have."""
+    if depth is None:
+        return
+    depths = MODELS[model].depths
+    if depths is None:
+        deep = [name for name, spec in MODELS.items() if spec.depths is not None]
+        raise ValueError(
+            f"--depth {depth} applies to models whose stage count is a choice ({', '.join(deep)}); "
+            f"model {model!r} has a fixed depth: leave --depth out"
+        )
+    if not (isinstance(depth, int) and depth in depths):
+        raise ValueError(f"--depth {depth!r} is outside {depths.start}..{depths.stop - 1} (stages of model {model!r})")
+
+
+def build_model(
+    name: str, dataset: Dataset, *, seed: int = 0, depth: int | None = None
+) -> tuple[StagedModel, Variables]:
+    """Builds a built-in model for ``dataset`` with parameters initialised from ``seed``.
+
+    Args:
+      depth: the number of stages, for a model whose ``ModelSpec.depths`` allows a choice
+        (None: the model's default).
+
+    Raises:
+      ValueError: the model is unknown, does not fit the dataset, or cannot have ``depth``.
+    """
     check_model_fits(name, dataset.name, dataset.modality)
-    modules = MODELS[name].build(dataset.input_shape, dataset.num_classes, dataset.vocab_size, nnx.Rngs(seed))
+    check_depth(name, depth)
+    options = {} if depth is None else {"depth": depth}
+    spec = MODELS[name]
+    modules = spec.build(dataset.input_shape, dataset.num_classes, dataset.vocab_size, nnx.Rngs(seed), **options)
     return from_modules(modules)

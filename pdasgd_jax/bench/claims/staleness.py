@@ -59,6 +59,10 @@ def _staleness_runs(variant: str, depth: int, workers: int, k: float, quick: boo
     return [delays.time_to_target(variant, workers, k, False, STALENESS_LR, s, epochs, protocol=proto) for s in seeds]
 
 
+def _stages(values: list[float]) -> str:
+    return " ".join(f"{t:.1f}" for t in values)
+
+
 def staleness_cell(depth: int, workers: int, k: float, *, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """Per-stage mean staleness of every variant (mean over the seeds) and the layer/block ratios."""
     by_variant = {}
@@ -91,9 +95,8 @@ def staleness_cell(depth: int, workers: int, k: float, *, quick: bool) -> tuple[
         "W": workers,
         "k": k,
         **{f"{v} mean τ": f"{by_variant[v]['mean_staleness']:.2f}" for v in VARIANTS},
-        **{f"{v} per stage": " ".join(f"{t:.1f}" for t in by_variant[v]["per_stage_staleness"]) for v in VARIANTS[:2]},
-        "layer/block (stashed)": f"{ratios['stashed']:.2f}",
-        "layer/block (live)": f"{ratios['live']:.2f}",
+        **{f"{v} per stage": _stages(by_variant[v]["per_stage_staleness"]) for v in PAIRS["stashed"]},
+        **{f"layer/block ({weights})": f"{ratio:.2f}" for weights, ratio in ratios.items()},
         "(M-1)/(2M)": f"{predicted_ratio(depth):.2f}",
     }
     return result, row

@@ -122,3 +122,23 @@ def test_claims_is_a_benchmark_and_refuses_an_unknown_part():
     assert "claims" in bench.BENCHMARKS
     with pytest.raises(ValueError, match="'depth' is not one of staleness, speedups, dasgd, bias"):
         claims.run_part("depth", quick=True)
+
+
+def test_the_claims_doc_commands_are_valid_as_written():
+    """docs/claims.md's commands: every ``python -m pdasgd_jax`` one parses and passes the checks
+    made before any work, every ``claims_part.py`` one names a part."""
+    import pathlib
+    import re
+    import shlex
+
+    from pdasgd_jax.cli import config_from_args, parse_args
+
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "claims.md").read_text()
+    commands = re.findall(r"`python -m pdasgd_jax ([^`]+)`", text)
+    assert any(c.startswith("train --preset cifar100-resnet18") for c in commands)
+    for command in commands:
+        args = parse_args(shlex.split(command))
+        if args.command == "train":
+            config_from_args(args).validate()
+    parts = re.findall(r"`python scripts/claims_part.py --part ([a-z]+) --out \w+`", text)
+    assert set(parts) == set(claims.PARTS)

@@ -27,7 +27,7 @@ def config(*, quick: bool) -> Config:
         **dict(proto.base),
         algo="pdasgd",
         simulate=True,
-        replicas=WORKERS * 3,  # F + B = 3 workers per device, as in the other parts
+        replicas=WORKERS,  # one PD-ASGD replica (F = 1, B = 2) per device, as in the other parts
         devices=WORKERS,
         batch_size=common.BATCH_SIZE,
         epochs=common.QUICK_EPOCHS if quick else 1.0,

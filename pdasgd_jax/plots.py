@@ -77,15 +77,17 @@ def _count(n: Any, noun: str) -> str:
 
 
 def model_name(config: Mapping[str, Any]) -> str:
-    """The run's model: ``config["model"]``, or its dataset's default model."""
+    """The run's model: ``config["model"]``, or its dataset's default model, with its ``--depth``
+    where one was given (so that runs at several depths are told apart in tables and plots)."""
+    depth = f" (depth {config['depth']})" if config.get("depth") else ""
     if config.get("model"):
-        return str(config["model"])
+        return str(config["model"]) + depth
     try:
         from pdasgd_jax.models import DEFAULT_MODEL
 
-        return DEFAULT_MODEL[config.get("dataset")]
+        return DEFAULT_MODEL[config.get("dataset")] + depth
     except (ImportError, KeyError):
-        return "default model"
+        return "default model" + depth
 
 
 def plot_runs(runs: Mapping[str, Rows], path: str | None = None, *, title: str = "") -> Figure | None:

@@ -17,6 +17,7 @@ from pdasgd_jax.models import MODELS
 from pdasgd_jax.models.cnn import cnn_stages
 from pdasgd_jax.models.lstm import lstm_stages
 from pdasgd_jax.models.resnet import resnet18_stages
+from pdasgd_jax.models.resnet1d import resnet1d_stages
 
 BATCH, CLASSES, VOCAB = 4, 10, 50
 RTOL, ATOL = 1e-4, 1e-5
@@ -50,6 +51,10 @@ CASES: dict[str, tuple[Callable[[nnx.Rngs], list[nnx.Module]], jax.Array]] = {
     "cnn-bn-8x8": (
         lambda rngs: cnn_stages((8, 8, 1), CLASSES, channels=(4, 8, 8, 8), batch_norm=True, rngs=rngs),
         _floats((8, 8, 1)),
+    ),
+    "resnet1d": (
+        lambda rngs: resnet1d_stages((40, 1), CLASSES, depth=4, channels=8, rngs=rngs),
+        _floats((40, 1)),
     ),
     "resnet18": (lambda rngs: resnet18_stages((32, 32, 3), CLASSES, width=1 / 16, rngs=rngs), _floats((32, 32, 3))),
     "lstm": (

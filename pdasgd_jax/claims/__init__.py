@@ -1,0 +1,24 @@
+"""Estimators behind issue 19's claims: gradient bias against the PD-ASGD bound, and
+convergence rates of DaSGD against SGD (docs/algorithms.md §9)."""
+
+from pdasgd_jax.claims.bias import BiasProbe, ProbePoint, bias_bound, hvp_power_iteration, live_gradients, probe_bias
+from pdasgd_jax.claims.bias_report import bias_along_run, bias_at_points, verdict
+from pdasgd_jax.claims.convergence import SlopeFit, dasgd_convergence, loglog_slope
+from pdasgd_jax.claims.probe_points import RunProbes, simulated_probe_points
+
+__all__ = [
+    "BiasProbe",
+    "ProbePoint",
+    "RunProbes",
+    "SlopeFit",
+    "bias_along_run",
+    "bias_at_points",
+    "bias_bound",
+    "dasgd_convergence",
+    "hvp_power_iteration",
+    "live_gradients",
+    "loglog_slope",
+    "probe_bias",
+    "simulated_probe_points",
+    "verdict",
+]

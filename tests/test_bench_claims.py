@@ -9,7 +9,7 @@ import pytest
 
 from pdasgd_jax import bench
 from pdasgd_jax.bench import claims, delays
-from pdasgd_jax.bench.claims import common, dasgd, speedups, staleness
+from pdasgd_jax.bench.claims import accuracy, common, dasgd, speedups, staleness
 from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.executor import EventKind, EventLog
 from pdasgd_jax.experiment import Experiment
@@ -59,18 +59,24 @@ def test_staleness_cell_reports_the_simulators_count(monkeypatch):
     assert result["predicted_ratio"] == pytest.approx(3 / 8)
 
 
-def test_staleness_summary_judges_the_targets_at_m16_and_every_depth():
+def test_staleness_and_accuracy_summaries_judge_their_targets():
     cells = [
-        {"kind": "staleness", "depth": 16, "layer_over_block": {"stashed": 0.55, "live": 0.62}},
-        {"kind": "staleness", "depth": 4, "layer_over_block": {"stashed": 0.9, "live": 0.9}},
-        {"kind": "accuracy", "depth": 4, "pdasgd_points_below_sgd": 0.4},
-        {"kind": "accuracy", "depth": 16, "pdasgd_points_below_sgd": 1.5},
+        {"depth": 16, "layer_over_block": {"stashed": 0.55, "live": 0.62}},
+        {"depth": 4, "layer_over_block": {"stashed": 0.9, "live": 0.9}},
     ]
     out = staleness.summary(cells)
-    assert out["ratio_at_16"]["max"] == 0.62 and not out["ratio_target_met"]  # every weights at M = 16
+    assert out["ratio_at_16"]["max"] == 0.62 and not out["ratio_target_met"]  # every weights at M = 16 counts
+    cells[0]["layer_over_block"]["live"] = 0.5
+    assert staleness.summary(cells)["ratio_target_met"]
+    cells = [
+        {"depth": 4, "pdasgd_points_below_sgd": 0.4, "layer_minus_block_points": 2.0},
+        {"depth": 16, "pdasgd_points_below_sgd": 1.5, "layer_minus_block_points": -0.5},
+    ]
+    out = accuracy.summary(cells)
     assert out["points_below_sgd"] == {4: 0.4, 16: 1.5} and not out["accuracy_target_met"]
-    cells[0]["layer_over_block"]["live"], cells[3]["pdasgd_points_below_sgd"] = 0.5, -0.2
-    assert staleness.summary(cells)["ratio_target_met"] and staleness.summary(cells)["accuracy_target_met"]
+    assert out["layer_minus_block_points"] == {4: 2.0, 16: -0.5}
+    cells[1]["pdasgd_points_below_sgd"] = -0.2
+    assert accuracy.summary(cells)["accuracy_target_met"]
 
 
 def test_speedups_target_is_judged_at_k_of_one_and_more():
@@ -104,15 +110,17 @@ def test_dasgd_scale_up_is_relative_to_one_worker():
 
 
 def test_run_part_reports_each_cell_as_it_finishes(monkeypatch):
-    specs = [{"kind": "accuracy", "depth": 4}, {"kind": "accuracy", "depth": 8}]
-    monkeypatch.setattr(staleness, "specs", lambda quick: specs)
+    monkeypatch.setattr(accuracy, "specs", lambda quick: [{"depth": 4}, {"depth": 8}])
     monkeypatch.setattr(
-        staleness,
+        accuracy,
         "run_spec",
-        lambda spec, *, quick: ({**spec, "pdasgd_points_below_sgd": 0.5}, {"M": spec["depth"]}),
+        lambda spec, *, quick: (
+            {**spec, "pdasgd_points_below_sgd": 0.5, "layer_minus_block_points": 1.0},
+            {"M": spec["depth"]},
+        ),
     )
     seen = []
-    results, text = claims.run_part("staleness", quick=True, on_cell=lambda r, row: seen.append(row["M"]))
+    results, text = claims.run_part("accuracy", quick=True, on_cell=lambda r, row: seen.append(row["M"]))
     assert seen == [4, 8]
     assert results["summary"]["accuracy_target_met"] and results["budget"]["target_accuracy"] == common.TARGET
     assert "| 4 |" in text and "| 8 |" in text
@@ -120,7 +128,7 @@ def test_run_part_reports_each_cell_as_it_finishes(monkeypatch):
 
 def test_claims_is_a_benchmark_and_refuses_an_unknown_part():
     assert "claims" in bench.BENCHMARKS
-    with pytest.raises(ValueError, match="'depth' is not one of staleness, speedups, dasgd, bias"):
+    with pytest.raises(ValueError, match="'depth' is not one of staleness, accuracy, speedups, dasgd, bias"):
         claims.run_part("depth", quick=True)
 
 

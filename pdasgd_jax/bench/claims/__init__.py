@@ -4,7 +4,8 @@ Parts (``PARTS``; docs/claims.md maps each claim of the PD-ASGD and DaSGD abstra
 
 * ``staleness``: depth x update granularity (layer / block) x backward weights (stashed /
   live): per-stage mean staleness, measured by the simulator, against the predicted
-  layer-to-block ratio (M - 1) / (2M); time to target and final accuracy against SGD.
+  layer-to-block ratio (M - 1) / (2M).
+* ``accuracy``: the same variants' time to target and final accuracy at each depth, against SGD.
 * ``speedups``: PD-ASGD against sync, ASGD at equal threads and LPP-SGD at M = 16.
 * ``dasgd``: DaSGD's hidden communication, scale-up and convergence against K.
 * ``bias``: the measured gradient bias against the paper's bound.
@@ -19,11 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pdasgd_jax.bench.claims import bias, common, dasgd, speedups, staleness
+from pdasgd_jax.bench.claims import accuracy, bias, common, dasgd, speedups, staleness
 from pdasgd_jax.compare import markdown_table
 
-CELL_PARTS = {"staleness": staleness, "speedups": speedups}  # a grid of cells, each run on its own
-WHOLE_PARTS = {"dasgd": dasgd, "bias": bias}  # one measurement each
+CELL_PARTS = {
+    "staleness": staleness,
+    "accuracy": accuracy,
+    "speedups": speedups,
+}  # a grid of cells, each run on its own
+WHOLE_PARTS = {"dasgd": dasgd, "bias": bias}
 PARTS = (*CELL_PARTS, *WHOLE_PARTS)
 
 
@@ -35,6 +40,10 @@ def tables(rows: list[dict[str, Any]]) -> str:
     return "\n\n".join(markdown_table(group, list(columns)) for columns, group in groups.items())
 
 
+def _bias(probe: dict[str, Any]) -> str:
+    return f"{probe['bias']:.3g} ± {probe['stderr']:.2g} ({probe['verdict']})"
+
+
 def _whole_table(name: str, result: dict[str, Any]) -> str:
     if "pending" in result:
         return f"pending: {result['pending']}"
@@ -44,7 +53,20 @@ def _whole_table(name: str, result: dict[str, Any]) -> str:
         conv = result["convergence"]
         slopes = {a: conv[a]["slope"] for a in ("sgd", "dasgd")} if "pending" not in conv else conv
         return table + f"\n\nconvergence against K (log-log slopes): {slopes}"
-    return "\n".join(f"- {key}: {value}" for key, value in result.items() if key != "points")
+    points = [
+        {
+            "job": p["job"],
+            "alpha eta tau_max": f"{p['alpha_eta_tau_max']:.3g}",
+            "bound": "vacuous" if p["bound"] is None else f"{p['bound']:.3g}",
+            **{
+                f"{w} bias": f"{p[w]['bias']:.3g} ± {p[w]['stderr']:.2g} ({p[w]['verdict']})"
+                for w in ("stashed", "live")
+            },
+        }
+        for p in result["points"]
+    ]
+    scalars = "\n".join(f"- {key}: {value}" for key, value in result.items() if key != "points")
+    return scalars + "\n\n" + markdown_table(points, list(points[0]))
 
 
 def run_part(

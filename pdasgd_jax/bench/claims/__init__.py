@@ -51,8 +51,16 @@ def _whole_table(name: str, result: dict[str, Any]) -> str:
         table = markdown_table(result["hidden"], list(result["hidden"][0])) + "\n\n"
         table += markdown_table(result["scale_up"], list(result["scale_up"][0]))
         conv = result["convergence"]
-        slopes = {a: conv[a]["slope"] for a in ("sgd", "dasgd")} if "pending" not in conv else conv
-        return table + f"\n\nconvergence against K (log-log slopes): {slopes}"
+        if "pending" in conv:
+            return table + f"\n\nconvergence against K: pending: {conv['pending']}"
+        slopes = ", ".join(
+            f"{a} {f['slope']:.2f} (95 % CI {f['ci_low']:.2f} to {f['ci_high']:.2f})"
+            for a, f in ((a, conv[a]["slope"]) for a in ("sgd", "dasgd"))
+        )
+        return (
+            table
+            + f"\n\nconvergence against K, log-log slope of the optimality gap (SGD's rate: -0.5 or steeper): {slopes}"
+        )
     points = [
         {
             "job": p["job"],

@@ -31,6 +31,8 @@ BENCHMARKS: dict[str, str] = {
     "clock and on this machine's devices",
     "stability": "how often the default threaded PD-ASGD (digits, 2 replicas, 40 epochs) collapses, over 30 "
     "seeds, and sync's accuracy at the same budget (about 7 minutes)",
+    "claims": "issue 19: the papers' claims part by part (staleness at depth, speedups at depth, DaSGD, bias) "
+    "on resnet1d and mnist1d-large; hours on two CPU cores, scripts/claims_part.py runs one part cell by cell",
     "mfu": "achieved FLOP/s and model FLOPs utilisation per algorithm, ResNet-18 on CIFAR-shaped data "
     "(meant for a GPU)",
 }

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -98,19 +99,52 @@ LRS: dict[str, tuple[float, ...]] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    """What a time-to-target run trains and measures (default: this benchmark's digits MLP).
+
+    Other benchmarks (``bench claims``) reuse the machinery below with their own model, data,
+    target and algorithm variants.
+
+    Attributes:
+      base: ``Config`` overrides every run starts from (dataset, model, depth), as sorted
+        ``(field, value)`` pairs so the compiled experiments can be cached by them.
+      algorithms: each algorithm name's ``Config`` overrides (``threads_per_device``: workers
+        per device).
+      target: the test accuracy timed.
+      batch_size: the per-worker batch (sync's global batch is ``W`` times it).
+      eval_every: examples between evaluations.
+      stop_at_target: stop once the target is reached; False runs the whole budget, so the
+        final accuracy is the budget's (the target is still timed).
+    """
+
+    base: tuple[tuple[str, Any], ...] = ()
+    algorithms: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=lambda: ALGORITHMS)
+    target: float = TARGET
+    batch_size: int = BATCH_SIZE
+    eval_every: int = BATCH_SIZE
+    stop_at_target: bool = True
+
+
+DIGITS = Protocol()
+
+
 @functools.cache
-def _base_experiment(seed: int, lr: float) -> Experiment:
-    """Data, model and compiled kernels shared by every run with this seed and rate."""
-    return Experiment.from_config(Config(seed=seed, lr=lr, progress=False))
+def _base_experiment(seed: int, lr: float, base: tuple[tuple[str, Any], ...] = ()) -> Experiment:
+    """Data, model and compiled kernels shared by every run with this seed, rate and base config."""
+    return Experiment.from_config(Config(seed=seed, lr=lr, progress=False, **dict(base)))
 
 
 class Outcome(NamedTuple):
-    """One run: virtual seconds to ``TARGET`` (inf: never, or diverged), its mean staleness
-    and its busiest device's utilisation (nan when it diverged)."""
+    """One run: virtual seconds to the target (inf: never, or diverged), its mean staleness,
+    its busiest device's utilisation, its last evaluation's test accuracy and each stage's
+    mean staleness (nan and ``()`` when it diverged)."""
 
     time: float
     staleness: float
     busiest_device: float
+    final_accuracy: float = math.nan
+    per_stage_staleness: tuple[float, ...] = ()
 
 
 DIVERGED = Outcome(math.inf, math.nan, math.nan)
@@ -125,21 +159,23 @@ def time_to_target(
     seed: int,
     epochs: float,
     comm: CommModel = FREE_NETWORK,
-) -> float:
-    """Virtual seconds until the test accuracy reaches ``TARGET``, with the run's staleness and load."""
-    overrides = dict(ALGORITHMS[algo])
+    protocol: Protocol = DIGITS,
+) -> Outcome:
+    """Virtual seconds until the test accuracy reaches the protocol's target, with the run's
+    staleness (measured by the simulator's executor), load and final accuracy."""
+    overrides = dict(protocol.algorithms[algo])
     threads = overrides.pop("threads_per_device", 1)
-    batch = BATCH_SIZE * workers if overrides["algo"] == "sync" else BATCH_SIZE
+    batch = protocol.batch_size * workers if overrides["algo"] == "sync" else protocol.batch_size
     replicas = {} if overrides["algo"] == "sync" else {"replicas": workers * threads}
-    exp = _base_experiment(seed, lr).with_config(
+    exp = _base_experiment(seed, lr, protocol.base).with_config(
         **overrides,
         **replicas,
         simulate=True,
         devices=workers,
         batch_size=batch,
         epochs=epochs,
-        target_accuracy=TARGET,
-        eval_every=BATCH_SIZE,
+        target_accuracy=protocol.target,
+        eval_every=protocol.eval_every,
         delay_model="exponential" if k else "none",
         delay_mean=k,
         # --straggler-devices: the last device (no stage's home, W > M: it slows compute, not every update)
@@ -147,12 +183,13 @@ def time_to_target(
         straggler_factor=STRAGGLER_FACTOR,
     )
     config = exp.config
-    timing = dataclasses.replace(exp.calibration(BATCH_SIZE).timing, comm=comm)
+    timing = dataclasses.replace(exp.calibration(protocol.batch_size).timing, comm=comm)
     metrics = MetricsLog(
         exp.evaluate,
         total_examples=exp.total_examples,
         eval_every=config.eval_every,
-        target_accuracy=TARGET,
+        # run_simulated times the config's target either way; the log's target stops the run.
+        target_accuracy=protocol.target if protocol.stop_at_target else None,
         progress=False,
     )
     try:
@@ -166,6 +203,8 @@ def time_to_target(
         math.inf if reached is None else reached,
         mean_staleness(extra["staleness"]),
         max(extra["utilisation"]["devices"], default=math.nan),
+        metrics.rows[-1]["test_accuracy"] if metrics.rows else math.nan,
+        tuple(s["mean"] for s in extra["staleness"]["per_stage"]),
     )
 
 
@@ -209,16 +248,18 @@ def cell(
     epochs: float,
     comm: CommModel = FREE_NETWORK,
     tuning_seeds: tuple[int, ...] = TUNING_SEEDS,
+    protocol: Protocol = DIGITS,
+    max_widenings: int = MAX_WIDENINGS,
 ) -> dict[str, Any]:
     """The best rate of ``lrs`` on ``tuning_seeds`` (mean time; ``()``: the only rate), then ``seeds`` at it."""
 
     def run(lr: float, seed: int) -> Outcome:
-        return time_to_target(algo, workers, k, straggler, lr, seed, epochs, comm)
+        return time_to_target(algo, workers, k, straggler, lr, seed, epochs, comm, protocol)
 
     if not tuning_seeds:
         tuned = {"lr": lrs[0], "tuning": {}, "edge": False}
     else:
-        tuned = tune(lambda lr: float(np.mean([run(lr, seed).time for seed in tuning_seeds])), lrs)
+        tuned = tune(lambda lr: float(np.mean([run(lr, seed).time for seed in tuning_seeds])), lrs, max_widenings)
     outcomes = [run(tuned["lr"], s) for s in seeds]
     times = [o.time for o in outcomes]
     reached = all(math.isfinite(t) for t in times)
@@ -231,6 +272,8 @@ def cell(
         "std": float(np.std(times, ddof=1)) if reached and len(times) > 1 else (0.0 if reached else math.nan),
         "staleness": [o.staleness for o in outcomes],
         "busiest_device": [o.busiest_device for o in outcomes],
+        "final_accuracy": [o.final_accuracy for o in outcomes],
+        "per_stage_staleness": [list(o.per_stage_staleness) for o in outcomes],
     }
 
 

@@ -1,0 +1,117 @@
+"""``claims`` (issue 19): the papers' claims measured on the virtual clock, part by part.
+
+Parts (``PARTS``; docs/claims.md maps each claim of the PD-ASGD and DaSGD abstracts to one):
+
+* ``staleness``: depth x update granularity (layer / block) x backward weights (stashed /
+  live): per-stage mean staleness, measured by the simulator, against the predicted
+  layer-to-block ratio (M - 1) / (2M).
+* ``accuracy``: the same variants' time to target and final accuracy at each depth, against SGD.
+* ``speedups``: PD-ASGD against sync, ASGD at equal threads and LPP-SGD at M = 16.
+* ``dasgd``: DaSGD's hidden communication, scale-up and convergence against K.
+* ``bias``: the measured gradient bias against the paper's bound.
+
+Every part uses ``common``'s model, data, budget and rate tuning (``delays``' machinery: rates
+tuned on an unreported seed over a widening grid, time to target on the virtual clock).
+``scripts/claims_part.py`` runs one part and appends each finished cell as it goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pdasgd_jax.bench.claims import accuracy, bias, common, dasgd, speedups, staleness
+from pdasgd_jax.compare import markdown_table
+
+CELL_PARTS = {
+    "staleness": staleness,
+    "accuracy": accuracy,
+    "speedups": speedups,
+}  # a grid of cells, each run on its own
+WHOLE_PARTS = {"dasgd": dasgd, "bias": bias}
+PARTS = (*CELL_PARTS, *WHOLE_PARTS)
+
+
+def tables(rows: list[dict[str, Any]]) -> str:
+    """Markdown tables of ``rows``, one per set of columns (a part's kinds of cells), in order."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row), []).append(row)
+    return "\n\n".join(markdown_table(group, list(columns)) for columns, group in groups.items())
+
+
+def _bias(probe: dict[str, Any]) -> str:
+    return f"{probe['bias']:.3g} ± {probe['stderr']:.2g} ({probe['verdict']})"
+
+
+def _whole_table(name: str, result: dict[str, Any]) -> str:
+    if "pending" in result:
+        return f"pending: {result['pending']}"
+    if name == "dasgd":
+        table = markdown_table(result["hidden"], list(result["hidden"][0])) + "\n\n"
+        table += markdown_table(result["scale_up"], list(result["scale_up"][0]))
+        conv = result["convergence"]
+        if "pending" in conv:
+            return table + f"\n\nconvergence against K: pending: {conv['pending']}"
+        slopes = ", ".join(
+            f"{a} {f['slope']:.2f} (95 % CI {f['ci_low']:.2f} to {f['ci_high']:.2f})"
+            for a, f in ((a, conv[a]["slope"]) for a in ("sgd", "dasgd"))
+        )
+        return (
+            table
+            + f"\n\nconvergence against K, log-log slope of the optimality gap (SGD's rate: -0.5 or steeper): {slopes}"
+        )
+    points = [
+        {
+            "job": p["job"],
+            "alpha eta tau_max": f"{p['alpha_eta_tau_max']:.3g}",
+            "bound": "vacuous" if p["bound"] is None else f"{p['bound']:.3g}",
+            **{
+                f"{w} bias": f"{p[w]['bias']:.3g} ± {p[w]['stderr']:.2g} ({p[w]['verdict']})"
+                for w in ("stashed", "live")
+            },
+        }
+        for p in result["points"]
+    ]
+    scalars = "\n".join(f"- {key}: {value}" for key, value in result.items() if key != "points")
+    return scalars + "\n\n" + markdown_table(points, list(points[0]))
+
+
+def run_part(
+    name: str, *, quick: bool, on_cell: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
+) -> tuple[dict[str, Any], str]:
+    """Runs part ``name``; ``on_cell(result, row)`` after each finished cell of a cell part.
+
+    Returns the part's raw results (with the budget) and its markdown.
+    """
+    if name in WHOLE_PARTS:
+        result = WHOLE_PARTS[name].run_part(quick=quick)
+        return {"budget": common.budget(), **result}, f"### {name}\n\n" + _whole_table(name, result)
+    if name not in CELL_PARTS:
+        raise ValueError(f"claims part {name!r} is not one of {', '.join(PARTS)}")
+    part = CELL_PARTS[name]
+    cells, rows = [], []
+    for spec in part.specs(quick):
+        result, row = part.run_spec(spec, quick=quick)
+        cells.append(result)
+        rows.append(row)
+        if on_cell is not None:
+            on_cell(result, row)
+    summary = part.summary(cells)
+    text = f"### {name}\n\n" + tables(rows) + f"\n\nsummary: {summary}"
+    return {"budget": common.budget(), "cells": cells, "summary": summary}, text
+
+
+def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
+    """Every part in turn (hours at full size on two CPU cores; ``quick``: seconds-sized cells)."""
+    del out_dir
+    results, texts = {}, []
+    for name in PARTS:
+        results[name], text = run_part(name, quick=quick)
+        texts.append(text)
+    header = (
+        f"claims: {common.MODEL} on {common.QUICK_DATASET if quick else common.DATASET}, virtual clock, target "
+        f"{common.TARGET}, budget {common.QUICK_EPOCHS if quick else common.EPOCHS} epochs, batch "
+        f"{common.BATCH_SIZE} per worker; rates tuned on seeds {list(common.TUNING_SEEDS)} (not reported)"
+    )
+    return results, header + "\n\n" + "\n\n".join(texts)

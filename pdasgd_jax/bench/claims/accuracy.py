@@ -1,0 +1,72 @@
+"""``claims`` part ``accuracy``: time to target and final accuracy at each depth.
+
+Per M in {4, 8, 16}, at W = 4 devices and delays ``Exp(1 x step compute)``: layer-wise and
+block PD-ASGD with stashed and live weights (``staleness.VARIANTS``) and single-worker SGD,
+each rate tuned on an unreported seed (``common.cell``), the whole budget run (no early
+stop): time to the target and final test accuracy on seeds 0, 1, 2. Target: PD-ASGD
+(layer-wise, stashed) within 1.0 point of SGD at every depth; the layer-against-block gap is
+the small-scale counterpart of the paper's CIFAR-100 ablation. Hours on two CPU cores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdasgd_jax.bench import delays
+from pdasgd_jax.bench.claims import common
+from pdasgd_jax.bench.claims.staleness import DEPTHS, VARIANTS
+
+ACCURACY_CELL = (4, 1.0)  # (W, k)
+ACCURACY_VARIANTS = (*VARIANTS, "sgd")
+TARGET_POINTS = 1.0  # PD-ASGD within 1.0 point of SGD at every depth
+
+
+def specs(quick: bool) -> list[dict[str, Any]]:
+    """One cell per depth (quick: M = 4)."""
+    return [{"depth": m} for m in ((4,) if quick else DEPTHS)]
+
+
+def accuracy_cell(depth: int, *, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Time to target and final accuracy of every variant and SGD at ``ACCURACY_CELL``, tuned rates."""
+    workers, k = ACCURACY_CELL
+    by_algo = {
+        algo: common.cell(algo, depth, 1 if algo == "sgd" else workers, k, False, quick=quick, stop_at_target=False)
+        for algo in ACCURACY_VARIANTS
+    }
+    accuracy = {a: common.mean(c["final_accuracy"]) for a, c in by_algo.items()}
+    gap = 100 * (accuracy["sgd"] - accuracy["pdasgd"])
+    ablation = 100 * (accuracy["pdasgd"] - accuracy["pdasgd-block"])
+    result = {
+        "depth": depth,
+        "workers": workers,
+        "k": k,
+        **delays.json_ready(by_algo),
+        "pdasgd_points_below_sgd": gap,
+        "layer_minus_block_points": ablation,
+        "target_met": bool(gap <= TARGET_POINTS),
+    }
+    row = {
+        "M": depth,
+        "W": workers,
+        "k": k,
+        **{f"{a} acc": f"{accuracy[a]:.3f}" for a in ACCURACY_VARIANTS},
+        **{f"{a} time (ms)": delays._fmt(c) for a, c in by_algo.items()},
+        "pdasgd below sgd (points)": f"{gap:.1f} ({'met' if gap <= TARGET_POINTS else 'missed'})",
+        "layer - block (points)": f"{ablation:+.1f}",
+    }
+    return result, row
+
+
+def run_spec(spec: dict[str, Any], *, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One cell of ``specs``: its raw result and its table row."""
+    return accuracy_cell(spec["depth"], quick=quick)
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """PD-ASGD's points below SGD per depth and whether every depth met the target; layer minus block."""
+    gaps = {r["depth"]: r["pdasgd_points_below_sgd"] for r in results}
+    return {
+        "points_below_sgd": gaps,
+        "accuracy_target_met": bool(gaps) and all(g <= TARGET_POINTS for g in gaps.values()),
+        "layer_minus_block_points": {r["depth"]: r["layer_minus_block_points"] for r in results},
+    }

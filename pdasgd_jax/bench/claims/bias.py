@@ -1,0 +1,48 @@
+"""``claims`` part ``bias``: the measured gradient bias of PD-ASGD against the paper's bound.
+
+The estimator lives in ``pdasgd_jax.claims`` (``simulated_probe_points`` and
+``bias_along_run``: the bias of stashed and live backward weights at points along a
+simulated run, against ``G * alpha * eta * tau_max / (1 - alpha * eta * tau_max)``); this part
+runs it on the claims protocol's model (``resnet1d``, M = 8, W = 4, k = 1, the async default
+rate) and reports its verdicts. Without that module the part reports itself pending.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from pdasgd_jax.bench.claims import common
+from pdasgd_jax.config import Config
+
+DEPTH, WORKERS, K = 8, 4, 1.0
+POINTS, PROBES = 5, 32
+LR = common.LRS["pdasgd"][0]
+
+
+def config(*, quick: bool) -> Config:
+    """The simulated PD-ASGD run whose bias is probed (quick: M = 4, a short run)."""
+    proto = common.protocol(4 if quick else DEPTH, quick=quick, stop_at_target=False)
+    return Config(
+        **dict(proto.base),
+        algo="pdasgd",
+        simulate=True,
+        replicas=WORKERS,  # one PD-ASGD replica (F = 1, B = 2) per device, as in the other parts
+        devices=WORKERS,
+        batch_size=common.BATCH_SIZE,
+        epochs=common.QUICK_EPOCHS if quick else 1.0,
+        lr=LR,
+        delay_model="exponential",
+        delay_mean=K,
+        progress=False,
+    )
+
+
+def run_part(*, quick: bool) -> dict[str, Any]:
+    """The estimator's report (``bias_along_run``), or why it is pending."""
+    try:
+        claims = importlib.import_module("pdasgd_jax.claims")
+    except ImportError:
+        return {"pending": "pdasgd_jax.claims (the bias estimator) is not in this build"}
+    run = claims.simulated_probe_points(config(quick=quick), 2 if quick else POINTS)
+    return claims.bias_along_run(run, probes=4 if quick else PROBES)

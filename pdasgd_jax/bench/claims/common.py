@@ -1,0 +1,102 @@
+"""What every part of ``bench claims`` shares: the model, the data, the budget and the rate grids.
+
+The papers' claims are about depth (PD-ASGD's layer-wise updates on a deep ResNet), so the
+parts train ``resnet1d`` (a stem, ``M - 2`` residual blocks and a head: M stages, ``--depth``)
+on ``mnist1d-large`` (20k training signals), offline and cheap enough per stage for two CPU
+cores, on the virtual clock with costs calibrated from the real kernels.
+
+Budget, chosen from one measured cell on the 2-core development machine (docs/claims.md,
+"Budget"): 3 epochs, target 90 % test accuracy, evaluations every 2000 examples. Rates are
+tuned on seed 100 alone (never reported) over a grid 4x apart, widened once each way while the
+best rate is on its edge; seeds 0, 1, 2 are reported.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pdasgd_jax.bench import delays
+
+MODEL = "resnet1d"  # the depth-parametrised model (``--depth`` M stages)
+DATASET = "mnist1d-large"
+QUICK_DATASET = "mnist1d"  # 4k training signals: quick runs build and train in seconds
+TARGET = 0.9
+EPOCHS = 3.0
+QUICK_EPOCHS = 0.25
+BATCH_SIZE = 16
+EVAL_EVERY = 2000
+QUICK_EVAL_EVERY = 500
+SEEDS = (0, 1, 2)
+TUNING_SEEDS = (100,)
+MAX_WIDENINGS = 1
+
+# Every variant a part may run, as ``Config`` overrides (delays.ALGORITHMS plus block updates
+# and the single-worker SGD reference).
+ALGORITHMS: dict[str, dict[str, Any]] = {
+    **delays.ALGORITHMS,
+    "pdasgd-block": {"algo": "pdasgd-block", "backward_weights": "stashed"},
+    "pdasgd-block-live": {"algo": "pdasgd-block", "backward_weights": "live"},
+    "sgd": {"algo": "sgd"},
+}
+_ASYNC_RATES = (0.005, 0.02, 0.08)
+LRS: dict[str, tuple[float, ...]] = {
+    "sgd": (0.0125, 0.05, 0.2),
+    "sync": (0.05, 0.2, 0.8),
+    **{name: _ASYNC_RATES for name in ALGORITHMS if name not in ("sgd", "sync")},
+}
+
+
+def protocol(depth: int, *, quick: bool, stop_at_target: bool) -> delays.Protocol:
+    """The time-to-target protocol of ``resnet1d`` with ``depth`` stages."""
+    dataset = QUICK_DATASET if quick else DATASET
+    return delays.Protocol(
+        base=(("dataset", dataset), ("depth", depth), ("model", MODEL)),
+        algorithms=ALGORITHMS,
+        target=TARGET,
+        batch_size=BATCH_SIZE,
+        eval_every=QUICK_EVAL_EVERY if quick else EVAL_EVERY,
+        stop_at_target=stop_at_target,
+    )
+
+
+def cell(
+    algo: str, depth: int, workers: int, k: float, straggler: bool, *, quick: bool, stop_at_target: bool
+) -> dict[str, Any]:
+    """``delays.cell`` on this benchmark's model, budget and seeds (quick: one rate, one seed, no tuning)."""
+    seeds, tuning, epochs = (SEEDS[:1], (), QUICK_EPOCHS) if quick else (SEEDS, TUNING_SEEDS, EPOCHS)
+    lrs = LRS[algo][1:2] if quick else LRS[algo]
+    return delays.cell(
+        algo,
+        workers,
+        k,
+        straggler,
+        lrs,
+        seeds,
+        epochs,
+        tuning_seeds=tuning,
+        protocol=protocol(depth, quick=quick, stop_at_target=stop_at_target),
+        max_widenings=MAX_WIDENINGS,
+    )
+
+
+def mean(values: list[float]) -> float:
+    """Mean of finite ``values`` (nan when none is)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def budget() -> dict[str, Any]:
+    """The budget every part reports with its results."""
+    return {
+        "model": MODEL,
+        "dataset": DATASET,
+        "target_accuracy": TARGET,
+        "epochs_budget": EPOCHS,
+        "batch_size": BATCH_SIZE,
+        "eval_every": EVAL_EVERY,
+        "seeds": list(SEEDS),
+        "tuning_seeds": list(TUNING_SEEDS),
+        "lrs": LRS,
+        "max_widenings": MAX_WIDENINGS,
+    }

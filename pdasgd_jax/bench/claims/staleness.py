@@ -1,0 +1,106 @@
+"""``claims`` part ``staleness``: depth x update granularity x backward weights.
+
+Cells ``(M, W, k)``: layer-wise and block updates (``pdasgd``, ``pdasgd-block``), stashed and
+live backward weights, M in {4, 8, 16} stages, W in {4, 16} devices, delays
+``Exp(k x step compute)`` for k in {0, 1, 4}; each stage's mean staleness as the simulator's
+executor counts it (``StalenessStats``: version replaced minus version read, per applied
+update), over ``STALENESS_EPOCHS`` of training on seeds 0, 1, 2. The schedule on the virtual
+clock depends on the calibrated costs and the delay draws, never on the parameters, so the
+rate does not change staleness (only a diverged run would, and a small fixed rate keeps it
+away): these runs are short and untuned, and the part fits in about an hour of CPU. Reported:
+the ratio of layer-wise to block staleness per depth against the prediction (M - 1) / (2M)
+that a secondary summary attributes to the PD-ASGD paper (unverified). Time to target and
+final accuracy at each depth are the ``accuracy`` part's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pdasgd_jax.bench import delays
+from pdasgd_jax.bench.claims import common
+
+DEPTHS = (4, 8, 16)
+WORKERS = (4, 16)
+DELAY_FACTORS = (0.0, 1.0, 4.0)
+VARIANTS = ("pdasgd", "pdasgd-block", "pdasgd-live", "pdasgd-block-live")
+PAIRS = {"stashed": ("pdasgd", "pdasgd-block"), "live": ("pdasgd-live", "pdasgd-block-live")}
+STALENESS_EPOCHS = 0.25
+STALENESS_LR = 0.005  # the smallest asynchronous rate of the grid: no divergence cuts a run short
+TARGET_RATIO, TARGET_RATIO_DEPTH = 0.6, 16  # layer-wise at most 0.6x block staleness at M = 16
+
+
+def predicted_ratio(depth: int) -> float:
+    """(M - 1) / (2M): the layer-wise to block staleness ratio a secondary summary attributes to the paper."""
+    return (depth - 1) / (2 * depth)
+
+
+def specs(quick: bool) -> list[dict[str, Any]]:
+    """Every cell of the part (quick: M = 4, W = 4, k = 1)."""
+    if quick:
+        return [{"depth": 4, "workers": 4, "k": 1.0}]
+    return [{"depth": m, "workers": w, "k": k} for m in DEPTHS for w in WORKERS for k in DELAY_FACTORS]
+
+
+def _staleness_runs(variant: str, depth: int, workers: int, k: float, quick: bool) -> list[delays.Outcome]:
+    proto = common.protocol(depth, quick=quick, stop_at_target=False)
+    epochs = common.QUICK_EPOCHS if quick else STALENESS_EPOCHS
+    seeds = common.SEEDS[:1] if quick else common.SEEDS
+    return [delays.time_to_target(variant, workers, k, False, STALENESS_LR, s, epochs, protocol=proto) for s in seeds]
+
+
+def _stages(values: list[float]) -> str:
+    return " ".join(f"{t:.1f}" for t in values)
+
+
+def staleness_cell(depth: int, workers: int, k: float, *, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per-stage mean staleness of every variant (mean over the seeds) and the layer/block ratios."""
+    by_variant = {}
+    for variant in VARIANTS:
+        outcomes = _staleness_runs(variant, depth, workers, k, quick)
+        per_seed = [list(o.per_stage_staleness) for o in outcomes]
+        per_stage = [common.mean([p[m] for p in per_seed]) for m in range(depth)] if all(per_seed) else []
+        by_variant[variant] = {
+            "per_stage_staleness": per_stage,
+            "per_seed": per_seed,
+            "mean_staleness": common.mean([o.staleness for o in outcomes]),
+        }
+    ratios = {
+        weights: by_variant[layer]["mean_staleness"] / by_variant[block]["mean_staleness"]
+        if by_variant[block]["mean_staleness"] > 0
+        else math.nan
+        for weights, (layer, block) in PAIRS.items()
+    }
+    result = {
+        "depth": depth,
+        "workers": workers,
+        "k": k,
+        **by_variant,
+        "layer_over_block": ratios,
+        "predicted_ratio": predicted_ratio(depth),
+    }
+    row = {
+        "M": depth,
+        "W": workers,
+        "k": k,
+        **{f"{v} mean τ": f"{by_variant[v]['mean_staleness']:.2f}" for v in VARIANTS},
+        **{f"{v} per stage": _stages(by_variant[v]["per_stage_staleness"]) for v in PAIRS["stashed"]},
+        **{f"layer/block ({weights})": f"{ratio:.2f}" for weights, ratio in ratios.items()},
+        "(M-1)/(2M)": f"{predicted_ratio(depth):.2f}",
+    }
+    return result, row
+
+
+def run_spec(spec: dict[str, Any], *, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One cell of ``specs``: its raw result and its table row."""
+    return staleness_cell(spec["depth"], spec["workers"], spec["k"], quick=quick)
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ratio target at M = 16, over every W, k and backward weights."""
+    ratios = [r["layer_over_block"][w] for r in results if r["depth"] == TARGET_RATIO_DEPTH for w in PAIRS]
+    return {
+        "ratio_at_16": {"max": max(ratios, default=math.nan), "target": TARGET_RATIO},
+        "ratio_target_met": bool(ratios) and max(ratios) <= TARGET_RATIO,
+    }

@@ -1,0 +1,50 @@
+"""One part of ``bench claims``, its cells appended to ``OUT`` as each finishes.
+
+``python -m pdasgd_jax bench claims`` runs every part and writes its tables at the end; on a
+2-core machine that is a matter of hours. This script runs one part with the same protocol
+(``pdasgd_jax.bench.claims.run_part``), appending each finished cell to
+``OUT/claims-PART.jsonl`` and rewriting ``OUT/claims-PART.md`` as it goes, so a partial run
+still reports what it measured; the part's summary is written when it ends.
+
+Usage::
+
+    python scripts/claims_part.py --part staleness --out bench_out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from pdasgd_jax.bench import claims, json_ready
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", required=True, choices=claims.PARTS)
+    parser.add_argument("--out", default="bench_out")
+    parser.add_argument("--quick", action="store_true", help="the tests' tiny sizes")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    jsonl, md = (os.path.join(args.out, f"claims-{args.part}.{ext}") for ext in ("jsonl", "md"))
+    rows = []
+
+    def on_cell(result: dict, row: dict) -> None:
+        with open(jsonl, "a") as f:
+            f.write(json.dumps(json_ready(result)) + "\n")
+        rows.append(row)
+        with open(md, "w") as f:
+            f.write(f"### {args.part} (partial)\n\n" + claims.tables(rows) + "\n")
+        print(json.dumps(row), flush=True)
+
+    results, text = claims.run_part(args.part, quick=args.quick, on_cell=on_cell)
+    with open(os.path.join(args.out, f"claims-{args.part}.json"), "w") as f:
+        json.dump(json_ready(results), f, indent=1)
+    with open(md, "w") as f:
+        f.write(text + "\n")
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""``bench claims`` at ``--quick`` sizes: staleness is the simulator's measurement, the parts'
+arithmetic (ratios, hidden fractions, scale-up, targets) is what the docstrings say."""
+
+import collections
+import types
+
+import numpy as np
+import pytest
+
+from pdasgd_jax import bench
+from pdasgd_jax.bench import claims, delays
+from pdasgd_jax.bench.claims import accuracy, common, dasgd, speedups, staleness
+from pdasgd_jax.delays import TimingModel
+from pdasgd_jax.executor import EventKind, EventLog
+from pdasgd_jax.experiment import Experiment
+
+# resnet1d with M = 4 stages: a fixed timing (no calibration), the backward twice the forward.
+TIMING = TimingModel(forward=(1.0,) * 4, backward=(2.0,) * 4, update=(0.1,) * 4, loss=0.5)
+
+
+def _independent_staleness(events) -> list[list[int]]:
+    """Per stage, each update's staleness recounted from the log alone: the updates of the stage
+    applied before it (in log order) minus the version its job's forward read."""
+    read = {(e.job, e.stage): e.params_version for e in events if e.kind == EventKind.FORWARD}
+    applied = collections.Counter()
+    taus = collections.defaultdict(list)
+    for e in events:
+        if e.kind == EventKind.UPDATE:
+            taus[e.stage].append(applied[e.stage] - read[e.job, e.stage])
+            applied[e.stage] += 1
+    return [taus[m] for m in sorted(taus)]
+
+
+def test_staleness_cell_reports_the_simulators_count(monkeypatch):
+    """Every variant's per-stage staleness is the count of its run's reads and updates (recounted
+    here from the event log), nonzero with W > 1, and the ratio is layer over block."""
+    monkeypatch.setattr(Experiment, "calibration", lambda self, batch=None: types.SimpleNamespace(timing=TIMING))
+    logs = []
+    real_run = delays.run_simulated
+
+    def logged_run(exp, metrics, *, timing):
+        logs.append(EventLog())
+        return real_run(exp, metrics, timing=timing, log=logs[-1])
+
+    monkeypatch.setattr(delays, "run_simulated", logged_run)
+    # layer and block with stashed weights, a few dozen jobs: the counting is what is under test
+    monkeypatch.setattr(staleness, "VARIANTS", staleness.PAIRS["stashed"])
+    monkeypatch.setattr(staleness, "PAIRS", {"stashed": staleness.PAIRS["stashed"]})
+    monkeypatch.setattr(common, "QUICK_EPOCHS", 0.1)
+    result, row = staleness.staleness_cell(4, 4, 1.0, quick=True)
+    assert len(logs) == len(staleness.VARIANTS)  # quick: one seed per variant
+    for variant, log in zip(staleness.VARIANTS, logs):
+        counted = [float(np.mean(t)) for t in _independent_staleness(log.events)]
+        assert result[variant]["per_stage_staleness"] == pytest.approx(counted)
+        assert min(counted) > 0, f"{variant}: W = 4 devices of 3 workers each must read stale stages"
+    layer, block = (result[v]["mean_staleness"] for v in staleness.PAIRS["stashed"])
+    assert result["layer_over_block"]["stashed"] == pytest.approx(layer / block)
+    assert row["layer/block (stashed)"] == f"{layer / block:.2f}"
+    assert result["predicted_ratio"] == pytest.approx(3 / 8)
+
+
+def test_staleness_and_accuracy_summaries_judge_their_targets():
+    cells = [
+        {"depth": 16, "layer_over_block": {"stashed": 0.55, "live": 0.62}},
+        {"depth": 4, "layer_over_block": {"stashed": 0.9, "live": 0.9}},
+    ]
+    out = staleness.summary(cells)
+    assert out["ratio_at_16"]["max"] == 0.62 and not out["ratio_target_met"]  # every weights at M = 16 counts
+    cells[0]["layer_over_block"]["live"] = 0.5
+    assert staleness.summary(cells)["ratio_target_met"]
+    cells = [
+        {"depth": 4, "pdasgd_points_below_sgd": 0.4, "layer_minus_block_points": 2.0},
+        {"depth": 16, "pdasgd_points_below_sgd": 1.5, "layer_minus_block_points": -0.5},
+    ]
+    out = accuracy.summary(cells)
+    assert out["points_below_sgd"] == {4: 0.4, 16: 1.5} and not out["accuracy_target_met"]
+    assert out["layer_minus_block_points"] == {4: 2.0, 16: -0.5}
+    cells[1]["pdasgd_points_below_sgd"] = -0.2
+    assert accuracy.summary(cells)["accuracy_target_met"]
+
+
+def test_speedups_target_is_judged_at_k_of_one_and_more():
+    cells = [
+        {"k": 0.0, "target_met": None, "pdasgd_vs_sync": 0.8, "pdasgd_vs_best_async": 0.9},
+        {"k": 1.0, "target_met": True, "pdasgd_vs_sync": 2.5, "pdasgd_vs_best_async": 1.1},
+        {"k": 4.0, "target_met": True, "pdasgd_vs_sync": None, "pdasgd_vs_best_async": 1.3},
+    ]
+    assert speedups.summary(cells) == {"max_vs_sync": 2.5, "max_vs_best_async": 1.3, "target_met": True}
+    cells[1]["target_met"] = False
+    assert not speedups.summary(cells)["target_met"]
+    assert [s["k"] for s in speedups.specs(False) if s["straggler"]] == [0.0, 0.0]
+
+
+def test_dasgd_hides_an_allreduce_that_fits_in_d_steps_and_local_sgd_does_not():
+    rows = dasgd.hidden_fraction(TIMING, 10**6, rounds=8)
+    by_cost = {r["allreduce_in_steps"]: r for r in rows}
+    for c in (0.25, 0.5, 1.0, 2.0):  # d = 2 steps of compute cover the all-reduce
+        assert by_cost[c]["dasgd_hidden"] == pytest.approx(1.0)
+    assert by_cost[4.0]["dasgd_hidden"] < 1.0 and by_cost[8.0]["dasgd_hidden"] < by_cost[4.0]["dasgd_hidden"]
+    assert all(r["local_hidden"] == pytest.approx(0.0, abs=1e-9) for r in rows)  # d = 0: every all-reduce blocks
+
+
+def test_dasgd_scale_up_is_relative_to_one_worker():
+    rows = dasgd.scale_up(TIMING, 10**6, rounds=8, workers=(1, 4, 16))
+    assert [(r["k"], r["W"]) for r in rows] == [(k, w) for k in (0.0, 1.0) for w in (1, 4, 16)]
+    for r in rows:
+        assert r["efficiency"] == pytest.approx(r["scale_up"] / r["W"])
+        assert 0 < r["efficiency"] <= 1.0 + 1e-9
+    assert rows[0]["scale_up"] == pytest.approx(1.0)
+
+
+def test_run_part_reports_each_cell_as_it_finishes(monkeypatch):
+    monkeypatch.setattr(accuracy, "specs", lambda quick: [{"depth": 4}, {"depth": 8}])
+    monkeypatch.setattr(
+        accuracy,
+        "run_spec",
+        lambda spec, *, quick: (
+            {**spec, "pdasgd_points_below_sgd": 0.5, "layer_minus_block_points": 1.0},
+            {"M": spec["depth"]},
+        ),
+    )
+    seen = []
+    results, text = claims.run_part("accuracy", quick=True, on_cell=lambda r, row: seen.append(row["M"]))
+    assert seen == [4, 8]
+    assert results["summary"]["accuracy_target_met"] and results["budget"]["target_accuracy"] == common.TARGET
+    assert "| 4 |" in text and "| 8 |" in text
+
+
+def test_claims_is_a_benchmark_and_refuses_an_unknown_part():
+    assert "claims" in bench.BENCHMARKS
+    with pytest.raises(ValueError, match="'depth' is not one of staleness, accuracy, speedups, dasgd, bias"):
+        claims.run_part("depth", quick=True)
+
+
+def test_the_claims_doc_commands_are_valid_as_written():
+    """docs/claims.md's commands: every ``python -m pdasgd_jax`` one parses and passes the checks
+    made before any work, every ``claims_part.py`` one names a part."""
+    import pathlib
+    import re
+    import shlex
+
+    from pdasgd_jax.cli import config_from_args, parse_args
+
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "claims.md").read_text()
+    commands = re.findall(r"`python -m pdasgd_jax ([^`]+)`", text)
+    assert any(c.startswith("train --preset cifar100-resnet18") for c in commands)
+    for command in commands:
+        args = parse_args(shlex.split(command))
+        if args.command == "train":
+            config_from_args(args).validate()
+    parts = re.findall(r"`python scripts/claims_part.py --part ([a-z]+) --out \w+`", text)
+    assert set(parts) == set(claims.PARTS)

@@ -10,7 +10,8 @@ delay per job, after its part of the job (idle time: the device is free meanwhil
   its pull starts), as the runtime's fused job does, charged that program's calibrated
   cost (``Simulation.job_program_time``), then pushes every stage's gradient.
 * PD-ASGD (§3): per replica ``F`` forward workers feed ``B`` backward workers
-  through a channel of capacity ``Q`` (a full channel blocks the forward worker); a
+  through a channel of capacity ``Q`` (a forward worker reserves a slot before it reads
+  the weights, and waits there while all ``Q`` are taken, as the runtime's does); a
   backward pushes stage ``m``'s gradient right after stage ``m``'s backward (``layerwise``)
   or all of them after the whole backward (``pdasgd-block``). Every replica's workers read
   and update one shared store (``replication="shared"``).
@@ -52,7 +53,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdasgd_jax.executor import Job
-from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Kernel, Launch, Put, Sleep, Worker
+from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Kernel, Launch, Put, Sleep, Worker, tokens
 from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
 
 
@@ -116,9 +117,7 @@ def _push_all(sim: Simulation, job: Job, transfer: tuple[float, ...], worker: st
         yield Get(applied)
 
 
-def _push(
-    sim: Simulation, job: Job, m: int, transfer: float, worker: str, applied: Channel, ticket: int
-) -> Worker:
+def _push(sim: Simulation, job: Job, m: int, transfer: float, worker: str, applied: Channel, ticket: int) -> Worker:
     """Sends the job's ``g_m`` to stage ``m``'s home, then launches its update there."""
     if transfer:
         yield Sleep(transfer)
@@ -203,23 +202,30 @@ def fused_forward(
         ex.commit_state(job, m, worker=worker)
 
 
-def forward_worker(sim: Simulation, device: Device, name: str, channel: Channel) -> Worker:
-    """PD-ASGD forward worker: forward a batch, hand the job to the backward workers."""
+def forward_worker(sim: Simulation, device: Device, name: str, channel: Channel, slots: Channel) -> Worker:
+    """PD-ASGD forward worker: take a batch, reserve a slot of the replica's queue (one of
+    ``slots``' tokens), forward, hand the job to the backward workers. As the runtime's
+    forward worker, it reads the weights only once its job has a slot: a full queue holds
+    it before its read, not after (algorithms.md §7)."""
     rng = sim.delay_rng(name)
     compute = sim.forward_compute(device)
     while (job := (yield from sim.take_job(name))) is not None:
+        yield Get(slots)
         yield from forward_pass(sim, job, device, name)
-        yield Put(channel, job)
+        yield Put(channel, job)  # never blocks: the slot was reserved
         yield sim.idle(rng, compute)
 
 
-def backward_worker(sim: Simulation, device: Device, name: str, channel: Channel, *, layerwise: bool) -> Worker:
-    """PD-ASGD backward worker: take a job, backward with (layer-wise) updates; runs until
-    no job will come (it then stays blocked and the simulation ends)."""
+def backward_worker(
+    sim: Simulation, device: Device, name: str, channel: Channel, slots: Channel, *, layerwise: bool
+) -> Worker:
+    """PD-ASGD backward worker: take a job (freeing its slot), backward with (layer-wise)
+    updates; runs until no job will come (it then stays blocked and the simulation ends)."""
     rng = sim.delay_rng(name)
     compute = sim.backward_compute(device)
     while True:
         job = yield Get(channel)
+        yield Put(slots, None)
         yield from backward_pass(sim, job, device, name, layerwise=layerwise)
         sim.job_done(job)
         yield sim.idle(rng, compute)
@@ -242,17 +248,17 @@ def spawn_pdasgd(
     replica_ids: Sequence[int] | None = None,
 ) -> None:
     """Per replica (group; by default one per device) ``F`` forward and ``B`` backward
-    workers and a channel of capacity ``Q``. ``replica_ids`` names the groups' replicas in
+    workers and a channel of capacity ``Q`` (with ``Q`` slot tokens). ``replica_ids`` names the groups' replicas in
     the run (default ``0, 1, ...``): a replicated run's device simulations each hold some."""
     ids = range(len(sim.group_devices)) if replica_ids is None else replica_ids
     for g, device in zip(ids, sim.group_devices, strict=True):
-        channel = Channel(queue)
+        channel, slots = Channel(queue), tokens(queue)
         for i in range(forward_workers):
             name = f"d{g}/forward{i}"
-            sim.scheduler.spawn(name, forward_worker(sim, device, name, channel))
+            sim.scheduler.spawn(name, forward_worker(sim, device, name, channel, slots))
         for i in range(backward_workers):
             name = f"d{g}/backward{i}"
-            sim.scheduler.spawn(name, backward_worker(sim, device, name, channel, layerwise=layerwise))
+            sim.scheduler.spawn(name, backward_worker(sim, device, name, channel, slots, layerwise=layerwise))
 
 
 def spawn_configured(sim: Simulation, config: Any, replica_ids: Sequence[int] | None = None) -> None:

@@ -127,12 +127,18 @@ class Channel:
         self.putters: collections.deque[tuple[Process, Any]] = collections.deque()
 
 
+def tokens(n: int) -> Channel:
+    """A semaphore of ``n`` tokens: ``yield Get(sem)`` takes one (in arrival order, waiting
+    while none is left), ``yield Put(sem, None)`` gives it back."""
+    sem = Channel(n)
+    sem.items.extend([None] * n)
+    return sem
+
+
 def mutex() -> Channel:
     """A lock for simulated workers: ``yield Get(lock)`` acquires it (in arrival order),
     ``yield Put(lock, None)`` releases it."""
-    lock = Channel(1)
-    lock.items.append(None)
-    return lock
+    return tokens(1)
 
 
 class _Running:

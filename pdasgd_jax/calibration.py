@@ -5,7 +5,10 @@ evidence behind it. Its programs (``PROGRAMS``): every per-stage kernel (the sta
 forward, the stashed backward, the optimizer update: PD-ASGD's layer-wise path), the loss,
 a job's whole gradient as one program (``kernels.job_gradients``: what an ASGD or LPP-SGD
 worker runs per job) and the fused whole-model training step (``kernels.train_step``: what
-a sync, local SGD or DaSGD worker runs per step). Each is timed on its own, as its
+a sync, local SGD or DaSGD worker runs per step); and the host work the synchronous loops do
+per step before their fused program (``host_step``: the batch's ``jax.device_put`` from host
+memory; the asynchronous workers hand host batches to their programs, which copy them
+inside the call, so that copy is in those programs' times). Each is timed on its own, as its
 algorithm launches it: on a device where a launch costs as much as a small model's
 compute, a fused program costs several times less than the sum of its per-stage kernels.
 
@@ -59,10 +62,11 @@ from pdasgd_jax.reporting import write_json_atomic
 PyTree = Any
 # Bumped whenever what a calibration holds changes: the fingerprint hashes it, so every
 # cached file of an older format is measured afresh, and ``load`` refuses one by name.
-FORMAT = "pdasgd-jax-calibration-3"
+FORMAT = "pdasgd-jax-calibration-4"
 KERNELS = ("forward", "backward", "update", "backward_update")  # per stage
 FUSED = ("job_gradients", "train_step", "forward_all")  # whole-model programs, one cost each
-PROGRAMS = (*KERNELS, "loss", *FUSED)
+HOST = ("host_step",)  # a synchronous loop's host work per step: its batch's device_put
+PROGRAMS = (*KERNELS, "loss", *FUSED, *HOST)
 _FLOAT_LITERAL = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
 
@@ -111,7 +115,8 @@ class Calibration:
         if isinstance(fmt, str) and fmt.startswith(FORMAT.rsplit("-", 1)[0] + "-") and fmt != FORMAT:
             raise ValueError(
                 f"it is of format {fmt!r}, written by an older pdasgd_jax that did not time every program "
-                f"this one charges (the fused {', '.join(FUSED)} and per-stage backward_update; format {FORMAT!r})"
+                f"this one charges (the fused {', '.join(FUSED)}, per-stage backward_update and the host's "
+                f"batch transfer {HOST[0]}; format {FORMAT!r})"
             )
         if fmt != FORMAT:
             raise ValueError(f'not a calibration (expected "format": {FORMAT!r})')
@@ -183,9 +188,11 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
 
     ``forward`` is the stashing forward and ``backward`` the stashed backward (per stage);
     ``job_gradients`` the whole job's gradient in one program and ``train_step`` the fused
-    whole-model step (gradient and updates).
+    whole-model step (gradient and updates), on a batch already on the device; ``host_step``
+    the synchronous loops' per-step ``jax.device_put`` of a host batch.
     """
     num_stages = kernels.num_stages
+    host_x, host_y = np.asarray(x), np.asarray(y)
     forward, backward, update = [0.0] * num_stages, [0.0] * num_stages, [0.0] * num_stages
     vjps, h = [], x
     for m in range(num_stages):
@@ -206,7 +213,12 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
         update[m] = _median_time(kernels.update(m), params[m], opt_states[m], grads[m], repeats=repeats)
     params, states, opt_states = tuple(params), tuple(states), tuple(opt_states)
     job = _median_time(kernels.job_gradients, params, states, x, y, repeats=repeats)
-    step = _median_time(kernels.train_step, TrainState(params, states, opt_states), x, y, repeats=repeats)
+    # Host batches, as the runtime's workers pass them (jit copies them to the device inside
+    # the call); the synchronous loops ``device_put`` each batch first (``host_step``) and
+    # call their fused step on device arrays, so it is timed so.
+    host_step = _median_time(lambda: jax.device_put((host_x, host_y)), repeats=repeats)
+    dev_x, dev_y = jax.device_put((host_x, host_y))
+    step = _median_time(kernels.train_step, TrainState(params, states, opt_states), dev_x, dev_y, repeats=repeats)
     forward_all = _median_time(kernels.forward_all_stashed, params, states, x, y, repeats=repeats)
     return TimingModel(
         forward,
@@ -217,6 +229,7 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
         train_step=step,
         forward_all=forward_all,
         backward_update=backward_update,
+        host_step=host_step,
     )
 
 
@@ -230,7 +243,7 @@ def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
     medians, spread = {}, {}
     for name in KERNELS:
         medians[name], spread[name] = per_stage(name)
-    for name in ("loss", *FUSED):
+    for name in ("loss", *FUSED, *HOST):
         values = [getattr(r, name) for r in rounds]
         medians[name], spread[name] = statistics.median(values), [min(values), max(values)]
     steps = [r.step_compute_time() for r in rounds]

@@ -223,6 +223,11 @@ class TimingModel:
         step). None: ``step_compute_time()``, the per-stage sum. On a device where a kernel
         launch costs as much as a small model's compute, a fused program costs several
         times less than its per-stage kernels: calibrations measure both.
+      host_step: host time a synchronous (sync, local SGD, DaSGD) worker spends per step
+        before its fused program: ``jax.device_put`` of its batch from host memory, which
+        its loop does and ``train_step``'s cost (timed on a batch already on the device)
+        leaves out. The asynchronous workers pass host batches to their programs, whose
+        calibrated costs include that copy. 0: free (a hand-built or FLOP-derived timing).
       worker_factors: slow-down factor of worker ``w`` (``3.0``: three times slower); a
         worker past the end of the tuple has factor 1, so ``(3.0,)`` is one straggler
         (``with_stragglers`` makes the last devices slow, as ``--straggler-devices`` does).
@@ -251,6 +256,7 @@ class TimingModel:
     train_step: float | None = None
     forward_all: float | None = None
     backward_update: tuple[float, ...] | None = None
+    host_step: float = 0.0
 
     def __post_init__(self):
         for name in ("forward", "backward", "update", "worker_factors"):
@@ -265,6 +271,7 @@ class TimingModel:
             for m, cost in enumerate(getattr(self, name)):
                 _finite_non_negative(f"{name} cost of stage {m}", cost)
         _finite_non_negative("loss cost", self.loss)
+        _finite_non_negative("host_step cost", self.host_step)
         for name in ("job_gradients", "train_step", "forward_all"):
             if getattr(self, name) is not None:
                 _finite_non_negative(f"{name} cost", getattr(self, name))

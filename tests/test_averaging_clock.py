@@ -1,5 +1,7 @@
 """Virtual time of sync, local SGD and DaSGD: the closed forms of communication hiding."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -41,6 +43,19 @@ def test_local_sgd_and_sync_pay_the_full_allreduce():
     sync = sync_step_end_times(t, DelayModel(), num_workers=8, steps=64, grad_nbytes=NBYTES, seed=0)
     assert local[-1] == pytest.approx(64 * STEP + 8 * 2.0)  # one exposed all-reduce per round
     assert sync[-1] == pytest.approx(64 * (STEP + 2.0))  # one per step
+
+
+def test_every_synchronous_step_pays_its_batch_transfer():
+    """``host_step`` (the loop's ``device_put`` of each batch) is host time in every step of
+    sync, local SGD and DaSGD, before the step's compute, on every worker."""
+    base = timing(2.0, 8)
+    t = dataclasses.replace(base, host_step=0.125)
+    sync = sync_step_end_times(t, DelayModel(), num_workers=8, steps=64, grad_nbytes=NBYTES, seed=0)
+    assert sync[-1] == pytest.approx(64 * (0.125 + STEP + 2.0))
+    local = averaging_step_end_times(
+        t, DelayModel(), num_workers=8, steps=64, period=8, delay=0, model_nbytes=NBYTES, seed=0
+    )
+    assert local[-1] == pytest.approx(64 * (0.125 + STEP) + 8 * 2.0)
 
 
 def test_a_longer_allreduce_shows_only_its_excess_over_d_steps():

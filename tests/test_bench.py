@@ -107,7 +107,7 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
     for algo in ("pdasgd", "asgd"):
         assert cell[algo]["runtime_devices"] == 4
         assert 0 < cell[algo]["simulated_per_worker_s"][0] < math.inf and 0 < cell[algo]["simulated_s"][0] < math.inf
-    assert cell["sync"]["stand_in_step_s"] > 0
+    assert cell["sync"]["stand_in_step_s"] > 0 and cell["sync"]["stand_in_host_step_s"] > 0
     assert cell["asgd-3t"]["runtime_devices"] == 8  # 12 threads on the 8 devices
     for algo in bench_runtime.ASYNCHRONOUS:
         ratio = cell["sync"]["measured_s"][0] / cell[algo]["measured_s"][0]

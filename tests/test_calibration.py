@@ -75,9 +75,10 @@ def test_measure_repeats_rounds_and_keeps_their_spread(mlp):
             assert lo <= getattr(t, name)[m] <= hi
     # Every program an algorithm runs has its own measured cost, not a sum of kernels.
     fused = ("job_gradients", "train_step", "forward_all")
-    assert set(calibration.PROGRAMS) == {*calibration.KERNELS, "loss", *fused}
+    assert set(calibration.PROGRAMS) == {*calibration.KERNELS, "loss", *fused, "host_step"}
     assert "backward_update" in calibration.KERNELS  # PD-ASGD's local stage: backward and update in one
-    for name in ("loss", *fused):
+    # The host's per-job batch transfer is measured too (every runner pays it per job or step).
+    for name in ("loss", *fused, "host_step"):
         lo, hi = spread[name]
         assert 0 < lo <= getattr(t, name) <= hi
     assert t.job_gradients_time() == t.job_gradients and t.train_step_time() == t.train_step

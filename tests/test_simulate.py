@@ -2,6 +2,7 @@
 determinism and replay of its event log."""
 
 import dataclasses
+import itertools
 import json
 
 import jax
@@ -20,9 +21,8 @@ from pdasgd_jax.models import cnn_stages
 from pdasgd_jax.placement import Placement
 from pdasgd_jax.runners import RUNNERS
 from pdasgd_jax.runtime.settings import RuntimeSettings
-from pdasgd_jax.simulate import run_simulated
+from pdasgd_jax.simulate import fixed_lags, run_fixed_staleness, run_simulated
 from pdasgd_jax.simulate.scheduler import (
-    BACKWARD,
     Channel,
     Device,
     Get,
@@ -89,21 +89,45 @@ def _device_run(concurrency, kernels):
     dev = Device(sched, 0, timing)
     spans = {}
 
-    def worker(name, work, priority):
+    def worker(name, work):
         start = []
-        yield Kernel(dev, work, lambda: start.append(sched.now), priority)
+        yield Kernel(dev, work, lambda: start.append(sched.now))
         spans[name] = (start[0], sched.now)
 
-    for name, work, priority in kernels:
-        sched.spawn(name, worker(name, work, priority))
+    for name, work in kernels:
+        sched.spawn(name, worker(name, work))
     sched.run()
     return spans, dev
 
 
-def test_one_kernel_at_a_time_backward_first_then_fifo():
-    spans, dev = _device_run(1.0, [("f", 1.0, 1), ("b", 2.0, BACKWARD), ("f2", 1.0, 1)])
-    assert spans == {"b": (0.0, 2.0), "f": (2.0, 3.0), "f2": (3.0, 4.0)}
+def test_one_kernel_at_a_time_in_dispatch_order():
+    spans, dev = _device_run(1.0, [("f", 1.0), ("b", 2.0), ("f2", 1.0)])
+    assert spans == {"f": (0.0, 1.0), "b": (1.0, 3.0), "f2": (3.0, 4.0)}
     assert dev.busy == 4.0
+
+
+@pytest.mark.parametrize("burst", [True, False])
+def test_a_burst_of_kernels_keeps_its_dispatch_ticket(burst):
+    """A worker dispatching two kernels at t = 0 (one ticket) requests the second when the
+    first ends (t = 1); a kernel another worker dispatched at t = 0.5 waits for both, as on a
+    real device's queue; without the ticket it would run first."""
+    sched = Scheduler()
+    dev = Device(sched, 0, TimingModel(forward=(1.0,), backward=(1.0,), update=(0.0,)))
+    starts = {}
+
+    def two():
+        ticket = sched.ticket() if burst else None
+        for name in ("a1", "a2"):
+            yield Kernel(dev, 1.0, lambda name=name: starts.__setitem__(name, sched.now), ticket)
+
+    def late():
+        yield Sleep(0.5)
+        yield Kernel(dev, 1.0, lambda: starts.__setitem__("b", sched.now))
+
+    sched.spawn("a", two())
+    sched.spawn("b", late())
+    sched.run()
+    assert starts == ({"a1": 0.0, "a2": 1.0, "b": 2.0} if burst else {"a1": 0.0, "b": 1.0, "a2": 2.0})
 
 
 def _random_schedule(seed, *, general, stop_after=None):
@@ -136,9 +160,10 @@ def _random_schedule(seed, *, general, stop_after=None):
         draws(name, [0.0, 0.5, 0.75, 1.0], 200)
         while True:
             job = yield Get(ch)
+            ticket = sched.ticket()  # the job's kernels dispatched at once
             for m in range(3):
                 yield Kernel(
-                    dev, works[name].pop(), lambda m=m, job=job: trace.append(("B", name, job, m, sched.now)), BACKWARD
+                    dev, works[name].pop(), lambda m=m, job=job: trace.append(("B", name, job, m, sched.now)), ticket
                 )
                 trace.append(("B end", name, job, m, sched.now))
                 if stop_after is not None and len(trace) > stop_after:
@@ -166,10 +191,10 @@ def test_one_kernel_device_fast_path_keeps_the_general_schedule(stop_after):
 
 
 def test_concurrent_kernels_share_the_device_at_its_concurrency():
-    spans, _ = _device_run(2.0, [("a", 1.0, 1), ("b", 2.0, 1)])
+    spans, _ = _device_run(2.0, [("a", 1.0), ("b", 2.0)])
     assert spans == {"a": (0.0, 1.0), "b": (0.0, 2.0)}
     # 1.5x: two kernels run at 0.75 each; after the first ends the second runs alone.
-    spans, _ = _device_run(1.5, [("a", 1.5, 1), ("b", 3.0, 1)])
+    spans, _ = _device_run(1.5, [("a", 1.5), ("b", 3.0)])
     assert spans["a"] == (0.0, 2.0) and spans["b"] == (0.0, 3.5)
 
 
@@ -246,24 +271,52 @@ def test_a_full_channel_blocks_the_putter_and_idle_time_frees_the_device():
 
 
 @pytest.mark.parametrize(
-    "overrides",
-    [
-        {"algo": "asgd"},
-        {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue": 1},
-        {"algo": "pdasgd", "backward_weights": "live"},
-        {"algo": "pdasgd-block", "backward_workers": 3},
-    ],
+    "overrides", [{"algo": "asgd"}, {"algo": "pdasgd", "forward_workers": 1, "backward_workers": 1, "queue": 1}]
 )
 def test_one_device_without_delays_is_plain_sgd(overrides):
-    """One device runs one kernel at a time, backward first: every job sees the previous
-    job's updates, so any F, B, Q is SGD step for step, in virtual time sum of the costs."""
+    """One device, one job at a time: one ASGD worker; PD-ASGD with F = B = Q = 1, whose
+    forward worker waits for the slot of its next job until the backward worker has taken
+    the last one, and that backward is dispatched first. Every job sees the previous job's
+    updates, so it is SGD step for step, in virtual time the sum of the costs."""
     exp, _, result = _simulate(**overrides)
     assert result.step == 9
     _assert_trees_close(result.params, _sgd_params(exp, 9))
     assert all(s["max"] == 0 for s in result.extra["staleness"]["per_stage"])
-    live_forwards = sum(TIMING.forward) if overrides.get("backward_weights") == "live" else 0.0
-    assert result.extra["virtual_time"] == 9 * (STEP + live_forwards)
+    assert result.extra["virtual_time"] == 9 * STEP
     assert result.extra["utilisation"]["devices"] == [pytest.approx(1.0)]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"algo": "pdasgd", "backward_weights": "live"},
+        {"algo": "pdasgd-block", "backward_workers": 3},
+    ],
+)
+def test_pdasgd_on_one_device_without_delays_reads_one_update_behind(overrides):
+    """The read rule (algorithms.md §5): one device runs kernels in the order they were
+    dispatched. With a free slot (Q = 2), once job n's forward ends the forward worker hands
+    it on and dispatches job n + 1's forward in the same instant, before the backward worker
+    dispatches job n's backward; so from job 1 on every forward reads the weights without the
+    previous job's update (tau = 1 on every stage; job 0: tau = 0), as the runtime's forward
+    worker, which dispatches its next job as soon as it has handed one on, does. The device never idles:
+    virtual time is the sum of the costs. With stashed weights the result is the fixed
+    staleness pattern (1, 1, 1) step for step."""
+    exp, _, result = _simulate(**overrides)
+    assert result.step == 9
+    for stats in result.extra["staleness"]["per_stage"]:
+        assert stats["histogram"] == [1, 8], stats
+    live = overrides.get("backward_weights") == "live"
+    assert result.extra["virtual_time"] == 9 * (STEP + (sum(TIMING.forward) if live else 0.0))
+    assert result.extra["utilisation"]["devices"] == [pytest.approx(1.0)]
+    if not live:
+        v = exp.variables
+        xs, ys = (np.stack(a) for a in zip(*itertools.islice(exp.train_stream(exp.config.batch_size), 9)))
+        lags = fixed_lags((1, 1, 1), 9)
+        expected, *_ = run_fixed_staleness(
+            exp.model, exp.tx, v.params, v.states, init_opt_states(exp.tx, v.params), xs, ys, lags
+        )
+        _assert_trees_close(result.params, expected)
 
 
 def _real_run(model=None, **overrides):
@@ -355,27 +408,29 @@ def test_worker_groups_sharing_a_device_queue_for_it(algo):
 #   T_F = sum_m f_m + l,   T_B = sum_m (b_m + u_m)  (the job ends when its last update lands),
 #   F_m = 0                          (when, after a forward starts, it reads stage m),
 #   c_m = sum_{k>=m} (b_k + u_k)     (when, after a backward starts, stage m's update lands).
+# The forward worker reserves its job's channel slot before it reads (as the runtime's does),
+# and a slot is free again once the backward worker has taken the job in it.
 # Backward-bound (T_B > T_F): the backward worker is never idle but for d; it takes job j at
-# s_j, s_{j+1} = s_j + T_B + d. The forward worker, blocked on the full channel with job j+1,
-# hands it over at s_j, idles d and reads stage m of job j+2 at s_j + d + F_m. Job j updates
-# stage m at s_j + c_m (after that read iff c_m > F_m + d), job j+1 at s_{j+1} + c_m (after),
-# job j-1 at s_j - T_B - d + c_m <= s_j (before), and job j+2 comes after j+1. So
-#   tau_m = [T_B > T_F] + [c_m > F_m + d].
-# Forward-bound (T_F > T_B): the backward worker waits for every job: job j is handed over at
-# a_j; the forward worker idles d and reads stage m of job j+1 at a_j + d + F_m, while job j
-# updates it at a_j + c_m and job j-1 finished by a_j; the same formula holds with [.] = 0.
+# s_j, s_{j+1} = s_j + T_B + d. The forward worker, done with job j+1 and waiting for a slot
+# since before s_j, gets it at s_j and reads stage m of job j+2 at s_j + F_m. Job j updates
+# stage m at s_j + c_m (after that read: c_m > 0), job j+1 at s_{j+1} + c_m (after), job j-1
+# at s_j - d - T_B + c_m <= s_j (before). So tau_m = 1, whatever d.
+# Forward-bound (T_F > T_B): the backward worker waits for every job: job j is handed over
+# (and its slot freed) at a_j; the forward worker idles d and reads stage m of job j+1 at
+# a_j + d + F_m, while job j updates it at a_j + c_m and job j-1 finished by a_j. So
+#   tau_m = [T_B > T_F] + [T_B <= T_F] [c_m > F_m + d].
 def _closed_form(f, l, b, u, d):
     t_f, t_b = sum(f) + l, sum(b) + sum(u)
-    return [int(t_b > t_f) + int(sum(b[m:]) + sum(u[m:]) > d) for m in range(len(f))]
+    if t_b > t_f:
+        return [1] * len(f)
+    return [int(sum(b[m:]) + sum(u[m:]) > d) for m in range(len(f))]
 
 
 @pytest.mark.parametrize(
     "f, l, b, u, k, expected",
     [
-        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.0, [2, 2, 2]),  # backward-bound, d = 0
-        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.3, [2, 2, 1]),  # d = 3.075
-        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.5, [2, 1, 1]),  # d = 5.125
-        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.8, [1, 1, 1]),  # d = 8.2
+        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.0, [1, 1, 1]),  # backward-bound, d = 0
+        ((1.0,) * 3, 0.5, (2.0,) * 3, (0.25,) * 3, 0.5, [1, 1, 1]),  # d = 5.125
         ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.0, [1, 1, 1]),  # forward-bound, d = 0
         ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.2, [1, 1, 0]),  # d = 2.3
         ((2.0,) * 3, 1.0, (1.0,) * 3, (0.5,) * 3, 0.3, [1, 0, 0]),  # d = 3.45

@@ -57,7 +57,7 @@ from pdasgd_jax.bench import interleaved_seconds, json_ready, progress, rate_sum
 from pdasgd_jax.bench.delays import mean_staleness
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
-from pdasgd_jax.delays import DelayModel, rng_for
+from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
 from pdasgd_jax.executor import StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states
@@ -276,28 +276,24 @@ def runtime_with_delays(exp: Experiment) -> tuple[float, float]:
     return _first_reaching(metrics, "wall_time"), mean_staleness(rt.executor.staleness.summary())
 
 
-def fused_step_seconds(exp: Experiment, batch_size: int) -> float:
-    """Seconds of one fused whole-model step (``kernels.train_step``) on a ``batch_size``
-    batch, from the calibration: what sync's stand-in loop runs per step."""
-    return exp.calibration(batch_size).timing.train_step_time()
-
-
-def simulated(exp: Experiment, devices: int, stand_in: float | None = None, drain: bool = False) -> tuple[float, float]:
+def simulated(
+    exp: Experiment, devices: int, stand_in: TimingModel | None = None, drain: bool = False
+) -> tuple[float, float]:
     """Virtual seconds to ``TARGET`` predicted by the simulator for the same config, and its
     mean staleness; its replicas share ``devices`` simulated devices.
 
-    ``stand_in``: predict sync's measured stand-in loop (``sync_with_delays``), whose step
-    takes ``stand_in`` seconds (``fused_step_seconds`` of the global batch): each of the
-    ``W`` simulated workers' steps takes that long, and the delays keep their seconds (``k``
-    per-worker steps of per-stage compute, the delay unit), so the virtual clock runs what
-    the loop runs. ``drain``: the
+    ``stand_in``: predict sync's measured stand-in loop (``sync_with_delays``), given the
+    calibration of its global batch: each of the ``W`` simulated workers' steps takes that
+    batch's fused step and its host transfer (``host_step``), and the delays keep their
+    seconds (``k`` per-worker steps of per-stage compute, the delay unit), so the virtual
+    clock runs what the loop runs. ``drain``: the
     asynchronous workers pause at every evaluation until the jobs before it are done, as
     the runtime's do.
     """
     sim = exp.with_config(simulate=True, devices=devices)
     timing = exp.calibration(DELAY_BATCH).timing
     if stand_in is not None:
-        timing = dataclasses.replace(timing, train_step=stand_in)
+        timing = dataclasses.replace(timing, train_step=stand_in.train_step_time(), host_step=stand_in.host_step)
     metrics = _metrics(sim)
     extra = run_simulated(sim, metrics, timing=timing, drain_at_evaluations=drain).extra
     return extra["virtual_time_to_target"] or math.inf, mean_staleness(extra["staleness"])
@@ -318,7 +314,7 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
         real = sync_with_delays if name == "sync" else runtime_with_delays
         real(warm_up)
         # The runtime's layout of sync is its stand-in loop; one device per worker is real sync.
-        stand_in = fused_step_seconds(base, DELAY_BATCH * WORKERS) if name == "sync" else None
+        stand_in = base.calibration(DELAY_BATCH * WORKERS).timing if name == "sync" else None
         runners = {
             "measured": real,
             "simulated": functools.partial(
@@ -341,7 +337,8 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
         out[name] = {
             "lr": config["lr"],
             "runtime_devices": warm_up.layout.devices,
-            "stand_in_step_s": stand_in,
+            "stand_in_step_s": None if stand_in is None else stand_in.train_step_time(),
+            "stand_in_host_step_s": None if stand_in is None else stand_in.host_step,
             **{f"{kind}_s": [t for t, _ in r] for kind, r in runs.items()},
             **{f"{kind}_staleness": float(np.mean([tau for _, tau in r])) for kind, r in runs.items()},
         }

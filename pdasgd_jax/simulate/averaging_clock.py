@@ -24,12 +24,13 @@ from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
 
 
 def _step_costs(timing: TimingModel, delays: DelayModel, num_workers: int, steps: int, seed: int) -> np.ndarray:
-    """``(steps, workers)`` durations: compute at each worker's speed plus its injected idle time."""
+    """``(steps, workers)`` durations: the host's batch transfer (``host_step``), compute at
+    each worker's speed, and its injected idle time."""
     costs = np.empty((steps, num_workers))
     for w in range(num_workers):
         rng = rng_for(seed, "step-delays", w)
         compute = timing.train_step_time(w)
-        costs[:, w] = [compute + delays.idle_time(rng, compute) for _ in range(steps)]
+        costs[:, w] = [timing.host_step + compute + delays.idle_time(rng, compute) for _ in range(steps)]
     return costs
 
 

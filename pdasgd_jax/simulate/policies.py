@@ -10,7 +10,8 @@ delay per job, after its part of the job (idle time: the device is free meanwhil
   its pull starts), as the runtime's fused job does, charged that program's calibrated
   cost (``Simulation.job_program_time``), then pushes every stage's gradient.
 * PD-ASGD (§3): per replica ``F`` forward workers feed ``B`` backward workers
-  through a channel of capacity ``Q`` (a full channel blocks the forward worker); a
+  through a channel of capacity ``Q`` (a forward worker reserves a slot before it reads
+  the weights, and waits there while all ``Q`` are taken, as the runtime's does); a
   backward pushes stage ``m``'s gradient right after stage ``m``'s backward (``layerwise``)
   or all of them after the whole backward (``pdasgd-block``). Every replica's workers read
   and update one shared store (``replication="shared"``).
@@ -18,8 +19,8 @@ delay per job, after its part of the job (idle time: the device is free meanwhil
 The shared store as the threaded runtime runs it (algorithms.md §3, §5):
 
 * **Where updates run.** Stage ``m`` lives on its home device ``sim.homes[m]``
-  (``Placement.stage_home``). Its updates run there, as update kernels (backward
-  priority) queued with that device's other kernels, and **one at a time** per stage
+  (``Placement.stage_home``). Its updates run there, as update kernels queued with that
+  device's other kernels in dispatch order, and **one at a time** per stage
   (``sim.stage_locks[m]``, taken before the kernel is queued and given back at its end,
   as the runtime's stage lock orders its updates), even on a device that runs several
   kernels at once. An update's write (``update_stage``: the new version, its staleness)
@@ -52,69 +53,78 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdasgd_jax.executor import Job
-from pdasgd_jax.simulate.scheduler import BACKWARD, Channel, Device, Get, Kernel, Launch, Put, Sleep, Worker
+from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Kernel, Launch, Put, Sleep, Worker, tokens
 from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
 
 
 def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Worker:
     """Stage forwards ``0..M-1`` and the loss. With ``stashed`` weights as one program, as the
     runtime's forward worker runs it (``fused_forward``); with ``live`` ones stage by stage,
-    each reading the stage current at its start (or at the start of its pull when remote)."""
+    each reading the stage current at its start (or at the start of its pull when remote),
+    all dispatched at once (one ticket), as the runtime's ``forward_all`` dispatches them."""
     ex, c = sim.executor, sim.costs[device.index]
     if not ex.live:
         yield from fused_forward(sim, job, device, worker, c.forward_all)
         return
+    ticket = sim.scheduler.ticket()
     for m in range(sim.num_stages):
         if c.transfer[m]:
             yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, worker=worker))
         yield Kernel(
-            device, c.forward[m], functools.partial(ex.forward_stage, job, m, commit_state=False, worker=worker)
+            device,
+            c.forward[m],
+            functools.partial(ex.forward_stage, job, m, commit_state=False, worker=worker),
+            ticket,
         )
         ex.commit_state(job, m, worker=worker)
-    yield Kernel(device, c.loss, functools.partial(ex.loss, job, worker=worker))
+    yield Kernel(device, c.loss, functools.partial(ex.loss, job, worker=worker), ticket)
 
 
 def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, layerwise: bool) -> Worker:
     """Stage backwards ``M-1..0``, pushing each gradient after its backward (``layerwise``)
-    or all at the end; returns once every update of the job has been applied."""
+    or all at the end; returns once every update of the job has been applied. The runtime's
+    backward worker dispatches all of these programs before it waits for any (one ticket:
+    nothing dispatched later runs between them on a device)."""
     ex, c = sim.executor, sim.costs[device.index]
     stages = range(sim.num_stages - 1, -1, -1)
     applied = Channel(sim.num_stages)
+    ticket = sim.scheduler.ticket()
     for m in stages:
         if layerwise and not ex.live and sim.homes[m] is device:
-            yield from _backward_and_update(sim, job, m, device, worker)
+            yield from _backward_and_update(sim, job, m, device, worker, ticket)
             yield Put(applied, m)
             continue
         if ex.live and c.transfer[m]:  # re-linearises at the current weights: pull them if remote
             yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, backward=True, worker=worker))
-        yield Kernel(device, c.backward[m], functools.partial(ex.backward_stage, job, m, worker=worker), BACKWARD)
+        yield Kernel(device, c.backward[m], functools.partial(ex.backward_stage, job, m, worker=worker), ticket)
         if layerwise:
-            yield from _push(sim, job, m, c.transfer[m], worker, applied)
+            yield from _push(sim, job, m, c.transfer[m], worker, applied, ticket)
     if not layerwise:
-        yield from _push_all(sim, job, c.transfer, worker)
+        yield from _push_all(sim, job, c.transfer, worker, ticket)
         return
     for _ in stages:
         yield Get(applied)
 
 
-def _push_all(sim: Simulation, job: Job, transfer: tuple[float, ...], worker: str) -> Worker:
-    """Pushes every stage's gradient (``M-1..0``) and returns once every update is applied."""
+def _push_all(sim: Simulation, job: Job, transfer: tuple[float, ...], worker: str, ticket: int) -> Worker:
+    """Pushes every stage's gradient (``M-1..0``) and returns once every update is applied;
+    the updates were dispatched with ``ticket``."""
     applied = Channel(sim.num_stages)
     stages = range(sim.num_stages - 1, -1, -1)
     for m in stages:
-        yield from _push(sim, job, m, transfer[m], worker, applied)
+        yield from _push(sim, job, m, transfer[m], worker, applied, ticket)
     for _ in stages:
         yield Get(applied)
 
 
-def _push(sim: Simulation, job: Job, m: int, transfer: float, worker: str, applied: Channel) -> Worker:
+def _push(sim: Simulation, job: Job, m: int, transfer: float, worker: str, applied: Channel, ticket: int) -> Worker:
     """Sends the job's ``g_m`` to stage ``m``'s home, then launches its update there."""
     if transfer:
         yield Sleep(transfer)
-    yield Launch(_update(sim, job, m, worker, applied))
+    yield Launch(_update(sim, job, m, worker, applied, ticket))
 
 
-def _backward_and_update(sim: Simulation, job: Job, m: int, device: Device, worker: str) -> Worker:
+def _backward_and_update(sim: Simulation, job: Job, m: int, device: Device, worker: str, ticket: int) -> Worker:
     """Stage ``m``'s stashed backward and its update as one program on ``device``, the
     stage's home, once no other update of the stage runs: the runtime's layer-wise backward
     worker runs a local stage so (``kernels.backward_update_stashed`` under the stage's
@@ -127,21 +137,21 @@ def _backward_and_update(sim: Simulation, job: Job, m: int, device: Device, work
         start.append(sim.scheduler.now)
         sim.executor.backward_stage(job, m, worker=worker)
 
-    yield Kernel(device, sim.costs[device.index].backward_update[m], backward, BACKWARD)
+    yield Kernel(device, sim.costs[device.index].backward_update[m], backward, ticket)
     sim.executor.update_stage(job, m, worker=worker)
     if sim.on_update is not None:
         sim.on_update(UpdateSpan(m, device.index, job.id, start[0], sim.scheduler.now))
     yield Put(lock, None)
 
 
-def _update(sim: Simulation, job: Job, m: int, worker: str, applied: Channel) -> Worker:
+def _update(sim: Simulation, job: Job, m: int, worker: str, applied: Channel, ticket: int) -> Worker:
     """Stage ``m``'s update of ``job`` on its home device, once no other update of the
     stage runs; tells ``applied`` when written."""
     home, lock = sim.homes[m], sim.stage_locks[m]
     yield Get(lock)
     start: list[float] = []
     at_start = None if sim.on_update is None else lambda: start.append(sim.scheduler.now)
-    yield Kernel(home, sim.update_costs[m], at_start, BACKWARD)
+    yield Kernel(home, sim.update_costs[m], at_start, ticket)
     sim.executor.update_stage(job, m, worker=worker)
     if sim.on_update is not None:
         sim.on_update(UpdateSpan(m, home.index, job.id, start[0], sim.scheduler.now))
@@ -154,22 +164,25 @@ def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
     rng = sim.delay_rng(name)
     compute = sim.job_compute(device)
     while (job := (yield from sim.take_job(name))) is not None:
-        yield from gradient_program(sim, job, device, name)
-        yield from _push_all(sim, job, sim.costs[device.index].transfer, name)
+        ticket = sim.scheduler.ticket()  # the runtime dispatches the job and its updates at once
+        yield from gradient_program(sim, job, device, name, ticket)
+        yield from _push_all(sim, job, sim.costs[device.index].transfer, name, ticket)
         sim.job_done(job)
         yield sim.idle(rng, compute)
 
 
-def gradient_program(sim: Simulation, job: Job, device: Device, worker: str) -> Worker:
+def gradient_program(sim: Simulation, job: Job, device: Device, worker: str, ticket: int | None = None) -> Worker:
     """A whole job's gradient as one device program, as an ASGD worker runs it (the runtime's
     fused job, and any Hogwild! step): ``fused_forward`` for the program's calibrated time
     (not its per-stage kernels' sum: one launch, not one per kernel), its backward inside."""
-    yield from fused_forward(sim, job, device, worker, sim.costs[device.index].job)
+    yield from fused_forward(sim, job, device, worker, sim.costs[device.index].job, ticket)
     for m in reversed(range(sim.num_stages)):
         sim.executor.backward_stage(job, m, worker=worker)
 
 
-def fused_forward(sim: Simulation, job: Job, device: Device, worker: str, cost: float) -> Worker:
+def fused_forward(
+    sim: Simulation, job: Job, device: Device, worker: str, cost: float, ticket: int | None = None
+) -> Worker:
     """A job's forward and loss in one device program of ``cost`` seconds: remote stages are
     pulled first (each read when its pull starts), local stages are read when the program
     starts, and the device runs it without another job's kernel in between."""
@@ -184,28 +197,35 @@ def fused_forward(sim: Simulation, job: Job, device: Device, worker: str, cost: 
             ex.forward_stage(job, m, commit_state=False, worker=worker)
         ex.loss(job, worker=worker)
 
-    yield Kernel(device, cost, read_and_compute)
+    yield Kernel(device, cost, read_and_compute, ticket)
     for m in stages:
         ex.commit_state(job, m, worker=worker)
 
 
-def forward_worker(sim: Simulation, device: Device, name: str, channel: Channel) -> Worker:
-    """PD-ASGD forward worker: forward a batch, hand the job to the backward workers."""
+def forward_worker(sim: Simulation, device: Device, name: str, channel: Channel, slots: Channel) -> Worker:
+    """PD-ASGD forward worker: take a batch, reserve a slot of the replica's queue (one of
+    ``slots``' tokens), forward, hand the job to the backward workers. As the runtime's
+    forward worker, it reads the weights only once its job has a slot: a full queue holds
+    it before its read, not after (algorithms.md §7)."""
     rng = sim.delay_rng(name)
     compute = sim.forward_compute(device)
     while (job := (yield from sim.take_job(name))) is not None:
+        yield Get(slots)
         yield from forward_pass(sim, job, device, name)
-        yield Put(channel, job)
+        yield Put(channel, job)  # never blocks: the slot was reserved
         yield sim.idle(rng, compute)
 
 
-def backward_worker(sim: Simulation, device: Device, name: str, channel: Channel, *, layerwise: bool) -> Worker:
-    """PD-ASGD backward worker: take a job, backward with (layer-wise) updates; runs until
-    no job will come (it then stays blocked and the simulation ends)."""
+def backward_worker(
+    sim: Simulation, device: Device, name: str, channel: Channel, slots: Channel, *, layerwise: bool
+) -> Worker:
+    """PD-ASGD backward worker: take a job (freeing its slot), backward with (layer-wise)
+    updates; runs until no job will come (it then stays blocked and the simulation ends)."""
     rng = sim.delay_rng(name)
     compute = sim.backward_compute(device)
     while True:
         job = yield Get(channel)
+        yield Put(slots, None)
         yield from backward_pass(sim, job, device, name, layerwise=layerwise)
         sim.job_done(job)
         yield sim.idle(rng, compute)
@@ -228,17 +248,17 @@ def spawn_pdasgd(
     replica_ids: Sequence[int] | None = None,
 ) -> None:
     """Per replica (group; by default one per device) ``F`` forward and ``B`` backward
-    workers and a channel of capacity ``Q``. ``replica_ids`` names the groups' replicas in
+    workers and a channel of capacity ``Q`` (with ``Q`` slot tokens). ``replica_ids`` names the groups' replicas in
     the run (default ``0, 1, ...``): a replicated run's device simulations each hold some."""
     ids = range(len(sim.group_devices)) if replica_ids is None else replica_ids
     for g, device in zip(ids, sim.group_devices, strict=True):
-        channel = Channel(queue)
+        channel, slots = Channel(queue), tokens(queue)
         for i in range(forward_workers):
             name = f"d{g}/forward{i}"
-            sim.scheduler.spawn(name, forward_worker(sim, device, name, channel))
+            sim.scheduler.spawn(name, forward_worker(sim, device, name, channel, slots))
         for i in range(backward_workers):
             name = f"d{g}/backward{i}"
-            sim.scheduler.spawn(name, backward_worker(sim, device, name, channel, layerwise=layerwise))
+            sim.scheduler.spawn(name, backward_worker(sim, device, name, channel, slots, layerwise=layerwise))
 
 
 def spawn_configured(sim: Simulation, config: Any, replica_ids: Sequence[int] | None = None) -> None:

@@ -2,11 +2,13 @@
 
 Simulated workers are generators that yield requests to the scheduler:
 
-* ``Kernel(device, work, at_start, priority)``: ``work`` seconds of device work. The
-  device starts it when a slot is free; ``at_start()`` runs at that instant (this is when a
-  kernel *reads*: the store's versions current at its virtual start), and the worker
-  resumes at its end (so code after the ``yield`` runs at the end: this is when it
-  *writes*).
+* ``Kernel(device, work, at_start, dispatched)``: ``work`` seconds of device work. The
+  device starts it when a slot is free and every kernel dispatched before it has started
+  (a device's queue runs in dispatch order, as a real device's does; ``dispatched`` is the
+  ``Scheduler.ticket()`` of the burst it was dispatched in, default: when it is requested);
+  ``at_start()`` runs at that instant (this is when a kernel *reads*: the store's versions
+  current at its virtual start), and the worker resumes at its end (so code after the
+  ``yield`` runs at the end: this is when it *writes*).
 * ``Sleep(duration, at_start)``: idle time (injected delays, communication): no device
   work. An ``at_start`` runs first, among the current instant's reads (a pull reads the
   stage when its transfer starts).
@@ -50,16 +52,23 @@ from typing import Any, NamedTuple
 from pdasgd_jax.delays import TimingModel
 
 END, START = 0, 1  # event phases: at one instant, writes before reads
-BACKWARD, FORWARD = 0, 1  # kernel priorities on a device: lower runs first
 
 
 class Kernel(NamedTuple):
-    """Device work of ``work`` seconds (at full speed); see the module docstring."""
+    """Device work of ``work`` seconds (at full speed); see the module docstring.
+
+    ``dispatched``: the ticket (``Scheduler.ticket()``) of the moment the kernel was
+    dispatched to the device. A worker that dispatches several programs at once (a job's
+    backward and its updates, as the threaded runtime does: JAX returns from each call at
+    once) requests them one after another on the clock, each when the previous ends, but
+    gives them all the ticket of the burst, so no kernel dispatched later runs between
+    them. None: dispatched when requested.
+    """
 
     device: Device
     work: float
     at_start: Callable[[], Any] | None = None
-    priority: int = FORWARD
+    dispatched: int | None = None
 
 
 class Sleep(NamedTuple):
@@ -118,12 +127,18 @@ class Channel:
         self.putters: collections.deque[tuple[Process, Any]] = collections.deque()
 
 
+def tokens(n: int) -> Channel:
+    """A semaphore of ``n`` tokens: ``yield Get(sem)`` takes one (in arrival order, waiting
+    while none is left), ``yield Put(sem, None)`` gives it back."""
+    sem = Channel(n)
+    sem.items.extend([None] * n)
+    return sem
+
+
 def mutex() -> Channel:
     """A lock for simulated workers: ``yield Get(lock)`` acquires it (in arrival order),
     ``yield Put(lock, None)`` releases it."""
-    lock = Channel(1)
-    lock.items.append(None)
-    return lock
+    return tokens(1)
 
 
 class _Running:
@@ -142,10 +157,12 @@ class Device:
     Running kernels share it: each progresses at ``timing.kernel_rate(n)`` of its solo speed
     while ``n`` run (``min(n, concurrency) / n``). With the default
     concurrency 1 the device runs one kernel at a time and the others wait. Waiting
-    kernels start by priority (backward and update kernels before forward kernels), then
-    first come first served: a backward publishes updates and frees stored activations
-    sooner, the choice 1F1B pipeline schedules make; it also makes one device without
-    delays run PD-ASGD's jobs strictly one after another, i.e. plain SGD.
+    kernels start in dispatch order (``Kernel.dispatched``, then first come first served),
+    as a real device runs what its host threads enqueued: no kernel overtakes one dispatched
+    before it. So a read at a kernel's start sees exactly the writes of the kernels
+    dispatched before it, which is what the threaded runtime's read at dispatch gets (its
+    versions are booked at dispatch, and the device computes them in that order;
+    algorithms.md §5).
     """
 
     def __init__(self, scheduler: Scheduler, index: int, timing: TimingModel):
@@ -167,7 +184,7 @@ class Device:
             self._admit, self.request = self._admit_solo, self._request_solo
 
     def request(self, proc: Process, kernel: Kernel) -> None:
-        heapq.heappush(self._waiting, (kernel.priority, next(self.scheduler._seq), proc, kernel))
+        self._enqueue(proc, kernel)
         if not self._admit_pending and len(self._running) < self.slots:
             self._admit_pending = True
             self.scheduler.call(START, self._admit)
@@ -178,10 +195,15 @@ class Device:
             # first), so starting now is what the admission event would do next.
             self._start_solo(proc, kernel)
             return
-        heapq.heappush(self._waiting, (kernel.priority, next(self.scheduler._seq), proc, kernel))
+        self._enqueue(proc, kernel)
         if not self._admit_pending and not self._solo_busy:
             self._admit_pending = True
             self.scheduler.call(START, self._admit)
+
+    def _enqueue(self, proc: Process, kernel: Kernel) -> None:
+        seq = next(self.scheduler._seq)
+        ticket = seq if kernel.dispatched is None else kernel.dispatched
+        heapq.heappush(self._waiting, (ticket, seq, proc, kernel))
 
     def _admit_solo(self) -> None:
         self._admit_pending = False
@@ -266,6 +288,10 @@ class Scheduler:
 
     def call(self, phase: int, fn: Callable, *args: Any) -> None:
         self.call_at(self.now, phase, fn, *args)
+
+    def ticket(self) -> int:
+        """A dispatch ticket for ``Kernel.dispatched``: later than every kernel requested so far."""
+        return next(self._seq)
 
     def alone_at_now(self) -> bool:
         """Whether the run goes on and no other event is scheduled at the current instant."""

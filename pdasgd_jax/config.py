@@ -148,7 +148,8 @@ class Config:
     straggler_devices: int = _field(
         0,
         "persistent stragglers: the last N devices run every operation --straggler-factor times slower, "
-        "whatever the delay model (0 <= N < devices; --simulate, or the threaded asgd, pdasgd, pdasgd-block, lpp)",
+        "whatever the delay model (0 <= N < devices; --simulate, or the threaded asgd, pdasgd, pdasgd-block, lpp); "
+        "they run worker groups but hold no shared stage (stage homes go round-robin over the other devices)",
         group="delays",
     )
     comm_latency: float = _field(

@@ -375,10 +375,17 @@ def straggler_factors(num_devices: int, stragglers: int, factor: float) -> tuple
     """Speed factors of ``num_devices`` devices whose last ``stragglers`` are ``factor`` times slower.
 
     ``--straggler-devices N --straggler-factor F``, one rule for the simulator (``with_stragglers``)
-    and the threaded runtime (``RuntimeSettings.device_factors``). The *last* devices straggle:
-    stage homes and worker groups go round-robin from device 0 (``pdasgd_jax.placement``), so
-    with more devices than stages no straggler is a stage's home and the straggler slows its
-    own workers' compute, not every update of a stage.
+    and the threaded runtime (``RuntimeSettings.device_factors``). The *last* devices straggle.
+    No stage is homed on a straggler (``pdasgd_jax.placement``: homes go round-robin over the
+    fastest devices, here the first ``num_devices - N``), so a straggler slows the worker
+    groups it runs, never every update of a shared stage; worker groups still go round-robin
+    over every device.
+
+    What F slows differs between the two (README, ``--straggler-devices``): on the simulator's
+    clock the device runs each of its kernels F times longer, so workers sharing it queue behind
+    the slowed kernels; on threads each worker on the device sleeps ``(F - 1)`` times each job's
+    measured time after it (``runtime.workers``), a sleep that does not hold the device, and
+    that time includes the waits for its pushes and updates on the (fast) home devices.
 
     Example::
 

@@ -13,13 +13,16 @@ from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import EventKind, EventLog
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
+from pdasgd_jax.placement import Placement
 from pdasgd_jax.runtime import Runtime, RuntimeSettings
 from pdasgd_jax.runtime.lpp import LppRuntime
 from pdasgd_jax.runtime.workers import Worker
+from pdasgd_jax.simulate import run as sim_run
 from pdasgd_jax.simulate import run_simulated
+from pdasgd_jax.simulate.simulation import Simulation
 
 F = 4.0
-DEVICES = 4  # more than the MLP's 3 stages: the straggler (device 3) is no stage's home
+DEVICES = 4  # the straggler (device 3) is no stage's home: the MLP's 3 stages live on devices 0-2
 # Dyadic costs and free updates: a device's busy time is exactly its jobs' compute.
 TIMING = delays.TimingModel(forward=(1.0, 1.0, 1.0), backward=(2.0, 2.0, 2.0), update=(0.0, 0.0, 0.0), loss=0.5)
 
@@ -72,6 +75,42 @@ def test_straggler_factors_are_the_last_devices():
     assert delays.with_stragglers(timing, 3, 0, 3.0) is timing
 
 
+# Stage homes ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "devices, stages, stragglers",
+    [(4, 16, 1), (16, 16, 1), (4, 3, 2), (2, 3, 1), (8, 5, 3), (16, 16, 15), (3, 2, 1)],
+)
+def test_no_stage_is_homed_on_a_straggler(devices, stages, stragglers):
+    """Homes go round-robin over the full-speed devices; worker groups still use every device."""
+    factors = delays.straggler_factors(devices, stragglers, F)
+    p = Placement(devices, devices, stages, factors)
+    p.validate()
+    fast = devices - stragglers
+    assert p.homes() == tuple(m % fast for m in range(stages))
+    assert all(factors[h] == 1.0 for h in p.homes())
+    assert len(set(p.homes())) == min(stages, fast)  # spread over every full-speed device
+    assert [p.group_device(g) for g in range(devices)] == list(range(devices))
+    assert all(p.is_remote(m, devices - 1) for m in range(stages))  # the straggler holds nothing
+
+
+@pytest.mark.parametrize("devices, stages", [(4, 16), (16, 16), (2, 3), (5, 7)])
+def test_without_stragglers_stage_m_lives_on_device_m_mod_d(devices, stages):
+    for factors in ((), delays.straggler_factors(devices, 0, F), (2.0,) * devices):
+        assert Placement(devices, devices, stages, factors).homes() == tuple(m % devices for m in range(stages))
+
+
+def test_stage_homes_avoid_every_device_slower_than_the_fastest():
+    assert Placement(4, 4, 4, (2.0, 2.0, 3.0, 2.0)).homes() == (0, 1, 3, 0)  # heterogeneous, none at 1
+    assert Placement(4, 4, 2, (2.0, 2.0, 3.0)).homes() == (3, 3)  # device 3, unlisted, has factor 1
+    assert Placement(3, 3, 4, (1.0, 2.0, 0.5)).homes() == (2, 2, 2, 2)  # a faster-than-nominal device
+    with pytest.raises(ValueError, match=r"device factor 0.0 of device 1 must be a finite number > 0"):
+        Placement(2, 2, 1, (1.0, 0.0)).validate()
+    with pytest.raises(ValueError, match=r"3 device factors for 2 devices"):
+        Placement(2, 2, 1, (1.0, 1.0, 1.0)).validate()
+
+
 # Simulator ------------------------------------------------------------------------------------
 
 
@@ -106,6 +145,28 @@ def test_a_simulated_straggler_device_is_busy_f_times_as_long_per_job(base, algo
     for d in range(DEVICES - 1):
         assert per_job[-1] == pytest.approx(F * per_job[d])
     assert jobs[-1] < min(jobs[:-1])  # it falls behind
+
+
+def test_the_simulator_and_the_runtime_home_no_stage_on_the_straggler(base, monkeypatch):
+    """PD-ASGD on 2 devices, device 1 straggling: the MLP's 3 stages (round-robin: 0, 1, 0)
+    all live on device 0, in the simulated run and in the threaded runtime alike."""
+    sims = []
+
+    class RecordingSimulation(Simulation):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            sims.append(self)
+
+    monkeypatch.setattr(sim_run, "Simulation", RecordingSimulation)
+    result, log = _simulate(base, "pdasgd", replicas=2, devices=2)
+    (sim,) = sims
+    assert [home.index for home in sim.homes] == [0, 0, 0]
+    assert result.step > 0 and {e.worker.split("/")[0] for e in log.events} == {"d0", "d1"}  # both groups ran
+    exp = base.with_config(algo="pdasgd", replicas=2, devices=2, straggler_devices=1, straggler_factor=F)
+    settings = RuntimeSettings.from_config(exp)
+    rt = Runtime(exp, settings)
+    assert rt.store.home_devices == (settings.devices[0],) * 3 == settings.home_devices(3)
+    assert settings.placement(3) == sim.placement  # one rule, fed the same factors
 
 
 @pytest.mark.parametrize(

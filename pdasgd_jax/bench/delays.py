@@ -178,7 +178,8 @@ def time_to_target(
         eval_every=protocol.eval_every,
         delay_model="exponential" if k else "none",
         delay_mean=k,
-        # --straggler-devices: the last device (no stage's home, W > M: it slows compute, not every update)
+        # --straggler-devices: the last device; no stage is homed on it (placement), so it slows
+        # its own workers' compute, not every update of a stage, whatever W and the model's M.
         straggler_devices=int(straggler),
         straggler_factor=STRAGGLER_FACTOR,
     )

@@ -38,7 +38,8 @@ class RuntimeSettings:
       devices: the devices used. Worker groups and stage homes (where a stage's parameters
         live and its updates run) are spread over them round-robin by
         ``pdasgd_jax.placement.Placement``, the simulator's rule, so updates of different
-        stages land on different devices (``replication="shared"``).
+        stages land on different devices (``replication="shared"``); no stage is homed on a
+        straggler (a device of ``device_factors`` above the smallest).
       groups: ``asgd``: the number of workers W; ``pdasgd``: the number of replicas, each
         with ``forward_workers`` F, ``backward_workers`` B and one queue of
         ``queue_capacity`` Q between them; ``lpp``: the threads, a multiple of the devices.
@@ -143,7 +144,7 @@ class RuntimeSettings:
 
     def placement(self, num_stages: int) -> Placement:
         """Groups and stages on the devices: the simulator's rule (``pdasgd_jax.placement``)."""
-        return Placement(len(self.devices), self.groups, num_stages)
+        return Placement(len(self.devices), self.groups, num_stages, self.device_factors)
 
     def device(self, group: int) -> jax.Device:
         return self.devices[self.placement(1).group_device(group)]

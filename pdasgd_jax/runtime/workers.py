@@ -38,8 +38,11 @@ before its injected delay, so every job of it takes F times as long; that sleep 
 the slow device computing and is booked as ``busy``. Its first job is not slowed: its busy
 time includes compiling the worker's programs, which is not device compute (F times a
 compilation would stall a short run). It slows the worker, not the device:
-other workers on the device may use it meanwhile (the simulator, whose devices run one
-kernel at a time by default, slows the device itself, stage updates homed there included).
+other workers on the device may use it meanwhile, and the slowed time includes the job's
+waits for its pushes and updates on their home devices (the simulator, whose devices run
+one kernel at a time by default, slows the device's kernels instead). Either way no stage
+is homed on a straggling device (``pdasgd_jax.placement``), so no stage's every update waits
+for it.
 """
 
 from __future__ import annotations

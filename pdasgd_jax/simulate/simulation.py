@@ -49,7 +49,7 @@ class Simulation:
       batches: the training stream; a job takes the next batch (its id is its position).
       max_jobs: jobs to start in all (the example budget over the per-worker batch).
       num_devices: simulated devices; ``self.placement`` (the runtime's rule) puts groups
-        and stage homes on them.
+        and stage homes on them, the homes on the fastest devices (``timing``'s factors).
       on_job_done: called with each job once all its updates are applied.
       drain_at: job counts where no job starts until every started one is done (the
         threaded runtime's pauses at evaluations; see ``take_job``).
@@ -84,7 +84,10 @@ class Simulation:
         on_update: Callable[[UpdateSpan], None] | None = None,
         drain_at: Iterable[int] = (),
     ):
-        self.placement = Placement(num_devices, groups or num_devices, executor.store.num_stages)
+        # Stage homes avoid the devices slower than the fastest (--straggler-devices): the
+        # runtime's rule, fed the same per-device factors.
+        factors = tuple(timing.worker_factor(d) for d in range(num_devices))
+        self.placement = Placement(num_devices, groups or num_devices, executor.store.num_stages, factors)
         self.placement.validate()
         if timing.num_stages != executor.store.num_stages:
             raise ValueError(

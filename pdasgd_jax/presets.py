@@ -41,39 +41,19 @@ _CIFAR = dict(
     augment="crop-flip",
     epochs=200.0,
 )
+# Both recurrent tasks: Adam(W) at a constant rate, no weight decay or augmentation.
+_LSTM = dict(model="lstm", optimizer="adamw", weight_decay=0.0, lr_schedule="constant", warmup=0.0, augment="none")
 
 PRESETS: dict[str, Preset] = {
     "cifar10-resnet18": Preset("ResNet-18 on CIFAR-10 (PD-ASGD's vision task)", {"dataset": "cifar10", **_CIFAR}),
     "cifar100-resnet18": Preset("ResNet-18 on CIFAR-100 (PD-ASGD's vision task)", {"dataset": "cifar100", **_CIFAR}),
     "imdb-lstm": Preset(
         "LSTM on IMDb reviews (PD-ASGD's language task)",
-        dict(
-            dataset="imdb_reviews",
-            model="lstm",
-            optimizer="adamw",
-            lr=1e-3,
-            weight_decay=0.0,
-            batch_size=64,
-            lr_schedule="constant",
-            warmup=0.0,
-            augment="none",
-            epochs=10.0,
-        ),
+        dict(dataset="imdb_reviews", lr=1e-3, batch_size=64, epochs=10.0, **_LSTM),
     ),
     "mnist1d-lstm": Preset(
         "LSTM on MNIST-1D's signals as tokens (an offline recurrent task)",
-        dict(
-            dataset="mnist1d-tokens",
-            model="lstm",
-            optimizer="adamw",
-            lr=3e-3,
-            weight_decay=0.0,
-            batch_size=32,
-            lr_schedule="constant",
-            warmup=0.0,
-            augment="none",
-            epochs=5.0,
-        ),
+        dict(dataset="mnist1d-tokens", lr=3e-3, batch_size=32, epochs=5.0, **_LSTM),
     ),
 }
 

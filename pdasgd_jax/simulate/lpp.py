@@ -187,6 +187,7 @@ def run_device_groups(
     checkpointer: RunCheckpointer | None = None,
     capture: Callable[[list[Simulation]], Any] | None = None,
     restore: Callable[[list[Simulation], StageKernelsProtocol], None] | None = None,
+    trace: Callable[[int, Any], None] | None = None,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """One store per device, averaged across devices: the clock, stores and data of LPP-SGD
     and of replicated ASGD/PD-ASGD (``simulate/replicas.py``).
@@ -202,6 +203,7 @@ def run_device_groups(
     ``capture(sims)``; a run resumed from one replays its schedule on abstract kernels up to
     that job, then ``restore(sims, real_kernels)`` loads the values and the run goes on with
     the real kernels, ending bitwise where the uninterrupted run ends (``simulate/resume.py``).
+    ``trace(device, span)``, if given, sees each device's updates (``UpdateSpan``).
     """
     config = exp.config
     v = exp.variables
@@ -259,6 +261,7 @@ def run_device_groups(
             device=d,
             budget=budget,
             groups=replicas // devices,
+            on_update=None if trace is None else functools.partial(trace, d),
         )
         for d, store in enumerate(stores)
     ]

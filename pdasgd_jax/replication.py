@@ -142,6 +142,11 @@ class GroupRounds:
             "merge_wait": {"per_group": list(self.merge_wait), "waits": self.waits},
         }
 
+    @property
+    def merges_running(self) -> int:
+        """Groups whose charged merge has begun and not ended (a checkpoint may fall inside one)."""
+        return sum(self._merging)
+
     def _book(self, g: int, count: int) -> None:
         """Queues what falls due at ``count`` completed jobs (the rule's order) and does it."""
         h, d = self.rule.period, self.rule.delay

@@ -163,8 +163,9 @@ def _traced(exp, timing, **changes):
     spans: dict[int, list] = {}
     delay = DelayModel.from_config(run.config, timing.step_compute_time())
     config = run.config
+    trace = lambda g, span: spans.setdefault(g, []).append(span)
     result, now, utilisation, _ = run_replicated(
-        run, metrics, None, timing, delay, config.devices, config.replicas, trace=lambda g, s: spans.setdefault(g, []).append(s)
+        run, metrics, None, timing, delay, config.devices, config.replicas, trace=trace
     )
     return result, now, utilisation, spans
 

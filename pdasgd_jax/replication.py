@@ -264,3 +264,43 @@ class GroupRounds:
         """Replaces the rounds' values by ``values`` (of a replayed ``values()``'s structure)."""
         for k, snapshots, means in values:
             self._rounds[k].snapshots, self._rounds[k].means = list(snapshots), means
+
+    def checkpoint(self) -> tuple[dict[str, Any], list[tuple[list[Snapshot | None], list[Snapshot] | None]]]:
+        """The whole schedule as JSON (counts, due actions, rounds in flight and which of their
+        values exist, the waits) and the rounds' values: what a threaded run checkpoints at a
+        pause of every group between jobs (``restore`` is its inverse). A wait under way is
+        saved as not yet waited: it counts again from the resume."""
+        in_flight = sorted(self._rounds.items())
+        schedule = {
+            "counts": list(self.counts),
+            "due": [[[action, k] for action, k in due] for due in self._due],
+            "rounds": [
+                {
+                    "k": k,
+                    "snapshots": [s is not None for s in r.snapshots],
+                    "means": r.means is not None,
+                    "merged": r.merged,
+                }
+                for k, r in in_flight
+            ],
+            "merge_wait": list(self.merge_wait),
+            "waits": self.waits,
+            "rounds_merged": self.rounds_merged,
+        }
+        return schedule, [(list(r.snapshots), r.means) for _, r in in_flight]
+
+    def restore(
+        self, schedule: dict[str, Any], values: list[tuple[list[Snapshot | None], list[Snapshot] | None]]
+    ) -> None:
+        """Loads a ``checkpoint`` (instead of ``start``); a group whose next due action is a
+        merge of a round whose mean has not arrived is paused again."""
+        self.counts = list(schedule["counts"])
+        self._due = [collections.deque((action, k) for action, k in due) for due in schedule["due"]]
+        self._rounds = {
+            r["k"]: _Round(list(snapshots), means, r["merged"])
+            for r, (snapshots, means) in zip(schedule["rounds"], values, strict=True)
+        }
+        self.merge_wait, self.waits = list(schedule["merge_wait"]), schedule["waits"]
+        self.rounds_merged = schedule["rounds_merged"]
+        for g in range(len(self.stores)):
+            self._work(g)

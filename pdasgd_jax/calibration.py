@@ -236,7 +236,8 @@ def _averaging_times(params: tuple, states: tuple, repeats: int) -> tuple[list[f
 
     rule = AveragingRule(period=1, delay=0, merge="correct")
     merge = [_median_time(merge_program, rule, p, p, p, repeats=repeats) for p in params]
-    device = next(iter(jax.tree.leaves(params)[0].devices()))
+    leaf = jax.tree.leaves(params)[0]
+    device = next(iter(leaf.devices())) if isinstance(leaf, jax.Array) else jax.devices()[0]
     average = _median_time(lambda tree: allreduce_mean([tree], (device,)), (params, states), repeats=repeats)
     return merge, average
 

@@ -4,11 +4,15 @@ A ``Calibration`` is a ``TimingModel`` of the real programs the algorithms run w
 evidence behind it. Its programs (``PROGRAMS``): every per-stage kernel (the stashing
 forward, the stashed backward, the optimizer update: PD-ASGD's layer-wise path), the loss,
 a job's whole gradient as one program (``kernels.job_gradients``: what an ASGD or LPP-SGD
-worker runs per job) and the fused whole-model training step (``kernels.train_step``: what
-a sync, local SGD or DaSGD worker runs per step); and the host work the synchronous loops do
-per step before their fused program (``host_step``: the batch's ``jax.device_put`` from host
-memory; the asynchronous workers hand host batches to their programs, which copy them
-inside the call, so that copy is in those programs' times). Each is timed on its own, as its
+worker runs per job), the fused whole-model training step (``kernels.train_step``: what
+a sync, local SGD or DaSGD worker runs per step), a replicated run's averaging (each
+stage's merge, ``replication.merge_program``, and the mean's program on a device: the
+runtime's ``allreduce_mean`` over this one device, its per-leaf dispatches and arithmetic;
+the reduction across several devices adds the network's cost, priced by ``CommModel``), and
+the host work the synchronous loops do per step before their fused program (``host_step``:
+the batch's ``jax.device_put`` from host memory; the asynchronous workers hand host batches
+to their programs, which copy them inside the call, so that copy is in those programs'
+times). Each is timed on its own, as its
 algorithm launches it: on a device where a launch costs as much as a small model's
 compute, a fused program costs several times less than the sum of its per-stage kernels.
 
@@ -57,16 +61,18 @@ from pdasgd_jax.cache import CACHE_DIR
 from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.kernels import StageKernels, TrainState
+from pdasgd_jax.optim import AveragingRule
+from pdasgd_jax.replication import merge_program
 from pdasgd_jax.reporting import write_json_atomic
 
 PyTree = Any
 # Bumped whenever what a calibration holds changes: the fingerprint hashes it, so every
 # cached file of an older format is measured afresh, and ``load`` refuses one by name.
-FORMAT = "pdasgd-jax-calibration-4"
-KERNELS = ("forward", "backward", "update", "backward_update")  # per stage
+FORMAT = "pdasgd-jax-calibration-5"
+KERNELS = ("forward", "backward", "update", "backward_update", "merge")  # per stage
 FUSED = ("job_gradients", "train_step", "forward_all")  # whole-model programs, one cost each
 HOST = ("host_step",)  # a synchronous loop's host work per step: its batch's device_put
-PROGRAMS = (*KERNELS, "loss", *FUSED, *HOST)
+PROGRAMS = (*KERNELS, "loss", *FUSED, "average", *HOST)
 _FLOAT_LITERAL = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
 
@@ -115,8 +121,8 @@ class Calibration:
         if isinstance(fmt, str) and fmt.startswith(FORMAT.rsplit("-", 1)[0] + "-") and fmt != FORMAT:
             raise ValueError(
                 f"it is of format {fmt!r}, written by an older pdasgd_jax that did not time every program "
-                f"this one charges (the fused {', '.join(FUSED)}, per-stage backward_update and the host's "
-                f"batch transfer {HOST[0]}; format {FORMAT!r})"
+                f"this one charges (the fused {', '.join(FUSED)}, per-stage backward_update and merge, the "
+                f"average and the host's batch transfer {HOST[0]}; format {FORMAT!r})"
             )
         if fmt != FORMAT:
             raise ValueError(f'not a calibration (expected "format": {FORMAT!r})')
@@ -220,6 +226,7 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
     dev_x, dev_y = jax.device_put((host_x, host_y))
     step = _median_time(kernels.train_step, TrainState(params, states, opt_states), dev_x, dev_y, repeats=repeats)
     forward_all = _median_time(kernels.forward_all_stashed, params, states, x, y, repeats=repeats)
+    merge, average = _averaging_times(params, states, repeats)
     return TimingModel(
         forward,
         backward,
@@ -230,7 +237,22 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
         forward_all=forward_all,
         backward_update=backward_update,
         host_step=host_step,
+        merge=merge,
+        average=average,
     )
+
+
+def _averaging_times(params: tuple, states: tuple, repeats: int) -> tuple[list[float], float]:
+    """A replicated run's merge of each stage and its mean's program on one device, called as
+    the runtime calls them (``replication.merge_program``, ``allreduce_mean``)."""
+    from pdasgd_jax.runtime.replicas import allreduce_mean  # here: it imports experiment, which imports this module
+
+    rule = AveragingRule(period=1, delay=0, merge="correct")
+    merge = [_median_time(merge_program, rule, p, p, p, repeats=repeats) for p in params]
+    leaf = jax.tree.leaves(params)[0]
+    device = next(iter(leaf.devices())) if isinstance(leaf, jax.Array) else jax.devices()[0]
+    average = _median_time(lambda tree: allreduce_mean([tree], (device,)), (params, states), repeats=repeats)
+    return merge, average
 
 
 def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
@@ -243,7 +265,7 @@ def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
     medians, spread = {}, {}
     for name in KERNELS:
         medians[name], spread[name] = per_stage(name)
-    for name in ("loss", *FUSED, *HOST):
+    for name in ("loss", *FUSED, "average", *HOST):
         values = [getattr(r, name) for r in rounds]
         medians[name], spread[name] = statistics.median(values), [min(values), max(values)]
     steps = [r.step_compute_time() for r in rounds]

@@ -146,6 +146,12 @@ class RunCheckpointer:
             return step
         return None
 
+    def latest_meta(self) -> dict[str, Any] | None:
+        """The newest intact checkpoint's meta (``None``: there is none): what a runner whose
+        saved state's structure varies reads first, to shape the ``like`` it resumes with."""
+        step = self.latest_step()
+        return None if step is None else self._restore_checked(step, None)[1]
+
     def restore_latest(self, like: PyTree) -> tuple[PyTree, dict[str, Any]] | None:
         """The newest intact checkpoint as ``(state shaped like like, meta)``, or ``None``.
 

@@ -228,6 +228,13 @@ class TimingModel:
         its loop does and ``train_step``'s cost (timed on a batch already on the device)
         leaves out. The asynchronous workers pass host batches to their programs, whose
         calibrated costs include that copy. 0: free (a hand-built or FLOP-derived timing).
+      merge: per stage, a replicated group's merge of an average into that stage
+        (``replication.merge_program``, algorithms.md §3a), run on the group's device under the
+        stage's lock. None: merges take no device time (a hand-built timing); calibrations
+        measure it.
+      average: the averaging all-reduce's program on each participating device (the
+        runtime's ``allreduce_mean`` of parameters and non-trainable state); the network's
+        ``comm.allreduce_time`` comes on top. None: no device time.
       worker_factors: slow-down factor of worker ``w`` (``3.0``: three times slower); a
         worker past the end of the tuple has factor 1, so ``(3.0,)`` is one straggler
         (``with_stragglers`` makes the last devices slow, as ``--straggler-devices`` does).
@@ -257,6 +264,8 @@ class TimingModel:
     forward_all: float | None = None
     backward_update: tuple[float, ...] | None = None
     host_step: float = 0.0
+    merge: tuple[float, ...] | None = None
+    average: float | None = None
 
     def __post_init__(self):
         for name in ("forward", "backward", "update", "worker_factors"):
@@ -272,17 +281,17 @@ class TimingModel:
                 _finite_non_negative(f"{name} cost of stage {m}", cost)
         _finite_non_negative("loss cost", self.loss)
         _finite_non_negative("host_step cost", self.host_step)
-        for name in ("job_gradients", "train_step", "forward_all"):
+        for name in ("job_gradients", "train_step", "forward_all", "average"):
             if getattr(self, name) is not None:
                 _finite_non_negative(f"{name} cost", getattr(self, name))
-        if self.backward_update is not None:
-            object.__setattr__(self, "backward_update", tuple(float(v) for v in self.backward_update))
-            _require(
-                len(self.backward_update) == len(self.forward),
-                f"backward_update has {len(self.backward_update)} stages, the model {len(self.forward)}",
-            )
-            for m, cost in enumerate(self.backward_update):
-                _finite_non_negative(f"backward_update cost of stage {m}", cost)
+        for name in ("backward_update", "merge"):
+            if getattr(self, name) is None:
+                continue
+            costs = tuple(float(v) for v in getattr(self, name))
+            object.__setattr__(self, name, costs)
+            _require(len(costs) == len(self.forward), f"{name} has {len(costs)} stages, the model {len(self.forward)}")
+            for m, cost in enumerate(costs):
+                _finite_non_negative(f"{name} cost of stage {m}", cost)
         for w, factor in enumerate(self.worker_factors):
             _require(math.isfinite(factor) and factor > 0, f"speed factor {factor!r} of worker {w} must be > 0")
         _require(
@@ -336,6 +345,14 @@ class TimingModel:
         """Stage ``m``'s stashed backward and update as one program on ``worker``."""
         cost = self.backward[m] + self.update[m] if self.backward_update is None else self.backward_update[m]
         return cost * self.worker_factor(worker)
+
+    def merge_time(self, m: int, worker: int = 0) -> float:
+        """A replicated group's merge of stage ``m`` on ``worker``'s device (0 when not given)."""
+        return (0.0 if self.merge is None else self.merge[m]) * self.worker_factor(worker)
+
+    def average_time(self, worker: int = 0) -> float:
+        """The averaging all-reduce's program on ``worker``'s device (0 when not given)."""
+        return (0.0 if self.average is None else self.average) * self.worker_factor(worker)
 
     def train_step_time(self, worker: int = 0) -> float:
         """One fused whole-model training step (gradient and updates) on ``worker``."""

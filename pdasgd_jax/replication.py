@@ -17,6 +17,12 @@ with DaSGD's delayed averaging (``optim.AveragingRule``), counted per group in c
   no new job; jobs already started finish) until it has, then merged and ``unpause(g)``d.
   Waits are summed per group (``merge_wait``) on the caller's clock.
 
+A merge is written at once, stage by stage, unless ``charge_merge`` is set: the virtual
+clock then runs it as device work (``charge_merge(g, k, writes, done)`` runs each stage's
+write under that stage's lock after the merge program's time on the group's device, and
+calls ``done()`` at the end); the group is paused meanwhile and its due actions (a snapshot
+after a merge with d = H) wait for ``done``.
+
 With one group nothing is averaged and nothing waits. Not thread-safe: the runtime calls it
 under one lock. ``abstract`` (a simulated run replaying its schedule to a checkpoint)
 evaluates the means and merges by shape only; ``values`` and ``load`` are the rounds in
@@ -46,7 +52,8 @@ Snapshot = tuple[PyTree, PyTree]  # a store's (params, states), one tree per sta
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _merged(rule: AveragingRule, local: PyTree, snapshot: PyTree, average: PyTree) -> PyTree:
+def merge_program(rule: AveragingRule, local: PyTree, snapshot: PyTree, average: PyTree) -> PyTree:
+    """One stage's merge (``rule.merge_tree``) as the one jitted program a group runs per stage."""
     return rule.merge_tree(local, snapshot, average)
 
 
@@ -76,6 +83,7 @@ class GroupRounds:
 
     ``on_merge``, if set, is called as ``on_merge(g, k)`` right after group ``g`` merged round
     ``k`` (in the merging thread, under the caller's lock): tests read the stores there.
+    ``charge_merge``, if set, runs merges as device work (see the module docstring).
     """
 
     def __init__(
@@ -99,6 +107,7 @@ class GroupRounds:
         self.abstract = False
         self.averaged = len(self.stores) > 1 if averaged is None else averaged
         self.on_merge: Callable[[int, int], None] | None = None
+        self.charge_merge: Callable[[int, int, list[Callable[[], None]], Callable[[], None]], None] | None = None
         self._pause, self._unpause, self._clock = pause, unpause, clock
         groups = len(self.stores)
         self.counts = [0] * groups
@@ -108,6 +117,8 @@ class GroupRounds:
         self._rounds: dict[int, _Round] = {}
         self._due: list[collections.deque[tuple[str, int]]] = [collections.deque() for _ in range(groups)]
         self._waiting_since: list[float | None] = [None] * groups
+        self._merging = [False] * groups  # a charged merge of the group is running
+        self._paused = [False] * groups
 
     def start(self) -> None:
         """Round 0: every group snapshots its starting store (before any job)."""
@@ -131,6 +142,11 @@ class GroupRounds:
             "merge_wait": {"per_group": list(self.merge_wait), "waits": self.waits},
         }
 
+    @property
+    def merges_running(self) -> int:
+        """Groups whose charged merge has begun and not ended (a checkpoint may fall inside one)."""
+        return sum(self._merging)
+
     def _book(self, g: int, count: int) -> None:
         """Queues what falls due at ``count`` completed jobs (the rule's order) and does it."""
         h, d = self.rule.period, self.rule.delay
@@ -141,26 +157,34 @@ class GroupRounds:
 
     def _work(self, g: int) -> None:
         """Does group ``g``'s due actions in order, stopping (and pausing it) at a merge whose
-        mean has not arrived."""
+        mean has not arrived or while a charged merge runs."""
         due = self._due[g]
-        while due:
+        while due and not self._merging[g]:
             action, k = due[0]
             if action == "snapshot":
                 self._snapshot(g, k)
             elif self._round(k).means is None:
                 if self._waiting_since[g] is None:
                     self._waiting_since[g] = self._clock()
-                    self._pause(g)
+                    self._set_paused(g, True)
                 return
             else:
+                if self._waiting_since[g] is not None:
+                    waited = self._clock() - self._waiting_since[g]
+                    self.merge_wait[g] += waited
+                    self.waits += waited > 0
+                    self._waiting_since[g] = None
+                due.popleft()
                 self._merge(g, k)
+                continue
             due.popleft()
-        if self._waiting_since[g] is not None:
-            waited = self._clock() - self._waiting_since[g]
-            self.merge_wait[g] += waited
-            self.waits += waited > 0
-            self._waiting_since[g] = None
-            self._unpause(g)
+        if not self._merging[g]:
+            self._set_paused(g, False)
+
+    def _set_paused(self, g: int, paused: bool) -> None:
+        if paused != self._paused[g]:
+            self._paused[g] = paused
+            (self._pause if paused else self._unpause)(g)
 
     def _round(self, k: int) -> _Round:
         if k not in self._rounds:
@@ -191,16 +215,39 @@ class GroupRounds:
                 self._work(g)
 
     def _merge(self, g: int, k: int) -> None:
+        """Group ``g`` merges round ``k``: at once, or as device work (``charge_merge``)."""
+        store = self.stores[g]
+        writes = [functools.partial(self._merge_stage, g, k, m) for m in range(store.num_stages)]
+        if self.charge_merge is None:
+            for write in writes:
+                write()
+            self._merged_round(g, k)
+            return
+        self._merging[g] = True
+        self._set_paused(g, True)
+
+        def done() -> None:
+            self._merging[g] = False
+            self._merged_round(g, k)
+            self._work(g)
+
+        self.charge_merge(g, k, writes, done)
+
+    def _merge_stage(self, g: int, k: int, m: int) -> None:
+        """Writes stage ``m`` of group ``g``'s merge of round ``k``. The round's values are read
+        now, not when the merge began: a resumed run loads them while a charged merge runs."""
         rnd = self._rounds[k]
         (snap_params, _), (mean_params, mean_states) = rnd.snapshots[g], rnd.means[g]
-        store = self.stores[g]
-        merged = functools.partial(_merged, self.rule)
+        merged = functools.partial(merge_program, self.rule)
         if self.abstract:
             merged = functools.partial(jax.eval_shape, merged)
-        for m in range(store.num_stages):
-            store.update_with(m, lambda p, o, _v, s=snap_params[m], a=mean_params[m]: (merged(p, s, a), o))
-            if jax.tree.leaves(mean_states[m]):
-                store.write_state(m, mean_states[m])
+        store = self.stores[g]
+        store.update_with(m, lambda p, o, _v: (merged(p, snap_params[m], mean_params[m]), o))
+        if jax.tree.leaves(mean_states[m]):
+            store.write_state(m, mean_states[m])
+
+    def _merged_round(self, g: int, k: int) -> None:
+        rnd = self._rounds[k]
         rnd.merged += 1
         if self.on_merge is not None:
             self.on_merge(g, k)
@@ -217,3 +264,43 @@ class GroupRounds:
         """Replaces the rounds' values by ``values`` (of a replayed ``values()``'s structure)."""
         for k, snapshots, means in values:
             self._rounds[k].snapshots, self._rounds[k].means = list(snapshots), means
+
+    def checkpoint(self) -> tuple[dict[str, Any], list[tuple[list[Snapshot | None], list[Snapshot] | None]]]:
+        """The whole schedule as JSON (counts, due actions, rounds in flight and which of their
+        values exist, the waits) and the rounds' values: what a threaded run checkpoints at a
+        pause of every group between jobs (``restore`` is its inverse). A wait under way is
+        saved as not yet waited: it counts again from the resume."""
+        in_flight = sorted(self._rounds.items())
+        schedule = {
+            "counts": list(self.counts),
+            "due": [[[action, k] for action, k in due] for due in self._due],
+            "rounds": [
+                {
+                    "k": k,
+                    "snapshots": [s is not None for s in r.snapshots],
+                    "means": r.means is not None,
+                    "merged": r.merged,
+                }
+                for k, r in in_flight
+            ],
+            "merge_wait": list(self.merge_wait),
+            "waits": self.waits,
+            "rounds_merged": self.rounds_merged,
+        }
+        return schedule, [(list(r.snapshots), r.means) for _, r in in_flight]
+
+    def restore(
+        self, schedule: dict[str, Any], values: list[tuple[list[Snapshot | None], list[Snapshot] | None]]
+    ) -> None:
+        """Loads a ``checkpoint`` (instead of ``start``); a group whose next due action is a
+        merge of a round whose mean has not arrived is paused again."""
+        self.counts = list(schedule["counts"])
+        self._due = [collections.deque((action, k) for action, k in due) for due in schedule["due"]]
+        self._rounds = {
+            r["k"]: _Round(list(snapshots), means, r["merged"])
+            for r, (snapshots, means) in zip(schedule["rounds"], values, strict=True)
+        }
+        self.merge_wait, self.waits = list(schedule["merge_wait"]), schedule["waits"]
+        self.rounds_merged = schedule["rounds_merged"]
+        for g in range(len(self.stores)):
+            self._work(g)

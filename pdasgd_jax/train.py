@@ -142,12 +142,15 @@ def train_and_evaluate(
     runner = select_runner(config)
     if config.out:
         rundir.check_out(config.out, resume=resume, overwrite=overwrite)
-    if resume and (config.algo in NOT_RESUMABLE or (config.replication == "replicas" and not config.simulate)):
-        what = f"--algo {config.algo}" + (" --replication replicas" if config.replication == "replicas" else "")
-        raise ConfigError(
-            f"{what} runs cannot be resumed yet (they write no checkpoints: every device "
-            f"replica and an averaging round in flight would have to be saved); start the run over"
+    multi_process = config.replication == "replicas" and not config.simulate and jax.process_count() > 1
+    if resume and (config.algo in NOT_RESUMABLE or multi_process):
+        what = f"--algo {config.algo}" + (" --replication replicas across processes" if multi_process else "")
+        why = (
+            "its processes would have to checkpoint together"
+            if multi_process
+            else "every device replica and an averaging round in flight would have to be saved"
         )
+        raise ConfigError(f"{what} runs cannot be resumed yet (they write no checkpoints: {why}); start the run over")
     if resume and config.event_log:
         raise ConfigError(
             f"{config.out!r} was run with --event-log, whose log replays a run from its initial "

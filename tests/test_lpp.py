@@ -142,6 +142,24 @@ def test_threads_never_wait_for_the_averaging(exp):
     assert set(free.extra["utilisation"]["workers"]) == {"d0/w0", "d0/w1", "d1/w0", "d1/w1"}
 
 
+def test_a_calibrated_averaging_takes_device_time(exp):
+    """With merge and average costs (a calibration's), every round runs the mean's program on
+    the first device and each replica's correction on its own, per stage: each device's
+    averaging account is busy for exactly those programs, and the threads, which share the
+    devices with it, take longer than with free averaging."""
+    merge, average = 0.125, 0.5
+    charged = dataclasses.replace(TIMING, merge=(merge,) * 3, average=average)
+    run = dict(algo="lpp", devices=2, replicas=4, period=2, epochs=0.3, delay_model="constant", delay_mean=0.5)
+    _, free = _simulate(exp, **run)
+    _, paid = _simulate(exp, timing=charged, **run)
+    rounds, now = paid.extra["averaging_rounds"], paid.extra["virtual_time"]
+    assert paid.step == free.step and rounds > 0 and now > free.extra["virtual_time"]
+    busy = {name: u * now for name, u in paid.extra["utilisation"]["workers"].items()}
+    # Every round started has ended (the scheduler runs every event); its merges included.
+    assert busy["d0/averaging"] == pytest.approx(rounds * (average + 3 * merge))
+    assert busy["d1/averaging"] == pytest.approx(rounds * 3 * merge)
+
+
 # --- the threaded runtime -------------------------------------------------------------------
 
 

@@ -147,6 +147,82 @@ def test_pdasgd_groups_wait_for_a_slow_group_and_lose_no_job(exp):
     assert waited.extra["delay_steps"] == 2  # d defaults to H // 2, as for dasgd
 
 
+# --- the averaging's device time ---------------------------------------------------------------
+
+MERGE, AVERAGE = 0.125, 0.5  # per stage, per device: dyadic, as TIMING's
+CHARGED = dataclasses.replace(TIMING, merge=(MERGE,) * 3, average=AVERAGE)
+
+
+def _traced(exp, timing, **changes):
+    """A simulated replicated run with every update's and averaging program's span, by group."""
+    from pdasgd_jax.delays import DelayModel
+    from pdasgd_jax.simulate.replicas import run_replicated
+
+    run = exp.with_config(replication="replicas", **changes)
+    metrics = MetricsLog(run.evaluate, total_examples=run.total_examples, eval_every=10**9, progress=False)
+    spans: dict[int, list] = {}
+    delay = DelayModel.from_config(run.config, timing.step_compute_time())
+    config = run.config
+    trace = lambda g, span: spans.setdefault(g, []).append(span)
+    result, now, utilisation, _ = run_replicated(
+        run, metrics, None, timing, delay, config.devices, config.replicas, trace=trace
+    )
+    return result, now, utilisation, spans
+
+
+def test_asgd_groups_pay_each_average_and_merge_on_their_device_in_closed_form(exp):
+    """One ASGD thread per group, H = 2, d = 0, free network: a group waits at each merge for
+    the all-reduce's program (0.5) on every device, then merges (3 stages x 0.125) before its
+    next job; 8 jobs per group end at 8 STEP + 4 x 0.875 (round 0's and three more rounds;
+    the 4th merge comes after the last job). Every device ran 5 rounds' averaging."""
+    groups, steps = 2, 8
+    free, free_now, _, _ = _traced(exp, TIMING, algo="asgd", devices=groups, replicas=groups, period=2, delay_steps=0,
+                            epochs=_epochs(exp, groups * BATCH * steps))  # fmt: skip
+    result, now, utilisation, spans = _traced(
+        exp, CHARGED, algo="asgd", devices=groups, replicas=groups, period=2, delay_steps=0,
+        epochs=_epochs(exp, groups * BATCH * steps),
+    )  # fmt: skip
+    assert free_now == steps * STEP == 82.0 and free.step == result.step == groups * steps
+    assert now == steps * STEP + 4 * (AVERAGE + 3 * MERGE)
+    assert result.extra["averaging_rounds"] == 5
+    for g in range(groups):
+        merges = [s for s in spans[g] if getattr(s, "what", None) == "merge"]
+        averages = [s for s in spans[g] if getattr(s, "what", None) == "average"]
+        assert len(merges) == 5 * 3 and len(averages) == 5
+        assert all(s.end - s.start == MERGE for s in merges) and all(s.end - s.start == AVERAGE for s in averages)
+        busy = 5 * (AVERAGE + 3 * MERGE)
+        assert utilisation["workers"][f"d{g}/averaging"] == pytest.approx(busy / now)
+    _assert_close(result.params, free.params)  # the device time moves no arithmetic here
+
+
+def _assert_close(a, b):
+    assert _max_diff(jax.tree.leaves(a), jax.tree.leaves(b)) < 1e-6
+
+
+def test_a_pdasgd_merge_never_overlaps_an_update_of_its_stage(exp):
+    """Two PD-ASGD replicas per group with random delays on devices that run two kernels at
+    once, so updates are in flight at merges: a stage's merge takes its calibrated time (at
+    least: a third kernel slows both) and holds the stage's lock, so no update of that stage
+    in the group overlaps it, while other stages' updates do; every job still finishes."""
+    timing = dataclasses.replace(CHARGED, concurrency=2.0)
+    result, _, _, spans = _traced(
+        exp, timing, algo="pdasgd", devices=2, replicas=4, period=2, delay_steps=1, epochs=0.1,
+        delay_model="exponential", delay_mean=0.5,
+    )  # fmt: skip
+    assert result.step == result.extra["jobs_started"] == sum(result.extra["jobs_per_group"])
+    beside = 0  # merges that ran beside another stage's update
+    for group_spans in spans.values():
+        merges = [s for s in group_spans if getattr(s, "what", None) == "merge"]
+        updates = [s for s in group_spans if getattr(s, "what", None) is None]
+        assert merges and updates
+        for merge in merges:
+            assert merge.end - merge.start >= MERGE
+            overlaps = [u for u in updates if u.start < merge.end and merge.start < u.end]
+            assert all(u.stage != merge.stage for u in overlaps)
+            beside += bool(overlaps)
+    assert beside
+
+
 # --- flags ----------------------------------------------------------------------------------
 
 
@@ -166,14 +242,16 @@ def test_bad_replicated_configs_are_refused(changes, message):
         config.validate()
 
 
-def test_an_uneven_layout_and_a_threaded_resume_are_refused(tmp_path):
-    """(Simulated replicated runs resume bitwise: tests/test_simulate_resume.py.)"""
+def test_an_uneven_layout_and_a_multi_process_resume_are_refused(tmp_path, monkeypatch):
+    """(Simulated replicated runs resume bitwise: tests/test_simulate_resume.py; threaded
+    ones from their checkpoint: tests/test_replicas_resume.py.)"""
     config = Config(algo="pdasgd", simulate=True, replication="replicas", devices=2, replicas=3, progress=False)
     with pytest.raises(ConfigError, match="cannot be spread evenly"):
         Experiment.from_config(config)
     (tmp_path / "checkpoints").mkdir()
     config = dataclasses.replace(config, simulate=False, devices=1, replicas=2, out=str(tmp_path))
-    with pytest.raises(ConfigError, match="--replication replicas runs cannot be resumed"):
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ConfigError, match="--replication replicas across processes runs cannot be resumed"):
         train_and_evaluate(config, resume=True)
 
 

@@ -1,5 +1,6 @@
 """Resuming an interrupted simulated run ends bitwise where the uninterrupted run ends."""
 
+import dataclasses
 import json
 import os
 
@@ -228,4 +229,31 @@ def test_a_resumed_replicated_run_is_bitwise_the_uninterrupted_run(tmp_path, mon
     _assert_bitwise_equal((first.params, first.states), (last.params, last.states))
     assert _recorded_rows(tmp_path / "part") == _rows(whole_metrics.rows)
     for key in ("virtual_time", "staleness", "utilisation", "jobs_started", "averaging_rounds", "merge_wait"):
+        assert resumed.get(key) == whole.get(key), key
+
+
+def test_a_replicated_run_checkpointed_inside_a_charged_merge_resumes_bitwise(tmp_path, monkeypatch, results):
+    """With the averaging on the devices (merge 1.0 per stage, the mean 1.0 per device), a
+    checkpoint falls while a group merges (its other replica's job ends then): the resumed
+    run finishes that merge with the saved round's values and ends bitwise where the whole
+    run does."""
+    charged = dataclasses.replace(TIMING, merge=(1.0,) * 3, average=1.0)
+    monkeypatch.setattr(Experiment, "calibration", lambda exp, batch_size=None: _fixed(charged))
+    config = Config(algo="pdasgd", replication="replicas", replicas=4, period=2, delay_steps=1, **COMMON)
+    whole = train_and_evaluate(config)
+    merging = []  # per checkpoint: merges running
+    capture = resume.capture_groups
+
+    def counting_capture(sims, rounds):
+        merging.append(rounds.merges_running)
+        return capture(sims, rounds)
+
+    monkeypatch.setattr(resume, "capture_groups", counting_capture)
+    resumed = _interrupted_and_resumed(
+        monkeypatch, Config(**{**config.to_dict(), "out": str(tmp_path / "part")}), lambda saved: merging[-1] > 0
+    )
+    assert 0 < resumed["resumed_from_step"] < resumed["steps"] == whole["steps"]
+    (first, _), (last, _) = results[0], results[-1]
+    _assert_bitwise_equal((first.params, first.states), (last.params, last.states))
+    for key in ("virtual_time", "utilisation", "averaging_rounds", "merge_wait"):
         assert resumed.get(key) == whole.get(key), key

@@ -21,7 +21,13 @@ groups together with DaSGD's delayed averaging, driven by the workers themselves
 Evaluations and the result use the mean of the groups' stores, taken under the rounds' lock.
 With ``jax.distributed`` each process runs the groups of its own devices on its share of the
 batches and the averages span every process's devices (``runtime.processes``).
-Runs are not checkpointed yet (``train`` refuses ``--resume``).
+Checkpoints are taken at the supervisor's pauses, where every group is between jobs (no
+job in flight, and a group that waits for a mean paused at its merge): every group's store
+(parameters, non-trainable and optimizer states), the rounds in flight (their snapshots and
+means) and the schedule (``GroupRounds.checkpoint``: counts, due merges, waits), at batch
+``step`` of the feed. A resumed run goes on from exactly that state (the threads' timing,
+hence the schedule after it, is not reproducible; the store versions restart from 0).
+A multi-process run writes none (``train`` refuses ``--resume`` for it).
 """
 
 from __future__ import annotations
@@ -166,8 +172,6 @@ class ReplicatedRuntime(DeviceStoresRuntime):
 
     def _build(self, params: Any, states: Any, opt_states: Any, *, first_batch: int) -> None:
         s, exp = self.settings, self.exp
-        if first_batch:
-            raise ValueError("replicated runs do not resume yet")
         num_stages = exp.model.num_stages
         devices = s.devices
         self.stores = [
@@ -219,7 +223,8 @@ class ReplicatedRuntime(DeviceStoresRuntime):
                 fail=lambda exc: self.control.fail("process rounds", exc),
                 keys=self.keys,
             )
-        self.rounds.start()
+        if not first_batch:  # a resumed run's rounds are restored (``_restore``)
+            self.rounds.start()
         job_queues = [BoundedQueue(s.queue_capacity, producers=s.forward_workers) for _ in range(s.groups)]
         gate = Gate(first_batch)
         aborted = [gate, feed_queue, *self.gates, *job_queues, *([self.processes] if self.processes else [])]
@@ -265,6 +270,55 @@ class ReplicatedRuntime(DeviceStoresRuntime):
                     )
                 )  # fmt: skip
         self.merge_lock = self.booking.lock  # merges run under it
+
+    def _checkpoint_tree(self) -> tuple[Any, dict[str, Any]]:
+        """Every group's store and the rounds' values (one tree) and the rounds' schedule."""
+        with self.booking.lock:
+            schedule, values = self.rounds.checkpoint()
+            return ([store.snapshot() for store in self.stores], values), schedule
+
+    def _save(self, checkpointer: RunCheckpointer, step: int, position: dict[str, Any]) -> None:
+        tree, schedule = self._checkpoint_tree()
+        # The rounds in flight vary in number: the leaves are saved flat, their tree rebuilt
+        # from the schedule (``_restore``).
+        checkpointer.save(step, {"leaves": jax.tree.leaves(tree)}, {**position, "replicated": schedule})
+
+    def _restore(self, checkpointer: RunCheckpointer, metrics: MetricsLog) -> dict[str, Any] | None:
+        saved = checkpointer.latest_meta()
+        if saved is None:
+            checkpointer.resume(like=None, metrics=metrics)  # nothing to resume: the metrics start over
+            return None
+        schedule, devices = saved["replicated"], self.settings.devices
+        store_like = self.stores[0].snapshot()
+        snapshot_like = store_like[:2]
+        rounds_like = [
+            (
+                [snapshot_like if present else None for present in r["snapshots"]],
+                [snapshot_like] * len(devices) if r["means"] else None,
+            )
+            for r in schedule["rounds"]
+        ]
+        leaves, treedef = jax.tree.flatten(([store_like] * len(devices), rounds_like))
+        like = {"leaves": [np.zeros(np.shape(leaf), leaf.dtype) for leaf in leaves]}
+        restored = checkpointer.resume(like=like, metrics=metrics)
+        if restored is None:  # the checkpoint went bad since it was read
+            return None
+        state, meta = restored
+        stores, rounds = jax.tree.unflatten(treedef, list(state["leaves"]))
+        self._build(*stores[0], first_batch=meta["step"])
+        for store, values in zip(self.stores, stores, strict=True):
+            store.load(*values)
+        on = lambda g, tree: jax.device_put(tree, devices[g])
+        rounds = [
+            (
+                [None if snap is None else on(g, snap) for g, snap in enumerate(snapshots)],
+                None if means is None else [on(g, mean) for g, mean in enumerate(means)],
+            )
+            for snapshots, means in rounds
+        ]
+        with self.booking.lock:
+            self.rounds.restore(meta["replicated"], rounds)
+        return meta
 
     def _locked(self, fn: Any) -> Any:
         """``fn`` called under the rounds' lock."""
@@ -343,16 +397,19 @@ def run_threads(
     settings: RuntimeSettings | None = None,
 ) -> RunResult:
     """``asgd``, ``pdasgd`` or ``pdasgd-block`` on threads: ``run_runtime``, or with
-    ``--replication replicas`` a ``ReplicatedRuntime`` (which writes no checkpoints yet).
+    ``--replication replicas`` a ``ReplicatedRuntime`` (checkpointed and resumed with
+    ``checkpointer``, except across processes, where it writes none).
 
     Raises:
-      ConfigError: a replicated run's ``checkpointer`` holds a checkpoint to resume.
+      ConfigError: a multi-process replicated run's ``checkpointer`` holds a checkpoint to resume.
     """
     settings = settings or RuntimeSettings.from_config(exp)
     if jax.process_count() > 1:
         settings = process_share(settings)
     if settings.replication != "replicas":
         return run_runtime(exp, metrics, checkpointer, settings)
-    if checkpointer is not None and checkpointer.latest_step() is not None:
-        raise ConfigError("--replication replicas on threads cannot resume a run yet: start it over")
-    return ReplicatedRuntime(exp, settings).run(metrics, None)
+    if jax.process_count() > 1:
+        if checkpointer is not None and checkpointer.latest_step() is not None:
+            raise ConfigError("--replication replicas across processes cannot resume a run yet: start it over")
+        checkpointer = None  # its processes would have to checkpoint together
+    return ReplicatedRuntime(exp, settings).run(metrics, checkpointer)

@@ -154,16 +154,11 @@ class Runtime:
     def _run(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> RunResult:
         self._clock = metrics.clock
         if checkpointer is not None:
-            restored = checkpointer.resume(like=self.store.snapshot(), metrics=metrics)
-            if restored is not None and self.settings.event_log:
-                raise ValueError(
-                    "an event log file covers a run from its initial variables: a resumed run cannot write one"
-                )
-            if restored is not None:  # every batch before the checkpoint's step applied, none in flight
-                (params, states, opt_states), meta = restored
-                self._build(params, states, opt_states, first_batch=meta["step"])
+            meta = self._restore(checkpointer, metrics)
+            if meta is not None:  # every batch before the checkpoint's step applied, none in flight
                 self.completed = meta["step"]
                 if metrics.reached_target or self.completed >= self.settings.num_batches:  # it had ended there
+                    params, states = self._gather()
                     return RunResult(
                         params, states, self.completed, self.completed * self.settings.batch_size, self.metrics()
                     )
@@ -185,6 +180,24 @@ class Runtime:
             raise RuntimeError(f"runtime threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
         params, states = self._gather()
         return RunResult(params, states, self.completed, self.completed * self.settings.batch_size, self.metrics())
+
+    def _restore(self, checkpointer: RunCheckpointer, metrics: MetricsLog) -> dict[str, Any] | None:
+        """Loads the newest checkpoint and rebuilds the run to go on from its step (returns its
+        meta), or returns None (nothing to resume)."""
+        restored = checkpointer.resume(like=self.store.snapshot(), metrics=metrics)
+        if restored is None:
+            return None
+        if self.settings.event_log:
+            raise ValueError(
+                "an event log file covers a run from its initial variables: a resumed run cannot write one"
+            )
+        (params, states, opt_states), meta = restored
+        self._build(params, states, opt_states, first_batch=meta["step"])
+        return meta
+
+    def _save(self, checkpointer: RunCheckpointer, step: int, position: dict[str, Any]) -> None:
+        """Checkpoints the run at a pause (no job in flight) after ``step`` jobs."""
+        checkpointer.save(step, self.store.snapshot(), position)
 
     def _supervise(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> None:
         """Opens the feed up to the next evaluation or checkpoint, waits until every job of
@@ -214,7 +227,7 @@ class Runtime:
                 metrics.evaluate(step=step, examples=examples, params=params, states=states)
                 evaluated = True
             if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
-                checkpointer.save(step, self.store.snapshot(), metrics.position(step, examples))
+                self._save(checkpointer, step, metrics.position(step, examples))
             if exited or step == last or metrics.reached_target:
                 return
             pause = self._next_pause(metrics, checkpointer)

@@ -13,8 +13,16 @@ scheduler, one stream of batches and one job budget. The averaging (``Averaging`
   network time: no device work, and the threads keep training meanwhile;
 * at its end every replica gets ``theta_d += mean - s_d``, all stages at one instant.
 
+With a calibrated timing (``merge`` and ``average`` costs) the averaging is device work, as
+the runtime's averager runs it: the mean is a program on the first device (charged the
+calibrated ``average``, before the network's time), and each replica's correction runs on
+its device stage by stage, each under the stage's lock for ``timing.merge_time(m)`` (the
+same arithmetic as a replicated merge), written at its end; the round ends when every
+replica is corrected. The device time goes to accounts ``d{d}/averaging``.
+
 No thread ever waits for the averaging, so the virtual time of a run does not depend on the
-communication cost; only how stale the merged mean is does.
+communication cost; only how stale the merged mean is does (and, when charged, the device
+time the averaging takes from the threads).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from pdasgd_jax.kernels import StageKernelsProtocol, init_opt_states
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.simulate import policies, resume
-from pdasgd_jax.simulate.scheduler import END, START, Scheduler
+from pdasgd_jax.simulate.scheduler import BACKWARD, END, START, Get, Kernel, Process, Put, Scheduler, Sleep, Worker
 from pdasgd_jax.simulate.simulation import Simulation, final_evaluation, num_jobs
 from pdasgd_jax.store import ParameterStore
 
@@ -92,13 +100,28 @@ class Averaging:
       stores: every device's replica.
       period: H.
       allreduce_time: virtual seconds of one all-reduce of the parameters.
+      sims: the devices' simulations; with merge or average costs in their timing, the
+        averaging takes device time (module docstring).
     """
 
-    def __init__(self, scheduler: Scheduler, stores: list[ParameterStore], period: int, allreduce_time: float):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        stores: list[ParameterStore],
+        period: int,
+        allreduce_time: float,
+        sims: list[Simulation] | None = None,
+    ):
         self.scheduler = scheduler
         self.stores = stores
         self.rounds = lpp.Rounds(len(stores), period)
         self.allreduce_time = allreduce_time
+        # ``sims`` with a calibrated timing: the averaging is device work (module docstring).
+        timing = sims[0].timing if sims else None
+        self._sims = sims if timing is not None and (timing.merge is not None or timing.average is not None) else None
+        if self._sims is not None:
+            self._accounts = [Process(f"d{d}/averaging", iter(())) for d in range(len(self._sims))]
+            scheduler.processes.extend(self._accounts)
 
     def applied(self, device: int) -> None:
         """A job's updates have all landed on ``device``'s replica."""
@@ -113,11 +136,40 @@ class Averaging:
         self.rounds.start()
         snapshots = [lpp.snapshot_params(store) for store in self.stores]
         mean = lpp.mean_of(snapshots)
-        self.scheduler.call_at(self.scheduler.now + self.allreduce_time, END, self._merge, snapshots, mean)
+        if self._sims is None:
+            self.scheduler.call_at(self.scheduler.now + self.allreduce_time, END, self._merge, snapshots, mean)
+            return
+
+        def averaging() -> Worker:  # the mean's program on the first device, then the network
+            yield Kernel(self._sims[0].devices[0], self._sims[0].timing.average_time(), None, BACKWARD)
+            yield Sleep(self.allreduce_time)
+            self._merge(snapshots, mean)
+
+        self.scheduler.resume(Process(self._accounts[0].name, averaging(), self._accounts[0]))
 
     def _merge(self, snapshots: list[tuple[Any, ...]], mean: tuple[Any, ...]) -> None:
-        for store, snapshot in zip(self.stores, snapshots, strict=True):
-            lpp.correct_in_place(store, mean, snapshot)
+        if self._sims is None:
+            for store, snapshot in zip(self.stores, snapshots, strict=True):
+                lpp.correct_in_place(store, mean, snapshot)
+            self._end()
+            return
+        pending = [len(self.stores)]
+
+        def correcting(d: int) -> Worker:  # replica d's correction, stage by stage under the locks
+            sim, store = self._sims[d], self.stores[d]
+            for m in range(store.num_stages):
+                yield Get(sim.stage_locks[m])
+                yield Kernel(sim.devices[0], sim.timing.merge_time(m), None, BACKWARD)
+                store.update_with(m, lambda p, o, _v, a=mean[m], s=snapshots[d][m]: (lpp.corrected(p, a, s), o))
+                yield Put(sim.stage_locks[m], None)
+            pending[0] -= 1
+            if not pending[0]:
+                self._end()
+
+        for d in range(len(self.stores)):
+            self.scheduler.resume(Process(self._accounts[d].name, correcting(d), self._accounts[d]))
+
+    def _end(self) -> None:
         self.rounds.end()
         if self.rounds.due:
             self._start()
@@ -148,7 +200,8 @@ def run_lpp(
     averaging: list[Averaging] = []
 
     def make_averaging(scheduler: Scheduler, sims: list[Simulation]) -> Averaging:
-        averaging.append(Averaging(scheduler, [sim.executor.store for sim in sims], exp.config.period, allreduce_time))
+        stores = [sim.executor.store for sim in sims]
+        averaging.append(Averaging(scheduler, stores, exp.config.period, allreduce_time, sims))
         return averaging[0]
 
     def spawn(sims: list[Simulation]) -> None:
@@ -187,6 +240,7 @@ def run_device_groups(
     checkpointer: RunCheckpointer | None = None,
     capture: Callable[[list[Simulation]], Any] | None = None,
     restore: Callable[[list[Simulation], StageKernelsProtocol], None] | None = None,
+    trace: Callable[[int, Any], None] | None = None,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """One store per device, averaged across devices: the clock, stores and data of LPP-SGD
     and of replicated ASGD/PD-ASGD (``simulate/replicas.py``).
@@ -202,6 +256,7 @@ def run_device_groups(
     ``capture(sims)``; a run resumed from one replays its schedule on abstract kernels up to
     that job, then ``restore(sims, real_kernels)`` loads the values and the run goes on with
     the real kernels, ending bitwise where the uninterrupted run ends (``simulate/resume.py``).
+    ``trace(device, span)``, if given, sees each device's updates (``UpdateSpan``).
     """
     config = exp.config
     v = exp.variables
@@ -259,6 +314,7 @@ def run_device_groups(
             device=d,
             budget=budget,
             groups=replicas // devices,
+            on_update=None if trace is None else functools.partial(trace, d),
         )
         for d, store in enumerate(stores)
     ]

@@ -6,18 +6,31 @@ on that device (``R / D`` PD-ASGD replicas of F + B workers and a queue, or ``R 
 Hogwild! threads for ``asgd``). All groups share one scheduler, one stream of batches and
 one job budget, as LPP-SGD's devices do (``simulate/lpp.py``). ``replication.GroupRounds``
 joins them with DaSGD's delayed averaging: each group snapshots every H of its completed
-jobs, the all-reduce of round k starts once the last group has snapshotted it and takes
-``timing.comm.allreduce_time(bytes, D)`` of network time (no device time), and each group
-merges it d jobs after its snapshot, waiting (``Simulation.pause``: its workers start no
-new job; jobs already started finish, queued ones included, so a wait never strands a job
-even when the budget ends first) if it has not arrived.
+jobs, the all-reduce of round k starts once the last group has snapshotted it, and each
+group merges it d jobs after its snapshot, waiting (``Simulation.pause``: its workers start
+no new job; jobs already started finish, queued ones included, so a wait never strands a
+job even when the budget ends first) if it has not arrived.
+
+The averaging costs what the runtime runs (``charged_rounds``, with a calibrated timing):
+
+* the all-reduce is a program on every group's device (``timing.average_time``, queued with
+  the device's other kernels, at update priority); the mean arrives when the last of them
+  has ended plus the network's ``timing.comm.allreduce_time(bytes, D)``;
+* a merge runs on the group's device, stage by stage, each under the stage's lock (as the
+  runtime's ``update_with``), so it never overlaps an update of the same stage; it takes
+  ``timing.merge_time(m)`` per stage and writes the stage at its end. The group starts no
+  job while it merges (its due actions wait for the merge's end).
+
+A timing without those costs (``merge`` and ``average`` None: hand-built) merges at once and
+takes no device time for the mean.
 
 With one group nothing is averaged: the run is shared-store ASGD or PD-ASGD on one device.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from pdasgd_jax import lpp
 from pdasgd_jax.checkpoint import RunCheckpointer
@@ -31,26 +44,111 @@ from pdasgd_jax.replication import GroupRounds
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.lpp import run_device_groups
-from pdasgd_jax.simulate.scheduler import END, Scheduler
+from pdasgd_jax.simulate.scheduler import BACKWARD, END, Get, Kernel, Process, Put, Scheduler, Worker
 from pdasgd_jax.simulate.simulation import Simulation
 
 
-def group_rounds(
-    scheduler: Scheduler, sims: list[Simulation], rule: AveragingRule, allreduce_time: float
-) -> GroupRounds:
-    """``GroupRounds`` on the virtual clock: the mean arrives ``allreduce_time`` after the last
-    snapshot (network time, no device time), and a waiting group's simulation is paused."""
+class AveragingSpan(NamedTuple):
+    """Device time of the averaging on the virtual clock (``trace``): group ``group``'s merge
+    of ``stage`` (``what="merge"``) or its part of the all-reduce (``"average"``, stage -1)
+    of round ``round``."""
 
+    what: str
+    group: int
+    stage: int
+    round: int
+    start: float
+    end: float
+
+
+Trace = Callable[[int, Any], None]  # trace(group, UpdateSpan or AveragingSpan)
+
+
+def group_rounds(
+    scheduler: Scheduler,
+    sims: list[Simulation],
+    rule: AveragingRule,
+    allreduce_time: float,
+    *,
+    charged: bool = False,
+    trace: Trace | None = None,
+) -> GroupRounds:
+    """``GroupRounds`` on the virtual clock: the mean arrives ``allreduce_time`` (network time)
+    after the last snapshot, or with ``charged`` after each group's device has also run the
+    all-reduce's program; a waiting group's simulation is paused. With ``charged`` merges are
+    device work under the stage locks (module docstring); ``trace`` sees their spans."""
+
+    def arrive_after_network(k: int) -> None:
+        scheduler.call_at(scheduler.now + allreduce_time, END, rounds.arrive, k)
+
+    charges = _DeviceCharges(scheduler, sims, arrive_after_network, trace) if charged else None
     rounds = GroupRounds(
         [sim.executor.store for sim in sims],
         rule,
-        start_allreduce=lambda k: scheduler.call_at(scheduler.now + allreduce_time, END, rounds.arrive, k),
+        start_allreduce=charges.allreduce if charges else arrive_after_network,
         mean=lambda snapshots: [lpp.mean_of(snapshots)] * len(snapshots),
         pause=lambda g: sims[g].pause(),
         unpause=lambda g: sims[g].unpause(),
         clock=lambda: scheduler.now,
     )
+    if charges is not None:
+        rounds.charge_merge = charges.merge
     return rounds
+
+
+class _DeviceCharges:
+    """The averaging's device work on the clock (``group_rounds`` with ``charged``), charged
+    to one account per group, ``d{g}/averaging``, which the run's utilisation lists."""
+
+    def __init__(
+        self, scheduler: Scheduler, sims: list[Simulation], arrive: Callable[[int], None], trace: Trace | None
+    ):
+        self.scheduler, self.sims, self._arrive, self._trace = scheduler, sims, arrive, trace
+        self.accounts = [Process(f"d{g}/averaging", iter(())) for g in range(len(sims))]
+        scheduler.processes.extend(self.accounts)
+
+    def allreduce(self, k: int) -> None:
+        """Round ``k``'s all-reduce: its program on every group's device, then the network."""
+        pending = [len(self.sims)]
+
+        def part(g: int) -> Worker:
+            start: list[float] = []
+            yield Kernel(self.sims[g].devices[0], self.sims[g].timing.average_time(), self._started(start), BACKWARD)
+            self._span("average", g, -1, k, start)
+            pending[0] -= 1
+            if not pending[0]:  # every device's part is done: the network's share follows
+                self._arrive(k)
+
+        for g in range(len(self.sims)):
+            self._run(g, part(g))
+
+    def merge(self, g: int, k: int, writes: list[Callable[[], None]], done: Callable[[], None]) -> None:
+        """Group ``g``'s merge of round ``k``: each stage's write (``writes[m]``) at the end of
+        its merge program on the group's device, under the stage's lock; then ``done()``."""
+        sim = self.sims[g]
+
+        def merging() -> Worker:
+            for m, write in enumerate(writes):
+                yield Get(sim.stage_locks[m])
+                start: list[float] = []
+                yield Kernel(sim.devices[0], sim.timing.merge_time(m), self._started(start), BACKWARD)
+                write()
+                self._span("merge", g, m, k, start)
+                yield Put(sim.stage_locks[m], None)
+            done()
+
+        self._run(g, merging())
+
+    def _run(self, g: int, work: Worker) -> None:
+        self.scheduler.resume(Process(self.accounts[g].name, work, self.accounts[g]))
+
+    def _started(self, start: list[float]) -> Callable[[], None] | None:
+        """A kernel's ``at_start`` that notes its start for ``trace``."""
+        return None if self._trace is None else lambda: start.append(self.scheduler.now)
+
+    def _span(self, what: str, g: int, m: int, k: int, start: list[float]) -> None:
+        if self._trace is not None:
+            self._trace(g, AveragingSpan(what, g, m, k, start[0], self.scheduler.now))
 
 
 def run_replicated(
@@ -61,11 +159,14 @@ def run_replicated(
     delay: DelayModel,
     devices: int,
     replicas: int,
+    trace: Trace | None = None,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """``asgd``, ``pdasgd`` or ``pdasgd-block`` with ``--replication replicas``: ``replicas``
     replicas on ``devices`` groups, one store each (module docstring); returns
     ``(RunResult, virtual_time, utilisation, staleness)`` like the other simulated runners.
-    ``RunResult.params`` is the mean of the groups' stores.
+    ``RunResult.params`` is the mean of the groups' stores. The averaging takes device time
+    when ``timing`` has merge or average costs (a calibration's); ``trace(group, span)`` sees
+    every update (``UpdateSpan``) and averaging program (``AveragingSpan``).
 
     Checkpoints hold every group's store and in-flight jobs and the averaging rounds in
     flight; a resumed run replays its schedule to the checkpoint and ends bitwise where the
@@ -91,7 +192,8 @@ def run_replicated(
     replaying = checkpointer is not None and checkpointer.latest_step() is not None
 
     def make_averaging(scheduler: Scheduler, sims: list[Simulation]) -> GroupRounds:
-        averaging.append(group_rounds(scheduler, sims, rule, allreduce_time))
+        charged = timing.merge is not None or timing.average is not None
+        averaging.append(group_rounds(scheduler, sims, rule, allreduce_time, charged=charged, trace=trace))
         averaging[0].abstract = replaying
         averaging[0].start()
         return averaging[0]
@@ -112,6 +214,7 @@ def run_replicated(
         checkpointer=checkpointer,
         capture=lambda sims: resume.capture_groups(sims, averaging[0]),
         restore=restore,
+        trace=trace,
     )
     result.extra.update(
         {"replication": "replicas", "replicas": replicas, "allreduce_time": allreduce_time, **averaging[0].summary()}

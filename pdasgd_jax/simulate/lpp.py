@@ -42,7 +42,7 @@ from pdasgd_jax.kernels import StageKernelsProtocol, init_opt_states
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.simulate import policies, resume
-from pdasgd_jax.simulate.scheduler import BACKWARD, END, START, Get, Kernel, Process, Put, Scheduler, Sleep, Worker
+from pdasgd_jax.simulate.scheduler import END, START, Get, Kernel, Process, Put, Scheduler, Sleep, Worker
 from pdasgd_jax.simulate.simulation import Simulation, final_evaluation, num_jobs
 from pdasgd_jax.store import ParameterStore
 
@@ -141,7 +141,7 @@ class Averaging:
             return
 
         def averaging() -> Worker:  # the mean's program on the first device, then the network
-            yield Kernel(self._sims[0].devices[0], self._sims[0].timing.average_time(), None, BACKWARD)
+            yield Kernel(self._sims[0].devices[0], self._sims[0].timing.average_time())
             yield Sleep(self.allreduce_time)
             self._merge(snapshots, mean)
 
@@ -159,7 +159,7 @@ class Averaging:
             sim, store = self._sims[d], self.stores[d]
             for m in range(store.num_stages):
                 yield Get(sim.stage_locks[m])
-                yield Kernel(sim.devices[0], sim.timing.merge_time(m), None, BACKWARD)
+                yield Kernel(sim.devices[0], sim.timing.merge_time(m))
                 store.update_with(m, lambda p, o, _v, a=mean[m], s=snapshots[d][m]: (lpp.corrected(p, a, s), o))
                 yield Put(sim.stage_locks[m], None)
             pending[0] -= 1

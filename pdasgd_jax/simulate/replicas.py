@@ -14,7 +14,7 @@ job even when the budget ends first) if it has not arrived.
 The averaging costs what the runtime runs (``charged_rounds``, with a calibrated timing):
 
 * the all-reduce is a program on every group's device (``timing.average_time``, queued with
-  the device's other kernels, at update priority); the mean arrives when the last of them
+  the device's other kernels, in dispatch order); the mean arrives when the last of them
   has ended plus the network's ``timing.comm.allreduce_time(bytes, D)``;
 * a merge runs on the group's device, stage by stage, each under the stage's lock (as the
   runtime's ``update_with``), so it never overlaps an update of the same stage; it takes
@@ -44,7 +44,7 @@ from pdasgd_jax.replication import GroupRounds
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.lpp import run_device_groups
-from pdasgd_jax.simulate.scheduler import BACKWARD, END, Get, Kernel, Process, Put, Scheduler, Worker
+from pdasgd_jax.simulate.scheduler import END, Get, Kernel, Process, Put, Scheduler, Worker
 from pdasgd_jax.simulate.simulation import Simulation
 
 
@@ -113,7 +113,7 @@ class _DeviceCharges:
 
         def part(g: int) -> Worker:
             start: list[float] = []
-            yield Kernel(self.sims[g].devices[0], self.sims[g].timing.average_time(), self._started(start), BACKWARD)
+            yield Kernel(self.sims[g].devices[0], self.sims[g].timing.average_time(), self._started(start))
             self._span("average", g, -1, k, start)
             pending[0] -= 1
             if not pending[0]:  # every device's part is done: the network's share follows
@@ -131,7 +131,7 @@ class _DeviceCharges:
             for m, write in enumerate(writes):
                 yield Get(sim.stage_locks[m])
                 start: list[float] = []
-                yield Kernel(sim.devices[0], sim.timing.merge_time(m), self._started(start), BACKWARD)
+                yield Kernel(sim.devices[0], sim.timing.merge_time(m), self._started(start))
                 write()
                 self._span("merge", g, m, k, start)
                 yield Put(sim.stage_locks[m], None)

@@ -143,6 +143,27 @@ def test_rate_tuning_widens_the_grid_until_its_best_rate_is_interior():
     }
 
 
+def test_replicated_schedule_is_tuned_like_the_rate(monkeypatch):
+    # A stand-in clock: H = 4, d = 2 is fastest and its best rate is 0.05; every (H, d) of the
+    # grid gets its own rate tuning on the tuning seeds, and the reported seeds run the winner.
+    calls = []
+
+    def fake(algo, workers, k, straggler, lr, seed, epochs, comm, protocol, schedule):
+        calls.append((schedule, lr, seed))
+        cost = {(2, 1): 3.0, (4, 2): 1.0, (8, 4): 2.0}[schedule] + abs(math.log(lr / 0.05))
+        return delays.Outcome(cost, 0.0, 1.0)
+
+    monkeypatch.setattr(delays, "time_to_target", fake)
+    result = delays.cell(
+        "pdasgd-rep", 4, 1.0, False, (0.0125, 0.05, 0.2), (0, 1), 1.0, schedules=delays.REPLICA_SCHEDULES
+    )
+    assert result["schedule"] == (4, 2) and result["lr"] == pytest.approx(0.05) and not result["edge"]
+    assert result["schedule_tuning"] == {"H=2 d=1": 3.0, "H=4 d=2": 1.0, "H=8 d=4": 2.0}
+    assert {s for s, _, seed in calls if seed in delays.TUNING_SEEDS} == set(delays.REPLICA_SCHEDULES)
+    assert [(s, seed) for s, _, seed in calls if seed not in delays.TUNING_SEEDS] == [((4, 2), 0), ((4, 2), 1)]
+    assert result["times"] == [1.0, 1.0]
+
+
 def test_stability_quick_default_pdasgd_collapses_on_no_seed(tmp_path):
     """The default rate's regression test (the full benchmark runs 30 seeds of 40 epochs): three
     threaded runs with every flag at its default but the budget all learn; at a rate that does

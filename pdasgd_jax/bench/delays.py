@@ -14,8 +14,10 @@ same for all (sync's global batch is ``W`` times it).
 
 Replicated variants (``--replication replicas``, algorithms.md §3a): ``pdasgd-rep`` is
 PD-ASGD with a store per device (F = 1, B = 2 on it) and ``asgd-3t-rep`` three Hogwild!
-threads per device store, the stores joined by DaSGD's delayed averaging (H = 4, d = 2, not
-tuned); ``asgd-3t-rep`` counts among the asynchronous baselines.
+threads per device store, the stores joined by DaSGD's delayed averaging; their averaging
+schedule is tuned like the rate: every ``(H, d)`` of ``REPLICA_SCHEDULES`` gets its own rate
+tuning on the tuning seeds, and the schedule with the best tuned time is the one reported
+(``quick``: H = 4, d = 2 only); ``asgd-3t-rep`` counts among the asynchronous baselines.
 
 DaSGD: ``W`` workers of one device each, averaging every ``H = 4`` steps and merging
 ``d = 2`` steps later; each step waits only for the average started ``d`` steps earlier,
@@ -62,9 +64,11 @@ TUNING_SEEDS = (100, 101)  # pick each cell's rate (mean time; a rate failing on
 MAX_WIDENINGS = 2  # 4x steps a rate grid may grow on each side while its best rate is on the edge
 THREADS_PER_DEVICE = 3  # PD-ASGD's F + B, given to the threaded baselines too
 LPP_PERIOD = 4
-# Replicated PD-ASGD and ASGD (--replication replicas, algorithms.md §3a): DaSGD's H and d
-# of this protocol (not tuned, like LPP's H).
+# Replicated PD-ASGD and ASGD (--replication replicas, algorithms.md §3a): the default H and d
+# (quick runs, ``bench claims``), and the small grid the full protocol tunes them over
+# (H from frequent to rare averaging, the merge half a period later, as DaSGD's d = H / 2).
 REPLICA_PERIOD, REPLICA_DELAY = 4, 2
+REPLICA_SCHEDULES = ((2, 1), (4, 2), (8, 4))
 BATCH_SIZE = 16
 TARGET = 0.9
 EPOCHS = 30.0
@@ -160,10 +164,16 @@ def time_to_target(
     epochs: float,
     comm: CommModel = FREE_NETWORK,
     protocol: Protocol = DIGITS,
+    schedule: tuple[int, int] | None = None,
 ) -> Outcome:
     """Virtual seconds until the test accuracy reaches the protocol's target, with the run's
-    staleness (measured by the simulator's executor), load and final accuracy."""
+    staleness (measured by the simulator's executor), load and final accuracy.
+
+    ``schedule``: a replicated variant's averaging ``(H, d)`` in place of its default.
+    """
     overrides = dict(protocol.algorithms[algo])
+    if schedule is not None:
+        overrides.update(period=schedule[0], delay_steps=schedule[1])
     threads = overrides.pop("threads_per_device", 1)
     batch = protocol.batch_size * workers if overrides["algo"] == "sync" else protocol.batch_size
     replicas = {} if overrides["algo"] == "sync" else {"replicas": workers * threads}
@@ -251,17 +261,35 @@ def cell(
     tuning_seeds: tuple[int, ...] = TUNING_SEEDS,
     protocol: Protocol = DIGITS,
     max_widenings: int = MAX_WIDENINGS,
+    schedules: tuple[tuple[int, int], ...] = (),
 ) -> dict[str, Any]:
-    """The best rate of ``lrs`` on ``tuning_seeds`` (mean time; ``()``: the only rate), then ``seeds`` at it."""
+    """The best rate of ``lrs`` on ``tuning_seeds`` (mean time; ``()``: the only rate), then ``seeds`` at it.
 
-    def run(lr: float, seed: int) -> Outcome:
-        return time_to_target(algo, workers, k, straggler, lr, seed, epochs, comm, protocol)
+    ``schedules``: a replicated variant's averaging ``(H, d)`` choices; each gets its own rate
+    tuning and the one whose best rate is fastest on the tuning seeds is reported (``()``: the
+    variant's own H and d).
+    """
 
-    if not tuning_seeds:
-        tuned = {"lr": lrs[0], "tuning": {}, "edge": False}
-    else:
-        tuned = tune(lambda lr: float(np.mean([run(lr, seed).time for seed in tuning_seeds])), lrs, max_widenings)
-    outcomes = [run(tuned["lr"], s) for s in seeds]
+    def run(lr: float, seed: int, schedule: tuple[int, int] | None) -> Outcome:
+        return time_to_target(algo, workers, k, straggler, lr, seed, epochs, comm, protocol, schedule)
+
+    def tuned_for(schedule: tuple[int, int] | None) -> dict[str, Any]:
+        if not tuning_seeds:
+            return {"lr": lrs[0], "tuning": {}, "edge": False, "schedule": schedule}
+
+        def mean_time(lr: float) -> float:
+            return float(np.mean([run(lr, seed, schedule).time for seed in tuning_seeds]))
+
+        return {**tune(mean_time, lrs, max_widenings), "schedule": schedule}
+
+    candidates = [tuned_for(s) for s in schedules] if schedules else [tuned_for(None)]
+    tuned = min(candidates, key=lambda c: c["tuning"].get(c["lr"], math.inf))
+    outcomes = [run(tuned["lr"], s, tuned["schedule"]) for s in seeds]
+    if schedules:
+        # Each schedule's best tuned time, so a reader sees how much the choice mattered.
+        tuned["schedule_tuning"] = {
+            f"H={h} d={d}": c["tuning"].get(c["lr"]) for (h, d), c in zip(schedules, candidates)
+        }
     times = [o.time for o in outcomes]
     reached = all(math.isfinite(t) for t in times)
     return {
@@ -285,7 +313,9 @@ def _ratio(slower: float, faster: float) -> str:
 
 
 def _fmt(c: dict[str, Any]) -> str:
-    lr = f"lr {c['lr']:g}" + (", edge of grid" if c["edge"] else "")
+    schedule = c.get("schedule")
+    lr = f"lr {c['lr']:g}" + (f", H {schedule[0]} d {schedule[1]}" if schedule else "")
+    lr += ", edge of grid" if c["edge"] else ""
     if not math.isfinite(c["mean"]):
         return f"not reached ({lr})"
     return f"{c['mean'] * 1e3:.1f} ± {c['std'] * 1e3:.1f} ({lr})"
@@ -316,10 +346,14 @@ def grid(
     # quick: one rate (no tuning) and one seed, a short budget.
     seeds, epochs, tuning_seeds = (SEEDS[:1], 3.0, ()) if quick else (SEEDS, EPOCHS, TUNING_SEEDS)
     lrs = {algo: rates[-2:-1] if quick else rates for algo, rates in LRS.items()}
+    schedules = {algo: () if quick or "replication" not in ALGORITHMS[algo] else REPLICA_SCHEDULES for algo in LRS}
     cells, rows = [], []
     for workers, k, straggler in specs:
         by_algo = {
-            algo: cell(algo, workers, k, straggler, lrs[algo], seeds, epochs, comm, tuning_seeds) for algo in ALGORITHMS
+            algo: cell(
+                algo, workers, k, straggler, lrs[algo], seeds, epochs, comm, tuning_seeds, schedules=schedules[algo]
+            )
+            for algo in ALGORITHMS
         }
         pd, rep = by_algo["pdasgd"]["mean"], by_algo["pdasgd-rep"]["mean"]
         rival = best_async(by_algo)
@@ -368,7 +402,7 @@ def grid(
         "tuning_seeds": list(tuning_seeds),
         "threads_per_device": THREADS_PER_DEVICE,
         "lpp_period": LPP_PERIOD,
-        "replicated": {"period": REPLICA_PERIOD, "delay_steps": REPLICA_DELAY},
+        "replicated": {"period": REPLICA_PERIOD, "delay_steps": REPLICA_DELAY, "schedules": schedules},
         "straggler_factor": STRAGGLER_FACTOR,
         "cells": cells,
     }
@@ -382,7 +416,8 @@ def header(name: str, results: dict[str, Any]) -> str:
         f"each cell's lr tuned on seeds {results['tuning_seeds']} (not reported; mean time, a rate failing on "
         f"either is out) over the grid {results['lrs']}, "
         f"widened 4x at a time while on its edge; asgd-3t, lpp and asgd-3t-rep: {THREADS_PER_DEVICE} threads per "
-        f"device; -rep: --replication replicas, H = {REPLICA_PERIOD}, d = {REPLICA_DELAY}"
+        f"device; -rep: --replication replicas, (H, d) tuned over {list(REPLICA_SCHEDULES)} like the rate "
+        f"(quick: H = {REPLICA_PERIOD}, d = {REPLICA_DELAY})"
     )
 
 

@@ -41,7 +41,28 @@ def tables(rows: list[dict[str, Any]]) -> str:
 
 
 def _bias(probe: dict[str, Any]) -> str:
-    return f"{probe['bias']:.3g} ± {probe['stderr']:.2g} ({probe['verdict']})"
+    return f"{probe['bias']:.3g} [{probe['ci_low']:.2g}, {probe['ci_high']:.2g}] ({probe['verdict']})"
+
+
+def _bias_table(result: dict[str, Any]) -> str:
+    points = [
+        {
+            "lr": report["lr"],
+            "eta": f"{report['eta']:.3g}",
+            "job": p["job"],
+            "alpha eta tau_max": f"{p['alpha_eta_tau_max']:.3g}",
+            "bound (G)": "vacuous" if p["bound"] is None else f"{p['bound']:.3g}",
+            "bound (G_batch)": "vacuous" if p["bound_batch"] is None else f"{p['bound_batch']:.3g}",
+            **{f"{w} bias [95 % CI]": _bias(p[w]) for w in ("stashed", "live")},
+        }
+        for report in result["rates"]
+        for p in report["points"]
+    ]
+    scalars = "\n".join(
+        f"- lr {r['lr']}: " + ", ".join(f"{k} {v}" for k, v in r.items() if k not in ("lr", "points"))
+        for r in result["rates"]
+    )
+    return scalars + "\n\n" + markdown_table(points, list(points[0]))
 
 
 def _whole_table(name: str, result: dict[str, Any]) -> str:
@@ -61,20 +82,7 @@ def _whole_table(name: str, result: dict[str, Any]) -> str:
             table
             + f"\n\nconvergence against K, log-log slope of the optimality gap (SGD's rate: -0.5 or steeper): {slopes}"
         )
-    points = [
-        {
-            "job": p["job"],
-            "alpha eta tau_max": f"{p['alpha_eta_tau_max']:.3g}",
-            "bound": "vacuous" if p["bound"] is None else f"{p['bound']:.3g}",
-            **{
-                f"{w} bias": f"{p[w]['bias']:.3g} ± {p[w]['stderr']:.2g} ({p[w]['verdict']})"
-                for w in ("stashed", "live")
-            },
-        }
-        for p in result["points"]
-    ]
-    scalars = "\n".join(f"- {key}: {value}" for key, value in result.items() if key != "points")
-    return scalars + "\n\n" + markdown_table(points, list(points[0]))
+    return _bias_table(result)
 
 
 def run_part(

@@ -2,6 +2,7 @@
 arithmetic (ratios, hidden fractions, scale-up, targets) is what the docstrings say."""
 
 import collections
+import math
 import types
 
 import numpy as np
@@ -69,26 +70,76 @@ def test_staleness_and_accuracy_summaries_judge_their_targets():
     cells[0]["layer_over_block"]["live"] = 0.5
     assert staleness.summary(cells)["ratio_target_met"]
     cells = [
-        {"depth": 4, "pdasgd_points_below_sgd": 0.4, "layer_minus_block_points": 2.0},
-        {"depth": 16, "pdasgd_points_below_sgd": 1.5, "layer_minus_block_points": -0.5},
+        {"depth": 4, "pdasgd_points_below_sgd": 0.4, "layer_minus_block_points": 2.0, "target_met": True},
+        {"depth": 16, "pdasgd_points_below_sgd": 1.5, "layer_minus_block_points": -0.5, "target_met": False},
     ]
     out = accuracy.summary(cells)
     assert out["points_below_sgd"] == {4: 0.4, 16: 1.5} and not out["accuracy_target_met"]
     assert out["layer_minus_block_points"] == {4: 2.0, 16: -0.5}
-    cells[1]["pdasgd_points_below_sgd"] = -0.2
+    cells[1]["target_met"] = True
     assert accuracy.summary(cells)["accuracy_target_met"]
+
+
+def test_a_diverged_seed_scores_chance_and_fails_the_accuracy_target(monkeypatch):
+    """PD-ASGD's finite seeds equal SGD's, but one diverged: dropping it would call the target
+    met; it scores chance and is counted instead."""
+    assert common.TUNING_SEEDS == (100, 101)
+    assert common.accuracies([0.9, math.nan, 0.8]) == (pytest.approx((0.9 + common.CHANCE + 0.8) / 3), 1)
+
+    def fake_cell(algo, *args, **kwargs):
+        final = [0.95, math.nan, 0.95] if algo == "pdasgd" else [0.95] * 3
+        return {"lr": 0.02, "edge": False, "mean": 1.0, "std": 0.0, "final_accuracy": final}
+
+    monkeypatch.setattr(common, "cell", fake_cell)
+    result, row = accuracy.accuracy_cell(4, quick=False)
+    assert result["diverged_seeds"]["pdasgd"] == 1 and result["diverged_seeds"]["sgd"] == 0
+    assert not result["target_met"] and result["pdasgd_points_below_sgd"] > 20
+    assert "1 diverged" in row["pdasgd acc"] and "missed" in row["pdasgd below sgd (points)"]
+
+
+def _censored_cell(k, vs_sync, vs_async, met, *, sync_censored=False, async_censored=False):
+    return {
+        "workers": 4,
+        "k": k,
+        "target_met": met,
+        "pdasgd_vs_sync": vs_sync,
+        "pdasgd_vs_sync_censored": sync_censored,
+        "pdasgd_vs_best_async": vs_async,
+        "pdasgd_vs_best_async_censored": async_censored,
+    }
 
 
 def test_speedups_target_is_judged_at_k_of_one_and_more():
     cells = [
-        {"k": 0.0, "target_met": None, "pdasgd_vs_sync": 0.8, "pdasgd_vs_best_async": 0.9},
-        {"k": 1.0, "target_met": True, "pdasgd_vs_sync": 2.5, "pdasgd_vs_best_async": 1.1},
-        {"k": 4.0, "target_met": True, "pdasgd_vs_sync": None, "pdasgd_vs_best_async": 1.3},
+        _censored_cell(0.0, 0.8, 0.9, None),
+        _censored_cell(1.0, 2.5, 1.1, True),
+        _censored_cell(4.0, None, 1.3, True),
     ]
-    assert speedups.summary(cells) == {"max_vs_sync": 2.5, "max_vs_best_async": 1.3, "target_met": True}
+    out = speedups.summary(cells)
+    assert (out["max_vs_sync"], out["max_vs_best_async"], out["target_met"]) == (2.5, 1.3, True)
+    assert out["censored_vs_sync"] == {} and out["target_unjudged"] == []
     cells[1]["target_met"] = False
     assert not speedups.summary(cells)["target_met"]
     assert [s["k"] for s in speedups.specs(False) if s["straggler"]] == [0.0, 0.0]
+
+
+def test_a_censored_speedup_is_a_lower_bound_never_a_headline_or_a_met_target():
+    """Sync and both baselines miss the target (inf mean time) while PD-ASGD reaches it: the
+    comparisons are lower bounds from the references' run times, listed apart."""
+    pd = {"mean": 2.0, "times": [2.0, 2.0], "run_times": [2.0, 2.0]}
+    missed = {"mean": math.inf, "times": [math.inf, 3.0], "run_times": [5.0, 3.0]}
+    assert speedups.lower_bound_time(missed) == 4.0
+    assert speedups.speedup(missed, pd) == {"ratio": 2.0, "censored": True}
+    assert speedups.speedup(pd, missed) == {"ratio": None, "censored": False}
+    diverged = {"mean": math.inf, "times": [math.inf], "run_times": [math.nan]}
+    assert math.isnan(speedups.speedup(diverged, pd)["ratio"])
+    cells = [
+        _censored_cell(1.0, 1.5, 1.2, True),
+        _censored_cell(2.0, 9.0, 7.0, None, sync_censored=True, async_censored=True),
+    ]
+    out = speedups.summary(cells)
+    assert out["max_vs_sync"] == 1.5 and out["max_vs_best_async"] == 1.2 and out["target_met"]
+    assert out["censored_vs_sync"] == {"W=4 k=2": "≥ 9.00x"} and out["target_unjudged"] == ["W=4 k=2"]
 
 
 def test_dasgd_hides_an_allreduce_that_fits_in_d_steps_and_local_sgd_does_not():
@@ -115,7 +166,7 @@ def test_run_part_reports_each_cell_as_it_finishes(monkeypatch):
         accuracy,
         "run_spec",
         lambda spec, *, quick: (
-            {**spec, "pdasgd_points_below_sgd": 0.5, "layer_minus_block_points": 1.0},
+            {**spec, "pdasgd_points_below_sgd": 0.5, "layer_minus_block_points": 1.0, "target_met": True},
             {"M": spec["depth"]},
         ),
     )

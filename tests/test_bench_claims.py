@@ -12,7 +12,7 @@ from pdasgd_jax import bench
 from pdasgd_jax.bench import claims, delays
 from pdasgd_jax.bench.claims import accuracy, common, dasgd, speedups, staleness
 from pdasgd_jax.delays import TimingModel
-from pdasgd_jax.executor import EventKind, EventLog
+from pdasgd_jax.executor import EventKind, EventLog, StalenessStats
 from pdasgd_jax.experiment import Experiment
 
 # resnet1d with M = 4 stages: a fixed timing (no calibration), the backward twice the forward.
@@ -34,14 +34,17 @@ def _independent_staleness(events) -> list[list[int]]:
 
 def test_staleness_cell_reports_the_simulators_count(monkeypatch):
     """Every variant's per-stage staleness is the count of its run's reads and updates (recounted
-    here from the event log), nonzero with W > 1, and the ratio is layer over block."""
+    here from the event log) after the warm-up (each stage's first 2 M W updates: exactly those
+    are left out), nonzero with W > 1, and the ratio is layer over block."""
     monkeypatch.setattr(Experiment, "calibration", lambda self, batch=None: types.SimpleNamespace(timing=TIMING))
-    logs = []
+    logs, extras = [], []
     real_run = delays.run_simulated
 
-    def logged_run(exp, metrics, *, timing):
+    def logged_run(exp, metrics, *, timing, staleness_warmup):
         logs.append(EventLog())
-        return real_run(exp, metrics, timing=timing, log=logs[-1])
+        result = real_run(exp, metrics, timing=timing, log=logs[-1], staleness_warmup=staleness_warmup)
+        extras.append(result.extra["staleness"])
+        return result
 
     monkeypatch.setattr(delays, "run_simulated", logged_run)
     # layer and block with stashed weights, a few dozen jobs: the counting is what is under test
@@ -50,14 +53,31 @@ def test_staleness_cell_reports_the_simulators_count(monkeypatch):
     monkeypatch.setattr(common, "QUICK_EPOCHS", 0.1)
     result, row = staleness.staleness_cell(4, 4, 1.0, quick=True)
     assert len(logs) == len(staleness.VARIANTS)  # quick: one seed per variant
-    for variant, log in zip(staleness.VARIANTS, logs):
-        counted = [float(np.mean(t)) for t in _independent_staleness(log.events)]
+    warmup = staleness.warmup_updates(4, 4)
+    assert warmup == 32 and staleness.staleness_epochs(4, 4, quick=True) == pytest.approx(64 * 16 / 4000)
+    for variant, log, extra in zip(staleness.VARIANTS, logs, extras):
+        all_taus = _independent_staleness(log.events)
+        assert min(len(t) for t in all_taus) > warmup  # some updates are measured after the warm-up
+        counted = [float(np.mean(t[warmup:])) for t in all_taus]
         assert result[variant]["per_stage_staleness"] == pytest.approx(counted)
+        assert extra["excluded"] == 4 * warmup and extra["updates"] == sum(len(t) for t in all_taus) - 4 * warmup
+        assert np.mean(counted) > float(np.mean([np.mean(t) for t in all_taus]))  # the fill lowered the mean
         assert min(counted) > 0, f"{variant}: W = 4 devices of 3 workers each must read stale stages"
     layer, block = (result[v]["mean_staleness"] for v in staleness.PAIRS["stashed"])
     assert result["layer_over_block"]["stashed"] == pytest.approx(layer / block)
     assert row["layer/block (stashed)"] == f"{layer / block:.2f}"
     assert result["predicted_ratio"] == pytest.approx(3 / 8)
+
+
+def test_staleness_warmup_leaves_out_each_stages_first_updates():
+    stats = StalenessStats(2)
+    for m, tau in [(0, 0), (0, 0), (0, 3), (1, 1), (0, 5)]:
+        stats.add(m, tau)
+    out = stats.summary(warmup=2)
+    assert [s["mean"] for s in out["per_stage"]] == [4.0, 0.0] and (out["updates"], out["excluded"]) == (2, 3)
+    assert "excluded" not in stats.summary() and stats.summary()["updates"] == 5
+    with pytest.raises(ValueError, match="warmup -1"):
+        stats.summary(warmup=-1)
 
 
 def test_staleness_and_accuracy_summaries_judge_their_targets():

@@ -162,9 +162,12 @@ def time_to_target(
     epochs: float,
     comm: CommModel = FREE_NETWORK,
     protocol: Protocol = DIGITS,
+    *,
+    staleness_warmup: int = 0,
 ) -> Outcome:
     """Virtual seconds until the test accuracy reaches the protocol's target, with the run's
-    staleness (measured by the simulator's executor), load and final accuracy."""
+    staleness (measured by the simulator's executor, less each stage's first
+    ``staleness_warmup`` updates), load and final accuracy."""
     overrides = dict(protocol.algorithms[algo])
     threads = overrides.pop("threads_per_device", 1)
     batch = protocol.batch_size * workers if overrides["algo"] == "sync" else protocol.batch_size
@@ -195,7 +198,7 @@ def time_to_target(
         progress=False,
     )
     try:
-        extra = run_simulated(exp, metrics, timing=timing).extra
+        extra = run_simulated(exp, metrics, timing=timing, staleness_warmup=staleness_warmup).extra
     except NonFiniteLossError:
         return DIVERGED
     finally:

@@ -40,6 +40,10 @@ def tables(rows: list[dict[str, Any]]) -> str:
     return "\n\n".join(markdown_table(group, list(columns)) for columns, group in groups.items())
 
 
+def _slope(fit: dict[str, Any]) -> str:
+    return f"{fit['slope']:.2f} [{fit['ci_low']:.2f}, {fit['ci_high']:.2f}]"
+
+
 def _bias(probe: dict[str, Any]) -> str:
     return f"{probe['bias']:.3g} [{probe['ci_low']:.2g}, {probe['ci_high']:.2g}] ({probe['verdict']})"
 
@@ -74,13 +78,19 @@ def _whole_table(name: str, result: dict[str, Any]) -> str:
         conv = result["convergence"]
         if "pending" in conv:
             return table + f"\n\nconvergence against K: pending: {conv['pending']}"
-        slopes = ", ".join(
-            f"{a} {f['slope']:.2f} (95 % CI {f['ci_low']:.2f} to {f['ci_high']:.2f})"
-            for a, f in ((a, conv[a]["slope"]) for a in ("sgd", "dasgd"))
-        )
+        rows = [{"method": "sgd", "slope [95 % CI]": _slope(conv["sgd"]["slope"]), "gap ratio to sgd, per K": "1"}] + [
+            {
+                "method": f"dasgd d = {d}",
+                "slope [95 % CI]": _slope(r["slope"]),
+                "gap ratio to sgd, per K": " ".join(f"{x:.2f}" for x in r["ratio"]),
+            }
+            for d, r in conv["dasgd"].items()
+        ]
         return (
             table
-            + f"\n\nconvergence against K, log-log slope of the optimality gap (SGD's rate: -0.5 or steeper): {slopes}"
+            + f"\n\nconvergence against K ({conv['problem']['kind']}, eta = {conv['problem']['lr']}, equal examples; "
+            + f"K = {conv['ks']}): the slope is set by the rate choice, the ratio is the test\n\n"
+            + markdown_table(rows, ["method", "slope [95 % CI]", "gap ratio to sgd, per K"])
         )
     return _bias_table(result)
 

@@ -106,13 +106,22 @@ def bias_bound(grad_bound: float, alpha: float, eta: float, tau_max: int) -> flo
 
 
 class ProbePoint(NamedTuple):
-    """Where the bias is probed: per stage, the current weights, the version a stale forward
-    read and its staleness, and the non-trainable states the forward read."""
+    """Where the bias is probed: per stage, the current weights (the version the stage's update
+    replaced), the version a stale forward read and its staleness, and the non-trainable states
+    the forward read.
+
+    ``reference`` (optional): per stage ``m``, the whole model's weights (every stage's) in the
+    store when stage ``m``'s update landed: ``theta_{t_m}``, the point that update is applied
+    to. Stage ``m``'s reference gradient is then ``grad_m f(reference[m])``; without it, the
+    whole reference gradient is ``grad f(current)`` (the stages' replaced versions together,
+    which mixes the versions of different update times).
+    """
 
     current: tuple[PyTree, ...]
     stale: tuple[PyTree, ...]
     staleness: tuple[int, ...]
     states: tuple[PyTree, ...]
+    reference: tuple[tuple[PyTree, ...], ...] | None = None
 
 
 class BiasProbe(NamedTuple):
@@ -233,7 +242,7 @@ def probe_bias(
     diffs, grads, norms = [], [], []
     for i, (x, labels) in enumerate(batches):
         rng = jax.random.fold_in(jax.random.key(seed), i) if kernels.draws_randomness else None
-        _, g = kernels.job_gradients(point.current, point.states, x, labels, rng)
+        g = _reference_gradients(kernels, point, x, labels, rng)
         if weights == "stashed":
             _, g_used = kernels.job_gradients(point.stale, point.states, x, labels, rng)
         else:
@@ -255,6 +264,20 @@ def probe_bias(
         est.ci_low,
         est.ci_high,
     )
+
+
+def _reference_gradients(kernels: StageKernels, point: ProbePoint, x, labels, rng) -> tuple[PyTree, ...]:
+    """``grad f(theta_t)`` per stage: at ``point.reference[m]`` for stage ``m`` (one gradient
+    per distinct snapshot), or at ``point.current`` for every stage."""
+    if point.reference is None:
+        return kernels.job_gradients(point.current, point.states, x, labels, rng)[1]
+    by_snapshot: dict[int, tuple[PyTree, ...]] = {}
+    grads = []
+    for m, snapshot in enumerate(point.reference):
+        if id(snapshot) not in by_snapshot:
+            by_snapshot[id(snapshot)] = kernels.job_gradients(snapshot, point.states, x, labels, rng)[1]
+        grads.append(by_snapshot[id(snapshot)][m])
+    return tuple(grads)
 
 
 def _flat(tree: PyTree) -> np.ndarray:

@@ -11,7 +11,7 @@ Parts (``PARTS``; docs/claims.md maps each claim of the PD-ASGD and DaSGD abstra
 * ``bias``: the measured gradient bias against the paper's bound.
 
 Every part uses ``common``'s model, data, budget and rate tuning (``delays``' machinery: rates
-tuned on an unreported seed over a widening grid, time to target on the virtual clock).
+tuned on two unreported seeds over a widening grid, time to target on the virtual clock).
 ``scripts/claims_part.py`` runs one part and appends each finished cell as it goes.
 """
 

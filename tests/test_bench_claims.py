@@ -162,6 +162,26 @@ def test_a_censored_speedup_is_a_lower_bound_never_a_headline_or_a_met_target():
     assert out["censored_vs_sync"] == {"W=4 k=2": "≥ 9.00x"} and out["target_unjudged"] == ["W=4 k=2"]
 
 
+def test_a_cell_where_only_pdasgd_reaches_the_target_is_censored_not_met(monkeypatch):
+    def fake_cell(algo, *args, **kwargs):
+        reached = algo == "pdasgd"
+        return {
+            "lr": 0.02,
+            "edge": False,
+            "mean": 2.0 if reached else math.inf,
+            "std": 0.0 if reached else math.nan,
+            "times": [2.0] if reached else [math.inf],
+            "run_times": [2.0] if reached else [{"sync": 6.0, "asgd-3t": 5.0, "lpp": 4.0}[algo]],
+            "staleness": [1.0],
+        }
+
+    monkeypatch.setattr(common, "cell", fake_cell)
+    result, row = speedups.run_spec({"depth": 4, "workers": 4, "k": 1.0, "straggler": False}, quick=True)
+    assert result["best_async"] == "lpp" and result["pdasgd_vs_best_async"] == 2.0
+    assert result["pdasgd_vs_best_async_censored"] and result["target_met"] is None
+    assert row["pdasgd vs sync"] == "≥ 3.00x (ref. not reached)"
+
+
 def test_dasgd_hides_an_allreduce_that_fits_in_d_steps_and_local_sgd_does_not():
     rows = dasgd.hidden_fraction(TIMING, 10**6, rounds=8)
     by_cost = {r["allreduce_in_steps"]: r for r in rows}

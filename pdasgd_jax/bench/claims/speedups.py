@@ -58,6 +58,10 @@ def speedup(ref: dict[str, Any], pd: dict[str, Any]) -> dict[str, Any]:
     return {"ratio": lower_bound_time(ref) / pd["mean"], "censored": True}
 
 
+def _nan_last(x: float) -> float:
+    return math.inf if math.isnan(x) else x
+
+
 def _fmt_speedup(s: dict[str, Any]) -> str:
     if s["ratio"] is None:
         return "pdasgd not reached"
@@ -72,7 +76,7 @@ def run_spec(spec: dict[str, Any], *, quick: bool) -> tuple[dict[str, Any], dict
     by_algo = {a: common.cell(a, depth, workers, k, straggler, quick=quick, stop_at_target=True) for a in ALGOS}
     pd = by_algo["pdasgd"]
     # the fastest baseline by mean time, or (none reached the target) by its lower bound
-    rival = min(BASELINES, key=lambda a: (by_algo[a]["mean"], lower_bound_time(by_algo[a])))
+    rival = min(BASELINES, key=lambda a: (by_algo[a]["mean"], _nan_last(lower_bound_time(by_algo[a]))))
     vs_sync, vs_async = speedup(by_algo["sync"], pd), speedup(by_algo[rival], pd)
     if k < 1:
         met = None

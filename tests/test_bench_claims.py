@@ -217,6 +217,21 @@ def test_run_part_reports_each_cell_as_it_finishes(monkeypatch):
     assert "| 4 |" in text and "| 8 |" in text
 
 
+def test_bias_part_rates_include_the_grid_and_extra_rates_and_refuse_bad_ones(monkeypatch):
+    probed = []
+    fake = types.SimpleNamespace(
+        simulated_probe_points=lambda config, points: probed.append(config.lr) or config.lr,
+        bias_along_run=lambda run, probes: {"eta": run},
+    )
+    monkeypatch.setattr(claims.bias.importlib, "import_module", lambda name: fake)
+    out = claims.bias.run_part(quick=False, extra_lrs=(0.32, 0.02))
+    assert probed == [0.005, 0.02, 0.08, 0.32] and [r["lr"] for r in out["rates"]] == probed
+    with pytest.raises(ValueError, match=r"rate -0\.1 must be finite and > 0"):
+        claims.bias.run_part(quick=True, extra_lrs=(-0.1,))
+    with pytest.raises(ValueError, match="bias part only"):
+        claims.run_part("dasgd", quick=True, bias_lrs=(0.1,))
+
+
 def test_claims_is_a_benchmark_and_refuses_an_unknown_part():
     assert "claims" in bench.BENCHMARKS
     with pytest.raises(ValueError, match="'depth' is not one of staleness, accuracy, speedups, dasgd, bias"):

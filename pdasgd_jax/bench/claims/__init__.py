@@ -96,14 +96,22 @@ def _whole_table(name: str, result: dict[str, Any]) -> str:
 
 
 def run_part(
-    name: str, *, quick: bool, on_cell: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
+    name: str,
+    *,
+    quick: bool,
+    on_cell: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+    bias_lrs: tuple[float, ...] = (),
 ) -> tuple[dict[str, Any], str]:
-    """Runs part ``name``; ``on_cell(result, row)`` after each finished cell of a cell part.
+    """Runs part ``name``; ``on_cell(result, row)`` after each finished cell of a cell part;
+    ``bias_lrs``: rates the ``bias`` part probes besides its grid (``bias.run_part``).
 
     Returns the part's raw results (with the budget) and its markdown.
     """
+    if bias_lrs and name != "bias":
+        raise ValueError(f"bias_lrs (--lrs) applies to the bias part only, not to {name!r}")
     if name in WHOLE_PARTS:
-        result = WHOLE_PARTS[name].run_part(quick=quick)
+        options = {"extra_lrs": tuple(bias_lrs)} if name == "bias" else {}
+        result = WHOLE_PARTS[name].run_part(quick=quick, **options)
         return {"budget": common.budget(), **result}, f"### {name}\n\n" + _whole_table(name, result)
     if name not in CELL_PARTS:
         raise ValueError(f"claims part {name!r} is not one of {', '.join(PARTS)}")

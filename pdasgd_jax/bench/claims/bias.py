@@ -14,6 +14,7 @@ itself pending.
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any
 
 from pdasgd_jax.bench.claims import common
@@ -42,15 +43,24 @@ def config(*, quick: bool, lr: float = LRS[1]) -> Config:
     )
 
 
-def run_part(*, quick: bool) -> dict[str, Any]:
+def run_part(*, quick: bool, extra_lrs: tuple[float, ...] = ()) -> dict[str, Any]:
     """The estimator's report (``bias_along_run``) per rate (quick: the default rate only), or
-    why it is pending."""
+    why it is pending.
+
+    Args:
+      quick: the tests' sizes.
+      extra_lrs: rates probed besides the grid's, e.g. the rates the ``accuracy`` and
+        ``speedups`` parts tuned for ``pdasgd`` (their ``lr``) when widening left the grid.
+    """
+    for lr in extra_lrs:
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"bias part rate {lr!r} must be finite and > 0")
     try:
         claims = importlib.import_module("pdasgd_jax.claims")
     except ImportError:
         return {"pending": "pdasgd_jax.claims (the bias estimator) is not in this build"}
     reports = []
-    for lr in LRS[1:2] if quick else LRS:
+    for lr in sorted({*(LRS[1:2] if quick else LRS), *extra_lrs}):
         run = claims.simulated_probe_points(config(quick=quick, lr=lr), 2 if quick else POINTS)
         reports.append({"lr": lr, **claims.bias_along_run(run, probes=4 if quick else PROBES)})
     return {"rates": reports}

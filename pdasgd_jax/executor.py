@@ -125,17 +125,28 @@ class StalenessStats:
     def num_updates(self) -> int:
         return sum(len(t) for t in self._taus)
 
-    def summary(self) -> dict[str, Any]:
-        """Mean, max and histogram (counts of tau = 0, 1, ...) per stage."""
-        out = []
+    def summary(self, warmup: int = 0) -> dict[str, Any]:
+        """Mean, max and histogram (counts of tau = 0, 1, ...) per stage.
+
+        Args:
+          warmup: the first ``warmup`` updates of each stage (in the order they were applied)
+            are left out: the pipeline's start-up transient, while the stages fill, has less
+            staleness than the steady state (``updates`` counts the rest, ``excluded`` these).
+        """
+        if warmup < 0:
+            raise ValueError(f"staleness warmup {warmup!r} must be >= 0")
+        out, excluded = [], 0
         for taus in self.per_stage():
+            excluded += min(warmup, taus.size)
+            taus = taus[warmup:]
             if taus.size == 0:
                 out.append({"mean": 0.0, "max": 0, "histogram": []})
             else:
                 out.append(
                     {"mean": float(taus.mean()), "max": int(taus.max()), "histogram": np.bincount(taus).tolist()}
                 )
-        return {"per_stage": out, "updates": self.num_updates}
+        summary = {"per_stage": out, "updates": self.num_updates - excluded}
+        return {**summary, "warmup": warmup, "excluded": excluded} if warmup else summary
 
 
 class StashedRecord(NamedTuple):

@@ -9,6 +9,7 @@ still reports what it measured; the part's summary is written when it ends.
 Usage::
 
     python scripts/claims_part.py --part staleness --out bench_out
+    python scripts/claims_part.py --part bias --lrs 0.32 --out bench_out  # also a tuned rate off the grid
 """
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ def main() -> None:
     parser.add_argument("--part", required=True, choices=claims.PARTS)
     parser.add_argument("--out", default="bench_out")
     parser.add_argument("--quick", action="store_true", help="the tests' tiny sizes")
+    parser.add_argument(
+        "--lrs",
+        type=float,
+        nargs="+",
+        default=(),
+        help="bias part only: rates probed besides the grid (e.g. pdasgd's tuned rates from accuracy/speedups)",
+    )
     args = parser.parse_args()
+    if args.lrs and args.part != "bias":
+        parser.error(f"--lrs applies to --part bias only, not to --part {args.part}")
     os.makedirs(args.out, exist_ok=True)
     jsonl, md = (os.path.join(args.out, f"claims-{args.part}.{ext}") for ext in ("jsonl", "md"))
     rows = []
@@ -38,7 +48,7 @@ def main() -> None:
             f.write(f"### {args.part} (partial)\n\n" + claims.tables(rows) + "\n")
         print(json.dumps(row), flush=True)
 
-    results, text = claims.run_part(args.part, quick=args.quick, on_cell=on_cell)
+    results, text = claims.run_part(args.part, quick=args.quick, on_cell=on_cell, bias_lrs=tuple(args.lrs))
     with open(os.path.join(args.out, f"claims-{args.part}.json"), "w") as f:
         json.dump(json_ready(results), f, indent=1)
     with open(md, "w") as f:

@@ -2,6 +2,7 @@
 arithmetic (ratios, hidden fractions, scale-up, targets) is what the docstrings say."""
 
 import collections
+import math
 import types
 
 import numpy as np
@@ -11,7 +12,7 @@ from pdasgd_jax import bench
 from pdasgd_jax.bench import claims, delays
 from pdasgd_jax.bench.claims import accuracy, common, dasgd, speedups, staleness
 from pdasgd_jax.delays import TimingModel
-from pdasgd_jax.executor import EventKind, EventLog
+from pdasgd_jax.executor import EventKind, EventLog, StalenessStats
 from pdasgd_jax.experiment import Experiment
 
 # resnet1d with M = 4 stages: a fixed timing (no calibration), the backward twice the forward.
@@ -33,14 +34,17 @@ def _independent_staleness(events) -> list[list[int]]:
 
 def test_staleness_cell_reports_the_simulators_count(monkeypatch):
     """Every variant's per-stage staleness is the count of its run's reads and updates (recounted
-    here from the event log), nonzero with W > 1, and the ratio is layer over block."""
+    here from the event log) after the warm-up (each stage's first 2 M W updates: exactly those
+    are left out), nonzero with W > 1, and the ratio is layer over block."""
     monkeypatch.setattr(Experiment, "calibration", lambda self, batch=None: types.SimpleNamespace(timing=TIMING))
-    logs = []
+    logs, extras = [], []
     real_run = delays.run_simulated
 
-    def logged_run(exp, metrics, *, timing):
+    def logged_run(exp, metrics, *, timing, staleness_warmup):
         logs.append(EventLog())
-        return real_run(exp, metrics, timing=timing, log=logs[-1])
+        result = real_run(exp, metrics, timing=timing, log=logs[-1], staleness_warmup=staleness_warmup)
+        extras.append(result.extra["staleness"])
+        return result
 
     monkeypatch.setattr(delays, "run_simulated", logged_run)
     # layer and block with stashed weights, a few dozen jobs: the counting is what is under test
@@ -49,14 +53,31 @@ def test_staleness_cell_reports_the_simulators_count(monkeypatch):
     monkeypatch.setattr(common, "QUICK_EPOCHS", 0.1)
     result, row = staleness.staleness_cell(4, 4, 1.0, quick=True)
     assert len(logs) == len(staleness.VARIANTS)  # quick: one seed per variant
-    for variant, log in zip(staleness.VARIANTS, logs):
-        counted = [float(np.mean(t)) for t in _independent_staleness(log.events)]
+    warmup = staleness.warmup_updates(4, 4)
+    assert warmup == 32 and staleness.staleness_epochs(4, 4, quick=True) == pytest.approx(64 * 16 / 4000)
+    for variant, log, extra in zip(staleness.VARIANTS, logs, extras):
+        all_taus = _independent_staleness(log.events)
+        assert min(len(t) for t in all_taus) > warmup  # some updates are measured after the warm-up
+        counted = [float(np.mean(t[warmup:])) for t in all_taus]
         assert result[variant]["per_stage_staleness"] == pytest.approx(counted)
+        assert extra["excluded"] == 4 * warmup and extra["updates"] == sum(len(t) for t in all_taus) - 4 * warmup
+        assert np.mean(counted) > float(np.mean([np.mean(t) for t in all_taus]))  # the fill lowered the mean
         assert min(counted) > 0, f"{variant}: W = 4 devices of 3 workers each must read stale stages"
     layer, block = (result[v]["mean_staleness"] for v in staleness.PAIRS["stashed"])
     assert result["layer_over_block"]["stashed"] == pytest.approx(layer / block)
     assert row["layer/block (stashed)"] == f"{layer / block:.2f}"
     assert result["predicted_ratio"] == pytest.approx(3 / 8)
+
+
+def test_staleness_warmup_leaves_out_each_stages_first_updates():
+    stats = StalenessStats(2)
+    for m, tau in [(0, 0), (0, 0), (0, 3), (1, 1), (0, 5)]:
+        stats.add(m, tau)
+    out = stats.summary(warmup=2)
+    assert [s["mean"] for s in out["per_stage"]] == [4.0, 0.0] and (out["updates"], out["excluded"]) == (2, 3)
+    assert "excluded" not in stats.summary() and stats.summary()["updates"] == 5
+    with pytest.raises(ValueError, match="warmup -1"):
+        stats.summary(warmup=-1)
 
 
 def test_staleness_and_accuracy_summaries_judge_their_targets():
@@ -69,26 +90,96 @@ def test_staleness_and_accuracy_summaries_judge_their_targets():
     cells[0]["layer_over_block"]["live"] = 0.5
     assert staleness.summary(cells)["ratio_target_met"]
     cells = [
-        {"depth": 4, "pdasgd_points_below_sgd": 0.4, "layer_minus_block_points": 2.0},
-        {"depth": 16, "pdasgd_points_below_sgd": 1.5, "layer_minus_block_points": -0.5},
+        {"depth": 4, "pdasgd_points_below_sgd": 0.4, "layer_minus_block_points": 2.0, "target_met": True},
+        {"depth": 16, "pdasgd_points_below_sgd": 1.5, "layer_minus_block_points": -0.5, "target_met": False},
     ]
     out = accuracy.summary(cells)
     assert out["points_below_sgd"] == {4: 0.4, 16: 1.5} and not out["accuracy_target_met"]
     assert out["layer_minus_block_points"] == {4: 2.0, 16: -0.5}
-    cells[1]["pdasgd_points_below_sgd"] = -0.2
+    cells[1]["target_met"] = True
     assert accuracy.summary(cells)["accuracy_target_met"]
+
+
+def test_a_diverged_seed_scores_chance_and_fails_the_accuracy_target(monkeypatch):
+    """PD-ASGD's finite seeds equal SGD's, but one diverged: dropping it would call the target
+    met; it scores chance and is counted instead."""
+    assert common.TUNING_SEEDS == (100, 101)
+    assert common.accuracies([0.9, math.nan, 0.8]) == (pytest.approx((0.9 + common.CHANCE + 0.8) / 3), 1)
+
+    def fake_cell(algo, *args, **kwargs):
+        final = [0.95, math.nan, 0.95] if algo == "pdasgd" else [0.95] * 3
+        return {"lr": 0.02, "edge": False, "mean": 1.0, "std": 0.0, "final_accuracy": final}
+
+    monkeypatch.setattr(common, "cell", fake_cell)
+    result, row = accuracy.accuracy_cell(4, quick=False)
+    assert result["diverged_seeds"]["pdasgd"] == 1 and result["diverged_seeds"]["sgd"] == 0
+    assert not result["target_met"] and result["pdasgd_points_below_sgd"] > 20
+    assert "1 diverged" in row["pdasgd acc"] and "missed" in row["pdasgd below sgd (points)"]
+
+
+def _censored_cell(k, vs_sync, vs_async, met, *, sync_censored=False, async_censored=False):
+    return {
+        "workers": 4,
+        "k": k,
+        "target_met": met,
+        "pdasgd_vs_sync": vs_sync,
+        "pdasgd_vs_sync_censored": sync_censored,
+        "pdasgd_vs_best_async": vs_async,
+        "pdasgd_vs_best_async_censored": async_censored,
+    }
 
 
 def test_speedups_target_is_judged_at_k_of_one_and_more():
     cells = [
-        {"k": 0.0, "target_met": None, "pdasgd_vs_sync": 0.8, "pdasgd_vs_best_async": 0.9},
-        {"k": 1.0, "target_met": True, "pdasgd_vs_sync": 2.5, "pdasgd_vs_best_async": 1.1},
-        {"k": 4.0, "target_met": True, "pdasgd_vs_sync": None, "pdasgd_vs_best_async": 1.3},
+        _censored_cell(0.0, 0.8, 0.9, None),
+        _censored_cell(1.0, 2.5, 1.1, True),
+        _censored_cell(4.0, None, 1.3, True),
     ]
-    assert speedups.summary(cells) == {"max_vs_sync": 2.5, "max_vs_best_async": 1.3, "target_met": True}
+    out = speedups.summary(cells)
+    assert (out["max_vs_sync"], out["max_vs_best_async"], out["target_met"]) == (2.5, 1.3, True)
+    assert out["censored_vs_sync"] == {} and out["target_unjudged"] == []
     cells[1]["target_met"] = False
     assert not speedups.summary(cells)["target_met"]
     assert [s["k"] for s in speedups.specs(False) if s["straggler"]] == [0.0, 0.0]
+
+
+def test_a_censored_speedup_is_a_lower_bound_never_a_headline_or_a_met_target():
+    """Sync and both baselines miss the target (inf mean time) while PD-ASGD reaches it: the
+    comparisons are lower bounds from the references' run times, listed apart."""
+    pd = {"mean": 2.0, "times": [2.0, 2.0], "run_times": [2.0, 2.0]}
+    missed = {"mean": math.inf, "times": [math.inf, 3.0], "run_times": [5.0, 3.0]}
+    assert speedups.lower_bound_time(missed) == 4.0
+    assert speedups.speedup(missed, pd) == {"ratio": 2.0, "censored": True}
+    assert speedups.speedup(pd, missed) == {"ratio": None, "censored": False}
+    diverged = {"mean": math.inf, "times": [math.inf], "run_times": [math.nan]}
+    assert math.isnan(speedups.speedup(diverged, pd)["ratio"])
+    cells = [
+        _censored_cell(1.0, 1.5, 1.2, True),
+        _censored_cell(2.0, 9.0, 7.0, None, sync_censored=True, async_censored=True),
+    ]
+    out = speedups.summary(cells)
+    assert out["max_vs_sync"] == 1.5 and out["max_vs_best_async"] == 1.2 and out["target_met"]
+    assert out["censored_vs_sync"] == {"W=4 k=2": "≥ 9.00x"} and out["target_unjudged"] == ["W=4 k=2"]
+
+
+def test_a_cell_where_only_pdasgd_reaches_the_target_is_censored_not_met(monkeypatch):
+    def fake_cell(algo, *args, **kwargs):
+        reached = algo == "pdasgd"
+        return {
+            "lr": 0.02,
+            "edge": False,
+            "mean": 2.0 if reached else math.inf,
+            "std": 0.0 if reached else math.nan,
+            "times": [2.0] if reached else [math.inf],
+            "run_times": [2.0] if reached else [{"sync": 6.0, "asgd-3t": 5.0, "lpp": 4.0}[algo]],
+            "staleness": [1.0],
+        }
+
+    monkeypatch.setattr(common, "cell", fake_cell)
+    result, row = speedups.run_spec({"depth": 4, "workers": 4, "k": 1.0, "straggler": False}, quick=True)
+    assert result["best_async"] == "lpp" and result["pdasgd_vs_best_async"] == 2.0
+    assert result["pdasgd_vs_best_async_censored"] and result["target_met"] is None
+    assert row["pdasgd vs sync"] == "≥ 3.00x (ref. not reached)"
 
 
 def test_dasgd_hides_an_allreduce_that_fits_in_d_steps_and_local_sgd_does_not():
@@ -115,7 +206,7 @@ def test_run_part_reports_each_cell_as_it_finishes(monkeypatch):
         accuracy,
         "run_spec",
         lambda spec, *, quick: (
-            {**spec, "pdasgd_points_below_sgd": 0.5, "layer_minus_block_points": 1.0},
+            {**spec, "pdasgd_points_below_sgd": 0.5, "layer_minus_block_points": 1.0, "target_met": True},
             {"M": spec["depth"]},
         ),
     )
@@ -124,6 +215,21 @@ def test_run_part_reports_each_cell_as_it_finishes(monkeypatch):
     assert seen == [4, 8]
     assert results["summary"]["accuracy_target_met"] and results["budget"]["target_accuracy"] == common.TARGET
     assert "| 4 |" in text and "| 8 |" in text
+
+
+def test_bias_part_rates_include_the_grid_and_extra_rates_and_refuse_bad_ones(monkeypatch):
+    probed = []
+    fake = types.SimpleNamespace(
+        simulated_probe_points=lambda config, points: probed.append(config.lr) or config.lr,
+        bias_along_run=lambda run, probes: {"eta": run},
+    )
+    monkeypatch.setattr(claims.bias.importlib, "import_module", lambda name: fake)
+    out = claims.bias.run_part(quick=False, extra_lrs=(0.32, 0.02))
+    assert probed == [0.005, 0.02, 0.08, 0.32] and [r["lr"] for r in out["rates"]] == probed
+    with pytest.raises(ValueError, match=r"rate -0\.1 must be finite and > 0"):
+        claims.bias.run_part(quick=True, extra_lrs=(-0.1,))
+    with pytest.raises(ValueError, match="bias part only"):
+        claims.run_part("dasgd", quick=True, bias_lrs=(0.1,))
 
 
 def test_claims_is_a_benchmark_and_refuses_an_unknown_part():

@@ -262,7 +262,7 @@ def test_the_delays_bench_straggler_is_the_config_flag(monkeypatch, straggler):
 
     seen = {}
 
-    def fake_run(exp, metrics, *, timing):
+    def fake_run(exp, metrics, *, timing, **_):
         seen.update(config=exp.config, timing=timing)
         raise NonFiniteLossError("stop here: only the run's setup is under test")
 

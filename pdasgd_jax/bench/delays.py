@@ -141,14 +141,16 @@ def _base_experiment(seed: int, lr: float, base: tuple[tuple[str, Any], ...] = (
 
 class Outcome(NamedTuple):
     """One run: virtual seconds to the target (inf: never, or diverged), its mean staleness,
-    its busiest device's utilisation, its last evaluation's test accuracy and each stage's
-    mean staleness (nan and ``()`` when it diverged)."""
+    its busiest device's utilisation, its last evaluation's test accuracy, each stage's
+    mean staleness and the virtual time the run lasted (nan and ``()`` when it diverged; for a
+    run that missed the target, ``run_time`` is a lower bound on its time to the target)."""
 
     time: float
     staleness: float
     busiest_device: float
     final_accuracy: float = math.nan
     per_stage_staleness: tuple[float, ...] = ()
+    run_time: float = math.nan
 
 
 DIVERGED = Outcome(math.inf, math.nan, math.nan)
@@ -165,9 +167,12 @@ def time_to_target(
     comm: CommModel = FREE_NETWORK,
     protocol: Protocol = DIGITS,
     schedule: tuple[int, int] | None = None,
+    *,
+    staleness_warmup: int = 0,
 ) -> Outcome:
     """Virtual seconds until the test accuracy reaches the protocol's target, with the run's
-    staleness (measured by the simulator's executor), load and final accuracy.
+    staleness (measured by the simulator's executor, less each stage's first
+    ``staleness_warmup`` updates), load and final accuracy.
 
     ``schedule``: a replicated variant's averaging ``(H, d)`` in place of its default.
     """
@@ -204,7 +209,7 @@ def time_to_target(
         progress=False,
     )
     try:
-        extra = run_simulated(exp, metrics, timing=timing).extra
+        extra = run_simulated(exp, metrics, timing=timing, staleness_warmup=staleness_warmup).extra
     except NonFiniteLossError:
         return DIVERGED
     finally:
@@ -216,6 +221,7 @@ def time_to_target(
         max(extra["utilisation"]["devices"], default=math.nan),
         metrics.rows[-1]["test_accuracy"] if metrics.rows else math.nan,
         tuple(s["mean"] for s in extra["staleness"]["per_stage"]),
+        extra.get("virtual_time", math.nan),
     )
 
 
@@ -302,6 +308,7 @@ def cell(
         "staleness": [o.staleness for o in outcomes],
         "busiest_device": [o.busiest_device for o in outcomes],
         "final_accuracy": [o.final_accuracy for o in outcomes],
+        "run_times": [o.run_time for o in outcomes],
         "per_stage_staleness": [list(o.per_stage_staleness) for o in outcomes],
     }
 

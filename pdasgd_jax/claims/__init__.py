@@ -1,13 +1,23 @@
 """Estimators behind issue 19's claims: gradient bias against the PD-ASGD bound, and
 convergence rates of DaSGD against SGD (docs/algorithms.md §9)."""
 
-from pdasgd_jax.claims.bias import BiasProbe, ProbePoint, bias_bound, hvp_power_iteration, live_gradients, probe_bias
-from pdasgd_jax.claims.bias_report import bias_along_run, bias_at_points, verdict
+from pdasgd_jax.claims.bias import (
+    BiasProbe,
+    NormEstimate,
+    ProbePoint,
+    bias_bound,
+    debiased_norm,
+    hvp_power_iteration,
+    live_gradients,
+    probe_bias,
+)
+from pdasgd_jax.claims.bias_report import bias_along_run, bias_at_points, effective_step, verdict
 from pdasgd_jax.claims.convergence import SlopeFit, dasgd_convergence, loglog_slope
 from pdasgd_jax.claims.probe_points import RunProbes, simulated_probe_points
 
 __all__ = [
     "BiasProbe",
+    "NormEstimate",
     "ProbePoint",
     "RunProbes",
     "SlopeFit",
@@ -15,6 +25,8 @@ __all__ = [
     "bias_at_points",
     "bias_bound",
     "dasgd_convergence",
+    "debiased_norm",
+    "effective_step",
     "hvp_power_iteration",
     "live_gradients",
     "loglog_slope",

@@ -3,9 +3,13 @@
 No hook inside the simulator is needed: the run records an ``EventLog`` (every forward's
 read version and every update's replaced version and staleness), and ``executor.replay``
 re-executes the log on a store that keeps every version. A job's probe point is then, per
-stage ``m``, the version its update replaced (``theta_t``, what the gradient is applied to),
-the version its forward read (``theta_{t-tau_m}``) and ``tau_m``: the run's own staleness,
-read by its own jobs, not a model of it.
+stage ``m``, the version its update replaced, the version its forward read
+(``theta_{t-tau_m}``) and ``tau_m``: the run's own staleness, read by its own jobs, not a model
+of it. The reference ``theta_{t_m}`` of stage ``m``'s gradient is the whole model in the store
+when that update landed (every stage's latest version at that moment, ``ProbePoint.reference``):
+a layer-wise job's stage updates land at different times ``t_m`` (the last stage's first), so
+stage ``m``'s bias is measured against the gradient at the very point its update is applied to,
+including what the other stages' updates changed before it.
 
 The replay keeps every version of every stage until it returns (memory: the run's updates
 times a stage's size), which suits the small models the claims are measured on; the run
@@ -85,23 +89,34 @@ def simulated_probe_points(config: Config, num_points: int, *, timing: TimingMod
     reads: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
     updates: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
     finished: list[int] = []  # jobs in the order their last update landed
+    applied = [0] * store.num_stages  # each stage's current version: the updates applied so far
+    snapshots: dict[tuple[int, int], tuple[int, ...]] = {}  # (job, stage) -> every stage's version then
     for e in events:
         if e.kind == EventKind.FORWARD:
             reads[e.job][e.stage] = (e.params_version, e.state_version)
         elif e.kind == EventKind.UPDATE:
             updates[e.job][e.stage] = (e.replaced_version, e.staleness)
+            snapshots[e.job, e.stage] = tuple(applied)
+            applied[e.stage] += 1
             if len(updates[e.job]) == store.num_stages:
                 finished.append(e.job)
     ranks = sorted({round(r) for r in np.linspace(0, len(finished) - 1, num_points)})
+
+    def model_at(versions: tuple[int, ...]) -> tuple:
+        return tuple(store.slots[m].params.at(v)[0] for m, v in enumerate(versions))
+
     points = []
     for r in ranks:
         job, stages = finished[r], range(store.num_stages)
+        models = {snapshots[job, m]: None for m in stages}  # one snapshot object per distinct moment
+        models = {versions: model_at(versions) for versions in models}
         points.append(
             ProbePoint(
                 current=tuple(store.slots[m].params.at(updates[job][m][0])[0] for m in stages),
                 stale=tuple(store.slots[m].params.at(reads[job][m][0])[0] for m in stages),
                 staleness=tuple(updates[job][m][1] for m in stages),
                 states=tuple(store.slots[m].state.at(reads[job][m][1]) for m in stages),
+                reference=tuple(models[snapshots[job, m]] for m in stages),
             )
         )
     staleness = np.array([tau for job in updates.values() for _, tau in job.values()], dtype=np.int64)

@@ -60,6 +60,7 @@ def run_simulated(
     timing: TimingModel | None = None,
     log: EventLog | None = None,
     drain_at_evaluations: bool = False,
+    staleness_warmup: int = 0,
 ) -> RunResult:
     """Runs ``exp.config.algo`` on the virtual clock with the real kernels.
 
@@ -82,6 +83,8 @@ def run_simulated(
       log: records the run's stage operations for ``executor.replay`` (asgd, pdasgd,
         pdasgd-block; lpp, with one store per device, keeps none). Without one,
         ``--event-log`` streams them to ``events.jsonl`` in ``--out``.
+      staleness_warmup: the first this many updates of each stage are left out of
+        ``extra["staleness"]`` (``StalenessStats.summary``: the start-up transient).
 
     Example::
 
@@ -134,7 +137,7 @@ def run_simulated(
             "virtual_time_to_target": next(
                 (r["virtual_time"] for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None
             ),
-            "staleness": staleness.summary(),
+            "staleness": staleness.summary(warmup=staleness_warmup),
             "utilisation": utilisation,
             "timing": timing.to_dict(),
         }

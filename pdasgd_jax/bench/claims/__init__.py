@@ -11,7 +11,7 @@ Parts (``PARTS``; docs/claims.md maps each claim of the PD-ASGD and DaSGD abstra
 * ``bias``: the measured gradient bias against the paper's bound.
 
 Every part uses ``common``'s model, data, budget and rate tuning (``delays``' machinery: rates
-tuned on an unreported seed over a widening grid, time to target on the virtual clock).
+tuned on two unreported seeds over a widening grid, time to target on the virtual clock).
 ``scripts/claims_part.py`` runs one part and appends each finished cell as it goes.
 """
 
@@ -40,8 +40,33 @@ def tables(rows: list[dict[str, Any]]) -> str:
     return "\n\n".join(markdown_table(group, list(columns)) for columns, group in groups.items())
 
 
+def _slope(fit: dict[str, Any]) -> str:
+    return f"{fit['slope']:.2f} [{fit['ci_low']:.2f}, {fit['ci_high']:.2f}]"
+
+
 def _bias(probe: dict[str, Any]) -> str:
-    return f"{probe['bias']:.3g} ± {probe['stderr']:.2g} ({probe['verdict']})"
+    return f"{probe['bias']:.3g} [{probe['ci_low']:.2g}, {probe['ci_high']:.2g}] ({probe['verdict']})"
+
+
+def _bias_table(result: dict[str, Any]) -> str:
+    points = [
+        {
+            "lr": report["lr"],
+            "eta": f"{report['eta']:.3g}",
+            "job": p["job"],
+            "alpha eta tau_max": f"{p['alpha_eta_tau_max']:.3g}",
+            "bound (G)": "vacuous" if p["bound"] is None else f"{p['bound']:.3g}",
+            "bound (G_batch)": "vacuous" if p["bound_batch"] is None else f"{p['bound_batch']:.3g}",
+            **{f"{w} bias [95 % CI]": _bias(p[w]) for w in ("stashed", "live")},
+        }
+        for report in result["rates"]
+        for p in report["points"]
+    ]
+    scalars = "\n".join(
+        f"- lr {r['lr']}: " + ", ".join(f"{k} {v}" for k, v in r.items() if k not in ("lr", "points"))
+        for r in result["rates"]
+    )
+    return scalars + "\n\n" + markdown_table(points, list(points[0]))
 
 
 def _whole_table(name: str, result: dict[str, Any]) -> str:
@@ -53,39 +78,40 @@ def _whole_table(name: str, result: dict[str, Any]) -> str:
         conv = result["convergence"]
         if "pending" in conv:
             return table + f"\n\nconvergence against K: pending: {conv['pending']}"
-        slopes = ", ".join(
-            f"{a} {f['slope']:.2f} (95 % CI {f['ci_low']:.2f} to {f['ci_high']:.2f})"
-            for a, f in ((a, conv[a]["slope"]) for a in ("sgd", "dasgd"))
-        )
+        rows = [{"method": "sgd", "slope [95 % CI]": _slope(conv["sgd"]["slope"]), "gap ratio to sgd, per K": "1"}] + [
+            {
+                "method": f"dasgd d = {d}",
+                "slope [95 % CI]": _slope(r["slope"]),
+                "gap ratio to sgd, per K": " ".join(f"{x:.2f}" for x in r["ratio"]),
+            }
+            for d, r in conv["dasgd"].items()
+        ]
         return (
             table
-            + f"\n\nconvergence against K, log-log slope of the optimality gap (SGD's rate: -0.5 or steeper): {slopes}"
+            + f"\n\nconvergence against K ({conv['problem']['kind']}, eta = {conv['problem']['lr']}, equal examples; "
+            + f"K = {conv['ks']}): the slope is set by the rate choice, the ratio is the test\n\n"
+            + markdown_table(rows, ["method", "slope [95 % CI]", "gap ratio to sgd, per K"])
         )
-    points = [
-        {
-            "job": p["job"],
-            "alpha eta tau_max": f"{p['alpha_eta_tau_max']:.3g}",
-            "bound": "vacuous" if p["bound"] is None else f"{p['bound']:.3g}",
-            **{
-                f"{w} bias": f"{p[w]['bias']:.3g} ± {p[w]['stderr']:.2g} ({p[w]['verdict']})"
-                for w in ("stashed", "live")
-            },
-        }
-        for p in result["points"]
-    ]
-    scalars = "\n".join(f"- {key}: {value}" for key, value in result.items() if key != "points")
-    return scalars + "\n\n" + markdown_table(points, list(points[0]))
+    return _bias_table(result)
 
 
 def run_part(
-    name: str, *, quick: bool, on_cell: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
+    name: str,
+    *,
+    quick: bool,
+    on_cell: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+    bias_lrs: tuple[float, ...] = (),
 ) -> tuple[dict[str, Any], str]:
-    """Runs part ``name``; ``on_cell(result, row)`` after each finished cell of a cell part.
+    """Runs part ``name``; ``on_cell(result, row)`` after each finished cell of a cell part;
+    ``bias_lrs``: rates the ``bias`` part probes besides its grid (``bias.run_part``).
 
     Returns the part's raw results (with the budget) and its markdown.
     """
+    if bias_lrs and name != "bias":
+        raise ValueError(f"bias_lrs (--lrs) applies to the bias part only, not to {name!r}")
     if name in WHOLE_PARTS:
-        result = WHOLE_PARTS[name].run_part(quick=quick)
+        options = {"extra_lrs": tuple(bias_lrs)} if name == "bias" else {}
+        result = WHOLE_PARTS[name].run_part(quick=quick, **options)
         return {"budget": common.budget(), **result}, f"### {name}\n\n" + _whole_table(name, result)
     if name not in CELL_PARTS:
         raise ValueError(f"claims part {name!r} is not one of {', '.join(PARTS)}")

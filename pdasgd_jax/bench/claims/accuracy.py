@@ -3,8 +3,9 @@
 Per M in {4, 8, 16}, at W = 4 devices and delays ``Exp(1 x step compute)``: layer-wise and
 block PD-ASGD with stashed and live weights (``staleness.VARIANTS``) and single-worker SGD,
 each rate tuned on an unreported seed (``common.cell``), the whole budget run (no early
-stop): time to the target and final test accuracy on seeds 0, 1, 2. Target: PD-ASGD
-(layer-wise, stashed) within 1.0 point of SGD at every depth; the layer-against-block gap is
+stop): time to the target and final test accuracy on seeds 0, 1, 2 (a diverged seed scores
+chance, ``common.accuracies``, and is counted). Target: PD-ASGD (layer-wise, stashed) within
+1.0 point of SGD at every depth with no diverged seed; the layer-against-block gap is
 the small-scale counterpart of the paper's CIFAR-100 ablation. Hours on two CPU cores.
 """
 
@@ -33,25 +34,32 @@ def accuracy_cell(depth: int, *, quick: bool) -> tuple[dict[str, Any], dict[str,
         algo: common.cell(algo, depth, 1 if algo == "sgd" else workers, k, False, quick=quick, stop_at_target=False)
         for algo in ACCURACY_VARIANTS
     }
-    accuracy = {a: common.mean(c["final_accuracy"]) for a, c in by_algo.items()}
+    scored = {a: common.accuracies(c["final_accuracy"]) for a, c in by_algo.items()}
+    accuracy = {a: acc for a, (acc, _) in scored.items()}
+    diverged = {a: n for a, (_, n) in scored.items()}
     gap = 100 * (accuracy["sgd"] - accuracy["pdasgd"])
     ablation = 100 * (accuracy["pdasgd"] - accuracy["pdasgd-block"])
+    met = bool(gap <= TARGET_POINTS and diverged["pdasgd"] == 0)
     result = {
         "depth": depth,
         "workers": workers,
         "k": k,
         **delays.json_ready(by_algo),
+        "diverged_seeds": diverged,
         "pdasgd_points_below_sgd": gap,
         "layer_minus_block_points": ablation,
-        "target_met": bool(gap <= TARGET_POINTS),
+        "target_met": met,
     }
     row = {
         "M": depth,
         "W": workers,
         "k": k,
-        **{f"{a} acc": f"{accuracy[a]:.3f}" for a in ACCURACY_VARIANTS},
+        **{
+            f"{a} acc": f"{accuracy[a]:.3f}" + (f" ({diverged[a]} diverged)" if diverged[a] else "")
+            for a in ACCURACY_VARIANTS
+        },
         **{f"{a} time (ms)": delays._fmt(c) for a, c in by_algo.items()},
-        "pdasgd below sgd (points)": f"{gap:.1f} ({'met' if gap <= TARGET_POINTS else 'missed'})",
+        "pdasgd below sgd (points)": f"{gap:.1f} ({'met' if met else 'missed'})",
         "layer - block (points)": f"{ablation:+.1f}",
     }
     return result, row
@@ -63,10 +71,11 @@ def run_spec(spec: dict[str, Any], *, quick: bool) -> tuple[dict[str, Any], dict
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """PD-ASGD's points below SGD per depth and whether every depth met the target; layer minus block."""
+    """PD-ASGD's points below SGD per depth and whether every depth met the target (within the
+    points, no diverged seed); layer minus block."""
     gaps = {r["depth"]: r["pdasgd_points_below_sgd"] for r in results}
     return {
         "points_below_sgd": gaps,
-        "accuracy_target_met": bool(gaps) and all(g <= TARGET_POINTS for g in gaps.values()),
+        "accuracy_target_met": bool(results) and all(r["target_met"] for r in results),
         "layer_minus_block_points": {r["depth"]: r["layer_minus_block_points"] for r in results},
     }

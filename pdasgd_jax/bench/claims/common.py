@@ -7,8 +7,11 @@ cores, on the virtual clock with costs calibrated from the real kernels.
 
 Budget, chosen from one measured cell on the 2-core development machine (docs/claims.md,
 "Budget"): 3 epochs, target 90 % test accuracy, evaluations every 2000 examples. Rates are
-tuned on seed 100 alone (never reported) over a grid 4x apart, widened once each way while the
-best rate is on its edge; seeds 0, 1, 2 are reported.
+tuned on seeds 100 and 101 (never reported; mean time, a rate missing the target on either is
+out: one tuning seed picked edge-of-stability rates in ``delays`` that then failed on reported
+seeds) over a grid 4x apart, widened once each way while the best rate is on its edge; seeds
+0, 1, 2 are reported. A reported seed that diverged counts as a failure, never as a dropped
+sample (``accuracies``).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ BATCH_SIZE = 16
 EVAL_EVERY = 2000
 QUICK_EVAL_EVERY = 500
 SEEDS = (0, 1, 2)
-TUNING_SEEDS = (100,)
+TUNING_SEEDS = (100, 101)  # as delays.TUNING_SEEDS: one seed picked rates that failed on reported seeds
 MAX_WIDENINGS = 1
+CHANCE = 0.1  # mnist1d's 10 classes: a diverged seed's accuracy
 
 # Every variant a part may run, as ``Config`` overrides (delays.ALGORITHMS plus block updates
 # and the single-worker SGD reference).
@@ -81,9 +85,18 @@ def cell(
 
 
 def mean(values: list[float]) -> float:
-    """Mean of finite ``values`` (nan when none is)."""
+    """Mean of finite ``values`` (nan when none is); for staleness, not for accuracies
+    (``accuracies``: a diverged seed is a failure there, not a missing sample)."""
     finite = [v for v in values if v is not None and math.isfinite(v)]
     return sum(finite) / len(finite) if finite else math.nan
+
+
+def accuracies(final: list[float]) -> tuple[float, int]:
+    """The mean final accuracy over seeds with a diverged seed (nan) counted at chance
+    (``CHANCE``), and how many diverged."""
+    diverged = sum(1 for a in final if a is None or not math.isfinite(a))
+    scored = [CHANCE if a is None or not math.isfinite(a) else a for a in final]
+    return (sum(scored) / len(scored) if scored else math.nan), diverged
 
 
 def budget() -> dict[str, Any]:
@@ -99,4 +112,5 @@ def budget() -> dict[str, Any]:
         "tuning_seeds": list(TUNING_SEEDS),
         "lrs": LRS,
         "max_widenings": MAX_WIDENINGS,
+        "diverged_accuracy": CHANCE,
     }

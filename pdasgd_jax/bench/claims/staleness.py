@@ -4,10 +4,14 @@ Cells ``(M, W, k)``: layer-wise and block updates (``pdasgd``, ``pdasgd-block``)
 live backward weights, M in {4, 8, 16} stages, W in {4, 16} devices, delays
 ``Exp(k x step compute)`` for k in {0, 1, 4}; each stage's mean staleness as the simulator's
 executor counts it (``StalenessStats``: version replaced minus version read, per applied
-update), over ``STALENESS_EPOCHS`` of training on seeds 0, 1, 2. The schedule on the virtual
-clock depends on the calibrated costs and the delay draws, never on the parameters, so the
-rate does not change staleness (only a diverged run would, and a small fixed rate keeps it
-away): these runs are short and untuned, and the part fits in about an hour of CPU. Reported:
+update) after a warm-up, on seeds 0, 1, 2. The warm-up: the first ``2 M`` jobs of each of the
+``W`` replicas (``2 M W`` updates per stage, ``StalenessStats.summary(warmup=...)``) are left
+out, since the pipeline fills during them and their staleness is below the steady state's;
+each cell runs ``STALENESS_EPOCHS`` or, if longer, ``4 M`` jobs per replica (half warm-up,
+half measured: about 0.8 epoch at M = W = 16). The schedule on the virtual clock depends on
+the calibrated costs and the delay draws, never on the parameters, so the rate does not
+change staleness (only a diverged run would, and a small fixed rate keeps it away): these
+runs are untuned, and the part fits in a few hours of CPU. Reported:
 the ratio of layer-wise to block staleness per depth against the prediction (M - 1) / (2M)
 that a secondary summary attributes to the PD-ASGD paper (unverified). Time to target and
 final accuracy at each depth are the ``accuracy`` part's.
@@ -29,6 +33,21 @@ PAIRS = {"stashed": ("pdasgd", "pdasgd-block"), "live": ("pdasgd-live", "pdasgd-
 STALENESS_EPOCHS = 0.25
 STALENESS_LR = 0.005  # the smallest asynchronous rate of the grid: no divergence cuts a run short
 TARGET_RATIO, TARGET_RATIO_DEPTH = 0.6, 16  # layer-wise at most 0.6x block staleness at M = 16
+WARMUP_JOBS, MEASURED_JOBS = 2, 2  # x M jobs per replica: left out, then at least measured
+TRAIN_EXAMPLES = {False: 20_000, True: 4_000}  # mnist1d-large's and (quick) mnist1d's training signals
+
+
+def warmup_updates(depth: int, workers: int) -> int:
+    """Each stage's updates left out of the staleness: ``2 M`` jobs per replica, one replica per device."""
+    return WARMUP_JOBS * depth * workers
+
+
+def staleness_epochs(depth: int, workers: int, *, quick: bool) -> float:
+    """A cell's run length: the base (``STALENESS_EPOCHS``; quick: ``common.QUICK_EPOCHS``) or,
+    if longer, ``(2 + 2) M`` jobs per replica, so the measured updates at least equal the warm-up."""
+    base = common.QUICK_EPOCHS if quick else STALENESS_EPOCHS
+    jobs = (WARMUP_JOBS + MEASURED_JOBS) * depth * workers
+    return max(base, jobs * common.BATCH_SIZE / TRAIN_EXAMPLES[quick])
 
 
 def predicted_ratio(depth: int) -> float:
@@ -45,9 +64,15 @@ def specs(quick: bool) -> list[dict[str, Any]]:
 
 def _staleness_runs(variant: str, depth: int, workers: int, k: float, quick: bool) -> list[delays.Outcome]:
     proto = common.protocol(depth, quick=quick, stop_at_target=False)
-    epochs = common.QUICK_EPOCHS if quick else STALENESS_EPOCHS
+    epochs = staleness_epochs(depth, workers, quick=quick)
     seeds = common.SEEDS[:1] if quick else common.SEEDS
-    return [delays.time_to_target(variant, workers, k, False, STALENESS_LR, s, epochs, protocol=proto) for s in seeds]
+    warmup = warmup_updates(depth, workers)
+    return [
+        delays.time_to_target(
+            variant, workers, k, False, STALENESS_LR, s, epochs, protocol=proto, staleness_warmup=warmup
+        )
+        for s in seeds
+    ]
 
 
 def _stages(values: list[float]) -> str:

@@ -33,9 +33,17 @@ def main() -> None:
         default=(),
         help="bias part only: rates probed besides the grid (e.g. pdasgd's tuned rates from accuracy/speedups)",
     )
+    parser.add_argument("--depths", type=int, nargs="+", default=(), help="cell parts: only these depths M")
+    parser.add_argument("--workers", type=int, nargs="+", default=(), help="cell parts: only these device counts W")
+    parser.add_argument("--k", type=float, nargs="+", default=(), help="cell parts: only these delay factors")
     args = parser.parse_args()
     if args.lrs and args.part != "bias":
         parser.error(f"--lrs applies to --part bias only, not to --part {args.part}")
+    only = {"depth": tuple(args.depths), "workers": tuple(args.workers), "k": tuple(args.k)}
+    if any(only.values()) and args.part not in claims.CELL_PARTS:
+        parser.error(
+            f"--depths/--workers/--k select cells of {', '.join(claims.CELL_PARTS)}, not of --part {args.part}"
+        )
     os.makedirs(args.out, exist_ok=True)
     jsonl, md = (os.path.join(args.out, f"claims-{args.part}.{ext}") for ext in ("jsonl", "md"))
     rows = []
@@ -48,7 +56,7 @@ def main() -> None:
             f.write(f"### {args.part} (partial)\n\n" + claims.tables(rows) + "\n")
         print(json.dumps(row), flush=True)
 
-    results, text = claims.run_part(args.part, quick=args.quick, on_cell=on_cell, bias_lrs=tuple(args.lrs))
+    results, text = claims.run_part(args.part, quick=args.quick, on_cell=on_cell, bias_lrs=tuple(args.lrs), only=only)
     with open(os.path.join(args.out, f"claims-{args.part}.json"), "w") as f:
         json.dump(json_ready(results), f, indent=1)
     with open(md, "w") as f:

@@ -256,3 +256,14 @@ def test_the_claims_doc_commands_are_valid_as_written():
             config_from_args(args).validate()
     parts = re.findall(r"`python scripts/claims_part.py --part ([a-z]+) --out \w+`", text)
     assert set(parts) == set(claims.PARTS)
+
+
+def test_a_sub_grid_runs_only_its_cells(monkeypatch):
+    ran = []
+    monkeypatch.setattr(staleness, "specs", lambda quick: [{"depth": m, "workers": 4, "k": 1.0} for m in (4, 8, 16)])
+    monkeypatch.setattr(staleness, "run_spec", lambda spec, quick: (ran.append(spec["depth"]) or {}, {"M": 1}))
+    monkeypatch.setattr(staleness, "summary", lambda cells: {})
+    claims.run_part("staleness", quick=False, only={"depth": (16, 4), "k": (1.0,), "workers": ()})
+    assert ran == [4, 16]
+    with pytest.raises(ValueError, match="no cell of claims part 'staleness' matches"):
+        claims.run_part("staleness", quick=False, only={"depth": (32,)})

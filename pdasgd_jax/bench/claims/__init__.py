@@ -17,7 +17,7 @@ tuned on two unreported seeds over a widening grid, time to target on the virtua
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pdasgd_jax.bench.claims import accuracy, bias, common, dasgd, speedups, staleness
@@ -101,9 +101,12 @@ def run_part(
     quick: bool,
     on_cell: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
     bias_lrs: tuple[float, ...] = (),
+    only: Mapping[str, tuple[Any, ...]] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Runs part ``name``; ``on_cell(result, row)`` after each finished cell of a cell part;
-    ``bias_lrs``: rates the ``bias`` part probes besides its grid (``bias.run_part``).
+    ``bias_lrs``: rates the ``bias`` part probes besides its grid (``bias.run_part``);
+    ``only``: run just the cells whose spec value of each key is among the given ones (e.g.
+    ``{"depth": (16,), "k": (1.0,)}``: a sub-grid, as ``scripts/claims_part.py`` takes it).
 
     Returns the part's raw results (with the budget) and its markdown.
     """
@@ -116,8 +119,11 @@ def run_part(
     if name not in CELL_PARTS:
         raise ValueError(f"claims part {name!r} is not one of {', '.join(PARTS)}")
     part = CELL_PARTS[name]
+    specs = [s for s in part.specs(quick) if all(s.get(key, v[0]) in v for key, v in (only or {}).items() if v)]
+    if not specs:
+        raise ValueError(f"no cell of claims part {name!r} matches {dict(only or {})}")
     cells, rows = [], []
-    for spec in part.specs(quick):
+    for spec in specs:
         result, row = part.run_spec(spec, quick=quick)
         cells.append(result)
         rows.append(row)

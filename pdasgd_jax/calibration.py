@@ -58,6 +58,7 @@ import jax
 import numpy as np
 
 from pdasgd_jax.cache import CACHE_DIR
+from pdasgd_jax.collectives import allreduce_mean
 from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.kernels import StageKernels, TrainState
@@ -245,8 +246,6 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
 def _averaging_times(params: tuple, states: tuple, repeats: int) -> tuple[list[float], float]:
     """A replicated run's merge of each stage and its mean's program on one device, called as
     the runtime calls them (``replication.merge_program``, ``allreduce_mean``)."""
-    from pdasgd_jax.runtime.replicas import allreduce_mean  # here: it imports experiment, which imports this module
-
     rule = AveragingRule(period=1, delay=0, merge="correct")
     merge = [_median_time(merge_program, rule, p, p, p, repeats=repeats) for p in params]
     leaf = jax.tree.leaves(params)[0]

@@ -79,6 +79,24 @@ class _Batches:
         return self._ahead.pop(batch_id)
 
 
+def replay_experiment(exp: Experiment, events: Any, batches: Any, **options: Any) -> Any:
+    """``executor.replay`` of ``events`` from ``exp``'s initial variables and optimizer state,
+    with the run's backward-weights rule and seed; ``options`` go to ``replay`` (``reads``)."""
+    config, v = exp.config, exp.variables
+    return replay(
+        events,
+        exp.kernels,
+        v.params,
+        v.states,
+        init_opt_states(exp.tx, v.params),
+        batches,
+        # Both runners' rule: an ASGD worker's gradient is at the weights it read.
+        backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
+        seed=config.seed,
+        **options,
+    )
+
+
 def replay_run(
     run_dir: str,
     *,
@@ -114,20 +132,8 @@ def replay_run(
     events = EventFile(path)
     try:
         reads = last_reads(events)
-        v = exp.variables
         try:
-            replayed = replay(
-                events,
-                exp.kernels,
-                v.params,
-                v.states,
-                init_opt_states(exp.tx, v.params),
-                _Batches(exp, config.batch_size),
-                # Both runners' rule: an ASGD worker's gradient is at the weights it read.
-                backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
-                seed=config.seed,
-                reads=reads,
-            )
+            replayed = replay_experiment(exp, events, _Batches(exp, config.batch_size), reads=reads)
         except ReplayDiverged as e:
             return ReplayReport(False, f"replay does not match: {e} (event seq {events.count - 1})", events.count)
     except ValueError as e:

@@ -26,10 +26,10 @@ import numpy as np
 from pdasgd_jax.claims.bias import ProbePoint
 from pdasgd_jax.config import Config
 from pdasgd_jax.delays import TimingModel
-from pdasgd_jax.executor import EventKind, EventLog, replay
+from pdasgd_jax.executor import EventKind, EventLog
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.replay_run import replay_experiment
 from pdasgd_jax.simulate import run_simulated
 
 PROBED_ALGOS = ("asgd", "pdasgd", "pdasgd-block")
@@ -74,18 +74,8 @@ def simulated_probe_points(config: Config, num_points: int, *, timing: TimingMod
     result = run_simulated(exp, metrics, timing=timing, log=log)
     stream = exp.train_stream(config.batch_size)
     batches = [next(stream) for _ in range(result.extra["jobs_started"])]
-    v = exp.variables
     events = log.events
-    store = replay(
-        events,
-        exp.kernels,
-        v.params,
-        v.states,
-        init_opt_states(exp.tx, v.params),
-        lambda b: batches[b],
-        backward_weights="stashed" if config.algo == "asgd" else config.backward_weights,
-        seed=config.seed,
-    ).store
+    store = replay_experiment(exp, events, lambda b: batches[b]).store
     reads: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
     updates: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
     finished: list[int] = []  # jobs in the order their last update landed

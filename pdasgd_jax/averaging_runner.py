@@ -86,7 +86,7 @@ def run_rounds(
     }
     params, states, _ = worker_mean((ws.train.params, ws.train.states, None))
     # A run resumed at its last checkpoint (budget spent, or target reached) has nothing left.
-    stopped = restored is not None and metrics.reached_target
+    stopped = restored is not None and metrics.stop_due
     loss_DxH = None
     key = jax.random.key(cfg.seed) if exp.model.draws_randomness else None
     while examples < exp.total_examples and not stopped:
@@ -102,7 +102,7 @@ def run_rounds(
         evaluated = metrics.observe(step=step, examples=examples, params=params, states=states)
         if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
             checkpointer.save(step, ws, metrics.position(step, examples))  # a host copy: the next round donates ws
-        if metrics.reached_target:
+        if metrics.stop_due:
             break
     extra = {
         "devices": 1 if mesh is None else mesh.size,

@@ -73,6 +73,9 @@ class MetricsLog:
       eval_every: examples between evaluations.
       out_dir: where ``metrics.jsonl`` goes; ``None`` keeps the rows in memory.
       target_accuracy: ``reached_target`` once an evaluation reaches it.
+      give_up_after: ``stop_due`` once an evaluation comes later than this many seconds of
+        the run's clock (a row's ``virtual_time`` on the simulator, else ``wall_time``):
+        a rate-tuning run that can no longer beat the best so far stops there (``None``: never).
       progress: show a tqdm progress bar.
       resume: keep ``out_dir``'s rows (``rewind`` trims them to the restored checkpoint);
         otherwise they are discarded.
@@ -99,6 +102,7 @@ class MetricsLog:
         resume: bool = False,
         clock: TrainingClock | None = None,
         divergence: DivergenceWatch | None = None,
+        give_up_after: float | None = None,
     ):
         if eval_every < 1:
             raise ValueError(f"eval_every {eval_every} must be >= 1 example")
@@ -107,6 +111,7 @@ class MetricsLog:
         self.eval_every = eval_every
         self.out_dir = out_dir
         self.target_accuracy = target_accuracy
+        self.give_up_after = give_up_after
         self.clock = clock or TrainingClock()
         self.rows: list[dict[str, Any]] = []
         self.next_eval = eval_every
@@ -135,6 +140,19 @@ class MetricsLog:
     def reached_target(self) -> bool:
         """Whether an evaluation reached ``target_accuracy``."""
         return self.target_accuracy is not None and any(r["test_accuracy"] >= self.target_accuracy for r in self.rows)
+
+    @property
+    def gave_up(self) -> bool:
+        """Whether the last evaluation came after ``give_up_after`` seconds of the run's clock."""
+        if self.give_up_after is None or not self.rows:
+            return False
+        last = self.rows[-1]
+        return last.get("virtual_time", last["wall_time"]) > self.give_up_after
+
+    @property
+    def stop_due(self) -> bool:
+        """Whether the run should stop now: the target reached, or ``give_up_after`` passed."""
+        return self.reached_target or self.gave_up
 
     def eval_due(self, examples: int) -> bool:
         return examples >= self.next_eval or examples >= self.total_examples

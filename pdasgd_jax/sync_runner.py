@@ -47,7 +47,7 @@ def run_synchronous_loop(
     if restored is not None:
         ts, meta = place_state(restored[0]), restored[1]
         step, examples = meta["step"], meta["examples"]
-        if metrics.reached_target:  # the run stopped at this checkpoint
+        if metrics.stop_due:  # the run stopped at this checkpoint
             return ts, step, examples
     loss = None
     key = jax.random.key(exp.config.seed) if exp.model.draws_randomness else None
@@ -64,7 +64,7 @@ def run_synchronous_loop(
         evaluated = metrics.observe(step=step, examples=examples, params=ts.params, states=ts.states)
         if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
             checkpointer.save(step, ts, metrics.position(step, examples))
-        if metrics.reached_target:
+        if metrics.stop_due:
             break
     return ts, step, examples
 

@@ -5,6 +5,7 @@ import math
 import os
 import re
 
+import numpy as np
 import pytest
 
 from pdasgd_jax import affinity
@@ -126,7 +127,7 @@ def test_unknown_benchmark_is_refused(capsys):
 
 def test_rate_tuning_widens_the_grid_until_its_best_rate_is_interior():
     # Best rate 0.05 of a U-shaped curve around 0.05: from the grid (0.2, 0.8) it widens low.
-    def cost(lr):
+    def cost(lr, bound=math.inf):
         return abs(math.log(lr / 0.05))
 
     tuned = delays.tune(cost, (0.2, 0.8), max_widenings=3)
@@ -136,11 +137,33 @@ def test_rate_tuning_widens_the_grid_until_its_best_rate_is_interior():
     capped = delays.tune(cost, (0.8, 3.2), max_widenings=1)
     assert capped["lr"] == pytest.approx(0.2) and capped["edge"]
     # Nothing reaches the target: no widening, no edge claim.
-    assert delays.tune(lambda lr: math.inf, (0.1, 0.4)) == {
+    assert delays.tune(lambda lr, bound: math.inf, (0.1, 0.4)) == {
         "lr": 0.1,
         "tuning": {0.1: math.inf, 0.4: math.inf},
         "edge": False,
     }
+
+
+def test_rate_tuning_cut_short_picks_what_exhaustive_tuning_picks():
+    # Runs that stop once they cannot beat the best so far (inf) change no choice: random
+    # cost curves, some rates missing the target, exhaustive against bounded evaluation.
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        table: dict[float, float] = {}
+
+        def cost(lr, table=table):
+            if lr not in table:
+                table[lr] = math.inf if rng.random() < 0.25 else float(rng.random())
+            return table[lr]
+
+        def bounded(lr, bound, cost=cost):
+            return math.inf if cost(lr) > bound else cost(lr)
+
+        lrs = tuple(0.05 * 4.0**i for i in range(int(rng.integers(1, 5))))
+        full = delays.tune(lambda lr, bound, cost=cost: cost(lr), lrs, max_widenings=2)
+        cut = delays.tune(bounded, lrs, max_widenings=2)
+        assert (cut["lr"], cut["edge"]) == (full["lr"], full["edge"])
+        assert sorted(cut["tuning"]) == sorted(full["tuning"])
 
 
 def test_replicated_schedule_is_tuned_like_the_rate(monkeypatch):
@@ -148,17 +171,20 @@ def test_replicated_schedule_is_tuned_like_the_rate(monkeypatch):
     # grid gets its own rate tuning on the tuning seeds, and the reported seeds run the winner.
     calls = []
 
-    def fake(algo, workers, k, straggler, lr, seed, epochs, comm, protocol, schedule):
+    def fake(algo, workers, k, straggler, lr, seed, epochs, comm, protocol, schedule, give_up_after=None):
         calls.append((schedule, lr, seed))
         cost = {(2, 1): 3.0, (4, 2): 1.0, (8, 4): 2.0}[schedule] + abs(math.log(lr / 0.05))
-        return delays.Outcome(cost, 0.0, 1.0)
+        gave_up = give_up_after is not None and cost > give_up_after
+        return delays.Outcome(math.inf if gave_up else cost, 0.0, 1.0)
 
     monkeypatch.setattr(delays, "time_to_target", fake)
     result = delays.cell(
         "pdasgd-rep", 4, 1.0, False, (0.0125, 0.05, 0.2), (0, 1), 1.0, schedules=delays.REPLICA_SCHEDULES
     )
     assert result["schedule"] == (4, 2) and result["lr"] == pytest.approx(0.05) and not result["edge"]
-    assert result["schedule_tuning"] == {"H=2 d=1": 3.0, "H=4 d=2": 1.0, "H=8 d=4": 2.0}
+    # H = 8, d = 4 is tuned after H = 4, d = 2 has set the bound (1.0): its runs stop short.
+    assert result["schedule_tuning"] == {"H=2 d=1": 3.0, "H=4 d=2": 1.0, "H=8 d=4": math.inf}
+    assert {c["schedule"] for c in result["cut_short"]} == set(delays.REPLICA_SCHEDULES)
     assert {s for s, _, seed in calls if seed in delays.TUNING_SEEDS} == set(delays.REPLICA_SCHEDULES)
     assert [(s, seed) for s, _, seed in calls if seed not in delays.TUNING_SEEDS] == [((4, 2), 0), ((4, 2), 1)]
     assert result["times"] == [1.0, 1.0]
@@ -178,3 +204,12 @@ def test_stability_quick_default_pdasgd_collapses_on_no_seed(tmp_path):
     assert "| pdasgd, 2 replicas (threaded) |" in table
     [too_fast] = stability.seed_outcomes("pdasgd", [0], epochs=3.0, lr=0.3)
     assert too_fast["collapsed"]
+
+
+def test_a_tuning_run_gives_up_once_it_cannot_win():
+    full = delays.time_to_target("asgd", 4, 0.0, False, 0.0125, 0, 3.0)
+    assert math.isfinite(full.time)
+    cut = delays.time_to_target("asgd", 4, 0.0, False, 0.0125, 0, 3.0, give_up_after=full.time / 2)
+    # Stopped at the first evaluation past the bound, without the target.
+    assert cut.time == math.inf
+    assert full.time / 2 < cut.run_time < full.time

@@ -29,10 +29,13 @@ Learning rates are tuned per algorithm and cell on two seeds that are never repo
 tuning seed picked rates at the edge of stability that then failed on a reported seed):
 each algorithm gets the best of its grid ``LRS[algo]``, widened by 4x
 steps (up to ``MAX_WIDENINGS`` each way) while the best rate sits on the grid's edge; a
-rate still on the edge is marked so in the table. Seeds 0, 1 and 2 then run at that rate
-and are the ones reported. (Sync profits from large rates on its ``W``-times larger
-batch, the asynchronous algorithms need small ones under staleness; one shared rate
-would pick the winner.) A run that does not reach the target within the budget, or
+rate still on the edge is marked so in the table. A tuning run stops as soon as its rate
+can no longer beat the best mean so far (``tune``: the choice is the one exhaustive tuning
+makes; the stopped runs are listed under ``cut_short`` and their rates show ``inf``), which
+spares the runs that would spend the whole budget missing the target. Seeds 0, 1 and 2 then
+run at that rate and are the ones reported (always to their end). (Sync profits from
+large rates on its ``W``-times larger batch, the asynchronous algorithms need small ones
+under staleness; one shared rate would pick the winner.) A run that does not reach the target within the budget, or
 diverges, counts as infinitely slow.
 """
 
@@ -41,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -169,12 +172,16 @@ def time_to_target(
     schedule: tuple[int, int] | None = None,
     *,
     staleness_warmup: int = 0,
+    give_up_after: float | None = None,
 ) -> Outcome:
     """Virtual seconds until the test accuracy reaches the protocol's target, with the run's
     staleness (measured by the simulator's executor, less each stage's first
     ``staleness_warmup`` updates), load and final accuracy.
 
     ``schedule``: a replicated variant's averaging ``(H, d)`` in place of its default.
+    ``give_up_after``: stop once the virtual clock passes this many seconds without the
+    target (the time is then infinite, as for a run that misses it): tuning stops a run
+    that can no longer beat the best rate so far.
     """
     overrides = dict(protocol.algorithms[algo])
     if schedule is not None:
@@ -207,6 +214,7 @@ def time_to_target(
         # run_simulated times the config's target either way; the log's target stops the run.
         target_accuracy=protocol.target if protocol.stop_at_target else None,
         progress=False,
+        give_up_after=give_up_after,
     )
     try:
         extra = run_simulated(exp, metrics, timing=timing, staleness_warmup=staleness_warmup).extra
@@ -231,14 +239,29 @@ def mean_staleness(staleness: dict[str, Any]) -> float:
     return compare.mean_staleness({"staleness": staleness}) or 0.0
 
 
-def tune(evaluate: Any, lrs: tuple[float, ...], max_widenings: int = MAX_WIDENINGS) -> dict[str, Any]:
-    """The rate of ``lrs`` with the smallest ``evaluate(lr)``, the grid widened by 4x steps
-    (at most ``max_widenings`` each way) while the best rate is on its edge.
+def tune(
+    evaluate: Callable[[float, float], float], lrs: tuple[float, ...], max_widenings: int = MAX_WIDENINGS
+) -> dict[str, Any]:
+    """The rate of ``lrs`` with the smallest ``evaluate(lr, bound)``, the grid widened by 4x
+    steps (at most ``max_widenings`` each way) while the best rate is on its edge.
+
+    ``evaluate(lr, bound)`` gets the best value so far (``inf`` at first) and may return
+    ``inf`` as soon as it knows its value exceeds it: a rate that cannot win is not run to
+    its end, and the choice is the same as without the bound (only strictly worse rates are
+    cut, and the edge rule looks at the best rate only). Rates are tried from the largest
+    down: on these protocols a stable large rate reaches the target soonest, which makes
+    the bound tight early.
 
     Returns ``{"lr", "tuning": {lr: value}, "edge": still on the edge}``; a grid where no
     rate reaches the target is not widened (there is no best to follow).
     """
-    tuning = {lr: evaluate(lr) for lr in lrs}
+    tuning: dict[float, float] = {}
+
+    def best_value() -> float:
+        return min(tuning.values(), default=math.inf)
+
+    for lr in sorted(lrs, reverse=True):
+        tuning[lr] = evaluate(lr, best_value())
     widened = {"low": 0, "high": 0}
     while True:
         grid = sorted(tuning)
@@ -252,7 +275,7 @@ def tune(evaluate: Any, lrs: tuple[float, ...], max_widenings: int = MAX_WIDENIN
             return {"lr": best, "tuning": tuning, "edge": True}
         widened[side] += 1
         lr = best / 4 if side == "low" else best * 4
-        tuning[lr] = evaluate(lr)
+        tuning[lr] = evaluate(lr, best_value())
 
 
 def cell(
@@ -276,20 +299,39 @@ def cell(
     variant's own H and d).
     """
 
-    def run(lr: float, seed: int, schedule: tuple[int, int] | None) -> Outcome:
-        return time_to_target(algo, workers, k, straggler, lr, seed, epochs, comm, protocol, schedule)
+    def run(lr: float, seed: int, schedule: tuple[int, int] | None, give_up_after: float | None = None) -> Outcome:
+        return time_to_target(
+            algo, workers, k, straggler, lr, seed, epochs, comm, protocol, schedule, give_up_after=give_up_after
+        )
 
-    def tuned_for(schedule: tuple[int, int] | None) -> dict[str, Any]:
+    cut: list[dict[str, Any]] = []  # tuning runs stopped once they could no longer win
+
+    def tuned_for(schedule: tuple[int, int] | None, best_so_far: float) -> dict[str, Any]:
         if not tuning_seeds:
             return {"lr": lrs[0], "tuning": {}, "edge": False, "schedule": schedule}
 
-        def mean_time(lr: float) -> float:
-            return float(np.mean([run(lr, seed, schedule).time for seed in tuning_seeds]))
+        def mean_time(lr: float, bound: float) -> float:
+            # The mean over the tuning seeds beats ``bound`` only while the seeds' times so
+            # far stay within len(seeds) x bound, so each run may stop at what is left of it.
+            bound = min(bound, best_so_far)
+            total = 0.0
+            for seed in tuning_seeds:
+                left = len(tuning_seeds) * bound - total if math.isfinite(bound) else None
+                total += run(lr, seed, schedule, left).time
+                if not math.isfinite(total):
+                    if left is not None:
+                        cut.append({"lr": lr, "seed": seed, "schedule": schedule, "after_s": left})
+                    return math.inf
+            return total / len(tuning_seeds)
 
         return {**tune(mean_time, lrs, max_widenings), "schedule": schedule}
 
-    candidates = [tuned_for(s) for s in schedules] if schedules else [tuned_for(None)]
+    candidates: list[dict[str, Any]] = []
+    for schedule in schedules or (None,):
+        best = min((c["tuning"].get(c["lr"], math.inf) for c in candidates), default=math.inf)
+        candidates.append(tuned_for(schedule, best))
     tuned = min(candidates, key=lambda c: c["tuning"].get(c["lr"], math.inf))
+    tuned["cut_short"] = cut
     outcomes = [run(tuned["lr"], s, tuned["schedule"]) for s in seeds]
     if schedules:
         # Each schedule's best tuned time, so a reader sees how much the choice mattered.

@@ -157,7 +157,7 @@ class Runtime:
             meta = self._restore(checkpointer, metrics)
             if meta is not None:  # every batch before the checkpoint's step applied, none in flight
                 self.completed = meta["step"]
-                if metrics.reached_target or self.completed >= self.settings.num_batches:  # it had ended there
+                if metrics.stop_due or self.completed >= self.settings.num_batches:  # it had ended there
                     params, states = self._gather()
                     return RunResult(
                         params, states, self.completed, self.completed * self.settings.batch_size, self.metrics()
@@ -228,7 +228,7 @@ class Runtime:
                 evaluated = True
             if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
                 self._save(checkpointer, step, metrics.position(step, examples))
-            if exited or step == last or metrics.reached_target:
+            if exited or step == last or metrics.stop_due:
                 return
             pause = self._next_pause(metrics, checkpointer)
             self.feed.gate.open_until(pause)

@@ -278,7 +278,7 @@ def run_device_groups(
         if done <= resume_at:  # replaying up to the checkpoint, whose metrics are recorded already
             if done == resume_at:
                 restore(sims, exp.kernels)
-                if metrics.reached_target:
+                if metrics.stop_due:
                     scheduler.stop()
             return
         metrics.add_loss(done, job.loss)
@@ -289,7 +289,7 @@ def run_device_groups(
         )
         if checkpointer is not None and capture is not None and checkpointer.due(examples, evaluated=evaluated):
             checkpointer.save(done, capture(sims), metrics.position(done, examples))
-        if metrics.reached_target:
+        if metrics.stop_due:
             scheduler.stop()
 
     batches = exp.train_stream(config.batch_size)

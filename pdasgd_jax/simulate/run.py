@@ -187,7 +187,7 @@ def _run_asynchronous(
         if done <= resume_at:  # replaying up to the checkpoint, whose metrics are recorded already
             if done == resume_at:
                 resume.restore(sim, checkpointer, metrics, exp.kernels)
-                if metrics.reached_target:
+                if metrics.stop_due:
                     scheduler.stop()
             return
         metrics.add_loss(done, job.loss)
@@ -199,7 +199,7 @@ def _run_asynchronous(
         )
         if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
             checkpointer.save(done, resume.capture(sim), metrics.position(done, examples))
-        if metrics.reached_target:
+        if metrics.stop_due:
             scheduler.stop()
 
     sim = Simulation(

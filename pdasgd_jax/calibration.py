@@ -4,8 +4,10 @@ A ``Calibration`` is a ``TimingModel`` of the real programs the algorithms run w
 evidence behind it. Its programs (``PROGRAMS``): every per-stage kernel (the stashing
 forward, the stashed backward, the optimizer update: PD-ASGD's layer-wise path), the loss,
 a job's whole gradient as one program (``kernels.job_gradients``: what an ASGD or LPP-SGD
-worker runs per job), the fused whole-model training step (``kernels.train_step``: what
-a sync, local SGD or DaSGD worker runs per step), a replicated run's averaging (each
+worker runs per job), every stage's update as one program (``kernels.update_all``: what an
+ASGD thread owning every stage runs per job, LPP-SGD and replicated ASGD), the fused
+whole-model training step (``kernels.train_step``: what a sync, local SGD or DaSGD worker
+runs per step), a replicated run's averaging (each
 stage's merge, ``replication.merge_program``, and the mean's program on a device: the
 runtime's ``allreduce_mean`` over this one device, its per-leaf dispatches and arithmetic;
 the reduction across several devices adds the network's cost, priced by ``CommModel``), and
@@ -69,9 +71,9 @@ from pdasgd_jax.reporting import write_json_atomic
 PyTree = Any
 # Bumped whenever what a calibration holds changes: the fingerprint hashes it, so every
 # cached file of an older format is measured afresh, and ``load`` refuses one by name.
-FORMAT = "pdasgd-jax-calibration-5"
+FORMAT = "pdasgd-jax-calibration-6"
 KERNELS = ("forward", "backward", "update", "backward_update", "merge")  # per stage
-FUSED = ("job_gradients", "train_step", "forward_all")  # whole-model programs, one cost each
+FUSED = ("job_gradients", "train_step", "forward_all", "update_all")  # whole-model programs, one cost each
 HOST = ("host_step",)  # a synchronous loop's host work per step: its batch's device_put
 PROGRAMS = (*KERNELS, "loss", *FUSED, "average", *HOST)
 _FLOAT_LITERAL = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
@@ -194,7 +196,8 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
     called on its own as its algorithm launches it.
 
     ``forward`` is the stashing forward and ``backward`` the stashed backward (per stage);
-    ``job_gradients`` the whole job's gradient in one program and ``train_step`` the fused
+    ``job_gradients`` the whole job's gradient in one program, ``update_all`` every stage's
+    update in one program and ``train_step`` the fused
     whole-model step (gradient and updates), on a batch already on the device; ``host_step``
     the synchronous loops' per-step ``jax.device_put`` of a host batch.
     """
@@ -219,6 +222,7 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
     for m in range(num_stages):
         update[m] = _median_time(kernels.update(m), params[m], opt_states[m], grads[m], repeats=repeats)
     params, states, opt_states = tuple(params), tuple(states), tuple(opt_states)
+    update_all = _median_time(kernels.update_all, params, opt_states, tuple(grads), repeats=repeats)
     job = _median_time(kernels.job_gradients, params, states, x, y, repeats=repeats)
     # Host batches, as the runtime's workers pass them (jit copies them to the device inside
     # the call); the synchronous loops ``device_put`` each batch first (``host_step``) and
@@ -240,6 +244,7 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
         host_step=host_step,
         merge=merge,
         average=average,
+        update_all=update_all,
     )
 
 
@@ -317,7 +322,14 @@ def _totals(r: TimingModel) -> tuple[float, ...]:
     """What must be stable over the rounds: the per-stage step, each fused program and
     PD-ASGD's fused backward-and-updates (summed over the stages)."""
     fused_backward = sum(r.backward_update_time(m) for m in range(r.num_stages))
-    return r.step_compute_time(), r.job_gradients_time(), r.train_step_time(), r.forward_all_time(), fused_backward
+    return (
+        r.step_compute_time(),
+        r.job_gradients_time(),
+        r.train_step_time(),
+        r.forward_all_time(),
+        fused_backward,
+        r.update_all_time(),
+    )
 
 
 # fingerprint -> (calibration, measured by this process rather than read from a file)

@@ -235,6 +235,9 @@ class TimingModel:
       average: the averaging all-reduce's program on each participating device (the
         runtime's ``allreduce_mean`` of parameters and non-trainable state); the network's
         ``comm.allreduce_time`` comes on top. None: no device time.
+      update_all: every stage's optimizer update as one program (``kernels.update_all``:
+        what an ASGD thread that owns every stage of its device's replica runs per job,
+        LPP-SGD and replicated ASGD, under every stage's lock). None: ``sum(update)``.
       worker_factors: slow-down factor of worker ``w`` (``3.0``: three times slower); a
         worker past the end of the tuple has factor 1, so ``(3.0,)`` is one straggler
         (``with_stragglers`` makes the last devices slow, as ``--straggler-devices`` does).
@@ -266,6 +269,7 @@ class TimingModel:
     host_step: float = 0.0
     merge: tuple[float, ...] | None = None
     average: float | None = None
+    update_all: float | None = None
 
     def __post_init__(self):
         for name in ("forward", "backward", "update", "worker_factors"):
@@ -281,7 +285,7 @@ class TimingModel:
                 _finite_non_negative(f"{name} cost of stage {m}", cost)
         _finite_non_negative("loss cost", self.loss)
         _finite_non_negative("host_step cost", self.host_step)
-        for name in ("job_gradients", "train_step", "forward_all", "average"):
+        for name in ("job_gradients", "train_step", "forward_all", "average", "update_all"):
             if getattr(self, name) is not None:
                 _finite_non_negative(f"{name} cost", getattr(self, name))
         for name in ("backward_update", "merge"):
@@ -353,6 +357,11 @@ class TimingModel:
     def average_time(self, worker: int = 0) -> float:
         """The averaging all-reduce's program on ``worker``'s device (0 when not given)."""
         return (0.0 if self.average is None else self.average) * self.worker_factor(worker)
+
+    def update_all_time(self, worker: int = 0) -> float:
+        """Every stage's update as one program on ``worker`` (the per-stage sum when not given)."""
+        cost = sum(self.update) if self.update_all is None else self.update_all
+        return cost * self.worker_factor(worker)
 
     def train_step_time(self, worker: int = 0) -> float:
         """One fused whole-model training step (gradient and updates) on ``worker``."""

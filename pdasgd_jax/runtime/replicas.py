@@ -5,8 +5,8 @@ group: every stage at home there, so no update crosses devices) and the workers 
 ``R / D`` replicas placed on that device (F forward + B backward workers and a queue each,
 or one ASGD thread each, named as in the simulator; an ASGD thread owns every stage of its
 store, so it applies a job's updates as one program, ``kernels.update_all``, under every
-stage's lock). ``replication.GroupRounds`` keeps the
-groups together with DaSGD's delayed averaging, driven by the workers themselves:
+stage's lock). ``replication.GroupRounds`` keeps the groups together with DaSGD's delayed
+averaging, driven by the workers themselves:
 
 * each job is booked with the rounds when its worker reports it finished (its updates
   computed), under one lock;

@@ -10,7 +10,9 @@ whole-model training step (``kernels.train_step``: what a sync, local SGD or DaS
 runs per step), a replicated run's averaging (each
 stage's merge, ``replication.merge_program``, and the mean's program on a device: the
 runtime's ``allreduce_mean`` over this one device, its per-leaf dispatches and arithmetic;
-the reduction across several devices adds the network's cost, priced by ``CommModel``), and
+the reduction across several devices adds the network's cost, priced by ``CommModel``), the
+SPMD round's averaging as the round program computes it (``round_average``: the snapshot's
+``pmean`` and the merge, without launches of their own), and
 the host work the synchronous loops do per step before their fused program (``host_step``:
 the batch's ``jax.device_put`` from host memory; the asynchronous workers hand host batches
 to their programs, which copy them inside the call, so that copy is in those programs'
@@ -75,7 +77,8 @@ FORMAT = "pdasgd-jax-calibration-6"
 KERNELS = ("forward", "backward", "update", "backward_update", "merge")  # per stage
 FUSED = ("job_gradients", "train_step", "forward_all", "update_all")  # whole-model programs, one cost each
 HOST = ("host_step",)  # a synchronous loop's host work per step: its batch's device_put
-PROGRAMS = (*KERNELS, "loss", *FUSED, "average", *HOST)
+PROGRAMS = (*KERNELS, "loss", *FUSED, "average", "round_average", *HOST)
+_ROUND_AXIS = "workers"  # the mapped axis of ``_round_averaging_time``
 _FLOAT_LITERAL = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
 
@@ -125,7 +128,7 @@ class Calibration:
             raise ValueError(
                 f"it is of format {fmt!r}, written by an older pdasgd_jax that did not time every program "
                 f"this one charges (the fused {', '.join(FUSED)}, per-stage backward_update and merge, the "
-                f"average and the host's batch transfer {HOST[0]}; format {FORMAT!r})"
+                f"average, round_average and the host's batch transfer {HOST[0]}; format {FORMAT!r})"
             )
         if fmt != FORMAT:
             raise ValueError(f'not a calibration (expected "format": {FORMAT!r})')
@@ -232,6 +235,7 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
     step = _median_time(kernels.train_step, TrainState(params, states, opt_states), dev_x, dev_y, repeats=repeats)
     forward_all = _median_time(kernels.forward_all_stashed, params, states, x, y, repeats=repeats)
     merge, average = _averaging_times(params, states, repeats)
+    round_average = _round_averaging_time(params, states, repeats)
     return TimingModel(
         forward,
         backward,
@@ -245,6 +249,7 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
         merge=merge,
         average=average,
         update_all=update_all,
+        round_average=round_average,
     )
 
 
@@ -259,6 +264,23 @@ def _averaging_times(params: tuple, states: tuple, repeats: int) -> tuple[list[f
     return merge, average
 
 
+def _round_averaging_time(params: tuple, states: tuple, repeats: int) -> float:
+    """The SPMD round's averaging on one worker's device, as ``spmd.make_round`` computes it
+    inside the round program: the snapshot's ``pmean`` over the workers' axis (here mapped over
+    one worker: the cross-device reduction is the network's, priced by ``CommModel``) and the
+    ``correct`` merge of parameters and non-trainable states, compiled as one program."""
+    rule = AveragingRule(period=1, delay=0, merge="correct")
+
+    def averaging(local: tuple, snapshot: tuple) -> tuple:
+        average = rule.average(snapshot, _ROUND_AXIS)
+        return rule.merge_tree(local, snapshot, average)
+
+    program = jax.jit(jax.vmap(averaging, axis_name=_ROUND_AXIS))
+    local = jax.tree.map(lambda a: a[None], (params, states))
+    snapshot = jax.tree.map(lambda a: a + 0, local)  # its own buffers, as the round's snapshot
+    return _median_time(program, local, snapshot, repeats=repeats)
+
+
 def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
     """Per-program medians over ``rounds`` and each program's ``[min, max]``."""
 
@@ -269,7 +291,7 @@ def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
     medians, spread = {}, {}
     for name in KERNELS:
         medians[name], spread[name] = per_stage(name)
-    for name in ("loss", *FUSED, "average", *HOST):
+    for name in ("loss", *FUSED, "average", "round_average", *HOST):
         values = [getattr(r, name) for r in rounds]
         medians[name], spread[name] = statistics.median(values), [min(values), max(values)]
     steps = [r.step_compute_time() for r in rounds]

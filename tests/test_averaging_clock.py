@@ -118,3 +118,15 @@ def test_dasgd_still_hides_its_communication_but_not_the_device_work():
         t, DelayModel(), num_workers=4, steps=32, period=8, delay=0, model_nbytes=NBYTES, seed=0
     )
     assert local[-1] > ends[-1] + 4 * 3.0  # local SGD's blocking all-reduce stays exposed
+
+
+def test_a_calibrated_round_averaging_replaces_the_runtime_programs():
+    """``round_average`` (the mean and the merge as the round program computes them, no launches
+    of their own) is what a round pays when calibrated, instead of the runtime's programs."""
+    free = charged(TimingModel(forward=(0.25,), backward=(0.5,), update=(0.25,)), 4.0, (4.0,))
+    t = dataclasses.replace(free, round_average=0.125, worker_factors=(1.0, 2.0))
+    assert t.round_average_time(1) == 0.25 and free.round_average_time(0) == 8.0
+    ends = averaging_step_end_times(
+        t, DelayModel(), num_workers=2, steps=16, period=8, delay=2, model_nbytes=NBYTES, seed=0
+    )
+    assert ends[-1] == pytest.approx(2.0 * (16 * STEP + 2 * 0.125))

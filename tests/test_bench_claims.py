@@ -197,7 +197,7 @@ def test_dasgd_hides_an_allreduce_that_fits_in_d_steps_and_local_sgd_does_not():
 def test_dasgd_cannot_hide_the_averaging_device_work():
     """With the mean's program and the merge charged, communication that fits in d steps is
     still hidden, but the share of the averaging's whole cost hidden is the network's share."""
-    timing = dataclasses.replace(TIMING, average=0.5, merge=(0.125,) * 4)  # 1 s of device work per round
+    timing = dataclasses.replace(TIMING, round_average=1.0)  # 1 s of device work per round
     rows = dasgd.hidden_fraction(timing, 10**6, rounds=8)
     step = timing.train_step_time()
     for r in rows:

@@ -9,22 +9,22 @@ worker runs per step, scaled by its speed factor) plus injected idle time. Then:
 * ``sync``: every step ends for everyone at the slowest worker's finish plus one gradient
   all-reduce.
 * ``local`` / ``dasgd``: at a snapshot step ``t0`` (every ``H`` steps) each worker's device
-  runs the average's program (``TimingModel.average_time``: the calibrated mean on one
-  device, device work on the worker's clock, at its speed); the all-reduce's communication
-  can start only once the slowest worker has run it (``S = max_w T_w``) and ends at
-  ``E = S + allreduce``; communication uses the network, not the device, so the workers
-  keep computing; at the merge step ``t0 + d`` worker ``w`` waits until ``E``
-  (``T_w = max(T_w, E)``) and then runs the merge (``sum_m TimingModel.merge_time(m)``, the
-  calibrated per-stage correction ``theta + (mean - snapshot)``: device work again). With
-  ``d = 0`` (local SGD) that is a full barrier plus the whole all-reduce; with ``d`` steps of
-  compute at least as long as the all-reduce, no wait at all, but the mean's and the merge's
-  device work always lengthen the round: only communication can be hidden.
+  may run the average's program (``averaging_work``: device work on the worker's clock, at
+  its speed); the all-reduce's communication can start only once the slowest worker has
+  reached it (``S = max_w T_w``) and ends at ``E = S + allreduce``; communication uses the
+  network, not the device, so the workers keep computing; at the merge step ``t0 + d``
+  worker ``w`` waits until ``E`` (``T_w = max(T_w, E)``) and then runs the merge
+  (``theta + (mean - snapshot)``: device work again). With ``d = 0`` (local SGD) that is a
+  full barrier plus the whole all-reduce; with ``d`` steps of compute at least as long as
+  the all-reduce, no wait at all, but the mean's and the merge's device work always
+  lengthen the round: only communication can be hidden.
 
 The SPMD round program (``spmd.make_round``) runs the ``pmean`` of the snapshot and the merge
-inside the round's one compiled program, so they are device work in the step stream; the
-calibrated ``average`` and ``merge`` time them as the separately dispatched programs of the
-threaded runtime (algorithms.md §5), which may overstate the in-program arithmetic by their
-launch costs. A timing without them (``average``/``merge`` None: hand-built) charges none.
+inside the round's one compiled program, so they are device work in the step stream without
+launches of their own: a calibration times exactly that arithmetic on one worker's device
+(``TimingModel.round_average``), charged at the merge step. A timing without it charges the
+threaded runtime's separately launched programs instead (``average`` at the snapshot, the
+per-stage ``merge`` at the merge), and one without those (hand-built) charges nothing.
 """
 
 from __future__ import annotations
@@ -96,8 +96,13 @@ def averaging_step_end_times(
 
 
 def averaging_work(timing: TimingModel, num_workers: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per worker, the device seconds of the average's program and of the whole merge (every
-    stage's): what one round of ``local``/``dasgd`` adds to a worker's clock besides its steps."""
-    average = np.array([timing.average_time(w) for w in range(num_workers)])
-    merge = np.array([sum(timing.merge_time(m, w) for m in range(timing.num_stages)) for w in range(num_workers)])
+    """Per worker, the device seconds a round of ``local``/``dasgd`` charges at its snapshot step
+    and at its merge step: the calibrated in-program averaging (``round_average``: the mean and
+    the merge as the round program computes them) all at the merge, or else the threaded
+    runtime's programs, the mean's (``average``) at the snapshot and every stage's merge then."""
+    workers = range(num_workers)
+    if timing.round_average is not None:
+        return np.zeros(num_workers), np.array([timing.round_average_time(w) for w in workers])
+    average = np.array([timing.average_time(w) for w in workers])
+    merge = np.array([sum(timing.merge_time(m, w) for m in range(timing.num_stages)) for w in workers])
     return average, merge

@@ -9,11 +9,11 @@ machine, per-worker batch 16, DaSGD ``H = 4, d = 2`` as in ``delays``:
   ``1 - (T(c) - T(0)) / (rounds x allreduce)``, for DaSGD and for local SGD (``d = 0``: its
   all-reduce blocks); the paper claims 100 %. On this clock the communication is hidden by
   construction while the all-reduce fits in d steps (it is network time, overlapping the
-  steps): the ``_hidden`` columns check the schedule. The mean's program and the merge are
-  device work on every worker's clock (calibrated ``average`` and ``merge``), which no delay
+  steps): the ``_hidden`` columns check the schedule. The mean and the merge are device
+  work on every worker's clock (calibrated ``round_average``), which no delay
   hides: the ``_hidden_all`` columns are the share of the averaging's whole cost (network
   and device work) that does not lengthen the run against no averaging at all,
-  ``1 - (T(c) - T_none) / (rounds x (allreduce + average + merge))``. The measured evidence
+  ``1 - (T(c) - T_none) / (rounds x (allreduce + round_average))``. The measured evidence
   is the ``overlap`` benchmark's real round program.
 * **scale-up**: examples per virtual second at W workers over W = 1's, at a fixed per-worker
   batch, with a 10 GbE-class network (``delays_network.NETWORK``), with and without delays
@@ -71,7 +71,7 @@ def hidden_fraction(timing: Any, nbytes: int, *, rounds: int = ROUNDS) -> list[d
     # per-stage sum that delays are counted in: d of them are what DaSGD hides behind.
     step, w = timing.train_step_time(), HIDING_WORKERS
     free = dataclasses.replace(timing, comm=CommModel())
-    none = dataclasses.replace(free, average=None, merge=None)  # no averaging cost at all
+    none = dataclasses.replace(free, average=None, merge=None, round_average=None)  # no averaging cost at all
     average, merge = averaging_work(timing, w)
     device_work = float(np.max(average + merge))  # per round, on the slowest worker
     rows = []

@@ -4,11 +4,15 @@ A ``Calibration`` is a ``TimingModel`` of the real programs the algorithms run w
 evidence behind it. Its programs (``PROGRAMS``): every per-stage kernel (the stashing
 forward, the stashed backward, the optimizer update: PD-ASGD's layer-wise path), the loss,
 a job's whole gradient as one program (``kernels.job_gradients``: what an ASGD or LPP-SGD
-worker runs per job), the fused whole-model training step (``kernels.train_step``: what
-a sync, local SGD or DaSGD worker runs per step), a replicated run's averaging (each
+worker runs per job), every stage's update as one program (``kernels.update_all``: what an
+ASGD thread owning every stage runs per job, LPP-SGD and replicated ASGD), the fused
+whole-model training step (``kernels.train_step``: what a sync, local SGD or DaSGD worker
+runs per step), a replicated run's averaging (each
 stage's merge, ``replication.merge_program``, and the mean's program on a device: the
 runtime's ``allreduce_mean`` over this one device, its per-leaf dispatches and arithmetic;
-the reduction across several devices adds the network's cost, priced by ``CommModel``), and
+the reduction across several devices adds the network's cost, priced by ``CommModel``), the
+SPMD round's averaging as the round program computes it (``round_average``: the snapshot's
+``pmean`` and the merge, without launches of their own), and
 the host work the synchronous loops do per step before their fused program (``host_step``:
 the batch's ``jax.device_put`` from host memory; the asynchronous workers hand host batches
 to their programs, which copy them inside the call, so that copy is in those programs'
@@ -69,11 +73,12 @@ from pdasgd_jax.reporting import write_json_atomic
 PyTree = Any
 # Bumped whenever what a calibration holds changes: the fingerprint hashes it, so every
 # cached file of an older format is measured afresh, and ``load`` refuses one by name.
-FORMAT = "pdasgd-jax-calibration-5"
+FORMAT = "pdasgd-jax-calibration-6"
 KERNELS = ("forward", "backward", "update", "backward_update", "merge")  # per stage
-FUSED = ("job_gradients", "train_step", "forward_all")  # whole-model programs, one cost each
+FUSED = ("job_gradients", "train_step", "forward_all", "update_all")  # whole-model programs, one cost each
 HOST = ("host_step",)  # a synchronous loop's host work per step: its batch's device_put
-PROGRAMS = (*KERNELS, "loss", *FUSED, "average", *HOST)
+PROGRAMS = (*KERNELS, "loss", *FUSED, "average", "round_average", *HOST)
+_ROUND_AXIS = "workers"  # the mapped axis of ``_round_averaging_time``
 _FLOAT_LITERAL = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
 
@@ -123,7 +128,7 @@ class Calibration:
             raise ValueError(
                 f"it is of format {fmt!r}, written by an older pdasgd_jax that did not time every program "
                 f"this one charges (the fused {', '.join(FUSED)}, per-stage backward_update and merge, the "
-                f"average and the host's batch transfer {HOST[0]}; format {FORMAT!r})"
+                f"average, round_average and the host's batch transfer {HOST[0]}; format {FORMAT!r})"
             )
         if fmt != FORMAT:
             raise ValueError(f'not a calibration (expected "format": {FORMAT!r})')
@@ -194,7 +199,8 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
     called on its own as its algorithm launches it.
 
     ``forward`` is the stashing forward and ``backward`` the stashed backward (per stage);
-    ``job_gradients`` the whole job's gradient in one program and ``train_step`` the fused
+    ``job_gradients`` the whole job's gradient in one program, ``update_all`` every stage's
+    update in one program and ``train_step`` the fused
     whole-model step (gradient and updates), on a batch already on the device; ``host_step``
     the synchronous loops' per-step ``jax.device_put`` of a host batch.
     """
@@ -219,6 +225,7 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
     for m in range(num_stages):
         update[m] = _median_time(kernels.update(m), params[m], opt_states[m], grads[m], repeats=repeats)
     params, states, opt_states = tuple(params), tuple(states), tuple(opt_states)
+    update_all = _median_time(kernels.update_all, params, opt_states, tuple(grads), repeats=repeats)
     job = _median_time(kernels.job_gradients, params, states, x, y, repeats=repeats)
     # Host batches, as the runtime's workers pass them (jit copies them to the device inside
     # the call); the synchronous loops ``device_put`` each batch first (``host_step``) and
@@ -228,6 +235,7 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
     step = _median_time(kernels.train_step, TrainState(params, states, opt_states), dev_x, dev_y, repeats=repeats)
     forward_all = _median_time(kernels.forward_all_stashed, params, states, x, y, repeats=repeats)
     merge, average = _averaging_times(params, states, repeats)
+    round_average = _round_averaging_time(params, states, repeats)
     return TimingModel(
         forward,
         backward,
@@ -240,6 +248,8 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
         host_step=host_step,
         merge=merge,
         average=average,
+        update_all=update_all,
+        round_average=round_average,
     )
 
 
@@ -254,6 +264,23 @@ def _averaging_times(params: tuple, states: tuple, repeats: int) -> tuple[list[f
     return merge, average
 
 
+def _round_averaging_time(params: tuple, states: tuple, repeats: int) -> float:
+    """The SPMD round's averaging on one worker's device, as ``spmd.make_round`` computes it
+    inside the round program: the snapshot's ``pmean`` over the workers' axis (here mapped over
+    one worker: the cross-device reduction is the network's, priced by ``CommModel``) and the
+    ``correct`` merge of parameters and non-trainable states, compiled as one program."""
+    rule = AveragingRule(period=1, delay=0, merge="correct")
+
+    def averaging(local: tuple, snapshot: tuple) -> tuple:
+        average = rule.average(snapshot, _ROUND_AXIS)
+        return rule.merge_tree(local, snapshot, average)
+
+    program = jax.jit(jax.vmap(averaging, axis_name=_ROUND_AXIS))
+    local = jax.tree.map(lambda a: a[None], (params, states))
+    snapshot = jax.tree.map(lambda a: a + 0, local)  # its own buffers, as the round's snapshot
+    return _median_time(program, local, snapshot, repeats=repeats)
+
+
 def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
     """Per-program medians over ``rounds`` and each program's ``[min, max]``."""
 
@@ -264,7 +291,7 @@ def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
     medians, spread = {}, {}
     for name in KERNELS:
         medians[name], spread[name] = per_stage(name)
-    for name in ("loss", *FUSED, "average", *HOST):
+    for name in ("loss", *FUSED, "average", "round_average", *HOST):
         values = [getattr(r, name) for r in rounds]
         medians[name], spread[name] = statistics.median(values), [min(values), max(values)]
     steps = [r.step_compute_time() for r in rounds]
@@ -317,7 +344,14 @@ def _totals(r: TimingModel) -> tuple[float, ...]:
     """What must be stable over the rounds: the per-stage step, each fused program and
     PD-ASGD's fused backward-and-updates (summed over the stages)."""
     fused_backward = sum(r.backward_update_time(m) for m in range(r.num_stages))
-    return r.step_compute_time(), r.job_gradients_time(), r.train_step_time(), r.forward_all_time(), fused_backward
+    return (
+        r.step_compute_time(),
+        r.job_gradients_time(),
+        r.train_step_time(),
+        r.forward_all_time(),
+        fused_backward,
+        r.update_all_time(),
+    )
 
 
 # fingerprint -> (calibration, measured by this process rather than read from a file)

@@ -235,6 +235,15 @@ class TimingModel:
       average: the averaging all-reduce's program on each participating device (the
         runtime's ``allreduce_mean`` of parameters and non-trainable state); the network's
         ``comm.allreduce_time`` comes on top. None: no device time.
+      round_average: the SPMD round program's averaging on one worker's device
+        (``spmd.make_round``: the snapshot's ``pmean`` and the merge of parameters and
+        non-trainable states, compiled into the round, so no launch of their own): what a
+        ``local`` or ``dasgd`` worker's device computes per round besides its steps. None:
+        ``average_time() + sum(merge_time(m))``, the threaded runtime's separately launched
+        programs (0 when those are None too).
+      update_all: every stage's optimizer update as one program (``kernels.update_all``:
+        what an ASGD thread that owns every stage of its device's replica runs per job,
+        LPP-SGD and replicated ASGD, under every stage's lock). None: ``sum(update)``.
       worker_factors: slow-down factor of worker ``w`` (``3.0``: three times slower); a
         worker past the end of the tuple has factor 1, so ``(3.0,)`` is one straggler
         (``with_stragglers`` makes the last devices slow, as ``--straggler-devices`` does).
@@ -266,6 +275,8 @@ class TimingModel:
     host_step: float = 0.0
     merge: tuple[float, ...] | None = None
     average: float | None = None
+    update_all: float | None = None
+    round_average: float | None = None
 
     def __post_init__(self):
         for name in ("forward", "backward", "update", "worker_factors"):
@@ -281,7 +292,7 @@ class TimingModel:
                 _finite_non_negative(f"{name} cost of stage {m}", cost)
         _finite_non_negative("loss cost", self.loss)
         _finite_non_negative("host_step cost", self.host_step)
-        for name in ("job_gradients", "train_step", "forward_all", "average"):
+        for name in ("job_gradients", "train_step", "forward_all", "average", "update_all", "round_average"):
             if getattr(self, name) is not None:
                 _finite_non_negative(f"{name} cost", getattr(self, name))
         for name in ("backward_update", "merge"):
@@ -353,6 +364,17 @@ class TimingModel:
     def average_time(self, worker: int = 0) -> float:
         """The averaging all-reduce's program on ``worker``'s device (0 when not given)."""
         return (0.0 if self.average is None else self.average) * self.worker_factor(worker)
+
+    def round_average_time(self, worker: int = 0) -> float:
+        """A ``local``/``dasgd`` round's averaging (mean and merge) on ``worker``'s device."""
+        if self.round_average is None:
+            return self.average_time(worker) + sum(self.merge_time(m, worker) for m in range(self.num_stages))
+        return self.round_average * self.worker_factor(worker)
+
+    def update_all_time(self, worker: int = 0) -> float:
+        """Every stage's update as one program on ``worker`` (the per-stage sum when not given)."""
+        cost = sum(self.update) if self.update_all is None else self.update_all
+        return cost * self.worker_factor(worker)
 
     def train_step_time(self, worker: int = 0) -> float:
         """One fused whole-model training step (gradient and updates) on ``worker``."""

@@ -249,6 +249,10 @@ class StageExecutor:
         stage's backward and update as one program under the stage's update lock
         (``kernels.backward_update_stashed``) when the stage lives on the job's device and
         the store applies the kernels' own update rule: one dispatch per stage instead of two.
+      fuse_updates: a non-layer-wise ``backward_all`` applies every stage's update as one
+        program under every stage's lock (``update_all``) where every stage lives on the
+        job's device and the store applies the kernels' own update rule: an ASGD thread of
+        LPP-SGD or replicated ASGD, which owns every stage of its store.
       seed: the run's seed. A model that draws randomness (Dropout) gets the key
         ``fold_in(key(seed), batch_id)`` per job, whatever reads it concurrently, so a
         replay of the batch draws the same masks.
@@ -282,9 +286,11 @@ class StageExecutor:
         clock: Callable[[], float] = lambda: 0.0,
         fuse_jobs: bool = False,
         fuse_forward: bool = False,
+        fuse_updates: bool = False,
         seed: int = 0,
     ):
         del backward_weights, fuse_jobs, fuse_forward  # the class is the mode
+        self.fuse_updates = fuse_updates
         self.kernels = kernels
         self.store = store
         self.log = log
@@ -454,6 +460,33 @@ class StageExecutor:
         _check_expected("update", job, m, before, expect)
         return self._count_staleness(job, m, before)
 
+    def fuses_updates(self, job: Job) -> bool:
+        """Whether ``update_all`` can apply ``job``'s updates as one program: every stage lives
+        on the job's device and the store uses the kernels' own update rule."""
+        homes = self.store.home_devices
+        local = homes is None or all(home == job.device for home in homes)
+        return local and self.store.update_rule == self.kernels.apply_update
+
+    def update_all(self, job: Job, *, worker: str = "") -> tuple[int, ...]:
+        """Applies every stage's ``g_m`` of ``job`` as one program (``kernels.update_all``) under
+        every stage's lock (``ParameterStore.update_all``); returns the stalenesses. The same
+        arithmetic and events as ``update_stage`` for every stage (up to float rounding); only
+        for a job where ``fuses_updates`` holds."""
+        stages = range(self.store.num_stages)
+        grads, read_params = tuple(job.grads), tuple(job.read_params)
+        job.grads, job.read_params = [None] * len(stages), [None] * len(stages)
+
+        def step(params: tuple, opt_states: tuple, versions: tuple[int, ...]) -> tuple[tuple, tuple]:
+            stalenesses = tuple(v - job.read_versions[m] for m, v in zip(stages, versions))
+            params, opt_states = self.kernels.update_all(params, opt_states, grads, stalenesses, read_params)
+            if job.updated is not None:
+                job.updated.extend(zip(params, opt_states))
+            return params, opt_states
+
+        log = None if self.log is None else lambda m, v: self._update_event(job, m, worker)(v)
+        befores = self.store.update_all(step, log)
+        return tuple(self._count_staleness(job, m, before) for m, before in zip(stages, befores))
+
     def _update_event(self, job: Job, m: int, worker: str) -> Callable[[int], None] | None:
         """The store's commit callback that logs stage ``m``'s update of ``job`` (None: no log)."""
         if self.log is None:
@@ -480,7 +513,9 @@ class StageExecutor:
         stages = range(self.store.num_stages - 1, -1, -1)
         for m in stages:
             self._backward_stage_of_all(job, m, layerwise=layerwise, worker=worker)
-        if not layerwise:
+        if not layerwise and self.fuse_updates and self.fuses_updates(job):
+            self.update_all(job, worker=worker)
+        elif not layerwise:
             for m in stages:
                 self.update_stage(job, m, worker=worker)
 

@@ -14,8 +14,9 @@ Per stage ``m`` (algorithms.md §3):
 
 Fused kernels, the same arithmetic in fewer programs: ``job_gradients`` (a whole stashed
 job, for the simulator), ``forward_all_stashed`` (every stage's ``forward_stashed`` and the
-loss, for the runtime's forward workers) and ``backward_update_stashed`` (one stage's
-backward and its update, run under the stage's update lock).
+loss, for the runtime's forward workers), ``backward_update_stashed`` (one stage's
+backward and its update, run under the stage's update lock) and ``update_all`` (every
+stage's update, for an ASGD thread that owns every stage: LPP-SGD, replicated ASGD).
 
 Whole-model kernels (``make_train_step``, jitted as ``StageKernels.train_step``, and
 ``eval_step``) chain the same stage functions and serve the synchronous baselines and
@@ -79,6 +80,7 @@ class StageKernelsProtocol(Protocol):
     job_gradients: Callable[..., tuple[Any, tuple[PyTree, ...]]]
     forward_all_stashed: Callable[..., tuple[Any, ...]]
     backward_update_stashed: Callable[..., tuple[PyTree, PyTree, Any]]
+    update_all: Callable[..., tuple[tuple[PyTree, ...], tuple[PyTree, ...]]]
 
     @property
     def num_stages(self) -> int: ...
@@ -141,6 +143,11 @@ class StageKernels:
         # soon as the stage's gradient exists).
         self.backward_update_stashed: Callable[..., tuple[PyTree, PyTree, Any]] = jax.jit(
             functools.partial(_backward_update, tx)
+        )
+        # Every stage's update in one program: for a caller that holds every stage's update
+        # lock (an ASGD thread whose store keeps every stage on its device).
+        self.update_all: Callable[..., tuple[tuple[PyTree, ...], tuple[PyTree, ...]]] = jax.jit(
+            functools.partial(_update_all, tx)
         )
         # The whole-model SGD step in one program (``make_train_step``): what a synchronous,
         # local SGD or DaSGD worker runs per step; the calibration times it.
@@ -220,6 +227,16 @@ def _backward_update(tx, vjp, delta, params, opt_state, staleness, old_params):
     g, delta_in = _apply_vjp(vjp, delta)
     params, opt_state = apply_stage_update(tx, params, opt_state, g, staleness, old_params)
     return params, opt_state, delta_in
+
+
+def _update_all(tx, params, opt_states, grads, stalenesses=None, old_params=None):
+    """``(params, opt_states, grads, stalenesses=None, old_params=None) -> (params, opt_states)``,
+    per-stage tuples: ``apply_stage_update`` of every stage (staleness 0 and the current
+    weights where None), each stage's arithmetic as its own ``update(m)`` computes it."""
+    stalenesses = (0,) * len(params) if stalenesses is None else stalenesses
+    old_params = (None,) * len(params) if old_params is None else old_params
+    stepped = [apply_stage_update(tx, *args) for args in zip(params, opt_states, grads, stalenesses, old_params)]
+    return tuple(p for p, _ in stepped), tuple(o for _, o in stepped)
 
 
 def _forward(model, m, params, state, x, rng=None):

@@ -11,6 +11,8 @@ only keeping a reference.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -63,15 +65,20 @@ class VersionedSlot(Generic[T]):
         """
         with self._lock:
             before = self._current
-            new = Versioned(fn(before.value, before.version), before.version + 1)
-            if self._history is not None:
-                self._history[new.version] = new.value
-            # Record before publishing: a reader that sees the new version must find its
-            # update already in the log, or replay would order the read before the write.
-            if on_commit is not None:
-                on_commit(before.version)
-            self._current = new
+            self._publish(fn(before.value, before.version), on_commit)
             return before.version
+
+    def _publish(self, value: T, on_commit: Callable[[int], None] | None) -> None:
+        """Makes ``value`` the next version; the caller holds the lock."""
+        before = self._current
+        new = Versioned(value, before.version + 1)
+        if self._history is not None:
+            self._history[new.version] = new.value
+        # Record before publishing: a reader that sees the new version must find its
+        # update already in the log, or replay would order the read before the write.
+        if on_commit is not None:
+            on_commit(before.version)
+        self._current = new
 
     def load(self, value: T) -> None:
         """Replaces the current value, keeping its version (restoring a checkpointed value)."""
@@ -199,6 +206,33 @@ class ParameterStore:
         where the stage's values live.
         """
         return self.slots[m].params.update(lambda po, version: step(*po, version), on_commit)
+
+    def update_all(
+        self,
+        step: Callable[[tuple, tuple, tuple[int, ...]], tuple[tuple, tuple]],
+        on_commit: Callable[[int, int], None] | None = None,
+    ) -> tuple[int, ...]:
+        """Replaces every stage's ``(params, opt_state)`` by ``step(params, opt_states, versions)``
+        (per-stage tuples) atomically; returns the versions it replaced.
+
+        Every stage's lock is taken, in stage order (a fixed order: two such updates cannot
+        deadlock, and every other writer holds one stage's lock at a time), ``step`` runs under
+        all of them and sees the versions it replaces; ``on_commit(m, version_before)`` as in
+        ``update_with``. Like ``update_with``, ``step`` is the whole update.
+        """
+        slots = [s.params for s in self.slots]
+        with contextlib.ExitStack() as locks:
+            for slot in slots:
+                locks.enter_context(slot._lock)
+            befores = [slot._current for slot in slots]
+            params, opt_states = step(
+                tuple(b.value[0] for b in befores),
+                tuple(b.value[1] for b in befores),
+                tuple(b.version for b in befores),
+            )
+            for m, (slot, p, o) in enumerate(zip(slots, params, opt_states, strict=True)):
+                slot._publish((p, o), None if on_commit is None else functools.partial(on_commit, m))
+        return tuple(b.version for b in befores)
 
     def read_state(self, m: int) -> Versioned:
         return self.slots[m].state.read()

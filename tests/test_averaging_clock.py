@@ -87,3 +87,46 @@ def test_bad_delay_is_named():
         averaging_step_end_times(
             timing(1.0, 2), DelayModel(), num_workers=2, steps=4, period=8, delay=9, model_nbytes=1, seed=0
         )
+
+
+def charged(t: TimingModel, average: float, merge: tuple[float, ...]) -> TimingModel:
+    return dataclasses.replace(t, average=average, merge=merge)
+
+
+@pytest.mark.parametrize("d", [0, 2, 8])
+def test_each_round_pays_the_mean_and_the_merge_as_device_work(d):
+    """With free communication a round with averaging exceeds the round without by exactly the
+    charged device work: the mean's program at the snapshot, every stage's merge at the merge."""
+    free = TimingModel(forward=(0.25,), backward=(0.5,), update=(0.25,))
+    kw = dict(num_workers=4, steps=32, period=8, delay=d, model_nbytes=NBYTES, seed=0)
+    bare = averaging_step_end_times(free, DelayModel(), **kw)
+    paid = averaging_step_end_times(charged(free, 0.125, (0.0625,)), DelayModel(), **kw)
+    assert bare[-1] == pytest.approx(32 * STEP)
+    assert paid[-1] == pytest.approx(32 * STEP + 4 * (0.125 + 0.0625))
+
+
+def test_dasgd_still_hides_its_communication_but_not_the_device_work():
+    """d >= 1 and a large alpha: the all-reduce's network time stays behind the d steps; only
+    the mean's and the merge's device work lengthen the run (at the slowest worker's speed)."""
+    t = charged(timing(1e-9, 4, factors=(1.0, 2.0)), 0.125, (0.0625,))
+    t = dataclasses.replace(t, comm=CommModel(alpha=3.5))  # an all-reduce of 3.5 steps, under d = 4 fast steps
+    ends = averaging_step_end_times(
+        t, DelayModel(), num_workers=4, steps=32, period=8, delay=4, model_nbytes=NBYTES, seed=0
+    )
+    assert ends[-1] == pytest.approx(2.0 * (32 * STEP + 4 * (0.125 + 0.0625)))
+    local = averaging_step_end_times(
+        t, DelayModel(), num_workers=4, steps=32, period=8, delay=0, model_nbytes=NBYTES, seed=0
+    )
+    assert local[-1] > ends[-1] + 4 * 3.0  # local SGD's blocking all-reduce stays exposed
+
+
+def test_a_calibrated_round_averaging_replaces_the_runtime_programs():
+    """``round_average`` (the mean and the merge as the round program computes them, no launches
+    of their own) is what a round pays when calibrated, instead of the runtime's programs."""
+    free = charged(TimingModel(forward=(0.25,), backward=(0.5,), update=(0.25,)), 4.0, (4.0,))
+    t = dataclasses.replace(free, round_average=0.125, worker_factors=(1.0, 2.0))
+    assert t.round_average_time(1) == 0.25 and free.round_average_time(0) == 8.0
+    ends = averaging_step_end_times(
+        t, DelayModel(), num_workers=2, steps=16, period=8, delay=2, model_nbytes=NBYTES, seed=0
+    )
+    assert ends[-1] == pytest.approx(2.0 * (16 * STEP + 2 * 0.125))

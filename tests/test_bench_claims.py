@@ -2,6 +2,7 @@
 arithmetic (ratios, hidden fractions, scale-up, targets) is what the docstrings say."""
 
 import collections
+import dataclasses
 import math
 import types
 
@@ -189,6 +190,22 @@ def test_dasgd_hides_an_allreduce_that_fits_in_d_steps_and_local_sgd_does_not():
         assert by_cost[c]["dasgd_hidden"] == pytest.approx(1.0)
     assert by_cost[4.0]["dasgd_hidden"] < 1.0 and by_cost[8.0]["dasgd_hidden"] < by_cost[4.0]["dasgd_hidden"]
     assert all(r["local_hidden"] == pytest.approx(0.0, abs=1e-9) for r in rows)  # d = 0: every all-reduce blocks
+    # No averaging device work in TIMING: the whole cost is the communication.
+    assert all(r["dasgd_hidden_all"] == r["dasgd_hidden"] for r in rows)
+
+
+def test_dasgd_cannot_hide_the_averaging_device_work():
+    """With the mean's program and the merge charged, communication that fits in d steps is
+    still hidden, but the share of the averaging's whole cost hidden is the network's share."""
+    timing = dataclasses.replace(TIMING, round_average=1.0)  # 1 s of device work per round
+    rows = dasgd.hidden_fraction(timing, 10**6, rounds=8)
+    step = timing.train_step_time()
+    for r in rows:
+        allreduce = r["allreduce_in_steps"] * step
+        if r["allreduce_in_steps"] <= 2.0:
+            assert r["dasgd_hidden"] == pytest.approx(1.0)
+            assert r["dasgd_hidden_all"] == pytest.approx(allreduce / (allreduce + 1.0))
+        assert r["local_hidden_all"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_dasgd_scale_up_is_relative_to_one_worker():

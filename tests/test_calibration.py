@@ -74,16 +74,18 @@ def test_measure_repeats_rounds_and_keeps_their_spread(mlp):
         for m, (lo, hi) in enumerate(spread[name]):
             assert lo <= getattr(t, name)[m] <= hi
     # Every program an algorithm runs has its own measured cost, not a sum of kernels.
-    fused = ("job_gradients", "train_step", "forward_all")
-    assert set(calibration.PROGRAMS) == {*calibration.KERNELS, "loss", *fused, "average", "host_step"}
+    fused = ("job_gradients", "train_step", "forward_all", "update_all")  # update_all: an ASGD thread's updates
+    averaging = ("average", "round_average")  # the runtime's mean program; the SPMD round's mean and merge
+    assert set(calibration.PROGRAMS) == {*calibration.KERNELS, "loss", *fused, *averaging, "host_step"}
     assert "backward_update" in calibration.KERNELS  # PD-ASGD's local stage: backward and update in one
     assert "merge" in calibration.KERNELS  # a replicated group's merge, per stage (algorithms.md §3a)
     # The host's per-job batch transfer is measured too (every runner pays it per job or step).
-    for name in ("loss", *fused, "average", "host_step"):
+    for name in ("loss", *fused, *averaging, "host_step"):
         lo, hi = spread[name]
         assert 0 < lo <= getattr(t, name) <= hi
     assert t.job_gradients_time() == t.job_gradients and t.train_step_time() == t.train_step
     assert t.forward_all_time() == t.forward_all and t.backward_update_time(1) == t.backward_update[1]
+    assert t.update_all_time() == t.update_all and t.round_average_time() == t.round_average
     assert t.merge_time(2) == t.merge[2] > 0 and t.average_time() == t.average > 0
     step = spread["step_compute_time"]
     assert step["min"] <= step["median"] <= step["max"]

@@ -4,7 +4,11 @@ Two parts:
 
 * **virtual clock**: per-step time of ``dasgd`` (H = 8, d = 4), ``local`` (d = 0) and ``sync``
   against compute only, for all-reduces costing 0.5 to 8 steps of compute; the per-step
-  compute is this machine's measured round time below.
+  compute is this machine's measured round time below. This part prices communication
+  only: its hand-built timing has no ``average``/``merge`` costs, so the mean's and the
+  merge's device work (which the averaging clock charges from a calibration, and which no
+  delay hides) is left out, and DaSGD's rows show the schedule's hiding of network time.
+  The real part's rounds include that work.
 * **real**: the compiled round program on this machine's devices (D workers of the digits
   MLP; ``shard_map`` over the devices, or ``vmap`` on one): ``dasgd`` and ``local`` rounds
   against the same local steps with no averaging at all.

@@ -5,6 +5,8 @@ at home there, so no update crosses devices), T = R / D plain ``AsgdWorker`` thr
 device on that device's executor, named ``d{d}/w{t}`` as in the simulator, and one
 ``Averager`` thread:
 
+* each worker runs a job as two programs: its whole gradient (``kernels.job_gradients``) and
+  every stage's update (``kernels.update_all``, under every stage's lock, in stage order);
 * each worker's job is booked with the averager when the worker reports it finished (its
   updates applied; ``DeviceControl``), before its injected delay;
 * once some device has applied ``H`` updates since its previous snapshot (``lpp.Rounds``),
@@ -192,9 +194,11 @@ class LppRuntime(DeviceStoresRuntime):
         ]
         self.log = None
         clock = lambda: time.perf_counter() - self._start
-        # An ASGD worker computes its whole gradient at once anyway: one program per job.
+        # An ASGD worker computes its whole gradient at once anyway: one program per job; it
+        # owns every stage of its device's replica, so its updates are one program too.
         self.executors = [
-            StageExecutor(exp.kernels, store, clock=clock, fuse_jobs=True, seed=s.seed) for store in self.stores
+            StageExecutor(exp.kernels, store, clock=clock, fuse_jobs=True, fuse_updates=True, seed=s.seed)
+            for store in self.stores
         ]
         self.store, self.executor = self.stores[0], self.executors[0]
         num_devices = len(s.devices)

@@ -3,8 +3,10 @@
 ``ReplicatedRuntime`` is the threaded ``Runtime`` with one ``ParameterStore`` per device (a
 group: every stage at home there, so no update crosses devices) and the workers of the
 ``R / D`` replicas placed on that device (F forward + B backward workers and a queue each,
-or one ASGD thread each, named as in the simulator). ``replication.GroupRounds`` keeps the
-groups together with DaSGD's delayed averaging, driven by the workers themselves:
+or one ASGD thread each, named as in the simulator; an ASGD thread owns every stage of its
+store, so it applies a job's updates as one program, ``kernels.update_all``, under every
+stage's lock). ``replication.GroupRounds`` keeps the groups together with DaSGD's delayed
+averaging, driven by the workers themselves:
 
 * each job is booked with the rounds when its worker reports it finished (its updates
   computed), under one lock;
@@ -148,6 +150,8 @@ class ReplicatedRuntime(DeviceStoresRuntime):
                 clock=clock,
                 fuse_jobs=not s.pipelined,
                 fuse_forward=s.pipelined,
+                # An ASGD thread owns every stage of its group's store: one update program per job.
+                fuse_updates=not s.pipelined,
                 seed=s.seed,
             )
             for store in self.stores

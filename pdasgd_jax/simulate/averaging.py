@@ -5,8 +5,9 @@ program (``averaging_runner``: ``vmap`` over the simulated workers on one device
 ``shard_map`` when the devices divide them) and ``averaging_clock`` says when each step
 ends: each worker's compute at its speed plus its injected delays, the model all-reduce
 ``alpha + bytes/beta`` started at every snapshot and waited for at its merge ``d`` steps
-later. Every local update applies to the worker's current model (staleness 0); the merged
-average is ``d`` steps old, reported as ``average_delay_steps``.
+later, and the device work of the mean's program and of the merge on every worker's clock.
+Every local update applies to the worker's current model (staleness 0); the merged average
+is ``d`` steps old, reported as ``average_delay_steps``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.run_result import RunResult
-from pdasgd_jax.simulate.averaging_clock import averaging_step_end_times
+from pdasgd_jax.simulate.averaging_clock import averaging_step_end_times, averaging_work
 from pdasgd_jax.simulate.sync import VirtualTimeMetrics, busy_fractions, fresh_updates
 
 
@@ -56,7 +57,13 @@ def run_averaging(
         exp, VirtualTimeMetrics(metrics, ends), checkpointer, delay=delay_steps, mesh=spmd.worker_mesh(num_workers)
     )
     now = float(ends[result.step - 1])
-    busy = busy_fractions(timing, result.step, now, num_workers)
+    # Every round (one per H steps) also runs the mean's program and the merge on each worker's device.
+    average, merge = averaging_work(timing, num_workers)
+    rounds_run = math.ceil(result.step / config.period)
+    busy = [
+        b + rounds_run * (a + m) / now
+        for b, a, m in zip(busy_fractions(timing, result.step, now, num_workers), average, merge)
+    ]
     result.extra["average_delay_steps"] = delay_steps
     return (
         result,

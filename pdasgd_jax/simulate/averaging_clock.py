@@ -8,12 +8,23 @@ worker runs per step, scaled by its speed factor) plus injected idle time. Then:
 
 * ``sync``: every step ends for everyone at the slowest worker's finish plus one gradient
   all-reduce.
-* ``local`` / ``dasgd``: at a snapshot step ``t0`` (every ``H`` steps) the all-reduce of
-  the model can start only once the slowest worker has reached it (``S = max_w T_w``) and
-  ends at ``E = S + allreduce``; communication uses the network, not the device, so the
-  workers keep computing; at the merge step ``t0 + d`` worker ``w`` waits until ``E``
-  (``T_w = max(T_w, E)``). With ``d = 0`` (local SGD) that is a full barrier plus the whole
-  all-reduce; with ``d`` steps of compute at least as long as the all-reduce, no wait at all.
+* ``local`` / ``dasgd``: at a snapshot step ``t0`` (every ``H`` steps) each worker's device
+  may run the average's program (``averaging_work``: device work on the worker's clock, at
+  its speed); the all-reduce's communication can start only once the slowest worker has
+  reached it (``S = max_w T_w``) and ends at ``E = S + allreduce``; communication uses the
+  network, not the device, so the workers keep computing; at the merge step ``t0 + d``
+  worker ``w`` waits until ``E`` (``T_w = max(T_w, E)``) and then runs the merge
+  (``theta + (mean - snapshot)``: device work again). With ``d = 0`` (local SGD) that is a
+  full barrier plus the whole all-reduce; with ``d`` steps of compute at least as long as
+  the all-reduce, no wait at all, but the mean's and the merge's device work always
+  lengthen the round: only communication can be hidden.
+
+The SPMD round program (``spmd.make_round``) runs the ``pmean`` of the snapshot and the merge
+inside the round's one compiled program, so they are device work in the step stream without
+launches of their own: a calibration times exactly that arithmetic on one worker's device
+(``TimingModel.round_average``), charged at the merge step. A timing without it charges the
+threaded runtime's separately launched programs instead (``average`` at the snapshot, the
+per-stage ``merge`` at the merge), and one without those (hand-built) charges nothing.
 """
 
 from __future__ import annotations
@@ -65,18 +76,33 @@ def averaging_step_end_times(
         raise ValueError(f"delay {delay} must be in [0, period={period}]")
     costs = _step_costs(timing, delays, num_workers, steps, seed)
     allreduce = timing.comm.allreduce_time(model_nbytes, num_workers)
+    average, merge = averaging_work(timing, num_workers)
     clock = np.zeros(num_workers)
     ends = np.empty(steps)
     average_done = None
     for t in range(steps):
         if t % period == 0:
             if delay == period and average_done is not None:
-                clock = np.maximum(clock, average_done)  # d = H: the merge closes the previous round
+                clock = np.maximum(clock, average_done) + merge  # d = H: the merge closes the previous round
+            clock = clock + average
             average_done = clock.max() + allreduce
         if delay < period and t % period == delay:
-            clock = np.maximum(clock, average_done)
+            clock = np.maximum(clock, average_done) + merge
         clock = clock + costs[t]
         ends[t] = clock.max()
     if delay == period and steps % period == 0:
-        ends[-1] = max(ends[-1], average_done)
+        ends[-1] = (np.maximum(clock, average_done) + merge).max()
     return ends
+
+
+def averaging_work(timing: TimingModel, num_workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per worker, the device seconds a round of ``local``/``dasgd`` charges at its snapshot step
+    and at its merge step: the calibrated in-program averaging (``round_average``: the mean and
+    the merge as the round program computes them) all at the merge, or else the threaded
+    runtime's programs, the mean's (``average``) at the snapshot and every stage's merge then."""
+    workers = range(num_workers)
+    if timing.round_average is not None:
+        return np.zeros(num_workers), np.array([timing.round_average_time(w) for w in workers])
+    average = np.array([timing.average_time(w) for w in workers])
+    merge = np.array([sum(timing.merge_time(m, w) for m in range(timing.num_stages)) for w in workers])
+    return average, merge

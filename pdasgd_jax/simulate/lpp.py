@@ -2,8 +2,11 @@
 
 Each device is a one-device ASGD simulation of its own (``DeviceSimulation``: its store,
 executor and device, its speed factor, every stage at home, so nothing is transferred)
-running T ``policies.asgd_worker`` threads named ``d{d}/w{t}``; all of them share one
-scheduler, one stream of batches and one job budget. The averaging (``Averaging``):
+running T ``replica_asgd_worker`` threads named ``d{d}/w{t}``; all of them share one
+scheduler, one stream of batches and one job budget. A thread owns every stage of its
+device's replica, so, as in the runtime, it runs a job as two programs: its whole gradient,
+then every stage's update as one program (``timing.update_all_time``) under every stage's
+lock. The averaging (``Averaging``):
 
 * a round starts when some device has applied ``H`` updates since its previous snapshot
   (``lpp.Rounds``) and no round is in flight;
@@ -42,8 +45,8 @@ from pdasgd_jax.kernels import StageKernelsProtocol, init_opt_states
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.simulate import policies, resume
-from pdasgd_jax.simulate.scheduler import END, START, Get, Kernel, Process, Put, Scheduler, Sleep, Worker
-from pdasgd_jax.simulate.simulation import Simulation, final_evaluation, num_jobs
+from pdasgd_jax.simulate.scheduler import END, START, Device, Get, Kernel, Process, Put, Scheduler, Sleep, Worker
+from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan, final_evaluation, num_jobs
 from pdasgd_jax.store import ParameterStore
 
 
@@ -90,6 +93,36 @@ class DeviceSimulation(Simulation):
     @started.setter
     def started(self, value: int) -> None:
         self._budget.started = value
+
+
+def replica_asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
+    """An ASGD thread that owns every stage of its device's store (LPP-SGD, replicated ASGD),
+    as the runtime runs it: the job's gradient program (``policies.gradient_program``), then
+    every stage's update as one program dispatched with it (``update_all_program``)."""
+    rng = sim.delay_rng(name)
+    compute = sim.costs[device.index].job + sim.timing.update_all_time(device.index)
+    while (job := (yield from sim.take_job(name))) is not None:
+        ticket = sim.scheduler.ticket()  # the runtime dispatches the job and its update at once
+        yield from policies.gradient_program(sim, job, device, name, ticket)
+        yield from update_all_program(sim, job, device, name, ticket)
+        sim.job_done(job)
+        yield sim.idle(rng, compute)
+
+
+def update_all_program(sim: Simulation, job: Job, device: Device, worker: str, ticket: int) -> Worker:
+    """Every stage's update of ``job`` as one program on ``device`` (``kernels.update_all``),
+    once the worker holds every stage's lock (taken in stage order, as the runtime's
+    ``ParameterStore.update_all`` does); every stage is written at its end."""
+    for lock in sim.stage_locks:
+        yield Get(lock)
+    start: list[float] = []
+    at_start = None if sim.on_update is None else lambda: start.append(sim.scheduler.now)
+    yield Kernel(device, sim.timing.update_all_time(device.index), at_start, ticket)
+    sim.executor.update_all(job, worker=worker)
+    for m, lock in enumerate(sim.stage_locks):
+        if sim.on_update is not None:
+            sim.on_update(UpdateSpan(m, device.index, job.id, start[0], sim.scheduler.now))
+        yield Put(lock, None)
 
 
 class Averaging:
@@ -207,7 +240,7 @@ def run_lpp(
     def spawn(sims: list[Simulation]) -> None:
         for d, t in lpp.threads(devices, replicas):
             name = lpp.worker_name(d, t)
-            sims[d].scheduler.spawn(name, policies.asgd_worker(sims[d], sims[d].devices[0], name))
+            sims[d].scheduler.spawn(name, replica_asgd_worker(sims[d], sims[d].devices[0], name))
 
     result, now, utilisation, staleness = run_device_groups(
         exp, metrics, timing, delay, devices=devices, replicas=replicas, make_averaging=make_averaging, spawn=spawn

@@ -3,7 +3,8 @@
 One group per simulated device: a one-device simulation of its own store (every stage at
 home, so nothing is transferred inside a group) running the workers of the replicas placed
 on that device (``R / D`` PD-ASGD replicas of F + B workers and a queue, or ``R / D``
-Hogwild! threads for ``asgd``). All groups share one scheduler, one stream of batches and
+Hogwild! threads for ``asgd``, each applying a job's updates as one program under every
+stage's lock: ``simulate.lpp.replica_asgd_worker``). All groups share one scheduler, one stream of batches and
 one job budget, as LPP-SGD's devices do (``simulate/lpp.py``). ``replication.GroupRounds``
 joins them with DaSGD's delayed averaging: each group snapshots every H of its completed
 jobs, the all-reduce of round k starts once the last group has snapshotted it, and each
@@ -43,7 +44,7 @@ from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.replication import GroupRounds
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.simulate import policies, resume
-from pdasgd_jax.simulate.lpp import run_device_groups
+from pdasgd_jax.simulate.lpp import replica_asgd_worker, run_device_groups
 from pdasgd_jax.simulate.scheduler import END, Get, Kernel, Process, Put, Scheduler, Worker
 from pdasgd_jax.simulate.simulation import Simulation
 
@@ -183,7 +184,7 @@ def run_replicated(
             if config.algo == "asgd":
                 for t, _ in enumerate(ids):
                     name = lpp.worker_name(d, t)
-                    sim.scheduler.spawn(name, policies.asgd_worker(sim, sim.devices[0], name))
+                    sim.scheduler.spawn(name, replica_asgd_worker(sim, sim.devices[0], name))
             else:
                 policies.spawn_configured(sim, config, replica_ids=list(ids))
 

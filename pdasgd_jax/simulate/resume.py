@@ -65,6 +65,7 @@ class AbstractKernels:
         self.job_gradients = _abstract(kernels.job_gradients)
         self.forward_all_stashed = _abstract(kernels.forward_all_stashed)
         self.backward_update_stashed = _abstract(kernels.backward_update_stashed)
+        self.update_all = _abstract(kernels.update_all)
 
     @property
     def num_stages(self) -> int:

@@ -22,6 +22,10 @@ keeps the processes together:
   traceback, leaves the coordinator together with the failed process, which raises its error
   as usual, and calls ``os._exit(1)``).
 
+* **Hangs** (``runtime.heartbeat``): a process that neither fails nor goes on (stopped, its
+  host gone) is found by its silent heartbeat: after ``--peer-timeout`` seconds every other
+  process prints which one fell silent and when it was last heard from, and exits with status 1.
+
 The key-value store is the one ``jax.distributed.initialize`` connects every process to.
 """
 

@@ -52,11 +52,13 @@ from pdasgd_jax.replication import GroupRounds
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.feed import Batch, DataFeed, Gate
+from pdasgd_jax.runtime.heartbeat import Heartbeat, exit_for_silent_peer
 from pdasgd_jax.runtime.lpp import DeviceControl, DeviceStoresRuntime
 from pdasgd_jax.runtime.processes import (
     PeerWatch,
     ProcessRounds,
     announce_failure,
+    kv_store,
     process_batches,
     process_share,
     run_keys,
@@ -295,12 +297,21 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         if self.processes is None:
             return super().run(metrics, checkpointer)
         watch = PeerWatch(self.keys)
+        heartbeat = Heartbeat(
+            self.keys,
+            self.exp.config.peer_timeout,
+            exit_for_silent_peer,
+            kv=kv_store(),
+            process=self.processes.process,
+            processes=self.processes.processes,
+        )
         watch.start()
+        heartbeat.start()
         self.processes.start()
         try:
             result = super().run(metrics, checkpointer)
         except BaseException as exc:
-            watch.stop()
+            watch.stop()  # the heartbeat goes on while the others read this failure: it is no silence
             try:
                 announce_failure(exc, self.keys)
             except Exception as unreachable:  # the coordinator is gone: the others learn it from XLA
@@ -308,6 +319,7 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             raise
         finally:
             watch.stop()
+            heartbeat.stop()
         # Every process's jobs: what the run as a whole trained on.
         total = self.processes.total_jobs or self.completed
         return result._replace(step=total, examples=total * self.settings.batch_size)

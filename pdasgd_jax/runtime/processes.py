@@ -105,13 +105,18 @@ def run_keys() -> str:
     return f"{PREFIX}/{next(_runs)}"
 
 
-def process_batches(exp: Experiment, batch_size: int) -> Iterator[Batch]:
-    """This process's batches: global batches ``p, p + P, ...`` of the run's stream, numbered
-    ``0, 1, ...`` (the ids its feed's gate counts)."""
+def process_batches(exp: Experiment, batch_size: int, *, start: int = 0) -> Iterator[Batch]:
+    """This process's batches from its ``start``-th on: global batches ``p, p + P, ...`` of the
+    run's stream, numbered ``0, 1, ...`` (the ids its feed's gate counts)."""
     n, p = jax.process_count(), jax.process_index()
-    share = itertools.islice(numbered_batches(exp, batch_size), p, None, n)
-    for local_id, batch in enumerate(share):
+    share = itertools.islice(numbered_batches(exp, batch_size, start=p + start * n), None, None, n)
+    for local_id, batch in enumerate(share, start):
         yield Batch(local_id, batch.x, batch.labels)
+
+
+def smallest_share(num_batches: int) -> int:
+    """The fewest batches any process gets of a run of ``num_batches`` (the last process's)."""
+    return num_batches // jax.process_count()
 
 
 class RoundsTimeout(RuntimeError):

@@ -27,11 +27,18 @@ job in flight, and a group that waits for a mean paused at its merge): every gro
 means) and the schedule (``GroupRounds.checkpoint``: counts, due merges, waits), at batch
 ``step`` of the feed. A resumed run goes on from exactly that state (the threads' timing,
 hence the schedule after it, is not reproducible; the store versions restart from 0).
-A multi-process run writes none (``train`` refuses ``--resume`` for it).
+Across processes each process checkpoints its own groups (``checkpoints/process{p}``), only
+at a round ``K`` every group of every process stops at: each group may take batches only up
+to ``K H`` jobs (``GroupGate.limit``), and the save waits until round ``K``'s mean has arrived,
+so every process has taken part in the same collectives (``ProcessRounds.started``, saved
+too) and none is in flight. ``--checkpoint-every`` is rounded up to whole rounds there, and a
+round at or past the smallest process's share of batches is not checkpointed. A resume
+checks that every process found a checkpoint of the same step.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -62,9 +69,10 @@ from pdasgd_jax.runtime.processes import (
     process_batches,
     process_share,
     run_keys,
+    smallest_share,
 )
 from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, WouldBlock
-from pdasgd_jax.runtime.runner import run_runtime
+from pdasgd_jax.runtime.runner import POLL_S, run_runtime
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.runtime.workers import AsgdWorker, BackwardWorker, ForwardWorker
 from pdasgd_jax.store import ParameterStore
@@ -86,6 +94,15 @@ class GroupGate:
         self._cond = threading.Condition()
         self._paused = False
         self._aborted = False
+        self.taken = 0  # batches this group took (a resumed run sets its jobs so far)
+        self._limit: int | None = None
+
+    def limit(self, taken: int | None) -> None:
+        """Lets the group take batches only until it has ``taken`` (``None``: no limit): a
+        multi-process run's groups stop at the same round for a checkpoint."""
+        with self._cond:
+            self._limit = taken
+            self._cond.notify_all()
 
     def pause(self) -> None:
         with self._cond:
@@ -103,13 +120,23 @@ class GroupGate:
 
     def get(self, *, block: bool = True) -> Batch:
         with self._cond:
-            while self._paused and not self._aborted:
+            while (self._paused or self._at_limit()) and not self._aborted:
                 if not block:
-                    raise WouldBlock("the group waits for an average to merge")
+                    raise WouldBlock("the group waits for an average to merge or a checkpoint")
                 self._cond.wait()
             if self._aborted:
                 raise QueueClosed("the run stopped")
-        return self._feed.get(block=block)
+            self.taken += 1  # reserved before the take: two workers of the group never pass the limit
+        try:
+            return self._feed.get(block=block)
+        except BaseException:
+            with self._cond:
+                self.taken -= 1
+                self._cond.notify_all()
+            raise
+
+    def _at_limit(self) -> bool:
+        return self._limit is not None and self.taken >= self._limit
 
 
 class LockedRounds:
@@ -176,7 +203,7 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         self.booking = LockedRounds(self.rounds)
         self.processes: ProcessRounds | None = None
         if multi:
-            self.keys = run_keys()
+            self.keys = getattr(self, "keys", None) or run_keys()  # a resume's rebuild keeps its run's keys
             self.processes = ProcessRounds(
                 snapshots=self._locked(self.rounds.snapshots),
                 finals=self._locked(lambda: [store.snapshot()[:2] for store in self.stores]),
@@ -198,7 +225,7 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             feed_queue,
             self.control,
             gate,
-            batches=process_batches(exp, s.batch_size) if multi else None,
+            batches=process_batches(exp, s.batch_size, start=first_batch) if multi else None,
         )
         controls = [DeviceControl(self.control, self.booking, d) for d in range(len(devices))]
         self.workers = []
@@ -240,6 +267,11 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             return ([store.snapshot() for store in self.stores], values), schedule
 
     def _save(self, checkpointer: RunCheckpointer, step: int, position: dict[str, Any]) -> None:
+        if self.processes is not None:
+            if step % self._round_batches or step >= self._smallest_share:
+                return  # not a round every process stops at (``_next_pause``)
+            self._await_round(step // self._round_batches)
+            position = {**position, "process_rounds": self.processes.started}
         tree, schedule = self._checkpoint_tree()
         # The rounds in flight vary in number: the leaves are saved flat, their tree rebuilt
         # from the schedule (``_restore``).
@@ -247,6 +279,8 @@ class ReplicatedRuntime(DeviceStoresRuntime):
 
     def _restore(self, checkpointer: RunCheckpointer, metrics: MetricsLog) -> dict[str, Any] | None:
         saved = checkpointer.latest_meta()
+        if self.processes is not None:
+            self._agree_on_resume(None if saved is None else saved["step"])
         if saved is None:
             checkpointer.resume(like=None, metrics=metrics)  # nothing to resume: the metrics start over
             return None
@@ -280,6 +314,10 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         ]
         with self.booking.lock:
             self.rounds.restore(meta["replicated"], rounds)
+        for gate, jobs in zip(self.gates, self.rounds.counts, strict=True):
+            gate.taken = jobs
+        if self.processes is not None:
+            self.processes.started = meta["process_rounds"]
         return meta
 
     def _locked(self, fn: Any) -> Any:
@@ -305,9 +343,10 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             process=self.processes.process,
             processes=self.processes.processes,
         )
+        if checkpointer is not None:
+            self._align_checkpoints(checkpointer, metrics)
         watch.start()
         heartbeat.start()
-        self.processes.start()
         try:
             result = super().run(metrics, checkpointer)
         except BaseException as exc:
@@ -325,9 +364,68 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         return result._replace(step=total, examples=total * self.settings.batch_size)
 
     def _supervise(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> None:
+        if self.processes is not None:
+            self.processes.start()  # here: a resume has rebuilt it
         super()._supervise(metrics, checkpointer)
         if self.processes is not None and self.processes.final is None:  # it stopped at the target
             self._finish_rounds()
+
+    # Checkpoints across processes (algorithms.md §3a): only where every group of every process
+    # has done the same whole number of rounds and the last one's mean has arrived everywhere.
+    @property
+    def _round_batches(self) -> int:
+        """This process's batches per round: each local group's H jobs."""
+        return len(self.stores) * self.settings.period
+
+    @property
+    def _smallest_share(self) -> int:
+        """The fewest batches a process of this run gets: checkpoints come before it."""
+        return smallest_share(math.ceil(self.exp.total_examples / self.settings.batch_size))
+
+    def _align_checkpoints(self, checkpointer: RunCheckpointer, metrics: MetricsLog) -> None:
+        """Rounds ``--checkpoint-every`` (0: the evaluation interval) up to whole rounds, so
+        that each checkpoint is due at a round every process stops at."""
+        unit = self._round_batches * self.settings.batch_size
+        checkpointer.every = -(-(checkpointer.every or metrics.eval_every) // unit) * unit
+        checkpointer.next_due = checkpointer.every  # a resume sets it back to its checkpoint's
+
+    def _next_pause(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> int:
+        """``Runtime``'s; across processes each group may take batches only up to the next
+        checkpoint's round (so every group stops exactly there)."""
+        pause = super()._next_pause(metrics, checkpointer)
+        if self.processes is not None and checkpointer is not None and checkpointer.next_due:
+            boundary = math.ceil(checkpointer.next_due / self.settings.batch_size)
+            per_group = boundary // len(self.stores) if boundary < self._smallest_share else None
+            for gate in self.gates:
+                gate.limit(per_group)
+        return pause
+
+    def _await_round(self, k: int) -> None:
+        """Waits until round ``k``'s mean has arrived (every process took part in it)."""
+        assert self.processes is not None
+        while self.processes.started <= k:
+            self.control.raise_failure()
+            if self.control.stopped:
+                raise RuntimeError(f"the run stopped before round {k}'s checkpoint")
+            time.sleep(POLL_S)
+
+    def _agree_on_resume(self, step: int | None) -> None:
+        """Checks that every process resumes from the same step (their own checkpoints).
+
+        Raises:
+          ConfigError: some process has another newest checkpoint (or none).
+        """
+        assert self.processes is not None
+        kv, p, n = kv_store(), self.processes.process, self.processes.processes
+        kv.key_value_set(f"{self.keys}/resume/{p}", str(step))
+        timeout_ms = int(self.exp.config.peer_timeout * 1000)
+        steps = {q: kv.blocking_key_value_get(f"{self.keys}/resume/{q}", timeout_ms) for q in range(n)}
+        if len(set(steps.values())) > 1:
+            raise ConfigError(
+                "the processes' newest checkpoints are of different steps (this process's batches; None: "
+                f"no checkpoint): {steps}; each process resumes from its own, so they must agree: "
+                "start the run over"
+            )
 
     def _wait_for_updates(self) -> None:
         """Across processes, first the rounds the other processes still start, then the final mean."""
@@ -370,18 +468,14 @@ def run_threads(
 ) -> RunResult:
     """``asgd``, ``pdasgd`` or ``pdasgd-block`` on threads: ``run_runtime``, or with
     ``--replication replicas`` a ``ReplicatedRuntime`` (checkpointed and resumed with
-    ``checkpointer``, except across processes, where it writes none).
+    ``checkpointer``; across processes, each process's own, at whole rounds).
 
     Raises:
-      ConfigError: a multi-process replicated run's ``checkpointer`` holds a checkpoint to resume.
+      ConfigError: the processes of a multi-process run would resume from different steps.
     """
     settings = settings or RuntimeSettings.from_config(exp)
     if jax.process_count() > 1:
         settings = process_share(settings)
     if settings.replication != "replicas":
         return run_runtime(exp, metrics, checkpointer, settings)
-    if jax.process_count() > 1:
-        if checkpointer is not None and checkpointer.latest_step() is not None:
-            raise ConfigError("--replication replicas across processes cannot resume a run yet: start it over")
-        checkpointer = None  # its processes would have to checkpoint together
     return ReplicatedRuntime(exp, settings).run(metrics, checkpointer)

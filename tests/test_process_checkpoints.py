@@ -1,6 +1,7 @@
 """The pieces of a multi-process replicated run's checkpoints that need no processes: a
-process's own checkpoint directory (``RunCheckpointer(process=p)``) and the group gate's
-limit that stops every group at the checkpoint's round."""
+process's own checkpoint directory (``RunCheckpointer(process=p)``), the rounds it
+checkpoints at (``RoundCheckpoints``), the group gate's limit that stops every group there,
+and the processes' agreement on the step to resume from."""
 
 import os
 import threading
@@ -10,9 +11,11 @@ import numpy as np
 import pytest
 
 from pdasgd_jax.checkpoint import DamagedCheckpointWarning, RunCheckpointer
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runtime.queue import BoundedQueue, WouldBlock
 from pdasgd_jax.runtime.replicas import GroupGate
+from pdasgd_jax.runtime.round_checkpoints import RoundCheckpoints, agree_on_resume
 
 
 def _state(x):
@@ -66,3 +69,37 @@ def test_a_group_gate_hands_out_batches_only_up_to_its_limit():
     assert got == [2] and gate.taken == 3
     gate.limit(None)
     assert [gate.get(), gate.get()] == [3, 4]
+
+
+def test_checkpoints_fall_on_whole_rounds_that_every_process_reaches(tmp_path):
+    # 2 groups of H = 4 per process, 16 examples a batch, 2 processes sharing 45 batches (22 and 23).
+    rounds = RoundCheckpoints(groups=2, period=4, batch_size=16, total_batches=45, processes=2)
+    assert (rounds.round_batches, rounds.smallest_share) == (8, 22)
+    ckpt = RunCheckpointer(str(tmp_path), every=100, process=0)
+    rounds.align(ckpt, eval_every=10**9)
+    assert (ckpt.every, ckpt.next_due) == (128, 128)  # 100 examples rounded up to a round of 8 x 16
+    ckpt.every = 0
+    rounds.align(ckpt, eval_every=300)  # 0: at the evaluations, rounded up as well
+    assert ckpt.every == 384
+    assert [rounds.group_limit(due) for due in (128, 256, 384, None)] == [4, 8, None, None]
+    assert [rounds.round_at(step) for step in (8, 12, 16, 24)] == [1, None, 2, None]  # 24: past the last share
+
+
+class AnswerStore:
+    """``blocking_key_value_get`` on a dict the other processes have written to already."""
+
+    def __init__(self, values):
+        self.values = dict(values)
+
+    def key_value_set(self, key, value):
+        self.values[key] = value
+
+    def blocking_key_value_get(self, key, timeout_in_ms):
+        assert timeout_in_ms == 60_000
+        return self.values[key]
+
+
+def test_the_processes_resume_only_from_the_same_step():
+    agree_on_resume(AnswerStore({"run/resume/1": "16"}), "run", 0, 2, 16, 60.0)
+    with pytest.raises(ConfigError, match=r"different steps .*: \{0: '16', 1: 'None'\}; .* start the run over"):
+        agree_on_resume(AnswerStore({"run/resume/1": "None"}), "run", 0, 2, 16, 60.0)

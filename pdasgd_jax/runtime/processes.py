@@ -26,6 +26,9 @@ keeps the processes together:
   host gone) is found by its silent heartbeat: after ``--peer-timeout`` seconds every other
   process prints which one fell silent and when it was last heard from, and exits with status 1.
 
+* **Checkpoints** (``runtime.round_checkpoints``): each process saves its own groups, all at
+  the same round, and a resume first checks that they found the same step.
+
 The key-value store is the one ``jax.distributed.initialize`` connects every process to.
 """
 
@@ -112,11 +115,6 @@ def process_batches(exp: Experiment, batch_size: int, *, start: int = 0) -> Iter
     share = itertools.islice(numbered_batches(exp, batch_size, start=p + start * n), None, None, n)
     for local_id, batch in enumerate(share, start):
         yield Batch(local_id, batch.x, batch.labels)
-
-
-def smallest_share(num_batches: int) -> int:
-    """The fewest batches any process gets of a run of ``num_batches`` (the last process's)."""
-    return num_batches // jax.process_count()
 
 
 class RoundsTimeout(RuntimeError):

@@ -50,7 +50,6 @@ from pdasgd_jax import lpp
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.collectives import allreduce_mean
 from pdasgd_jax.delays import rng_for
-from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
@@ -69,9 +68,9 @@ from pdasgd_jax.runtime.processes import (
     process_batches,
     process_share,
     run_keys,
-    smallest_share,
 )
 from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, WouldBlock
+from pdasgd_jax.runtime.round_checkpoints import RoundCheckpoints, agree_on_resume
 from pdasgd_jax.runtime.runner import POLL_S, run_runtime
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.runtime.workers import AsgdWorker, BackwardWorker, ForwardWorker
@@ -204,6 +203,10 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         self.processes: ProcessRounds | None = None
         if multi:
             self.keys = getattr(self, "keys", None) or run_keys()  # a resume's rebuild keeps its run's keys
+            total_batches = math.ceil(exp.total_examples / s.batch_size)
+            self.checkpoint_rounds = RoundCheckpoints(
+                len(devices), s.period, s.batch_size, total_batches, jax.process_count()
+            )
             self.processes = ProcessRounds(
                 snapshots=self._locked(self.rounds.snapshots),
                 finals=self._locked(lambda: [store.snapshot()[:2] for store in self.stores]),
@@ -268,9 +271,10 @@ class ReplicatedRuntime(DeviceStoresRuntime):
 
     def _save(self, checkpointer: RunCheckpointer, step: int, position: dict[str, Any]) -> None:
         if self.processes is not None:
-            if step % self._round_batches or step >= self._smallest_share:
+            k = self.checkpoint_rounds.round_at(step)
+            if k is None:
                 return  # not a round every process stops at (``_next_pause``)
-            self._await_round(step // self._round_batches)
+            self._await_round(k)
             position = {**position, "process_rounds": self.processes.started}
         tree, schedule = self._checkpoint_tree()
         # The rounds in flight vary in number: the leaves are saved flat, their tree rebuilt
@@ -280,7 +284,14 @@ class ReplicatedRuntime(DeviceStoresRuntime):
     def _restore(self, checkpointer: RunCheckpointer, metrics: MetricsLog) -> dict[str, Any] | None:
         saved = checkpointer.latest_meta()
         if self.processes is not None:
-            self._agree_on_resume(None if saved is None else saved["step"])
+            agree_on_resume(
+                kv_store(),
+                self.keys,
+                self.processes.process,
+                self.processes.processes,
+                None if saved is None else saved["step"],
+                self.exp.config.peer_timeout,
+            )
         if saved is None:
             checkpointer.resume(like=None, metrics=metrics)  # nothing to resume: the metrics start over
             return None
@@ -344,7 +355,7 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             processes=self.processes.processes,
         )
         if checkpointer is not None:
-            self._align_checkpoints(checkpointer, metrics)
+            self.checkpoint_rounds.align(checkpointer, metrics.eval_every)
         watch.start()
         heartbeat.start()
         try:
@@ -370,34 +381,13 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         if self.processes is not None and self.processes.final is None:  # it stopped at the target
             self._finish_rounds()
 
-    # Checkpoints across processes (algorithms.md §3a): only where every group of every process
-    # has done the same whole number of rounds and the last one's mean has arrived everywhere.
-    @property
-    def _round_batches(self) -> int:
-        """This process's batches per round: each local group's H jobs."""
-        return len(self.stores) * self.settings.period
-
-    @property
-    def _smallest_share(self) -> int:
-        """The fewest batches a process of this run gets: checkpoints come before it."""
-        return smallest_share(math.ceil(self.exp.total_examples / self.settings.batch_size))
-
-    def _align_checkpoints(self, checkpointer: RunCheckpointer, metrics: MetricsLog) -> None:
-        """Rounds ``--checkpoint-every`` (0: the evaluation interval) up to whole rounds, so
-        that each checkpoint is due at a round every process stops at."""
-        unit = self._round_batches * self.settings.batch_size
-        checkpointer.every = -(-(checkpointer.every or metrics.eval_every) // unit) * unit
-        checkpointer.next_due = checkpointer.every  # a resume sets it back to its checkpoint's
-
     def _next_pause(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> int:
         """``Runtime``'s; across processes each group may take batches only up to the next
         checkpoint's round (so every group stops exactly there)."""
         pause = super()._next_pause(metrics, checkpointer)
-        if self.processes is not None and checkpointer is not None and checkpointer.next_due:
-            boundary = math.ceil(checkpointer.next_due / self.settings.batch_size)
-            per_group = boundary // len(self.stores) if boundary < self._smallest_share else None
+        if self.processes is not None and checkpointer is not None:
             for gate in self.gates:
-                gate.limit(per_group)
+                gate.limit(self.checkpoint_rounds.group_limit(checkpointer.next_due))
         return pause
 
     def _await_round(self, k: int) -> None:
@@ -408,24 +398,6 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             if self.control.stopped:
                 raise RuntimeError(f"the run stopped before round {k}'s checkpoint")
             time.sleep(POLL_S)
-
-    def _agree_on_resume(self, step: int | None) -> None:
-        """Checks that every process resumes from the same step (their own checkpoints).
-
-        Raises:
-          ConfigError: some process has another newest checkpoint (or none).
-        """
-        assert self.processes is not None
-        kv, p, n = kv_store(), self.processes.process, self.processes.processes
-        kv.key_value_set(f"{self.keys}/resume/{p}", str(step))
-        timeout_ms = int(self.exp.config.peer_timeout * 1000)
-        steps = {q: kv.blocking_key_value_get(f"{self.keys}/resume/{q}", timeout_ms) for q in range(n)}
-        if len(set(steps.values())) > 1:
-            raise ConfigError(
-                "the processes' newest checkpoints are of different steps (this process's batches; None: "
-                f"no checkpoint): {steps}; each process resumes from its own, so they must agree: "
-                "start the run over"
-            )
 
     def _wait_for_updates(self) -> None:
         """Across processes, first the rounds the other processes still start, then the final mean."""

@@ -65,13 +65,16 @@ def test_a_live_peer_is_never_reported_and_a_silent_one_is_within_the_timeout():
         assert "longer than --peer-timeout 10 s (last heard from at" in message
 
 
-def test_a_peer_never_heard_from_is_reported_after_the_timeout_from_the_start():
+def test_a_peer_never_heard_from_gets_the_startup_grace_from_the_start():
     _, clock, (a, _, _) = _three(timeout_s=5.0)
+    assert a.startup_s == 300.0  # max(--peer-timeout, STARTUP_GRACE_S): hosts do not start in step
     a.beat()
-    clock.now = 5.0
+    clock.now = 300.0
     assert a.check() is None
-    clock.now = 5.5
-    assert "process 1 has been silent for 5.5 s" in a.check() and "never heard from" in a.check()
+    clock.now = 300.5
+    message = a.check()
+    assert "process 1 has not been heard from in the 300.5 s since this process started its run" in message
+    assert "max(--peer-timeout, 300 s)" in message
 
 
 def test_an_unreachable_store_is_reported_after_the_timeout():
@@ -94,11 +97,11 @@ def test_the_thread_beats_and_calls_on_silent_once_then_ends():
         silent.append(message)
         called.set()
 
-    hb = Heartbeat("run", 0.2, on_silent, kv=store, process=0, processes=2, interval_s=0.01)
+    hb = Heartbeat("run", 0.2, on_silent, kv=store, process=0, processes=2, interval_s=0.01, startup_s=0.2)
     hb.start()
     assert called.wait(10.0)
     hb.thread.join(10.0)
-    assert not hb.thread.is_alive() and len(silent) == 1 and "process 1 has been silent" in silent[0]
+    assert not hb.thread.is_alive() and len(silent) == 1 and "process 1 has not been heard from" in silent[0]
     assert int(store.values["run/heartbeat/0"].split()[0]) >= 2  # it kept beating meanwhile
 
 

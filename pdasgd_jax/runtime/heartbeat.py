@@ -11,7 +11,8 @@ thread that
 * **listens**: it reads every peer's key at the same interval and notes, on its *own*
   monotonic clock, when each peer's counter last changed. A peer whose counter has not
   changed for more than ``timeout_s`` is **silent**; so is the store itself (process 0, which
-  hosts it) when it cannot be read for that long.
+  hosts it) when it cannot be read for that long. A peer not heard from at all (still
+  loading or compiling before its run) gets ``max(timeout_s, STARTUP_GRACE_S)``.
 
 On a silent peer ``on_silent`` is called once with a message naming the peer and when it was
 last heard from, and the thread ends; ``ReplicatedRuntime`` prints it and exits the process
@@ -31,6 +32,9 @@ from collections.abc import Callable
 from typing import Any
 
 DEFAULT_PEER_TIMEOUT_S = 60.0
+# A peer not heard from at all may still be loading its data or compiling before its run
+# starts (hosts are not started in step): it gets at least this long, from this watch's start.
+STARTUP_GRACE_S = 300.0
 
 
 class Heartbeat:
@@ -44,6 +48,8 @@ class Heartbeat:
       process, processes: this process's index and how many there are.
       interval_s: between beats and checks (default: a tenth of ``timeout_s``, at most 1 s).
       clock: the monotonic clock silence is measured on.
+      startup_s: how long a peer never heard from may stay so (default: ``timeout_s``, at
+        least ``STARTUP_GRACE_S``).
     """
 
     def __init__(
@@ -57,6 +63,7 @@ class Heartbeat:
         processes: int,
         interval_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        startup_s: float | None = None,
     ):
         if not timeout_s > 0:
             raise ValueError(f"--peer-timeout {timeout_s!r} must be a positive number of seconds")
@@ -64,6 +71,7 @@ class Heartbeat:
         self._kv, self.process, self.processes = kv, process, processes
         self.interval_s = min(timeout_s / 10, 1.0) if interval_s is None else interval_s
         self._clock = clock
+        self.startup_s = max(timeout_s, STARTUP_GRACE_S) if startup_s is None else startup_s
         self._beats = 0
         now = clock()
         # A peer not heard from yet counts from the start of the watch: it too gets timeout_s.
@@ -103,12 +111,18 @@ class Heartbeat:
             value = beats.get(f"{self._keys}/heartbeat/{peer}")
             if value is not None and value != seen:
                 self._heard[peer] = (value, now, value.split(" ", 1)[1] if " " in value else "?")
-            elif now - since > self.timeout_s:
-                last = "never heard from" if seen is None else f"last heard from at {wall} (its clock)"
+            elif seen is None and now - since > self.startup_s:
+                return (
+                    f"process {self.process} of {self.processes}: process {peer} has not been heard from in the "
+                    f"{now - since:.1f} s since this process started its run (its first heartbeat may take up "
+                    f"to {self.startup_s:g} s: max(--peer-timeout, {STARTUP_GRACE_S:g} s)); it is hung or "
+                    f"gone, so this process stops"
+                )
+            elif seen is not None and now - since > self.timeout_s:
                 return (
                     f"process {self.process} of {self.processes}: process {peer} has been silent for "
-                    f"{now - since:.1f} s, longer than --peer-timeout {self.timeout_s:g} s ({last}); "
-                    f"it is hung or gone, so this process stops"
+                    f"{now - since:.1f} s, longer than --peer-timeout {self.timeout_s:g} s (last heard from at "
+                    f"{wall} (its clock)); it is hung or gone, so this process stops"
                 )
         return None
 

@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-DEFAULT_PEER_TIMEOUT_S = 60.0
 # A peer not heard from at all may still be loading its data or compiling before its run
 # starts (hosts are not started in step): it gets at least this long, from this watch's start.
 STARTUP_GRACE_S = 300.0

@@ -62,6 +62,9 @@ class RunCheckpointer:
       fresh: discard the checkpoints already there (a new run in a used directory).
       max_to_keep: how many checkpoints to keep.
       clock: a training clock, paused while ``save`` copies the state.
+      process: in a multi-process run, this process's index: it keeps its own state, alone,
+        under ``checkpoints/process{process}`` (``ProcessSteps``: orbax would write numpy arrays
+        from process 0 only); ``None``: orbax under ``checkpoints``.
 
     Example::
 
@@ -79,22 +82,21 @@ class RunCheckpointer:
         fresh: bool = False,
         max_to_keep: int = 2,
         clock: TrainingClock | None = None,
+        process: int | None = None,
     ):
         if every < 0:
             raise ValueError(f"checkpoint every {every} examples: must be >= 0 (0: at every evaluation)")
-        self.directory = os.path.join(os.path.abspath(run_dir), CHECKPOINT_DIR)
+        self.run_dir = os.path.abspath(run_dir)
+        self._subdir = () if process is None else (f"process{process}",)
+        self.directory = os.path.join(self.run_dir, CHECKPOINT_DIR, *self._subdir)
         if fresh:
             shutil.rmtree(self.directory, ignore_errors=True)
         self.every = every
         self.next_due: int | None = every or None
         self._clock = clock or TrainingClock()
-        import orbax.checkpoint as ocp  # imported here: orbax takes a second to import
-
-        self._ocp = ocp
         self._verified: set[int] = set()  # steps written or checked by this process
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=True),
+        self._manager: OrbaxSteps | ProcessSteps = (
+            OrbaxSteps(self.directory, max_to_keep) if process is None else ProcessSteps(self.directory, max_to_keep)
         )
 
     def due(self, examples: int, *, evaluated: bool) -> bool:
@@ -119,13 +121,8 @@ class RunCheckpointer:
             self._manager.wait_until_finished()
             meta = {**meta, "next_checkpoint": self.next_due}
             meta["checksum"] = checksum(host_state, meta)
-            ocp = self._ocp
             self._verified.add(step)
-            self._manager.save(
-                step,
-                args=ocp.args.Composite(state=ocp.args.StandardSave(host_state), meta=ocp.args.JsonSave(meta)),
-                force=True,
-            )
+            self._manager.save(step, host_state, meta)
 
     def latest_step(self) -> int | None:
         """The newest intact checkpoint's step (``None``: there is none).
@@ -174,11 +171,7 @@ class RunCheckpointer:
 
     def _restore_checked(self, step: int, abstract: PyTree | None) -> tuple[PyTree, dict[str, Any]]:
         """Step ``step`` shaped like ``abstract`` (``None``: as saved), its checksum verified."""
-        ocp = self._ocp
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
-        )
-        state, meta = restored.state, restored.meta
+        state, meta = self._manager.restore(step, abstract)
         if meta is None:
             raise ValueError("its metadata is missing")
         expected = meta.get("checksum")
@@ -191,7 +184,7 @@ class RunCheckpointer:
         """Moves damaged step ``step`` out of the checkpoint directory, saying why."""
         _silence_orbax_failed_read_noise()
         source = os.path.join(self.directory, str(step))
-        target = os.path.join(os.path.dirname(self.directory), DAMAGED_CHECKPOINT_DIR, str(step))
+        target = os.path.join(self.run_dir, DAMAGED_CHECKPOINT_DIR, *self._subdir, str(step))
         warnings.warn(
             f"checkpoint {source} is damaged ({problem}); moved to {target}, resuming from an older one",
             DamagedCheckpointWarning,
@@ -219,6 +212,99 @@ class RunCheckpointer:
         """Waits for the last save to reach the disk, then releases the manager."""
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+class OrbaxSteps:
+    """One process's checkpoint steps with orbax (asynchronous, atomic): ``RunCheckpointer``'s storage."""
+
+    def __init__(self, directory: str, max_to_keep: int):
+        import orbax.checkpoint as ocp  # imported here: orbax takes a second to import
+
+        self._ocp = ocp
+        self._manager = ocp.CheckpointManager(
+            directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=True)
+        )
+
+    def save(self, step: int, host_state: PyTree, meta: dict[str, Any]) -> None:
+        ocp = self._ocp
+        args = ocp.args.Composite(state=ocp.args.StandardSave(host_state), meta=ocp.args.JsonSave(meta))
+        self._manager.save(step, args=args, force=True)
+
+    def restore(self, step: int, abstract: PyTree | None) -> tuple[PyTree, dict[str, Any] | None]:
+        ocp = self._ocp
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
+        )
+        return restored.state, restored.meta
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def wait_until_finished(self) -> None:
+        self._manager.wait_until_finished()
+
+    def reload(self) -> None:
+        self._manager.reload()
+
+    def close(self) -> None:
+        self._manager.close()
+
+
+class ProcessSteps:
+    """One process's checkpoint steps in a multi-process run, written by it alone (orbax
+    coordinates every process and writes numpy arrays from process 0 only): each step a
+    directory holding ``state.npz`` (the leaves in order) and ``meta.json``, written under a
+    temporary name and renamed once complete, so a killed write leaves no step behind. The
+    newest ``max_to_keep`` are kept. Writes are synchronous (``save`` returns once on disk)."""
+
+    def __init__(self, directory: str, max_to_keep: int):
+        self.directory, self.max_to_keep = directory, max_to_keep
+        os.makedirs(directory, exist_ok=True)
+
+    def save(self, step: int, host_state: PyTree, meta: dict[str, Any]) -> None:
+        final = os.path.join(self.directory, str(step))
+        partial = f"{final}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+        leaves = jax.tree.leaves(host_state)
+        with open(os.path.join(partial, "state.npz"), "wb") as f:
+            np.savez(f, **{str(i): leaf for i, leaf in enumerate(leaves)})
+            f.flush()
+            os.fsync(f.fileno())
+        with open(os.path.join(partial, "meta.json"), "w") as f:
+            json.dump(meta, f)
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.rmtree(final, ignore_errors=True)  # an earlier run's step of the same number
+        os.replace(partial, final)
+        for old in sorted(self.all_steps())[: -self.max_to_keep]:
+            shutil.rmtree(os.path.join(self.directory, str(old)), ignore_errors=True)
+
+    def restore(self, step: int, abstract: PyTree | None) -> tuple[PyTree, dict[str, Any] | None]:
+        where = os.path.join(self.directory, str(step))
+        with np.load(os.path.join(where, "state.npz")) as f:
+            leaves = [f[str(i)] for i in range(len(f.files))]
+        with open(os.path.join(where, "meta.json")) as f:
+            meta = json.load(f)
+        if abstract is None:
+            return leaves, meta
+        like = jax.tree.leaves(abstract)
+        shapes, saved = [np.shape(x) for x in like], [x.shape for x in leaves]
+        if shapes != saved:
+            raise ValueError(f"checkpoint {where} holds arrays of shapes {saved}, not the run's {shapes}")
+        return jax.tree.unflatten(jax.tree.structure(abstract), leaves), meta
+
+    def all_steps(self) -> list[int]:
+        return [int(name) for name in os.listdir(self.directory) if name.isdigit()]
+
+    def wait_until_finished(self) -> None:
+        pass
+
+    def reload(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _problem(exc: Exception) -> str:

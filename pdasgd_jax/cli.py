@@ -251,9 +251,13 @@ def _resume_hint(run_dir: str | None) -> str:
     """Where an interrupted run's last checkpoint is and how to go on from it (one line)."""
     if not run_dir:
         return "; nothing was saved (no --out)"
+    import jax
+
     from pdasgd_jax.rundir import CHECKPOINT_DIR
 
     directory = os.path.join(run_dir, CHECKPOINT_DIR)
+    if jax.process_count() > 1 and os.path.isdir(own := os.path.join(directory, f"process{jax.process_index()}")):
+        directory = own  # a multi-process replicated run: each process's own checkpoints
     steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
     where = f"the last checkpoint is {os.path.join(directory, str(max(steps)))}" if steps else "no checkpoint yet"
     return f"; {where}; go on with: python -m pdasgd_jax train --resume {run_dir}"

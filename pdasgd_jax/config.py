@@ -113,6 +113,12 @@ class Config:
         REPLICATIONS,
         group="async",
     )
+    peer_timeout: float = _field(
+        60.0,
+        "a multi-process --replication replicas run: seconds a process may go without a heartbeat "
+        "before every other process stops with an error naming it (> 0)",
+        group="async",
+    )
     staleness_rule: str = _field(
         "none",
         "rule applied to each asynchronous update with its staleness tau: none, "
@@ -254,6 +260,7 @@ class Config:
         _positive("backward-workers", self.backward_workers)
         _positive("delay-sigma", self.delay_sigma)
         _positive("divergence-window", self.divergence_window)
+        _positive("peer-timeout", self.peer_timeout)
         if not self.divergence_factor > 1:
             raise ValueError(f"--divergence-factor {self.divergence_factor} must be > 1")
         for name in (

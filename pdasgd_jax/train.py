@@ -81,14 +81,26 @@ def create_metrics(exp: Experiment, *, resume: bool = False) -> MetricsLog:
     )
 
 
-def create_checkpointer(config: Config, metrics: MetricsLog, *, resume: bool = False) -> RunCheckpointer | None:
-    """The run's checkpointer under ``--out`` (``None`` without one), saving every
-    ``--checkpoint-every`` examples (0: at every evaluation)."""
-    # Orbax writes from one process here; a multi-process run would need every process to
-    # join the save (not supported yet), so such runs are not checkpointed.
-    if config.out is None or jax.process_count() > 1:
+def create_checkpointer(
+    config: Config, metrics: MetricsLog, *, resume: bool = False, out: str | None = None
+) -> RunCheckpointer | None:
+    """The run's checkpointer under ``out`` (default ``--out``; ``None`` without one), saving
+    every ``--checkpoint-every`` examples (0: at every evaluation). In a multi-process
+    replicated run every process saves its own groups (``checkpoints/process{p}``); other
+    multi-process runs (SPMD: every process would have to join each save) write none."""
+    out = out or config.out
+    if out is None:
         return None
-    return RunCheckpointer(config.out, every=config.checkpoint_every, fresh=not resume, clock=metrics.clock)
+    process = None
+    if jax.process_count() > 1:
+        if not _replicated_across_processes(config):
+            return None
+        process = jax.process_index()
+    return RunCheckpointer(out, every=config.checkpoint_every, fresh=not resume, clock=metrics.clock, process=process)
+
+
+def _replicated_across_processes(config: Config) -> bool:
+    return config.replication == "replicas" and not config.simulate and jax.process_count() > 1
 
 
 def train_and_evaluate(
@@ -134,6 +146,7 @@ def train_and_evaluate(
         print(result["test_accuracy"], len(result.variables.params))
     """
     config.validate()
+    run_out = config.out  # every process checkpoints its own groups there
     if config.out and jax.process_index() != 0:
         # Process 0 writes the run's files; the others would write the same files over them.
         config = dataclasses.replace(config, out=None, event_log=False)
@@ -142,22 +155,18 @@ def train_and_evaluate(
     runner = select_runner(config)
     if config.out:
         rundir.check_out(config.out, resume=resume, overwrite=overwrite)
-    multi_process = config.replication == "replicas" and not config.simulate and jax.process_count() > 1
-    if resume and (config.algo in NOT_RESUMABLE or multi_process):
-        what = f"--algo {config.algo}" + (" --replication replicas across processes" if multi_process else "")
-        why = (
-            "its processes would have to checkpoint together"
-            if multi_process
-            else "every device replica and an averaging round in flight would have to be saved"
+    if resume and config.algo in NOT_RESUMABLE:
+        raise ConfigError(
+            f"--algo {config.algo} runs cannot be resumed yet (they write no checkpoints: every device replica "
+            f"and an averaging round in flight would have to be saved); start the run over"
         )
-        raise ConfigError(f"{what} runs cannot be resumed yet (they write no checkpoints: {why}); start the run over")
     if resume and config.event_log:
         raise ConfigError(
             f"{config.out!r} was run with --event-log, whose log replays a run from its initial "
             f"variables: it cannot be resumed; start it over with --overwrite"
         )
-    if resume and not (config.out and os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR))):
-        raise ConfigError(f"nothing to resume: {config.out!r} holds no checkpoints")
+    if resume and not (run_out and os.path.isdir(os.path.join(run_out, rundir.CHECKPOINT_DIR))):
+        raise ConfigError(f"nothing to resume: {run_out!r} holds no checkpoints")
     # Every flag is checked before a model or a file exists.
     if dataset is None:
         checked = load_checked_dataset(config)
@@ -169,7 +178,7 @@ def train_and_evaluate(
         config, own_model=model is not None, own_optimizer=optimizer is not None, dataset=dataset
     )
     if not config.out:
-        return _train(exp, runner, recorded, resume=resume)
+        return _train(exp, runner, recorded, resume=resume, checkpoint_out=run_out)
     with rundir.RunDirLock(config.out):
         if overwrite:
             rundir.clear_run(config.out)
@@ -193,12 +202,14 @@ def _recorded_config(
     return recorded
 
 
-def _train(exp: Experiment, runner: Runner, recorded: dict[str, Any], *, resume: bool) -> TrainResult:
-    """Runs ``runner`` on ``exp`` with its metrics log and checkpointer; writes the summary
-    (its config: ``recorded``)."""
+def _train(
+    exp: Experiment, runner: Runner, recorded: dict[str, Any], *, resume: bool, checkpoint_out: str | None = None
+) -> TrainResult:
+    """Runs ``runner`` on ``exp`` with its metrics log and checkpointer (under ``checkpoint_out``,
+    default ``--out``); writes the summary (its config: ``recorded``)."""
     config = exp.config
     metrics = create_metrics(exp, resume=resume)
-    checkpointer = create_checkpointer(config, metrics, resume=resume)
+    checkpointer = create_checkpointer(config, metrics, resume=resume, out=checkpoint_out)
     try:
         result = runner(exp, metrics, checkpointer)
     finally:

@@ -67,6 +67,7 @@ def _another_run(tmp_path: Path) -> Path:
 BAD_FLAGS = [
     (["--lr", "-1"], "--lr -1.0 must be a positive number", None),
     (["--lr", "nan"], "--lr nan must be a positive number", None),
+    (["--peer-timeout", "-5"], "--peer-timeout -5.0 must be a positive number", None),
     (["--model", "lstm"], "model 'lstm' does not fit dataset 'digits'", None),
     (["--algo", "sync", "--replicas", "2"], "--replicas 2 does not apply to --algo sync", None),
     (["--algo", "sgd", "--devices", "2"], "--algo sgd runs one replica on one device", None),

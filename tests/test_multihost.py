@@ -6,7 +6,8 @@
 * 2 CPU devices each: replicated ASGD (``--replication replicas``, a group per device, the
   averages one collective over both processes) ends within a point of one process with 4
   devices, every group identical right after each d = 0 merge; a worker failing in one
-  process stops both, with its traceback.
+  process stops both, with its traceback; a checkpointed run resumed (every process from its
+  own checkpoint) restores exactly the state saved and trains the same number of batches.
 
 Run as a script, this file is one of those processes (``python test_multihost.py MODE ...``).
 """
@@ -25,6 +26,7 @@ import pytest
 
 from pdasgd_jax import Config
 from pdasgd_jax.averaging_runner import run_dasgd
+from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.distributed import initialize_from_env_or_args
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
@@ -142,6 +144,52 @@ def train_replicated(*, fail_after: int | None = None) -> dict:
     return dict(accuracy=exp.evaluate(result.params, result.states)["test_accuracy"], merges=merges, step=result.step)
 
 
+RESUMED = dict(REPLICATED, epochs=0.5)
+CHECKPOINT_EVERY = 128  # examples of a process: a round of its 2 groups x 4 jobs x 16 examples
+
+
+def _digest(*trees) -> str:
+    leaves = jax.tree.leaves(jax.device_get(trees))
+    return hashlib.sha1(b"".join(np.asarray(x).tobytes() for x in leaves)).hexdigest()
+
+
+def checkpoint_then_resume(run_dir: str) -> dict:
+    """``RESUMED`` checkpointed into ``run_dir`` (this process's own directory under it) and
+    run to its end, as if stopped after its last checkpoint; then resumed from it to the end.
+    The digests of each checkpoint's state (stores, rounds, schedule, rounds taken part in)
+    as saved and of the resumed run's right after its restore; the two runs' jobs and accuracy."""
+    saved, restored, runs = [], [], []
+    for resume in (False, True):
+        exp = Experiment.from_config(Config(**RESUMED, seed=0, progress=False).validate())
+        metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+        checkpointer = RunCheckpointer(
+            run_dir, every=CHECKPOINT_EVERY, fresh=not resume, clock=metrics.clock, process=jax.process_index()
+        )
+        rt = ReplicatedRuntime(exp, process_share(RuntimeSettings.from_config(exp)))
+        checkpoint_tree, restore = rt._checkpoint_tree, rt._restore
+
+        def state(tree, rt=rt):
+            (values, schedule) = tree
+            return _digest(values) + json.dumps([schedule, rt.processes.started], sort_keys=True)
+
+        def saving(checkpoint_tree=checkpoint_tree):
+            tree = checkpoint_tree()
+            saved.append(state(tree))
+            return tree
+
+        def restoring(*args, restore=restore, checkpoint_tree=checkpoint_tree):
+            meta = restore(*args)
+            if meta is not None:
+                restored.append((meta["step"], state(checkpoint_tree())))
+            return meta
+
+        rt._checkpoint_tree, rt._restore = saving, restoring
+        result = rt.run(metrics, checkpointer)
+        checkpointer.close()
+        runs.append(dict(step=result.step, accuracy=exp.evaluate(result.params, result.states)["test_accuracy"]))
+    return dict(saved=saved, restored=restored, runs=runs)
+
+
 def _process_main(mode: str, out: str, port: str, process_id: str) -> None:
     per_process = DEVICES_PER_PROCESS if mode == "spmd" else REPLICATED_DEVICES_PER_PROCESS
     jax.config.update("jax_num_cpu_devices", per_process)
@@ -150,8 +198,10 @@ def _process_main(mode: str, out: str, port: str, process_id: str) -> None:
     if mode == "spmd":
         np.savez(out, **train_all())
     else:  # "replicas": a run, then one whose worker in FAILING_PROCESS raises: it must stop everywhere
+        run = train_replicated()
+        run["resumed"] = checkpoint_then_resume(os.path.join(os.path.dirname(out), "run"))
         with open(out, "w") as f:
-            json.dump(train_replicated(), f)
+            json.dump(run, f)
         print("first run done", flush=True)
         train_replicated(fail_after=5 if int(process_id) == FAILING_PROCESS else None)
 
@@ -232,3 +282,19 @@ def test_a_process_whose_peer_never_comes_says_so_and_exits_after_the_timeout(pr
     )
     assert lines[-1].startswith(f"error: process {process_id} of 2: not all 2 processes joined the coordinator")
     assert "Check failure" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_checkpointed_run_over_two_processes_resumes_exactly_where_it_was_saved(replicated):
+    runs, done, _ = replicated
+    assert None not in runs, "\n".join(log[-3000:] for _, log in done)
+    resumed = [run["resumed"] for run in runs]
+    for p, r in enumerate(resumed):
+        assert len(r["saved"]) >= 2, r["saved"]  # a checkpoint every round
+        [(step, state)] = r["restored"]
+        assert step % 8 == 0  # a whole round of the process's 2 groups x 4 jobs
+        assert state == r["saved"][-1], f"process {p}: the restored state differs from the newest saved one"
+        first, second = r["runs"]
+        assert second["step"] == first["step"]  # every batch trained once, none lost or repeated
+    # Both processes stopped at the same rounds and end on the same global mean.
+    assert [json.loads(s[40:])[1] for s in resumed[0]["saved"]] == [json.loads(s[40:])[1] for s in resumed[1]["saved"]]
+    assert resumed[0]["runs"][1]["accuracy"] == resumed[1]["runs"][1]["accuracy"]

@@ -242,16 +242,16 @@ def test_bad_replicated_configs_are_refused(changes, message):
         config.validate()
 
 
-def test_an_uneven_layout_and_a_multi_process_resume_are_refused(tmp_path, monkeypatch):
+def test_an_uneven_layout_and_a_multi_process_resume_without_checkpoints_are_refused(tmp_path, monkeypatch):
     """(Simulated replicated runs resume bitwise: tests/test_simulate_resume.py; threaded
-    ones from their checkpoint: tests/test_replicas_resume.py.)"""
+    ones from their checkpoint: tests/test_replicas_resume.py, across processes:
+    tests/test_multihost.py.)"""
     config = Config(algo="pdasgd", simulate=True, replication="replicas", devices=2, replicas=3, progress=False)
     with pytest.raises(ConfigError, match="cannot be spread evenly"):
         Experiment.from_config(config)
-    (tmp_path / "checkpoints").mkdir()
     config = dataclasses.replace(config, simulate=False, devices=1, replicas=2, out=str(tmp_path))
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    with pytest.raises(ConfigError, match="--replication replicas across processes runs cannot be resumed"):
+    with pytest.raises(ConfigError, match=r"nothing to resume: .* holds no checkpoints"):
         train_and_evaluate(config, resume=True)
 
 

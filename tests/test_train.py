@@ -85,6 +85,7 @@ def test_exploding_loss_stops_with_a_clear_error():
         ({"momentum": 1.5}, r"--momentum 1.5 is outside \[0, 1\)"),
         ({"delay_steps": 9, "period": 4}, "--delay-steps 9 exceeds --period 4"),
         ({"checkpoint_every": -1}, "--checkpoint-every -1 must be >= 0"),
+        ({"peer_timeout": 0.0}, "--peer-timeout 0.0 must be a positive number"),
     ],
 )
 def test_bad_config_values_are_named(overrides, message):

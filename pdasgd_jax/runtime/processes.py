@@ -22,6 +22,13 @@ keeps the processes together:
   traceback, leaves the coordinator together with the failed process, which raises its error
   as usual, and calls ``os._exit(1)``).
 
+* **Hangs** (``runtime.heartbeat``): a process that neither fails nor goes on (stopped, its
+  host gone) is found by its silent heartbeat: after ``--peer-timeout`` seconds every other
+  process prints which one fell silent and when it was last heard from, and exits with status 1.
+
+* **Checkpoints** (``runtime.round_checkpoints``): each process saves its own groups, all at
+  the same round, and a resume first checks that they found the same step.
+
 The key-value store is the one ``jax.distributed.initialize`` connects every process to.
 """
 
@@ -101,12 +108,12 @@ def run_keys() -> str:
     return f"{PREFIX}/{next(_runs)}"
 
 
-def process_batches(exp: Experiment, batch_size: int) -> Iterator[Batch]:
-    """This process's batches: global batches ``p, p + P, ...`` of the run's stream, numbered
-    ``0, 1, ...`` (the ids its feed's gate counts)."""
+def process_batches(exp: Experiment, batch_size: int, *, start: int = 0) -> Iterator[Batch]:
+    """This process's batches from its ``start``-th on: global batches ``p, p + P, ...`` of the
+    run's stream, numbered ``0, 1, ...`` (the ids its feed's gate counts)."""
     n, p = jax.process_count(), jax.process_index()
-    share = itertools.islice(numbered_batches(exp, batch_size), p, None, n)
-    for local_id, batch in enumerate(share):
+    share = itertools.islice(numbered_batches(exp, batch_size, start=p + start * n), None, None, n)
+    for local_id, batch in enumerate(share, start):
         yield Batch(local_id, batch.x, batch.labels)
 
 

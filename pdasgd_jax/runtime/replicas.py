@@ -29,11 +29,18 @@ job in flight, and a group that waits for a mean paused at its merge): every gro
 means) and the schedule (``GroupRounds.checkpoint``: counts, due merges, waits), at batch
 ``step`` of the feed. A resumed run goes on from exactly that state (the threads' timing,
 hence the schedule after it, is not reproducible; the store versions restart from 0).
-A multi-process run writes none (``train`` refuses ``--resume`` for it).
+Across processes each process checkpoints its own groups (``checkpoints/process{p}``), only
+at a round ``K`` every group of every process stops at: each group may take batches only up
+to ``K H`` jobs (``GroupGate.limit``), and the save waits until round ``K``'s mean has arrived,
+so every process has taken part in the same collectives (``ProcessRounds.started``, saved
+too) and none is in flight. ``--checkpoint-every`` is rounded up to whole rounds there, and a
+round at or past the smallest process's share of batches is not checkpointed. A resume
+checks that every process found a checkpoint of the same step.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -45,7 +52,6 @@ from pdasgd_jax import lpp
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.collectives import allreduce_mean
 from pdasgd_jax.delays import rng_for
-from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
@@ -54,17 +60,20 @@ from pdasgd_jax.replication import GroupRounds
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.feed import Batch, DataFeed, Gate
+from pdasgd_jax.runtime.heartbeat import Heartbeat, exit_for_silent_peer
 from pdasgd_jax.runtime.lpp import DeviceControl, DeviceStoresRuntime
 from pdasgd_jax.runtime.processes import (
     PeerWatch,
     ProcessRounds,
     announce_failure,
+    kv_store,
     process_batches,
     process_share,
     run_keys,
 )
 from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, WouldBlock
-from pdasgd_jax.runtime.runner import run_runtime
+from pdasgd_jax.runtime.round_checkpoints import RoundCheckpoints, agree_on_resume
+from pdasgd_jax.runtime.runner import POLL_S, run_runtime
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.runtime.workers import AsgdWorker, BackwardWorker, ForwardWorker
 from pdasgd_jax.store import ParameterStore
@@ -86,6 +95,15 @@ class GroupGate:
         self._cond = threading.Condition()
         self._paused = False
         self._aborted = False
+        self.taken = 0  # batches this group took (a resumed run sets its jobs so far)
+        self._limit: int | None = None
+
+    def limit(self, taken: int | None) -> None:
+        """Lets the group take batches only until it has ``taken`` (``None``: no limit): a
+        multi-process run's groups stop at the same round for a checkpoint."""
+        with self._cond:
+            self._limit = taken
+            self._cond.notify_all()
 
     def pause(self) -> None:
         with self._cond:
@@ -103,13 +121,23 @@ class GroupGate:
 
     def get(self, *, block: bool = True) -> Batch:
         with self._cond:
-            while self._paused and not self._aborted:
+            while (self._paused or self._at_limit()) and not self._aborted:
                 if not block:
-                    raise WouldBlock("the group waits for an average to merge")
+                    raise WouldBlock("the group waits for an average to merge or a checkpoint")
                 self._cond.wait()
             if self._aborted:
                 raise QueueClosed("the run stopped")
-        return self._feed.get(block=block)
+            self.taken += 1  # reserved before the take: two workers of the group never pass the limit
+        try:
+            return self._feed.get(block=block)
+        except BaseException:
+            with self._cond:
+                self.taken -= 1
+                self._cond.notify_all()
+            raise
+
+    def _at_limit(self) -> bool:
+        return self._limit is not None and self.taken >= self._limit
 
 
 class LockedRounds:
@@ -178,7 +206,11 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         self.booking = LockedRounds(self.rounds)
         self.processes: ProcessRounds | None = None
         if multi:
-            self.keys = run_keys()
+            self.keys = getattr(self, "keys", None) or run_keys()  # a resume's rebuild keeps its run's keys
+            total_batches = math.ceil(exp.total_examples / s.batch_size)
+            self.checkpoint_rounds = RoundCheckpoints(
+                len(devices), s.period, s.batch_size, total_batches, jax.process_count()
+            )
             self.processes = ProcessRounds(
                 snapshots=self._locked(self.rounds.snapshots),
                 finals=self._locked(lambda: [store.snapshot()[:2] for store in self.stores]),
@@ -200,7 +232,7 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             feed_queue,
             self.control,
             gate,
-            batches=process_batches(exp, s.batch_size) if multi else None,
+            batches=process_batches(exp, s.batch_size, start=first_batch) if multi else None,
         )
         controls = [DeviceControl(self.control, self.booking, d) for d in range(len(devices))]
         self.workers = []
@@ -242,6 +274,12 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             return ([store.snapshot() for store in self.stores], values), schedule
 
     def _save(self, checkpointer: RunCheckpointer, step: int, position: dict[str, Any]) -> None:
+        if self.processes is not None:
+            k = self.checkpoint_rounds.round_at(step)
+            if k is None:
+                return  # not a round every process stops at (``_next_pause``)
+            self._await_round(k)
+            position = {**position, "process_rounds": self.processes.started}
         tree, schedule = self._checkpoint_tree()
         # The rounds in flight vary in number: the leaves are saved flat, their tree rebuilt
         # from the schedule (``_restore``).
@@ -249,6 +287,15 @@ class ReplicatedRuntime(DeviceStoresRuntime):
 
     def _restore(self, checkpointer: RunCheckpointer, metrics: MetricsLog) -> dict[str, Any] | None:
         saved = checkpointer.latest_meta()
+        if self.processes is not None:
+            agree_on_resume(
+                kv_store(),
+                self.keys,
+                self.processes.process,
+                self.processes.processes,
+                None if saved is None else saved["step"],
+                self.exp.config.peer_timeout,
+            )
         if saved is None:
             checkpointer.resume(like=None, metrics=metrics)  # nothing to resume: the metrics start over
             return None
@@ -282,6 +329,10 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         ]
         with self.booking.lock:
             self.rounds.restore(meta["replicated"], rounds)
+        for gate, jobs in zip(self.gates, self.rounds.counts, strict=True):
+            gate.taken = jobs
+        if self.processes is not None:
+            self.processes.started = meta["process_rounds"]
         return meta
 
     def _locked(self, fn: Any) -> Any:
@@ -299,12 +350,22 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         if self.processes is None:
             return super().run(metrics, checkpointer)
         watch = PeerWatch(self.keys)
+        heartbeat = Heartbeat(
+            self.keys,
+            self.exp.config.peer_timeout,
+            exit_for_silent_peer,
+            kv=kv_store(),
+            process=self.processes.process,
+            processes=self.processes.processes,
+        )
+        if checkpointer is not None:
+            self.checkpoint_rounds.align(checkpointer, metrics.eval_every)
         watch.start()
-        self.processes.start()
+        heartbeat.start()
         try:
             result = super().run(metrics, checkpointer)
         except BaseException as exc:
-            watch.stop()
+            watch.stop()  # the heartbeat goes on while the others read this failure: it is no silence
             try:
                 announce_failure(exc, self.keys)
             except Exception as unreachable:  # the coordinator is gone: the others learn it from XLA
@@ -312,14 +373,35 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             raise
         finally:
             watch.stop()
+            heartbeat.stop()
         # Every process's jobs: what the run as a whole trained on.
         total = self.processes.total_jobs or self.completed
         return result._replace(step=total, examples=total * self.settings.batch_size)
 
     def _supervise(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> None:
+        if self.processes is not None:
+            self.processes.start()  # here: a resume has rebuilt it
         super()._supervise(metrics, checkpointer)
         if self.processes is not None and self.processes.final is None:  # it stopped at the target
             self._finish_rounds()
+
+    def _next_pause(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> int:
+        """``Runtime``'s; across processes each group may take batches only up to the next
+        checkpoint's round (so every group stops exactly there)."""
+        pause = super()._next_pause(metrics, checkpointer)
+        if self.processes is not None and checkpointer is not None:
+            for gate in self.gates:
+                gate.limit(self.checkpoint_rounds.group_limit(checkpointer.next_due))
+        return pause
+
+    def _await_round(self, k: int) -> None:
+        """Waits until round ``k``'s mean has arrived (every process took part in it)."""
+        assert self.processes is not None
+        while self.processes.started <= k:
+            self.control.raise_failure()
+            if self.control.stopped:
+                raise RuntimeError(f"the run stopped before round {k}'s checkpoint")
+            time.sleep(POLL_S)
 
     def _wait_for_updates(self) -> None:
         """Across processes, first the rounds the other processes still start, then the final mean."""
@@ -362,18 +444,14 @@ def run_threads(
 ) -> RunResult:
     """``asgd``, ``pdasgd`` or ``pdasgd-block`` on threads: ``run_runtime``, or with
     ``--replication replicas`` a ``ReplicatedRuntime`` (checkpointed and resumed with
-    ``checkpointer``, except across processes, where it writes none).
+    ``checkpointer``; across processes, each process's own, at whole rounds).
 
     Raises:
-      ConfigError: a multi-process replicated run's ``checkpointer`` holds a checkpoint to resume.
+      ConfigError: the processes of a multi-process run would resume from different steps.
     """
     settings = settings or RuntimeSettings.from_config(exp)
     if jax.process_count() > 1:
         settings = process_share(settings)
     if settings.replication != "replicas":
         return run_runtime(exp, metrics, checkpointer, settings)
-    if jax.process_count() > 1:
-        if checkpointer is not None and checkpointer.latest_step() is not None:
-            raise ConfigError("--replication replicas across processes cannot resume a run yet: start it over")
-        checkpointer = None  # its processes would have to checkpoint together
     return ReplicatedRuntime(exp, settings).run(metrics, checkpointer)

@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from pdasgd_jax import interrupts
 from pdasgd_jax.metrics import MetricsLog, TrainingClock
 from pdasgd_jax.rundir import CHECKPOINT_DIR, DAMAGED_CHECKPOINT_DIR
 
@@ -241,13 +242,17 @@ class OrbaxSteps:
         return list(self._manager.all_steps())
 
     def wait_until_finished(self) -> None:
-        self._manager.wait_until_finished()
+        # A Ctrl-C inside orbax's wait makes it log the save as failed, with a traceback,
+        # although the checkpoint completes: the interrupt is taken once the wait is over.
+        with interrupts.deferred():
+            self._manager.wait_until_finished()
 
     def reload(self) -> None:
         self._manager.reload()
 
     def close(self) -> None:
-        self._manager.close()
+        with interrupts.deferred():  # close waits for the last save too
+            self._manager.close()
 
 
 class ProcessSteps:

@@ -24,6 +24,10 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def _remember_only(signum: int, frame: FrameType | None) -> None:
+    _requested.set()
+
+
 def install() -> None:
     """Makes Ctrl-C (SIGINT) a remembered request; call from the main thread (``remembered``
     scopes it to a block)."""
@@ -49,3 +53,23 @@ def remembered() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
         _requested.clear()
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Holds Ctrl-C back for the block and raises it when the block ends.
+
+    For waits that a library reports as a failure, with a traceback, when a
+    ``KeyboardInterrupt`` lands inside them (orbax's wait for a checkpoint being finalised):
+    a press inside only records the request. Applies where ``install``'s handler is active
+    on the main thread; elsewhere the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not _handler:
+        yield
+        return
+    signal.signal(signal.SIGINT, _remember_only)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, _handler)
+    check()

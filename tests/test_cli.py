@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pdasgd_jax import interrupts
 from pdasgd_jax.cli import main
 
 
@@ -290,7 +291,6 @@ def test_a_ctrl_c_that_library_code_swallowed_still_stops_the_run_at_the_next_st
     """(An interrupt landing inside a checkpoint write could be caught there.)"""
     import signal as signal_lib
 
-    from pdasgd_jax import interrupts
     from pdasgd_jax.metrics import MetricsLog
 
     metrics = MetricsLog(lambda p, s: {}, total_examples=10, eval_every=10**9, progress=False)
@@ -306,3 +306,12 @@ def test_a_ctrl_c_that_library_code_swallowed_still_stops_the_run_at_the_next_st
             metrics.add_loss(2, 1.0)
     assert signal_lib.getsignal(signal_lib.SIGINT) is previous  # restored, and no request left
     metrics.add_loss(3, 1.0)
+
+
+def test_ctrl_c_inside_a_deferred_wait_is_raised_when_the_wait_ends():
+    with interrupts.remembered():
+        with pytest.raises(KeyboardInterrupt), interrupts.deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs here: the wait goes on
+            finished = True
+        assert finished

@@ -403,19 +403,52 @@ class StageExecutor:
         )
         return params, state
 
-    def pull_stage(self, job: Job, m: int, *, backward: bool = False, worker: str = "") -> None:
+    def pull_stage(
+        self, job: Job, m: int, *, backward: bool = False, version: int | None = None, worker: str = ""
+    ) -> None:
         """Reads stage ``m`` now for the job's next kernel on it, which runs later on these
         weights: a worker moving the stage from its remote home reads the version current
         when the pull starts. Before the forward (``backward=False``): the latest params and
         state, booked and logged as the forward's read (the ``forward`` event, stamped now).
         Before a ``live`` backward: the latest params, its ``live_version``. A ``stashed``
-        backward reads nothing (it has its forward's weights)."""
+        backward reads nothing (it has its forward's weights).
+
+        ``version``: a params version newer than the store's, booked by an update not yet
+        written (the simulator's clock books versions at dispatch, as the runtime does): the
+        read gets that version, and its weights come with ``fill_pull`` once it is written.
+        """
+        current = self.store.read_params(m).version
+        if version is not None and version < current:
+            raise ValueError(f"stage {m}: a pull of version {version}, older than the store's {current}")
+        pending = version is not None and version > current
         if not backward:
-            params, state = self._read_forward(job, m, None, None, worker)
-            job.pulled[m] = Pull(params, state, job.read_versions[m])
+            if not pending:
+                params, state = self._read_forward(job, m, None, None, worker)
+                job.pulled[m] = Pull(params, state, job.read_versions[m])
+                return
+            state, state_version = self.store.read_state(m)
+            job.read_versions[m], job.read_params[m] = version, None
+            self._record(
+                EventKind.FORWARD, job, stage=m, params_version=version, state_version=state_version, worker=worker
+            )
+            job.pulled[m] = Pull(None, self._local(job, state), version)
         elif self.live:
-            (params, _), version = self.store.slots[m].params.read()
-            job.pulled[m] = Pull(self._local(job, params), None, version)
+            if not pending:
+                (params, _), version = self.store.slots[m].params.read()
+                job.pulled[m] = Pull(self._local(job, params), None, version)
+                return
+            job.pulled[m] = Pull(None, None, version)
+
+    def fill_pull(self, job: Job, m: int) -> None:
+        """Hands a pending pull of stage ``m`` (``pull_stage(..., version=v)``) its weights:
+        the store's, which must be at version ``v`` (its update was just written)."""
+        pulled = job.pulled[m]
+        (params, _), version = self.store.read_params(m)
+        if pulled is None or pulled.params is not None or version != pulled.version:
+            raise RuntimeError(f"job {job.id} has no pull of stage {m} waiting for version {version}")
+        job.pulled[m] = pulled._replace(params=self._local(job, params))
+        if job.records[m] is None:  # the forward's pull (a live backward's comes after the forward)
+            job.read_params[m] = params  # the optimizer's old_params
 
     def commit_state(self, job: Job, m: int, *, expect: int | None = None, worker: str = "") -> None:
         """Writes the non-trainable state the job's forward produced for stage ``m``."""

@@ -1,6 +1,7 @@
 """The shared store on the virtual clock as the threaded runtime runs it: each stage's updates
-on its home device, one at a time; a remote read versioned when its pull starts; every pull
-and push priced (algorithms.md §3, §5).
+on its home device, one at a time, versions booked at their dispatch; a remote read gets the
+newest version booked when its pull starts and its kernel waits for that version's write;
+every pull and push priced (algorithms.md §3, §5).
 
 The schedules run on ``AbstractKernels`` (shapes only, nothing computed: the schedule never
 depends on values), so a random layout with dozens of jobs takes milliseconds.
@@ -69,14 +70,28 @@ class Run:
             backward_weights=weights,
             fuse_jobs=fuse_jobs,
         )
-        self.spans, self.done_at, self.pulls = [], {}, []
-        pull = self.executor.pull_stage
+        self.spans, self.done_at, self.pulls, self.bookings, self.received = [], {}, [], [], []
+        ex = self.executor
+        pull, forward, backward = ex.pull_stage, ex.forward_stage, ex.backward_stage
 
-        def recording_pull(job, m, *, backward=False, worker=""):
+        def recording_pull(job, m, *, backward=False, version=None, worker=""):
             self.pulls.append((job.id, m, backward, self.scheduler.now))
-            pull(job, m, backward=backward, worker=worker)
+            pull(job, m, backward=backward, version=version, worker=worker)
 
-        self.executor.pull_stage = recording_pull
+        def receiving(op):
+            """Records what a kernel on pulled weights received, at its start: the version,
+            and whether its weights are exactly that version's (the same arrays)."""
+
+            def run_op(job, m, **kwargs):
+                p = job.pulled[m]
+                if p is not None:
+                    same = p.params is not None and p.params is ex.store.slots[m].params.at(p.version)[0]
+                    self.received.append((job.id, m, op is backward, self.scheduler.now, p.version, same))
+                return op(job, m, **kwargs)
+
+            return run_op
+
+        ex.pull_stage, ex.forward_stage, ex.backward_stage = recording_pull, receiving(forward), receiving(backward)
         self.sim = Simulation(
             self.scheduler,
             self.executor,
@@ -90,6 +105,13 @@ class Run:
             on_job_done=lambda job: self.done_at.__setitem__(job.id, self.scheduler.now),
             on_update=self.spans.append,
         )
+        book = self.sim.bookings.book
+
+        def recording_book(m, ticket):
+            self.bookings.append((m, self.scheduler.now))
+            return book(m, ticket)
+
+        self.sim.bookings.book = recording_book
         if algo == "asgd":
             policies.spawn_asgd(self.sim)
         else:
@@ -105,7 +127,9 @@ class Run:
 
     @staticmethod
     def _store(v, tx, kernels):
-        return ParameterStore(v.params, v.states, init_opt_states(tx, v.params), kernels.apply_update)
+        return ParameterStore(
+            v.params, v.states, init_opt_states(tx, v.params), kernels.apply_update, keep_history=True
+        )
 
     def device_of(self, worker):
         """The device of a worker named ``w{g}`` or ``d{g}/...``."""
@@ -115,6 +139,16 @@ class Run:
         """Stage ``m``'s version at instant ``t``: its updates written by then (writes at an
         instant come before its reads)."""
         return sum(s.stage == m and s.end <= t for s in self.spans)
+
+    def booked_at(self, m, t):
+        """Stage ``m``'s newest version booked by instant ``t``: its updates dispatched by then
+        (bookings happen as workers resume, before the instant's reads)."""
+        return sum(b == m and when <= t for b, when in self.bookings)
+
+    def written_at(self, m, version):
+        """When stage ``m``'s ``version`` was written (0 for the initial one)."""
+        ends = sorted(s.end for s in self.spans if s.stage == m)
+        return 0.0 if version == 0 else ends[version - 1]
 
     def event(self, kind, job, m):
         (e,) = [e for e in self.events if e.kind == kind and e.job == job and e.stage == m]
@@ -187,9 +221,12 @@ def _check(run, timing, kwargs):
         backward = e.kind == "backward"
         version = e.live_version if backward else e.params_version
         if transfer:
+            # A remote read gets the newest version booked when its pull starts, written or not.
             t = pulls[e.job, e.stage, backward]
-            assert version == run.version_at(e.stage, t), e
+            assert version == run.booked_at(e.stage, t), e
             seen["remote reads"] += 1
+            if run.version_at(e.stage, t) < version:
+                seen["remote reads of a version not yet written"] += 1
             if run.version_at(e.stage, t + transfer) > version:
                 seen["backward reads updated during the pull" if backward else "reads updated during the pull"] += 1
             if backward:  # the live backward's kernel (logged at its start) runs after the transfer
@@ -204,6 +241,12 @@ def _check(run, timing, kwargs):
         else:
             assert (e.job, e.stage, backward) not in pulls
             assert version == run.version_at(e.stage, e.time), e
+    # A kernel on pulled weights starts once their version is written, and gets exactly it.
+    for j, m, backward, t, version, same in run.received:
+        assert same and t >= run.written_at(m, version) - EPS, (j, m, t, version)
+        seen["kernels on pulled weights"] += 1
+        if run.written_at(m, version) > pulls[j, m, backward]:
+            seen["kernels that waited for their version"] += 1
     # Staleness: replaced minus read, as booked.
     read = {(e.job, e.stage): e.params_version for e in run.events if e.kind == "forward"}
     taus = [sorted(replaced[j, m] - read[j, m] for j in by_job) for m in range(M)]
@@ -245,6 +288,8 @@ def test_random_schedules_run_updates_at_home_one_at_a_time_and_version_pulls_at
     # The random layouts exercised what the checks are about.
     for what in (
         "remote reads",
+        "remote reads of a version not yet written",
+        "kernels that waited for their version",
         "reads updated during the pull",
         "backward reads updated during the pull",
         "backwards overlapping the previous stage's update",

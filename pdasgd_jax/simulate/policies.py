@@ -53,6 +53,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdasgd_jax.executor import Job
+from pdasgd_jax.simulate.bookings import Booking
 from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Kernel, Launch, Put, Sleep, Worker, tokens
 from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
 
@@ -69,12 +70,13 @@ def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Work
     ticket = sim.scheduler.ticket()
     for m in range(sim.num_stages):
         if c.transfer[m]:
-            yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, worker=worker))
+            yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, worker=worker))
         yield Kernel(
             device,
             c.forward[m],
             functools.partial(ex.forward_stage, job, m, commit_state=False, worker=worker),
             ticket,
+            sim.bookings.gates(job),
         )
         ex.commit_state(job, m, worker=worker)
     yield Kernel(device, c.loss, functools.partial(ex.loss, job, worker=worker), ticket)
@@ -95,8 +97,9 @@ def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, lay
             yield Put(applied, m)
             continue
         if ex.live and c.transfer[m]:  # re-linearises at the current weights: pull them if remote
-            yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, backward=True, worker=worker))
-        yield Kernel(device, c.backward[m], functools.partial(ex.backward_stage, job, m, worker=worker), ticket)
+            yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, backward=True, worker=worker))
+        backward = functools.partial(ex.backward_stage, job, m, worker=worker)
+        yield Kernel(device, c.backward[m], backward, ticket, sim.bookings.gates(job))
         if layerwise:
             yield from _push(sim, job, m, c.transfer[m], worker, applied, ticket)
     if not layerwise:
@@ -118,10 +121,13 @@ def _push_all(sim: Simulation, job: Job, transfer: tuple[float, ...], worker: st
 
 
 def _push(sim: Simulation, job: Job, m: int, transfer: float, worker: str, applied: Channel, ticket: int) -> Worker:
-    """Sends the job's ``g_m`` to stage ``m``'s home, then launches its update there."""
+    """Dispatches the job's update of stage ``m`` (its version is booked now, as the runtime
+    books it when it dispatches the update) and sends ``g_m`` to the stage's home; the
+    update runs there once the gradient has arrived."""
+    booking = sim.bookings.book(m, ticket)
+    yield Launch(_update(sim, job, m, worker, applied, ticket, booking, sim.scheduler.now + transfer))
     if transfer:
         yield Sleep(transfer)
-    yield Launch(_update(sim, job, m, worker, applied, ticket))
 
 
 def _backward_and_update(sim: Simulation, job: Job, m: int, device: Device, worker: str, ticket: int) -> Worker:
@@ -130,6 +136,7 @@ def _backward_and_update(sim: Simulation, job: Job, m: int, device: Device, work
     worker runs a local stage so (``kernels.backward_update_stashed`` under the stage's
     lock). The update is written at the program's end."""
     lock = sim.stage_locks[m]
+    booking = sim.bookings.book(m, ticket)
     yield Get(lock)
     start: list[float] = []
 
@@ -139,20 +146,27 @@ def _backward_and_update(sim: Simulation, job: Job, m: int, device: Device, work
 
     yield Kernel(device, sim.costs[device.index].backward_update[m], backward, ticket)
     sim.executor.update_stage(job, m, worker=worker)
+    sim.bookings.write(booking)
     if sim.on_update is not None:
         sim.on_update(UpdateSpan(m, device.index, job.id, start[0], sim.scheduler.now))
     yield Put(lock, None)
 
 
-def _update(sim: Simulation, job: Job, m: int, worker: str, applied: Channel, ticket: int) -> Worker:
-    """Stage ``m``'s update of ``job`` on its home device, once no other update of the
-    stage runs; tells ``applied`` when written."""
+def _update(
+    sim: Simulation, job: Job, m: int, worker: str, applied: Channel, ticket: int, booking: Booking, arrival: float
+) -> Worker:
+    """Stage ``m``'s ``booking``: the update of ``job`` on its home device, once the updates
+    booked before it are written (the stage's lock, taken in booking order) and its gradient
+    has arrived (at ``arrival``); tells ``applied`` when written."""
     home, lock = sim.homes[m], sim.stage_locks[m]
     yield Get(lock)
+    if arrival > sim.scheduler.now:
+        yield Sleep(arrival - sim.scheduler.now)
     start: list[float] = []
     at_start = None if sim.on_update is None else lambda: start.append(sim.scheduler.now)
     yield Kernel(home, sim.update_costs[m], at_start, ticket)
     sim.executor.update_stage(job, m, worker=worker)
+    sim.bookings.write(booking)
     if sim.on_update is not None:
         sim.on_update(UpdateSpan(m, home.index, job.id, start[0], sim.scheduler.now))
     yield Put(lock, None)
@@ -190,14 +204,14 @@ def fused_forward(
     stages = range(sim.num_stages)
     for m in stages:
         if c.transfer[m]:
-            yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, worker=worker))
+            yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, worker=worker))
 
     def read_and_compute() -> None:
         for m in stages:
             ex.forward_stage(job, m, commit_state=False, worker=worker)
         ex.loss(job, worker=worker)
 
-    yield Kernel(device, cost, read_and_compute, ticket)
+    yield Kernel(device, cost, read_and_compute, ticket, sim.bookings.gates(job))
     for m in stages:
         ex.commit_state(job, m, worker=worker)
 

@@ -20,11 +20,18 @@ The shared store as the threaded runtime runs it (algorithms.md §3, §5):
 
 * **Where updates run.** Stage ``m`` lives on its home device ``sim.homes[m]``
   (``Placement.stage_home``). Its updates run there, as update kernels queued with that
-  device's other kernels in dispatch order, and **one at a time** per stage
-  (``sim.stage_locks[m]``, taken before the kernel is queued and given back at its end,
-  as the runtime's stage lock orders its updates), even on a device that runs several
-  kernels at once. An update's write (``update_stage``: the new version, its staleness)
-  happens at the end of its kernel.
+  device's other kernels in dispatch order, and **one at a time** per stage, even on a
+  device that runs several kernels at once.
+* **Versions booked at dispatch** (``sim.bookings``). An update's new version is booked
+  when its worker dispatches it (a push: before the gradient's transfer), as the runtime
+  books it under the stage's lock when it dispatches the update; its write
+  (``update_stage``: the new parameters, its staleness) happens at the end of its kernel.
+  Right after booking it takes ``sim.stage_locks[m]`` (first come, first served) and
+  holds it until the write, so a stage's updates are written in booking order, the order
+  the runtime's home device computes them in. (The runtime holds its lock for the
+  dispatch only; holding it to the write changes no device order here, since each update
+  kernel keeps its dispatch ticket, and an update whose gradient is still in transit
+  holds back the stage's later updates as the home device's stream would.)
 * **Pushes.** A worker pushes a gradient to a remote home (``transfer`` seconds of idle
   time, ``alpha + bytes / beta``; nothing when the home is its own device), then
   launches the update and goes on: **it does not wait for the update kernel**. The
@@ -35,10 +42,12 @@ The shared store as the threaded runtime runs it (algorithms.md §3, §5):
   runtime's ``_settle_updates``), then the job is done (``sim.job_done``: metrics,
   evaluations and checkpoints see all of its updates) and the worker draws its idle time.
 * **Pulls.** A stage whose home is another device is pulled before the forward reads it
-  (and before a ``live`` backward re-reads it): the read, with its version, happens when
-  the pull **starts** (what the worker asks its home for then is what it receives), and
-  the kernel runs on those weights after ``transfer`` seconds. A local stage is read
-  when its kernel starts. A ``stashed`` backward reads nothing.
+  (and before a ``live`` backward re-reads it): the read gets the newest version booked
+  when the pull **starts**, and the kernel runs on exactly that version's weights once
+  ``transfer`` seconds have passed and the version is written (``Kernel.after``; a
+  waiting kernel holds back the kernels dispatched after it on its device, as a stream
+  does). A local stage is read when its kernel starts (on a device running in dispatch
+  order, the newest version booked before it). A ``stashed`` backward reads nothing.
 
 Worker group ``g`` (ASGD worker or PD-ASGD replica) runs on ``sim.group_devices[g]``;
 its workers are named ``w{g}`` and ``d{g}/forward{i}``, ``d{g}/backward{i}``, as in the
@@ -132,9 +141,9 @@ def _push(sim: Simulation, job: Job, m: int, transfer: float, worker: str, appli
 
 def _backward_and_update(sim: Simulation, job: Job, m: int, device: Device, worker: str, ticket: int) -> Worker:
     """Stage ``m``'s stashed backward and its update as one program on ``device``, the
-    stage's home, once no other update of the stage runs: the runtime's layer-wise backward
-    worker runs a local stage so (``kernels.backward_update_stashed`` under the stage's
-    lock). The update is written at the program's end."""
+    stage's home, once the stage's earlier bookings are written: the runtime's layer-wise
+    backward worker runs a local stage so (``kernels.backward_update_stashed`` under the
+    stage's lock). Its version is booked now, written at the program's end."""
     lock = sim.stage_locks[m]
     booking = sim.bookings.book(m, ticket)
     yield Get(lock)

@@ -59,7 +59,8 @@ class Simulation:
       on_update: called with an ``UpdateSpan`` as each update is applied (tests, tracing).
 
     Stage ``m``'s updates run on ``homes[m]``, its home device, at ``update_costs[m]`` each,
-    one at a time (``stage_locks[m]``), whichever worker pushed them.
+    one at a time (``stage_locks[m]``), whichever worker pushed them; their versions are
+    booked at dispatch and written at their kernels' ends (``bookings``).
 
     ``in_flight`` holds the jobs started and not yet done, by id: what a checkpoint of the
     run must save besides the store (their activations, stashed residuals, pending updates).

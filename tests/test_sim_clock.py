@@ -211,8 +211,8 @@ def _check(run, timing, kwargs):
             assert replaced[s.job, m] == k
     for j, spans in by_job.items():  # a job is done when its last update is written
         assert run.done_at[j] == max(s.end for s in spans.values())
-    # Reads: the version current when the read happened, which for a remote stage is the
-    # start of its pull (priced: the kernel runs after the transfer).
+    # Reads: a local one gets the version written when its kernel starts, a remote one the
+    # newest booked when its pull starts (priced: the kernel runs after the transfer).
     pulls = {(j, m, backward): t for j, m, backward, t in run.pulls}
     for e in run.events:
         if e.kind not in ("forward", "backward") or (e.kind == "backward" and e.live_version < 0):
@@ -221,11 +221,12 @@ def _check(run, timing, kwargs):
         transfer = sim.costs[d].transfer[e.stage]
         backward = e.kind == "backward"
         version = e.live_version if backward else e.params_version
-        if transfer:
-            # A remote read gets the newest version booked when its pull starts, written or not.
+        if sim.placement.is_remote(e.stage, d):
+            # A remote read gets the newest version booked when its pull starts, written or not
+            # (a pull of no duration when communication is free).
             t = pulls[e.job, e.stage, backward]
             assert version == run.booked_at(e.stage, t), e
-            seen["remote reads"] += 1
+            seen["remote reads" if transfer else "free remote reads"] += 1
             if run.version_at(e.stage, t) < version:
                 seen["remote reads of a version not yet written"] += 1
             if run.version_at(e.stage, t + transfer) > version:
@@ -289,6 +290,7 @@ def test_random_schedules_run_updates_at_home_one_at_a_time_and_version_reads_as
     # The random layouts exercised what the checks are about.
     for what in (
         "remote reads",
+        "free remote reads",
         "remote reads of a version not yet written",
         "kernels that waited for their version",
         "reads updated during the pull",

@@ -10,7 +10,11 @@ reading kernel waits for it (``gates``: its ``Kernel.after``), and receives exac
 weights, handed over when the version is written (``StageExecutor.fill_pull``).
 
 Updates of a stage are written in booking order: a booking takes the stage's lock right
-after it is booked (first come, first served) and keeps it until its write.
+after it is booked (first come, first served) and keeps it until its write. A booked
+version's number is the store's version plus the bookings ahead of it, so a write that was
+never booked (LPP-SGD's free averaging, applied at an instant on a one-device simulation,
+where nothing is pulled) only shifts the numbers of the pending ones; a pull waiting across
+such a write is refused (``StageExecutor.fill_pull``).
 """
 
 from __future__ import annotations
@@ -22,14 +26,13 @@ from pdasgd_jax.simulate.scheduler import Gate, Scheduler
 
 
 class Booking:
-    """One update of ``stage`` booked at ``version``, written when ``gate`` opens; ``pulls``:
-    the ``(job, backward)`` reads waiting for its weights."""
+    """One booked update of ``stage``, written when ``gate`` opens; ``pulls``: the jobs whose
+    reads wait for its weights."""
 
-    __slots__ = ("gate", "pulls", "stage", "version")
+    __slots__ = ("gate", "pulls", "stage")
 
-    def __init__(self, stage: int, version: int, key: int):
+    def __init__(self, stage: int, key: int):
         self.stage = stage
-        self.version = version
         self.gate = Gate(key)
         self.pulls: list[Job] = []
 
@@ -45,8 +48,7 @@ class Bookings:
 
     def newest(self, m: int) -> int:
         """The newest version of stage ``m`` booked (the store's, when none is pending)."""
-        pending = self._open[m]
-        return pending[-1].version if pending else self.executor.store.read_params(m).version
+        return self.executor.store.read_params(m).version + len(self._open[m])
 
     def book(self, m: int, ticket: int | None) -> Booking:
         """Books the next version of stage ``m`` for an update dispatched with ``ticket``
@@ -56,7 +58,7 @@ class Bookings:
         pending = self._open[m]
         if pending:
             key = max(key, pending[-1].gate.key)
-        booking = Booking(m, self.newest(m) + 1, key)
+        booking = Booking(m, key)
         pending.append(booking)
         return booking
 
@@ -64,12 +66,8 @@ class Bookings:
         """The booked update was just written to the store: hands its weights to the pulls
         that wait for them and opens its gate."""
         pending = self._open[booking.stage]
-        written = self.executor.store.read_params(booking.stage).version
-        if pending[0] is not booking or written != booking.version:
-            raise RuntimeError(
-                f"stage {booking.stage}: version {booking.version} booked, {written} written; "
-                "updates must be written in booking order"
-            )
+        if pending[0] is not booking:
+            raise RuntimeError(f"stage {booking.stage}: a write out of booking order")
         pending.popleft()
         for job in booking.pulls:
             self.executor.fill_pull(job, booking.stage)
@@ -83,7 +81,7 @@ class Bookings:
             self.executor.pull_stage(job, m, backward=backward, worker=worker)
             return
         booking = pending[-1]
-        self.executor.pull_stage(job, m, backward=backward, version=booking.version, worker=worker)
+        self.executor.pull_stage(job, m, backward=backward, version=self.newest(m), worker=worker)
         if job.pulled[m] is not None:  # a stashed backward reads nothing
             booking.pulls.append(job)
             self._waits.setdefault(job.id, []).append(booking.gate)

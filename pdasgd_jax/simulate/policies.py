@@ -42,7 +42,8 @@ The shared store as the threaded runtime runs it (algorithms.md §3, §5):
   runtime's ``_settle_updates``), then the job is done (``sim.job_done``: metrics,
   evaluations and checkpoints see all of its updates) and the worker draws its idle time.
 * **Pulls.** A stage whose home is another device is pulled before the forward reads it
-  (and before a ``live`` backward re-reads it): the read gets the newest version booked
+  (and before a ``live`` backward re-reads it), also when communication is free (a pull of
+  no duration): the read gets the newest version booked
   when the pull **starts**, and the kernel runs on exactly that version's weights once
   ``transfer`` seconds have passed and the version is written (``Kernel.after``; a
   waiting kernel holds back the kernels dispatched after it on its device, as a stream
@@ -78,7 +79,7 @@ def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Work
         return
     ticket = sim.scheduler.ticket()
     for m in range(sim.num_stages):
-        if c.transfer[m]:
+        if sim.homes[m] is not device:  # a remote read, at its pull (also when communication is free)
             yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, worker=worker))
         yield Kernel(
             device,
@@ -105,7 +106,7 @@ def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, lay
             yield from _backward_and_update(sim, job, m, device, worker, ticket)
             yield Put(applied, m)
             continue
-        if ex.live and c.transfer[m]:  # re-linearises at the current weights: pull them if remote
+        if ex.live and sim.homes[m] is not device:  # re-linearises at the current weights: pull them if remote
             yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, backward=True, worker=worker))
         backward = functools.partial(ex.backward_stage, job, m, worker=worker)
         yield Kernel(device, c.backward[m], backward, ticket, sim.bookings.gates(job))
@@ -212,7 +213,7 @@ def fused_forward(
     ex, c = sim.executor, sim.costs[device.index]
     stages = range(sim.num_stages)
     for m in stages:
-        if c.transfer[m]:
+        if sim.homes[m] is not device:  # a remote read, at its pull (also when communication is free)
             yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, worker=worker))
 
     def read_and_compute() -> None:

@@ -296,6 +296,7 @@ class StageExecutor:
         self._first_stage_places = bool(jax.tree.leaves((store.read_params(0).value[0], store.read_state(0).value)))
         self._updates_lock = threading.Lock()
         self._key = jax.random.key(seed) if kernels.draws_randomness else None
+        self._unlogged_reads: dict[tuple[int, int], dict[str, Any]] = {}  # see ``pull_stage``
 
     # What each mode does differently.
     def _stage_forward(self, job: Job, m: int, params: PyTree, state: PyTree) -> tuple[Any, PyTree, StageRecord]:
@@ -316,7 +317,7 @@ class StageExecutor:
     # Shared operations.
     def _record(self, kind: EventKind, job: Job, **fields: Any) -> None:
         if self.log is not None:
-            self.log.record(kind, job.id, time=self.clock(), **fields)
+            self.log.record(kind, job.id, **{"time": self.clock(), **fields})
 
     def start_job(
         self, job_id: int, batch_id: int, x: Any, labels: Any, *, device: jax.Device | None = None, worker: str = ""
@@ -382,8 +383,11 @@ class StageExecutor:
         pulled, job.pulled[m] = job.pulled[m], None
         if pulled is None:
             params, state = self._read_forward(job, m, version, state_version, worker)
-        else:  # read, and logged, when its pull started
+        else:  # read when its pull started, logged now (see ``pull_stage``)
             params, state = pulled.params, pulled.state
+            read = self._unlogged_reads.pop((job.id, m), None)
+            if read is not None:
+                self._record(EventKind.FORWARD, job, stage=m, worker=worker, **read)
         job.x, job.new_states[m], job.records[m] = self._stage_forward(job, m, params, state)
         if commit_state:
             self.commit_state(job, m, worker=worker)
@@ -416,22 +420,26 @@ class StageExecutor:
         ``version``: a params version newer than the store's, booked by an update not yet
         written (the simulator's clock books versions at dispatch, as the runtime does): the
         read gets that version, and its weights come with ``fill_pull`` once it is written.
+
+        A forward's pull is logged (its ``forward`` event, stamped with the pull's start) when
+        the forward runs on it: so a job's reads are logged in stage order, and after the
+        update of every version they read, which a replay needs.
         """
         current = self.store.read_params(m).version
         if version is not None and version < current:
             raise ValueError(f"stage {m}: a pull of version {version}, older than the store's {current}")
         pending = version is not None and version > current
         if not backward:
-            if not pending:
-                params, state = self._read_forward(job, m, None, None, worker)
+            if pending:
+                state, state_version = self.store.read_state(m)
+                job.read_versions[m], job.read_params[m] = version, None
+                job.pulled[m] = Pull(None, self._local(job, state), version)
+            else:
+                params, state, state_version = self._read_stage(job, m)
                 job.pulled[m] = Pull(params, state, job.read_versions[m])
-                return
-            state, state_version = self.store.read_state(m)
-            job.read_versions[m], job.read_params[m] = version, None
-            self._record(
-                EventKind.FORWARD, job, stage=m, params_version=version, state_version=state_version, worker=worker
-            )
-            job.pulled[m] = Pull(None, self._local(job, state), version)
+            if self.log is not None:
+                read = dict(params_version=job.read_versions[m], state_version=state_version, time=self.clock())
+                self._unlogged_reads[job.id, m] = read
         elif self.live:
             if not pending:
                 (params, _), version = self.store.slots[m].params.read()

@@ -46,8 +46,9 @@ The shared store as the threaded runtime runs it (algorithms.md §3, §5):
   no duration): the read gets the newest version booked when the pull **starts**, and the
   kernel runs on exactly that version's weights once ``transfer`` seconds have passed and
   the version is written (``Kernel.after``; a waiting kernel holds back the kernels
-  dispatched after it on its device, as a stream does). A local stage is read when its kernel starts (on a device running in dispatch
-  order, the newest version booked before it). A ``stashed`` backward reads nothing.
+  dispatched after it on its device, as a stream does). A local stage is read when its
+  kernel starts (on a device running in dispatch order, the newest version booked before
+  it). A ``stashed`` backward reads nothing.
 
 Worker group ``g`` (ASGD worker or PD-ASGD replica) runs on ``sim.group_devices[g]``;
 its workers are named ``w{g}`` and ``d{g}/forward{i}``, ``d{g}/backward{i}``, as in the

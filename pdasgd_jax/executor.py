@@ -8,8 +8,9 @@ operation of which job, and when. The operations themselves are the same everywh
   forward, keep what the backward needs, write the new non-trainable state;
 * ``pull_stage(job, m)``: read stage ``m`` ahead of its forward (or of a ``live``
   backward), for a worker that must first move it from its remote home: the version is the
-  one current when the pull starts, and the later ``forward_stage``/``backward_stage`` runs
-  on those weights;
+  one current when the pull starts (on the simulator's clock: the newest booked, whose
+  weights ``fill_pull`` hands over once written), and the later
+  ``forward_stage``/``backward_stage`` runs on those weights;
 * ``loss``: loss and ``delta_M``;
 * ``backward_stage(job, m)``: ``(g_m, delta_{m-1})`` with ``stashed`` or ``live`` weights;
 * ``update_stage(job, m)``: apply ``g_m`` to the store (a layer-wise partial update);

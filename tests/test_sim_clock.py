@@ -18,7 +18,7 @@ import pytest
 
 from pdasgd_jax import data, models
 from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
-from pdasgd_jax.executor import EventLog, StageExecutor
+from pdasgd_jax.executor import EventLog, StageExecutor, replay
 from pdasgd_jax.kernels import StageKernels, init_opt_states
 from pdasgd_jax.simulate import policies
 from pdasgd_jax.simulate.resume import AbstractKernels
@@ -282,11 +282,18 @@ def _check(run, timing, kwargs):
 
 
 def test_random_schedules_run_updates_at_home_one_at_a_time_and_version_reads_as_booked(world):
+    v, tx, kernels, batch = world
     seen = collections.Counter()
     for seed in range(12):
         timing, kwargs = _random_config(seed)
         run = Run(world, timing, **kwargs)
         seen.update(_check(run, timing, kwargs))
+        # Its log replays: every read comes after the update of the version it read.
+        opt_states = init_opt_states(tx, v.params)
+        replayed = replay(
+            run.events, kernels, v.params, v.states, opt_states, lambda i: batch, backward_weights=kwargs["weights"]
+        )
+        assert replayed.staleness.summary() == run.executor.staleness.summary()
     # The random layouts exercised what the checks are about.
     for what in (
         "remote reads",

@@ -8,8 +8,9 @@ operation of which job, and when. The operations themselves are the same everywh
   forward, keep what the backward needs, write the new non-trainable state;
 * ``pull_stage(job, m)``: read stage ``m`` ahead of its forward (or of a ``live``
   backward), for a worker that must first move it from its remote home: the version is the
-  one current when the pull starts, and the later ``forward_stage``/``backward_stage`` runs
-  on those weights;
+  one current when the pull starts (on the simulator's clock: the newest booked, whose
+  weights ``fill_pull`` hands over once written), and the later
+  ``forward_stage``/``backward_stage`` runs on those weights;
 * ``loss``: loss and ``delta_M``;
 * ``backward_stage(job, m)``: ``(g_m, delta_{m-1})`` with ``stashed`` or ``live`` weights;
 * ``update_stage(job, m)``: apply ``g_m`` to the store (a layer-wise partial update);
@@ -302,6 +303,7 @@ class StageExecutor:
         self._first_stage_places = bool(jax.tree.leaves((store.read_params(0).value[0], store.read_state(0).value)))
         self._updates_lock = threading.Lock()
         self._key = jax.random.key(seed) if kernels.draws_randomness else None
+        self._unlogged_reads: dict[tuple[int, int], dict[str, Any]] = {}  # see ``pull_stage``
 
     # What each mode does differently.
     def _stage_forward(self, job: Job, m: int, params: PyTree, state: PyTree) -> tuple[Any, PyTree, StageRecord]:
@@ -322,7 +324,7 @@ class StageExecutor:
     # Shared operations.
     def _record(self, kind: EventKind, job: Job, **fields: Any) -> None:
         if self.log is not None:
-            self.log.record(kind, job.id, time=self.clock(), **fields)
+            self.log.record(kind, job.id, **{"time": self.clock(), **fields})
 
     def start_job(
         self, job_id: int, batch_id: int, x: Any, labels: Any, *, device: jax.Device | None = None, worker: str = ""
@@ -388,8 +390,11 @@ class StageExecutor:
         pulled, job.pulled[m] = job.pulled[m], None
         if pulled is None:
             params, state = self._read_forward(job, m, version, state_version, worker)
-        else:  # read, and logged, when its pull started
+        else:  # read when its pull started, logged now (see ``pull_stage``)
             params, state = pulled.params, pulled.state
+            read = self._unlogged_reads.pop((job.id, m), None)
+            if read is not None:
+                self._record(EventKind.FORWARD, job, stage=m, worker=worker, **read)
         job.x, job.new_states[m], job.records[m] = self._stage_forward(job, m, params, state)
         if commit_state:
             self.commit_state(job, m, worker=worker)
@@ -409,19 +414,56 @@ class StageExecutor:
         )
         return params, state
 
-    def pull_stage(self, job: Job, m: int, *, backward: bool = False, worker: str = "") -> None:
+    def pull_stage(
+        self, job: Job, m: int, *, backward: bool = False, version: int | None = None, worker: str = ""
+    ) -> None:
         """Reads stage ``m`` now for the job's next kernel on it, which runs later on these
         weights: a worker moving the stage from its remote home reads the version current
         when the pull starts. Before the forward (``backward=False``): the latest params and
         state, booked and logged as the forward's read (the ``forward`` event, stamped now).
         Before a ``live`` backward: the latest params, its ``live_version``. A ``stashed``
-        backward reads nothing (it has its forward's weights)."""
+        backward reads nothing (it has its forward's weights).
+
+        ``version``: a params version newer than the store's, booked by an update not yet
+        written (the simulator's clock books versions at dispatch, as the runtime does): the
+        read gets that version, and its weights come with ``fill_pull`` once it is written.
+
+        A forward's pull is logged (its ``forward`` event, stamped with the pull's start) when
+        the forward runs on it: so a job's reads are logged in stage order, and after the
+        update of every version they read, which a replay needs.
+        """
+        current = self.store.read_params(m).version
+        if version is not None and version < current:
+            raise ValueError(f"stage {m}: a pull of version {version}, older than the store's {current}")
+        pending = version is not None and version > current
         if not backward:
-            params, state = self._read_forward(job, m, None, None, worker)
-            job.pulled[m] = Pull(params, state, job.read_versions[m])
+            if pending:
+                state, state_version = self.store.read_state(m)
+                job.read_versions[m], job.read_params[m] = version, None
+                job.pulled[m] = Pull(None, self._local(job, state), version)
+            else:
+                params, state, state_version = self._read_stage(job, m)
+                job.pulled[m] = Pull(params, state, job.read_versions[m])
+            if self.log is not None:
+                read = dict(params_version=job.read_versions[m], state_version=state_version, time=self.clock())
+                self._unlogged_reads[job.id, m] = read
         elif self.live:
-            (params, _), version = self.store.slots[m].params.read()
-            job.pulled[m] = Pull(self._local(job, params), None, version)
+            if not pending:
+                (params, _), version = self.store.slots[m].params.read()
+                job.pulled[m] = Pull(self._local(job, params), None, version)
+                return
+            job.pulled[m] = Pull(None, None, version)
+
+    def fill_pull(self, job: Job, m: int) -> None:
+        """Hands a pending pull of stage ``m`` (``pull_stage(..., version=v)``) its weights:
+        the store's, which must be at version ``v`` (its update was just written)."""
+        pulled = job.pulled[m]
+        (params, _), version = self.store.read_params(m)
+        if pulled is None or pulled.params is not None or version != pulled.version:
+            raise RuntimeError(f"job {job.id} has no pull of stage {m} waiting for version {version}")
+        job.pulled[m] = pulled._replace(params=self._local(job, params))
+        if job.records[m] is None:  # the forward's pull (a live backward's comes after the forward)
+            job.read_params[m] = params  # the optimizer's old_params
 
     def commit_state(self, job: Job, m: int, *, expect: int | None = None, worker: str = "") -> None:
         """Writes the non-trainable state the job's forward produced for stage ``m``."""

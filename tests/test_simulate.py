@@ -25,6 +25,7 @@ from pdasgd_jax.simulate import fixed_lags, run_fixed_staleness, run_simulated
 from pdasgd_jax.simulate.scheduler import (
     Channel,
     Device,
+    Gate,
     Get,
     Kernel,
     Launch,
@@ -178,6 +179,48 @@ def _random_schedule(seed, *, general, stop_after=None):
             sched.spawn(f"b{i}{k}", backward(f"b{i}{k}", dev, ch))
     end = sched.run()
     return trace, end, [d.busy for d in devices], [p.busy for p in sched.processes]
+
+
+@pytest.mark.parametrize("concurrency", [1.0, 2.0])
+def test_a_kernel_waiting_for_a_gate_holds_back_its_device_queue(concurrency):
+    """A version booked at t = 0 is written on device 1 at t = 3 (its gate opens then). A
+    reader dispatched on device 0 at t = 0 waits for it, and a kernel dispatched after the
+    reader (t = 0.5) waits behind it even though device 0 is free, as a real device's stream
+    stalls at a kernel whose input is not ready; the reader's order is no earlier than the
+    booking's."""
+    sched = Scheduler()
+    timing = TimingModel(forward=(1.0,), backward=(1.0,), update=(0.0,), concurrency=concurrency)
+    home, dev = Device(sched, 1, timing), Device(sched, 0, timing)
+    gate = Gate(sched.ticket())
+    starts = {}
+
+    def writer():
+        yield Kernel(home, 3.0, lambda: starts.__setitem__("write", sched.now))
+        sched.open(gate)
+
+    def reader():
+        yield Kernel(dev, 1.0, lambda: starts.__setitem__("read", sched.now), after=(gate,))
+
+    def later():
+        yield Sleep(0.5)
+        yield Kernel(dev, 1.0, lambda: starts.__setitem__("later", sched.now))
+
+    for name, worker in (("writer", writer()), ("reader", reader()), ("later", later())):
+        sched.spawn(name, worker)
+    assert sched.run() == (5.0 if concurrency == 1 else 4.0)  # two kernels share a 2-way device from t = 3
+    assert starts == {"write": 0.0, "read": 3.0, "later": 4.0 if concurrency == 1 else 3.0}
+
+
+def test_a_kernel_left_waiting_for_a_gate_is_an_error():
+    sched = Scheduler()
+    dev = Device(sched, 0, TimingModel(forward=(1.0,), backward=(1.0,), update=(0.0,)))
+
+    def reader():
+        yield Kernel(dev, 1.0, after=(Gate(0),))
+
+    sched.spawn("reader", reader())
+    with pytest.raises(RuntimeError, match=r"kernels still wait on devices \[0\]"):
+        sched.run()
 
 
 @pytest.mark.parametrize("stop_after", [None, 40])

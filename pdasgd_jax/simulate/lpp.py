@@ -191,9 +191,11 @@ class Averaging:
         def correcting(d: int) -> Worker:  # replica d's correction, stage by stage under the locks
             sim, store = self._sims[d], self.stores[d]
             for m in range(store.num_stages):
+                booking = sim.bookings.book(m, None)  # a write of the stage, in order with its updates
                 yield Get(sim.stage_locks[m])
                 yield Kernel(sim.devices[0], sim.timing.merge_time(m))
                 store.update_with(m, lambda p, o, _v, a=mean[m], s=snapshots[d][m]: (lpp.corrected(p, a, s), o))
+                sim.bookings.write(booking)
                 yield Put(sim.stage_locks[m], None)
             pending[0] -= 1
             if not pending[0]:

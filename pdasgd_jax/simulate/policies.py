@@ -20,11 +20,18 @@ The shared store as the threaded runtime runs it (algorithms.md §3, §5):
 
 * **Where updates run.** Stage ``m`` lives on its home device ``sim.homes[m]``
   (``Placement.stage_home``). Its updates run there, as update kernels queued with that
-  device's other kernels in dispatch order, and **one at a time** per stage
-  (``sim.stage_locks[m]``, taken before the kernel is queued and given back at its end,
-  as the runtime's stage lock orders its updates), even on a device that runs several
-  kernels at once. An update's write (``update_stage``: the new version, its staleness)
-  happens at the end of its kernel.
+  device's other kernels in dispatch order, and **one at a time** per stage, even on a
+  device that runs several kernels at once.
+* **Versions booked at dispatch** (``sim.bookings``). An update's new version is booked
+  when its worker dispatches it (a push: before the gradient's transfer), as the runtime
+  books it under the stage's lock when it dispatches the update; its write
+  (``update_stage``: the new parameters, its staleness) happens at the end of its kernel.
+  Right after booking it takes ``sim.stage_locks[m]`` (first come, first served) and
+  holds it until the write, so a stage's updates are written in booking order, the order
+  the runtime's home device computes them in. (The runtime holds its lock for the
+  dispatch only; holding it to the write changes no device order here, since each update
+  kernel keeps its dispatch ticket, and an update whose gradient is still in transit
+  holds back the stage's later updates as the home device's stream would.)
 * **Pushes.** A worker pushes a gradient to a remote home (``transfer`` seconds of idle
   time, ``alpha + bytes / beta``; nothing when the home is its own device), then
   launches the update and goes on: **it does not wait for the update kernel**. The
@@ -35,10 +42,13 @@ The shared store as the threaded runtime runs it (algorithms.md §3, §5):
   runtime's ``_settle_updates``), then the job is done (``sim.job_done``: metrics,
   evaluations and checkpoints see all of its updates) and the worker draws its idle time.
 * **Pulls.** A stage whose home is another device is pulled before the forward reads it
-  (and before a ``live`` backward re-reads it): the read, with its version, happens when
-  the pull **starts** (what the worker asks its home for then is what it receives), and
-  the kernel runs on those weights after ``transfer`` seconds. A local stage is read
-  when its kernel starts. A ``stashed`` backward reads nothing.
+  (and before a ``live`` backward re-reads it), also when communication is free (a pull of
+  no duration): the read gets the newest version booked when the pull **starts**, and the
+  kernel runs on exactly that version's weights once ``transfer`` seconds have passed and
+  the version is written (``Kernel.after``; a waiting kernel holds back the kernels
+  dispatched after it on its device, as a stream does). A local stage is read when its
+  kernel starts (on a device running in dispatch order, the newest version booked before
+  it). A ``stashed`` backward reads nothing.
 
 Worker group ``g`` (ASGD worker or PD-ASGD replica) runs on ``sim.group_devices[g]``;
 its workers are named ``w{g}`` and ``d{g}/forward{i}``, ``d{g}/backward{i}``, as in the
@@ -53,6 +63,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdasgd_jax.executor import Job
+from pdasgd_jax.simulate.bookings import Booking
 from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Kernel, Launch, Put, Sleep, Worker, tokens
 from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
 
@@ -68,13 +79,14 @@ def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Work
         return
     ticket = sim.scheduler.ticket()
     for m in range(sim.num_stages):
-        if c.transfer[m]:
-            yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, worker=worker))
+        if sim.homes[m] is not device:  # a remote read, at its pull (also when communication is free)
+            yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, worker=worker))
         yield Kernel(
             device,
             c.forward[m],
             functools.partial(ex.forward_stage, job, m, commit_state=False, worker=worker),
             ticket,
+            sim.bookings.gates(job),
         )
         ex.commit_state(job, m, worker=worker)
     yield Kernel(device, c.loss, functools.partial(ex.loss, job, worker=worker), ticket)
@@ -94,9 +106,10 @@ def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, lay
             yield from _backward_and_update(sim, job, m, device, worker, ticket)
             yield Put(applied, m)
             continue
-        if ex.live and c.transfer[m]:  # re-linearises at the current weights: pull them if remote
-            yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, backward=True, worker=worker))
-        yield Kernel(device, c.backward[m], functools.partial(ex.backward_stage, job, m, worker=worker), ticket)
+        if ex.live and sim.homes[m] is not device:  # re-linearises at the current weights: pull them if remote
+            yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, backward=True, worker=worker))
+        backward = functools.partial(ex.backward_stage, job, m, worker=worker)
+        yield Kernel(device, c.backward[m], backward, ticket, sim.bookings.gates(job))
         if layerwise:
             yield from _push(sim, job, m, c.transfer[m], worker, applied, ticket)
     if not layerwise:
@@ -118,18 +131,22 @@ def _push_all(sim: Simulation, job: Job, transfer: tuple[float, ...], worker: st
 
 
 def _push(sim: Simulation, job: Job, m: int, transfer: float, worker: str, applied: Channel, ticket: int) -> Worker:
-    """Sends the job's ``g_m`` to stage ``m``'s home, then launches its update there."""
+    """Dispatches the job's update of stage ``m`` (its version is booked now, as the runtime
+    books it when it dispatches the update) and sends ``g_m`` to the stage's home; the
+    update runs there once the gradient has arrived."""
+    booking = sim.bookings.book(m, ticket)
+    yield Launch(_update(sim, job, m, worker, applied, ticket, booking, sim.scheduler.now + transfer))
     if transfer:
         yield Sleep(transfer)
-    yield Launch(_update(sim, job, m, worker, applied, ticket))
 
 
 def _backward_and_update(sim: Simulation, job: Job, m: int, device: Device, worker: str, ticket: int) -> Worker:
     """Stage ``m``'s stashed backward and its update as one program on ``device``, the
-    stage's home, once no other update of the stage runs: the runtime's layer-wise backward
-    worker runs a local stage so (``kernels.backward_update_stashed`` under the stage's
-    lock). The update is written at the program's end."""
+    stage's home, once the stage's earlier bookings are written: the runtime's layer-wise
+    backward worker runs a local stage so (``kernels.backward_update_stashed`` under the
+    stage's lock). Its version is booked now, written at the program's end."""
     lock = sim.stage_locks[m]
+    booking = sim.bookings.book(m, ticket)
     yield Get(lock)
     start: list[float] = []
 
@@ -139,20 +156,27 @@ def _backward_and_update(sim: Simulation, job: Job, m: int, device: Device, work
 
     yield Kernel(device, sim.costs[device.index].backward_update[m], backward, ticket)
     sim.executor.update_stage(job, m, worker=worker)
+    sim.bookings.write(booking)
     if sim.on_update is not None:
         sim.on_update(UpdateSpan(m, device.index, job.id, start[0], sim.scheduler.now))
     yield Put(lock, None)
 
 
-def _update(sim: Simulation, job: Job, m: int, worker: str, applied: Channel, ticket: int) -> Worker:
-    """Stage ``m``'s update of ``job`` on its home device, once no other update of the
-    stage runs; tells ``applied`` when written."""
+def _update(
+    sim: Simulation, job: Job, m: int, worker: str, applied: Channel, ticket: int, booking: Booking, arrival: float
+) -> Worker:
+    """Stage ``m``'s ``booking``: the update of ``job`` on its home device, once the updates
+    booked before it are written (the stage's lock, taken in booking order) and its gradient
+    has arrived (at ``arrival``); tells ``applied`` when written."""
     home, lock = sim.homes[m], sim.stage_locks[m]
     yield Get(lock)
+    if arrival > sim.scheduler.now:
+        yield Sleep(arrival - sim.scheduler.now)
     start: list[float] = []
     at_start = None if sim.on_update is None else lambda: start.append(sim.scheduler.now)
     yield Kernel(home, sim.update_costs[m], at_start, ticket)
     sim.executor.update_stage(job, m, worker=worker)
+    sim.bookings.write(booking)
     if sim.on_update is not None:
         sim.on_update(UpdateSpan(m, home.index, job.id, start[0], sim.scheduler.now))
     yield Put(lock, None)
@@ -189,15 +213,15 @@ def fused_forward(
     ex, c = sim.executor, sim.costs[device.index]
     stages = range(sim.num_stages)
     for m in stages:
-        if c.transfer[m]:
-            yield Sleep(c.transfer[m], functools.partial(ex.pull_stage, job, m, worker=worker))
+        if sim.homes[m] is not device:  # a remote read, at its pull (also when communication is free)
+            yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, worker=worker))
 
     def read_and_compute() -> None:
         for m in stages:
             ex.forward_stage(job, m, commit_state=False, worker=worker)
         ex.loss(job, worker=worker)
 
-    yield Kernel(device, cost, read_and_compute, ticket)
+    yield Kernel(device, cost, read_and_compute, ticket, sim.bookings.gates(job))
     for m in stages:
         ex.commit_state(job, m, worker=worker)
 

@@ -130,10 +130,12 @@ class _DeviceCharges:
 
         def merging() -> Worker:
             for m, write in enumerate(writes):
+                booking = sim.bookings.book(m, None)  # a write of the stage, in order with its updates
                 yield Get(sim.stage_locks[m])
                 start: list[float] = []
                 yield Kernel(sim.devices[0], sim.timing.merge_time(m), self._started(start))
                 write()
+                sim.bookings.write(booking)
                 self._span("merge", g, m, k, start)
                 yield Put(sim.stage_locks[m], None)
             done()

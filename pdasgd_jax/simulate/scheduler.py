@@ -2,13 +2,16 @@
 
 Simulated workers are generators that yield requests to the scheduler:
 
-* ``Kernel(device, work, at_start, dispatched)``: ``work`` seconds of device work. The
-  device starts it when a slot is free and every kernel dispatched before it has started
+* ``Kernel(device, work, at_start, dispatched, after)``: ``work`` seconds of device work.
+  The device starts it when a slot is free, every kernel dispatched before it has started
   (a device's queue runs in dispatch order, as a real device's does; ``dispatched`` is the
-  ``Scheduler.ticket()`` of the burst it was dispatched in, default: when it is requested);
-  ``at_start()`` runs at that instant (this is when a kernel *reads*: the store's versions
-  current at its virtual start), and the worker resumes at its end (so code after the
-  ``yield`` runs at the end: this is when it *writes*).
+  ``Scheduler.ticket()`` of the burst it was dispatched in, default: when it is requested)
+  and every ``Gate`` in ``after`` is open (the kernel's inputs exist: a version another
+  device has yet to write). A kernel waiting for a gate holds back the kernels dispatched
+  after it on its device, as a real device's stream waits at a kernel whose input is not
+  ready. ``at_start()`` runs at its start (this is when a kernel *reads*: the store's
+  versions current at its virtual start), and the worker resumes at its end (so code after
+  the ``yield`` runs at the end: this is when it *writes*).
 * ``Sleep(duration, at_start)``: idle time (injected delays, communication): no device
   work. An ``at_start`` runs first, among the current instant's reads (a pull reads the
   stage when its transfer starts).
@@ -63,12 +66,32 @@ class Kernel(NamedTuple):
     once) requests them one after another on the clock, each when the previous ends, but
     gives them all the ticket of the burst, so no kernel dispatched later runs between
     them. None: dispatched when requested.
+
+    ``after``: gates that must be open before it starts; it counts as dispatched no
+    earlier than each gate's ``key`` (what it waits for was dispatched before it).
     """
 
     device: Device
     work: float
     at_start: Callable[[], Any] | None = None
     dispatched: int | None = None
+    after: tuple[Gate, ...] = ()
+
+
+class Gate:
+    """A one-shot condition kernels can wait for (``Kernel.after``), opened by
+    ``Scheduler.open``: a stage version booked when its update was dispatched and written at
+    its kernel's end. ``key``: the dispatch ticket of what opens it; a kernel waiting for it
+    is ordered after that (so waits always point back in dispatch order and cannot form a
+    cycle).
+    """
+
+    __slots__ = ("devices", "is_open", "key")
+
+    def __init__(self, key: int):
+        self.key = key
+        self.is_open = False
+        self.devices: list[Device] = []  # devices whose next kernel waits for it
 
 
 class Sleep(NamedTuple):
@@ -177,6 +200,7 @@ class Device:
         self._admit_pending = False
         self._solo_busy = False
         self.busy = 0.0  # virtual time with at least one kernel running
+        scheduler.devices.append(self)
         if self.slots == 1:
             # One kernel at a time (the default): each runs to its end at full speed, so the
             # shared-rate bookkeeping below reduces to one end event per kernel; this path
@@ -190,7 +214,11 @@ class Device:
             self.scheduler.call(START, self._admit)
 
     def _request_solo(self, proc: Process, kernel: Kernel) -> None:
-        if not (self._solo_busy or self._admit_pending or self._waiting) and self.scheduler.alone_at_now():
+        if (
+            not (self._solo_busy or self._admit_pending or self._waiting)
+            and self.scheduler.alone_at_now()
+            and _ready(kernel)
+        ):
             # Nothing else happens at this instant (no write still to come, no other read
             # first), so starting now is what the admission event would do next.
             self._start_solo(proc, kernel)
@@ -203,11 +231,13 @@ class Device:
     def _enqueue(self, proc: Process, kernel: Kernel) -> None:
         seq = next(self.scheduler._seq)
         ticket = seq if kernel.dispatched is None else kernel.dispatched
+        for gate in kernel.after:  # what it waits for was dispatched before it
+            ticket = max(ticket, gate.key)
         heapq.heappush(self._waiting, (ticket, seq, proc, kernel))
 
     def _admit_solo(self) -> None:
         self._admit_pending = False
-        if self._solo_busy or not self._waiting:
+        if self._solo_busy or not self._waiting or self._blocked():
             return
         _, _, proc, kernel = heapq.heappop(self._waiting)
         self._start_solo(proc, kernel)
@@ -228,6 +258,23 @@ class Device:
             self.scheduler.call(START, self._admit)
         proc.account.busy += elapsed
         self.scheduler.resume(proc)
+
+    def _blocked(self) -> bool:
+        """Whether the next kernel in dispatch order waits for a closed gate; if so the device
+        is woken when it opens. Nothing behind it starts meanwhile: a real device's stream
+        runs its kernels in order and stalls at one whose input is not ready."""
+        for gate in self._waiting[0][3].after:
+            if not gate.is_open:
+                if self not in gate.devices:
+                    gate.devices.append(self)
+                return True
+        return False
+
+    def wake(self) -> None:
+        """A gate opened: admits the next waiting kernel, in this instant's start phase."""
+        if self._waiting and not self._admit_pending and not self._solo_busy:
+            self._admit_pending = True
+            self.scheduler.call(START, self._admit)
 
     def _advance(self) -> None:
         """Charges the work done since the last change of the running set."""
@@ -250,7 +297,7 @@ class Device:
     def _admit(self) -> None:
         self._admit_pending = False
         self._advance()
-        while self._waiting and len(self._running) < self.slots:
+        while self._waiting and len(self._running) < self.slots and not self._blocked():
             _, _, proc, kernel = heapq.heappop(self._waiting)
             if kernel.at_start is not None:
                 kernel.at_start()
@@ -273,12 +320,17 @@ class Device:
             self.scheduler.resume(r.proc)
 
 
+def _ready(kernel: Kernel) -> bool:
+    return all(gate.is_open for gate in kernel.after)
+
+
 class Scheduler:
     """The virtual clock and its event heap; drives worker generators (see module docstring)."""
 
     def __init__(self):
         self.now = 0.0
         self.processes: list[Process] = []
+        self.devices: list[Device] = []
         self._heap: list[tuple[float, int, int, Callable, tuple]] = []
         self._seq = itertools.count()
         self._stopped = False
@@ -288,6 +340,13 @@ class Scheduler:
 
     def call(self, phase: int, fn: Callable, *args: Any) -> None:
         self.call_at(self.now, phase, fn, *args)
+
+    def open(self, gate: Gate) -> None:
+        """Opens ``gate``: the devices whose next kernel waited for it may start it now."""
+        gate.is_open = True
+        devices, gate.devices = gate.devices, []
+        for device in devices:
+            device.wake()
 
     def ticket(self) -> int:
         """A dispatch ticket for ``Kernel.dispatched``: later than every kernel requested so far."""
@@ -317,6 +376,10 @@ class Scheduler:
         while heap and not self._stopped:
             self.now, _, _, fn, args = heapq.heappop(heap)
             fn(*args)
+        if not self._stopped:
+            stuck = [d.index for d in self.devices if d._waiting]
+            if stuck:  # gates are opened by kernels ordered before their waiters: a bug if reached
+                raise RuntimeError(f"kernels still wait on devices {stuck} with no event left to run them")
         return self.now
 
     def wake_all(self, channel: Channel) -> None:

@@ -12,6 +12,7 @@ from pdasgd_jax.delays import DelayModel, TimingModel, rng_for, tree_nbytes
 from pdasgd_jax.executor import Job, StageExecutor
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.placement import Placement
+from pdasgd_jax.simulate.bookings import Bookings
 from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Scheduler, Sleep, Worker, mutex
 
 
@@ -58,7 +59,8 @@ class Simulation:
       on_update: called with an ``UpdateSpan`` as each update is applied (tests, tracing).
 
     Stage ``m``'s updates run on ``homes[m]``, its home device, at ``update_costs[m]`` each,
-    one at a time (``stage_locks[m]``), whichever worker pushed them.
+    one at a time (``stage_locks[m]``), whichever worker pushed them; their versions are
+    booked at dispatch and written at their kernels' ends (``bookings``).
 
     ``in_flight`` holds the jobs started and not yet done, by id: what a checkpoint of the
     run must save besides the store (their activations, stashed residuals, pending updates).
@@ -107,6 +109,8 @@ class Simulation:
         self.homes = [self.devices[self.placement.stage_home(m)] for m in range(self.num_stages)]
         self.update_costs = tuple(timing.update_time(m, home.index) for m, home in enumerate(self.homes))
         self.stage_locks: list[Channel] = [mutex() for _ in range(self.num_stages)]
+        # Versions booked at an update's dispatch, written at its end (reads get the booked ones).
+        self.bookings = Bookings(scheduler, executor)
         self.on_update = on_update
         self.started = 0
         self.in_flight: dict[int, Job] = {}

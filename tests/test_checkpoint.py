@@ -33,14 +33,14 @@ def _rows(path):
     ],
 )
 def test_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path, algo, extra):
-    common = dict(algo=algo, epochs=2, eval_every=400, seed=3, progress=False, **extra)
+    common = dict(algo=algo, epochs=1, eval_every=400, seed=3, progress=False, **extra)
     whole = train_and_evaluate(Config(out=str(tmp_path / "whole"), **common))
-    # "Interrupt" after the first epoch: a run with half the budget leaves its checkpoints behind.
+    # "Interrupt" mid-epoch: a run with half the budget leaves its checkpoints behind.
     part_dir = str(tmp_path / "part")
-    part = train_and_evaluate(Config(out=part_dir, **{**common, "epochs": 1}))
+    part = train_and_evaluate(Config(out=part_dir, **{**common, "epochs": 0.5}))
     with open(os.path.join(part_dir, "config.json")) as f:
         saved = json.load(f)
-    saved["epochs"] = 2  # the interrupted run was meant to go on
+    saved["epochs"] = 1  # the interrupted run was meant to go on
     with open(os.path.join(part_dir, "config.json"), "w") as f:
         json.dump(saved, f)
     resumed = resume_run(part_dir)
@@ -98,10 +98,10 @@ def test_resume_needs_a_run_directory(tmp_path, capsys):
 
 def test_an_overwritten_run_starts_over(tmp_path):
     out = str(tmp_path / "run")
-    first = train_and_evaluate(Config(epochs=1, out=out, progress=False))
+    first = train_and_evaluate(Config(epochs=0.2, out=out, progress=False))
     with pytest.raises(ConfigError, match="already holds a run"):
-        train_and_evaluate(Config(epochs=1, out=out, progress=False))
-    again = train_and_evaluate(Config(epochs=1, out=out, progress=False), overwrite=True)
+        train_and_evaluate(Config(epochs=0.2, out=out, progress=False))
+    again = train_and_evaluate(Config(epochs=0.2, out=out, progress=False), overwrite=True)
     assert again["steps"] == first["steps"]
     assert len(_rows(os.path.join(out, "metrics.jsonl"))) == 1
 

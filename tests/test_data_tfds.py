@@ -64,9 +64,29 @@ def mock_imdb(train, test):
     return tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE, as_data_source_fn=as_data_source)
 
 
-def test_importing_the_data_package_does_not_import_tfds():
-    code = "import sys, pdasgd_jax.data; assert 'tensorflow_datasets' not in sys.modules, 'imported tfds'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+# The checks that need a fresh interpreter share one launch (each pays JAX's import): what
+# importing the data package imports, then (TFDS reads TFDS_DATA_DIR at import) loading with
+# ``data_dir=None`` from an empty TFDS_DATA_DIR.
+_FRESH = """
+import sys, pdasgd_jax.data as d
+print("tfds imported:", "tensorflow_datasets" in sys.modules)
+try: d.load_dataset("mnist")
+except d.DatasetNotPreparedError as e: print(e)
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_interpreter(tmp_path_factory):
+    """``(the empty TFDS_DATA_DIR, the fresh interpreter's output)``."""
+    data_dir = tmp_path_factory.mktemp("tfds_data_dir")
+    env = {**os.environ, "TFDS_DATA_DIR": str(data_dir)}
+    done = subprocess.run([sys.executable, "-c", _FRESH], env=env, check=True, capture_output=True, text=True)
+    return data_dir, done.stdout
+
+
+def test_importing_the_data_package_does_not_import_tfds(fresh_interpreter):
+    _, out = fresh_interpreter
+    assert out.splitlines()[0] == "tfds imported: False"
 
 
 # --- images --------------------------------------------------------------------------------
@@ -241,10 +261,8 @@ def test_load_dataset_raises_not_prepared_for_an_empty_data_dir(tmp_path):
         data.load_dataset("cifar10", data_dir=str(tmp_path))
 
 
-def test_default_data_dir_missing_dataset_fails_too(tmp_path):
+def test_default_data_dir_missing_dataset_fails_too(fresh_interpreter):
     # data_dir=None takes another tfds path (array_record assumed, so a different error
-    # inside tfds). TFDS reads TFDS_DATA_DIR at import, hence a fresh interpreter.
-    code = "import pdasgd_jax.data as d\ntry: d.load_dataset('mnist')\nexcept d.DatasetNotPreparedError as e: print(e)"
-    env = {**os.environ, "TFDS_DATA_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
-    assert f"'mnist' is not prepared in data directory {tmp_path}" in out
+    # inside tfds), read from TFDS_DATA_DIR at tfds' import: see ``fresh_interpreter``.
+    data_dir, out = fresh_interpreter
+    assert f"'mnist' is not prepared in data directory {data_dir}" in out

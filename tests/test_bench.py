@@ -175,15 +175,16 @@ def test_replicated_schedule_is_tuned_like_the_rate(monkeypatch):
         calls.append((schedule, lr, seed))
         cost = {(2, 1): 3.0, (4, 2): 1.0, (8, 4): 2.0}[schedule] + abs(math.log(lr / 0.05))
         gave_up = give_up_after is not None and cost > give_up_after
-        return delays.Outcome(math.inf if gave_up else cost, 0.0, 1.0)
+        return delays.Outcome(math.inf if gave_up else cost, 0.0, 1.0, gave_up=gave_up)
 
     monkeypatch.setattr(delays, "time_to_target", fake)
     result = delays.cell(
         "pdasgd-rep", 4, 1.0, False, (0.0125, 0.05, 0.2), (0, 1), 1.0, schedules=delays.REPLICA_SCHEDULES
     )
     assert result["schedule"] == (4, 2) and result["lr"] == pytest.approx(0.05) and not result["edge"]
-    # H = 8, d = 4 is tuned after H = 4, d = 2 has set the bound (1.0): its runs stop short.
-    assert result["schedule_tuning"] == {"H=2 d=1": 3.0, "H=4 d=2": 1.0, "H=8 d=4": math.inf}
+    # Each schedule is tuned on its own (no bound from another schedule); within one, a rate
+    # that cannot beat the schedule's best so far stops short.
+    assert result["schedule_tuning"] == {"H=2 d=1": 3.0, "H=4 d=2": 1.0, "H=8 d=4": 2.0}
     assert {c["schedule"] for c in result["cut_short"]} == set(delays.REPLICA_SCHEDULES)
     assert {s for s, _, seed in calls if seed in delays.TUNING_SEEDS} == set(delays.REPLICA_SCHEDULES)
     assert [(s, seed) for s, _, seed in calls if seed not in delays.TUNING_SEEDS] == [((4, 2), 0), ((4, 2), 1)]
@@ -213,3 +214,22 @@ def test_a_tuning_run_gives_up_once_it_cannot_win():
     # Stopped at the first evaluation past the bound, without the target.
     assert cut.time == math.inf
     assert full.time / 2 < cut.run_time < full.time
+
+
+def test_tuning_cut_short_keeps_exact_ties_and_lists_only_runs_that_gave_up(monkeypatch):
+    # Times are evaluation instants, so two rates can tie exactly; the tie goes to the
+    # smaller rate, as in exhaustive tuning, even where 2 x mean - t1 rounds below t2.
+    # A diverged run is not listed as cut short.
+    times = {0.05: (0.1, 0.2), 0.2: (0.1, 0.2), 0.8: (math.inf, math.inf)}
+
+    def fake(algo, workers, k, straggler, lr, seed, epochs, comm, protocol, schedule, give_up_after=None):
+        t = times[lr][delays.TUNING_SEEDS.index(seed)] if seed in delays.TUNING_SEEDS else 1.0
+        if lr == 0.8:
+            return delays.DIVERGED
+        gave_up = give_up_after is not None and t > give_up_after
+        return delays.Outcome(math.inf if gave_up else t, 0.0, 1.0, gave_up=gave_up)
+
+    monkeypatch.setattr(delays, "time_to_target", fake)
+    result = delays.cell("asgd", 4, 1.0, False, (0.05, 0.2, 0.8), (0,), 1.0, max_widenings=0)
+    assert result["lr"] == 0.05 and result["tuning"][0.2] == result["tuning"][0.05]
+    assert result["cut_short"] == []

@@ -308,6 +308,16 @@ def test_random_schedules_run_updates_at_home_one_at_a_time_and_version_reads_as
         assert seen[what] > 0, (what, seen)
 
 
+@pytest.mark.parametrize("seed", [93, 237, 267])
+def test_a_reader_waiting_for_a_version_queues_behind_its_writer(world, seed):
+    # Layouts (live weights) where a reader with its writer's ticket sat ahead of the
+    # writer's update in the device queue, and every device waited forever (review 4).
+    timing, kwargs = _random_config(seed)
+    run = Run(world, timing, **kwargs)
+    assert run.executor.staleness.summary()["per_stage"]
+    _check(run, timing, kwargs)
+
+
 def test_concurrent_device_still_runs_one_update_of_a_stage_at_a_time(world):
     """One device running four kernels at once, eight ASGD workers on it: every stage's
     updates still run one after another; different stages' updates overlap."""

@@ -146,7 +146,8 @@ class Outcome(NamedTuple):
     """One run: virtual seconds to the target (inf: never, or diverged), its mean staleness,
     its busiest device's utilisation, its last evaluation's test accuracy, each stage's
     mean staleness and the virtual time the run lasted (nan and ``()`` when it diverged; for a
-    run that missed the target, ``run_time`` is a lower bound on its time to the target)."""
+    run that missed the target, ``run_time`` is a lower bound on its time to the target), and
+    whether it stopped at its ``give_up_after`` without the target (``gave_up``)."""
 
     time: float
     staleness: float
@@ -154,6 +155,7 @@ class Outcome(NamedTuple):
     final_accuracy: float = math.nan
     per_stage_staleness: tuple[float, ...] = ()
     run_time: float = math.nan
+    gave_up: bool = False
 
 
 DIVERGED = Outcome(math.inf, math.nan, math.nan)
@@ -230,6 +232,7 @@ def time_to_target(
         metrics.rows[-1]["test_accuracy"] if metrics.rows else math.nan,
         tuple(s["mean"] for s in extra["staleness"]["per_stage"]),
         extra.get("virtual_time", math.nan),
+        reached is None and metrics.gave_up,
     )
 
 
@@ -306,30 +309,32 @@ def cell(
 
     cut: list[dict[str, Any]] = []  # tuning runs stopped once they could no longer win
 
-    def tuned_for(schedule: tuple[int, int] | None, best_so_far: float) -> dict[str, Any]:
+    def tuned_for(schedule: tuple[int, int] | None) -> dict[str, Any]:
         if not tuning_seeds:
             return {"lr": lrs[0], "tuning": {}, "edge": False, "schedule": schedule}
 
         def mean_time(lr: float, bound: float) -> float:
             # The mean over the tuning seeds beats ``bound`` only while the seeds' times so
-            # far stay within len(seeds) x bound, so each run may stop at what is left of it.
-            bound = min(bound, best_so_far)
+            # far stay within len(seeds) x bound, so each run may stop once past what is left
+            # of it. The margin keeps exact ties (times are evaluation instants, which rates
+            # share) out of the cut, whatever the rounding of the subtraction: a tie is
+            # decided as exhaustive tuning decides it, by the smaller rate.
             total = 0.0
             for seed in tuning_seeds:
-                left = len(tuning_seeds) * bound - total if math.isfinite(bound) else None
-                total += run(lr, seed, schedule, left).time
+                left = (len(tuning_seeds) * bound - total) * (1 + 1e-9) if math.isfinite(bound) else None
+                outcome = run(lr, seed, schedule, left)
+                if outcome.gave_up:
+                    cut.append({"lr": lr, "seed": seed, "schedule": schedule, "after_s": left})
+                total += outcome.time
                 if not math.isfinite(total):
-                    if left is not None:
-                        cut.append({"lr": lr, "seed": seed, "schedule": schedule, "after_s": left})
                     return math.inf
             return total / len(tuning_seeds)
 
         return {**tune(mean_time, lrs, max_widenings), "schedule": schedule}
 
-    candidates: list[dict[str, Any]] = []
-    for schedule in schedules or (None,):
-        best = min((c["tuning"].get(c["lr"], math.inf) for c in candidates), default=math.inf)
-        candidates.append(tuned_for(schedule, best))
+    # Each schedule is tuned on its own (the bound never crosses schedules: a schedule whose
+    # first grid loses to another's best would otherwise never be widened to its own best).
+    candidates = [tuned_for(s) for s in schedules or (None,)]
     tuned = min(candidates, key=lambda c: c["tuning"].get(c["lr"], math.inf))
     tuned["cut_short"] = cut
     outcomes = [run(tuned["lr"], s, tuned["schedule"]) for s in seeds]

@@ -193,7 +193,7 @@ class Device:
         self.index = index
         self.slots = math.ceil(timing.concurrency)
         self._rate = timing.kernel_rate
-        self._waiting: list[tuple[int, int, Process, Kernel]] = []
+        self._waiting: list[tuple[float, int, Process, Kernel]] = []
         self._running: list[_Running] = []
         self._last = 0.0
         self._generation = 0
@@ -231,8 +231,13 @@ class Device:
     def _enqueue(self, proc: Process, kernel: Kernel) -> None:
         seq = next(self.scheduler._seq)
         ticket = seq if kernel.dispatched is None else kernel.dispatched
-        for gate in kernel.after:  # what it waits for was dispatched before it
-            ticket = max(ticket, gate.key)
+        for gate in kernel.after:
+            # What it waits for was dispatched before it: it queues after every kernel of
+            # the writer's burst (the writer's kernel has the gate's ticket and may join the
+            # queue later, behind its stage lock and its gradient's transfer; a waiter with
+            # the same ticket ahead of it could wait for it forever).
+            if gate.key >= ticket:
+                ticket = gate.key + 0.5
         heapq.heappush(self._waiting, (ticket, seq, proc, kernel))
 
     def _admit_solo(self) -> None:

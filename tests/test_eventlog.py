@@ -12,9 +12,9 @@ import pytest
 
 from pdasgd_jax.cli import main
 from pdasgd_jax.eventlog import EventFile, EventLogFile, event_from_json, event_to_json
-from pdasgd_jax.executor import Event, EventKind, last_reads, replay
+from pdasgd_jax.executor import Event, EventKind, last_reads
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import init_opt_states
+from pdasgd_jax.replay_run import replay_experiment
 from pdasgd_jax.rundir import EVENT_LOG, FINAL_VARIABLES, clear_run
 from pdasgd_jax.runtime.feed import numbered_batches
 from pdasgd_jax.train import load_run_config
@@ -181,20 +181,9 @@ def test_replay_keeps_only_the_versions_still_to_be_read(threaded_run):
     exp = Experiment.from_config(config)
     events = list(EventFile(str(threaded_run / EVENT_LOG)))
     batches = list(itertools.islice(numbered_batches(exp, config.batch_size), 18))
-    v = exp.variables
 
     def replayed(reads):
-        return replay(
-            events,
-            exp.kernels,
-            v.params,
-            v.states,
-            init_opt_states(exp.tx, v.params),
-            lambda b: (batches[b].x, batches[b].labels),
-            backward_weights="stashed",
-            seed=config.seed,
-            reads=reads,
-        )
+        return replay_experiment(exp, events, lambda b: (batches[b].x, batches[b].labels), reads=reads)
 
     full, pruned = replayed(None), replayed(last_reads(events))
     for a, b in zip(jax.tree.leaves(full.store.snapshot()), jax.tree.leaves(pruned.store.snapshot())):

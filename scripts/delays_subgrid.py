@@ -10,6 +10,7 @@ each finished cell to ``OUT/delays-subgrid.jsonl`` and its table row to
 Usage::
 
     python scripts/delays_subgrid.py --workers 4 --out bench_out
+    python scripts/delays_subgrid.py --network --workers 64 --out bench_out   # delays-network's cells
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import argparse
 import json
 import os
 
-from pdasgd_jax.bench import delays
+from pdasgd_jax.bench import delays, delays_network
 from pdasgd_jax.compare import markdown_table
 
 
@@ -29,21 +30,29 @@ def main() -> None:
     parser.add_argument(
         "--straggler", choices=("both", "no", "yes"), default="both", help="cells without, with or both"
     )
+    parser.add_argument(
+        "--network", action="store_true", help="price communication as delays-network does (its cells: no straggler)"
+    )
     parser.add_argument("--out", default="bench_out")
     args = parser.parse_args()
+    if args.network and args.straggler == "yes":
+        parser.error("--network runs delays-network's cells, which have no straggler: drop --straggler yes")
+    stragglers = (False,) if args.network else {"both": (False, True), "no": (False,), "yes": (True,)}[args.straggler]
     os.makedirs(args.out, exist_ok=True)
-    jsonl, md = (os.path.join(args.out, f"delays-subgrid.{ext}") for ext in ("jsonl", "md"))
+    name = "delays-network-subgrid" if args.network else "delays-subgrid"
+    comm = delays_network.NETWORK if args.network else delays.FREE_NETWORK
+    jsonl, md = (os.path.join(args.out, f"{name}.{ext}") for ext in ("jsonl", "md"))
     rows = []
     for workers in args.workers:
-        for straggler in {"both": (False, True), "no": (False,), "yes": (True,)}[args.straggler]:
+        for straggler in stragglers:
             for k in args.k:
-                results, [row] = delays.grid([(workers, k, straggler)], quick=False)
+                results, [row] = delays.grid([(workers, k, straggler)], quick=False, comm=comm)
                 with open(jsonl, "a") as f:
                     f.write(json.dumps(results) + "\n")
                 rows.append(row)
                 with open(md, "w") as f:
                     f.write(
-                        delays.header("delays (subgrid)", results)
+                        delays.header(f"{name}", results)
                         + "\n\n"
                         + markdown_table(rows, delays.COLUMNS)
                         + "\n"

@@ -51,12 +51,7 @@ def main() -> None:
                     f.write(json.dumps(results) + "\n")
                 rows.append(row)
                 with open(md, "w") as f:
-                    f.write(
-                        delays.header(f"{name}", results)
-                        + "\n\n"
-                        + markdown_table(rows, delays.COLUMNS)
-                        + "\n"
-                    )
+                    f.write(delays.header(name, results) + "\n\n" + markdown_table(rows, delays.COLUMNS) + "\n")
                 print(markdown_table([row], delays.COLUMNS).splitlines()[-1], flush=True)
 
 

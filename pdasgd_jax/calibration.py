@@ -9,7 +9,7 @@ ASGD thread owning every stage runs per job, LPP-SGD and replicated ASGD), the f
 whole-model training step (``kernels.train_step``: what a sync, local SGD or DaSGD worker
 runs per step), a replicated run's averaging (each
 stage's merge, ``replication.merge_program``, and the mean's program on a device: the
-runtime's ``allreduce_mean`` over this one device, its per-leaf dispatches and arithmetic;
+runtime's ``allreduce_mean`` over this one device, its dispatches and arithmetic;
 the reduction across several devices adds the network's cost, priced by ``CommModel``), the
 SPMD round's averaging as the round program computes it (``round_average``: the snapshot's
 ``pmean`` and the merge, without launches of their own), and
@@ -73,7 +73,7 @@ from pdasgd_jax.reporting import write_json_atomic
 PyTree = Any
 # Bumped whenever what a calibration holds changes: the fingerprint hashes it, so every
 # cached file of an older format is measured afresh, and ``load`` refuses one by name.
-FORMAT = "pdasgd-jax-calibration-6"
+FORMAT = "pdasgd-jax-calibration-7"
 KERNELS = ("forward", "backward", "update", "backward_update", "merge")  # per stage
 FUSED = ("job_gradients", "train_step", "forward_all", "update_all")  # whole-model programs, one cost each
 HOST = ("host_step",)  # a synchronous loop's host work per step: its batch's device_put

@@ -29,29 +29,39 @@ def allreduce_mean(
 
     ``mesh_devices`` (default ``devices``) are every participant's devices: in a multi-process
     run all of ``jax.devices()``, of which ``devices`` are this process's; every process makes
-    the same call, with its own trees, and the mean is over all of them."""
+    the same call, with its own trees, and the mean is over all of them.
+
+    One program per device adds the stacking axis to every float leaf at once, and one program
+    averages every leaf: ``len(devices) + 1`` dispatches whatever the tree's size (a program
+    per leaf cost 2 ms for the 6-leaf digits MLP on this CPU, mostly dispatch)."""
     mesh_devices = devices if mesh_devices is None else mesh_devices
     mesh = Mesh(np.asarray(mesh_devices), (AXIS,))
     stacked = NamedSharding(mesh, PartitionSpec(AXIS))
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def mean_leaf(*leaves: jax.Array) -> list[jax.Array]:
-        if not jnp.issubdtype(leaves[0].dtype, jnp.inexact):
-            return list(leaves)
-        shards = [jax.device_put(leaf[None], device) for leaf, device in zip(leaves, devices, strict=True)]
-        stack = jax.make_array_from_single_device_arrays((len(mesh_devices), *leaves[0].shape), stacked, shards)
-        mean = _mean_program(replicated)(stack)
-        by_device = {shard.device: shard.data for shard in mean.addressable_shards}
-        return [by_device[device] for device in devices]
-
-    per_leaf = jax.tree.map(mean_leaf, *snapshots)
-    return [
-        jax.tree.map(lambda copies, g=g: copies[g], per_leaf, is_leaf=lambda x: isinstance(x, list))
-        for g in range(len(devices))
+    leaves, treedef = zip(*(jax.tree.flatten(s) for s in snapshots), strict=True)
+    floats = [i for i, leaf in enumerate(leaves[0]) if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    expanded = [_expand([ls[i] for i in floats]) for ls in leaves]
+    stacks = [
+        jax.make_array_from_single_device_arrays(
+            (len(mesh_devices), *leaves[0][i].shape), stacked, [e[j] for e in expanded]
+        )
+        for j, i in enumerate(floats)
     ]
+    means = _mean_program(NamedSharding(mesh, PartitionSpec()))(stacks)
+    copies = []
+    for g, device in enumerate(devices):
+        own = list(leaves[g])
+        for i, mean in zip(floats, means, strict=True):
+            own[i] = next(shard.data for shard in mean.addressable_shards if shard.device == device)
+        copies.append(jax.tree.unflatten(treedef[g], own))
+    return copies
+
+
+# Adds the leading (groups) axis to every leaf of one device's list, on that device.
+_expand = jax.jit(lambda leaves: [leaf[None] for leaf in leaves])
 
 
 @functools.cache
 def _mean_program(out: NamedSharding) -> Any:
-    """One jitted mean over the stacked axis per output sharding (a replicated output: an all-reduce)."""
-    return jax.jit(lambda x: jnp.mean(x, axis=0, dtype=x.dtype), out_shardings=out)
+    """One jitted mean of every stacked leaf over the groups axis per output sharding (a
+    replicated output: an all-reduce)."""
+    return jax.jit(lambda stacks: [jnp.mean(x, axis=0, dtype=x.dtype) for x in stacks], out_shardings=out)

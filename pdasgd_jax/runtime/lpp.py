@@ -38,16 +38,13 @@ import jax
 
 from pdasgd_jax import lpp
 from pdasgd_jax.checkpoint import RunCheckpointer
-from pdasgd_jax.delays import rng_for
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.runtime.control import Control
-from pdasgd_jax.runtime.feed import Batch, DataFeed, Gate
-from pdasgd_jax.runtime.queue import BoundedQueue
-from pdasgd_jax.runtime.runner import Runtime
+from pdasgd_jax.runtime.runner import Runtime, WorkerPlace
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.runtime.workers import AsgdWorker, WorkerStats
 from pdasgd_jax.store import ParameterStore
@@ -176,6 +173,29 @@ class DeviceStoresRuntime(Runtime):
         with self.merge_lock:
             return lpp.mean_variables(self.stores, self.settings.devices[0])
 
+    def _build_stores(self, params: Any, states: Any, opt_states: Any, **executor_options: Any) -> None:
+        """``stores`` and ``executors``: one store per device, every stage at home there (so no
+        update crosses devices), and its executor (``executor_options``: ``StageExecutor``'s).
+        No event log: the stores are separate. ``store`` and ``executor`` are device 0's."""
+        s, exp = self.settings, self.exp
+        num_stages = exp.model.num_stages
+        self.stores = [
+            ParameterStore(params, states, opt_states, exp.kernels.apply_update, home_devices=(device,) * num_stages)
+            for device in s.devices
+        ]
+        self.log = None
+        clock = lambda: time.perf_counter() - self._start
+        self.executors = [
+            StageExecutor(exp.kernels, store, clock=clock, seed=s.seed, **executor_options) for store in self.stores
+        ]
+        self.store, self.executor = self.stores[0], self.executors[0]
+
+    def metrics(self) -> dict[str, Any]:
+        out = super().metrics()
+        del out["stage_home_devices"]  # every stage of a device's store is on that device
+        out["staleness"] = lpp.merged_staleness([ex.staleness for ex in self.executors]).summary()
+        return out
+
 
 class LppRuntime(DeviceStoresRuntime):
     """One threaded LPP-SGD run (use once); ``stores[d]`` is device ``d``'s replica,
@@ -184,46 +204,22 @@ class LppRuntime(DeviceStoresRuntime):
     device 0's."""
 
     def _build(self, params: Any, states: Any, opt_states: Any, *, first_batch: int) -> None:
-        s, exp = self.settings, self.exp
+        s = self.settings
         if first_batch:
             raise ValueError("lpp does not resume runs yet")
-        num_stages = exp.model.num_stages
-        self.stores = [
-            ParameterStore(params, states, opt_states, exp.kernels.apply_update, home_devices=(device,) * num_stages)
-            for device in s.devices
-        ]
-        self.log = None
-        clock = lambda: time.perf_counter() - self._start
         # An ASGD worker computes its whole gradient at once anyway: one program per job; it
         # owns every stage of its device's replica, so its updates are one program too.
-        self.executors = [
-            StageExecutor(exp.kernels, store, clock=clock, fuse_jobs=True, fuse_updates=True, seed=s.seed)
-            for store in self.stores
-        ]
-        self.store, self.executor = self.stores[0], self.executors[0]
+        self._build_stores(params, states, opt_states, fuse_jobs=True, fuse_updates=True)
         num_devices = len(s.devices)
         self.averager = Averager(self.stores, s.devices, s.period, s.groups)
-        # At least one batch ready per thread at all times, refilled in bursts.
-        feed_queue: BoundedQueue[Batch] = BoundedQueue(2 * s.groups + 2, refill_below=s.groups + 1)
-        gate = Gate(first_batch)  # shut until the supervisor opens it
-        self.control = Control([gate, feed_queue, self.averager], host_cpus=s.pinned_cpus)
-        self.feed = DataFeed(exp, s.batch_size, range(first_batch, s.num_batches), feed_queue, self.control, gate)
+        feed_queue = self._feed_queue()
+        self._control_and_feed(first_batch, feed_queue, [self.averager])
         self.workers = []
+        # The run's Control, booking finished jobs with the averager.
         controls = [DeviceControl(self.control, self.averager, d) for d in range(num_devices)]
         for d, t in lpp.threads(num_devices, s.groups):
-            name = lpp.worker_name(d, t)
-            self.workers.append(
-                AsgdWorker(
-                    name,
-                    s.devices[d],
-                    self.executors[d],
-                    controls[d],  # the run's Control, booking finished jobs with the averager
-                    s.delay,
-                    rng_for(s.seed, "delay", name),
-                    slowdown=s.device_factor(d),
-                    feed=feed_queue,
-                )
-            )
+            place = WorkerPlace(s.devices[d], self.executors[d], controls[d], s.device_factor(d))
+            self._add(AsgdWorker, lpp.worker_name(d, t), place, feed=feed_queue)
         self.averager.control = self.control
         self.workers.append(self.averager)  # started, reported and joined with the workers
         self.merge_lock = self.averager.merge_lock
@@ -232,9 +228,7 @@ class LppRuntime(DeviceStoresRuntime):
         out = super().metrics()
         s = self.settings
         rounds = self.averager.rounds
-        del out["stage_home_devices"]  # every stage of a replica is on the replica's device
         out.update(
-            staleness=lpp.merged_staleness([ex.staleness for ex in self.executors]).summary(),
             replica_devices=[str(d) for d in s.devices],
             threads_per_device=s.groups // len(s.devices),
             period=s.period,

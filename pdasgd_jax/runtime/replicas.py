@@ -17,49 +17,42 @@ averaging, driven by the workers themselves:
   computed, and no host thread waits for it;
 * a group merges it ``d`` jobs after its snapshot (the merge's update is dispatched after
   the all-reduce, on the device). A group that reaches its merge before every group has
-  snapshotted is paused: its ``GroupGate`` stops its workers taking batches (jobs already
-  taken finish) until the last snapshot arrives.
+  snapshotted is paused: its ``GroupGate`` (``runtime.groups``) stops its workers taking
+  batches (jobs already taken finish) until the last snapshot arrives.
 
 Evaluations and the result use the mean of the groups' stores, taken under the rounds' lock.
 With ``jax.distributed`` each process runs the groups of its own devices on its share of the
 batches and the averages span every process's devices (``runtime.processes``).
-Checkpoints are taken at the supervisor's pauses, where every group is between jobs (no
-job in flight, and a group that waits for a mean paused at its merge): every group's store
-(parameters, non-trainable and optimizer states), the rounds in flight (their snapshots and
-means) and the schedule (``GroupRounds.checkpoint``: counts, due merges, waits), at batch
+Checkpoints are taken at the supervisor's pauses, where every group is between jobs: every
+group's store, the rounds in flight and the schedule (``runtime.group_checkpoints``), at batch
 ``step`` of the feed. A resumed run goes on from exactly that state (the threads' timing,
 hence the schedule after it, is not reproducible; the store versions restart from 0).
 Across processes each process checkpoints its own groups (``checkpoints/process{p}``), only
-at a round ``K`` every group of every process stops at: each group may take batches only up
-to ``K H`` jobs (``GroupGate.limit``), and the save waits until round ``K``'s mean has arrived,
-so every process has taken part in the same collectives (``ProcessRounds.started``, saved
-too) and none is in flight. ``--checkpoint-every`` is rounded up to whole rounds there, and a
-round at or past the smallest process's share of batches is not checkpointed. A resume
-checks that every process found a checkpoint of the same step.
+at a round ``K`` every group of every process stops at (``runtime.round_checkpoints``): each
+group may take batches only up to ``K H`` jobs (``GroupGate.limit``), and the save waits until
+round ``K``'s mean has arrived, so every process has taken part in the same collectives
+(``ProcessRounds.started``, saved too) and none is in flight. A resume checks that every
+process found a checkpoint of the same step.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 import time
 from typing import Any
 
 import jax
-import numpy as np
 
 from pdasgd_jax import lpp
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.collectives import allreduce_mean
-from pdasgd_jax.delays import rng_for
-from pdasgd_jax.executor import StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.replication import GroupRounds
 from pdasgd_jax.run_result import RunResult
-from pdasgd_jax.runtime.control import Control
-from pdasgd_jax.runtime.feed import Batch, DataFeed, Gate
+from pdasgd_jax.runtime.group_checkpoints import group_checkpoint, resume_groups, save_groups
+from pdasgd_jax.runtime.groups import GroupGate, LockedRounds
 from pdasgd_jax.runtime.heartbeat import Heartbeat, exit_for_silent_peer
 from pdasgd_jax.runtime.lpp import DeviceControl, DeviceStoresRuntime
 from pdasgd_jax.runtime.processes import (
@@ -71,89 +64,10 @@ from pdasgd_jax.runtime.processes import (
     process_share,
     run_keys,
 )
-from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, WouldBlock
+from pdasgd_jax.runtime.queue import BoundedQueue
 from pdasgd_jax.runtime.round_checkpoints import RoundCheckpoints, agree_on_resume
-from pdasgd_jax.runtime.runner import POLL_S, run_runtime
+from pdasgd_jax.runtime.runner import POLL_S, WorkerPlace, run_runtime
 from pdasgd_jax.runtime.settings import RuntimeSettings
-from pdasgd_jax.runtime.workers import AsgdWorker, BackwardWorker, ForwardWorker
-from pdasgd_jax.store import ParameterStore
-
-PyTree = Any
-
-
-class GroupGate:
-    """Group ``g``'s view of the data feed: ``get`` as the feed's, except while the group is
-    paused for a merge, when it waits (or raises ``WouldBlock`` when asked not to block).
-    ``abort`` (``Control.stop``) wakes it. A worker settles (reports) its pending job before
-    it takes from a gate (``settle_first``): that job may be the one that pauses the group,
-    as in the simulator, where a worker asks for its next job only after its last is done."""
-
-    settle_first = True
-
-    def __init__(self, feed: BoundedQueue[Batch]):
-        self._feed = feed
-        self._cond = threading.Condition()
-        self._paused = False
-        self._aborted = False
-        self.taken = 0  # batches this group took (a resumed run sets its jobs so far)
-        self._limit: int | None = None
-
-    def limit(self, taken: int | None) -> None:
-        """Lets the group take batches only until it has ``taken`` (``None``: no limit): a
-        multi-process run's groups stop at the same round for a checkpoint."""
-        with self._cond:
-            self._limit = taken
-            self._cond.notify_all()
-
-    def pause(self) -> None:
-        with self._cond:
-            self._paused = True
-
-    def unpause(self) -> None:
-        with self._cond:
-            self._paused = False
-            self._cond.notify_all()
-
-    def abort(self) -> None:
-        with self._cond:
-            self._aborted = True
-            self._cond.notify_all()
-
-    def get(self, *, block: bool = True) -> Batch:
-        with self._cond:
-            while (self._paused or self._at_limit()) and not self._aborted:
-                if not block:
-                    raise WouldBlock("the group waits for an average to merge or a checkpoint")
-                self._cond.wait()
-            if self._aborted:
-                raise QueueClosed("the run stopped")
-            self.taken += 1  # reserved before the take: two workers of the group never pass the limit
-        try:
-            return self._feed.get(block=block)
-        except BaseException:
-            with self._cond:
-                self.taken -= 1
-                self._cond.notify_all()
-            raise
-
-    def _at_limit(self) -> bool:
-        return self._limit is not None and self.taken >= self._limit
-
-
-class LockedRounds:
-    """``GroupRounds`` as the workers' ``DeviceControl`` books with it: ``applied`` and
-    ``worker_exited``, under one lock (the merges it triggers run in the booking thread)."""
-
-    def __init__(self, rounds: GroupRounds):
-        self.rounds = rounds
-        self.lock = threading.Lock()
-
-    def applied(self, group: int) -> None:
-        with self.lock:
-            self.rounds.applied(group)
-
-    def worker_exited(self) -> None:
-        pass
 
 
 class ReplicatedRuntime(DeviceStoresRuntime):
@@ -161,32 +75,19 @@ class ReplicatedRuntime(DeviceStoresRuntime):
     ``d``'s group's store, ``rounds`` the averaging. ``store`` and ``executor`` are device 0's."""
 
     def _build(self, params: Any, states: Any, opt_states: Any, *, first_batch: int) -> None:
-        s, exp = self.settings, self.exp
-        num_stages = exp.model.num_stages
+        s = self.settings
         devices = s.devices
-        self.stores = [
-            ParameterStore(params, states, opt_states, exp.kernels.apply_update, home_devices=(device,) * num_stages)
-            for device in devices
-        ]
-        self.log = None
-        clock = lambda: time.perf_counter() - self._start
-        self.executors = [
-            StageExecutor(
-                exp.kernels,
-                store,
-                backward_weights=s.backward_weights,
-                clock=clock,
-                fuse_jobs=not s.pipelined,
-                fuse_forward=s.pipelined,
-                # An ASGD thread owns every stage of its group's store: one update program per job.
-                fuse_updates=not s.pipelined,
-                seed=s.seed,
-            )
-            for store in self.stores
-        ]
-        self.store, self.executor = self.stores[0], self.executors[0]
-        consumers = s.groups * (s.forward_workers if s.pipelined else 1)
-        feed_queue: BoundedQueue[Batch] = BoundedQueue(2 * consumers + 2, refill_below=consumers + 1)
+        self._build_stores(
+            params,
+            states,
+            opt_states,
+            backward_weights=s.backward_weights,
+            fuse_jobs=not s.pipelined,
+            fuse_forward=s.pipelined,
+            # An ASGD thread owns every stage of its group's store: one update program per job.
+            fuse_updates=not s.pipelined,
+        )
+        feed_queue = self._feed_queue()
         self.gates = [GroupGate(feed_queue) for _ in devices]
         self._clock_start = time.perf_counter()
         multi = jax.process_count() > 1
@@ -206,72 +107,47 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         self.booking = LockedRounds(self.rounds)
         self.processes: ProcessRounds | None = None
         if multi:
-            self.keys = getattr(self, "keys", None) or run_keys()  # a resume's rebuild keeps its run's keys
-            total_batches = math.ceil(exp.total_examples / s.batch_size)
-            self.checkpoint_rounds = RoundCheckpoints(
-                len(devices), s.period, s.batch_size, total_batches, jax.process_count()
-            )
-            self.processes = ProcessRounds(
-                snapshots=self._locked(self.rounds.snapshots),
-                finals=self._locked(lambda: [store.snapshot()[:2] for store in self.stores]),
-                allreduce=lambda trees: allreduce_mean(trees, devices, tuple(jax.devices())),
-                arrive=self._locked(self.rounds.arrive),
-                fail=lambda exc: self.control.fail("process rounds", exc),
-                keys=self.keys,
-            )
+            self.processes = self._process_rounds()
         if not first_batch:  # a resumed run's rounds are restored (``_restore``)
             self.rounds.start()
         job_queues = [BoundedQueue(s.queue_capacity, producers=s.forward_workers) for _ in range(s.groups)]
-        gate = Gate(first_batch)
-        aborted = [gate, feed_queue, *self.gates, *job_queues, *([self.processes] if self.processes else [])]
-        self.control = Control(aborted, host_cpus=s.pinned_cpus)
-        self.feed = DataFeed(
-            exp,
-            s.batch_size,
-            range(first_batch, s.num_batches),
+        self._control_and_feed(
+            first_batch,
             feed_queue,
-            self.control,
-            gate,
-            batches=process_batches(exp, s.batch_size, start=first_batch) if multi else None,
+            [*self.gates, *job_queues, *([self.processes] if self.processes else [])],
+            batches=process_batches(self.exp, s.batch_size, start=first_batch) if multi else None,
         )
         controls = [DeviceControl(self.control, self.booking, d) for d in range(len(devices))]
         self.workers = []
         for r in range(s.groups):
             d = r % len(devices)
-            common = dict(slowdown=s.device_factor(d))
-            if s.pipelined:
-                for i in range(s.forward_workers):
-                    name = f"d{r}/forward{i}"
-                    self.workers.append(
-                        ForwardWorker(
-                            name, devices[d], self.executors[d], controls[d], s.delay,
-                            rng_for(s.seed, "delay", name), feed=self.gates[d], jobs=job_queues[r], **common,
-                        )
-                    )  # fmt: skip
-                for i in range(s.backward_workers):
-                    name = f"d{r}/backward{i}"
-                    self.workers.append(
-                        BackwardWorker(
-                            name, devices[d], self.executors[d], controls[d], s.delay,
-                            rng_for(s.seed, "delay", name), jobs=job_queues[r], layerwise=s.algo == "pdasgd",
-                            **common,
-                        )
-                    )  # fmt: skip
-            else:
-                name = lpp.worker_name(d, r // len(devices))
-                self.workers.append(
-                    AsgdWorker(
-                        name, devices[d], self.executors[d], controls[d], s.delay,
-                        rng_for(s.seed, "delay", name), feed=self.gates[d], **common,
-                    )
-                )  # fmt: skip
+            place = WorkerPlace(devices[d], self.executors[d], controls[d], s.device_factor(d))
+            self._add_group(
+                r, place, feed=self.gates[d], jobs=job_queues[r], asgd_name=lpp.worker_name(d, r // len(devices))
+            )
         self.merge_lock = self.booking.lock  # merges run under it
+
+    def _process_rounds(self) -> ProcessRounds:
+        """The rounds across processes (with ``checkpoint_rounds``, where they checkpoint)."""
+        s, devices = self.settings, self.settings.devices
+        self.keys = getattr(self, "keys", None) or run_keys()  # a resume's rebuild keeps its run's keys
+        total_batches = math.ceil(self.exp.total_examples / s.batch_size)
+        self.checkpoint_rounds = RoundCheckpoints(
+            len(devices), s.period, s.batch_size, total_batches, jax.process_count()
+        )
+        return ProcessRounds(
+            snapshots=self._locked(self.rounds.snapshots),
+            finals=self._locked(lambda: [store.snapshot()[:2] for store in self.stores]),
+            allreduce=lambda trees: allreduce_mean(trees, devices, tuple(jax.devices())),
+            arrive=self._locked(self.rounds.arrive),
+            fail=lambda exc: self.control.fail("process rounds", exc),
+            keys=self.keys,
+        )
 
     def _checkpoint_tree(self) -> tuple[Any, dict[str, Any]]:
         """Every group's store and the rounds' values (one tree) and the rounds' schedule."""
         with self.booking.lock:
-            schedule, values = self.rounds.checkpoint()
-            return ([store.snapshot() for store in self.stores], values), schedule
+            return group_checkpoint(self.stores, self.rounds)
 
     def _save(self, checkpointer: RunCheckpointer, step: int, position: dict[str, Any]) -> None:
         if self.processes is not None:
@@ -280,10 +156,7 @@ class ReplicatedRuntime(DeviceStoresRuntime):
                 return  # not a round every process stops at (``_next_pause``)
             self._await_round(k)
             position = {**position, "process_rounds": self.processes.started}
-        tree, schedule = self._checkpoint_tree()
-        # The rounds in flight vary in number: the leaves are saved flat, their tree rebuilt
-        # from the schedule (``_restore``).
-        checkpointer.save(step, {"leaves": jax.tree.leaves(tree)}, {**position, "replicated": schedule})
+        save_groups(checkpointer, step, *self._checkpoint_tree(), position)
 
     def _restore(self, checkpointer: RunCheckpointer, metrics: MetricsLog) -> dict[str, Any] | None:
         saved = checkpointer.latest_meta()
@@ -299,34 +172,15 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         if saved is None:
             checkpointer.resume(like=None, metrics=metrics)  # nothing to resume: the metrics start over
             return None
-        schedule, devices = saved["replicated"], self.settings.devices
-        store_like = self.stores[0].snapshot()
-        snapshot_like = store_like[:2]
-        rounds_like = [
-            (
-                [snapshot_like if present else None for present in r["snapshots"]],
-                [snapshot_like] * len(devices) if r["means"] else None,
-            )
-            for r in schedule["rounds"]
-        ]
-        leaves, treedef = jax.tree.flatten(([store_like] * len(devices), rounds_like))
-        like = {"leaves": [np.zeros(np.shape(leaf), leaf.dtype) for leaf in leaves]}
-        restored = checkpointer.resume(like=like, metrics=metrics)
-        if restored is None:  # the checkpoint went bad since it was read
+        resumed = resume_groups(
+            checkpointer, metrics, saved["replicated"], self.stores[0].snapshot(), self.settings.devices
+        )
+        if resumed is None:  # the checkpoint went bad since it was read
             return None
-        state, meta = restored
-        stores, rounds = jax.tree.unflatten(treedef, list(state["leaves"]))
+        stores, rounds, meta = resumed
         self._build(*stores[0], first_batch=meta["step"])
         for store, values in zip(self.stores, stores, strict=True):
             store.load(*values)
-        on = lambda g, tree: jax.device_put(tree, devices[g])
-        rounds = [
-            (
-                [None if snap is None else on(g, snap) for g, snap in enumerate(snapshots)],
-                None if means is None else [on(g, mean) for g, mean in enumerate(means)],
-            )
-            for snapshots, means in rounds
-        ]
         with self.booking.lock:
             self.rounds.restore(meta["replicated"], rounds)
         for gate, jobs in zip(self.gates, self.rounds.counts, strict=True):
@@ -424,10 +278,8 @@ class ReplicatedRuntime(DeviceStoresRuntime):
 
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
-        del out["stage_home_devices"]  # every stage of a group is on the group's device
         out.update(
             replication="replicas",
-            staleness=lpp.merged_staleness([ex.staleness for ex in self.executors]).summary(),
             group_devices=[str(d) for d in self.settings.devices],
             **self.rounds.summary(),
         )

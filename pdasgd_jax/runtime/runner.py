@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import jax
 
@@ -37,6 +38,16 @@ from pdasgd_jax.store import ParameterStore
 JOIN_TIMEOUT_S = 5.0
 # How often the supervisor looks at the run between evaluations (progress bar, Ctrl-C).
 POLL_S = 0.05
+
+
+class WorkerPlace(NamedTuple):
+    """Where a group's workers run: their device and executor, the control they report to
+    (the run's, or a wrapper that books their jobs too) and their device's slow-down."""
+
+    device: jax.Device
+    executor: StageExecutor
+    control: Any
+    slowdown: float
 
 
 class Runtime:
@@ -100,35 +111,62 @@ class Runtime:
             fuse_forward=s.pipelined,
             seed=s.seed,
         )
-        consumers = s.groups * (s.forward_workers if s.pipelined else 1)
-        # At least one batch ready per consumer at all times, refilled in bursts.
-        feed_queue: BoundedQueue[Batch] = BoundedQueue(2 * consumers + 2, refill_below=consumers + 1)
+        feed_queue = self._feed_queue()
         job_queues = [BoundedQueue(s.queue_capacity, producers=s.forward_workers) for _ in range(s.groups)]
-        gate = Gate(first_batch)  # shut until the supervisor opens it
-        self.control = Control([gate, feed_queue, *job_queues], host_cpus=s.pinned_cpus)
-        self.feed = DataFeed(exp, s.batch_size, range(first_batch, s.num_batches), feed_queue, self.control, gate)
+        self._control_and_feed(first_batch, feed_queue, job_queues)
         self.workers: list[Worker] = []
-        # Worker names (and so delay streams) are the simulator's: see RuntimeSettings.delay.
         for g in range(s.groups):
-            if s.pipelined:
-                for i in range(s.forward_workers):
-                    self._add(ForwardWorker, f"d{g}/forward{i}", g, feed=feed_queue, jobs=job_queues[g])
-                for i in range(s.backward_workers):
-                    self._add(BackwardWorker, f"d{g}/backward{i}", g, jobs=job_queues[g], layerwise=s.algo == "pdasgd")
-            else:
-                self._add(AsgdWorker, f"w{g}", g, feed=feed_queue)
+            place = WorkerPlace(s.device(g), self.executor, self.control, s.slowdown(g))
+            self._add_group(g, place, feed=feed_queue, jobs=job_queues[g], asgd_name=f"w{g}")
 
-    def _add(self, cls: type[Worker], name: str, group: int, **kwargs: Any) -> None:
+    def _feed_queue(self) -> BoundedQueue[Batch]:
+        """The data feed's queue: at least one batch ready per consumer (a forward or ASGD
+        worker) at all times, refilled in bursts."""
+        s = self.settings
+        consumers = s.groups * (s.forward_workers if s.pipelined else 1)
+        return BoundedQueue(2 * consumers + 2, refill_below=consumers + 1)
+
+    def _control_and_feed(
+        self,
+        first_batch: int,
+        feed_queue: BoundedQueue[Batch],
+        aborted: list[Any],
+        batches: Iterator[Batch] | None = None,
+    ) -> None:
+        """The run's ``Control`` and its data feed of batches ``first_batch ..`` into
+        ``feed_queue`` (``batches``: ``DataFeed``'s). A stop wakes the feed's gate, ``feed_queue``
+        and then ``aborted``: every other wait of the run."""
+        s = self.settings
+        gate = Gate(first_batch)  # shut until the supervisor opens it
+        self.control = Control([gate, feed_queue, *aborted], host_cpus=s.pinned_cpus)
+        self.feed = DataFeed(
+            self.exp, s.batch_size, range(first_batch, s.num_batches), feed_queue, self.control, gate, batches=batches
+        )
+
+    def _add_group(self, group: int, place: WorkerPlace, *, feed: Any, jobs: BoundedQueue[Any], asgd_name: str) -> None:
+        """Group ``group``'s workers at ``place``: F forward and B backward workers joined by
+        ``jobs``, or one ASGD thread named ``asgd_name``, taking their batches from ``feed``."""
+        s = self.settings
+        # Worker names (and so delay streams) are the simulator's: see RuntimeSettings.delay.
+        if s.pipelined:
+            for i in range(s.forward_workers):
+                self._add(ForwardWorker, f"d{group}/forward{i}", place, feed=feed, jobs=jobs)
+            for i in range(s.backward_workers):
+                self._add(BackwardWorker, f"d{group}/backward{i}", place, jobs=jobs, layerwise=s.algo == "pdasgd")
+        else:
+            self._add(AsgdWorker, asgd_name, place, feed=feed)
+
+    def _add(self, cls: type[Worker], name: str, place: WorkerPlace, **kwargs: Any) -> None:
         s = self.settings
         self.workers.append(
             cls(
                 name,
-                s.device(group),
-                self.executor,
-                self.control,
+                place.device,
+                place.executor,
+                place.control,
                 s.delay,
                 rng_for(s.seed, "delay", name),
-                slowdown=s.slowdown(group),
+                slowdown=place.slowdown,
                 **kwargs,
             )
         )

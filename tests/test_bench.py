@@ -38,6 +38,10 @@ def test_delays_network_quick_reports_every_algorithm_with_consistent_speedups(t
     assert cell["pdasgd_speedup"]["sync"] == pytest.approx(cell["sync"]["mean"] / cell["pdasgd"]["mean"])
     assert f"{cell['pdasgd_speedup']['sync']:.2f}x" in table
     assert cell["pdasgd_rep_speedup"]["lpp"] == pytest.approx(cell["lpp"]["mean"] / cell["pdasgd-rep"]["mean"])
+    # Merge waits are reported for the replicated variants only, as a share of the run.
+    for algo in ("pdasgd-rep", "asgd-3t-rep"):
+        assert all(0.0 <= w < 1.0 for w in cell[algo]["merge_wait_share"])
+    assert all(w is None or math.isnan(w) for w in cell["pdasgd"]["merge_wait_share"])
     printed = capsys.readouterr()
     assert "| W | k |" in printed.out  # the table is printed too
     # A bar over the runs on stderr: one tick per simulated run (tuning and reported seeds).

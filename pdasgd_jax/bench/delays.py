@@ -146,8 +146,10 @@ class Outcome(NamedTuple):
     """One run: virtual seconds to the target (inf: never, or diverged), its mean staleness,
     its busiest device's utilisation, its last evaluation's test accuracy, each stage's
     mean staleness and the virtual time the run lasted (nan and ``()`` when it diverged; for a
-    run that missed the target, ``run_time`` is a lower bound on its time to the target), and
-    whether it stopped at its ``give_up_after`` without the target (``gave_up``)."""
+    run that missed the target, ``run_time`` is a lower bound on its time to the target),
+    whether it stopped at its ``give_up_after`` without the target (``gave_up``), and for a
+    replicated run the share of its virtual time a group spent waiting at merges for an
+    average not yet complete (mean over groups; nan for other algorithms)."""
 
     time: float
     staleness: float
@@ -156,6 +158,7 @@ class Outcome(NamedTuple):
     per_stage_staleness: tuple[float, ...] = ()
     run_time: float = math.nan
     gave_up: bool = False
+    merge_wait: float = math.nan
 
 
 DIVERGED = Outcome(math.inf, math.nan, math.nan)
@@ -233,7 +236,16 @@ def time_to_target(
         tuple(s["mean"] for s in extra["staleness"]["per_stage"]),
         extra.get("virtual_time", math.nan),
         reached is None and metrics.gave_up,
+        _merge_wait_share(extra),
     )
+
+
+def _merge_wait_share(extra: dict[str, Any]) -> float:
+    """Mean over groups of the virtual time waited at merges, as a share of the run (nan: not replicated)."""
+    waits = extra.get("merge_wait")
+    if waits is None or not extra.get("virtual_time"):
+        return math.nan
+    return float(np.mean(waits["per_group"])) / extra["virtual_time"]
 
 
 def mean_staleness(staleness: dict[str, Any]) -> float:
@@ -357,6 +369,7 @@ def cell(
         "final_accuracy": [o.final_accuracy for o in outcomes],
         "run_times": [o.run_time for o in outcomes],
         "per_stage_staleness": [list(o.per_stage_staleness) for o in outcomes],
+        "merge_wait_share": [o.merge_wait for o in outcomes],
     }
 
 

@@ -15,7 +15,7 @@ def test_every_row_runs_the_dataset_rate_and_scaled_rows_their_multiple(monkeypa
     monkeypatch.setattr(parity, "final_accuracy", fake_accuracy)
     results, table = parity.run("unused", quick=True)
     lr = parity.DATASETS["digits"]["lr"]
-    for label, row in parity.ALGORITHMS.items():
+    for label in parity.ALGORITHMS:
         assert f"| {label} |" in table
         assert results["digits"][label]["mean"] == pytest.approx(0.5)
     rates = {c.lr for c in seen["pdasgd"] if c.replication == "replicas"}

@@ -130,10 +130,12 @@ def test_validation_runs_once_per_set_of_values(monkeypatch):
 
 def test_a_non_finite_loss_stops_the_run_within_steps_whatever_the_evaluation_cadence():
     metrics = MetricsLog(lambda p, s: {}, total_examples=10**6, eval_every=10**9, progress=False)
-    metrics.add_loss(1, jnp.float32(0.5))
+    # Device scalars made ready first: add_loss never waits, so on a loaded machine an
+    # unfinished transfer would (correctly) defer the check to a later step.
+    metrics.add_loss(1, jnp.float32(0.5).block_until_ready())
     metrics.add_loss(2, np.float32(0.4))
     with pytest.raises(NonFiniteLossError, match="became nan at step 3"):
-        metrics.add_loss(3, jnp.float32(jnp.nan))
+        metrics.add_loss(3, jnp.float32(jnp.nan).block_until_ready())
 
     class CountingLog(MetricsLog):
         calls = 0

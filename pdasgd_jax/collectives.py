@@ -47,11 +47,13 @@ def allreduce_mean(
         for j, i in enumerate(floats)
     ]
     means = _mean_program(NamedSharding(mesh, PartitionSpec()))(stacks)
+    # Each mean's shards by device, looked up once (a scan per device would be O(G^2) host work).
+    by_device = [{shard.device: shard.data for shard in mean.addressable_shards} for mean in means]
     copies = []
     for g, device in enumerate(devices):
         own = list(leaves[g])
-        for i, mean in zip(floats, means, strict=True):
-            own[i] = next(shard.data for shard in mean.addressable_shards if shard.device == device)
+        for i, shards in zip(floats, by_device, strict=True):
+            own[i] = shards[device]
         copies.append(jax.tree.unflatten(treedef[g], own))
     return copies
 

@@ -136,7 +136,9 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
             ]
             accs = [final_accuracy(config) for config in configs]
             finite = [a for a in accs if math.isfinite(a)]
-            mean, std = (float(np.mean(finite)), float(np.std(finite))) if finite else (math.nan, math.nan)
+            # Sample standard deviation (ddof 1), as in delays; 0 with one finite seed.
+            std = float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0 if finite else math.nan
+            mean = float(np.mean(finite)) if finite else math.nan
             results[dataset][label] = {
                 "test_accuracy": accs,
                 "mean": mean,

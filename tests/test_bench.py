@@ -120,6 +120,14 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
         predicted = cell[algo]["speedup_vs_sync_simulated"] / cell[algo]["speedup_vs_sync_measured"] - 1
         assert cell[algo]["speedup_prediction_error"] == pytest.approx(predicted)
     assert bench_runtime.TWO_LOOPS in table and "vs sync simulated per worker" in table
+    assert cell["pdasgd"]["speedup_prediction_error_ci95"] is None  # one seed: no interval (nan in JSON: null)
+
+
+def test_the_prediction_errors_interval_is_students_t_over_the_seeds():
+    # Two seeds: t(0.975, 1) = 12.706, sample sd of (0.1, 0.3) = 0.1414, / sqrt(2) -> 12.706 * 0.1.
+    assert bench_runtime.ci95_half_width([0.1, 0.3, math.nan]) == pytest.approx(1.2706, abs=1e-4)
+    assert bench_runtime.ci95_half_width([0.2] * 5) == 0.0
+    assert math.isnan(bench_runtime.ci95_half_width([0.5]))
 
 
 def test_unknown_benchmark_is_refused(capsys):

@@ -569,7 +569,8 @@ def header(name: str, results: dict[str, Any]) -> str:
         f"either is out) over the grid {results['lrs']}, "
         f"widened 4x at a time while on its edge; asgd-3t, lpp and asgd-3t-rep: {THREADS_PER_DEVICE} threads per "
         f"device; -rep: --replication replicas, (H, d) tuned over {list(REPLICA_SCHEDULES)} like the rate "
-        f"(quick: H = {REPLICA_PERIOD}, d = {REPLICA_DELAY})"
+        f"(quick: H = {REPLICA_PERIOD}, d = {REPLICA_DELAY}); lpp and -rep times include one assembly of their "
+        f"evaluated mean model (a calibrated average and an all-reduce)"
     )
 
 

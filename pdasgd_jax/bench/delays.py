@@ -39,7 +39,7 @@ under staleness; one shared rate would pick the winner.) A run that does not rea
 diverges, counts as infinitely slow. ``cell(tuned_on="final_accuracy")`` tunes instead for the
 highest mean final test accuracy on the tuning seeds (runs to their end, no cut; a diverged
 seed rules its rate out), for protocols that report final accuracy (``bench claims
-accuracy``): a rate picked for speed to the target is not the one that ends best. The
+accuracy``): the rate fastest to the target need not be the one that ends best. The
 criterion is recorded in each cell (``tuned_on``). A replicated variant whose chosen
 ``(H, d)`` is the first or last of its schedules is marked "edge of schedule grid", as a rate.
 

@@ -194,6 +194,7 @@ def test_replicated_schedule_is_tuned_like_the_rate(monkeypatch):
         "pdasgd-rep", 4, 1.0, False, (0.0125, 0.05, 0.2), (0, 1), 1.0, schedules=delays.REPLICA_SCHEDULES
     )
     assert result["schedule"] == (4, 2) and result["lr"] == pytest.approx(0.05) and not result["edge"]
+    assert not result["schedule_edge"] and result["tuned_on"] == "time_to_target"
     # Each schedule is tuned on its own (no bound from another schedule); within one, a rate
     # that cannot beat the schedule's best so far stops short.
     assert result["schedule_tuning"] == {"H=2 d=1": 3.0, "H=4 d=2": 1.0, "H=8 d=4": 2.0}

@@ -107,15 +107,28 @@ def test_a_diverged_seed_scores_chance_and_fails_the_accuracy_target(monkeypatch
     assert common.TUNING_SEEDS == (100, 101)
     assert common.accuracies([0.9, math.nan, 0.8]) == (pytest.approx((0.9 + common.CHANCE + 0.8) / 3), 1)
 
+    criteria = set()
+
     def fake_cell(algo, *args, **kwargs):
+        criteria.add(kwargs["tuned_on"])
         final = [0.95, math.nan, 0.95] if algo == "pdasgd" else [0.95] * 3
         return {"lr": 0.02, "edge": False, "mean": 1.0, "std": 0.0, "final_accuracy": final}
 
     monkeypatch.setattr(common, "cell", fake_cell)
     result, row = accuracy.accuracy_cell(4, quick=False)
+    assert criteria == {"final_accuracy"}  # the part reports final accuracy: its rates are tuned for it
     assert result["diverged_seeds"]["pdasgd"] == 1 and result["diverged_seeds"]["sgd"] == 0
     assert not result["target_met"] and result["pdasgd_points_below_sgd"] > 20
     assert "1 diverged" in row["pdasgd acc"] and "missed" in row["pdasgd below sgd (points)"]
+
+
+def test_common_cell_passes_the_tuning_criterion_to_delays_cell(monkeypatch):
+    seen = []
+    monkeypatch.setattr(delays, "cell", lambda *args, **kwargs: seen.append(kwargs) or {})
+    common.cell("pdasgd", 4, 4, 1.0, False, quick=False, stop_at_target=False, tuned_on="final_accuracy")
+    common.cell("pdasgd", 4, 4, 1.0, False, quick=False, stop_at_target=True)
+    assert [s["tuned_on"] for s in seen] == ["final_accuracy", "time_to_target"]
+    assert not seen[0]["protocol"].stop_at_target and seen[0]["tuning_seeds"] == common.TUNING_SEEDS
 
 
 def _censored_cell(k, vs_sync, vs_async, met, *, sync_censored=False, async_censored=False):

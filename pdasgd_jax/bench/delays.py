@@ -36,7 +36,19 @@ spares the runs that would spend the whole budget missing the target. Seeds 0, 1
 run at that rate and are the ones reported (always to their end). (Sync profits from
 large rates on its ``W``-times larger batch, the asynchronous algorithms need small ones
 under staleness; one shared rate would pick the winner.) A run that does not reach the target within the budget, or
-diverges, counts as infinitely slow.
+diverges, counts as infinitely slow. ``cell(tuned_on="final_accuracy")`` tunes instead for the
+highest mean final test accuracy on the tuning seeds (runs to their end, no cut; a diverged
+seed rules its rate out), for protocols that report final accuracy (``bench claims
+accuracy``): the rate fastest to the target need not be the one that ends best. The
+criterion is recorded in each cell (``tuned_on``). A replicated variant whose chosen
+``(H, d)`` is the first or last of its schedules is marked "edge of schedule grid", as a rate.
+
+Time to target of a model no device holds: LPP-SGD and the replicated variants are evaluated
+on the mean of their per-device stores, so the time reported adds what producing that mean
+once costs (``time_to_target``, ``Outcome.assembly``, ``assembly_s`` per seed): one
+calibrated ``average`` program and one all-reduce of the model at the run's network prices,
+as their simulators charge a round. Sync, local SGD and DaSGD (evaluated at round ends, after
+their merge) and the shared store hold the evaluated model and pay nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +65,7 @@ from pdasgd_jax import compare
 from pdasgd_jax.bench import json_ready, progress
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
-from pdasgd_jax.delays import CommModel
+from pdasgd_jax.delays import CommModel, TimingModel
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
 from pdasgd_jax.simulate import run_simulated
@@ -65,6 +77,8 @@ STRAGGLER_FACTOR = 3.0
 SEEDS = (0, 1, 2)  # reported
 TUNING_SEEDS = (100, 101)  # pick each cell's rate (mean time; a rate failing on either is out); never reported
 MAX_WIDENINGS = 2  # 4x steps a rate grid may grow on each side while its best rate is on the edge
+# What a cell's rate is tuned for (``cell``): time to the target, or final accuracy after the whole budget.
+TUNING_CRITERIA = ("time_to_target", "final_accuracy")
 THREADS_PER_DEVICE = 3  # PD-ASGD's F + B, given to the threaded baselines too
 LPP_PERIOD = 4
 # Replicated PD-ASGD and ASGD (--replication replicas, algorithms.md §3a): the default H and d
@@ -147,9 +161,11 @@ class Outcome(NamedTuple):
     its busiest device's utilisation, its last evaluation's test accuracy, each stage's
     mean staleness and the virtual time the run lasted (nan and ``()`` when it diverged; for a
     run that missed the target, ``run_time`` is a lower bound on its time to the target),
-    whether it stopped at its ``give_up_after`` without the target (``gave_up``), and for a
+    whether it stopped at its ``give_up_after`` without the target (``gave_up``), for a
     replicated run the share of its virtual time a group spent waiting at merges for an
-    average not yet complete (mean over groups; nan for other algorithms)."""
+    average not yet complete (mean over groups; nan for other algorithms), and the virtual
+    seconds ``time`` includes for assembling the evaluated mean model (``assembly_cost``; 0
+    when the target was not reached or a device holds the model)."""
 
     time: float
     staleness: float
@@ -159,6 +175,7 @@ class Outcome(NamedTuple):
     run_time: float = math.nan
     gave_up: bool = False
     merge_wait: float = math.nan
+    assembly: float = 0.0
 
 
 DIVERGED = Outcome(math.inf, math.nan, math.nan)
@@ -187,6 +204,11 @@ def time_to_target(
     ``give_up_after``: stop once the virtual clock passes this many seconds without the
     target (the time is then infinite, as for a run that misses it): tuning stops a run
     that can no longer beat the best rate so far.
+
+    LPP-SGD and the replicated variants are evaluated on the mean of their device stores,
+    which no device holds: their time adds ``assembly_cost`` once, when the target is
+    reached. Sync, local SGD, DaSGD (evaluated at round ends, after their merge) and the
+    shared store are evaluated on a model a device holds and pay nothing extra.
     """
     overrides = dict(protocol.algorithms[algo])
     if schedule is not None:
@@ -228,8 +250,9 @@ def time_to_target(
     finally:
         progress.tick(f"{algo} W={workers} k={k:g}{' straggler' if straggler else ''} lr={lr:g} seed {seed}")
     reached = extra["virtual_time_to_target"]
+    assembly = 0.0 if reached is None else assembly_cost(config, extra)
     return Outcome(
-        math.inf if reached is None else reached,
+        math.inf if reached is None else reached + assembly,
         mean_staleness(extra["staleness"]),
         max(extra["utilisation"]["devices"], default=math.nan),
         metrics.rows[-1]["test_accuracy"] if metrics.rows else math.nan,
@@ -237,7 +260,23 @@ def time_to_target(
         extra.get("virtual_time", math.nan),
         reached is None and metrics.gave_up,
         _merge_wait_share(extra),
+        assembly,
     )
+
+
+def assembly_cost(config: Config, extra: dict[str, Any]) -> float:
+    """Virtual seconds to produce, once, the mean model a run of ``config`` is evaluated on
+    (its simulator's ``extra``): 0 where a device holds it; for LPP-SGD and
+    ``--replication replicas`` one round's mean as their simulators charge it, the calibrated
+    ``average`` program (LPP-SGD: on the first device; replicated: on every group's device,
+    so the slowest's) then the all-reduce of the model at the run's network prices (the
+    simulator's own ``allreduce_time``: its model bytes and ``CommModel``)."""
+    devices = extra["devices"]
+    if devices == 1 or not (config.algo == "lpp" or config.replication == "replicas"):
+        return 0.0
+    timing = TimingModel.from_dict(extra["timing"])  # the run's, stragglers included
+    on = (0,) if config.algo == "lpp" else range(devices)
+    return max(timing.average_time(d) for d in on) + extra["allreduce_time"]
 
 
 def _merge_wait_share(extra: dict[str, Any]) -> float:
@@ -306,13 +345,34 @@ def cell(
     protocol: Protocol = DIGITS,
     max_widenings: int = MAX_WIDENINGS,
     schedules: tuple[tuple[int, int], ...] = (),
+    tuned_on: str = "time_to_target",
 ) -> dict[str, Any]:
-    """The best rate of ``lrs`` on ``tuning_seeds`` (mean time; ``()``: the only rate), then ``seeds`` at it.
+    """The best rate of ``lrs`` on ``tuning_seeds`` (``()``: the only rate), then ``seeds`` at it.
 
-    ``schedules``: a replicated variant's averaging ``(H, d)`` choices; each gets its own rate
-    tuning and the one whose best rate is fastest on the tuning seeds is reported (``()``: the
-    variant's own H and d).
+    ``tuned_on``: what best means. ``"time_to_target"``: the smallest mean time (a rate
+    missing the target on a tuning seed is out; a run stops once it cannot win, ``tune``).
+    ``"final_accuracy"``: the highest mean final test accuracy (every run goes to the end of
+    the budget, so the protocol must not stop at the target; a diverged tuning seed rules its
+    rate out). Either way the grid widens while the best rate is on its edge and ties go to the
+    smaller rate; ``tuning`` holds each rate's mean time or mean final accuracy (inf, or
+    -inf for an accuracy, where the rate is out; None in JSON).
+
+    ``schedules``: a replicated variant's averaging ``(H, d)`` choices, from frequent to rare
+    averaging; each gets its own rate tuning, the one whose best rate scores best on the tuning
+    seeds is reported, and ``schedule_edge`` says whether it is the first or last of them
+    (``()``: the variant's own H and d).
+
+    Raises:
+      ValueError: ``tuned_on`` is not one of ``TUNING_CRITERIA``, or is ``"final_accuracy"``
+        with a protocol that stops at the target.
     """
+    if tuned_on not in TUNING_CRITERIA:
+        raise ValueError(f"tuned_on {tuned_on!r} is not one of {', '.join(TUNING_CRITERIA)}")
+    if tuned_on == "final_accuracy" and protocol.stop_at_target:
+        raise ValueError(
+            "tuned_on 'final_accuracy' needs a protocol with stop_at_target=False: a run stopped at "
+            "the target has no final accuracy of its budget"
+        )
 
     def run(lr: float, seed: int, schedule: tuple[int, int] | None, give_up_after: float | None = None) -> Outcome:
         return time_to_target(
@@ -342,7 +402,24 @@ def cell(
                     return math.inf
             return total / len(tuning_seeds)
 
-        return {**tune(mean_time, lrs, max_widenings), "schedule": schedule}
+        def accuracy_lost(lr: float, bound: float) -> float:
+            # ``tune`` minimises: the negated mean final accuracy. No bound: a run's final
+            # accuracy is known only at its end.
+            del bound
+            total = 0.0
+            for seed in tuning_seeds:
+                accuracy = run(lr, seed, schedule).final_accuracy
+                if not math.isfinite(accuracy):  # diverged: the rate cannot win
+                    return math.inf
+                total += accuracy
+            return -total / len(tuning_seeds)
+
+        score = mean_time if tuned_on == "time_to_target" else accuracy_lost
+        return {**tune(score, lrs, max_widenings), "schedule": schedule}
+
+    def shown(value: float | None) -> float | None:
+        """A tuning score as reported: a time, or an accuracy (``accuracy_lost`` negates it)."""
+        return value if value is None or tuned_on == "time_to_target" else -value
 
     # Each schedule is tuned on its own (the bound never crosses schedules: a schedule whose
     # first grid loses to another's best would otherwise never be widened to its own best).
@@ -351,14 +428,19 @@ def cell(
     tuned["cut_short"] = cut
     outcomes = [run(tuned["lr"], s, tuned["schedule"]) for s in seeds]
     if schedules:
-        # Each schedule's best tuned time, so a reader sees how much the choice mattered.
+        # Each schedule's best tuned score, so a reader sees how much the choice mattered; a
+        # choice at either end of the schedules might improve past it, as a rate on its grid's edge.
         tuned["schedule_tuning"] = {
-            f"H={h} d={d}": c["tuning"].get(c["lr"]) for (h, d), c in zip(schedules, candidates)
+            f"H={h} d={d}": shown(c["tuning"].get(c["lr"])) for (h, d), c in zip(schedules, candidates)
         }
+        best = tuned["tuning"].get(tuned["lr"], math.inf)  # inf: untuned, or no schedule's rate counts
+        tuned["schedule_edge"] = math.isfinite(best) and tuned["schedule"] in (schedules[0], schedules[-1])
+    tuned["tuning"] = {lr: shown(v) for lr, v in tuned["tuning"].items()}
     times = [o.time for o in outcomes]
     reached = all(math.isfinite(t) for t in times)
     return {
         **tuned,
+        "tuned_on": tuned_on,
         "tuning_seeds": list(tuning_seeds),
         "times": times,
         "mean": float(np.mean(times)) if reached else math.inf,
@@ -370,6 +452,8 @@ def cell(
         "run_times": [o.run_time for o in outcomes],
         "per_stage_staleness": [list(o.per_stage_staleness) for o in outcomes],
         "merge_wait_share": [o.merge_wait for o in outcomes],
+        # Seconds each reported time includes for assembling the evaluated mean (``assembly_cost``).
+        "assembly_s": [o.assembly for o in outcomes],
     }
 
 
@@ -383,6 +467,7 @@ def _fmt(c: dict[str, Any]) -> str:
     schedule = c.get("schedule")
     lr = f"lr {c['lr']:g}" + (f", H {schedule[0]} d {schedule[1]}" if schedule else "")
     lr += ", edge of grid" if c["edge"] else ""
+    lr += ", edge of schedule grid" if c.get("schedule_edge") else ""
     if not math.isfinite(c["mean"]):
         return f"not reached ({lr})"
     return f"{c['mean'] * 1e3:.1f} ± {c['std'] * 1e3:.1f} ({lr})"
@@ -484,7 +569,8 @@ def header(name: str, results: dict[str, Any]) -> str:
         f"either is out) over the grid {results['lrs']}, "
         f"widened 4x at a time while on its edge; asgd-3t, lpp and asgd-3t-rep: {THREADS_PER_DEVICE} threads per "
         f"device; -rep: --replication replicas, (H, d) tuned over {list(REPLICA_SCHEDULES)} like the rate "
-        f"(quick: H = {REPLICA_PERIOD}, d = {REPLICA_DELAY})"
+        f"(quick: H = {REPLICA_PERIOD}, d = {REPLICA_DELAY}); lpp and -rep times include one assembly of their "
+        f"evaluated mean model (a calibrated average and an all-reduce)"
     )
 
 

@@ -2,9 +2,11 @@
 
 Per M in {4, 8, 16}, at W = 4 devices and delays ``Exp(1 x step compute)``: layer-wise and
 block PD-ASGD with stashed and live weights (``staleness.VARIANTS``) and single-worker SGD,
-each rate tuned on an unreported seed (``common.cell``), the whole budget run (no early
-stop): time to the target and final test accuracy on seeds 0, 1, 2 (a diverged seed scores
-chance, ``common.accuracies``, and is counted). Target: PD-ASGD (layer-wise, stashed) within
+each rate tuned on unreported seeds for the highest mean final test accuracy (``common.cell``,
+``tuned_on="final_accuracy"``: the part compares final accuracies, and the rate fastest to the
+target need not end best), the whole budget run (no early stop): time to the target and final
+test accuracy on seeds 0, 1, 2 (a diverged seed scores chance, ``common.accuracies``, and is
+counted). Target: PD-ASGD (layer-wise, stashed) within
 1.0 point of SGD at every depth with no diverged seed; the layer-against-block gap is
 the small-scale counterpart of the paper's CIFAR-100 ablation. Hours on two CPU cores.
 """
@@ -28,10 +30,20 @@ def specs(quick: bool) -> list[dict[str, Any]]:
 
 
 def accuracy_cell(depth: int, *, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Time to target and final accuracy of every variant and SGD at ``ACCURACY_CELL``, tuned rates."""
+    """Time to target and final accuracy of every variant and SGD at ``ACCURACY_CELL``, rates tuned
+    for final accuracy."""
     workers, k = ACCURACY_CELL
     by_algo = {
-        algo: common.cell(algo, depth, 1 if algo == "sgd" else workers, k, False, quick=quick, stop_at_target=False)
+        algo: common.cell(
+            algo,
+            depth,
+            1 if algo == "sgd" else workers,
+            k,
+            False,
+            quick=quick,
+            stop_at_target=False,
+            tuned_on="final_accuracy",
+        )
         for algo in ACCURACY_VARIANTS
     }
     scored = {a: common.accuracies(c["final_accuracy"]) for a, c in by_algo.items()}

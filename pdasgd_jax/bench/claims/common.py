@@ -11,7 +11,8 @@ tuned on seeds 100 and 101 (never reported; mean time, a rate missing the target
 out: one tuning seed picked edge-of-stability rates in ``delays`` that then failed on reported
 seeds) over a grid 4x apart, widened once each way while the best rate is on its edge; seeds
 0, 1, 2 are reported. A reported seed that diverged counts as a failure, never as a dropped
-sample (``accuracies``).
+sample (``accuracies``). Each part tunes for what it reports: time to the target, or final
+accuracy (``cell``'s ``tuned_on``; the ``accuracy`` part).
 """
 
 from __future__ import annotations
@@ -65,9 +66,18 @@ def protocol(depth: int, *, quick: bool, stop_at_target: bool) -> delays.Protoco
 
 
 def cell(
-    algo: str, depth: int, workers: int, k: float, straggler: bool, *, quick: bool, stop_at_target: bool
+    algo: str,
+    depth: int,
+    workers: int,
+    k: float,
+    straggler: bool,
+    *,
+    quick: bool,
+    stop_at_target: bool,
+    tuned_on: str = "time_to_target",
 ) -> dict[str, Any]:
-    """``delays.cell`` on this benchmark's model, budget and seeds (quick: one rate, one seed, no tuning)."""
+    """``delays.cell`` on this benchmark's model, budget and seeds (quick: one rate, one seed, no
+    tuning), the rate tuned for ``tuned_on`` (``delays.TUNING_CRITERIA``)."""
     seeds, tuning, epochs = (SEEDS[:1], (), QUICK_EPOCHS) if quick else (SEEDS, TUNING_SEEDS, EPOCHS)
     lrs = LRS[algo][1:2] if quick else LRS[algo]
     return delays.cell(
@@ -81,6 +91,7 @@ def cell(
         tuning_seeds=tuning,
         protocol=protocol(depth, quick=quick, stop_at_target=stop_at_target),
         max_widenings=MAX_WIDENINGS,
+        tuned_on=tuned_on,
     )
 
 

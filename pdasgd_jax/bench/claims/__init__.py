@@ -11,7 +11,8 @@ Parts (``PARTS``; docs/claims.md maps each claim of the PD-ASGD and DaSGD abstra
 * ``bias``: the measured gradient bias against the paper's bound.
 
 Every part uses ``common``'s model, data, budget and rate tuning (``delays``' machinery: rates
-tuned on two unreported seeds over a widening grid, time to target on the virtual clock).
+tuned on two unreported seeds over a widening grid, by time to target on the virtual clock,
+except ``accuracy``, which reports final accuracy and tunes for it).
 ``scripts/claims_part.py`` runs one part and appends each finished cell as it goes.
 """
 

@@ -12,7 +12,8 @@ stage's merge, ``replication.merge_program``, and the mean's program on a device
 runtime's ``allreduce_mean`` over this one device, its dispatches and arithmetic;
 the reduction across several devices adds the network's cost, priced by ``CommModel``), the
 SPMD round's averaging as the round program computes it (``round_average``: the snapshot's
-``pmean`` and the merge, without launches of their own), and
+``pmean`` and the merge, without launches of their own: the marginal cost of adding them to
+a program that runs a training step, see ``_round_averaging_time``), and
 the host work the synchronous loops do per step before their fused program (``host_step``:
 the batch's ``jax.device_put`` from host memory; the asynchronous workers hand host batches
 to their programs, which copy them inside the call, so that copy is in those programs'
@@ -34,7 +35,10 @@ program's smallest and largest round is kept as its spread. Calibrations are cac
 memory and as JSON files under ``CACHE_DIR`` by fingerprint; ``recalibrate`` measures
 afresh, and ``load`` reads a saved calibration (a run's ``timing.json``), refusing one
 whose fingerprint differs or that an older version wrote (``FORMAT``: a file without the
-fused programs is measured afresh, never guessed).
+fused programs is measured afresh, never guessed). Format 8 times ``round_average`` as the
+difference between one worker's fused training step with and without the averaging, both in
+one program (format 7 timed the averaging as its own program: one launch more than the SPMD
+round pays, about 5 % of a 4-step round on a launch-bound CPU, charged to DaSGD and local SGD).
 
 Example::
 
@@ -73,7 +77,7 @@ from pdasgd_jax.reporting import write_json_atomic
 PyTree = Any
 # Bumped whenever what a calibration holds changes: the fingerprint hashes it, so every
 # cached file of an older format is measured afresh, and ``load`` refuses one by name.
-FORMAT = "pdasgd-jax-calibration-7"
+FORMAT = "pdasgd-jax-calibration-8"
 KERNELS = ("forward", "backward", "update", "backward_update", "merge")  # per stage
 FUSED = ("job_gradients", "train_step", "forward_all", "update_all")  # whole-model programs, one cost each
 HOST = ("host_step",)  # a synchronous loop's host work per step: its batch's device_put
@@ -235,7 +239,7 @@ def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repea
     step = _median_time(kernels.train_step, TrainState(params, states, opt_states), dev_x, dev_y, repeats=repeats)
     forward_all = _median_time(kernels.forward_all_stashed, params, states, x, y, repeats=repeats)
     merge, average = _averaging_times(params, states, repeats)
-    round_average = _round_averaging_time(params, states, repeats)
+    round_average = _round_averaging_time(kernels, TrainState(params, states, opt_states), dev_x, dev_y, repeats)
     return TimingModel(
         forward,
         backward,
@@ -264,21 +268,51 @@ def _averaging_times(params: tuple, states: tuple, repeats: int) -> tuple[list[f
     return merge, average
 
 
-def _round_averaging_time(params: tuple, states: tuple, repeats: int) -> float:
+def _round_averaging_time(kernels: StageKernels, ts: TrainState, x: Any, y: Any, repeats: int) -> float:
     """The SPMD round's averaging on one worker's device, as ``spmd.make_round`` computes it
     inside the round program: the snapshot's ``pmean`` over the workers' axis (here mapped over
     one worker: the cross-device reduction is the network's, priced by ``CommModel``) and the
-    ``correct`` merge of parameters and non-trainable states, compiled as one program."""
-    rule = AveragingRule(period=1, delay=0, merge="correct")
+    ``correct`` merge of parameters and non-trainable states.
 
-    def averaging(local: tuple, snapshot: tuple) -> tuple:
-        average = rule.average(snapshot, _ROUND_AXIS)
-        return rule.merge_tree(local, snapshot, average)
+    The round pays no launch of its own for it, so it is the marginal cost: a program running
+    the fused training step (``kernels.train_step``) with the averaging, minus the same program
+    without it, both mapped over one worker and timed interleaved (``_interleaved_median_times``)
+    so the machine's load drifts over both alike. The difference is clamped at 0: on a
+    launch-bound device the averaging costs less than the timing noise, and a negative charge
+    would credit DaSGD and local SGD time for averaging.
+    """
+    rule = AveragingRule(period=1, delay=1, merge="correct")
 
-    program = jax.jit(jax.vmap(averaging, axis_name=_ROUND_AXIS))
-    local = jax.tree.map(lambda a: a[None], (params, states))
-    snapshot = jax.tree.map(lambda a: a + 0, local)  # its own buffers, as the round's snapshot
-    return _median_time(program, local, snapshot, repeats=repeats)
+    def step_and_average(ts: TrainState, x: Any, y: Any) -> tuple[TrainState, Any]:
+        snapshot = (ts.params, ts.states)
+        average = rule.average(snapshot, _ROUND_AXIS)  # issued before the step, as in the round
+        stepped, loss = kernels.train_step(ts, x, y)
+        params, states = rule.merge_tree((stepped.params, stepped.states), snapshot, average)
+        return TrainState(params, states, stepped.opt_states), loss
+
+    def one_worker(fn: Callable) -> Callable:
+        return jax.jit(jax.vmap(fn, axis_name=_ROUND_AXIS))
+
+    programs = {"step_and_average": one_worker(step_and_average), "step": one_worker(kernels.train_step)}
+    args = jax.tree.map(lambda a: a[None], (ts, x, y))
+    times = _interleaved_median_times(programs, *args, repeats=repeats)
+    return max(times["step_and_average"] - times["step"], 0.0)
+
+
+def _interleaved_median_times(programs: dict[str, Callable], *args: Any, repeats: int) -> dict[str, float]:
+    """Each program's median of ``repeats`` timed calls on ``args`` (after one warm-up call
+    each), the programs called in turn within each repeat, in reversed order every other
+    repeat, so load drift and call order weigh on all of them alike."""
+    for fn in programs.values():
+        jax.block_until_ready(fn(*args))  # compiles and warms up
+    names = list(programs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(repeats):
+        for name in names if i % 2 == 0 else reversed(names):
+            start = time.perf_counter()
+            jax.block_until_ready(programs[name](*args))
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -80,9 +82,12 @@ def test_measure_repeats_rounds_and_keeps_their_spread(mlp):
     assert "backward_update" in calibration.KERNELS  # PD-ASGD's local stage: backward and update in one
     assert "merge" in calibration.KERNELS  # a replicated group's merge, per stage (algorithms.md §3a)
     # The host's per-job batch transfer is measured too (every runner pays it per job or step).
-    for name in ("loss", *fused, *averaging, "host_step"):
+    for name in ("loss", *fused, "average", "host_step"):
         lo, hi = spread[name]
         assert 0 < lo <= getattr(t, name) <= hi
+    # A marginal cost, clamped at 0 (its timing noise can exceed it; see the test below).
+    lo, hi = spread["round_average"]
+    assert 0 <= lo <= t.round_average <= hi and math.isfinite(hi)
     assert t.job_gradients_time() == t.job_gradients and t.train_step_time() == t.train_step
     assert t.forward_all_time() == t.forward_all and t.backward_update_time(1) == t.backward_update[1]
     assert t.update_all_time() == t.update_all and t.round_average_time() == t.round_average
@@ -92,6 +97,46 @@ def test_measure_repeats_rounds_and_keeps_their_spread(mlp):
     assert cal.description["batch"]["x"][0][0] == [32, 8, 8, 1]
     with pytest.raises(ValueError, match="min_rounds 0"):
         calibration.measure(*mlp, min_rounds=0)
+
+
+@pytest.mark.parametrize(("with_averaging", "step_alone", "charged"), [(3e-4, 1e-4, 2e-4), (1e-4, 3e-4, 0.0)])
+def test_round_average_is_the_averagings_marginal_cost_in_the_step_program(
+    mlp, monkeypatch, with_averaging, step_alone, charged
+):
+    """The charge is the step-and-averaging program's time minus the step's alone, clamped at 0;
+    the first program is the fused step plus the round's pmean and ``correct`` merge."""
+    k, params, states, opt_states, x, y = mlp
+    ts = kernels.TrainState(tuple(params), tuple(states), tuple(opt_states))
+    timed = {}
+
+    def fake_timer(programs, *args, repeats):
+        timed.update(programs, args=args, repeats=repeats)
+        return {"step_and_average": with_averaging, "step": step_alone}
+
+    monkeypatch.setattr(calibration, "_interleaved_median_times", fake_timer)
+    assert calibration._round_averaging_time(k, ts, x, y, repeats=3) == pytest.approx(charged)
+    assert timed["repeats"] == 3
+    # Mapped over one worker: the step program is the kernels' own fused step.
+    one_ts, one_x, one_y = timed["args"]
+    (step_ts, step_loss), (want_ts, want_loss) = timed["step"](*timed["args"]), k.train_step(ts, x, y)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a[0], b)), step_ts, want_ts))
+    assert step_loss[0] == want_loss
+    # Over two workers of different weights the same program averages: a + (stepped - s).
+    two = jax.tree.map(lambda a: jnp.concatenate([a, a * 1.5]), one_ts)
+    two_x, two_y = (jnp.concatenate([a, a]) for a in (one_x, one_y))
+    merged, _ = timed["step_and_average"](two, two_x, two_y)
+    stepped, _ = timed["step"](two, two_x, two_y)
+    expected = jax.tree.map(lambda s, t: s.mean(0) + (t - s), two.params, stepped.params)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.allclose(a, b, atol=1e-6)), merged.params, expected))
+    assert not jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.allclose(a, b)), merged.params, stepped.params))
+
+
+def test_interleaved_timing_alternates_the_programs_order():
+    calls = []
+    programs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b")}
+    times = calibration._interleaved_median_times(programs, repeats=3)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-ups, then turns reversed every other repeat
+    assert set(times) == {"a", "b"} and all(math.isfinite(t) and t >= 0 for t in times.values())
 
 
 def test_calibrate_caches_by_fingerprint_and_recalibrates_on_request(mlp, tmp_path):

@@ -13,13 +13,15 @@ runtime's ``allreduce_mean`` over this one device, its dispatches and arithmetic
 the reduction across several devices adds the network's cost, priced by ``CommModel``), the
 SPMD round's averaging as the round program computes it (``round_average``: the snapshot's
 ``pmean`` and the merge, without launches of their own: the marginal cost of adding them to
-a program that runs a training step, see ``_round_averaging_time``), and
+a program that runs a training step, see ``program_timing.round_averaging_time``), and
 the host work the synchronous loops do per step before their fused program (``host_step``:
 the batch's ``jax.device_put`` from host memory; the asynchronous workers hand host batches
 to their programs, which copy them inside the call, so that copy is in those programs'
-times). Each is timed on its own, as its
-algorithm launches it: on a device where a launch costs as much as a small model's
-compute, a fused program costs several times less than the sum of its per-stage kernels.
+times). Each is timed on its own, as its algorithm launches it.
+
+This module is what is measured, how rounds become one stable timing, and how that is keyed
+and cached; how one program's time is taken (the timers, one round of every program,
+``measure_concurrency``) is ``program_timing``.
 
 A calibration carries its ``fingerprint`` and the spread of the rounds it took. The
 fingerprint hashes everything a kernel's cost depends on: each stage's computation (its
@@ -28,10 +30,10 @@ of its parameters, state and optimizer state (so the optimizer counts), the opti
 update program, the batch's shape, the device kind, the JAX version and ``FORMAT``. A
 user's own model is therefore always measured, never served another model's costs.
 
-Measuring repeats rounds (each the median of ``repeats`` timed calls per program) until
-the medians over rounds of one per-stage step's cost and of each fused program's move by
-less than ``tolerance``; the per-program median over rounds is the timing, and each
-program's smallest and largest round is kept as its spread. Calibrations are cached in
+Measuring repeats rounds (``program_timing.measure_round``: each program's median of
+``repeats`` timed calls) until the medians over rounds of one per-stage step's cost and of
+each fused program's move by less than ``tolerance``; the per-program median over rounds is
+the timing, and each program's smallest and largest round is kept as its spread. Calibrations are cached in
 memory and as JSON files under ``CACHE_DIR`` by fingerprint; ``recalibrate`` measures
 afresh, and ``load`` reads a saved calibration (a run's ``timing.json``), refusing one
 whose fingerprint differs or that an older version wrote (``FORMAT``: a file without the
@@ -50,15 +52,13 @@ Example::
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import os
 import re
 import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +66,10 @@ import jax
 import numpy as np
 
 from pdasgd_jax.cache import CACHE_DIR
-from pdasgd_jax.collectives import allreduce_mean
 from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.kernels import StageKernels, TrainState
-from pdasgd_jax.optim import AveragingRule
-from pdasgd_jax.replication import merge_program
+from pdasgd_jax.kernels import StageKernels
+from pdasgd_jax.program_timing import measure_round
 from pdasgd_jax.reporting import write_json_atomic
 
 PyTree = Any
@@ -82,7 +80,6 @@ KERNELS = ("forward", "backward", "update", "backward_update", "merge")  # per s
 FUSED = ("job_gradients", "train_step", "forward_all", "update_all")  # whole-model programs, one cost each
 HOST = ("host_step",)  # a synchronous loop's host work per step: its batch's device_put
 PROGRAMS = (*KERNELS, "loss", *FUSED, "average", "round_average", *HOST)
-_ROUND_AXIS = "workers"  # the mapped axis of ``_round_averaging_time``
 _FLOAT_LITERAL = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
 
@@ -186,133 +183,6 @@ def fingerprint(
     programs = [_FLOAT_LITERAL.sub("#", program) for program in programs]
     text = json.dumps({"format": FORMAT, "description": description, "programs": programs}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest(), description
-
-
-def _median_time(fn: Callable, *args: Any, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # compiles and warms up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def measure_round(kernels: StageKernels, params, states, opt_states, x, y, repeats: int) -> TimingModel:
-    """One round: every program's median of ``repeats`` timed calls (after a warm-up), each
-    called on its own as its algorithm launches it.
-
-    ``forward`` is the stashing forward and ``backward`` the stashed backward (per stage);
-    ``job_gradients`` the whole job's gradient in one program, ``update_all`` every stage's
-    update in one program and ``train_step`` the fused
-    whole-model step (gradient and updates), on a batch already on the device; ``host_step``
-    the synchronous loops' per-step ``jax.device_put`` of a host batch.
-    """
-    num_stages = kernels.num_stages
-    host_x, host_y = np.asarray(x), np.asarray(y)
-    forward, backward, update = [0.0] * num_stages, [0.0] * num_stages, [0.0] * num_stages
-    vjps, h = [], x
-    for m in range(num_stages):
-        forward[m] = _median_time(kernels.forward_stashed(m), params[m], states[m], h, repeats=repeats)
-        h, _, vjp = kernels.forward_stashed(m)(params[m], states[m], h)
-        vjps.append(vjp)
-    loss = _median_time(kernels.loss_grad, h, y, repeats=repeats)
-    _, delta = kernels.loss_grad(h, y)
-    grads = [None] * num_stages
-    backward_update = [0.0] * num_stages
-    for m in reversed(range(num_stages)):
-        backward[m] = _median_time(kernels.backward_stashed(m), vjps[m], delta, repeats=repeats)
-        backward_update[m] = _median_time(
-            kernels.backward_update_stashed, vjps[m], delta, params[m], opt_states[m], 0, params[m], repeats=repeats
-        )
-        grads[m], delta = kernels.backward_stashed(m)(vjps[m], delta)
-    for m in range(num_stages):
-        update[m] = _median_time(kernels.update(m), params[m], opt_states[m], grads[m], repeats=repeats)
-    params, states, opt_states = tuple(params), tuple(states), tuple(opt_states)
-    update_all = _median_time(kernels.update_all, params, opt_states, tuple(grads), repeats=repeats)
-    job = _median_time(kernels.job_gradients, params, states, x, y, repeats=repeats)
-    # Host batches, as the runtime's workers pass them (jit copies them to the device inside
-    # the call); the synchronous loops ``device_put`` each batch first (``host_step``) and
-    # call their fused step on device arrays, so it is timed so.
-    host_step = _median_time(lambda: jax.device_put((host_x, host_y)), repeats=repeats)
-    dev_x, dev_y = jax.device_put((host_x, host_y))
-    step = _median_time(kernels.train_step, TrainState(params, states, opt_states), dev_x, dev_y, repeats=repeats)
-    forward_all = _median_time(kernels.forward_all_stashed, params, states, x, y, repeats=repeats)
-    merge, average = _averaging_times(params, states, repeats)
-    round_average = _round_averaging_time(kernels, TrainState(params, states, opt_states), dev_x, dev_y, repeats)
-    return TimingModel(
-        forward,
-        backward,
-        update,
-        loss,
-        job_gradients=job,
-        train_step=step,
-        forward_all=forward_all,
-        backward_update=backward_update,
-        host_step=host_step,
-        merge=merge,
-        average=average,
-        update_all=update_all,
-        round_average=round_average,
-    )
-
-
-def _averaging_times(params: tuple, states: tuple, repeats: int) -> tuple[list[float], float]:
-    """A replicated run's merge of each stage and its mean's program on one device, called as
-    the runtime calls them (``replication.merge_program``, ``allreduce_mean``)."""
-    rule = AveragingRule(period=1, delay=0, merge="correct")
-    merge = [_median_time(merge_program, rule, p, p, p, repeats=repeats) for p in params]
-    leaf = jax.tree.leaves(params)[0]
-    device = next(iter(leaf.devices())) if isinstance(leaf, jax.Array) else jax.devices()[0]
-    average = _median_time(lambda tree: allreduce_mean([tree], (device,)), (params, states), repeats=repeats)
-    return merge, average
-
-
-def _round_averaging_time(kernels: StageKernels, ts: TrainState, x: Any, y: Any, repeats: int) -> float:
-    """The SPMD round's averaging on one worker's device, as ``spmd.make_round`` computes it
-    inside the round program: the snapshot's ``pmean`` over the workers' axis (here mapped over
-    one worker: the cross-device reduction is the network's, priced by ``CommModel``) and the
-    ``correct`` merge of parameters and non-trainable states.
-
-    The round pays no launch of its own for it, so it is the marginal cost: a program running
-    the fused training step (``kernels.train_step``) with the averaging, minus the same program
-    without it, both mapped over one worker and timed interleaved (``_interleaved_median_times``)
-    so the machine's load drifts over both alike. The difference is clamped at 0: on a
-    launch-bound device the averaging costs less than the timing noise, and a negative charge
-    would credit DaSGD and local SGD time for averaging.
-    """
-    rule = AveragingRule(period=1, delay=1, merge="correct")
-
-    def step_and_average(ts: TrainState, x: Any, y: Any) -> tuple[TrainState, Any]:
-        snapshot = (ts.params, ts.states)
-        average = rule.average(snapshot, _ROUND_AXIS)  # issued before the step, as in the round
-        stepped, loss = kernels.train_step(ts, x, y)
-        params, states = rule.merge_tree((stepped.params, stepped.states), snapshot, average)
-        return TrainState(params, states, stepped.opt_states), loss
-
-    def one_worker(fn: Callable) -> Callable:
-        return jax.jit(jax.vmap(fn, axis_name=_ROUND_AXIS))
-
-    programs = {"step_and_average": one_worker(step_and_average), "step": one_worker(kernels.train_step)}
-    args = jax.tree.map(lambda a: a[None], (ts, x, y))
-    times = _interleaved_median_times(programs, *args, repeats=repeats)
-    return max(times["step_and_average"] - times["step"], 0.0)
-
-
-def _interleaved_median_times(programs: dict[str, Callable], *args: Any, repeats: int) -> dict[str, float]:
-    """Each program's median of ``repeats`` timed calls on ``args`` (after one warm-up call
-    each), the programs called in turn within each repeat, in reversed order every other
-    repeat, so load drift and call order weigh on all of them alike."""
-    for fn in programs.values():
-        jax.block_until_ready(fn(*args))  # compiles and warms up
-    names = list(programs)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(repeats):
-        for name in names if i % 2 == 0 else reversed(names):
-            start = time.perf_counter()
-            jax.block_until_ready(programs[name](*args))
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _combine(rounds: list[TimingModel]) -> tuple[TimingModel, dict[str, Any]]:
@@ -475,28 +345,3 @@ def load(path: str, *, expected: str | None = None, num_stages: int | None = Non
             f"measure afresh with --recalibrate or drop --timing"
         )
     return cal
-
-
-def measure_concurrency(fn: Callable, *args: Any, repeats: int = 10) -> float:
-    """Calibrates ``TimingModel.concurrency``: how much faster two concurrent calls finish.
-
-    Times one call of ``fn(*args)`` alone and two calls from two threads at once (medians
-    of ``repeats``); returns ``2 * alone / together`` clipped to ``[1, 2]``. Meaningful on
-    an accelerator with one kernel; on a CPU it measures idle cores.
-
-    Example::
-
-        c = measure_concurrency(k.forward(0), params[0], states[0], x)
-        timing = dataclasses.replace(timing, concurrency=c)
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats {repeats!r} must be >= 1")
-    alone = _median_time(fn, *args, repeats=repeats)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-
-        def both() -> None:
-            for future in [pool.submit(fn, *args) for _ in range(2)]:
-                jax.block_until_ready(future.result())
-
-        together = _median_time(both, repeats=repeats)
-    return min(2.0, max(1.0, 2 * alone / together))

@@ -13,7 +13,7 @@ import optax
 import pytest
 from flax import nnx
 
-from pdasgd_jax import calibration, data, kernels, models, stages
+from pdasgd_jax import calibration, data, kernels, models, program_timing, stages
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.models.common import Flatten
 
@@ -113,8 +113,8 @@ def test_round_average_is_the_averagings_marginal_cost_in_the_step_program(
         timed.update(programs, args=args, repeats=repeats)
         return {"step_and_average": with_averaging, "step": step_alone}
 
-    monkeypatch.setattr(calibration, "_interleaved_median_times", fake_timer)
-    assert calibration._round_averaging_time(k, ts, x, y, repeats=3) == pytest.approx(charged)
+    monkeypatch.setattr(program_timing, "interleaved_median_times", fake_timer)
+    assert program_timing.round_averaging_time(k, ts, x, y, repeats=3) == pytest.approx(charged)
     assert timed["repeats"] == 3
     # Mapped over one worker: the step program is the kernels' own fused step.
     one_ts, one_x, one_y = timed["args"]
@@ -134,7 +134,7 @@ def test_round_average_is_the_averagings_marginal_cost_in_the_step_program(
 def test_interleaved_timing_alternates_the_programs_order():
     calls = []
     programs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b")}
-    times = calibration._interleaved_median_times(programs, repeats=3)
+    times = program_timing.interleaved_median_times(programs, repeats=3)
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-ups, then turns reversed every other repeat
     assert set(times) == {"a", "b"} and all(math.isfinite(t) and t >= 0 for t in times.values())
 

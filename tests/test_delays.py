@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from pdasgd_jax import calibration, data, delays, kernels, models
+from pdasgd_jax import data, delays, kernels, models, program_timing
 from pdasgd_jax.config import Config
 
 N = 200_000
@@ -206,6 +206,6 @@ def test_stage_forward_flops_match_the_matmuls(mlp):
 
 def test_measure_concurrency_is_in_range(mlp):
     k, variables, _, x, _ = mlp
-    c = calibration.measure_concurrency(k.forward(0), variables.params[0], variables.states[0], x, repeats=3)
+    c = program_timing.measure_concurrency(k.forward(0), variables.params[0], variables.states[0], x, repeats=3)
     assert 1.0 <= c <= 2.0
     assert dataclasses.replace(delays.TimingModel([1.0], [1.0], [0.0]), concurrency=c).concurrency == c

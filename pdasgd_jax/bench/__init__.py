@@ -53,6 +53,12 @@ def run_benchmark(name: str, out_dir: str, *, quick: bool = False, show_progress
     return table
 
 
+def sample_std(values: list[float]) -> float:
+    """The sample standard deviation (ddof 1) every benchmark reports as its spread; 0 for a
+    single value."""
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def json_ready(x: Any) -> Any:
     """``x`` with every infinite float (e.g. a target never reached) replaced by None, for JSON."""
     if isinstance(x, dict):

@@ -62,7 +62,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pdasgd_jax import compare
-from pdasgd_jax.bench import json_ready, progress
+from pdasgd_jax.bench import json_ready, progress, sample_std
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.delays import CommModel, TimingModel
@@ -445,7 +445,7 @@ def cell(
         "times": times,
         "mean": float(np.mean(times)) if reached else math.inf,
         # Sample standard deviation over the reported seeds (0 with one seed).
-        "std": float(np.std(times, ddof=1)) if reached and len(times) > 1 else (0.0 if reached else math.nan),
+        "std": sample_std(times) if reached else math.nan,
         "staleness": [o.staleness for o in outcomes],
         "busiest_device": [o.busiest_device for o in outcomes],
         "final_accuracy": [o.final_accuracy for o in outcomes],

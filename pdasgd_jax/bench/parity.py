@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pdasgd_jax.bench import progress
+from pdasgd_jax.bench import progress, sample_std
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.reporting import NonFiniteLossError
@@ -136,8 +136,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
             ]
             accs = [final_accuracy(config) for config in configs]
             finite = [a for a in accs if math.isfinite(a)]
-            # Sample standard deviation (ddof 1), as in delays; 0 with one finite seed.
-            std = float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0 if finite else math.nan
+            std = sample_std(finite) if finite else math.nan
             mean = float(np.mean(finite)) if finite else math.nan
             results[dataset][label] = {
                 "test_accuracy": accs,

@@ -54,7 +54,7 @@ import numpy as np
 import scipy.stats
 
 from pdasgd_jax import affinity
-from pdasgd_jax.bench import interleaved_seconds, json_ready, progress, rate_summary
+from pdasgd_jax.bench import interleaved_seconds, json_ready, progress, rate_summary, sample_std
 from pdasgd_jax.bench.delays import mean_staleness
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
@@ -405,7 +405,7 @@ def _fmt(span: dict[str, float]) -> str:
 def _seconds(values: list[float]) -> str:
     if not all(math.isfinite(v) for v in values):
         return "not reached"
-    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1) if len(values) > 1 else 0.0:.3f}"
+    return f"{np.mean(values):.3f} ± {sample_std(values):.3f}"
 
 
 def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:

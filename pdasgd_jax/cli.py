@@ -108,6 +108,12 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     bench.add_argument(
         "--no-progress", dest="progress", action="store_false", help="no progress bar over the runs (on stderr)"
     )
+    bench.add_argument(
+        "--run-cache",
+        metavar="DIR",
+        help="delays, delays-network, claims: keep each finished simulated run in DIR and read it back, not rerun "
+        "it, when the command runs again with the same code and calibration (default: none, every run computed)",
+    )
     compare = sub.add_parser(
         "compare",
         help="overlay finished runs in one plot and one table",
@@ -226,9 +232,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(report.text)
             return 0 if report.matches else 1
         elif args.command == "bench":
-            from pdasgd_jax.bench import run_benchmark
+            from pdasgd_jax.bench import run_benchmark, run_cache
 
-            print(run_benchmark(args.name, args.out, quick=args.quick, show_progress=args.progress))
+            if args.run_cache is not None and args.name not in run_cache.BENCHMARKS:
+                raise ConfigError(
+                    f"--run-cache applies to the benchmarks {', '.join(run_cache.BENCHMARKS)}, whose runs it keeps; "
+                    f"bench {args.name} has none it could keep: drop --run-cache"
+                )
+            with run_cache.active(args.run_cache):
+                print(run_benchmark(args.name, args.out, quick=args.quick, show_progress=args.progress))
     except (ConfigError, DatasetNotPreparedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

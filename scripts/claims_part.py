@@ -6,6 +6,13 @@
 ``OUT/claims-PART.jsonl`` and rewriting ``OUT/claims-PART.md`` as it goes, so a partial run
 still reports what it measured; the part's summary is written when it ends.
 
+Every finished simulated run (``delays.time_to_target``: the staleness, accuracy and speedups
+parts) is kept in ``OUT/runs`` (``--run-cache DIR`` elsewhere, ``--no-run-cache`` not at all;
+``pdasgd_jax.bench.run_cache``), so rerunning an interrupted command resumes its cell from the
+runs it had finished, and a rerun with unchanged code and calibration recomputes none of them:
+its finished cells come back at once and are appended to the JSONL again (a reader keeps the
+last line per cell). The dasgd and bias parts run no such runs and are not cached.
+
 Usage::
 
     python scripts/claims_part.py --part staleness --out bench_out
@@ -18,7 +25,7 @@ import argparse
 import json
 import os
 
-from pdasgd_jax.bench import claims, json_ready
+from pdasgd_jax.bench import claims, json_ready, run_cache
 
 
 def main() -> None:
@@ -36,6 +43,7 @@ def main() -> None:
     parser.add_argument("--depths", type=int, nargs="+", default=(), help="cell parts: only these depths M")
     parser.add_argument("--workers", type=int, nargs="+", default=(), help="cell parts: only these device counts W")
     parser.add_argument("--k", type=float, nargs="+", default=(), help="cell parts: only these delay factors")
+    run_cache.add_flags(parser)
     args = parser.parse_args()
     if args.lrs and args.part != "bias":
         parser.error(f"--lrs applies to --part bias only, not to --part {args.part}")
@@ -56,7 +64,10 @@ def main() -> None:
             f.write(f"### {args.part} (partial)\n\n" + claims.tables(rows) + "\n")
         print(json.dumps(row), flush=True)
 
-    results, text = claims.run_part(args.part, quick=args.quick, on_cell=on_cell, bias_lrs=tuple(args.lrs), only=only)
+    with run_cache.active(run_cache.directory_from_args(args, args.out)):
+        results, text = claims.run_part(
+            args.part, quick=args.quick, on_cell=on_cell, bias_lrs=tuple(args.lrs), only=only
+        )
     with open(os.path.join(args.out, f"claims-{args.part}.json"), "w") as f:
         json.dump(json_ready(results), f, indent=1)
     with open(md, "w") as f:

@@ -7,6 +7,12 @@ given device counts with the same protocol (``pdasgd_jax.bench.delays.grid``), a
 each finished cell to ``OUT/delays-subgrid.jsonl`` and its table row to
 ``OUT/delays-subgrid.md`` as it goes, so a partial run still reports what it measured.
 
+Every finished simulated run is kept in ``OUT/runs`` (``--run-cache DIR`` elsewhere,
+``--no-run-cache`` not at all; ``pdasgd_jax.bench.run_cache``), so rerunning an interrupted
+command resumes its cell from the runs it had finished, and a rerun with unchanged code and
+calibration recomputes nothing: its finished cells come back from the cache at once and are
+appended to the JSONL again (a reader keeps the last line per cell).
+
 Usage::
 
     python scripts/delays_subgrid.py --workers 4 --out bench_out
@@ -19,7 +25,7 @@ import argparse
 import json
 import os
 
-from pdasgd_jax.bench import delays, delays_network
+from pdasgd_jax.bench import delays, delays_network, run_cache
 from pdasgd_jax.compare import markdown_table
 
 
@@ -34,6 +40,7 @@ def main() -> None:
         "--network", action="store_true", help="price communication as delays-network does (its cells: no straggler)"
     )
     parser.add_argument("--out", default="bench_out")
+    run_cache.add_flags(parser)
     args = parser.parse_args()
     if args.network and args.straggler == "yes":
         parser.error("--network runs delays-network's cells, which have no straggler: drop --straggler yes")
@@ -43,16 +50,16 @@ def main() -> None:
     comm = delays_network.NETWORK if args.network else delays.FREE_NETWORK
     jsonl, md = (os.path.join(args.out, f"{name}.{ext}") for ext in ("jsonl", "md"))
     rows = []
-    for workers in args.workers:
-        for straggler in stragglers:
-            for k in args.k:
-                results, [row] = delays.grid([(workers, k, straggler)], quick=False, comm=comm)
-                with open(jsonl, "a") as f:
-                    f.write(json.dumps(results) + "\n")
-                rows.append(row)
-                with open(md, "w") as f:
-                    f.write(delays.header(name, results) + "\n\n" + markdown_table(rows, delays.COLUMNS) + "\n")
-                print(markdown_table([row], delays.COLUMNS).splitlines()[-1], flush=True)
+    cells = [(w, k, straggler) for w in args.workers for straggler in stragglers for k in args.k]
+    with run_cache.active(run_cache.directory_from_args(args, args.out)):
+        for spec in cells:
+            results, [row] = delays.grid([spec], quick=False, comm=comm)
+            with open(jsonl, "a") as f:
+                f.write(json.dumps(results) + "\n")
+            rows.append(row)
+            with open(md, "w") as f:
+                f.write(delays.header(name, results) + "\n\n" + markdown_table(rows, delays.COLUMNS) + "\n")
+            print(markdown_table([row], delays.COLUMNS).splitlines()[-1], flush=True)
 
 
 if __name__ == "__main__":

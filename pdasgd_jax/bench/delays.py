@@ -62,7 +62,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pdasgd_jax import compare
-from pdasgd_jax.bench import json_ready, progress, sample_std
+from pdasgd_jax.bench import json_ready, progress, run_cache, sample_std
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.delays import CommModel, TimingModel
@@ -209,6 +209,10 @@ def time_to_target(
     which no device holds: their time adds ``assembly_cost`` once, when the target is
     reached. Sync, local SGD, DaSGD (evaluated at round ends, after their merge) and the
     shared store are evaluated on a model a device holds and pay nothing extra.
+
+    Inside ``run_cache.active(directory)`` a run already stored there under the same inputs,
+    calibration and code is read back instead of run (its progress tick says "cached"), and a
+    finished run, diverged or not, is stored.
     """
     overrides = dict(protocol.algorithms[algo])
     if schedule is not None:
@@ -232,8 +236,45 @@ def time_to_target(
         straggler_devices=int(straggler),
         straggler_factor=STRAGGLER_FACTOR,
     )
+    calibrated = exp.calibration(protocol.batch_size)
+    timing = dataclasses.replace(calibrated.timing, comm=comm)
+    label = f"{algo} W={workers} k={k:g}{' straggler' if straggler else ''} lr={lr:g} seed {seed}"
+    cache = run_cache.current()
+    if cache is None:
+        return _simulate(exp, timing, protocol, label, give_up_after=give_up_after, warmup=staleness_warmup)
+    # Everything the outcome depends on besides the code (run_cache adds its digest): the
+    # arguments and the calibration actually used (``timing`` is it with ``comm``).
+    inputs = {
+        "time_to_target": {
+            "algo": algo,
+            "workers": workers,
+            "k": float(k),
+            "straggler": straggler,
+            "lr": float(lr),
+            "seed": seed,
+            "epochs": float(epochs),
+            "comm": comm,
+            "protocol": protocol,
+            "schedule": schedule,
+            "give_up_after": give_up_after,
+            "staleness_warmup": staleness_warmup,
+        },
+        "calibration": {"fingerprint": calibrated.fingerprint, "timing": run_cache.digest(calibrated.timing.to_dict())},
+    }
+    cached = cache.get(inputs, Outcome)
+    if cached is not None:
+        progress.tick(f"{label} (cached)")
+        return cached
+    outcome = _simulate(exp, timing, protocol, label, give_up_after=give_up_after, warmup=staleness_warmup)
+    cache.put(inputs, outcome)
+    return outcome
+
+
+def _simulate(
+    exp: Experiment, timing: TimingModel, protocol: Protocol, label: str, *, give_up_after: float | None, warmup: int
+) -> Outcome:
+    """``time_to_target``'s run of ``exp`` on the virtual clock at ``timing`` (one progress tick, ``label``)."""
     config = exp.config
-    timing = dataclasses.replace(exp.calibration(protocol.batch_size).timing, comm=comm)
     metrics = MetricsLog(
         exp.evaluate,
         total_examples=exp.total_examples,
@@ -244,11 +285,11 @@ def time_to_target(
         give_up_after=give_up_after,
     )
     try:
-        extra = run_simulated(exp, metrics, timing=timing, staleness_warmup=staleness_warmup).extra
+        extra = run_simulated(exp, metrics, timing=timing, staleness_warmup=warmup).extra
     except NonFiniteLossError:
         return DIVERGED
     finally:
-        progress.tick(f"{algo} W={workers} k={k:g}{' straggler' if straggler else ''} lr={lr:g} seed {seed}")
+        progress.tick(label)
     reached = extra["virtual_time_to_target"]
     assembly = 0.0 if reached is None else assembly_cost(config, extra)
     return Outcome(

@@ -17,6 +17,7 @@ Usage::
 
     python scripts/claims_part.py --part staleness --out bench_out
     python scripts/claims_part.py --part bias --lrs 0.32 --out bench_out  # also a tuned rate off the grid
+    python scripts/claims_part.py --part accuracy --depths 4 --lr-schedules cosine --out bench_out
 """
 
 from __future__ import annotations
@@ -43,11 +44,21 @@ def main() -> None:
     parser.add_argument("--depths", type=int, nargs="+", default=(), help="cell parts: only these depths M")
     parser.add_argument("--workers", type=int, nargs="+", default=(), help="cell parts: only these device counts W")
     parser.add_argument("--k", type=float, nargs="+", default=(), help="cell parts: only these delay factors")
+    parser.add_argument(
+        "--lr-schedules",
+        nargs="+",
+        default=(),
+        choices=claims.accuracy.LR_SCHEDULES,
+        help="accuracy part: only these learning-rate recipes",
+    )
     run_cache.add_flags(parser)
     args = parser.parse_args()
     if args.lrs and args.part != "bias":
         parser.error(f"--lrs applies to --part bias only, not to --part {args.part}")
     only = {"depth": tuple(args.depths), "workers": tuple(args.workers), "k": tuple(args.k)}
+    if args.lr_schedules and args.part != "accuracy":
+        parser.error(f"--lr-schedules selects cells of the accuracy part, not of --part {args.part}")
+    only["lr_schedule"] = tuple(args.lr_schedules)
     if any(only.values()) and args.part not in claims.CELL_PARTS:
         parser.error(
             f"--depths/--workers/--k select cells of {', '.join(claims.CELL_PARTS)}, not of --part {args.part}"

@@ -93,12 +93,15 @@ def test_staleness_and_accuracy_summaries_judge_their_targets():
     cells = [
         {"depth": 4, "pdasgd_points_below_sgd": 0.4, "layer_minus_block_points": 2.0, "target_met": True},
         {"depth": 16, "pdasgd_points_below_sgd": 1.5, "layer_minus_block_points": -0.5, "target_met": False},
+        {"depth": 4, "lr_schedule": "cosine", "pdasgd_points_below_sgd": 0.2, "layer_minus_block_points": 1.0}
+        | {"target_met": True},
     ]
-    out = accuracy.summary(cells)
-    assert out["points_below_sgd"] == {4: 0.4, 16: 1.5} and not out["accuracy_target_met"]
-    assert out["layer_minus_block_points"] == {4: 2.0, 16: -0.5}
+    out = accuracy.summary(cells)  # per recipe; a result without one is the constant rate's
+    assert out["points_below_sgd"] == {"constant": {4: 0.4, 16: 1.5}, "cosine": {4: 0.2}}
+    assert out["accuracy_target_met"] == {"constant": False, "cosine": True}
+    assert out["layer_minus_block_points"] == {"constant": {4: 2.0, 16: -0.5}, "cosine": {4: 1.0}}
     cells[1]["target_met"] = True
-    assert accuracy.summary(cells)["accuracy_target_met"]
+    assert accuracy.summary(cells)["accuracy_target_met"]["constant"]
 
 
 def test_a_diverged_seed_scores_chance_and_fails_the_accuracy_target(monkeypatch):
@@ -122,13 +125,19 @@ def test_a_diverged_seed_scores_chance_and_fails_the_accuracy_target(monkeypatch
     assert "1 diverged" in row["pdasgd acc"] and "missed" in row["pdasgd below sgd (points)"]
 
 
-def test_common_cell_passes_the_tuning_criterion_to_delays_cell(monkeypatch):
+def test_common_cell_passes_the_tuning_criterion_and_recipe_to_delays_cell(monkeypatch):
     seen = []
     monkeypatch.setattr(delays, "cell", lambda *args, **kwargs: seen.append(kwargs) or {})
     common.cell("pdasgd", 4, 4, 1.0, False, quick=False, stop_at_target=False, tuned_on="final_accuracy")
-    common.cell("pdasgd", 4, 4, 1.0, False, quick=False, stop_at_target=True)
+    common.cell("pdasgd", 4, 4, 1.0, False, quick=False, stop_at_target=True, lr_schedule="cosine")
     assert [s["tuned_on"] for s in seen] == ["final_accuracy", "time_to_target"]
     assert not seen[0]["protocol"].stop_at_target and seen[0]["tuning_seeds"] == common.TUNING_SEEDS
+    # the constant rate is the Config default and stays out of the protocol (older runs' keys hold)
+    assert "lr_schedule" not in dict(seen[0]["protocol"].base)
+    assert dict(seen[1]["protocol"].base)["lr_schedule"] == "cosine"
+    assert {(s["depth"], s["lr_schedule"]) for s in accuracy.specs(False)} == {
+        (m, r) for m in (4, 8, 16) for r in ("constant", "cosine")
+    }
 
 
 def _censored_cell(k, vs_sync, vs_async, met, *, sync_censored=False, async_censored=False):

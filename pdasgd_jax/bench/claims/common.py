@@ -52,11 +52,15 @@ LRS: dict[str, tuple[float, ...]] = {
 }
 
 
-def protocol(depth: int, *, quick: bool, stop_at_target: bool) -> delays.Protocol:
-    """The time-to-target protocol of ``resnet1d`` with ``depth`` stages."""
+def protocol(depth: int, *, quick: bool, stop_at_target: bool, lr_schedule: str = "constant") -> delays.Protocol:
+    """The time-to-target protocol of ``resnet1d`` with ``depth`` stages, every algorithm's rate
+    on ``lr_schedule`` (``--lr-schedule``: constant, or e.g. cosine to 0 over the run's updates)."""
     dataset = QUICK_DATASET if quick else DATASET
+    # The constant schedule is the Config default: left out, so its protocol (and the run
+    # cache's keys) are those of every run before the option existed.
+    recipe = () if lr_schedule == "constant" else (("lr_schedule", lr_schedule),)
     return delays.Protocol(
-        base=(("dataset", dataset), ("depth", depth), ("model", MODEL)),
+        base=(("dataset", dataset), ("depth", depth), ("model", MODEL), *recipe),
         algorithms=ALGORITHMS,
         target=TARGET,
         batch_size=BATCH_SIZE,
@@ -75,9 +79,10 @@ def cell(
     quick: bool,
     stop_at_target: bool,
     tuned_on: str = "time_to_target",
+    lr_schedule: str = "constant",
 ) -> dict[str, Any]:
     """``delays.cell`` on this benchmark's model, budget and seeds (quick: one rate, one seed, no
-    tuning), the rate tuned for ``tuned_on`` (``delays.TUNING_CRITERIA``)."""
+    tuning), the rate tuned for ``tuned_on`` (``delays.TUNING_CRITERIA``) on ``lr_schedule``."""
     seeds, tuning, epochs = (SEEDS[:1], (), QUICK_EPOCHS) if quick else (SEEDS, TUNING_SEEDS, EPOCHS)
     lrs = LRS[algo][1:2] if quick else LRS[algo]
     return delays.cell(
@@ -89,7 +94,7 @@ def cell(
         seeds,
         epochs,
         tuning_seeds=tuning,
-        protocol=protocol(depth, quick=quick, stop_at_target=stop_at_target),
+        protocol=protocol(depth, quick=quick, stop_at_target=stop_at_target, lr_schedule=lr_schedule),
         max_widenings=MAX_WIDENINGS,
         tuned_on=tuned_on,
     )

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from pdasgd_jax import affinity
-from pdasgd_jax.bench import delays, interleaved_seconds, json_ready, rate_summary, stability
+from pdasgd_jax.bench import (
+    ci95_half_width,
+    delays,
+    interleaved_seconds,
+    json_ready,
+    rate_summary,
+    ratio_ci95,
+    stability,
+)
 from pdasgd_jax.bench import runtime as bench_runtime
 from pdasgd_jax.cli import main
 from pdasgd_jax.config import Config
@@ -125,9 +133,18 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
 
 def test_the_prediction_errors_interval_is_students_t_over_the_seeds():
     # Two seeds: t(0.975, 1) = 12.706, sample sd of (0.1, 0.3) = 0.1414, / sqrt(2) -> 12.706 * 0.1.
-    assert bench_runtime.ci95_half_width([0.1, 0.3, math.nan]) == pytest.approx(1.2706, abs=1e-4)
-    assert bench_runtime.ci95_half_width([0.2] * 5) == 0.0
-    assert math.isnan(bench_runtime.ci95_half_width([0.5]))
+    assert ci95_half_width([0.1, 0.3, math.nan]) == pytest.approx(1.2706, abs=1e-4)
+    assert ci95_half_width([0.2] * 5) == 0.0
+    assert math.isnan(ci95_half_width([0.5]))
+
+
+def test_a_ratio_of_means_interval_is_the_delta_method_with_the_smaller_samples_t():
+    lo, hi = ratio_ci95([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
+    assert lo == hi == 2.0  # no spread: the ratio itself
+    # numerator mean 2, sd 0.2 (n 3), denominator exact 1: 2 +- t(0.975, 2) x 0.2 / sqrt(3) = 4.303 x 0.1155
+    lo, hi = ratio_ci95([1.8, 2.0, 2.2], [1.0, 1.0, 1.0, 1.0])
+    assert (lo, hi) == (pytest.approx(2 - 0.4969, abs=1e-3), pytest.approx(2 + 0.4969, abs=1e-3))
+    assert all(math.isnan(v) for v in ratio_ci95([1.0], [1.0, 2.0]) + ratio_ci95([1.0, math.inf], [1.0, 2.0]))
 
 
 def test_unknown_benchmark_is_refused(capsys):

@@ -86,22 +86,31 @@ def test_staleness_and_accuracy_summaries_judge_their_targets():
         {"depth": 16, "layer_over_block": {"stashed": 0.55, "live": 0.62}},
         {"depth": 4, "layer_over_block": {"stashed": 0.9, "live": 0.9}},
     ]
-    out = staleness.summary(cells)
+    grid = [{"depth": 16}, {"depth": 4}]
+    out = staleness.summary(cells, expected=grid)
     assert out["ratio_at_16"]["max"] == 0.62 and not out["ratio_target_met"]  # every weights at M = 16 counts
     cells[0]["layer_over_block"]["live"] = 0.5
-    assert staleness.summary(cells)["ratio_target_met"]
+    assert staleness.summary(cells, expected=grid)["ratio_target_met"]
+    # a sub-grid judges nothing: a cell at M = 16 not run leaves the target unjudged
+    out = staleness.summary(cells, expected=[*grid, {"depth": 16, "workers": 16}])
+    assert out["ratio_target_met"] is None and out["missing_cells"] == [{"depth": 16, "workers": 16}]
     cells = [
         {"depth": 4, "pdasgd_points_below_sgd": 0.4, "layer_minus_block_points": 2.0, "target_met": True},
         {"depth": 16, "pdasgd_points_below_sgd": 1.5, "layer_minus_block_points": -0.5, "target_met": False},
         {"depth": 4, "lr_schedule": "cosine", "pdasgd_points_below_sgd": 0.2, "layer_minus_block_points": 1.0}
         | {"target_met": True},
     ]
-    out = accuracy.summary(cells)  # per recipe; a result without one is the constant rate's
+    grid = [{"depth": m, "lr_schedule": "constant"} for m in (4, 16)] + [{"depth": 4, "lr_schedule": "cosine"}]
+    out = accuracy.summary(cells, expected=grid)  # per recipe; a result without one is the constant rate's
     assert out["points_below_sgd"] == {"constant": {4: 0.4, 16: 1.5}, "cosine": {4: 0.2}}
     assert out["accuracy_target_met"] == {"constant": False, "cosine": True}
     assert out["layer_minus_block_points"] == {"constant": {4: 2.0, 16: -0.5}, "cosine": {4: 1.0}}
     cells[1]["target_met"] = True
-    assert accuracy.summary(cells)["accuracy_target_met"]["constant"]
+    assert accuracy.summary(cells, expected=grid)["accuracy_target_met"]["constant"]
+    # cosine at M = 16 not run: cosine's "every depth" is not judged, constant's still is
+    out = accuracy.summary(cells, expected=[*grid, {"depth": 16, "lr_schedule": "cosine"}])
+    assert out["accuracy_target_met"] == {"constant": True, "cosine": None}
+    assert accuracy.summary(cells)["accuracy_target_met"] == {"constant": None, "cosine": None}  # the full grid
 
 
 def test_a_diverged_seed_scores_chance_and_fails_the_accuracy_target(monkeypatch):
@@ -135,6 +144,8 @@ def test_common_cell_passes_the_tuning_criterion_and_recipe_to_delays_cell(monke
     # the constant rate is the Config default and stays out of the protocol (older runs' keys hold)
     assert "lr_schedule" not in dict(seen[0]["protocol"].base)
     assert dict(seen[1]["protocol"].base)["lr_schedule"] == "cosine"
+    # one calibration per depth: the cosine recipe is timed on the constant rate's experiment
+    assert seen[0]["protocol"].timing_base is None and seen[1]["protocol"].timing_base == seen[0]["protocol"].base
     assert {(s["depth"], s["lr_schedule"]) for s in accuracy.specs(False)} == {
         (m, r) for m in (4, 8, 16) for r in ("constant", "cosine")
     }
@@ -158,11 +169,14 @@ def test_speedups_target_is_judged_at_k_of_one_and_more():
         _censored_cell(1.0, 2.5, 1.1, True),
         _censored_cell(4.0, None, 1.3, True),
     ]
-    out = speedups.summary(cells)
+    grid = [{"workers": 4, "k": c["k"]} for c in cells]
+    out = speedups.summary(cells, expected=grid)
     assert (out["max_vs_sync"], out["max_vs_best_async"], out["target_met"]) == (2.5, 1.3, True)
     assert out["censored_vs_sync"] == {} and out["target_unjudged"] == []
+    assert speedups.summary(cells)["target_met"] is None  # the full grid's other k >= 1 cells were not run
+    assert speedups.summary(cells, expected=[*grid, {"workers": 4, "k": 0.5}])["target_met"]  # k < 1 judges nothing
     cells[1]["target_met"] = False
-    assert not speedups.summary(cells)["target_met"]
+    assert speedups.summary(cells, expected=grid)["target_met"] is False
     assert [s["k"] for s in speedups.specs(False) if s["straggler"]] == [0.0, 0.0]
 
 
@@ -180,7 +194,7 @@ def test_a_censored_speedup_is_a_lower_bound_never_a_headline_or_a_met_target():
         _censored_cell(1.0, 1.5, 1.2, True),
         _censored_cell(2.0, 9.0, 7.0, None, sync_censored=True, async_censored=True),
     ]
-    out = speedups.summary(cells)
+    out = speedups.summary(cells, expected=[{"k": c["k"]} for c in cells])
     assert out["max_vs_sync"] == 1.5 and out["max_vs_best_async"] == 1.2 and out["target_met"]
     assert out["censored_vs_sync"] == {"W=4 k=2": "≥ 9.00x"} and out["target_unjudged"] == ["W=4 k=2"]
 
@@ -194,15 +208,39 @@ def test_a_cell_where_only_pdasgd_reaches_the_target_is_censored_not_met(monkeyp
             "mean": 2.0 if reached else math.inf,
             "std": 0.0 if reached else math.nan,
             "times": [2.0] if reached else [math.inf],
-            "run_times": [2.0] if reached else [{"sync": 6.0, "asgd-3t": 5.0, "lpp": 4.0}[algo]],
+            "run_times": [2.0] if reached else [{"sync": 6.0, "asgd-3t": 5.0, "lpp": 4.0, "asgd-3t-rep": 4.5}[algo]],
             "staleness": [1.0],
         }
 
     monkeypatch.setattr(common, "cell", fake_cell)
+    timing = types.SimpleNamespace(step_compute_time=lambda: 0.03, train_step_time=lambda: 0.01)
+    monkeypatch.setattr(common, "calibration", lambda depth, quick: types.SimpleNamespace(timing=timing))
     result, row = speedups.run_spec({"depth": 4, "workers": 4, "k": 1.0, "straggler": False}, quick=True)
     assert result["best_async"] == "lpp" and result["pdasgd_vs_best_async"] == 2.0
     assert result["pdasgd_vs_best_async_censored"] and result["target_met"] is None
-    assert row["pdasgd vs sync"] == "≥ 3.00x (ref. not reached)"
+    assert row["pdasgd vs sync [95 % CI]"] == "≥ 3.00x (ref. not reached)"  # a lower bound has no interval
+    assert result["k_in_sync_steps"] == pytest.approx(3.0) and row["k in sync steps"] == "3.0"
+
+
+def test_an_uncensored_speedup_carries_its_interval_over_the_seeds():
+    def reached(times):
+        mean = sum(times) / len(times)
+        return {
+            "lr": 0.02,
+            "edge": False,
+            "mean": mean,
+            "std": 0.1,
+            "times": times,
+            "run_times": times,
+            "staleness": [1.0],
+        }
+
+    cells = {a: reached([3.8, 4.0, 4.2]) for a in speedups.ALGOS} | {"pdasgd": reached([2.0] * 3)}
+    timing = types.SimpleNamespace(step_compute_time=lambda: 0.02, train_step_time=lambda: 0.01)
+    result, row = speedups.compare({"depth": 16, "workers": 4, "k": 1.0, "straggler": False}, cells, timing)
+    lo, hi = result["pdasgd_vs_sync_ci95"]
+    assert lo < 2.0 < hi and row["pdasgd vs sync [95 % CI]"] == f"2.00x [{lo:.2f}, {hi:.2f}]"
+    assert result["target_met"] and "asgd-3t-rep" in speedups.BASELINES
 
 
 def test_dasgd_hides_an_allreduce_that_fits_in_d_steps_and_local_sgd_does_not():
@@ -301,8 +339,10 @@ def test_a_sub_grid_runs_only_its_cells(monkeypatch):
     ran = []
     monkeypatch.setattr(staleness, "specs", lambda quick: [{"depth": m, "workers": 4, "k": 1.0} for m in (4, 8, 16)])
     monkeypatch.setattr(staleness, "run_spec", lambda spec, quick: (ran.append(spec["depth"]) or {}, {"M": 1}))
-    monkeypatch.setattr(staleness, "summary", lambda cells: {})
+    judged_against = []
+    monkeypatch.setattr(staleness, "summary", lambda cells, expected: judged_against.append(expected) or {})
     claims.run_part("staleness", quick=False, only={"depth": (16, 4), "k": (1.0,), "workers": ()})
     assert ran == [4, 16]
+    assert [s["depth"] for s in judged_against[0]] == [4, 8, 16]  # the whole grid: a sub-grid judges no target
     with pytest.raises(ValueError, match="no cell of claims part 'staleness' matches"):
         claims.run_part("staleness", quick=False, only={"depth": (32,)})

@@ -59,6 +59,35 @@ def sample_std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def ci95_half_width(values: list[float]) -> float:
+    """Half-width of the 95 % confidence interval of the mean of ``values`` (Student's t over
+    the finite ones; nan with fewer than two)."""
+    import scipy.stats
+
+    finite = [v for v in values if math.isfinite(v)]
+    if len(finite) < 2:
+        return math.nan
+    return float(scipy.stats.t.ppf(0.975, len(finite) - 1) * statistics.stdev(finite) / math.sqrt(len(finite)))
+
+
+def ratio_ci95(numerator: list[float], denominator: list[float]) -> tuple[float, float]:
+    """95 % interval of ``mean(numerator) / mean(denominator)`` for independent samples (e.g.
+    two algorithms' times to target over their seeds): the delta method, Student's t with the
+    smaller sample's degrees of freedom (conservative). ``(nan, nan)`` unless both have two or
+    more values, all finite."""
+    import scipy.stats
+
+    if min(len(numerator), len(denominator)) < 2 or not all(math.isfinite(v) for v in (*numerator, *denominator)):
+        return math.nan, math.nan
+    a, b = statistics.fmean(numerator), statistics.fmean(denominator)
+    ratio = a / b
+    relative_var = statistics.variance(numerator) / (len(numerator) * a * a) + statistics.variance(denominator) / (
+        len(denominator) * b * b
+    )
+    half = float(scipy.stats.t.ppf(0.975, min(len(numerator), len(denominator)) - 1)) * ratio * math.sqrt(relative_var)
+    return ratio - half, ratio + half
+
+
 def json_ready(x: Any) -> Any:
     """``x`` with every infinite float (e.g. a target never reached) replaced by None, for JSON."""
     if isinstance(x, dict):

@@ -137,6 +137,11 @@ class Protocol:
       eval_every: examples between evaluations.
       stop_at_target: stop once the target is reached; False runs the whole budget, so the
         final accuracy is the budget's (the target is still timed).
+      timing_base: calibrate on the experiment of these overrides instead of ``base`` (None:
+        ``base``). Protocols that differ from another only in a recipe whose cost is a few
+        scalar operations per update (a learning-rate schedule, whose optimizer state has its
+        own fingerprint) share that protocol's calibration, so calibration noise does not
+        enter their comparison.
     """
 
     base: tuple[tuple[str, Any], ...] = ()
@@ -145,6 +150,7 @@ class Protocol:
     batch_size: int = BATCH_SIZE
     eval_every: int = BATCH_SIZE
     stop_at_target: bool = True
+    timing_base: tuple[tuple[str, Any], ...] | None = None
 
 
 DIGITS = Protocol()
@@ -236,7 +242,8 @@ def time_to_target(
         straggler_devices=int(straggler),
         straggler_factor=STRAGGLER_FACTOR,
     )
-    calibrated = exp.calibration(protocol.batch_size)
+    timed = exp if protocol.timing_base is None else _base_experiment(SEEDS[0], LRS["pdasgd"][0], protocol.timing_base)
+    calibrated = timed.calibration(protocol.batch_size)
     timing = dataclasses.replace(calibrated.timing, comm=comm)
     label = f"{algo} W={workers} k={k:g}{' straggler' if straggler else ''} lr={lr:g} seed {seed}"
     cache = run_cache.current()

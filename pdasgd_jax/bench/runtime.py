@@ -51,10 +51,9 @@ from typing import Any
 
 import jax
 import numpy as np
-import scipy.stats
 
 from pdasgd_jax import affinity
-from pdasgd_jax.bench import interleaved_seconds, json_ready, progress, rate_summary, sample_std
+from pdasgd_jax.bench import ci95_half_width, interleaved_seconds, json_ready, progress, rate_summary, sample_std
 from pdasgd_jax.bench.delays import mean_staleness
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
@@ -368,15 +367,6 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
         c["speedup_prediction_error_ci95"] = ci95_half_width(per_seed_speedup)
         c["staleness_prediction_error_ci95"] = ci95_half_width(per_seed_staleness)
     return out
-
-
-def ci95_half_width(values: list[float]) -> float:
-    """Half-width of the 95 % confidence interval of the mean of ``values`` (Student's t over
-    the finite ones; nan with fewer than two)."""
-    finite = [v for v in values if math.isfinite(v)]
-    if len(finite) < 2:
-        return math.nan
-    return float(scipy.stats.t.ppf(0.975, len(finite) - 1) * np.std(finite, ddof=1) / math.sqrt(len(finite)))
 
 
 def _relative_error(predicted: float, measured: float) -> float:

@@ -95,16 +95,23 @@ def run_spec(spec: dict[str, Any], *, quick: bool) -> tuple[dict[str, Any], dict
     return accuracy_cell(spec["depth"], quick=quick, lr_schedule=spec.get("lr_schedule", "constant"))
 
 
-def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(results: list[dict[str, Any]], expected: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per recipe (``lr_schedule``; a result without one ran before recipes: constant):
     PD-ASGD's points below SGD per depth, whether every depth met the target (within the
-    points, no diverged seed), and layer minus block per depth."""
+    points, no diverged seed; None, not judged, while a depth of ``expected`` is missing:
+    default the full grid, ``specs(False)``), and layer minus block per depth."""
+    missing = common.missing_cells(results, specs(False) if expected is None else expected)
     by_recipe: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         by_recipe.setdefault(r.get("lr_schedule", "constant"), []).append(r)
+
+    def judged(recipe: str, rs: list[dict[str, Any]]) -> bool | None:
+        return None if any(m["lr_schedule"] == recipe for m in missing) else all(r["target_met"] for r in rs)
+
     return {
+        "missing_cells": missing,
         "points_below_sgd": {s: {r["depth"]: r["pdasgd_points_below_sgd"] for r in rs} for s, rs in by_recipe.items()},
-        "accuracy_target_met": {s: all(r["target_met"] for r in rs) for s, rs in by_recipe.items()},
+        "accuracy_target_met": {s: judged(s, rs) for s, rs in by_recipe.items()},
         "layer_minus_block_points": {
             s: {r["depth"]: r["layer_minus_block_points"] for r in rs} for s, rs in by_recipe.items()
         },

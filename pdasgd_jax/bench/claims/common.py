@@ -58,9 +58,12 @@ def protocol(depth: int, *, quick: bool, stop_at_target: bool, lr_schedule: str 
     dataset = QUICK_DATASET if quick else DATASET
     # The constant schedule is the Config default: left out, so its protocol (and the run
     # cache's keys) are those of every run before the option existed.
+    base = (("dataset", dataset), ("depth", depth), ("model", MODEL))
     recipe = () if lr_schedule == "constant" else (("lr_schedule", lr_schedule),)
     return delays.Protocol(
-        base=(("dataset", dataset), ("depth", depth), ("model", MODEL), *recipe),
+        base=(*base, *recipe),
+        # every recipe on the constant rate's calibration: one calibration per depth
+        timing_base=base if recipe else None,
         algorithms=ALGORITHMS,
         target=TARGET,
         batch_size=BATCH_SIZE,
@@ -85,6 +88,8 @@ def cell(
     tuning), the rate tuned for ``tuned_on`` (``delays.TUNING_CRITERIA``) on ``lr_schedule``."""
     seeds, tuning, epochs = (SEEDS[:1], (), QUICK_EPOCHS) if quick else (SEEDS, TUNING_SEEDS, EPOCHS)
     lrs = LRS[algo][1:2] if quick else LRS[algo]
+    # a replicated variant's (H, d) is tuned like its rate, as in ``delays``
+    schedules = () if quick or "replication" not in ALGORITHMS[algo] else delays.REPLICA_SCHEDULES
     return delays.cell(
         algo,
         workers,
@@ -96,8 +101,30 @@ def cell(
         tuning_seeds=tuning,
         protocol=protocol(depth, quick=quick, stop_at_target=stop_at_target, lr_schedule=lr_schedule),
         max_widenings=MAX_WIDENINGS,
+        schedules=schedules,
         tuned_on=tuned_on,
     )
+
+
+def calibration(depth: int, *, quick: bool) -> Any:
+    """The ``Calibration`` every run at ``depth`` is timed with (the constant rate's, which
+    every recipe shares: ``protocol``'s ``timing_base``)."""
+    proto = protocol(depth, quick=quick, stop_at_target=True)
+    return delays._base_experiment(delays.SEEDS[0], delays.LRS["pdasgd"][0], proto.base).calibration(BATCH_SIZE)
+
+
+# A spec key a result may lack because it ran before the key existed, and the value it had.
+_SPEC_DEFAULTS = {"lr_schedule": "constant", "straggler": False}
+
+
+def missing_cells(results: list[dict[str, Any]], expected: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The specs of ``expected`` (a part's ``specs``) that no result ran: a target judged over a
+    sub-grid is not judged (each part's ``summary`` says so rather than calling it met)."""
+
+    def ran(spec: dict[str, Any]) -> bool:
+        return any(all(r.get(k, _SPEC_DEFAULTS.get(k)) == v for k, v in spec.items()) for r in results)
+
+    return [spec for spec in expected if not ran(spec)]
 
 
 def mean(values: list[float]) -> float:

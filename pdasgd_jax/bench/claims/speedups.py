@@ -19,14 +19,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pdasgd_jax.bench import delays
+from pdasgd_jax.bench import delays, ratio_ci95
 from pdasgd_jax.bench.claims import common
 
 DEPTH = 16
 WORKERS = (4, 16)
 DELAY_FACTORS = (0.0, 1.0, 2.0, 4.0)
-ALGOS = ("sync", "asgd-3t", "lpp", "pdasgd")
-BASELINES = ("asgd-3t", "lpp")
+ALGOS = ("sync", "asgd-3t", "lpp", "asgd-3t-rep", "pdasgd")
+# The asynchronous baselines at PD-ASGD's threads per device: shared-store ASGD, the paper's
+# LPP-SGD and replicated ASGD (its (H, d) tuned like its rate), the best asynchronous
+# baseline in most ``delays`` cells. Single-thread ASGD is left out: never the best there.
+BASELINES = ("asgd-3t", "lpp", "asgd-3t-rep")
 TARGET_SPEEDUP = 1.0  # over the best asynchronous baseline, at k >= 1
 
 
@@ -70,10 +73,35 @@ def _fmt_speedup(s: dict[str, Any]) -> str:
     return "ref. diverged" if math.isnan(s["ratio"]) else f"≥ {s['ratio']:.2f}x (ref. not reached)"
 
 
+def _fmt_interval(ref: dict[str, Any], pd: dict[str, Any], s: dict[str, Any]) -> str:
+    """An uncensored speedup with its 95 % interval over the seeds (``bench.ratio_ci95``)."""
+    if s["ratio"] is None or s["censored"]:
+        return _fmt_speedup(s)
+    lo, hi = ratio_ci95(ref["times"], pd["times"])
+    return f"{s['ratio']:.2f}x [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else _fmt_speedup(s)
+
+
+def delay_in_sync_steps(timing: Any) -> float:
+    """One delay unit (``TimingModel.step_compute_time``: a step of per-stage kernels) in
+    sync's own steps (its fused ``train_step`` at the per-worker batch): k delay units are
+    k times this many of sync's steps, the scale the papers' delays are quoted in."""
+    return timing.step_compute_time() / timing.train_step_time()
+
+
 def run_spec(spec: dict[str, Any], *, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every algorithm in one cell: its raw result and table row."""
     depth, workers, k, straggler = spec["depth"], spec["workers"], spec["k"], spec["straggler"]
     by_algo = {a: common.cell(a, depth, workers, k, straggler, quick=quick, stop_at_target=True) for a in ALGOS}
+    return compare(spec, by_algo, common.calibration(depth, quick=quick).timing)
+
+
+def compare(
+    spec: dict[str, Any], by_algo: dict[str, dict[str, Any]], timing: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One cell's raw result and table row from each algorithm's ``delays.cell`` result and the
+    calibration's ``TimingModel`` (for the delay's size in sync steps)."""
+    depth, workers, k, straggler = spec["depth"], spec["workers"], spec["k"], spec["straggler"]
+    unit_in_sync_steps = delay_in_sync_steps(timing)
     pd = by_algo["pdasgd"]
     # the fastest baseline by mean time, or (none reached the target) by its lower bound
     rival = min(BASELINES, key=lambda a: (by_algo[a]["mean"], _nan_last(lower_bound_time(by_algo[a]))))
@@ -88,20 +116,26 @@ def run_spec(spec: dict[str, Any], *, quick: bool) -> tuple[dict[str, Any], dict
         **spec,
         **delays.json_ready(by_algo),
         "best_async": rival,
+        "delay_unit_s": timing.step_compute_time(),
+        "sync_step_s": timing.train_step_time(),
+        "k_in_sync_steps": k * unit_in_sync_steps,
         "pdasgd_vs_sync": vs_sync["ratio"],
+        "pdasgd_vs_sync_ci95": list(ratio_ci95(by_algo["sync"]["times"], pd["times"])),
         "pdasgd_vs_sync_censored": vs_sync["censored"],
         "pdasgd_vs_best_async": vs_async["ratio"],
         "pdasgd_vs_best_async_censored": vs_async["censored"],
+        "pdasgd_vs_best_async_ci95": list(ratio_ci95(by_algo[rival]["times"], pd["times"])),
         "target_met": met,
     }
     row = {
         "M": depth,
         "W": workers,
         "k": k,
+        "k in sync steps": f"{k * unit_in_sync_steps:.1f}",
         "straggler": "3x" if straggler else "-",
         **{f"{a} (ms)": delays._fmt(c) for a, c in by_algo.items()},
-        "pdasgd vs sync": _fmt_speedup(vs_sync),
-        "pdasgd vs best async": f"{_fmt_speedup(vs_async)} ({rival})",
+        "pdasgd vs sync [95 % CI]": _fmt_interval(by_algo["sync"], pd, vs_sync),
+        "pdasgd vs best async [95 % CI]": f"{_fmt_interval(by_algo[rival], pd, vs_async)} ({rival})",
         "pdasgd mean τ": f"{common.mean(by_algo['pdasgd']['staleness']):.2f}",
     }
     return delays.json_ready(result), row
@@ -111,11 +145,14 @@ def _cell_name(r: dict[str, Any]) -> str:
     return f"W={r['workers']} k={r['k']:g}{' straggler' if r.get('straggler') else ''}"
 
 
-def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(results: list[dict[str, Any]], expected: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The largest uncensored speedups, the censored ones apart (lower bounds), and whether the
     k >= 1 target held in every cell that could judge it (``target_unjudged``: the k >= 1
-    cells that could not, censored or nobody at the target)."""
-    out: dict[str, Any] = {}
+    cells that could not, censored or nobody at the target). ``expected``: the grid asked for
+    (default: the full one, ``specs(False)``); with any of its k >= 1 cells not run
+    (``missing_cells``) the target is not judged (None), whatever the cells run say."""
+    missing = common.missing_cells(results, specs(False) if expected is None else expected)
+    out: dict[str, Any] = {"cells_run": len(results), "missing_cells": [_cell_name(m) for m in missing]}
     for key in ("pdasgd_vs_sync", "pdasgd_vs_best_async"):
         exact = [r[key] for r in results if r[key] is not None and not r[f"{key}_censored"]]
         out[f"max_{key.removeprefix('pdasgd_')}"] = max(exact, default=math.nan)
@@ -123,6 +160,6 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
             _cell_name(r): f"≥ {r[key]:.2f}x" for r in results if r[key] is not None and r[f"{key}_censored"]
         }
     judged = [r["target_met"] for r in results if r["target_met"] is not None]
-    out["target_met"] = bool(judged) and all(judged)
+    out["target_met"] = None if any(m["k"] >= 1 for m in missing) else bool(judged) and all(judged)
     out["target_unjudged"] = [_cell_name(r) for r in results if r["k"] >= 1 and r["target_met"] is None]
     return out

@@ -122,10 +122,14 @@ def run_spec(spec: dict[str, Any], *, quick: bool) -> tuple[dict[str, Any], dict
     return staleness_cell(spec["depth"], spec["workers"], spec["k"], quick=quick)
 
 
-def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ratio target at M = 16, over every W, k and backward weights."""
+def summary(results: list[dict[str, Any]], expected: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ratio target at M = 16, over every W, k and backward weights: not judged (None) while
+    a cell at M = 16 of ``expected`` (default: the full grid, ``specs(False)``) is missing."""
+    missing = common.missing_cells(results, specs(False) if expected is None else expected)
     ratios = [r["layer_over_block"][w] for r in results if r["depth"] == TARGET_RATIO_DEPTH for w in PAIRS]
+    met = bool(ratios) and max(ratios) <= TARGET_RATIO
     return {
+        "missing_cells": missing,
         "ratio_at_16": {"max": max(ratios, default=math.nan), "target": TARGET_RATIO},
-        "ratio_target_met": bool(ratios) and max(ratios) <= TARGET_RATIO,
+        "ratio_target_met": None if any(m["depth"] == TARGET_RATIO_DEPTH for m in missing) else met,
     }

@@ -5,8 +5,10 @@ import dataclasses
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 
+import jax
 import pytest
 
 from pdasgd_jax import cli
@@ -59,6 +61,45 @@ def test_the_key_changes_with_every_input_the_calibration_and_the_source(tmp_pat
     assert cache.key(dict(INPUTS)) == base  # a copy keys alike
     monkeypatch.setattr(run_cache, "source_digest", lambda: "0" * 64)
     assert cache.key(INPUTS) != base
+
+
+def test_the_key_changes_with_the_jax_environment(tmp_path, monkeypatch):
+    cache = run_cache.RunCache(tmp_path)
+    monkeypatch.delenv("JAX_FOO", raising=False)
+    base = cache.key(INPUTS)
+    monkeypatch.setenv("PDASGD_UNRELATED", "1")  # neither JAX_ nor XLA_: not keyed
+    assert cache.key(INPUTS) == base
+    keys = set()
+    monkeypatch.setenv("JAX_FOO", "1")
+    keys.add(cache.key(INPUTS))
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_fast_math=true")
+    keys.add(cache.key(INPUTS))
+    monkeypatch.setenv("JAX_FOO", "2")
+    keys.add(cache.key(INPUTS))
+    with jax.default_matmul_precision("highest"):
+        keys.add(cache.key(INPUTS))
+    assert base not in keys and len(keys) == 4
+    config = run_cache.environment()["config"]
+    assert config["jax_default_prng_impl"] == jax.config.jax_default_prng_impl
+    assert {"jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable"} <= config.keys()
+    run_cache.canonical_json(config)  # every value keyable
+
+
+def test_sources_edited_after_import_are_not_keyed_and_their_runs_not_stored(tmp_path, monkeypatch, fake_simulation):
+    cache = run_cache.RunCache(tmp_path)
+    base = cache.key(INPUTS)
+    monkeypatch.setattr(run_cache, "_sources_changed", False)
+    monkeypatch.setattr(run_cache, "disk_source_digest", lambda: "0" * 64)  # a merge into the checkout
+    assert cache.key(INPUTS) == base  # keys keep the digest of the code this process imported
+    with pytest.warns(UserWarning, match="sources on disk changed since this process imported them"):
+        cache.put(INPUTS, ODD)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per process, not at every run
+        cache.put(with_run(seed=1), ODD)
+        with run_cache.active(tmp_path):
+            assert same(delays.time_to_target("asgd", 4, 0.0, False, 0.0125, 0, 0.1), ODD)  # still returned
+    assert os.listdir(tmp_path) == [] and len(fake_simulation) == 1
+    assert cache.get(INPUTS, delays.Outcome) is None
 
 
 def test_an_unkeyable_input_is_refused():

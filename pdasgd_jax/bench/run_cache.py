@@ -13,10 +13,23 @@ provenance). The key is the SHA-256 of a canonical JSON of everything that deter
 outcome: the caller's ``inputs`` (``time_to_target``'s arguments, its protocol with every field,
 and the calibration it actually used: its fingerprint and a digest of its timing, so a
 recalibration invalidates the runs timed by the old one), a digest of the package's source
-(every ``pdasgd_jax/**/*.py``, read once per process: any code change invalidates every
-entry) and the versions of the libraries that compute or generate the data (``LIBRARIES``).
-Equal values in other spellings (``1`` and ``1.0``) key apart: at worst a spurious
+(every ``pdasgd_jax/**/*.py``: any code change invalidates every entry), the versions of the
+libraries that compute or generate the data (``LIBRARIES``) and the process's JAX environment
+(``environment()``: every ``JAX_*`` and ``XLA_*`` environment variable, name and value, e.g.
+``XLA_FLAGS`` with the fake device count or ``JAX_DEFAULT_PRNG_IMPL=rbg``, and the
+``jax.config`` values that change numerics or randomness, ``JAX_CONFIG``; read at every key, so a
+``jax.config.update`` between runs keys apart too). Equal values in other spellings (``1`` and
+``1.0``) key apart, as does an environment variable that changes nothing: at worst a spurious
 recomputation, never a wrong hit.
+
+The source digest in the keys is taken when this module is imported (the benchmarks import it at
+start, with the package), since that is the code the process runs: a digest read lazily at the
+first key would file the results of the imported (old) code under the key of files edited since
+(a ``git merge`` into the checkout mid-run). Keys always use the import-time digest, so a ``get``
+finds only entries stored by processes that imported the same sources. ``put`` reads the sources
+again and, when they no longer match that digest, stores nothing (one warning per process names
+the change; the caller still returns its run's outcome): the process may already have imported
+some modules from the edited files, so its results belong under neither key.
 
 Files are written through a temporary file and ``os.replace`` (``write_json_atomic``), so a
 run interrupted mid-write leaves either no entry or a whole one (at worst a stray
@@ -39,6 +52,7 @@ import argparse
 import contextlib
 import contextvars
 import dataclasses
+import enum
 import functools
 import hashlib
 import importlib.metadata
@@ -50,15 +64,27 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
+import jax
 import numpy as np
 
 from pdasgd_jax.reporting import write_json_atomic
 
 # The benchmarks whose runs go through ``delays.time_to_target`` (the others ignore a cache).
 BENCHMARKS = ("delays", "delays-network", "claims")
-FORMAT = 1  # bumped when what an entry holds or how it is keyed changes
+FORMAT = 2  # bumped when what an entry holds or how it is keyed changes (2: ``environment()`` keyed)
 # Libraries whose versions change a run's numerics or its generated data (mnist1d, sklearn's digits).
 LIBRARIES = ("jax", "jaxlib", "flax", "optax", "numpy", "scikit-learn", "mnist1d")
+# ``jax.config`` options that change a run's numbers or random draws (those this jax lacks are skipped).
+JAX_CONFIG = (
+    "jax_default_prng_impl",
+    "jax_enable_x64",
+    "jax_default_matmul_precision",
+    "jax_threefry_partitionable",
+    "jax_random_seed_offset",
+    "jax_numpy_dtype_promotion",
+    "jax_softmax_custom_jvp",
+)
+ENV_PREFIXES = ("JAX_", "XLA_")  # environment variables read by JAX or XLA at start
 _FLOAT = "__float__"  # the tag of a non-finite float in the JSON
 
 R = TypeVar("R", bound=NamedTuple)
@@ -96,14 +122,38 @@ def digest(x: Any) -> str:
     return hashlib.sha256(canonical_json(x).encode()).hexdigest()
 
 
-@functools.cache
-def source_digest() -> str:
-    """SHA-256 over every ``pdasgd_jax/**/*.py`` (relative path and contents), once per process."""
+def disk_source_digest() -> str:
+    """SHA-256 over every ``pdasgd_jax/**/*.py`` (relative path and contents) as on disk now."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+# Taken at import: the code this process runs, not whatever the files hold at the first key.
+_IMPORTED_SOURCE = disk_source_digest()
+_sources_changed = False  # set once ``put`` found the files edited since import (then it stores nothing)
+
+
+def source_digest() -> str:
+    """The ``disk_source_digest()`` taken when this module was imported, which every key holds."""
+    return _IMPORTED_SOURCE
+
+
+def environment() -> dict[str, Any]:
+    """The process's JAX environment, as keys hold it: ``env``, every environment variable named
+    ``JAX_*`` or ``XLA_*`` (sorted, name -> value), and ``config``, the ``JAX_CONFIG`` options
+    this jax has (name -> value; an enum as its value, anything else not a plain scalar as its ``str``)."""
+    env = {name: value for name, value in sorted(os.environ.items()) if name.startswith(ENV_PREFIXES)}
+    missing = object()
+    config = {}
+    for name in JAX_CONFIG:
+        value = getattr(jax.config, name, missing)
+        if value is not missing:
+            value = value.value if isinstance(value, enum.Enum) else value
+            config[name] = value if value is None or type(value) in (bool, int, float, str) else str(value)
+    return {"env": env, "config": config}
 
 
 @functools.cache
@@ -129,8 +179,15 @@ class RunCache:
         self.directory = Path(directory)
 
     def keyed(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """Everything a key hashes: ``inputs``, the source digest, the library versions, ``FORMAT``."""
-        return {"format": FORMAT, "inputs": inputs, "source": source_digest(), "libraries": library_versions()}
+        """Everything a key hashes: ``inputs``, the source digest, the library versions, the JAX
+        environment, ``FORMAT``."""
+        return {
+            "format": FORMAT,
+            "inputs": inputs,
+            "source": source_digest(),
+            "libraries": library_versions(),
+            "environment": environment(),
+        }
 
     def key(self, inputs: Mapping[str, Any]) -> str:
         """The SHA-256 key of a run with these ``inputs`` under this code and these libraries."""
@@ -163,7 +220,20 @@ class RunCache:
             return None
 
     def put(self, inputs: Mapping[str, Any], outcome: NamedTuple) -> None:
-        """Stores ``outcome`` (a NamedTuple) as the result of the run with these ``inputs``, atomically."""
+        """Stores ``outcome`` (a NamedTuple) as the result of the run with these ``inputs``, atomically;
+        stores nothing (warning once per process) when the package's sources on disk are no longer
+        those imported, whose digest the key holds."""
+        global _sources_changed
+        if not _sources_changed and (now := disk_source_digest()) != source_digest():
+            _sources_changed = True
+            warnings.warn(
+                f"run cache: the pdasgd_jax sources on disk changed since this process imported them "
+                f"(digest {source_digest()[:12]} at import, {now[:12]} now); no run of this "
+                f"process is stored in {self.directory} from now on (rerun the command to cache under the new code)",
+                stacklevel=2,
+            )
+        if _sources_changed:
+            return
         keyed = self.keyed(inputs)
         key = digest(keyed)
         self.directory.mkdir(parents=True, exist_ok=True)

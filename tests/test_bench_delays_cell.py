@@ -87,6 +87,19 @@ def test_a_schedule_chosen_at_either_end_of_the_schedules_is_flagged(monkeypatch
     assert "schedule_edge" not in delays.cell("asgd", 4, 1.0, False, (0.05,), (0,), 1.0)
 
 
+def test_a_cell_where_no_rate_reached_the_target_on_the_tuning_seeds_says_it_is_untuned(monkeypatch):
+    # Every rate misses on the second tuning seed: no score, the grid's smallest rate is run.
+    def outcome(lr, seed, schedule):
+        return delays.Outcome(math.inf if seed == delays.TUNING_SEEDS[1] else 1.0, 0.0, 1.0)
+
+    _stub(monkeypatch, outcome)
+    result = delays.cell("asgd", 4, 1.0, False, (0.005, 0.02), (0,), 1.0)
+    assert result["untuned"] and result["lr"] == 0.005
+    assert "no rate reached the target on the tuning seeds" in delays._fmt(result)
+    _stub(monkeypatch, lambda lr, seed, schedule: delays.Outcome(lr, 0.0, 1.0))  # every rate reaches it
+    assert not delays.cell("asgd", 4, 1.0, False, (0.005, 0.02), (0,), 1.0)["untuned"]
+
+
 def test_assembly_cost_is_one_mean_program_and_one_allreduce_where_no_device_holds_the_model():
     # Device 3 is a 3x straggler: the replicated mean runs on every group's device (the slowest
     # counts), LPP-SGD's on the first device only; sync and one device pay nothing.

@@ -474,6 +474,12 @@ def cell(
     candidates = [tuned_for(s) for s in schedules or (None,)]
     tuned = min(candidates, key=lambda c: c["tuning"].get(c["lr"], math.inf))
     tuned["cut_short"] = cut
+    # No rate of any schedule scored on the tuning seeds (each missed the target or diverged on
+    # one of them): the rate run is the grid's smallest by default, not a tuned one, and the
+    # table says so.
+    tuned["untuned"] = bool(tuning_seeds) and not any(
+        math.isfinite(v) for c in candidates for v in c["tuning"].values()
+    )
     outcomes = [run(tuned["lr"], s, tuned["schedule"]) for s in seeds]
     if schedules:
         # Each schedule's best tuned score, so a reader sees how much the choice mattered; a
@@ -515,6 +521,7 @@ def _fmt(c: dict[str, Any]) -> str:
     schedule = c.get("schedule")
     lr = f"lr {c['lr']:g}" + (f", H {schedule[0]} d {schedule[1]}" if schedule else "")
     lr += ", edge of grid" if c["edge"] else ""
+    lr += ", no rate reached the target on the tuning seeds" if c.get("untuned") else ""
     lr += ", edge of schedule grid" if c.get("schedule_edge") else ""
     if not math.isfinite(c["mean"]):
         return f"not reached ({lr})"

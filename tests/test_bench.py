@@ -50,8 +50,12 @@ def test_delays_network_quick_reports_every_algorithm_with_consistent_speedups(t
     for algo in ("pdasgd-rep", "asgd-3t-rep"):
         assert all(0.0 <= w < 1.0 for w in cell[algo]["merge_wait_share"])
     assert all(w is None or math.isnan(w) for w in cell["pdasgd"]["merge_wait_share"])
+    # k in sync's own steps: the delay unit (a step of per-stage kernels) over sync's fused step
+    unit = results["timing"]["delay_unit_in_sync_steps"]
+    assert unit == pytest.approx(results["timing"]["step_compute_s"] / results["timing"]["train_step"])
+    assert "k in sync steps" in table
     printed = capsys.readouterr()
-    assert "| W | k |" in printed.out  # the table is printed too
+    assert "| W | k | k in sync steps |" in printed.out  # the table is printed too
     # A bar over the runs on stderr: one tick per simulated run (tuning and reported seeds).
     ticks = re.findall(r"bench delays-network: (\d+) runs", printed.err)
     assert ticks and int(ticks[-1]) == sum(

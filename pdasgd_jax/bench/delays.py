@@ -533,9 +533,18 @@ def best_async(by_algo: dict[str, dict[str, Any]]) -> str:
     return min(ASYNC_BASELINES, key=lambda a: by_algo[a]["mean"])
 
 
+def delay_in_sync_steps(timing: TimingModel) -> float:
+    """One delay unit (``TimingModel.step_compute_time``: a step of per-stage kernels) in
+    sync's own steps (its fused ``train_step`` at the per-worker batch): k delay units are
+    k times this many of sync's steps, the scale the papers' delays are quoted in (review
+    item 11: the unit serves every algorithm alike, but is not sync's step)."""
+    return timing.step_compute_time() / timing.train_step_time()
+
+
 COLUMNS = (
     "W",
     "k",
+    "k in sync steps",
     "straggler",
     *(f"{a} (ms)" for a in ALGORITHMS),
     "pdasgd vs sync",
@@ -554,6 +563,8 @@ def grid(
     seeds, epochs, tuning_seeds = (SEEDS[:1], 3.0, ()) if quick else (SEEDS, EPOCHS, TUNING_SEEDS)
     lrs = {algo: rates[-2:-1] if quick else rates for algo, rates in LRS.items()}
     schedules = {algo: () if quick or "replication" not in ALGORITHMS[algo] else REPLICA_SCHEDULES for algo in LRS}
+    timing = _base_experiment(SEEDS[0], LRS["pdasgd"][0]).calibration(BATCH_SIZE)
+    unit_in_sync_steps = delay_in_sync_steps(timing.timing)
     cells, rows = [], []
     for workers, k, straggler in specs:
         by_algo = {
@@ -585,6 +596,7 @@ def grid(
             {
                 "W": workers,
                 "k": k,
+                "k in sync steps": f"{k * unit_in_sync_steps:.1f}",
                 "straggler": "3x" if straggler else "-",
                 **{f"{a} (ms)": _fmt(c) for a, c in by_algo.items()},
                 "pdasgd vs sync": _ratio(by_algo["sync"]["mean"], pd),
@@ -594,11 +606,11 @@ def grid(
                 "dasgd vs sync": _ratio(by_algo["sync"]["mean"], by_algo["dasgd"]["mean"]),
             }
         )
-    timing = _base_experiment(SEEDS[0], LRS["pdasgd"][0]).calibration(BATCH_SIZE)
     results = {
         "timing": {
             "fingerprint": timing.fingerprint,
             "step_compute_s": timing.timing.step_compute_time(),
+            "delay_unit_in_sync_steps": unit_in_sync_steps,
             **timing.timing.to_dict(),
         },
         "target_accuracy": TARGET,

@@ -81,13 +81,6 @@ def _fmt_interval(ref: dict[str, Any], pd: dict[str, Any], s: dict[str, Any]) ->
     return f"{s['ratio']:.2f}x [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) else _fmt_speedup(s)
 
 
-def delay_in_sync_steps(timing: Any) -> float:
-    """One delay unit (``TimingModel.step_compute_time``: a step of per-stage kernels) in
-    sync's own steps (its fused ``train_step`` at the per-worker batch): k delay units are
-    k times this many of sync's steps, the scale the papers' delays are quoted in."""
-    return timing.step_compute_time() / timing.train_step_time()
-
-
 def run_spec(spec: dict[str, Any], *, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every algorithm in one cell: its raw result and table row."""
     depth, workers, k, straggler = spec["depth"], spec["workers"], spec["k"], spec["straggler"]
@@ -101,7 +94,7 @@ def compare(
     """One cell's raw result and table row from each algorithm's ``delays.cell`` result and the
     calibration's ``TimingModel`` (for the delay's size in sync steps)."""
     depth, workers, k, straggler = spec["depth"], spec["workers"], spec["k"], spec["straggler"]
-    unit_in_sync_steps = delay_in_sync_steps(timing)
+    unit_in_sync_steps = delays.delay_in_sync_steps(timing)
     pd = by_algo["pdasgd"]
     # the fastest baseline by mean time, or (none reached the target) by its lower bound
     rival = min(BASELINES, key=lambda a: (by_algo[a]["mean"], _nan_last(lower_bound_time(by_algo[a]))))

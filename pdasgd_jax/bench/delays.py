@@ -63,6 +63,7 @@ import numpy as np
 
 from pdasgd_jax import compare
 from pdasgd_jax.bench import json_ready, progress, run_cache, sample_std
+from pdasgd_jax.calibration import Calibration
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.delays import CommModel, TimingModel
@@ -162,6 +163,12 @@ def _base_experiment(seed: int, lr: float, base: tuple[tuple[str, Any], ...] = (
     return Experiment.from_config(Config(seed=seed, lr=lr, progress=False, **dict(base)))
 
 
+def calibration(base: tuple[tuple[str, Any], ...] = (), batch_size: int = BATCH_SIZE) -> Calibration:
+    """The calibration every run of a protocol with this ``base`` is timed with: its kernels'
+    costs at ``batch_size`` (they depend on the model, optimizer and batch, not the seed or rate)."""
+    return _base_experiment(SEEDS[0], LRS["pdasgd"][0], base).calibration(batch_size)
+
+
 class Outcome(NamedTuple):
     """One run: virtual seconds to the target (inf: never, or diverged), its mean staleness,
     its busiest device's utilisation, its last evaluation's test accuracy, each stage's
@@ -242,8 +249,11 @@ def time_to_target(
         straggler_devices=int(straggler),
         straggler_factor=STRAGGLER_FACTOR,
     )
-    timed = exp if protocol.timing_base is None else _base_experiment(SEEDS[0], LRS["pdasgd"][0], protocol.timing_base)
-    calibrated = timed.calibration(protocol.batch_size)
+    calibrated = (
+        exp.calibration(protocol.batch_size)
+        if protocol.timing_base is None
+        else calibration(protocol.timing_base, protocol.batch_size)
+    )
     timing = dataclasses.replace(calibrated.timing, comm=comm)
     label = f"{algo} W={workers} k={k:g}{' straggler' if straggler else ''} lr={lr:g} seed {seed}"
     cache = run_cache.current()
@@ -563,7 +573,7 @@ def grid(
     seeds, epochs, tuning_seeds = (SEEDS[:1], 3.0, ()) if quick else (SEEDS, EPOCHS, TUNING_SEEDS)
     lrs = {algo: rates[-2:-1] if quick else rates for algo, rates in LRS.items()}
     schedules = {algo: () if quick or "replication" not in ALGORITHMS[algo] else REPLICA_SCHEDULES for algo in LRS}
-    timing = _base_experiment(SEEDS[0], LRS["pdasgd"][0]).calibration(BATCH_SIZE)
+    timing = calibration()
     unit_in_sync_steps = delay_in_sync_steps(timing.timing)
     cells, rows = [], []
     for workers, k, straggler in specs:

@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from pdasgd_jax.bench import delays
+from pdasgd_jax.calibration import Calibration
 
 MODEL = "resnet1d"  # the depth-parametrised model (``--depth`` M stages)
 DATASET = "mnist1d-large"
@@ -106,11 +107,10 @@ def cell(
     )
 
 
-def calibration(depth: int, *, quick: bool) -> Any:
+def calibration(depth: int, *, quick: bool) -> Calibration:
     """The ``Calibration`` every run at ``depth`` is timed with (the constant rate's, which
     every recipe shares: ``protocol``'s ``timing_base``)."""
-    proto = protocol(depth, quick=quick, stop_at_target=True)
-    return delays._base_experiment(delays.SEEDS[0], delays.LRS["pdasgd"][0], proto.base).calibration(BATCH_SIZE)
+    return delays.calibration(protocol(depth, quick=quick, stop_at_target=True).base, BATCH_SIZE)
 
 
 # A spec key a result may lack because it ran before the key existed, and the value it had.

@@ -13,8 +13,8 @@ the small-scale counterpart of the paper's CIFAR-100 ablation. Hours on two CPU 
 Each depth runs twice, every algorithm on the same learning-rate recipe (``LR_SCHEDULES``):
 a constant rate, and cosine decay to 0 over the run's updates (``--lr-schedule cosine``, each
 algorithm's horizon its own stage updates, docs/algorithms.md §8). A final accuracy after a
-constant rate carries each algorithm's noise floor, which staleness raises; papers report
-final accuracies after a decay. The target is judged per recipe, so a gap that only a decay
+constant rate carries each algorithm's noise floor, which staleness may raise; ResNet
+recipes (the presets' included) decay their rate. The target is judged per recipe, so a gap that only a decay
 closes is shown as such.
 """
 

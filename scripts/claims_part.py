@@ -10,14 +10,19 @@ Every finished simulated run (``delays.time_to_target``: the staleness, accuracy
 parts) is kept in ``OUT/runs`` (``--run-cache DIR`` elsewhere, ``--no-run-cache`` not at all;
 ``pdasgd_jax.bench.run_cache``), so rerunning an interrupted command resumes its cell from the
 runs it had finished, and a rerun with unchanged code and calibration recomputes none of them:
-its finished cells come back at once and are appended to the JSONL again (a reader keeps the
-last line per cell). The dasgd and bias parts run no such runs and are not cached.
+its finished cells come back at once and are appended to the JSONL again. The dasgd and bias
+parts run no such runs and are not cached.
+
+``--summarise`` runs nothing: it reads every cell saved in ``OUT/claims-PART.jsonl`` (by any
+number of earlier sub-grid runs, the last line per cell counting) and writes the part's tables
+and summary, its target judged over the whole grid, to ``OUT/claims-PART.md`` and ``.json``.
 
 Usage::
 
     python scripts/claims_part.py --part staleness --out bench_out
     python scripts/claims_part.py --part bias --lrs 0.32 --out bench_out  # also a tuned rate off the grid
     python scripts/claims_part.py --part accuracy --depths 4 --lr-schedules cosine --out bench_out
+    python scripts/claims_part.py --part speedups --summarise --out bench_out  # every saved cell
 """
 
 from __future__ import annotations
@@ -51,6 +56,11 @@ def main() -> None:
         choices=claims.accuracy.LR_SCHEDULES,
         help="accuracy part: only these learning-rate recipes",
     )
+    parser.add_argument(
+        "--summarise",
+        action="store_true",
+        help="cell parts: run nothing; report every cell saved in OUT/claims-PART.jsonl (target judged over the grid)",
+    )
     run_cache.add_flags(parser)
     args = parser.parse_args()
     if args.lrs and args.part != "bias":
@@ -63,13 +73,26 @@ def main() -> None:
         parser.error(
             f"--depths/--workers/--k select cells of {', '.join(claims.CELL_PARTS)}, not of --part {args.part}"
         )
-    os.makedirs(args.out, exist_ok=True)
     jsonl, md = (os.path.join(args.out, f"claims-{args.part}.{ext}") for ext in ("jsonl", "md"))
+    if args.summarise:
+        if args.part not in claims.CELL_PARTS or any(only.values()) or args.lrs:
+            parser.error(
+                f"--summarise reports every saved cell of {', '.join(claims.CELL_PARTS)}; "
+                "it takes no --depths/--workers/--k/--lr-schedules/--lrs"
+            )
+        if not os.path.exists(jsonl):
+            parser.error(f"--summarise: no saved cells at {jsonl!r} (run cells with the same --out first)")
+        with open(jsonl) as f:
+            saved = [json.loads(line) for line in f if line.strip()]
+        results, text = claims.summarise_part(args.part, saved, quick=args.quick)
+        _write_report(args.out, args.part, results, text)
+        return
+    os.makedirs(args.out, exist_ok=True)
     rows = []
 
     def on_cell(result: dict, row: dict) -> None:
         with open(jsonl, "a") as f:
-            f.write(json.dumps(json_ready(result)) + "\n")
+            f.write(json.dumps(json_ready({**result, "row": row})) + "\n")
         rows.append(row)
         with open(md, "w") as f:
             f.write(f"### {args.part} (partial)\n\n" + claims.tables(rows) + "\n")
@@ -79,9 +102,14 @@ def main() -> None:
         results, text = claims.run_part(
             args.part, quick=args.quick, on_cell=on_cell, bias_lrs=tuple(args.lrs), only=only
         )
-    with open(os.path.join(args.out, f"claims-{args.part}.json"), "w") as f:
+    _write_report(args.out, args.part, results, text)
+
+
+def _write_report(out: str, part: str, results: dict, text: str) -> None:
+    """The part's raw results (``OUT/claims-PART.json``) and markdown (``.md``), also printed."""
+    with open(os.path.join(out, f"claims-{part}.json"), "w") as f:
         json.dump(json_ready(results), f, indent=1)
-    with open(md, "w") as f:
+    with open(os.path.join(out, f"claims-{part}.md"), "w") as f:
         f.write(text + "\n")
     print(text, flush=True)
 

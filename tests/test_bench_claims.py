@@ -346,3 +346,46 @@ def test_a_sub_grid_runs_only_its_cells(monkeypatch):
     assert [s["depth"] for s in judged_against[0]] == [4, 8, 16]  # the whole grid: a sub-grid judges no target
     with pytest.raises(ValueError, match="no cell of claims part 'staleness' matches"):
         claims.run_part("staleness", quick=False, only={"depth": (32,)})
+
+
+def _saved_accuracy_cell(depth: int, below: float) -> dict:
+    """A saved line of ``claims_part.py``'s JSONL for the accuracy part: raw result and row."""
+    result = {"depth": depth, "pdasgd_points_below_sgd": below, "layer_minus_block_points": 1.0}
+    result["target_met"] = below <= 1
+    return {**result, "row": {"M": depth, "below": below}}
+
+
+def test_summarise_reports_the_saved_cells_as_one_run_of_the_grid(monkeypatch):
+    grid = [{"depth": m, "lr_schedule": "constant"} for m in (4, 8)]
+    monkeypatch.setattr(accuracy, "specs", lambda quick: grid)
+    first, rerun, other = _saved_accuracy_cell(8, 3.0), _saved_accuracy_cell(8, 0.5), _saved_accuracy_cell(4, 0.2)
+    results, text = claims.summarise_part("accuracy", [first, other, rerun])
+    assert [c["depth"] for c in results["cells"]] == [4, 8]  # the grid's order; the rerun's line counts
+    assert results["cells"][1]["pdasgd_points_below_sgd"] == 0.5 and "row" not in results["cells"][1]
+    assert results["summary"]["accuracy_target_met"] == {"constant": True} and "| 8 | 0.5 |" in text
+    sub_grid, _ = claims.summarise_part("accuracy", [other])
+    assert sub_grid["summary"]["accuracy_target_met"] == {"constant": None}  # depth 8 missing: not judged
+    with pytest.raises(ValueError, match="saved cell 1 of part 'accuracy' has no table row"):
+        claims.summarise_part("accuracy", [{"depth": 4}])
+    with pytest.raises(ValueError, match="'bias' has no cells to summarise"):
+        claims.summarise_part("bias", [])
+
+
+def test_claims_part_summarise_writes_the_whole_parts_report(monkeypatch, tmp_path, capsys):
+    import json
+    import pathlib
+    import runpy
+    import sys
+
+    monkeypatch.setattr(accuracy, "specs", lambda quick: [{"depth": 4, "lr_schedule": "constant"}])
+    (tmp_path / "claims-accuracy.jsonl").write_text(json.dumps(_saved_accuracy_cell(4, 2.5)) + "\n")
+    script = str(pathlib.Path(__file__).parents[1] / "scripts" / "claims_part.py")
+    monkeypatch.setattr(sys, "argv", [script, "--part", "accuracy", "--summarise", "--out", str(tmp_path)])
+    runpy.run_path(script, run_name="__main__")
+    saved = json.loads((tmp_path / "claims-accuracy.json").read_text())
+    assert saved["summary"]["accuracy_target_met"] == {"constant": False}
+    assert "| 4 | 2.5 |" in (tmp_path / "claims-accuracy.md").read_text()
+    monkeypatch.setattr(sys, "argv", [script, "--part", "accuracy", "--summarise", "--depths", "4", "--out", "x"])
+    with pytest.raises(SystemExit):
+        runpy.run_path(script, run_name="__main__")
+    assert "it takes no --depths" in capsys.readouterr().err

@@ -130,9 +130,36 @@ def run_part(
         rows.append(row)
         if on_cell is not None:
             on_cell(result, row)
-    summary = part.summary(cells, expected=part.specs(quick))  # a sub-grid (``only``) judges no target
+    return _report(name, cells, rows, quick=quick)
+
+
+def _report(name: str, cells: list[dict[str, Any]], rows: list[dict[str, Any]], *, quick: bool) -> tuple[dict, str]:
+    """A cell part's raw results and markdown: its tables and its summary, which judges the
+    target only over the whole grid (a sub-grid judges none)."""
+    summary = CELL_PARTS[name].summary(cells, expected=CELL_PARTS[name].specs(quick))
     text = f"### {name}\n\n" + tables(rows) + f"\n\nsummary: {summary}"
     return {"budget": common.budget(), "cells": cells, "summary": summary}, text
+
+
+def summarise_part(name: str, saved: list[dict[str, Any]], *, quick: bool = False) -> tuple[dict[str, Any], str]:
+    """A cell part's report from cells saved by earlier runs (``scripts/claims_part.py``'s JSONL
+    lines: each a cell's raw result with its table row under ``"row"``), as ``run_part`` would
+    write it had one run measured them all: where a cell was saved more than once (a rerun) the
+    last line counts; cells are ordered as the grid (``specs``), cells outside it last.
+    Raises ValueError for a line without its table row (written before rows were saved)."""
+    if name not in CELL_PARTS:
+        raise ValueError(f"claims part {name!r} has no cells to summarise; choose one of {', '.join(CELL_PARTS)}")
+    grid = CELL_PARTS[name].specs(quick)
+    keys = list(grid[0])
+    latest: dict[tuple, dict[str, Any]] = {}
+    for i, line in enumerate(saved, start=1):
+        if "row" not in line:
+            raise ValueError(f"saved cell {i} of part {name!r} has no table row (saved before rows were); rerun it")
+        latest[common.spec_key(line, keys)] = line  # a later line for the same cell replaces it
+    order = {common.spec_key(spec, keys): i for i, spec in enumerate(grid)}
+    kept = sorted(latest.items(), key=lambda item: order.get(item[0], len(order)))
+    cells = [{k: v for k, v in line.items() if k != "row"} for _, line in kept]
+    return _report(name, cells, [line["row"] for _, line in kept], quick=quick)
 
 
 def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:

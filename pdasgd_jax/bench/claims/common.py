@@ -117,12 +117,17 @@ def calibration(depth: int, *, quick: bool) -> Calibration:
 _SPEC_DEFAULTS = {"lr_schedule": "constant", "straggler": False}
 
 
+def spec_key(result: dict[str, Any], keys: list[str]) -> tuple[Any, ...]:
+    """The cell ``result`` (or a spec) belongs to: its values of a part's spec ``keys``."""
+    return tuple(result.get(k, _SPEC_DEFAULTS.get(k)) for k in keys)
+
+
 def missing_cells(results: list[dict[str, Any]], expected: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The specs of ``expected`` (a part's ``specs``) that no result ran: a target judged over a
     sub-grid is not judged (each part's ``summary`` says so rather than calling it met)."""
 
     def ran(spec: dict[str, Any]) -> bool:
-        return any(all(r.get(k, _SPEC_DEFAULTS.get(k)) == v for k, v in spec.items()) for r in results)
+        return any(spec_key(r, list(spec)) == tuple(spec.values()) for r in results)
 
     return [spec for spec in expected if not ran(spec)]
 

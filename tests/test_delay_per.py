@@ -207,6 +207,9 @@ def test_job_on_a_runtime_without_a_timing_is_refused_not_split_at_random():
     with pytest.raises(ValueError, match="give RuntimeSettings a timing"):
         settings.delay_shares(0, 3)
     assert RuntimeSettings("pdasgd", tuple(jax.devices()[:1]), 1).delay_shares(0, 3) == (1.0, 1.0)
+    # A delay whose draws are all 0 (straggler's slow-downs only: no calibration) has nothing to split.
+    slowdowns = delays.DelayModel("straggler", per="job")
+    assert RuntimeSettings("pdasgd", tuple(jax.devices()[:1]), 1, delay=slowdowns).delay_shares(0, 3) == (1.0, 1.0)
 
 
 # The claims benchmark's variant -----------------------------------------------------------------

@@ -169,12 +169,13 @@ class RuntimeSettings:
         (``DelayModel.shares``), from ``timing``'s compute of a job's parts on the group's
         device with the simulator's rule (``TimingModel.pipeline_compute``): its device's
         slow-down on the job's work, each update on its stage's home (a replicated group's
-        own device). ``(1, 1)`` unless ``delay.per`` is ``job`` and the workers are PD-ASGD's.
+        own device). ``(1, 1)`` unless ``delay.per`` is ``job``, the workers are PD-ASGD's and
+        the delay draws anything (a mean of 0, as ``straggler``'s default, draws only zeros).
 
         Raises:
-          ValueError: ``delay.per`` is ``job`` on a PD-ASGD run without a ``timing``.
+          ValueError: ``delay.per`` is ``job`` on a PD-ASGD run with delays but no ``timing``.
         """
-        if self.delay.per == "operation" or not self.pipelined:
+        if self.delay.per == "operation" or not self.pipelined or self.delay.mean == 0:
             return 1.0, 1.0
         if self.timing is None:
             raise ValueError(

@@ -24,6 +24,9 @@ ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd",
 ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block", "lpp")
 OPTIMIZERS = ("sgd", "momentum", "adamw")
 DELAY_MODELS = ("none", "constant", "uniform", "exponential", "lognormal", "straggler")
+# What one injected delay draw covers (docs/algorithms.md §5): each worker's part of a job
+# (today's default), or a whole job, split over the workers of a PD-ASGD job by their compute.
+DELAY_PER = ("operation", "job")
 BACKWARD_WEIGHTS = ("stashed", "live")
 REPLICATIONS = ("shared", "replicas")
 # What --replication replicas applies to (algorithms.md §3a), and where it runs so far.
@@ -144,6 +147,15 @@ class Config:
     # Delay models.
     delay_model: str = _field("none", "injected per-step delay distribution", DELAY_MODELS, group="delays")
     delay_mean: float = _field(0.0, "mean injected delay, in multiples of one step's compute (>= 0)", group="delays")
+    delay_per: str = _field(
+        "operation",
+        "what one injected delay covers: operation, every worker's part of a job (a PD-ASGD job, split over a "
+        "forward and a backward worker, draws two); job, one draw per job, which the PD-ASGD forward and "
+        "backward workers idle in shares proportional to their calibrated compute (the other algorithms run "
+        "a job on one thread: identical under both)",
+        DELAY_PER,
+        group="delays",
+    )
     delay_sigma: float = _field(1.0, "lognormal shape sigma (> 0)", group="delays")
     straggler_prob: float = _field(0.1, "straggler: probability an operation is slow, in [0, 1]", group="delays")
     straggler_factor: float = _field(

@@ -2,9 +2,10 @@
 
 * ``DelayModel``: injected delays drawn from a named distribution, plus the ``straggler``
   slow-down. An operation whose compute takes ``d`` seconds (already scaled by its worker's
-  speed factor) is followed by ``idle_time = d * (slowdown - 1) + sample`` seconds of idle
-  time, so it lasts ``d * slowdown + sample`` in all. Idle time is waiting, not device work:
-  the simulator frees the device during it and the real runtime sleeps through it.
+  speed factor) is followed by ``idle_time = d * (slowdown - 1) + share * sample`` seconds of
+  idle time, so it lasts ``d * slowdown + share * sample`` in all. Idle time is waiting, not
+  device work: the simulator frees the device during it and the real runtime sleeps through
+  it. ``share`` is 1 but for a PD-ASGD worker under ``per="job"`` (``DelayModel.shares``).
 * ``CommModel`` and ``TimingModel``: how long each per-stage kernel, each fused program
   (a job's whole gradient, a whole training step), all-reduce and parameter transfer
   takes, per worker, and how concurrent kernels share a device.
@@ -35,7 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from pdasgd_jax.config import DELAY_MODELS, Config
+from pdasgd_jax.config import DELAY_MODELS, DELAY_PER, Config
 from pdasgd_jax.kernels import StageKernels
 
 PyTree = Any
@@ -85,6 +86,10 @@ class DelayModel:
     probability ``prob``. Whether a draw applies per kernel or per step is the caller's
     choice: one ``idle_time`` per operation it models.
 
+    ``per`` says what one draw covers where a job is split over two workers (PD-ASGD's
+    forward and backward, algorithms.md §5): ``operation``, each worker's part of it (two
+    draws per job); ``job``, the whole job, each worker idling its ``shares`` of its draw.
+
     Example::
 
         model = DelayModel("lognormal", mean=0.01, sigma=1.5)
@@ -96,11 +101,13 @@ class DelayModel:
     sigma: float = 1.0
     prob: float = 0.1
     factor: float = 3.0
+    per: str = "operation"
 
     def __post_init__(self):
         _require(
             self.name in DELAY_MODELS, f"unknown delay model {self.name!r}; choose one of {', '.join(DELAY_MODELS)}"
         )
+        _require(self.per in DELAY_PER, f"delay per {self.per!r} is not allowed; choose one of {', '.join(DELAY_PER)}")
         _finite_non_negative("delay mean", self.mean)
         _require(
             self.name != "none" or self.mean == 0, f"delay mean {self.mean!r} needs a delay model other than 'none'"
@@ -115,7 +122,7 @@ class DelayModel:
 
         Args:
           config: reads ``delay_model``, ``delay_mean`` (in multiples of one step's
-            compute), ``delay_sigma``, ``straggler_prob`` and ``straggler_factor``.
+            compute), ``delay_sigma``, ``straggler_prob``, ``straggler_factor`` and ``delay_per``.
           step_compute_time: seconds of one step's compute, usually
             ``TimingModel.step_compute_time()``.
         """
@@ -126,6 +133,7 @@ class DelayModel:
             config.delay_sigma,
             config.straggler_prob,
             config.straggler_factor,
+            config.delay_per,
         )
 
     def sample(self, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> float | np.ndarray:
@@ -148,13 +156,38 @@ class DelayModel:
             return float(self.factor) if rng.random() < self.prob else 1.0
         return np.where(rng.random(size) < self.prob, self.factor, 1.0)
 
-    def idle_time(self, rng: np.random.Generator, duration: float) -> float:
-        """Idle seconds to add after an operation whose compute took ``duration`` seconds.
+    def shares(self, forward: float, backward: float) -> tuple[float, float]:
+        """The fractions of a delay draw that the forward and the backward worker of one
+        PD-ASGD job idle, given the compute of their parts of it (seconds).
 
-        Draws the slow-down first, then the additive delay, from the same stream.
+        ``per="operation"``: ``(1, 1)``, each worker a whole draw. ``per="job"``: the one draw
+        of the job split in proportion to the compute, ``(f / (f + b), b / (f + b))``, so
+        the job idles one draw in all (half each when both are free). A worker that runs a
+        whole job (sync, ASGD, LPP-SGD, local SGD, DaSGD) takes share 1 under both.
+
+        The simulator and the runtime both take ``forward`` and ``backward`` from the
+        calibrated costs (``TimingModel.pipeline_compute``), so they split alike.
+        """
+        if self.per == "operation":
+            return 1.0, 1.0
+        _finite_non_negative("forward compute", forward)
+        _finite_non_negative("backward compute", backward)
+        total = forward + backward
+        if total == 0:
+            return 0.5, 0.5
+        return forward / total, backward / total
+
+    def idle_time(self, rng: np.random.Generator, duration: float, share: float = 1.0) -> float:
+        """Idle seconds to add after an operation whose compute took ``duration`` seconds:
+        its slow-down and ``share`` (``shares``; in [0, 1]) of one delay draw.
+
+        Draws the slow-down first, then the additive delay, from the same stream (whatever
+        the share, so both semantics consume a stream alike).
         """
         _finite_non_negative("operation duration", duration)
-        return duration * (self.slowdown(rng) - 1.0) + self.sample(rng)
+        if not 0 <= share <= 1:
+            raise ValueError(f"delay share {share!r} is outside [0, 1]")
+        return duration * (self.slowdown(rng) - 1.0) + share * self.sample(rng)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,6 +384,23 @@ class TimingModel:
         """A job's whole forward and loss as one program on ``worker``."""
         cost = sum(self.forward) + self.loss if self.forward_all is None else self.forward_all
         return cost * self.worker_factor(worker)
+
+    def pipeline_compute(self, device: int, homes: Sequence[int], *, live: bool) -> tuple[float, float]:
+        """Device work of one PD-ASGD job's two parts with its workers on ``device``: the
+        forward's (one fused program with stashed weights, per-stage kernels and the loss
+        with ``live``) and the backward's (every stage's backward on ``device``, each
+        stage's update on its home device ``homes[m]``). What the simulator's forward and
+        backward workers pass as their compute, and what ``DelayModel.shares`` splits by."""
+        _require(len(homes) == self.num_stages, f"{len(homes)} home devices for {self.num_stages} stages")
+        stages = range(self.num_stages)
+        if live:
+            forward = sum(self.forward_time(m, device) for m in stages) + self.loss_time(device)
+        else:
+            forward = self.forward_all_time(device)
+        backward = sum(self.backward_time(m, device, live=live) for m in stages) + sum(
+            self.update_time(m, homes[m]) for m in stages
+        )
+        return forward, backward
 
     def backward_update_time(self, m: int, worker: int = 0) -> float:
         """Stage ``m``'s stashed backward and update as one program on ``worker``."""

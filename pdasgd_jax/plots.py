@@ -61,7 +61,8 @@ def describe_run(config: Mapping[str, Any], summary: Mapping[str, Any] | None = 
     setup.append(f"{optimizer} lr={config.get('lr')}, batch {config.get('batch_size')}")
     delay_model = config.get("delay_model", "none")
     if delay_model and delay_model != "none":
-        setup.append(f"{delay_model} delays, mean {config.get('delay_mean')}")
+        per_job = " per job" if config.get("delay_per") == "job" else ""  # the default per operation is left out
+        setup.append(f"{delay_model} delays, mean {config.get('delay_mean')}{per_job}")
     elif algo != "sgd":
         setup.append("no injected delays")
     rule = config.get("staleness_rule", "none")

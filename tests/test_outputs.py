@@ -109,7 +109,8 @@ def test_the_title_names_the_configs_essentials():
     title = plots.describe_run(config)
     for part in ("pdasgd (F=1, B=2)", "digits (mlp)", "simulated", "4 devices, 4 replicas", "momentum lr=0.05"):
         assert part in title, (part, title)
-    assert "exponential delays, mean 1.0" in title
+    assert "exponential delays, mean 1.0" in title and "per job" not in title
+    assert "exponential delays, mean 1.0 per job" in plots.describe_run({**config, "delay_per": "job"})
     assert ", real" in plots.describe_run({**config, "simulate": False})
 
 

@@ -149,10 +149,18 @@ class Runtime:
         s = self.settings
         # Worker names (and so delay streams) are the simulator's: see RuntimeSettings.delay.
         if s.pipelined:
+            forward, backward = s.delay_shares(group, self.exp.model.num_stages)
             for i in range(s.forward_workers):
-                self._add(ForwardWorker, f"d{group}/forward{i}", place, feed=feed, jobs=jobs)
+                self._add(ForwardWorker, f"d{group}/forward{i}", place, feed=feed, jobs=jobs, delay_share=forward)
             for i in range(s.backward_workers):
-                self._add(BackwardWorker, f"d{group}/backward{i}", place, jobs=jobs, layerwise=s.algo == "pdasgd")
+                self._add(
+                    BackwardWorker,
+                    f"d{group}/backward{i}",
+                    place,
+                    jobs=jobs,
+                    layerwise=s.algo == "pdasgd",
+                    delay_share=backward,
+                )
         else:
             self._add(AsgdWorker, asgd_name, place, feed=feed)
 
@@ -310,7 +318,7 @@ class Runtime:
             "run_wall_time": self.wall_time,
             "train_time": self.train_time,
             "throughput_examples_per_s": self.completed * s.batch_size / max(self.train_time, 1e-9),
-            "delay": {"model": s.delay.name, "mean_s": s.delay.mean},
+            "delay": {"model": s.delay.name, "mean_s": s.delay.mean, "per": s.delay.per},
             "host_cpus": self.control.host_cpus and list(self.control.host_cpus),
             "thread_cpus": {name: cpus and list(cpus) for name, cpus in self.control.thread_cpus.items()},
         }

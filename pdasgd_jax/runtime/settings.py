@@ -51,6 +51,12 @@ class RuntimeSettings:
         every worker draws one idle time per job it works on, after its part of the job,
         from its own stream ``delays.rng_for(seed, "delay", worker_name)``, with the
         simulator's worker names, so both draw the same random numbers for the same seed.
+        With ``delay.per == "job"`` a PD-ASGD worker idles its share of its draw
+        (``delay_shares``).
+      timing: the calibrated costs a PD-ASGD job's delay draw is split by under
+        ``delay.per == "job"`` (``delay_shares``: the simulator's numbers, not wall-clock
+        measurements, so a simulated and a real run of one config draw the same delays).
+        None: no split (``from_config`` gives it whenever the config injects delays).
       device_factors: persistent slow-down of ``devices[d]`` (``--straggler-devices``:
         ``delays.straggler_factors``; a device past the end of the tuple has factor 1). A
         worker on a device of factor ``F`` sleeps ``(F - 1)`` times the measured duration of
@@ -80,6 +86,7 @@ class RuntimeSettings:
     batch_size: int = 32
     num_examples: int = 0
     delay: delays.DelayModel = NO_DELAY
+    timing: delays.TimingModel | None = None
     device_factors: tuple[float, ...] = ()
     seed: int = 0
     period: int = 8
@@ -157,6 +164,31 @@ class RuntimeSettings:
         """The persistent slow-down of ``group``'s device."""
         return self.device_factor(self.placement(1).group_device(group))
 
+    def delay_shares(self, group: int, num_stages: int) -> tuple[float, float]:
+        """The shares of a delay draw that ``group``'s forward and backward workers idle
+        (``DelayModel.shares``), from ``timing``'s compute of a job's parts on the group's
+        device with the simulator's rule (``TimingModel.pipeline_compute``): its device's
+        slow-down on the job's work, each update on its stage's home (a replicated group's
+        own device). ``(1, 1)`` unless ``delay.per`` is ``job``, the workers are PD-ASGD's and
+        the delay draws anything (a mean of 0, as ``straggler``'s default, draws only zeros).
+
+        Raises:
+          ValueError: ``delay.per`` is ``job`` on a PD-ASGD run with delays but no ``timing``.
+        """
+        if self.delay.per == "operation" or not self.pipelined or self.delay.mean == 0:
+            return 1.0, 1.0
+        if self.timing is None:
+            raise ValueError(
+                "a delay drawn per job is split by the calibrated compute of its forward and backward: "
+                "give RuntimeSettings a timing"
+            )
+        placement = self.placement(num_stages)
+        device = placement.group_device(group)
+        homes = (device,) * num_stages if self.replication == "replicas" else placement.homes()
+        factors = tuple(self.timing.worker_factor(d) * self.device_factor(d) for d in range(len(self.devices)))
+        timing = dataclasses.replace(self.timing, worker_factors=factors)
+        return self.delay.shares(*timing.pipeline_compute(device, homes, live=self.backward_weights == "live"))
+
     def home_devices(self, num_stages: int) -> tuple[jax.Device, ...]:
         placement = self.placement(num_stages)
         return tuple(self.devices[placement.stage_home(m)] for m in range(num_stages))
@@ -173,7 +205,8 @@ class RuntimeSettings:
         """
         config = exp.config
         groups = exp.layout.replicas
-        step_time = exp.calibration(config.batch_size).timing.step_compute_time() if config.delay_mean > 0 else 0.0
+        timing = exp.calibration(config.batch_size).timing if config.delay_mean > 0 else None
+        step_time = 0.0 if timing is None else timing.step_compute_time()
         settings = dict(
             algo=config.algo,
             devices=tuple(jax.devices()[: exp.layout.devices]),
@@ -185,6 +218,7 @@ class RuntimeSettings:
             batch_size=config.batch_size,
             num_examples=exp.total_examples,
             delay=delays.DelayModel.from_config(config, step_time),
+            timing=timing,
             # No straggler: no factors (every device at 1), whatever devices a caller then picks.
             device_factors=delays.straggler_factors(
                 exp.layout.devices, config.straggler_devices, config.straggler_factor

@@ -123,6 +123,8 @@ class Worker:
       delay: injected idle time, one draw per job.
       rng: this worker's delay stream.
       slowdown: its device's persistent slow-down factor F (>= 1; see the module docstring).
+      delay_share: the share of each delay draw it idles (``DelayModel.shares``: 1 but for a
+        PD-ASGD worker with a delay drawn per job; ``RuntimeSettings.delay_shares``).
     """
 
     def __init__(
@@ -134,9 +136,12 @@ class Worker:
         delay: DelayModel,
         rng: np.random.Generator,
         slowdown: float = 1.0,
+        delay_share: float = 1.0,
     ):
         if not slowdown >= 1:
             raise ValueError(f"slowdown {slowdown!r} of worker {name} must be >= 1")
+        if not 0 <= delay_share <= 1:
+            raise ValueError(f"delay share {delay_share!r} of worker {name} is outside [0, 1]")
         self.name = name
         self.device = device
         self.executor = executor
@@ -144,6 +149,7 @@ class Worker:
         self.delay = delay
         self.rng = rng
         self.slowdown = slowdown
+        self.delay_share = delay_share
         self.stats = WorkerStats()
         self._delayed = injects_idle_time(delay) or slowdown > 1
         self._pending: Pending | None = None
@@ -210,7 +216,7 @@ class Worker:
             self.stats.busy += time.perf_counter() - start
         self._warm = True
         # The delay sees the job's whole duration, as the simulator's sees the scaled compute.
-        idle = self.delay.idle_time(self.rng, self._last_busy * self.slowdown)
+        idle = self.delay.idle_time(self.rng, self._last_busy * self.slowdown, self.delay_share)
         start = time.perf_counter()
         self.control.sleep(idle)
         self.stats.idle += time.perf_counter() - start

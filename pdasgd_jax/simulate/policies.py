@@ -232,12 +232,12 @@ def forward_worker(sim: Simulation, device: Device, name: str, channel: Channel,
     forward worker, it reads the weights only once its job has a slot: a full queue holds
     it before its read, not after (algorithms.md §7)."""
     rng = sim.delay_rng(name)
-    compute = sim.forward_compute(device)
+    compute, share = sim.forward_compute(device), sim.delay_shares(device)[0]
     while (job := (yield from sim.take_job(name))) is not None:
         yield Get(slots)
         yield from forward_pass(sim, job, device, name)
         yield Put(channel, job)  # never blocks: the slot was reserved
-        yield sim.idle(rng, compute)
+        yield sim.idle(rng, compute, share)
 
 
 def backward_worker(
@@ -246,13 +246,13 @@ def backward_worker(
     """PD-ASGD backward worker: take a job (freeing its slot), backward with (layer-wise)
     updates; runs until no job will come (it then stays blocked and the simulation ends)."""
     rng = sim.delay_rng(name)
-    compute = sim.backward_compute(device)
+    compute, share = sim.backward_compute(device), sim.delay_shares(device)[1]
     while True:
         job = yield Get(channel)
         yield Put(slots, None)
         yield from backward_pass(sim, job, device, name, layerwise=layerwise)
         sim.job_done(job)
-        yield sim.idle(rng, compute)
+        yield sim.idle(rng, compute, share)
 
 
 def spawn_asgd(sim: Simulation) -> None:

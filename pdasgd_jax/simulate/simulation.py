@@ -197,11 +197,21 @@ class Simulation:
             return 0.0
         return self.timing.comm.transfer_time(self._stage_bytes[m])
 
+    def pipeline_compute(self, device: Device) -> tuple[float, float]:
+        """Device work of one PD-ASGD job's forward and backward parts with its workers on
+        ``device`` (``TimingModel.pipeline_compute``, which the runtime's settings share)."""
+        homes = tuple(home.index for home in self.homes)
+        return self.timing.pipeline_compute(device.index, homes, live=self.executor.live)
+
+    def delay_shares(self, device: Device) -> tuple[float, float]:
+        """The shares of a delay draw that a PD-ASGD job's forward and backward workers on
+        ``device`` idle (``DelayModel.shares``: 1 each unless the delay is drawn per job)."""
+        return self.delay.shares(*self.pipeline_compute(device))
+
     def forward_compute(self, device: Device) -> float:
         """Device work of one job's forward pass (and loss) on ``device``: one fused program
         with ``stashed`` weights (``policies.forward_pass``), per-stage kernels with ``live``."""
-        c = self.costs[device.index]
-        return sum(c.forward) + c.loss if self.executor.live else c.forward_all
+        return self.pipeline_compute(device)[0]
 
     def job_compute(self, device: Device) -> float:
         """Device work of one ASGD job on ``device``: its gradient program, and its updates
@@ -211,14 +221,15 @@ class Simulation:
     def backward_compute(self, device: Device) -> float:
         """Device work of one job's backward pass on ``device`` and of its updates (each on
         its stage's home device)."""
-        return sum(self.costs[device.index].backward) + sum(self.update_costs)
+        return self.pipeline_compute(device)[1]
 
     def delay_rng(self, worker: str) -> np.random.Generator:
         return rng_for(self.seed, "delay", worker)
 
-    def idle(self, rng: np.random.Generator, compute: float) -> Sleep:
-        """The injected idle time after a worker's ``compute`` seconds of work on a job."""
-        return Sleep(self.delay.idle_time(rng, compute))
+    def idle(self, rng: np.random.Generator, compute: float, share: float = 1.0) -> Sleep:
+        """The injected idle time after a worker's ``compute`` seconds of work on a job, of
+        which it idles ``share`` of the delay draw (``delay_shares``; 1: a whole job's worker)."""
+        return Sleep(self.delay.idle_time(rng, compute, share))
 
 
 def num_jobs(total_examples: int, batch_size: int) -> int:

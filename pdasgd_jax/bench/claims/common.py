@@ -37,13 +37,16 @@ TUNING_SEEDS = (100, 101)  # as delays.TUNING_SEEDS: one seed picked rates that 
 MAX_WIDENINGS = 1
 CHANCE = 0.1  # mnist1d's 10 classes: a diverged seed's accuracy
 
-# Every variant a part may run, as ``Config`` overrides (delays.ALGORITHMS plus block updates
-# and the single-worker SGD reference).
+# Every variant a part may run, as ``Config`` overrides (delays.ALGORITHMS plus block updates,
+# the single-worker SGD reference and PD-ASGD with its delay drawn per job).
 ALGORITHMS: dict[str, dict[str, Any]] = {
     **delays.ALGORITHMS,
     "pdasgd-block": {"algo": "pdasgd-block", "backward_weights": "stashed"},
     "pdasgd-block-live": {"algo": "pdasgd-block", "backward_weights": "live"},
     "sgd": {"algo": "sgd"},
+    # PD-ASGD with one delay per job, split over its forward and backward workers
+    # (--delay-per job, algorithms.md §5), against the default two (one per worker).
+    "pdasgd-job-delay": {**delays.ALGORITHMS["pdasgd"], "delay_per": "job"},
 }
 _ASYNC_RATES = (0.005, 0.02, 0.08)
 LRS: dict[str, tuple[float, ...]] = {

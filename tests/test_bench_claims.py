@@ -208,7 +208,9 @@ def test_a_cell_where_only_pdasgd_reaches_the_target_is_censored_not_met(monkeyp
             "mean": 2.0 if reached else math.inf,
             "std": 0.0 if reached else math.nan,
             "times": [2.0] if reached else [math.inf],
-            "run_times": [2.0] if reached else [{"sync": 6.0, "asgd-3t": 5.0, "lpp": 4.0, "asgd-3t-rep": 4.5}[algo]],
+            "run_times": [2.0]
+            if reached
+            else [{"sync": 6.0, "asgd-3t": 5.0, "lpp": 4.0, "asgd-3t-rep": 4.5, speedups.JOB_DELAY: 7.0}[algo]],
             "staleness": [1.0],
         }
 
@@ -236,11 +238,30 @@ def test_an_uncensored_speedup_carries_its_interval_over_the_seeds():
         }
 
     cells = {a: reached([3.8, 4.0, 4.2]) for a in speedups.ALGOS} | {"pdasgd": reached([2.0] * 3)}
+    cells[speedups.JOB_DELAY] = reached([1.0] * 3)
     timing = types.SimpleNamespace(step_compute_time=lambda: 0.02, train_step_time=lambda: 0.01)
     result, row = speedups.compare({"depth": 16, "workers": 4, "k": 1.0, "straggler": False}, cells, timing)
     lo, hi = result["pdasgd_vs_sync_ci95"]
     assert lo < 2.0 < hi and row["pdasgd vs sync [95 % CI]"] == f"2.00x [{lo:.2f}, {hi:.2f}]"
     assert result["target_met"] and "asgd-3t-rep" in speedups.BASELINES
+    assert result["job_delay_vs_best_async"] == pytest.approx(4.0) and "job-delay vs sync [95 % CI]" in row
+    without_job = {a: c for a, c in cells.items() if a != speedups.JOB_DELAY}  # a cell saved before the variant
+    assert (
+        "job_delay_vs_sync"
+        not in speedups.compare({"depth": 16, "workers": 4, "k": 1.0, "straggler": False}, without_job, timing)[0]
+    )
+
+
+def test_the_budget_gives_each_device_the_same_examples_beyond_four_devices(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(
+        delays, "cell", lambda algo, workers, k, straggler, lrs, seeds, epochs, **kw: seen.update({workers: epochs})
+    )
+    for workers in (1, 4, 16):
+        common.cell("pdasgd", 16, workers, 1.0, False, quick=False, stop_at_target=True)
+    assert seen == {1: common.EPOCHS, 4: common.EPOCHS, 16: 4 * common.EPOCHS}
+    common.cell("pdasgd", 4, 16, 1.0, False, quick=True, stop_at_target=True)
+    assert seen[16] == common.QUICK_EPOCHS
 
 
 def test_dasgd_hides_an_allreduce_that_fits_in_d_steps_and_local_sgd_does_not():

@@ -252,16 +252,24 @@ def test_an_uncensored_speedup_carries_its_interval_over_the_seeds():
     )
 
 
-def test_the_budget_gives_each_device_the_same_examples_beyond_four_devices(monkeypatch):
-    seen = {}
-    monkeypatch.setattr(
-        delays, "cell", lambda algo, workers, k, straggler, lrs, seeds, epochs, **kw: seen.update({workers: epochs})
-    )
+def test_the_speedups_budget_gives_each_device_the_same_examples_beyond_four_devices(monkeypatch):
+    seen = []
+    monkeypatch.setattr(common, "cell", lambda algo, *a, epochs=None, **kw: seen.append((a[1], epochs)) or {})
+    monkeypatch.setattr(speedups, "compare", lambda spec, by_algo, timing: None)
+    monkeypatch.setattr(common, "calibration", lambda depth, quick: types.SimpleNamespace(timing=None))
     for workers in (1, 4, 16):
-        common.cell("pdasgd", 16, workers, 1.0, False, quick=False, stop_at_target=True)
-    assert seen == {1: common.EPOCHS, 4: common.EPOCHS, 16: 4 * common.EPOCHS}
-    common.cell("pdasgd", 4, 16, 1.0, False, quick=True, stop_at_target=True)
-    assert seen[16] == common.QUICK_EPOCHS
+        speedups.run_spec({"depth": 16, "workers": workers, "k": 1.0, "straggler": False}, quick=False)
+    assert set(seen) == {(1, 6.0), (4, 6.0), (16, 24.0)} and len(seen) == 3 * len(speedups.ALGOS)
+    seen.clear()
+    speedups.run_spec({"depth": 16, "workers": 4, "k": 0.0, "straggler": True}, quick=False)
+    assert len(seen) == len(speedups.ALGOS) - 1  # no delay: --delay-per job is pdasgd's run, not run again
+    monkeypatch.undo()
+    budgets = []
+    monkeypatch.setattr(delays, "cell", lambda algo, w, k, s, lrs, seeds, epochs, **kw: budgets.append(epochs))
+    common.cell("pdasgd", 16, 16, 1.0, False, quick=False, stop_at_target=True, epochs=24.0)
+    common.cell("pdasgd", 16, 4, 1.0, False, quick=False, stop_at_target=True)  # the other parts' budget
+    common.cell("pdasgd", 4, 16, 1.0, False, quick=True, stop_at_target=True, epochs=24.0)
+    assert budgets == [24.0, common.EPOCHS, common.QUICK_EPOCHS]
 
 
 def test_dasgd_hides_an_allreduce_that_fits_in_d_steps_and_local_sgd_does_not():

@@ -171,8 +171,8 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
         texts.append(text)
     header = (
         f"claims: {common.MODEL} on {common.QUICK_DATASET if quick else common.DATASET}, virtual clock, target "
-        f"{common.TARGET}, budget {common.QUICK_EPOCHS if quick else common.EPOCHS} epochs (x W / 4 beyond 4 "
-        "devices), batch "
+        f"{common.TARGET}, budget {common.QUICK_EPOCHS if quick else common.EPOCHS} epochs (speedups: "
+        f"{speedups.EPOCHS_AT_4:g} x max(1, W / 4)), batch "
         f"{common.BATCH_SIZE} per worker; rates tuned on seeds {list(common.TUNING_SEEDS)} (not reported)"
     )
     return results, header + "\n\n" + "\n\n".join(texts)

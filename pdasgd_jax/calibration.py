@@ -56,6 +56,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import platform
 import re
 import statistics
 from collections.abc import Sequence
@@ -97,6 +98,10 @@ class Calibration:
         timing's own total is the sum of per-kernel medians).
       rounds: how many rounds were measured.
       description: the readable part of the fingerprint (stage shapes, batch, device, JAX).
+      converged: whether the rounds met ``measure``'s stopping rule before its ``max_rounds``
+        (None: not recorded, a file written before it was).
+      host: the CPU model the rounds ran on (evidence only, not in the fingerprint: the device
+        kind says "cpu" for every CPU; None: not recorded).
     """
 
     fingerprint: str
@@ -104,6 +109,8 @@ class Calibration:
     spread: dict[str, Any]
     rounds: int
     description: dict[str, Any]
+    converged: bool | None = None
+    host: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +120,8 @@ class Calibration:
             "spread": self.spread,
             "rounds": self.rounds,
             "description": self.description,
+            "converged": self.converged,
+            "host": self.host,
         }
 
     @classmethod
@@ -135,7 +144,15 @@ class Calibration:
             raise ValueError(f'not a calibration (expected "format": {FORMAT!r})')
         # A fused cost of None (a hand-built or FLOP-derived timing, saved with a run) means
         # the per-stage sum, as in ``TimingModel``; a measured one always has both.
-        return cls(d["fingerprint"], TimingModel.from_dict(d["timing"]), d["spread"], d["rounds"], d["description"])
+        return cls(
+            d["fingerprint"],
+            TimingModel.from_dict(d["timing"]),
+            d["spread"],
+            d["rounds"],
+            d["description"],
+            d.get("converged"),
+            d.get("host"),
+        )
 
 
 def _shapes(tree: PyTree) -> list[list[Any]]:
@@ -232,16 +249,29 @@ def measure(
         )
     digest, description = fingerprint(kernels, params, states, opt_states, x, y)
     rounds: list[TimingModel] = []
-    previous = None
+    previous, converged = None, False
     while len(rounds) < max_rounds:
         rounds.append(measure_round(kernels, params, states, opt_states, x, y, repeats))
         current = [statistics.median(column) for column in zip(*map(_totals, rounds))]
         stable = previous is not None and all(abs(c - p) <= tolerance * p for c, p in zip(current, previous))
         if len(rounds) >= min_rounds and stable:
+            converged = True
             break
         previous = current
     timing, spread = _combine(rounds)
-    return Calibration(digest, timing, spread, len(rounds), description)
+    return Calibration(digest, timing, spread, len(rounds), description, converged, host_cpu())
+
+
+def host_cpu() -> str:
+    """This machine's CPU model (``/proc/cpuinfo``'s first "model name", else ``platform``'s)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def _totals(r: TimingModel) -> tuple[float, ...]:

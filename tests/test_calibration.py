@@ -95,6 +95,13 @@ def test_measure_repeats_rounds_and_keeps_their_spread(mlp):
     step = spread["step_compute_time"]
     assert step["min"] <= step["median"] <= step["max"]
     assert cal.description["batch"]["x"][0][0] == [32, 8, 8, 1]
+    # Whether the rounds met the stopping rule, and the CPU they ran on, are kept with them.
+    assert (cal.rounds == 3 or cal.converged) and cal.host == calibration.host_cpu() != ""  # stopped early: stable
+    assert calibration.Calibration.from_dict(cal.to_dict()) == cal
+    older = {k: v for k, v in cal.to_dict().items() if k not in ("converged", "host")}
+    assert calibration.Calibration.from_dict(older).converged is None  # not recorded, not guessed
+    single = calibration.measure(*mlp, repeats=1, min_rounds=1, max_rounds=1)
+    assert single.converged is False  # one round cannot show stability
     with pytest.raises(ValueError, match="min_rounds 0"):
         calibration.measure(*mlp, min_rounds=0)
 

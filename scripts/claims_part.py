@@ -61,8 +61,15 @@ def main() -> None:
         action="store_true",
         help="cell parts: run nothing; report every cell saved in OUT/claims-PART.jsonl (target judged over the grid)",
     )
+    parser.add_argument(
+        "--calibration",
+        metavar="DIGEST_PREFIX",
+        help="--summarise: only the cells timed by the calibration whose timing digest starts with this",
+    )
     run_cache.add_flags(parser)
     args = parser.parse_args()
+    if args.calibration and not args.summarise:
+        parser.error("--calibration selects saved cells for --summarise only")
     if args.lrs and args.part != "bias":
         parser.error(f"--lrs applies to --part bias only, not to --part {args.part}")
     only = {"depth": tuple(args.depths), "workers": tuple(args.workers), "k": tuple(args.k)}
@@ -84,7 +91,7 @@ def main() -> None:
             parser.error(f"--summarise: no saved cells at {jsonl!r} (run cells with the same --out first)")
         with open(jsonl) as f:
             saved = [json.loads(line) for line in f if line.strip()]
-        results, text = claims.summarise_part(args.part, saved, quick=args.quick)
+        results, text = claims.summarise_part(args.part, saved, quick=args.quick, calibration=args.calibration)
         _write_report(args.out, args.part, results, text)
         return
     os.makedirs(args.out, exist_ok=True)
@@ -92,7 +99,8 @@ def main() -> None:
 
     def on_cell(result: dict, row: dict) -> None:
         with open(jsonl, "a") as f:
-            f.write(json.dumps(json_ready({**result, "row": row})) + "\n")
+            line = {**result, "row": row, "provenance": claims.provenance(result, quick=args.quick)}
+            f.write(json.dumps(json_ready(line)) + "\n")
         rows.append(row)
         with open(md, "w") as f:
             f.write(f"### {args.part} (partial)\n\n" + claims.tables(rows) + "\n")

@@ -255,7 +255,7 @@ def test_an_uncensored_speedup_carries_its_interval_over_the_seeds():
 def test_the_speedups_budget_gives_each_device_the_same_examples_beyond_four_devices(monkeypatch):
     seen = []
     monkeypatch.setattr(common, "cell", lambda algo, *a, epochs=None, **kw: seen.append((a[1], epochs)) or {})
-    monkeypatch.setattr(speedups, "compare", lambda spec, by_algo, timing: None)
+    monkeypatch.setattr(speedups, "compare", lambda spec, by_algo, timing: ({}, {}))
     monkeypatch.setattr(common, "calibration", lambda depth, quick: types.SimpleNamespace(timing=None))
     for workers in (1, 4, 16):
         speedups.run_spec({"depth": 16, "workers": workers, "k": 1.0, "straggler": False}, quick=False)
@@ -377,11 +377,18 @@ def test_a_sub_grid_runs_only_its_cells(monkeypatch):
         claims.run_part("staleness", quick=False, only={"depth": (32,)})
 
 
-def _saved_accuracy_cell(depth: int, below: float) -> dict:
-    """A saved line of ``claims_part.py``'s JSONL for the accuracy part: raw result and row."""
+def _saved_accuracy_cell(depth: int, below: float, timing: str = "aaaa", epochs: float = 3.0) -> dict:
+    """A saved line of ``claims_part.py``'s JSONL for the accuracy part: raw result, row and provenance."""
     result = {"depth": depth, "pdasgd_points_below_sgd": below, "layer_minus_block_points": 1.0}
     result["target_met"] = below <= 1
-    return {**result, "row": {"M": depth, "below": below}}
+    provenance = {
+        "quick": False,
+        "calibration": {"fingerprint": "f", "timing": timing, "rounds": 3, "converged": True, "host": "cpu"},
+        "budget": {"epochs_budget": epochs},
+        "source_digest": "s",
+        "commit": f"commit-{timing}",
+    }
+    return {**result, "row": {"M": depth, "below": below}, "provenance": provenance}
 
 
 def test_summarise_reports_the_saved_cells_as_one_run_of_the_grid(monkeypatch):
@@ -394,8 +401,24 @@ def test_summarise_reports_the_saved_cells_as_one_run_of_the_grid(monkeypatch):
     assert results["summary"]["accuracy_target_met"] == {"constant": True} and "| 8 | 0.5 |" in text
     sub_grid, _ = claims.summarise_part("accuracy", [other])
     assert sub_grid["summary"]["accuracy_target_met"] == {"constant": None}  # depth 8 missing: not judged
-    with pytest.raises(ValueError, match="saved cell 1 of part 'accuracy' has no table row"):
+    assert results["superseded_lines"] == 1 and results["off_grid"] == [] and results["commits"] == ["commit-aaaa"]
+    with pytest.raises(ValueError, match="saved cell 1 of part 'accuracy' has no row"):
         claims.summarise_part("accuracy", [{"depth": 4}])
+    with pytest.raises(ValueError, match="saved cell 1 of part 'accuracy' has no provenance"):
+        claims.summarise_part("accuracy", [{"depth": 4, "row": {}}])
+    # One report is one protocol: cells timed by two calibrations, or on two budgets, are refused ...
+    other_calibration = _saved_accuracy_cell(8, 0.5, timing="bbbb")
+    with pytest.raises(ValueError, match="differ in calibration"):
+        claims.summarise_part("accuracy", [other, other_calibration])
+    with pytest.raises(ValueError, match="differ in budget"):
+        claims.summarise_part("accuracy", [other, _saved_accuracy_cell(8, 0.5, epochs=6.0)])
+    # ... unless one calibration is chosen; and a cell of another grid (size) is listed, not reported.
+    chosen, _ = claims.summarise_part("accuracy", [other, other_calibration], calibration="bb")
+    assert [c["depth"] for c in chosen["cells"]] == [8] and chosen["summary"]["accuracy_target_met"] == {
+        "constant": None
+    }
+    off, _ = claims.summarise_part("accuracy", [other, _saved_accuracy_cell(32, 9.9)])
+    assert off["off_grid"] == [{"depth": 32, "lr_schedule": "constant"}] and [c["depth"] for c in off["cells"]] == [4]
     with pytest.raises(ValueError, match="'bias' has no cells to summarise"):
         claims.summarise_part("bias", [])
 

@@ -18,9 +18,13 @@ except ``accuracy``, which reports final accuracy and tunes for it).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pdasgd_jax.bench import run_cache
 from pdasgd_jax.bench.claims import accuracy, bias, common, dasgd, speedups, staleness
 from pdasgd_jax.compare import markdown_table
 
@@ -141,25 +145,98 @@ def _report(name: str, cells: list[dict[str, Any]], rows: list[dict[str, Any]], 
     return {"budget": common.budget(), "cells": cells, "summary": summary}, text
 
 
-def summarise_part(name: str, saved: list[dict[str, Any]], *, quick: bool = False) -> tuple[dict[str, Any], str]:
+def provenance(result: dict[str, Any], *, quick: bool) -> dict[str, Any]:
+    """What a saved cell was measured with, beside its result: the calibration of its depth (its
+    fingerprint, the digest of its timing as the run cache keys it, rounds, convergence and
+    CPU), the budgets, the package's source digest and git commit, and ``quick``.
+    ``summarise_part`` refuses to put cells of different calibrations, budgets or sizes in one
+    report."""
+    cal = common.calibration(result["depth"], quick=quick)
+    return {
+        "quick": quick,
+        "calibration": {
+            "fingerprint": cal.fingerprint,
+            "timing": run_cache.digest(cal.timing.to_dict()),
+            "rounds": cal.rounds,
+            "converged": cal.converged,
+            "host": cal.host,
+        },
+        "budget": {**common.budget(), "speedups_epochs_at_4": speedups.EPOCHS_AT_4},
+        "source_digest": run_cache.source_digest(),
+        "commit": _git_commit(),
+    }
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit the package was imported from (``+dirty`` with uncommitted edits;
+    None outside a git checkout, e.g. an installed wheel)."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # pdasgd_jax/
+    git = ["git", "-C", package]
+    try:
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        status = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+# What must be equal across the cells of one report (each a key of ``provenance``).
+_SAME_IN_ONE_REPORT = ("quick", "calibration", "budget")
+
+
+def summarise_part(
+    name: str, saved: list[dict[str, Any]], *, quick: bool = False, calibration: str | None = None
+) -> tuple[dict[str, Any], str]:
     """A cell part's report from cells saved by earlier runs (``scripts/claims_part.py``'s JSONL
-    lines: each a cell's raw result with its table row under ``"row"``), as ``run_part`` would
-    write it had one run measured them all: where a cell was saved more than once (a rerun) the
-    last line counts; cells are ordered as the grid (``specs``), cells outside it last.
-    Raises ValueError for a line without its table row (written before rows were saved)."""
+    lines: each a cell's raw result with its table row under ``"row"`` and its ``provenance``),
+    as ``run_part`` would write it had one run measured them all: where a cell was saved more
+    than once (a rerun) the last line counts (``superseded_lines`` says how many were dropped);
+    cells are ordered as the grid (``specs``), and a cell outside it (another size) is listed in
+    ``off_grid``, not reported. ``calibration``: keep only the lines whose calibration's timing
+    digest starts with it.
+
+    Raises:
+      ValueError: a line without its table row or provenance (saved before they were), or kept
+        cells that differ in calibration, budget or size (``quick``): one report is one protocol.
+    """
     if name not in CELL_PARTS:
         raise ValueError(f"claims part {name!r} has no cells to summarise; choose one of {', '.join(CELL_PARTS)}")
     grid = CELL_PARTS[name].specs(quick)
     keys = list(grid[0])
+    order = {common.spec_key(spec, keys): i for i, spec in enumerate(grid)}
     latest: dict[tuple, dict[str, Any]] = {}
     for i, line in enumerate(saved, start=1):
-        if "row" not in line:
-            raise ValueError(f"saved cell {i} of part {name!r} has no table row (saved before rows were); rerun it")
+        for needed in ("row", "provenance"):
+            if needed not in line:
+                raise ValueError(f"saved cell {i} of part {name!r} has no {needed} (saved before it was); rerun it")
+        if calibration and not line["provenance"]["calibration"]["timing"].startswith(calibration):
+            continue
         latest[common.spec_key(line, keys)] = line  # a later line for the same cell replaces it
-    order = {common.spec_key(spec, keys): i for i, spec in enumerate(grid)}
-    kept = sorted(latest.items(), key=lambda item: order.get(item[0], len(order)))
-    cells = [{k: v for k, v in line.items() if k != "row"} for _, line in kept]
-    return _report(name, cells, [line["row"] for _, line in kept], quick=quick)
+    off_grid = [dict(zip(keys, key)) for key in latest if key not in order]
+    kept = sorted(((key, line) for key, line in latest.items() if key in order), key=lambda item: order[item[0]])
+    for field in _SAME_IN_ONE_REPORT:
+        values = {json.dumps(line["provenance"][field], sort_keys=True) for _, line in kept}
+        if len(values) > 1:
+            raise ValueError(
+                f"the saved cells of part {name!r} differ in {field}: {sorted(values)}; one report is one "
+                "protocol (choose one calibration with --calibration DIGEST_PREFIX)"
+            )
+    cells = [{k: v for k, v in line.items() if k not in ("row", "provenance")} for _, line in kept]
+    results, text = _report(name, cells, [line["row"] for _, line in kept], quick=quick)
+    provenances = [line["provenance"] for _, line in kept]
+    results |= {
+        "superseded_lines": len(saved) - len(latest),
+        "off_grid": off_grid,
+        "provenance": {f: provenances[0][f] for f in _SAME_IN_ONE_REPORT} if provenances else {},
+        "commits": sorted({p["commit"] or "unknown" for p in provenances}),
+    }
+    cal = results["provenance"].get("calibration", {})
+    text += (
+        f"\n\ncalibration {cal.get('timing', '?')[:12]} ({cal.get('rounds')} rounds, converged "
+        f"{cal.get('converged')}, {cal.get('host')}); commits {', '.join(c[:12] for c in results['commits'])}; "
+        f"{results['superseded_lines']} superseded line(s); off the grid, not reported: {off_grid or 'none'}"
+    )
+    return results, text
 
 
 def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:

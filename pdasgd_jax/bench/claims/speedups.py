@@ -113,7 +113,8 @@ def run_spec(spec: dict[str, Any], *, quick: bool) -> tuple[dict[str, Any], dict
     }
     if k == 0:
         by_algo[JOB_DELAY] = by_algo["pdasgd"]
-    return compare(spec, by_algo, common.calibration(depth, quick=quick).timing)
+    result, row = compare(spec, by_algo, common.calibration(depth, quick=quick).timing)
+    return {**result, "epochs_budget": common.QUICK_EPOCHS if quick else epochs}, row
 
 
 def compare(
@@ -179,7 +180,8 @@ def compare(
 
 
 def _cell_name(r: dict[str, Any]) -> str:
-    return f"W={r['workers']} k={r['k']:g}{' straggler' if r.get('straggler') else ''}"
+    depth = f"M={r['depth']} " if "depth" in r else ""
+    return f"{depth}W={r['workers']} k={r['k']:g}{' straggler' if r.get('straggler') else ''}"
 
 
 def summary(results: list[dict[str, Any]], expected: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -5,7 +5,9 @@
   speed factor) is followed by ``idle_time = d * (slowdown - 1) + share * sample`` seconds of
   idle time, so it lasts ``d * slowdown + share * sample`` in all. Idle time is waiting, not
   device work: the simulator frees the device during it and the real runtime sleeps through
-  it. ``share`` is 1 but for a PD-ASGD worker under ``per="job"`` (``DelayModel.shares``).
+  it. ``share`` is 1 but for a PD-ASGD worker under ``per="job"`` (``DelayModel.shares``),
+  where ``sample`` is the one draw of the job, made by its forward worker and carried with
+  the job to its backward worker (``DelayModel.job_idle``).
 * ``CommModel`` and ``TimingModel``: how long each per-stage kernel, each fused program
   (a job's whole gradient, a whole training step), all-reduce and parameter transfer
   takes, per worker, and how concurrent kernels share a device.
@@ -88,7 +90,8 @@ class DelayModel:
 
     ``per`` says what one draw covers where a job is split over two workers (PD-ASGD's
     forward and backward, algorithms.md §5): ``operation``, each worker's part of it (two
-    draws per job); ``job``, the whole job, each worker idling its ``shares`` of its draw.
+    draws per job); ``job``, the whole job: its forward worker draws it, the job carries
+    it to its backward worker, and each idles its ``shares`` of that one draw (``job_idle``).
 
     Example::
 
@@ -166,7 +169,8 @@ class DelayModel:
         whole job (sync, ASGD, LPP-SGD, local SGD, DaSGD) takes share 1 under both.
 
         The simulator and the runtime both take ``forward`` and ``backward`` from the
-        calibrated costs (``TimingModel.pipeline_compute``), so they split alike.
+        calibrated costs the clock charges the two workers (``TimingModel.pipeline_compute``),
+        so they split alike.
         """
         if self.per == "operation":
             return 1.0, 1.0
@@ -179,15 +183,36 @@ class DelayModel:
 
     def idle_time(self, rng: np.random.Generator, duration: float, share: float = 1.0) -> float:
         """Idle seconds to add after an operation whose compute took ``duration`` seconds:
-        its slow-down and ``share`` (``shares``; in [0, 1]) of one delay draw.
+        its slow-down and ``share`` (``shares``; in [0, 1]) of one delay draw of its own
+        (``job_idle`` with nothing carried)."""
+        return self.job_idle(rng, duration, share)[0]
 
-        Draws the slow-down first, then the additive delay, from the same stream (whatever
-        the share, so both semantics consume a stream alike).
+    def job_idle(
+        self, rng: np.random.Generator, duration: float, share: float = 1.0, carried: float | None = None
+    ) -> tuple[float, float]:
+        """A worker's idle seconds after its part of a job, and the job's delay draw.
+
+        The idle time is ``duration * (slowdown - 1) + share * draw``. Every call takes the
+        same two draws from ``rng``, the slow-down first, then a delay ``sample``, under both
+        ``per`` semantics (so a stream is consumed alike whatever the semantics). The draw
+        used is that sample, except under ``per="job"`` when the job already ``carried`` one:
+        the draw its forward worker made, which its backward worker idles its share of
+        instead of its own sample (one draw per job in all). The returned draw is the one
+        used, for the job to carry on.
+
+        Args:
+          rng: the worker's delay stream.
+          duration: its compute on the job (seconds), which the slow-down stretches.
+          share: the fraction of the draw it idles (``shares``), in [0, 1].
+          carried: the draw the job's previous worker returned (None: the job's first worker).
         """
         _finite_non_negative("operation duration", duration)
         if not 0 <= share <= 1:
             raise ValueError(f"delay share {share!r} is outside [0, 1]")
-        return duration * (self.slowdown(rng) - 1.0) + share * self.sample(rng)
+        slowed = duration * (self.slowdown(rng) - 1.0)
+        own = self.sample(rng)
+        draw = carried if carried is not None and self.per == "job" else own
+        return slowed + share * draw, draw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,22 +410,30 @@ class TimingModel:
         cost = sum(self.forward) + self.loss if self.forward_all is None else self.forward_all
         return cost * self.worker_factor(worker)
 
-    def pipeline_compute(self, device: int, homes: Sequence[int], *, live: bool) -> tuple[float, float]:
-        """Device work of one PD-ASGD job's two parts with its workers on ``device``: the
-        forward's (one fused program with stashed weights, per-stage kernels and the loss
-        with ``live``) and the backward's (every stage's backward on ``device``, each
-        stage's update on its home device ``homes[m]``). What the simulator's forward and
-        backward workers pass as their compute, and what ``DelayModel.shares`` splits by."""
+    def pipeline_compute(
+        self, device: int, homes: Sequence[int], *, live: bool, layerwise: bool
+    ) -> tuple[float, float]:
+        """Device work the clock charges one PD-ASGD job's two parts with its workers on
+        ``device``: the forward's (one fused program with stashed weights, per-stage kernels
+        and the loss with ``live``) and the backward's (per stage: with stashed weights and
+        ``layerwise`` updates, a stage homed on ``device`` runs its backward and update as one
+        program, ``backward_update_time``; any other stage its backward on ``device`` and its
+        update on its home ``homes[m]``). What the simulator's forward and backward workers
+        pass as their compute, and what ``DelayModel.shares`` splits by."""
         _require(len(homes) == self.num_stages, f"{len(homes)} home devices for {self.num_stages} stages")
         stages = range(self.num_stages)
         if live:
             forward = sum(self.forward_time(m, device) for m in stages) + self.loss_time(device)
         else:
             forward = self.forward_all_time(device)
-        backward = sum(self.backward_time(m, device, live=live) for m in stages) + sum(
-            self.update_time(m, homes[m]) for m in stages
-        )
+        backward = sum(self._backward_part(m, device, homes[m], live=live, layerwise=layerwise) for m in stages)
         return forward, backward
+
+    def _backward_part(self, m: int, device: int, home: int, *, live: bool, layerwise: bool) -> float:
+        """Stage ``m``'s backward and update in a PD-ASGD job's backward (``pipeline_compute``)."""
+        if layerwise and not live and home == device:  # policies.backward_pass's fused local stage
+            return self.backward_update_time(m, device)
+        return self.backward_time(m, device, live=live) + self.update_time(m, home)
 
     def backward_update_time(self, m: int, worker: int = 0) -> float:
         """Stage ``m``'s stashed backward and update as one program on ``worker``."""

@@ -197,6 +197,11 @@ class Job:
     ``updated``: None (nothing kept), or a list to which each of the job's updates appends
     the ``(params_m, opt_state_m)`` it wrote, so that the worker that ran them can wait
     until they are computed on the device (the threaded runtime's workers set it).
+
+    ``delay_draw``: the injected delay drawn for the job by the worker that took it first
+    (a PD-ASGD forward worker), which its backward worker idles its share of under
+    ``--delay-per job`` (``DelayModel.job_idle``); None until drawn. Derived from the seed
+    and the schedule only, so a resumed simulation's replay draws it again.
     """
 
     id: int
@@ -214,6 +219,7 @@ class Job:
     rng: Any = None  # the job's key, from the run's seed and its batch id (None: the model draws nothing)
     pulled: list[Pull | None] = dataclasses.field(default_factory=list)
     updated: list[Any] | None = None
+    delay_draw: float | None = None
 
 
 class StageExecutor:

@@ -115,6 +115,7 @@ def _assert_bitwise_equal(a, b):
         ("pdasgd", {"queue": 1, "backward_weights": "live", "comm_latency": 0.375}),
         ("asgd", {"comm_latency": 0.375, "replicas": 4}),
         ("pdasgd-block", {"queue": 2}),
+        ("pdasgd", {"queue": 1, "delay_per": "job"}),  # queued jobs carry their delay draw across the checkpoint
         ("asgd", {"replicas": 4}),  # two workers per device: checkpoints with jobs in flight
         ("sync", {"batch_size": 64}),
         ("dasgd", {"period": 4, "delay_steps": 2}),

@@ -197,19 +197,24 @@ class _FakeControl:
         self.slept.append(seconds)
 
 
+def _rest(worker: Worker) -> None:
+    """A worker's rest after a job of its own (one carrying no delay draw yet)."""
+    worker._rest(worker._draw_idle(types.SimpleNamespace(delay_draw=None)))
+
+
 def test_a_straggling_worker_sleeps_f_minus_one_times_each_job_after_its_first_then_its_delay():
     control = _FakeControl()
     delay = delays.DelayModel("constant", mean=0.25)
     worker = Worker("w1", jax.devices()[0], None, control, delay, delays.rng_for(0, "delay", "w1"), slowdown=F)
     worker._last_busy = 2.0
-    worker._rest()  # its first job compiled its programs: not slowed
+    _rest(worker)  # its first job compiled its programs: not slowed
     assert control.slept == [0.25]
     worker._last_busy = 0.5
-    worker._rest()
+    _rest(worker)
     assert control.slept == [0.25, (F - 1) * 0.5, 0.25]
     fast = Worker("w0", jax.devices()[0], None, control, delays.DelayModel(), delays.rng_for(0), slowdown=1.0)
     fast._last_busy = 0.5
-    fast._rest()  # no delay, no slow-down: no sleep at all
+    _rest(fast)  # no delay, no slow-down: no sleep at all
     assert control.slept == [0.25, (F - 1) * 0.5, 0.25]
 
 

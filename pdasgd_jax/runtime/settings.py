@@ -51,8 +51,8 @@ class RuntimeSettings:
         every worker draws one idle time per job it works on, after its part of the job,
         from its own stream ``delays.rng_for(seed, "delay", worker_name)``, with the
         simulator's worker names, so both draw the same random numbers for the same seed.
-        With ``delay.per == "job"`` a PD-ASGD worker idles its share of its draw
-        (``delay_shares``).
+        With ``delay.per == "job"`` a PD-ASGD job has one draw, its forward worker's, which
+        the job carries to its backward worker; each idles its share of it (``delay_shares``).
       timing: the calibrated costs a PD-ASGD job's delay draw is split by under
         ``delay.per == "job"`` (``delay_shares``: the simulator's numbers, not wall-clock
         measurements, so a simulated and a real run of one config draw the same delays).
@@ -167,10 +167,12 @@ class RuntimeSettings:
     def delay_shares(self, group: int, num_stages: int) -> tuple[float, float]:
         """The shares of a delay draw that ``group``'s forward and backward workers idle
         (``DelayModel.shares``), from ``timing``'s compute of a job's parts on the group's
-        device with the simulator's rule (``TimingModel.pipeline_compute``): its device's
-        slow-down on the job's work, each update on its stage's home (a replicated group's
-        own device). ``(1, 1)`` unless ``delay.per`` is ``job``, the workers are PD-ASGD's and
-        the delay draws anything (a mean of 0, as ``straggler``'s default, draws only zeros).
+        device with the simulator's rule (``TimingModel.pipeline_compute``: the programs the
+        workers run, a layer-wise stashed backward's fused backward-and-update of a local
+        stage included): its device's slow-down on the job's work, each update on its
+        stage's home (a replicated group's own device). ``(1, 1)`` unless ``delay.per`` is
+        ``job``, the workers are PD-ASGD's and the delay draws anything (a mean of 0, as
+        ``straggler``'s default, draws only zeros).
 
         Raises:
           ValueError: ``delay.per`` is ``job`` on a PD-ASGD run with delays but no ``timing``.
@@ -187,7 +189,8 @@ class RuntimeSettings:
         homes = (device,) * num_stages if self.replication == "replicas" else placement.homes()
         factors = tuple(self.timing.worker_factor(d) * self.device_factor(d) for d in range(len(self.devices)))
         timing = dataclasses.replace(self.timing, worker_factors=factors)
-        return self.delay.shares(*timing.pipeline_compute(device, homes, live=self.backward_weights == "live"))
+        live, layerwise = self.backward_weights == "live", self.algo == "pdasgd"
+        return self.delay.shares(*timing.pipeline_compute(device, homes, live=live, layerwise=layerwise))
 
     def home_devices(self, num_stages: int) -> tuple[jax.Device, ...]:
         placement = self.placement(num_stages)

@@ -120,7 +120,8 @@ class Worker:
       device: where its jobs run.
       executor: the shared stage operations.
       control: the run's shared lifecycle state.
-      delay: injected idle time, one draw per job.
+      delay: injected idle time, one draw per job (a PD-ASGD job's backward worker uses its
+        forward worker's under ``--delay-per job``: ``_draw_idle``).
       rng: this worker's delay stream.
       slowdown: its device's persistent slow-down factor F (>= 1; see the module docstring).
       delay_share: the share of each delay draw it idles (``DelayModel.shares``: 1 but for a
@@ -206,8 +207,22 @@ class Worker:
         if self._delayed:
             self._settle()
 
-    def _rest(self) -> None:
-        """Sleeps the job's straggling time (booked busy) and its injected delay (none without either)."""
+    def _draw_idle(self, job: Job) -> float:
+        """The injected idle seconds after this worker's part of ``job`` (0 without delays or
+        slow-downs), drawn now from its stream with the draw the job carries, which the job
+        then carries on (``Job.delay_draw``, ``DelayModel.job_idle``: under ``--delay-per job``
+        a backward worker idles its share of its forward worker's draw). A forward worker
+        draws before it hands the job on."""
+        if not self._delayed:
+            return 0.0
+        # The delay sees the job's whole duration, as the simulator's sees the scaled compute.
+        duration = self._last_busy * self.slowdown
+        idle, job.delay_draw = self.delay.job_idle(self.rng, duration, self.delay_share, job.delay_draw)
+        return idle
+
+    def _rest(self, idle: float) -> None:
+        """Sleeps the job's straggling time (booked busy) and its injected ``idle`` time
+        (``_draw_idle``; none without either)."""
         if not self._delayed:
             return
         if self.slowdown > 1 and self._warm:
@@ -215,8 +230,6 @@ class Worker:
             self.control.sleep(self._last_busy * (self.slowdown - 1.0))
             self.stats.busy += time.perf_counter() - start
         self._warm = True
-        # The delay sees the job's whole duration, as the simulator's sees the scaled compute.
-        idle = self.delay.idle_time(self.rng, self._last_busy * self.slowdown, self.delay_share)
         start = time.perf_counter()
         self.control.sleep(idle)
         self.stats.idle += time.perf_counter() - start
@@ -285,8 +298,9 @@ class ForwardWorker(Worker):
             loss = self.executor.forward_all(job, worker=self.name)
             # Taken before the job is handed on: its backward replaces delta.
             self._dispatched((loss, job.delta), start)
+            idle = self._draw_idle(job)  # before the job goes on: it carries the draw to its backward
             slot.fill(job)
-        self._rest()
+        self._rest(idle)
 
     def _on_exit(self) -> None:
         self.jobs.producer_done()
@@ -312,7 +326,7 @@ class BackwardWorker(Worker):
         start = time.perf_counter()
         self.executor.backward_all(job, layerwise=self.layerwise, worker=self.name)
         self._dispatched(job.updated, start, self._job_finished(job))
-        self._rest()
+        self._rest(self._draw_idle(job))
 
 
 class AsgdWorker(Worker):
@@ -335,7 +349,7 @@ class AsgdWorker(Worker):
         self.executor.forward_all(job, worker=self.name)
         self.executor.backward_all(job, layerwise=False, worker=self.name)
         self._dispatched(job.updated, start, self._job_finished(job))
-        self._rest()
+        self._rest(self._draw_idle(job))
 
 
 def injects_idle_time(delay: DelayModel) -> bool:

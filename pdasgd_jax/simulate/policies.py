@@ -226,18 +226,21 @@ def fused_forward(
         ex.commit_state(job, m, worker=worker)
 
 
-def forward_worker(sim: Simulation, device: Device, name: str, channel: Channel, slots: Channel) -> Worker:
+def forward_worker(
+    sim: Simulation, device: Device, name: str, channel: Channel, slots: Channel, *, layerwise: bool
+) -> Worker:
     """PD-ASGD forward worker: take a batch, reserve a slot of the replica's queue (one of
     ``slots``' tokens), forward, hand the job to the backward workers. As the runtime's
     forward worker, it reads the weights only once its job has a slot: a full queue holds
     it before its read, not after (algorithms.md §7)."""
     rng = sim.delay_rng(name)
-    compute, share = sim.forward_compute(device), sim.delay_shares(device)[0]
+    compute, share = _pipeline_part(sim, device, 0, layerwise)
     while (job := (yield from sim.take_job(name))) is not None:
         yield Get(slots)
         yield from forward_pass(sim, job, device, name)
+        idle = sim.idle(rng, compute, share, job)  # drawn before the job goes on: it carries the draw
         yield Put(channel, job)  # never blocks: the slot was reserved
-        yield sim.idle(rng, compute, share)
+        yield idle
 
 
 def backward_worker(
@@ -246,13 +249,19 @@ def backward_worker(
     """PD-ASGD backward worker: take a job (freeing its slot), backward with (layer-wise)
     updates; runs until no job will come (it then stays blocked and the simulation ends)."""
     rng = sim.delay_rng(name)
-    compute, share = sim.backward_compute(device), sim.delay_shares(device)[1]
+    compute, share = _pipeline_part(sim, device, 1, layerwise)
     while True:
         job = yield Get(channel)
         yield Put(slots, None)
         yield from backward_pass(sim, job, device, name, layerwise=layerwise)
         sim.job_done(job)
-        yield sim.idle(rng, compute, share)
+        yield sim.idle(rng, compute, share, job)
+
+
+def _pipeline_part(sim: Simulation, device: Device, part: int, layerwise: bool) -> tuple[float, float]:
+    """The compute the clock charges a PD-ASGD job's forward (``part`` 0) or backward (1)
+    worker on ``device``, and its share of the job's delay draw."""
+    return sim.pipeline_compute(device, layerwise=layerwise)[part], sim.delay_shares(device, layerwise=layerwise)[part]
 
 
 def spawn_asgd(sim: Simulation) -> None:
@@ -279,7 +288,7 @@ def spawn_pdasgd(
         channel, slots = Channel(queue), tokens(queue)
         for i in range(forward_workers):
             name = f"d{g}/forward{i}"
-            sim.scheduler.spawn(name, forward_worker(sim, device, name, channel, slots))
+            sim.scheduler.spawn(name, forward_worker(sim, device, name, channel, slots, layerwise=layerwise))
         for i in range(backward_workers):
             name = f"d{g}/backward{i}"
             sim.scheduler.spawn(name, backward_worker(sim, device, name, channel, slots, layerwise=layerwise))

@@ -197,39 +197,35 @@ class Simulation:
             return 0.0
         return self.timing.comm.transfer_time(self._stage_bytes[m])
 
-    def pipeline_compute(self, device: Device) -> tuple[float, float]:
-        """Device work of one PD-ASGD job's forward and backward parts with its workers on
-        ``device`` (``TimingModel.pipeline_compute``, which the runtime's settings share)."""
+    def pipeline_compute(self, device: Device, *, layerwise: bool) -> tuple[float, float]:
+        """Device work the clock charges one PD-ASGD job's forward and backward workers on
+        ``device`` (``TimingModel.pipeline_compute``, which the runtime's settings share):
+        the compute each passes to ``idle`` and ``delay_shares`` splits a draw by."""
         homes = tuple(home.index for home in self.homes)
-        return self.timing.pipeline_compute(device.index, homes, live=self.executor.live)
+        return self.timing.pipeline_compute(device.index, homes, live=self.executor.live, layerwise=layerwise)
 
-    def delay_shares(self, device: Device) -> tuple[float, float]:
+    def delay_shares(self, device: Device, *, layerwise: bool) -> tuple[float, float]:
         """The shares of a delay draw that a PD-ASGD job's forward and backward workers on
         ``device`` idle (``DelayModel.shares``: 1 each unless the delay is drawn per job)."""
-        return self.delay.shares(*self.pipeline_compute(device))
-
-    def forward_compute(self, device: Device) -> float:
-        """Device work of one job's forward pass (and loss) on ``device``: one fused program
-        with ``stashed`` weights (``policies.forward_pass``), per-stage kernels with ``live``."""
-        return self.pipeline_compute(device)[0]
+        return self.delay.shares(*self.pipeline_compute(device, layerwise=layerwise))
 
     def job_compute(self, device: Device) -> float:
         """Device work of one ASGD job on ``device``: its gradient program, and its updates
         (each on its stage's home device)."""
         return self.costs[device.index].job + sum(self.update_costs)
 
-    def backward_compute(self, device: Device) -> float:
-        """Device work of one job's backward pass on ``device`` and of its updates (each on
-        its stage's home device)."""
-        return self.pipeline_compute(device)[1]
-
     def delay_rng(self, worker: str) -> np.random.Generator:
         return rng_for(self.seed, "delay", worker)
 
-    def idle(self, rng: np.random.Generator, compute: float, share: float = 1.0) -> Sleep:
+    def idle(self, rng: np.random.Generator, compute: float, share: float = 1.0, job: Job | None = None) -> Sleep:
         """The injected idle time after a worker's ``compute`` seconds of work on a job, of
-        which it idles ``share`` of the delay draw (``delay_shares``; 1: a whole job's worker)."""
-        return Sleep(self.delay.idle_time(rng, compute, share))
+        which it idles ``share`` of the delay draw (``delay_shares``; 1: a whole job's worker).
+        A PD-ASGD worker passes its ``job``, which carries the draw (``Job.delay_draw``) from
+        its forward worker, who draws it from ``rng``, to its backward (``DelayModel.job_idle``)."""
+        idle, draw = self.delay.job_idle(rng, compute, share, None if job is None else job.delay_draw)
+        if job is not None:
+            job.delay_draw = draw
+        return Sleep(idle)
 
 
 def num_jobs(total_examples: int, batch_size: int) -> int:

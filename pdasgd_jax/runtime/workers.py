@@ -325,7 +325,9 @@ class BackwardWorker(Worker):
         self._settle()
         start = time.perf_counter()
         self.executor.backward_all(job, layerwise=self.layerwise, worker=self.name)
-        self._dispatched(job.updated, start, self._job_finished(job))
+        # the loss too: it comes from the forward worker's program, which the updates need not
+        # wait for (a job counted finished reports its loss, computed)
+        self._dispatched((job.updated, job.loss), start, self._job_finished(job))
         self._rest(self._draw_idle(job))
 
 
@@ -348,7 +350,7 @@ class AsgdWorker(Worker):
         job = self._start_job(batch)
         self.executor.forward_all(job, worker=self.name)
         self.executor.backward_all(job, layerwise=False, worker=self.name)
-        self._dispatched(job.updated, start, self._job_finished(job))
+        self._dispatched((job.updated, job.loss), start, self._job_finished(job))
         self._rest(self._draw_idle(job))
 
 

@@ -173,6 +173,9 @@ def test_speedups_target_is_judged_at_k_of_one_and_more():
     out = speedups.summary(cells, expected=grid)
     assert (out["max_vs_sync"], out["max_vs_best_async"], out["target_met"]) == (2.5, 1.3, True)
     assert out["censored_vs_sync"] == {} and out["target_unjudged"] == []
+    assert math.isnan(out["max_job_delay_vs_sync"])  # no cell ran PD-ASGD under --delay-per job
+    cells[1] |= {"job_delay_vs_sync": 3.0, "job_delay_vs_sync_censored": False}
+    assert speedups.summary(cells, expected=grid)["max_job_delay_vs_sync"] == 3.0
     assert speedups.summary(cells)["target_met"] is None  # the full grid's other k >= 1 cells were not run
     assert speedups.summary(cells, expected=[*grid, {"workers": 4, "k": 0.5}])["target_met"]  # k < 1 judges nothing
     cells[1]["target_met"] = False

@@ -231,9 +231,10 @@ def summarise_part(
         "commits": sorted({p["commit"] or "unknown" for p in provenances}),
     }
     cal = results["provenance"].get("calibration", {})
+    commits = ", ".join(c if " " in c else c[:12] for c in results["commits"])  # a described mix in full
     text += (
         f"\n\ncalibration {cal.get('timing', '?')[:12]} ({cal.get('rounds')} rounds, converged "
-        f"{cal.get('converged')}, {cal.get('host')}); commits {', '.join(c[:12] for c in results['commits'])}; "
+        f"{cal.get('converged')}, {cal.get('host')}); commits {commits}; "
         f"{results['superseded_lines']} superseded line(s); off the grid, not reported: {off_grid or 'none'}"
     )
     return results, text

@@ -192,11 +192,13 @@ def summary(results: list[dict[str, Any]], expected: list[dict[str, Any]] | None
     (``missing_cells``) the target is not judged (None), whatever the cells run say."""
     missing = common.missing_cells(results, specs(False) if expected is None else expected)
     out: dict[str, Any] = {"cells_run": len(results), "missing_cells": [_cell_name(m) for m in missing]}
-    for key in ("pdasgd_vs_sync", "pdasgd_vs_best_async"):
-        exact = [r[key] for r in results if r[key] is not None and not r[f"{key}_censored"]]
+    # PD-ASGD's, then (cells that ran it) PD-ASGD's under --delay-per job, reported, not judged
+    for key in ("pdasgd_vs_sync", "pdasgd_vs_best_async", "job_delay_vs_sync", "job_delay_vs_best_async"):
+        have = [r for r in results if r.get(key) is not None]
+        exact = [r[key] for r in have if not r[f"{key}_censored"]]
         out[f"max_{key.removeprefix('pdasgd_')}"] = max(exact, default=math.nan)
         out[f"censored_{key.removeprefix('pdasgd_')}"] = {
-            _cell_name(r): f"≥ {r[key]:.2f}x" for r in results if r[key] is not None and r[f"{key}_censored"]
+            _cell_name(r): f"≥ {r[key]:.2f}x" for r in have if r[f"{key}_censored"]
         }
     judged = [r["target_met"] for r in results if r["target_met"] is not None]
     out["target_met"] = None if any(m["k"] >= 1 for m in missing) else bool(judged) and all(judged)

@@ -444,3 +444,22 @@ def test_claims_part_summarise_writes_the_whole_parts_report(monkeypatch, tmp_pa
     with pytest.raises(SystemExit):
         runpy.run_path(script, run_name="__main__")
     assert "it takes no --depths" in capsys.readouterr().err
+
+
+def test_a_saved_cells_provenance_names_its_calibration_budget_and_code(monkeypatch):
+    from pdasgd_jax.bench import run_cache
+
+    timing = TIMING
+    fake = types.SimpleNamespace(fingerprint="f" * 64, timing=timing, rounds=9, converged=None, host="cpu X")
+    monkeypatch.setattr(common, "calibration", lambda depth, quick: fake)
+    p = claims.provenance({"depth": 4}, quick=True)
+    assert p["calibration"] == {
+        "fingerprint": "f" * 64,
+        "timing": run_cache.digest(timing.to_dict()),  # the run cache's key for the same timing
+        "rounds": 9,
+        "converged": None,
+        "host": "cpu X",
+    }
+    assert p["quick"] and p["budget"]["speedups_epochs_at_4"] == speedups.EPOCHS_AT_4
+    assert p["source_digest"] == run_cache.source_digest()
+    assert p["commit"] is None or len(p["commit"].removesuffix("+dirty")) == 40

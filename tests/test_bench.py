@@ -248,6 +248,10 @@ def test_a_tuning_run_gives_up_once_it_cannot_win():
     # Stopped at the first evaluation past the bound, without the target.
     assert cut.time == math.inf
     assert full.time / 2 < cut.run_time < full.time
+    # The work spent on the target: whole jobs of 16 examples, within the budget; none when missed.
+    assert 0 < full.examples_to_target <= delays._base_experiment(0, 0.0125).with_config(epochs=3.0).total_examples
+    assert full.examples_to_target % 16 == 0
+    assert math.isnan(cut.examples_to_target)
 
 
 def test_tuning_cut_short_keeps_exact_ties_and_lists_only_runs_that_gave_up(monkeypatch):

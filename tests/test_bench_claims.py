@@ -248,6 +248,15 @@ def test_an_uncensored_speedup_carries_its_interval_over_the_seeds():
     assert lo < 2.0 < hi and row["pdasgd vs sync [95 % CI]"] == f"2.00x [{lo:.2f}, {hi:.2f}]"
     assert result["target_met"] and "asgd-3t-rep" in speedups.BASELINES
     assert result["job_delay_vs_best_async"] == pytest.approx(4.0) and "job-delay vs sync [95 % CI]" in row
+    assert row["pdasgd / best async examples"] == "-"  # cells saved before runs recorded their examples
+    for algo, examples in (("pdasgd", 960.0), (result["best_async"], 480.0)):
+        cells[algo] = cells[algo] | {"examples_to_target": [examples] * 3}
+    assert (
+        speedups.compare({"depth": 16, "workers": 4, "k": 1.0, "straggler": False}, cells, timing)[1][
+            "pdasgd / best async examples"
+        ]
+        == "2.00"
+    )
     without_job = {a: c for a, c in cells.items() if a != speedups.JOB_DELAY}  # a cell saved before the variant
     assert (
         "job_delay_vs_sync"

@@ -178,7 +178,10 @@ class Outcome(NamedTuple):
     replicated run the share of its virtual time a group spent waiting at merges for an
     average not yet complete (mean over groups; nan for other algorithms), and the virtual
     seconds ``time`` includes for assembling the evaluated mean model (``assembly_cost``; 0
-    when the target was not reached or a device holds the model)."""
+    when the target was not reached or a device holds the model), and the training examples
+    whose jobs had finished at the evaluation that reached the target (``examples_to_target``:
+    the work a run spent on it, so a slower run tells a slower pace from more work; nan when
+    the target was not reached)."""
 
     time: float
     staleness: float
@@ -189,6 +192,7 @@ class Outcome(NamedTuple):
     gave_up: bool = False
     merge_wait: float = math.nan
     assembly: float = 0.0
+    examples_to_target: float = math.nan
 
 
 DIVERGED = Outcome(math.inf, math.nan, math.nan)
@@ -319,6 +323,7 @@ def _simulate(
         reached is None and metrics.gave_up,
         _merge_wait_share(extra),
         assembly,
+        math.nan if reached is None else float(extra["examples_to_target"]),
     )
 
 
@@ -518,6 +523,7 @@ def cell(
         "merge_wait_share": [o.merge_wait for o in outcomes],
         # Seconds each reported time includes for assembling the evaluated mean (``assembly_cost``).
         "assembly_s": [o.assembly for o in outcomes],
+        "examples_to_target": [o.examples_to_target for o in outcomes],
     }
 
 

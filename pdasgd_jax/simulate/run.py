@@ -129,14 +129,15 @@ def run_simulated(
                 exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
             )
     target = config.target_accuracy
+    at_target = next((r for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None)
     result.extra.update(
         {
             "simulated": True,
             "devices": devices,
             "virtual_time": now,
-            "virtual_time_to_target": next(
-                (r["virtual_time"] for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None
-            ),
+            "virtual_time_to_target": None if at_target is None else at_target["virtual_time"],
+            # The work spent on the target: examples whose jobs had finished by that evaluation.
+            "examples_to_target": None if at_target is None else at_target["examples"],
             "staleness": staleness.summary(warmup=staleness_warmup),
             "utilisation": utilisation,
             "timing": timing.to_dict(),

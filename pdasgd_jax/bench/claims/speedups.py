@@ -172,11 +172,20 @@ def compare(
         "pdasgd vs sync [95 % CI]": _fmt_interval(vs_sync, ci_sync),
         "pdasgd vs best async [95 % CI]": f"{_fmt_interval(vs_async, ci_async)} ({rival})",
         "pdasgd mean τ": f"{common.mean(by_algo['pdasgd']['staleness']):.2f}",
+        # more work or a slower pace: the examples PD-ASGD's runs spent on the target over the rival's
+        "pdasgd / best async examples": _examples_ratio(by_algo["pdasgd"], by_algo[rival]),
     }
     if job:
         row["job-delay vs sync [95 % CI]"] = _fmt_interval(job_vs["sync"], job_ci["sync"])
         row["job-delay vs best async [95 % CI]"] = _fmt_interval(job_vs[rival], job_ci[rival])
     return delays.json_ready(result), row
+
+
+def _examples_ratio(pd: dict[str, Any], ref: dict[str, Any]) -> str:
+    """Mean examples to the target of ``pd`` over ``ref``'s ("-" where either missed it, or the
+    cell was measured before runs recorded them)."""
+    means = [common.mean(c.get("examples_to_target", [math.nan])) for c in (pd, ref)]
+    return f"{means[0] / means[1]:.2f}" if all(math.isfinite(m) and m > 0 for m in means) else "-"
 
 
 def _cell_name(r: dict[str, Any]) -> str:

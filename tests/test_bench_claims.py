@@ -118,6 +118,9 @@ def test_a_diverged_seed_scores_chance_and_fails_the_accuracy_target(monkeypatch
     met; it scores chance and is counted instead."""
     assert common.TUNING_SEEDS == (100, 101)
     assert common.accuracies([0.9, math.nan, 0.8]) == (pytest.approx((0.9 + common.CHANCE + 0.8) / 3), 1)
+    # a seed that ended at chance with a finite loss failed too, and counts as measured
+    assert common.accuracies([0.9, 0.097, 0.8]) == (pytest.approx((0.9 + 0.097 + 0.8) / 3), 1)
+    assert accuracy.median_paired_points([0.956, 0.866, 0.938], [0.581, 0.097, 0.870]) == pytest.approx(37.5)
 
     criteria = set()
 
@@ -129,9 +132,11 @@ def test_a_diverged_seed_scores_chance_and_fails_the_accuracy_target(monkeypatch
     monkeypatch.setattr(common, "cell", fake_cell)
     result, row = accuracy.accuracy_cell(4, quick=False)
     assert criteria == {"final_accuracy"}  # the part reports final accuracy: its rates are tuned for it
-    assert result["diverged_seeds"]["pdasgd"] == 1 and result["diverged_seeds"]["sgd"] == 0
+    assert result["failed_seeds"]["pdasgd"] == 1 and result["failed_seeds"]["sgd"] == 0
     assert not result["target_met"] and result["pdasgd_points_below_sgd"] > 20
-    assert "1 diverged" in row["pdasgd acc"] and "missed" in row["pdasgd below sgd (points)"]
+    assert "1 failed" in row["pdasgd acc"] and "missed" in row["pdasgd below sgd (points)"]
+    # layer 0.95 / chance / 0.95 against block's 0.95 x 3: per-seed gaps 0 / -85 / 0
+    assert result["layer_minus_block_median_paired_points"] == 0.0
 
 
 def test_common_cell_passes_the_tuning_criterion_and_recipe_to_delays_cell(monkeypatch):
@@ -251,12 +256,10 @@ def test_an_uncensored_speedup_carries_its_interval_over_the_seeds():
     assert row["pdasgd / best async examples"] == "-"  # cells saved before runs recorded their examples
     for algo, examples in (("pdasgd", 960.0), (result["best_async"], 480.0)):
         cells[algo] = cells[algo] | {"examples_to_target": [examples] * 3}
-    assert (
-        speedups.compare({"depth": 16, "workers": 4, "k": 1.0, "straggler": False}, cells, timing)[1][
-            "pdasgd / best async examples"
-        ]
-        == "2.00"
-    )
+    spec = {"depth": 16, "workers": 4, "k": 1.0, "straggler": False}
+    assert speedups.compare(spec, cells, timing)[1]["pdasgd / best async examples"] == "2.00"
+    cells["pdasgd"]["examples_to_target"] = [960.0, math.nan, 960.0]  # a seed missed: no mean to compare
+    assert speedups.compare(spec, cells, timing)[1]["pdasgd / best async examples"] == "-"
     without_job = {a: c for a, c in cells.items() if a != speedups.JOB_DELAY}  # a cell saved before the variant
     assert (
         "job_delay_vs_sync"

@@ -10,8 +10,8 @@ Budget, chosen from one measured cell on the 2-core development machine (docs/cl
 tuned on seeds 100 and 101 (never reported; mean time, a rate missing the target on either is
 out: one tuning seed picked edge-of-stability rates in ``delays`` that then failed on reported
 seeds) over a grid 4x apart, widened once each way while the best rate is on its edge; seeds
-0, 1, 2 are reported. A reported seed that diverged counts as a failure, never as a dropped
-sample (``accuracies``). Each part tunes for what it reports: time to the target, or final
+0, 1, 2 are reported. A reported seed that diverged (or collapsed to near chance) counts as a
+failure, never as a dropped sample (``accuracies``). Each part tunes for what it reports: time to the target, or final
 accuracy (``cell``'s ``tuned_on``; the ``accuracy`` part).
 """
 
@@ -36,6 +36,7 @@ SEEDS = (0, 1, 2)
 TUNING_SEEDS = (100, 101)  # as delays.TUNING_SEEDS: one seed picked rates that failed on reported seeds
 MAX_WIDENINGS = 1
 CHANCE = 0.1  # mnist1d's 10 classes: a diverged seed's accuracy
+COLLAPSED = 2 * CHANCE  # a final accuracy below this is a failed run, as a diverged one is
 
 # Every variant a part may run, as ``Config`` overrides (delays.ALGORITHMS plus block updates,
 # the single-worker SGD reference and PD-ASGD with its delay drawn per job).
@@ -140,17 +141,19 @@ def missing_cells(results: list[dict[str, Any]], expected: list[dict[str, Any]])
 
 def mean(values: list[float]) -> float:
     """Mean of finite ``values`` (nan when none is); for staleness, not for accuracies
-    (``accuracies``: a diverged seed is a failure there, not a missing sample)."""
+    (``accuracies``: a diverged or collapsed seed is a failure there, not a missing sample)."""
     finite = [v for v in values if v is not None and math.isfinite(v)]
     return sum(finite) / len(finite) if finite else math.nan
 
 
 def accuracies(final: list[float]) -> tuple[float, int]:
     """The mean final accuracy over seeds with a diverged seed (nan) counted at chance
-    (``CHANCE``), and how many diverged."""
-    diverged = sum(1 for a in final if a is None or not math.isfinite(a))
+    (``CHANCE``), and how many failed: diverged, or collapsed (a finite final accuracy below
+    ``COLLAPSED``, counted as measured). On resnet1d a run that blows up usually ends at chance
+    with a finite loss, so a non-finite loss alone would call no run a failure."""
+    failed = sum(1 for a in final if a is None or not math.isfinite(a) or a < COLLAPSED)
     scored = [CHANCE if a is None or not math.isfinite(a) else a for a in final]
-    return (sum(scored) / len(scored) if scored else math.nan), diverged
+    return (sum(scored) / len(scored) if scored else math.nan), failed
 
 
 def budget() -> dict[str, Any]:
@@ -167,4 +170,5 @@ def budget() -> dict[str, Any]:
         "lrs": LRS,
         "max_widenings": MAX_WIDENINGS,
         "diverged_accuracy": CHANCE,
+        "collapsed_below": COLLAPSED,
     }

@@ -182,10 +182,12 @@ def compare(
 
 
 def _examples_ratio(pd: dict[str, Any], ref: dict[str, Any]) -> str:
-    """Mean examples to the target of ``pd`` over ``ref``'s ("-" where either missed it, or the
-    cell was measured before runs recorded them)."""
-    means = [common.mean(c.get("examples_to_target", [math.nan])) for c in (pd, ref)]
-    return f"{means[0] / means[1]:.2f}" if all(math.isfinite(m) and m > 0 for m in means) else "-"
+    """Mean examples to the target of ``pd`` over ``ref``'s ("-" where a seed of either missed
+    it, or the cell was measured before runs recorded them)."""
+    runs = [c.get("examples_to_target", [math.nan]) for c in (pd, ref)]
+    if not all(math.isfinite(x) and x > 0 for run in runs for x in run):
+        return "-"
+    return f"{(sum(runs[0]) / len(runs[0])) / (sum(runs[1]) / len(runs[1])):.2f}"
 
 
 def _cell_name(r: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import types
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from pdasgd_jax.bench import (
 from pdasgd_jax.bench import runtime as bench_runtime
 from pdasgd_jax.cli import main
 from pdasgd_jax.config import Config
+from pdasgd_jax.metrics import NonFiniteLossError
 
 
 def _load(out, name):
@@ -133,6 +135,45 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
         assert cell[algo]["speedup_prediction_error"] == pytest.approx(predicted)
     assert bench_runtime.TWO_LOOPS in table and "vs sync simulated per worker" in table
     assert cell["pdasgd"]["speedup_prediction_error_ci95"] is None  # one seed: no interval (nan in JSON: null)
+
+
+class _FakeExperiment:
+    """Stands for ``Experiment`` in ``tuned_rate``: its config, and ``with_config``."""
+
+    def __init__(self, **config):
+        self.config = types.SimpleNamespace(**config)
+
+    def with_config(self, **changes):
+        return _FakeExperiment(**{**vars(self.config), **changes})
+
+
+def test_runtime_rates_are_tuned_on_unreported_seeds_and_widened_off_the_grids_edge(monkeypatch):
+    timed = []
+
+    def measured(exp):  # best at 0.2, above the grid (0.003125, 0.0125, 0.05); 0.8 diverges
+        if exp.config.target_accuracy is None:  # a warm-up run: one epoch, no target
+            assert exp.config.epochs == 1.0
+            return math.inf, math.nan
+        timed.append((exp.config.lr, exp.config.seed))
+        if exp.config.lr == 0.8:
+            raise NonFiniteLossError("diverged")
+        return 1.0 + abs(math.log(exp.config.lr / 0.2)) + exp.config.seed / 1000, 1.0
+
+    monkeypatch.setattr(bench_runtime, "_experiment", lambda lr=None: _FakeExperiment(lr=lr))
+    monkeypatch.setattr(bench_runtime, "_measured_run", lambda name: measured)
+    bench_runtime._warmed.cache_clear()
+    try:
+        tuned = bench_runtime.tuned_rate("pdasgd", {"epochs": 10.0, "target_accuracy": 0.9}, (100, 101))
+    finally:
+        bench_runtime._warmed.cache_clear()
+    assert tuned["lr"] == 0.2 and not tuned["edge"]  # widened twice upwards, 0.2 now interior
+    assert sorted(tuned["tuning"]) == [0.003125, 0.0125, 0.05, 0.2, 0.8]
+    assert tuned["tuning"][0.8] == math.inf  # a diverged tuning seed rules its rate out
+    assert tuned["tuning"][0.2] == pytest.approx(1.1005)  # the mean over the two tuning seeds
+    assert {seed for _, seed in timed} == set(bench_runtime.TUNING_SEEDS)
+    assert not set(bench_runtime.TUNING_SEEDS) & set(bench_runtime.SEEDS)  # never a reported seed
+    untuned = bench_runtime.tuned_rate("sync", {}, ())
+    assert untuned == {"lr": bench_runtime.ALGORITHMS["sync"]["lr"], "tuning": {}, "edge": False}
 
 
 def test_the_prediction_errors_interval_is_students_t_over_the_seeds():

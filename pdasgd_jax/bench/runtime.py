@@ -18,12 +18,14 @@ Digits with the MLP. Two measurements:
 * **time to target**: wall seconds until the test accuracy reaches ``TARGET`` with real
   injected delays ``Exp(mean = k x one step's calibrated compute)`` (``time.sleep``), for
   PD-ASGD (``W`` replicas of F=1, B=2) and ASGD (``W`` workers), each worker drawing one
-  delay per job, against ``sync`` under the same delays: one step on the ``W``-times
-  larger global batch, then a sleep of the maximum of the ``W`` workers' draws (the step
-  waits for the slowest). Beside each measured ratio, the simulator's prediction
-  (``run_simulated`` on the virtual clock, same configs, seeds and delay streams), and the
-  mean staleness of the updates in both: where the two disagree, the thread schedule
-  (GIL time slices) made the real run's staleness differ from the modelled one.
+  delay per job, against ``sync`` under the same delays, each at its own rate tuned for that
+  ``k`` on the measured runtime (``tuned_rate``: seeds 100 and 101, never reported; the
+  reported seeds are 0-9). Sync's loop: one step on the ``W``-times larger global batch,
+  then a sleep of the maximum of the ``W`` workers' draws (the step waits for the slowest).
+  Beside each measured ratio, the simulator's prediction (``run_simulated`` on the
+  virtual clock, same configs, seeds and delay streams), and the mean staleness of the
+  updates in both: where the two disagree, the thread schedule (GIL time slices) made the
+  real run's staleness differ from the modelled one.
   Two predictions: the runtime's own layout (its ``W`` worker groups share this
   machine's devices round-robin, ``--devices``; on a one-device machine all ``W``
   replicas queue for one device) and one device per worker group (the layout the papers
@@ -53,7 +55,15 @@ import jax
 import numpy as np
 
 from pdasgd_jax import affinity
-from pdasgd_jax.bench import ci95_half_width, interleaved_seconds, json_ready, progress, rate_summary, sample_std
+from pdasgd_jax.bench import (
+    ci95_half_width,
+    delays,
+    interleaved_seconds,
+    json_ready,
+    progress,
+    rate_summary,
+    sample_std,
+)
 from pdasgd_jax.bench.delays import mean_staleness
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
@@ -76,8 +86,9 @@ EVAL_EVERY = 128
 # Ten seeds: the runs take 0.05-0.3 s each, and with three the prediction errors' spread
 # (25 % between seeds at k = 0) could not tell a hit from a miss.
 SEEDS = tuple(range(10))
-# Per-algorithm rates: the best of the ``delays`` benchmark's grid at W=4 for most delays
-# (sync's W-times larger batch takes a large rate, the asynchronous ones need small ones).
+# The layouts timed to the target. Each one's rate is tuned per delay factor on the measured
+# runtime itself (``RATE_GRIDS``, seeds ``TUNING_SEEDS``, never reported); ``lr`` is the rate
+# ``--quick`` runs untuned.
 ALGORITHMS: dict[str, dict[str, Any]] = {
     "pdasgd": {"algo": "pdasgd", "replicas": WORKERS, "batch_size": DELAY_BATCH, "lr": 0.0125},
     "asgd": {"algo": "asgd", "replicas": WORKERS, "batch_size": DELAY_BATCH, "lr": 0.0125},
@@ -87,6 +98,18 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     # the config describes the W-device sync the simulator predicts.
     "sync": {"algo": "sync", "simulate": True, "devices": WORKERS, "batch_size": DELAY_BATCH * WORKERS, "lr": 0.2},
 }
+# Rate grids, 4x apart, widened by ``delays.tune`` while the best rate sits on an edge (sync's
+# W-times larger batch takes larger rates than the asynchronous workers' stale updates).
+ASYNC_RATES = (0.003125, 0.0125, 0.05)
+RATE_GRIDS: dict[str, tuple[float, ...]] = {
+    "pdasgd": ASYNC_RATES,
+    "asgd": ASYNC_RATES,
+    "asgd-3t": ASYNC_RATES,
+    "sync": (0.05, 0.2, 0.8),
+}
+# The mean measured wall time to the target over these seeds picks each rate (a rate missing
+# the target on either is out), as ``delays`` picks its cells' rates; they are never reported.
+TUNING_SEEDS = delays.TUNING_SEEDS
 # The reference rows (see ``two_thread_loops`` and ``sequential_loop``).
 TWO_LOOPS = "2 threads, independent sequential loops"
 PINNED_LOOP = "sequential loop on the runtime's host core"
@@ -302,24 +325,68 @@ def simulated(
     return extra["virtual_time_to_target"] or math.inf, mean_staleness(extra["staleness"])
 
 
-def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str, Any]:
-    """Measured and simulated seconds to ``TARGET`` of pdasgd, asgd and sync under ``Exp(k)`` delays."""
+def _attempt(run: Callable[[Experiment], tuple[float, float]], exp: Experiment) -> tuple[float, float]:
+    """``run(exp)``, with a diverged run (non-finite loss) as never reaching the target."""
+    try:
+        return run(exp)
+    except NonFiniteLossError:
+        return math.inf, math.nan
+
+
+def _measured_run(name: str) -> Callable[[Experiment], tuple[float, float]]:
+    return sync_with_delays if name == "sync" else runtime_with_delays
+
+
+@functools.cache
+def _warmed(name: str, lr: float, common: tuple[tuple[str, Any], ...]) -> Experiment:
+    """One epoch of ``name``'s config at ``lr`` (delays included), run once before any timed
+    run: it compiles for this batch size and warms every replica's path (after a 0.1-epoch
+    warm-up the first timed run, seed 0's, was slower than the same run repeated). Returns
+    that warm-up's experiment (its layout is the runtime's)."""
+    config = {**dict(common), **ALGORITHMS[name], "lr": lr, "epochs": 1.0, "target_accuracy": None}
+    warm_up = _experiment(lr=lr).with_config(**config)
+    _measured_run(name)(warm_up)
+    return warm_up
+
+
+def tuned_rate(name: str, common: dict[str, Any], tuning_seeds: tuple[int, ...]) -> dict[str, Any]:
+    """``name``'s rate for this delay: the smallest mean measured wall time to ``TARGET`` over
+    ``tuning_seeds`` on ``RATE_GRIDS[name]``, widened while the best sits on an edge
+    (``delays.tune``; ``()``: the config's rate, untuned). ``{"lr", "tuning", "edge"}``."""
+    if not tuning_seeds:
+        return {"lr": ALGORITHMS[name]["lr"], "tuning": {}, "edge": False}
+    frozen = tuple(sorted(common.items()))
+
+    def mean_time(lr: float, bound: float) -> float:
+        del bound  # a wall-clock run is not cut short: it ends at the target or its budget
+        _warmed(name, lr, frozen)
+        config = {**common, **ALGORITHMS[name], "lr": lr}
+        run = _measured_run(name)
+        times = [_attempt(run, _experiment(lr=lr).with_config(seed=s, **config))[0] for s in tuning_seeds]
+        progress.tick(f"{name} tuning lr {lr:g}")
+        return float(np.mean(times))
+
+    return delays.tune(mean_time, RATE_GRIDS[name])
+
+
+def time_to_target(
+    k: float, seeds: tuple[int, ...], epochs: float, tuning_seeds: tuple[int, ...] = TUNING_SEEDS
+) -> dict[str, Any]:
+    """Measured and simulated seconds to ``TARGET`` of pdasgd, asgd and sync under ``Exp(k)``
+    delays, each at its rate tuned for this ``k`` on ``tuning_seeds`` (``tuned_rate``)."""
     delay = {"delay_model": "exponential" if k else "none", "delay_mean": k}
     common = dict(epochs=epochs, eval_every=EVAL_EVERY, target_accuracy=TARGET, **delay)
-    out: dict[str, Any] = {"k": k}
-    for name, config in ALGORITHMS.items():
-        base = _experiment(lr=config["lr"])
+    out: dict[str, Any] = {"k": k, "tuning_seeds": list(tuning_seeds)}
+    for name in ALGORITHMS:
+        tuned = tuned_rate(name, common, tuning_seeds)
+        config = {**ALGORITHMS[name], "lr": tuned["lr"]}
+        base = _experiment(lr=tuned["lr"])
         out["delay_mean_s"] = k * base.calibration(DELAY_BATCH).timing.step_compute_time()
-        # One epoch of the same config (delays included) first: it compiles for this batch
-        # size and warms every replica's path; after a 0.1-epoch warm-up the first timed
-        # run (seed 0's) was slower than the same run repeated.
-        warm_up = base.with_config(**{**common, **config, "epochs": 1.0, "target_accuracy": None})
-        real = sync_with_delays if name == "sync" else runtime_with_delays
-        real(warm_up)
+        warm_up = _warmed(name, tuned["lr"], tuple(sorted(common.items())))
         # The runtime's layout of sync is its stand-in loop; one device per worker is real sync.
         stand_in = base.calibration(DELAY_BATCH * WORKERS).timing if name == "sync" else None
         runners = {
-            "measured": real,
+            "measured": _measured_run(name),
             "simulated": functools.partial(
                 simulated,
                 devices=WORKERS if name == "sync" else warm_up.layout.devices,
@@ -332,13 +399,10 @@ def time_to_target(k: float, seeds: tuple[int, ...], epochs: float) -> dict[str,
         for seed in seeds:
             exp = base.with_config(seed=seed, **common, **config)
             for key, fn in runners.items():
-                try:
-                    runs[key].append(fn(exp))
-                except NonFiniteLossError:
-                    runs[key].append((math.inf, math.nan))
+                runs[key].append(_attempt(fn, exp))
                 progress.tick(f"{name} {key} seed {seed}")
         out[name] = {
-            "lr": config["lr"],
+            **tuned,
             "runtime_devices": warm_up.layout.devices,
             "stand_in_step_s": None if stand_in is None else stand_in.train_step_time(),
             "stand_in_host_step_s": None if stand_in is None else stand_in.host_step,
@@ -404,6 +468,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     batches = {bs: n // 4 for bs, n in THROUGHPUT_BATCHES.items()} if quick else THROUGHPUT_BATCHES
     repeats = 1 if quick else 11
     factors, seeds, epochs = ((10.0,), (0,), 4.0) if quick else ((0.0, 2.0, 10.0), SEEDS, 10.0)
+    tuning_seeds = () if quick else TUNING_SEEDS
     base = _experiment()
     all_devices = tuple(jax.devices())
     placements = {"1 device": all_devices[:1]}
@@ -428,7 +493,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
                 for name in r
                 if name != "sequential"
             ]
-    results["time_to_target"] = [time_to_target(k, seeds, epochs) for k in factors]
+    results["time_to_target"] = [time_to_target(k, seeds, epochs, tuning_seeds) for k in factors]
     ttt_rows = []
     for cell in results["time_to_target"]:
         for name in ALGORITHMS:
@@ -438,7 +503,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
                     "k": cell["k"],
                     "delay mean (ms)": f"{cell['delay_mean_s'] * 1e3:.2f}",
                     "algo": name,
-                    "lr": c["lr"],
+                    "lr": f"{c['lr']:g}" + (" (edge of grid)" if c["edge"] else ""),
                     "measured (s)": _seconds(c["measured_s"]),
                     "simulated (s)": _seconds(c["simulated_s"]),
                     "mean staleness measured / simulated / per worker": (
@@ -462,6 +527,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
         delay_batch=DELAY_BATCH,
         workers=WORKERS,
         seeds=list(seeds),
+        tuning_seeds=list(tuning_seeds),
         epochs_budget=epochs,
         step_compute_s={
             bs: base.calibration(bs).timing.step_compute_time() for bs in (DELAY_BATCH, DELAY_BATCH * WORKERS)
@@ -474,7 +540,9 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     ttt_header = (
         f"Time to test accuracy {TARGET}: W={WORKERS}, batch {DELAY_BATCH} per worker (sync: global "
         f"{DELAY_BATCH * WORKERS}), real Exp(k x step compute) sleeps per worker per job (sync: the max of "
-        f"{WORKERS} draws per step); wall seconds, mean ± std over {len(seeds)} seed(s); simulated: the "
+        f"{WORKERS} draws per step); each rate tuned per k on the measured runtime (mean wall time on seeds "
+        f"{', '.join(map(str, tuning_seeds)) or 'none: untuned'}, not reported); wall seconds, mean ± std over "
+        f"{len(seeds)} seed(s); simulated: the "
         f"simulator's virtual seconds for the same configs with the runtime's layout (its worker groups "
         f"on min(groups, {len(all_devices)}) device(s), draining at every evaluation as the runtime does; "
         f"sync: its stand-in loop, from its timed fused step); per worker: {WORKERS} devices, no drain "

@@ -6,6 +6,7 @@ import os
 import re
 import types
 
+import jax
 import numpy as np
 import pytest
 
@@ -22,6 +23,7 @@ from pdasgd_jax.bench import (
 from pdasgd_jax.bench import runtime as bench_runtime
 from pdasgd_jax.cli import main
 from pdasgd_jax.config import Config
+from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import NonFiniteLossError
 
 
@@ -134,7 +136,8 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
         predicted = cell[algo]["speedup_vs_sync_simulated"] / cell[algo]["speedup_vs_sync_measured"] - 1
         assert cell[algo]["speedup_prediction_error"] == pytest.approx(predicted)
     assert bench_runtime.TWO_LOOPS in table and "vs sync simulated per worker" in table
-    assert cell["pdasgd"]["speedup_prediction_error_ci95"] is None  # one seed: no interval (nan in JSON: null)
+    assert cell["pdasgd"]["speedup_prediction_error_ci95"] == [None, None]  # one seed: no interval (nan: null)
+    assert cell["pdasgd"]["speedup_prediction_verdict"].endswith("(one seed)")
 
 
 class _FakeExperiment:
@@ -150,30 +153,60 @@ class _FakeExperiment:
 def test_runtime_rates_are_tuned_on_unreported_seeds_and_widened_off_the_grids_edge(monkeypatch):
     timed = []
 
-    def measured(exp):  # best at 0.2, above the grid (0.003125, 0.0125, 0.05); 0.8 diverges
+    def measured(exp):  # best at 0.4, above the grid (0.003125 ... 0.1); 1.6 diverges
         if exp.config.target_accuracy is None:  # a warm-up run: one epoch, no target
             assert exp.config.epochs == 1.0
             return math.inf, math.nan
         timed.append((exp.config.lr, exp.config.seed))
-        if exp.config.lr == 0.8:
+        if exp.config.lr == 1.6:
             raise NonFiniteLossError("diverged")
-        return 1.0 + abs(math.log(exp.config.lr / 0.2)) + exp.config.seed / 1000, 1.0
+        return 1.0 + abs(math.log(exp.config.lr / 0.4)) + exp.config.seed / 1000, 1.0
 
     monkeypatch.setattr(bench_runtime, "_experiment", lambda lr=None: _FakeExperiment(lr=lr))
+    monkeypatch.setattr(bench_runtime, "_seeded", lambda exp, seed: exp.with_config(seed=seed))
     monkeypatch.setattr(bench_runtime, "_measured_run", lambda name: measured)
     bench_runtime._warmed.cache_clear()
     try:
-        tuned = bench_runtime.tuned_rate("pdasgd", {"epochs": 10.0, "target_accuracy": 0.9}, (100, 101))
+        tuned = bench_runtime.tuned_rate("pdasgd", {"epochs": 10.0, "target_accuracy": 0.9}, (100, 101, 102))
     finally:
         bench_runtime._warmed.cache_clear()
-    assert tuned["lr"] == 0.2 and not tuned["edge"]  # widened twice upwards, 0.2 now interior
-    assert sorted(tuned["tuning"]) == [0.003125, 0.0125, 0.05, 0.2, 0.8]
-    assert tuned["tuning"][0.8] == math.inf  # a diverged tuning seed rules its rate out
-    assert tuned["tuning"][0.2] == pytest.approx(1.1005)  # the mean over the two tuning seeds
-    assert {seed for _, seed in timed} == set(bench_runtime.TUNING_SEEDS)
+    grid = bench_runtime.RATE_GRIDS["pdasgd"]
+    assert tuned["lr"] == 0.4 and not tuned["edge"] and not tuned["untuned"]  # widened twice, then interior
+    assert sorted(tuned["tuning"]) == sorted((*grid, 0.4, 1.6))
+    assert tuned["tuning"][1.6] == math.inf  # a diverged tuning seed rules its rate out
+    assert tuned["tuning"][0.4] == pytest.approx(1.101)  # the mean over the tuning seeds
+    assert tuned["tuning_per_seed"][0.4] == pytest.approx([1.1, 1.101, 1.102])
+    # the grid runs interleaved: every rate on a seed before the next seed
+    assert timed[: len(grid)] == [(lr, 100) for lr in grid]
+    assert {seed for _, seed in timed} == {100, 101, 102}
     assert not set(bench_runtime.TUNING_SEEDS) & set(bench_runtime.SEEDS)  # never a reported seed
     untuned = bench_runtime.tuned_rate("sync", {}, ())
-    assert untuned == {"lr": bench_runtime.ALGORITHMS["sync"]["lr"], "tuning": {}, "edge": False}
+    assert untuned["lr"] == bench_runtime.ALGORITHMS["sync"]["lr"] and untuned["tuning"] == {}
+
+
+def test_runtime_seeds_start_from_their_own_initial_parameters():
+    base = bench_runtime._experiment(lr=0.0125)
+    seeded = bench_runtime._seeded(base, 3)
+    fresh = Experiment.from_config(Config(seed=3, lr=0.0125, progress=False))
+    assert seeded.config.seed == 3 and seeded.kernels is base.kernels  # shares the compiled kernels
+    for a, b in zip(jax.tree.leaves(seeded.variables), jax.tree.leaves(fresh.variables), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not all(
+        np.array_equal(a, b) for a, b in zip(jax.tree.leaves(seeded.variables), jax.tree.leaves(base.variables))
+    )
+
+
+def test_prediction_verdicts_need_the_whole_interval():
+    assert bench_runtime.target_verdict(0.05, [-0.1, 0.15], 0.2) == "met"
+    assert bench_runtime.target_verdict(-0.08, [-0.26, 0.10], 0.2) == "unresolved"
+    assert bench_runtime.target_verdict(-0.41, [-0.5, -0.3], 0.2) == "missed"
+    assert bench_runtime.target_verdict(0.1, [math.nan, math.nan], 0.2) == "met (one seed)"
+    # a fixed resampling stream: the same interval every time, nan for one seed
+    stat = lambda i: float(np.mean(np.arange(10.0)[i]))
+    assert bench_runtime.bootstrap_ci95(stat, 10) == bench_runtime.bootstrap_ci95(stat, 10)
+    lo, hi = bench_runtime.bootstrap_ci95(stat, 10)
+    assert lo < 4.5 < hi
+    assert all(math.isnan(v) for v in bench_runtime.bootstrap_ci95(stat, 1))
 
 
 def test_the_prediction_errors_interval_is_students_t_over_the_seeds():

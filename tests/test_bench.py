@@ -50,6 +50,9 @@ def test_delays_network_quick_reports_every_algorithm_with_consistent_speedups(t
     assert cell["pdasgd_speedup"]["sync"] == pytest.approx(cell["sync"]["mean"] / cell["pdasgd"]["mean"])
     assert f"{cell['pdasgd_speedup']['sync']:.2f}x" in table
     assert cell["pdasgd_rep_speedup"]["lpp"] == pytest.approx(cell["lpp"]["mean"] / cell["pdasgd-rep"]["mean"])
+    assert cell["best_async"] == min(  # picked on the tuning seeds, not on the reported ones
+        delays.ASYNC_BASELINES, key=lambda a: (delays.tuned_time(cell[a]), cell[a]["mean"])
+    )
     # Merge waits are reported for the replicated variants only, as a share of the run.
     for algo in ("pdasgd-rep", "asgd-3t-rep"):
         assert all(0.0 <= w < 1.0 for w in cell[algo]["merge_wait_share"])
@@ -63,8 +66,24 @@ def test_delays_network_quick_reports_every_algorithm_with_consistent_speedups(t
     # A bar over the runs on stderr: one tick per simulated run (tuning and reported seeds).
     ticks = re.findall(r"bench delays-network: (\d+) runs", printed.err)
     assert ticks and int(ticks[-1]) == sum(
-        len(cell[a]["tuning_seeds"]) * len(cell[a]["tuning"]) + len(cell[a]["times"]) for a in delays.ALGORITHMS
+        len(cell[a]["tuning_seeds"]) * len(cell[a]["tuning"]) + len(cell[a]["times"])
+        for a in delays.ALGORITHMS
+        if cell["k"] > 0 or a != delays.JOB_DELAY  # without delays the two semantics are one run
     )
+    assert cell[delays.JOB_DELAY] == cell["pdasgd"]  # k = 0 here
+
+
+def test_delays_cell_with_delays_runs_pdasgd_under_both_semantics_with_intervals():
+    results, [row] = delays.grid([(4, 1.0, False)], quick=True)
+    [cell] = results["cells"]
+    job, pd = cell[delays.JOB_DELAY], cell["pdasgd"]
+    assert job["times"] != pd["times"]  # one draw per job is another schedule than one per operation
+    for key, algo in (("pdasgd", "pdasgd"), ("job_delay", delays.JOB_DELAY), ("pdasgd_rep", "pdasgd-rep")):
+        assert set(cell[f"{key}_speedup"]) == {"sync", *delays.ASYNC_BASELINES}
+        assert cell[f"{key}_speedup"]["sync"] == pytest.approx(cell["sync"]["mean"] / cell[algo]["mean"])
+    assert cell["pdasgd_speedup_ci95"]["sync"] == [None, None]  # one quick seed: no interval
+    assert row["job-delay vs sync"].endswith("x") and f"({cell['best_async']})" in row["job-delay vs best async"]
+    assert set(delays.COLUMNS) <= set(row)
 
 
 def test_overlap_quick_shows_dasgd_hiding_what_sync_pays(tmp_path):

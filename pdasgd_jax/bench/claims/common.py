@@ -38,16 +38,13 @@ MAX_WIDENINGS = 1
 CHANCE = 0.1  # mnist1d's 10 classes: a diverged seed's accuracy
 COLLAPSED = 2 * CHANCE  # a final accuracy below this is a failed run, as a diverged one is
 
-# Every variant a part may run, as ``Config`` overrides (delays.ALGORITHMS plus block updates,
-# the single-worker SGD reference and PD-ASGD with its delay drawn per job).
+# Every variant a part may run, as ``Config`` overrides (delays.ALGORITHMS, with PD-ASGD under
+# one delay per job among them, plus block updates and the single-worker SGD reference).
 ALGORITHMS: dict[str, dict[str, Any]] = {
     **delays.ALGORITHMS,
     "pdasgd-block": {"algo": "pdasgd-block", "backward_weights": "stashed"},
     "pdasgd-block-live": {"algo": "pdasgd-block", "backward_weights": "live"},
     "sgd": {"algo": "sgd"},
-    # PD-ASGD with one delay per job, split over its forward and backward workers
-    # (--delay-per job, algorithms.md §5), against the default two (one per worker).
-    "pdasgd-job-delay": {**delays.ALGORITHMS["pdasgd"], "delay_per": "job"},
 }
 _ASYNC_RATES = (0.005, 0.02, 0.08)
 LRS: dict[str, tuple[float, ...]] = {

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from pdasgd_jax.executor import StalenessStats
+from pdasgd_jax.placement import Placement
 
 PyTree = Any
 
@@ -46,14 +47,16 @@ def worker_name(device: int, thread: int) -> str:
 
 def threads(devices: int, replicas: int) -> list[tuple[int, int]]:
     """``(device, thread)`` of each of ``replicas`` threads, ``replicas / devices`` per device, in
-    the order they start (thread ``g`` on device ``g % devices``, as ``Placement`` puts groups).
+    the order they start: each thread is a worker group of ``Placement``, the rule the other
+    asynchronous runners share (thread ``g`` on device ``g % devices``).
 
     Raises:
       ValueError: ``replicas`` is not a positive multiple of ``devices``.
     """
     if devices < 1 or replicas < devices or replicas % devices:
         raise ValueError(f"lpp needs a positive multiple of the {devices} devices as threads, got {replicas}")
-    return [(g % devices, g // devices) for g in range(replicas)]
+    placement = Placement(devices, replicas, stages=1)
+    return [(placement.group_device(g), placement.group_slot(g)) for g in range(replicas)]
 
 
 class Rounds:

@@ -43,6 +43,14 @@ class Placement(NamedTuple):
         """The device worker group ``group`` runs on (round-robin over every device)."""
         return group % self.devices
 
+    def group_slot(self, group: int) -> int:
+        """Worker group ``group``'s index among the groups of its device (0 for the first)."""
+        return group // self.devices
+
+    def device_groups(self, device: int) -> range:
+        """The worker groups on ``device``, in start order (``device``, ``device + D``, ...)."""
+        return range(device, self.groups, self.devices)
+
     def device_factor(self, device: int) -> float:
         """Device ``device``'s persistent slow-down (1 when ``device_factors`` does not list it)."""
         return self.device_factors[device] if device < len(self.device_factors) else 1.0

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pdasgd_jax import Config
+from pdasgd_jax import Config, lpp
 from pdasgd_jax.cli import main
 from pdasgd_jax.delays import CommModel, TimingModel
 from pdasgd_jax.executor import EventLog, replay
@@ -619,6 +619,11 @@ def test_fused_jobs_do_the_arithmetic_of_the_per_stage_chain(monkeypatch):
 def test_placement_is_one_rule_for_the_simulator_and_the_runtime():
     p = Placement(devices=3, groups=7, stages=5)
     assert [p.group_device(g) for g in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [p.group_slot(g) for g in range(7)] == [0, 0, 0, 1, 1, 1, 2]
+    assert [list(p.device_groups(d)) for d in range(3)] == [[0, 3, 6], [1, 4], [2, 5]]
+    # LPP-SGD's threads and the replicated runners' groups follow the same rule
+    six = Placement(devices=3, groups=6, stages=1)
+    assert lpp.threads(3, 6) == [(six.group_device(g), six.group_slot(g)) for g in range(6)]
     assert [p.stage_home(m) for m in range(5)] == [0, 1, 2, 0, 1]
     assert p.is_remote(stage=1, device=0) and not p.is_remote(stage=3, device=0)
     with pytest.raises(ValueError, match="leave some of the 3 devices idle"):

@@ -118,12 +118,13 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             batches=process_batches(self.exp, s.batch_size, start=first_batch) if multi else None,
         )
         controls = [DeviceControl(self.control, self.booking, d) for d in range(len(devices))]
+        placement = s.placement(self.executors[0].store.num_stages)
         self.workers = []
         for r in range(s.groups):
-            d = r % len(devices)
+            d = placement.group_device(r)
             place = WorkerPlace(devices[d], self.executors[d], controls[d], s.device_factor(d))
             self._add_group(
-                r, place, feed=self.gates[d], jobs=job_queues[r], asgd_name=lpp.worker_name(d, r // len(devices))
+                r, place, feed=self.gates[d], jobs=job_queues[r], asgd_name=lpp.worker_name(d, placement.group_slot(r))
             )
         self.merge_lock = self.booking.lock  # merges run under it
 

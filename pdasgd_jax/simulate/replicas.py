@@ -41,6 +41,7 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernelsProtocol
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
+from pdasgd_jax.placement import Placement
 from pdasgd_jax.replication import GroupRounds
 from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.simulate import policies, resume
@@ -180,9 +181,11 @@ def run_replicated(
     nbytes = tree_nbytes(exp.variables.params) + tree_nbytes(exp.variables.states)
     allreduce_time = timing.comm.allreduce_time(nbytes, devices)
 
+    placement = Placement(devices, replicas, exp.model.num_stages)
+
     def spawn(sims: list[Simulation]) -> None:
         for d, sim in enumerate(sims):
-            ids = range(d, replicas, devices)  # replica r on device r % D, as Placement puts groups
+            ids = placement.device_groups(d)
             if config.algo == "asgd":
                 for t, _ in enumerate(ids):
                     name = lpp.worker_name(d, t)

@@ -229,7 +229,11 @@ class OrbaxSteps:
     def save(self, step: int, host_state: PyTree, meta: dict[str, Any]) -> None:
         ocp = self._ocp
         args = ocp.args.Composite(state=ocp.args.StandardSave(host_state), meta=ocp.args.JsonSave(meta))
-        self._manager.save(step, args=args, force=True)
+        # ``save`` first waits for the previous save and then starts this one's threads: a
+        # Ctrl-C landing inside left orbax with a writer thread it no longer tracks, which
+        # ``close`` did not wait for (a traceback at exit, or a hang). Taken once it returns.
+        with interrupts.deferred():
+            self._manager.save(step, args=args, force=True)
 
     def restore(self, step: int, abstract: PyTree | None) -> tuple[PyTree, dict[str, Any] | None]:
         ocp = self._ocp

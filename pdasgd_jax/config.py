@@ -163,6 +163,13 @@ class Config:
         "slow-down factor (>= 1) of --delay-model straggler's slow operations and of the --straggler-devices",
         group="delays",
     )
+    backup_workers: int = _field(
+        0,
+        "--algo sync with --simulate: backup workers b (Chen et al. 2016): each step keeps the first "
+        "devices - b gradients to arrive and drops the rest, so it waits for the (devices - b)-th fastest "
+        "worker, not the slowest (0 <= b < devices; 0: plain sync)",
+        group="delays",
+    )
     straggler_devices: int = _field(
         0,
         "persistent stragglers: the last N devices run every operation --straggler-factor times slower, "
@@ -325,6 +332,16 @@ class Config:
                 f"--straggler-devices {n} needs --simulate for --algo {self.algo}: its real steps run on every "
                 f"device in lockstep, so a straggler only slows every step; the threaded runtime takes it for "
                 f"{', '.join(ASYNCHRONOUS)}"
+            )
+        b = self.backup_workers
+        if not (isinstance(b, int) and b >= 0):
+            raise ValueError(f"--backup-workers {b!r} must be an integer >= 0")
+        if b and self.algo != "sync":
+            raise ValueError(f"--backup-workers {b} applies to --algo sync, not to {self.algo}")
+        if b and not self.simulate:
+            raise ValueError(
+                f"--backup-workers {b} needs --simulate: real sync is one SPMD program whose all-reduce waits "
+                f"for every device, so it cannot drop the slowest gradients"
             )
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"--target-accuracy {self.target_accuracy} is outside (0, 1]")

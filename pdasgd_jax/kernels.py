@@ -302,13 +302,20 @@ def make_train_step(model: StagedModel, tx: optax.GradientTransformation, axis_n
     mapped axis (the data parallel all-reduce); call it inside ``shard_map`` or ``vmap``.
     ``rng``: the step's key, needed when the model draws randomness (Dropout); derive it
     from the run's seed and the step or batch index, e.g. ``fold_in(key(seed), step)``.
+    ``weight`` (with ``axis_name``): this shard's weight in the average, which is then
+    ``psum(weight * value) / psum(weight)``: 0 drops the shard (sync with backup workers).
     """
 
-    def step(ts: TrainState, x, labels, rng=None):
+    def step(ts: TrainState, x, labels, rng=None, weight=None):
         (loss, new_states), grads = jax.value_and_grad(model.loss_and_states, has_aux=True)(
             ts.params, ts.states, x, labels, rng
         )
-        if axis_name is not None:
+        if axis_name is not None and weight is not None:
+            total = jax.lax.psum(weight, axis_name)
+            grads, loss, new_states = jax.tree.map(
+                lambda a: jax.lax.psum(weight * a, axis_name) / total, (grads, loss, new_states)
+            )
+        elif axis_name is not None:
             grads, loss, new_states = jax.lax.pmean((grads, loss, new_states), axis_name)
         # A synchronous step is never stale: staleness 0, gradients at the current weights.
         stepped = [apply_stage_update(tx, p, o, g) for p, o, g in zip(ts.params, ts.opt_states, grads)]

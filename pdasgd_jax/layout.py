@@ -77,6 +77,11 @@ def _resolve(config: Config, available: int) -> Layout:
                 f"--batch-size {config.batch_size} (sync: the global batch) is not divisible by the "
                 f"{devices} devices it is split over"
             )
+        if config.backup_workers >= devices:
+            raise ConfigError(
+                f"--backup-workers {config.backup_workers} leaves no gradient to keep on {devices} devices; "
+                f"use at most {devices - 1}"
+            )
         return Layout(devices, devices)
     replicas = r or d or (1 if config.simulate else available)
     devices = d or (replicas if config.simulate else min(replicas, available))

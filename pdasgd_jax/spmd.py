@@ -52,8 +52,8 @@ def _shard_step(model: StagedModel, tx: optax.GradientTransformation, axis: str)
     if not model.draws_randomness:
         return shared_step, False
 
-    def per_shard(ts, x, labels, rng):
-        return shared_step(ts, x, labels, jax.random.fold_in(rng, jax.lax.axis_index(axis)))
+    def per_shard(ts, x, labels, rng, weight=None):
+        return shared_step(ts, x, labels, jax.random.fold_in(rng, jax.lax.axis_index(axis)), weight)
 
     return per_shard, True
 
@@ -80,20 +80,35 @@ def make_sync_step(model: StagedModel, tx: optax.GradientTransformation, mesh: M
     return jax.jit(step)
 
 
-def make_sharded_step(model: StagedModel, tx: optax.GradientTransformation, num_shards: int) -> Callable:
+def make_sharded_step(
+    model: StagedModel, tx: optax.GradientTransformation, num_shards: int, weighted: bool = False
+) -> Callable:
     """``make_sync_step``'s arithmetic on one device: the global batch is split into
     ``num_shards`` equal shards, each computed as a device of real sync computes its shard
     (per-shard BatchNorm statistics and Dropout keys), then averaged. The simulator's sync
-    runs it, so a simulated and a real run of ``--algo sync`` train the same model."""
+    runs it, so a simulated and a real run of ``--algo sync`` train the same model.
+
+    ``weighted``: the step takes a ``(num_shards,)`` weight vector after the labels and
+    averages ``sum(w_i v_i) / sum(w_i)`` over the shards (0 drops a shard: sync with backup
+    workers, which keeps the first ``W - b`` gradients of each step); weights of ones give the
+    plain average (to float rounding)."""
     axis = "shards"
     step_fn, keyed = _shard_step(model, tx, axis)
-    mapped = jax.vmap(step_fn, in_axes=(None, 0, 0) + ((None,) if keyed else ()), out_axes=None, axis_name=axis)
+    if weighted:
 
-    def step(ts, x, labels, *rng):
-        def split(a):
-            return a.reshape(num_shards, a.shape[0] // num_shards, *a.shape[1:])
+        def weighted_fn(ts, x, labels, weight, *rng):
+            return step_fn(ts, x, labels, *rng, weight=weight)
 
-        return mapped(ts, split(x), split(labels), *rng)
+        in_axes = (None, 0, 0, 0) + ((None,) if keyed else ())
+        mapped = jax.vmap(weighted_fn, in_axes=in_axes, out_axes=None, axis_name=axis)
+    else:
+        mapped = jax.vmap(step_fn, in_axes=(None, 0, 0) + ((None,) if keyed else ()), out_axes=None, axis_name=axis)
+
+    def split(a):
+        return a.reshape(num_shards, a.shape[0] // num_shards, *a.shape[1:])
+
+    def step(ts, x, labels, *extra):
+        return mapped(ts, split(x), split(labels), *extra)
 
     return jax.jit(step)
 

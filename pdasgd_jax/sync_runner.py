@@ -24,6 +24,7 @@ def run_synchronous_loop(
     put: Callable,
     place_state: Callable,
     batch_size: int,
+    per_step: Callable[[int], tuple] | None = None,
 ) -> tuple[TrainState, int, int]:
     """Runs ``step_fn`` over the training stream until the example budget or the target,
     continuing from ``checkpointer``'s newest checkpoint when there is one.
@@ -38,6 +39,8 @@ def run_synchronous_loop(
       put: places a batch array where ``step_fn`` wants it.
       place_state: places a restored (host) state likewise.
       batch_size: examples per step.
+      per_step: arguments ``step_fn`` takes after the labels at step ``s`` (counted from 0,
+        across a resume), e.g. sync's per-shard weights with backup workers; None: none.
 
     Returns:
       ``(final state, steps, examples)``.
@@ -56,7 +59,8 @@ def run_synchronous_loop(
             break
         previous = loss
         rng = () if key is None else (jax.random.fold_in(key, step),)
-        ts, loss = step_fn(ts, put(x), put(y), *rng)
+        extra = () if per_step is None else per_step(step)
+        ts, loss = step_fn(ts, put(x), put(y), *extra, *rng)
         spmd.wait_for_round(previous)  # at most two steps queued (see wait_for_round)
         step += 1
         examples += batch_size

@@ -13,10 +13,15 @@ command resumes its cell from the runs it had finished, and a rerun with unchang
 calibration recomputes nothing: its finished cells come back from the cache at once and are
 appended to the JSONL again (a reader keeps the last line per cell).
 
+``--algos A [A ...]`` runs only those algorithms in each cell (``delays.extra_cells``: an
+algorithm added after a grid was measured), appending to ``OUT/delays-extra.jsonl``, which
+``scripts/delays_report.py`` merges into the saved cells.
+
 Usage::
 
     python scripts/delays_subgrid.py --workers 4 --out bench_out
     python scripts/delays_subgrid.py --network --workers 64 --out bench_out   # delays-network's cells
+    python scripts/delays_subgrid.py --workers 4 16 --algos sync-backup --out bench_out/extra
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ def main() -> None:
     parser.add_argument(
         "--network", action="store_true", help="price communication as delays-network does (its cells: no straggler)"
     )
+    parser.add_argument(
+        "--algos", nargs="+", choices=tuple(delays.ALGORITHMS), help="only these algorithms (delays-extra.jsonl)"
+    )
     parser.add_argument("--out", default="bench_out")
     run_cache.add_flags(parser)
     args = parser.parse_args()
@@ -51,6 +59,14 @@ def main() -> None:
     jsonl, md = (os.path.join(args.out, f"{name}.{ext}") for ext in ("jsonl", "md"))
     rows = []
     cells = [(w, k, straggler) for w in args.workers for straggler in stragglers for k in args.k]
+    if args.algos:
+        with run_cache.active(run_cache.directory_from_args(args, args.out)):
+            for spec in cells:
+                [extra] = delays.extra_cells([spec], tuple(args.algos), comm=comm)
+                with open(os.path.join(args.out, "delays-extra.jsonl"), "a") as f:
+                    f.write(json.dumps(extra) + "\n")
+                print(json.dumps({key: extra[key] for key in ("workers", "k", "straggler")}), flush=True)
+        return
     with run_cache.active(run_cache.directory_from_args(args, args.out)):
         for spec in cells:
             results, [row] = delays.grid([spec], quick=False, comm=comm)

@@ -79,11 +79,14 @@ def test_delays_cell_with_delays_runs_pdasgd_under_both_semantics_with_intervals
     job, pd = cell[delays.JOB_DELAY], cell["pdasgd"]
     assert job["times"] != pd["times"]  # one draw per job is another schedule than one per operation
     for key, algo in (("pdasgd", "pdasgd"), ("job_delay", delays.JOB_DELAY), ("pdasgd_rep", "pdasgd-rep")):
-        assert set(cell[f"{key}_speedup"]) == {"sync", *delays.ASYNC_BASELINES}
+        assert set(cell[f"{key}_speedup"]) == {"sync", delays.SYNC_BACKUP, *delays.ASYNC_BASELINES}
         assert cell[f"{key}_speedup"]["sync"] == pytest.approx(cell["sync"]["mean"] / cell[algo]["mean"])
     assert cell["pdasgd_speedup_ci95"]["sync"] == [None, None]  # one quick seed: no interval
     assert row["job-delay vs sync"].endswith("x") and f"({cell['best_async']})" in row["job-delay vs best async"]
     assert set(delays.COLUMNS) <= set(row)
+    # sync with backup workers: W = 4 keeps 3 of 4 gradients per step (b = W / 4, at least one)
+    assert delays.backup_workers(4, delays.BACKUP_SHARE) == 1 and delays.backup_workers(64, 0.25) == 16
+    assert cell[delays.SYNC_BACKUP]["mean"] > 0
 
 
 def test_overlap_quick_shows_dasgd_hiding_what_sync_pays(tmp_path):

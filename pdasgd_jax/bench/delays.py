@@ -94,8 +94,14 @@ EPOCHS = 30.0
 # asgd-3t-rep is LPP-SGD's threads with DaSGD's delayed averaging instead of in-place rounds.
 ASYNC_BASELINES = ("asgd", "asgd-3t", "lpp", "asgd-3t-rep")
 REPLICATED = {"replication": "replicas", "period": REPLICA_PERIOD, "delay_steps": REPLICA_DELAY}
+# Sync with backup workers (Chen et al. 2016; --backup-workers, simulated only): each step keeps
+# the first W - b gradients, b = BACKUP_SHARE x W (at least 1). The stronger synchronous
+# comparator under per-worker delays (eighth review, item 31): plain sync waits for the largest
+# of W draws every step.
+BACKUP_SHARE = 0.25
 ALGORITHMS: dict[str, dict[str, Any]] = {
     "sync": {"algo": "sync"},
+    "sync-backup": {"algo": "sync", "backup_share": BACKUP_SHARE},
     "asgd": {"algo": "asgd"},
     "asgd-3t": {"algo": "asgd", "threads_per_device": THREADS_PER_DEVICE},
     "lpp": {"algo": "lpp", "threads_per_device": THREADS_PER_DEVICE, "period": LPP_PERIOD},
@@ -117,6 +123,7 @@ LRS: dict[str, tuple[float, ...]] = {
     # 2x apart for sync (ninth review): its time halved with each 4x step of its rate in the
     # runtime's tuning and the next step missed, so a 4x grid overstated every ratio over sync.
     "sync": (0.05, 0.1, 0.2, 0.4, 0.8),
+    "sync-backup": (0.05, 0.1, 0.2, 0.4, 0.8),
     "asgd": (0.00078125, 0.003125, 0.0125, 0.05),
     "asgd-3t": (0.00078125, 0.003125, 0.0125, 0.05),
     "lpp": (0.00078125, 0.003125, 0.0125, 0.05),
@@ -206,6 +213,11 @@ class Outcome(NamedTuple):
 DIVERGED = Outcome(math.inf, math.nan, math.nan)
 
 
+def backup_workers(workers: int, share: float) -> int:
+    """The backup workers of a sync run on ``workers`` devices: ``share`` of them, at least one."""
+    return max(1, int(workers * share))
+
+
 def time_to_target(
     algo: str,
     workers: int,
@@ -243,6 +255,9 @@ def time_to_target(
     if schedule is not None:
         overrides.update(period=schedule[0], delay_steps=schedule[1])
     threads = overrides.pop("threads_per_device", 1)
+    backup_share = overrides.pop("backup_share", 0.0)
+    if backup_share:
+        overrides["backup_workers"] = backup_workers(workers, backup_share)
     batch = protocol.batch_size * workers if overrides["algo"] == "sync" else protocol.batch_size
     replicas = {} if overrides["algo"] == "sync" else {"replicas": workers * threads}
     exp = _base_experiment(seed, lr, protocol.base).with_config(
@@ -553,6 +568,7 @@ def _fmt(c: dict[str, Any]) -> str:
 
 
 JOB_DELAY = "pdasgd-job-delay"
+SYNC_BACKUP = "sync-backup"
 
 
 def tuned_time(c: dict[str, Any]) -> float:
@@ -599,6 +615,7 @@ COLUMNS = (
     "straggler",
     *(f"{a} (ms)" for a in ALGORITHMS),
     "pdasgd vs sync",
+    "pdasgd vs sync-backup",
     "pdasgd vs best async",
     "job-delay vs sync",
     "job-delay vs best async",
@@ -631,7 +648,7 @@ def grid(
         if k == 0:
             by_algo = {a: by_algo["pdasgd"] if a == JOB_DELAY else by_algo[a] for a in ALGORITHMS}
         rival = best_async(by_algo)
-        against = ("sync", *ASYNC_BASELINES)
+        against = ("sync", SYNC_BACKUP, *ASYNC_BASELINES)
         cells.append(
             json_ready(
                 {
@@ -662,6 +679,7 @@ def grid(
                     f"{label} vs sync": _speedup_text(by_algo["sync"], by_algo[algo])
                     for label, algo in (("pdasgd", "pdasgd"), ("job-delay", JOB_DELAY), ("pdasgd-rep", "pdasgd-rep"))
                 },
+                "pdasgd vs sync-backup": _speedup_text(by_algo[SYNC_BACKUP], by_algo["pdasgd"]),
                 **{
                     f"{label} vs best async": f"{_speedup_text(by_algo[rival], by_algo[algo])} ({rival})"
                     for label, algo in (("pdasgd", "pdasgd"), ("job-delay", JOB_DELAY), ("pdasgd-rep", "pdasgd-rep"))
@@ -691,6 +709,32 @@ def grid(
     return results, rows
 
 
+def extra_cells(
+    specs: list[tuple[int, float, bool]], algos: tuple[str, ...], *, comm: CommModel = FREE_NETWORK
+) -> list[dict[str, Any]]:
+    """Only ``algos`` in each ``(workers, k, straggler)`` cell, by ``grid``'s protocol: for an
+    algorithm added after a grid was measured, whose cells ``scripts/delays_report.py`` merges
+    into the saved ones (the same calibration, another commit)."""
+    unknown = [a for a in algos if a not in ALGORITHMS]
+    if unknown:
+        raise ValueError(f"unknown delays algorithm(s) {unknown}; choose from {', '.join(ALGORITHMS)}")
+    schedules = {a: REPLICA_SCHEDULES if "replication" in ALGORITHMS[a] else () for a in algos}
+    return [
+        json_ready(
+            {
+                "workers": workers,
+                "k": k,
+                "straggler": straggler,
+                **{
+                    a: cell(a, workers, k, straggler, LRS[a], SEEDS, EPOCHS, comm, TUNING_SEEDS, schedules=schedules[a])
+                    for a in algos
+                },
+            }
+        )
+        for workers, k, straggler in specs
+    ]
+
+
 def header(name: str, results: dict[str, Any]) -> str:
     return (
         f"{name}: digits MLP, virtual time (ms, mean ± std over {len(results['seeds'])} seed(s)) to test "
@@ -698,6 +742,7 @@ def header(name: str, results: dict[str, Any]) -> str:
         f"each cell's lr tuned on seeds {results['tuning_seeds']} (not reported; mean time, a rate failing on "
         f"either is out) over the grid {results['lrs']}, "
         f"the best asynchronous baseline picked on the same tuning seeds, speedups as ratios of mean times "
+        f"(sync-backup: sync keeping the first W - b gradients of each step, b = {BACKUP_SHARE:g} W, at least 1) "
         f"with their 95 % interval (delta method), job-delay: pdasgd under --delay-per job, "
         f"widened 4x at a time while on its edge; asgd-3t, lpp and asgd-3t-rep: {THREADS_PER_DEVICE} threads per "
         f"device; -rep: --replication replicas, (H, d) tuned over {list(REPLICA_SCHEDULES)} like the rate "

@@ -7,7 +7,8 @@ clock says), so a simulated run executes the real SPMD program and this module o
 worker runs per step, scaled by its speed factor) plus injected idle time. Then:
 
 * ``sync``: every step ends for everyone at the slowest worker's finish plus one gradient
-  all-reduce.
+  all-reduce. With ``b`` backup workers (``backup_sync_schedule``) a step ends at the
+  ``(W - b)``-th gradient to arrive instead, and the late ones are dropped.
 * ``local`` / ``dasgd``: at a snapshot step ``t0`` (every ``H`` steps) each worker's device
   may run the average's program (``averaging_work``: device work on the worker's clock, at
   its speed); the all-reduce's communication can start only once the slowest worker has
@@ -28,6 +29,8 @@ per-stage ``merge`` at the merge), and one without those (hand-built) charges no
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,6 +55,72 @@ def sync_step_end_times(
     costs = _step_costs(timing, delays, num_workers, steps, seed)
     allreduce = timing.comm.allreduce_time(grad_nbytes, num_workers)
     return np.cumsum(costs.max(axis=1) + allreduce)
+
+
+class BackupSchedule(NamedTuple):
+    """When each step of sync with backup workers ends and whose gradients it averaged.
+
+    Attributes:
+      ends: ``(steps,)`` virtual end times (the all-reduce of the kept gradients included).
+      kept: ``(steps, workers)`` booleans: worker ``w``'s gradient is among step ``s``'s first
+        ``W - b`` to arrive.
+      computed: ``(steps, workers)`` booleans: worker ``w`` computed a gradient for step ``s``,
+        kept or dropped (its device's work).
+    """
+
+    ends: np.ndarray
+    kept: np.ndarray
+    computed: np.ndarray
+
+
+def backup_sync_schedule(
+    timing: TimingModel,
+    delays: DelayModel,
+    *,
+    num_workers: int,
+    steps: int,
+    grad_nbytes: int,
+    seed: int,
+    backup: int,
+) -> BackupSchedule:
+    """Synchronous SGD with ``backup`` backup workers (Chen et al. 2016, "Revisiting Distributed
+    Synchronous SGD"): each step averages the first ``W - backup`` gradients to arrive and drops
+    the rest, so it waits for the ``(W - b)``-th fastest worker, not the slowest.
+
+    A worker is busy until its computation ends, kept or not: a late worker finishes its
+    (dropped) gradient and then computes for the step in progress, from that step's
+    parameters, on its own shard of that step's batch (as TensorFlow's SyncReplicasOptimizer
+    drops a stale gradient and lets its worker fetch the new parameters). A worker that is
+    still busy when a step collects its ``W - b`` gradients computes nothing for that step.
+    Each computation costs the worker's step (``_step_costs``: the batch transfer, compute at
+    its speed and its injected idle time for that step, the same draws as plain sync). With
+    ``backup = 0`` every gradient is kept and the ends are ``sync_step_end_times``'.
+    """
+    if not 0 <= backup < num_workers:
+        raise ValueError(f"backup workers {backup} must be in [0, {num_workers - 1}] for {num_workers} workers")
+    costs = _step_costs(timing, delays, num_workers, steps, seed)
+    allreduce = timing.comm.allreduce_time(grad_nbytes, num_workers)
+    if backup == 0:  # plain sync: plain sync's arithmetic, to the last bit
+        everyone = np.ones((steps, num_workers), dtype=bool)
+        return BackupSchedule(np.cumsum(costs.max(axis=1) + allreduce), everyone, everyone.copy())
+    needed = num_workers - backup
+    free = np.zeros(num_workers)  # when each worker's current computation ends
+    start = 0.0  # when the current step's parameters are published
+    ends = np.empty(steps)
+    kept = np.zeros((steps, num_workers), dtype=bool)
+    computed = np.zeros((steps, num_workers), dtype=bool)
+    for s in range(steps):
+        begin = np.maximum(start, free)
+        arrive = begin + costs[s]
+        order = np.argsort(arrive, kind="stable")
+        collected = arrive[order[needed - 1]]  # the (W - b)-th gradient completes the step
+        kept[s, order[:needed]] = True
+        working = begin < collected  # a worker still busy at the collection computes nothing for s
+        free = np.where(working, arrive, free)
+        computed[s] = working
+        ends[s] = collected + allreduce
+        start = ends[s]
+    return BackupSchedule(ends, kept, computed)
 
 
 def averaging_step_end_times(

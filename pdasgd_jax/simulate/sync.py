@@ -2,8 +2,10 @@
 
 ``D`` workers each compute the gradient of their shard of the global batch (one fused
 step each, ``TimingModel.train_step_time``) and wait for the slowest: a step ends
-``max_w (compute_w + delay_w) + all-reduce`` after the previous one
-(``averaging_clock.sync_step_end_times``). The arithmetic is real sync's, shard by shard
+``max_w (compute_w + delay_w) + all-reduce`` after the previous one. With ``b`` backup
+workers (``--backup-workers``) a step keeps the first ``D - b`` gradients to arrive and
+averages those shards only (``averaging_clock.backup_sync_schedule``; b = 0 is plain
+sync). The arithmetic is real sync's, shard by shard
 (``spmd.make_sharded_step``: per-shard gradients, BatchNorm statistics and Dropout keys,
 averaged), so a simulated and a real sync run train the same model.
 """
@@ -22,7 +24,7 @@ from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.simulate.averaging_clock import sync_step_end_times
+from pdasgd_jax.simulate.averaging_clock import backup_sync_schedule
 from pdasgd_jax.simulate.simulation import num_jobs
 from pdasgd_jax.sync_runner import run_synchronous_loop
 
@@ -56,35 +58,42 @@ def run_sync(
     """
     v = exp.variables
     batch_size = exp.config.batch_size
-    ends = sync_step_end_times(
+    backup = exp.config.backup_workers
+    schedule = backup_sync_schedule(
         timing,
         delay,
         num_workers=num_workers,
         steps=num_jobs(exp.total_examples, batch_size),
         grad_nbytes=tree_nbytes(v.params),
         seed=exp.config.seed,
+        backup=backup,
     )
     ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
+    # With backup workers each step averages the gradients it kept (weight 1) and drops the
+    # others (weight 0); without, every shard counts, as in real sync's program.
+    weights = schedule.kept.astype(np.float32)
     ts, steps, examples = run_synchronous_loop(
         exp,
-        VirtualTimeMetrics(metrics, ends),
+        VirtualTimeMetrics(metrics, schedule.ends),
         checkpointer,
-        spmd.make_sharded_step(exp.model, exp.tx, num_workers),
+        spmd.make_sharded_step(exp.model, exp.tx, num_workers, weighted=bool(backup)),
         ts,
         lambda a: a,
         jax.device_put,
         batch_size,
+        per_step=(lambda s: (weights[s],)) if backup else None,
     )
-    now = float(ends[steps - 1])
-    busy = busy_fractions(timing, steps, now, num_workers)
-    return (
-        ts,
-        steps,
-        examples,
-        now,
-        {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy},
-        fresh_updates(len(v.params), steps),
-    )
+    now = float(schedule.ends[steps - 1])
+    if backup:  # the gradients each worker computed in the steps run, kept or dropped: its device's work
+        computed = schedule.computed[:steps].sum(axis=0)
+        busy = [computed[w] * timing.train_step_time(w) / now for w in range(num_workers)]
+    else:
+        busy = busy_fractions(timing, steps, now, num_workers)
+    utilisation = {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy}
+    if backup:
+        utilisation["backup_workers"] = backup
+        utilisation["dropped_gradients"] = float(1 - schedule.kept[:steps].sum() / max(computed.sum(), 1))
+    return ts, steps, examples, now, utilisation, fresh_updates(len(v.params), steps)
 
 
 def busy_fractions(timing: TimingModel, steps: int, now: float, num_workers: int) -> list[float]:

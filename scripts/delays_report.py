@@ -30,6 +30,7 @@ TARGET_VS_SYNC = 5.95
 JUDGED_WORKERS = (4, 16)
 JUDGED_MIN_K = 0.5
 BACKUP = delays.SYNC_BACKUP
+JOB = delays.JOB_DELAY
 
 
 def _lines(path: str) -> list[dict[str, Any]]:
@@ -63,16 +64,6 @@ def _mean(values: list[float | None]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
-def _speedup(c: dict[str, Any], key: str, ref: str) -> tuple[float, float, float]:
-    ratio = c[f"{key}_speedup"][ref]
-    lo, hi = c[f"{key}_speedup_ci95"][ref]
-    return (
-        math.nan if ratio is None else ratio,
-        math.nan if lo is None else lo,
-        math.nan if hi is None else hi,
-    )
-
-
 def _from_times(ref: dict[str, Any], c: dict[str, Any]) -> tuple[float, float, float]:
     """``c``'s speedup over ``ref`` from their saved times: the ratio of means and its 95 %
     interval (``bench.ratio_ci95``); 0 where ``c`` missed the target (nan: ``ref`` did)."""
@@ -94,27 +85,31 @@ def stronger_sync(c: dict[str, Any]) -> str:
 
 def _fmt(s: tuple[float, float, float]) -> str:
     ratio, lo, hi = s
-    if not math.isfinite(ratio) or ratio == 0:
+    if ratio == 0:
         return "not reached"
+    if not math.isfinite(ratio):
+        return "ref. not reached"
     return f"{ratio:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
 
 
 def verdict(s: tuple[float, float, float], target: float) -> str:
     """``met`` / ``missed`` by the point estimate, ``(resolved)`` when the interval excludes the target."""
     ratio, lo, hi = s
-    if not math.isfinite(ratio) or ratio == 0:
+    if ratio == 0:
         return "missed (not reached)"
+    if not math.isfinite(ratio):  # censored: no verdict either way
+        return "not judged (the reference missed the target on a reported seed)"
     met = ratio >= target
     resolved = (lo >= target) if met else (hi < target)
     return ("met" if met else "missed") + (" (resolved)" if resolved else " (interval includes the target)")
 
 
 def report(cells: list[dict[str, Any]]) -> str:
-    rows, judged, best_sync = [], [], None
+    rows, judged, censored, best_sync = [], [], [], None
     for c in cells:
         rival = c["best_async"]
-        pd_async, pd_sync = _speedup(c, "pdasgd", rival), _speedup(c, "pdasgd", "sync")
-        job_async, job_sync = _speedup(c, "job_delay", rival), _speedup(c, "job_delay", "sync")
+        pd_async, pd_sync = _from_times(c[rival], c["pdasgd"]), _from_times(c["sync"], c["pdasgd"])
+        job_async, job_sync = _from_times(c[rival], c[JOB]), _from_times(c["sync"], c[JOB])
         in_target = c["workers"] in JUDGED_WORKERS and c["k"] >= JUDGED_MIN_K
         rows.append(
             {
@@ -129,15 +124,17 @@ def report(cells: list[dict[str, Any]]) -> str:
                 "job-delay vs best async": _fmt(job_async),
                 "job-delay vs sync": _fmt(job_sync),
                 "τ pdasgd / job-delay / best async": " / ".join(
-                    f"{_mean(c[a]['staleness']):.2f}" for a in ("pdasgd", "pdasgd-job-delay", rival)
+                    f"{_mean(c[a]['staleness']):.2f}" for a in ("pdasgd", JOB, rival)
                 ),
                 "busiest pdasgd / job-delay / best async / sync": " / ".join(
-                    f"{_mean(c[a]['busiest_device']):.2f}" for a in ("pdasgd", "pdasgd-job-delay", rival, "sync")
+                    f"{_mean(c[a]['busiest_device']):.2f}" for a in ("pdasgd", JOB, rival, "sync")
                 ),
             }
         )
-        if in_target:
+        if in_target and math.isfinite(pd_async[0]):
             judged.append(pd_async[0] >= TARGET_VS_ASYNC)
+        elif in_target:
+            censored.append(c)
         strong = stronger_sync(c)
         pd_strong = _from_times(c[strong], c["pdasgd"])
         if math.isfinite(pd_strong[0]) and (best_sync is None or pd_strong[0] > best_sync[1][0]):
@@ -149,7 +146,14 @@ def report(cells: list[dict[str, Any]]) -> str:
     missing = sorted(expected - have)
     text += (
         f"\n\n- target >= {TARGET_VS_ASYNC}x the best asynchronous baseline in every k >= {JUDGED_MIN_K} cell at "
-        f"W = 4 and 16: {sum(judged)} of {len(judged)} cells met" + (f"; cells not run: {missing}" if missing else "")
+        f"W = 4 and 16: {sum(judged)} of {len(judged)} judged cells met"
+        + (
+            f"; not judged (the best baseline missed on a reported seed): "
+            f"{[(c['workers'], c['k'], c['straggler']) for c in censored]}"
+            if censored
+            else ""
+        )
+        + (f"; cells not run: {missing}" if missing else "")
     )
     if best_sync:
         c, s, strong = best_sync

@@ -88,6 +88,26 @@ def ratio_ci95(numerator: list[float], denominator: list[float]) -> tuple[float,
     return ratio - half, ratio + half
 
 
+def log_ratio_ci95(numerator: list[float], denominator: list[float]) -> tuple[float, float]:
+    """95 % interval of ``mean(numerator) / mean(denominator)`` for independent positive samples,
+    by the delta method on the log of the ratio (Student's t with the smaller sample's degrees of
+    freedom): ``ratio x exp(+-t s)``, always positive and asymmetric, where ``ratio_ci95``'s
+    linear interval goes below zero for a ratio of times with few seeds. ``(nan, nan)`` unless
+    both have two or more values, all finite."""
+    import scipy.stats
+
+    if min(len(numerator), len(denominator)) < 2 or not all(math.isfinite(v) for v in (*numerator, *denominator)):
+        return math.nan, math.nan
+    a, b = statistics.fmean(numerator), statistics.fmean(denominator)
+    relative_sd = math.sqrt(
+        statistics.variance(numerator) / (len(numerator) * a * a)
+        + statistics.variance(denominator) / (len(denominator) * b * b)
+    )
+    half = float(scipy.stats.t.ppf(0.975, min(len(numerator), len(denominator)) - 1)) * relative_sd
+    ratio = a / b
+    return ratio * math.exp(-half), ratio * math.exp(half)
+
+
 def json_ready(x: Any) -> Any:
     """``x`` with every infinite float (e.g. a target never reached) replaced by None, for JSON."""
     if isinstance(x, dict):

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -77,7 +78,7 @@ DELAY_FACTORS = (0.0, 0.5, 1.0, 2.0, 4.0)
 STRAGGLER_FACTOR = 3.0
 SEEDS = (0, 1, 2)  # reported
 TUNING_SEEDS = (100, 101)  # pick each cell's rate (mean time; a rate failing on either is out); never reported
-MAX_WIDENINGS = 2  # 4x steps a rate grid may grow on each side while its best rate is on the edge
+MAX_WIDENINGS = 2  # steps (the grid's own spacing) a rate grid may grow on each side while its best is on the edge
 # What a cell's rate is tuned for (``cell``): time to the target, or final accuracy after the whole budget.
 TUNING_CRITERIA = ("time_to_target", "final_accuracy")
 THREADS_PER_DEVICE = 3  # PD-ASGD's F + B, given to the threaded baselines too
@@ -102,6 +103,10 @@ BACKUP_SHARE = 0.25
 ALGORITHMS: dict[str, dict[str, Any]] = {
     "sync": {"algo": "sync"},
     "sync-backup": {"algo": "sync", "backup_share": BACKUP_SHARE},
+    # b tuned among W/8, W/4 and W/2 as separate rows (tenth review): the stronger synchronous
+    # comparator of a cell is the fastest sync row on the tuning seeds (scripts/delays_report.py)
+    "sync-backup-w8": {"algo": "sync", "backup_share": BACKUP_SHARE / 2},
+    "sync-backup-w2": {"algo": "sync", "backup_share": BACKUP_SHARE * 2},
     "asgd": {"algo": "asgd"},
     "asgd-3t": {"algo": "asgd", "threads_per_device": THREADS_PER_DEVICE},
     "lpp": {"algo": "lpp", "threads_per_device": THREADS_PER_DEVICE, "period": LPP_PERIOD},
@@ -124,6 +129,8 @@ LRS: dict[str, tuple[float, ...]] = {
     # runtime's tuning and the next step missed, so a 4x grid overstated every ratio over sync.
     "sync": (0.05, 0.1, 0.2, 0.4, 0.8),
     "sync-backup": (0.05, 0.1, 0.2, 0.4, 0.8),
+    "sync-backup-w8": (0.05, 0.1, 0.2, 0.4, 0.8),
+    "sync-backup-w2": (0.05, 0.1, 0.2, 0.4, 0.8),
     "asgd": (0.00078125, 0.003125, 0.0125, 0.05),
     "asgd-3t": (0.00078125, 0.003125, 0.0125, 0.05),
     "lpp": (0.00078125, 0.003125, 0.0125, 0.05),
@@ -382,8 +389,9 @@ def mean_staleness(staleness: dict[str, Any]) -> float:
 def tune(
     evaluate: Callable[[float, float], float], lrs: tuple[float, ...], max_widenings: int = MAX_WIDENINGS
 ) -> dict[str, Any]:
-    """The rate of ``lrs`` with the smallest ``evaluate(lr, bound)``, the grid widened by 4x
-    steps (at most ``max_widenings`` each way) while the best rate is on its edge.
+    """The rate of ``lrs`` with the smallest ``evaluate(lr, bound)``, the grid widened by its own
+    spacing (the largest ratio of neighbouring rates: 4x for a grid 4x apart, 2x for one 2x apart;
+    at most ``max_widenings`` steps each way) while the best rate is on its edge.
 
     ``evaluate(lr, bound)`` gets the best value so far (``inf`` at first) and may return
     ``inf`` as soon as it knows its value exceeds it: a rate that cannot win is not run to
@@ -396,6 +404,10 @@ def tune(
     rate reaches the target is not widened (there is no best to follow).
     """
     tuning: dict[float, float] = {}
+    ordered = sorted(lrs)
+    # a 2x grid widens 2x at a time: a 4x step past its edge would skip the rate between (ninth
+    # review: sync's 0.8 widened straight to 3.2, never trying 1.6)
+    spacing = max((b / a for a, b in itertools.pairwise(ordered)), default=4.0)
 
     def best_value() -> float:
         return min(tuning.values(), default=math.inf)
@@ -414,7 +426,7 @@ def tune(
         if widened[side] == max_widenings:
             return {"lr": best, "tuning": tuning, "edge": True}
         widened[side] += 1
-        lr = best / 4 if side == "low" else best * 4
+        lr = best / spacing if side == "low" else best * spacing
         tuning[lr] = evaluate(lr, best_value())
 
 
@@ -569,6 +581,8 @@ def _fmt(c: dict[str, Any]) -> str:
 
 JOB_DELAY = "pdasgd-job-delay"
 SYNC_BACKUP = "sync-backup"
+# Plain sync and sync with W/8, W/4 or W/2 backup workers: the synchronous comparators.
+SYNC_VARIANTS = ("sync", "sync-backup-w8", SYNC_BACKUP, "sync-backup-w2")
 
 
 def tuned_time(c: dict[str, Any]) -> float:
@@ -719,9 +733,21 @@ def extra_cells(
     if unknown:
         raise ValueError(f"unknown delays algorithm(s) {unknown}; choose from {', '.join(ALGORITHMS)}")
     schedules = {a: REPLICA_SCHEDULES if "replication" in ALGORITHMS[a] else () for a in algos}
+    timing = calibration()
+    # what the cells they are merged into must share (``grid``'s results hold the same fields)
+    provenance = {
+        "timing": {
+            "fingerprint": timing.fingerprint,
+            "step_compute_s": timing.timing.step_compute_time(),
+            "train_step": timing.timing.train_step,
+        },
+        "seeds": list(SEEDS),
+        "tuning_seeds": list(TUNING_SEEDS),
+    }
     return [
         json_ready(
             {
+                **provenance,
                 "workers": workers,
                 "k": k,
                 "straggler": straggler,
@@ -744,7 +770,7 @@ def header(name: str, results: dict[str, Any]) -> str:
         f"the best asynchronous baseline picked on the same tuning seeds, speedups as ratios of mean times "
         f"(sync-backup: sync keeping the first W - b gradients of each step, b = {BACKUP_SHARE:g} W, at least 1) "
         f"with their 95 % interval (delta method), job-delay: pdasgd under --delay-per job, "
-        f"widened 4x at a time while on its edge; asgd-3t, lpp and asgd-3t-rep: {THREADS_PER_DEVICE} threads per "
+        f"widened by its own spacing while on its edge; asgd-3t, lpp and asgd-3t-rep: {THREADS_PER_DEVICE} threads per "
         f"device; -rep: --replication replicas, (H, d) tuned over {list(REPLICA_SCHEDULES)} like the rate "
         f"(quick: H = {REPLICA_PERIOD}, d = {REPLICA_DELAY}); lpp and -rep times include one assembly of their "
         f"evaluated mean model (a calibrated average and an all-reduce)"

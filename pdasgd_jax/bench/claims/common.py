@@ -49,9 +49,8 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
 _ASYNC_RATES = (0.005, 0.02, 0.08)
 LRS: dict[str, tuple[float, ...]] = {
     "sgd": (0.0125, 0.05, 0.2),
-    "sync": (0.05, 0.2, 0.8),
-    "sync-backup": (0.05, 0.2, 0.8),
-    **{name: _ASYNC_RATES for name in ALGORITHMS if name not in ("sgd", "sync", "sync-backup")},
+    **dict.fromkeys(delays.SYNC_VARIANTS, (0.05, 0.2, 0.8)),
+    **{name: _ASYNC_RATES for name in ALGORITHMS if name != "sgd" and name not in delays.SYNC_VARIANTS},
 }
 
 

@@ -53,9 +53,10 @@ def _lines(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def load_cells(out_dirs: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every saved cell, the last line per cell winning, in (W, straggler, k) order, with the
-    algorithms of ``delays-extra.jsonl`` lines merged into their cells, and the first line's
+def load_cells(out_dirs: list[str], name: str = "delays-subgrid") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every saved cell of ``OUT/NAME.jsonl`` (``delays-subgrid``, or ``delays-network-subgrid``
+    for ``--network``'s cells), the last line per cell winning, in (W, straggler, k) order, with
+    the algorithms of ``delays-extra.jsonl`` lines merged into their cells, and the first line's
     protocol fields (timing, seeds, budget).
 
     Raises:
@@ -64,7 +65,7 @@ def load_cells(out_dirs: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any
     cells: dict[tuple, dict[str, Any]] = {}
     protocol: dict[str, Any] = {}
     for out in out_dirs:
-        for results in _lines(os.path.join(out, "delays-subgrid.jsonl")):
+        for results in _lines(os.path.join(out, f"{name}.jsonl")):
             protocol = protocol or {k: v for k, v in results.items() if k != "cells"}
             for c in results["cells"]:
                 cells[(c["workers"], c["straggler"], c["k"])] = c
@@ -169,6 +170,11 @@ def report(cells: list[dict[str, Any]]) -> str:
                 "stronger sync (tuning seeds)": _named(strong, strong_replaced),
                 "pdasgd vs stronger sync": _fmt(pd_strong),
                 "pdasgd vs plain sync": _fmt(pd_sync),
+                "pdasgd-rep vs plain sync / vs pdasgd": (
+                    f"{_fmt(speedup(c['sync'], c['pdasgd-rep']))} / {_fmt(speedup(c['pdasgd'], c['pdasgd-rep']))}"
+                    if "pdasgd-rep" in c
+                    else "-"
+                ),
                 "job-delay vs best async": _fmt(speedup(c[rival], job)),
                 "job-delay vs stronger sync": _fmt(speedup(c[strong], job)),
                 "τ pdasgd / job-delay / best async": " / ".join(
@@ -218,8 +224,9 @@ def _keys(cells: list[dict[str, Any]]) -> list[tuple]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dirs", nargs="+", help="OUT directories of scripts/delays_subgrid.py runs")
+    parser.add_argument("--network", action="store_true", help="the delays-network cells (delays_subgrid.py --network)")
     args = parser.parse_args()
-    cells, protocol = load_cells(args.out_dirs)
+    cells, protocol = load_cells(args.out_dirs, "delays-network-subgrid" if args.network else "delays-subgrid")
     timing = protocol.get("timing", {})
     unit_ms = timing.get("step_compute_s", math.nan) * 1e3
     in_sync_steps = timing.get("delay_unit_in_sync_steps", math.nan)

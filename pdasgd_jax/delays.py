@@ -286,6 +286,18 @@ class TimingModel:
         its loop does and ``train_step``'s cost (timed on a batch already on the device)
         leaves out. The asynchronous workers pass host batches to their programs, whose
         calibrated costs include that copy. 0: free (a hand-built or FLOP-derived timing).
+      host_dispatch: host time a threaded-runtime worker spends before it dispatches each part
+        of a job (a PD-ASGD forward or backward, an ASGD job): its Python between programs
+        (the queue, the store's locks and bookkeeping, JAX's dispatch), on the one host that
+        every worker of the process shares (the GIL; the runtime pins its threads to one
+        core). The clock charges it on one host lock per simulation, so workers' host time
+        is serialised while their devices run. 0 (the default): not charged; each simulated
+        device is driven by a host of its own whose dispatch the programs' calibrated costs
+        include. ``bench runtime`` fits it to the runtime (``bench.runtime.fit_host_dispatch``).
+      host_start: seconds from a threaded run's start to its workers' first job (the runtime
+        starts and pins its threads, and its feed hands out the first batch): the clock's
+        asynchronous workers (``simulate.policies``) take no job before it. 0 (the default):
+        they start at once. ``bench runtime`` measures it on the runtime.
       merge: per stage, a replicated group's merge of an average into that stage
         (``replication.merge_program``, algorithms.md §3a), run on the group's device under the
         stage's lock. None: merges take no device time (a hand-built timing); calibrations
@@ -331,6 +343,8 @@ class TimingModel:
     forward_all: float | None = None
     backward_update: tuple[float, ...] | None = None
     host_step: float = 0.0
+    host_dispatch: float = 0.0
+    host_start: float = 0.0
     merge: tuple[float, ...] | None = None
     average: float | None = None
     update_all: float | None = None
@@ -350,6 +364,8 @@ class TimingModel:
                 _finite_non_negative(f"{name} cost of stage {m}", cost)
         _finite_non_negative("loss cost", self.loss)
         _finite_non_negative("host_step cost", self.host_step)
+        _finite_non_negative("host_dispatch cost", self.host_dispatch)
+        _finite_non_negative("host_start time", self.host_start)
         for name in ("job_gradients", "train_step", "forward_all", "average", "update_all", "round_average"):
             if getattr(self, name) is not None:
                 _finite_non_negative(f"{name} cost", getattr(self, name))

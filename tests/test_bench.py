@@ -162,6 +162,29 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
     assert bench_runtime.TWO_LOOPS in table and "vs sync simulated per worker" in table
     assert cell["pdasgd"]["speedup_prediction_error_ci95"] == [None, None]  # one seed: no interval (nan: null)
     assert cell["pdasgd"]["speedup_prediction_verdict"].endswith("(one seed)")
+    # The host on the clock: fitted on a tuning seed, within the bisection's bounds, and
+    # charged to the runtime-layout prediction only (without it, the clock as before).
+    model = results["host_model"]
+    assert model["seeds"] == [bench_runtime.TUNING_SEEDS[0]]
+    sync = model["sync_fit"]
+    assert sync["measured_step_s"] > 0 and sync["train_step_s"] > 0 and sync["clock_slower"] == (sync["host_step"] == 0)
+    assert (
+        model["sync_host_step_s"]
+        == sync["host_step"]
+        == pytest.approx(max(0, sync["measured_step_s"] - sync["train_step_s"]))
+    )
+    assert set(model["fits"]) == set(bench_runtime.ASYNCHRONOUS)
+    for algo, fit in model["fits"].items():
+        assert fit["measured_s"] > 0 and fit["simulated_without_s"] > 0 and fit["host_start"] > 0
+        assert fit["clock_slower"] == (fit["host_dispatch"] == 0.0)
+        assert 0.0 <= fit["host_dispatch"] < fit["bound_s"]
+        assert model["host"][algo] == {"host_start": fit["host_start"], "host_dispatch": fit["host_dispatch"]}
+    assert model["host"]["sync"] == {"host_step": model["sync_host_step_s"]}
+    for algo in bench_runtime.ALGORITHMS:
+        assert len(cell[algo]["simulated_without_host_s"]) == 1
+    # Charged to the runtime-layout prediction only: its workers wait for the start-up.
+    assert cell["pdasgd"]["simulated_s"][0] > cell["pdasgd"]["simulated_without_host_s"][0]
+    assert "Host model" in table and "vs sync simulated without host" in table
 
 
 class _FakeExperiment:

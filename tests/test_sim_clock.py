@@ -403,3 +403,33 @@ def test_one_device_schedules_are_unchanged_by_booking_at_dispatch(world, digest
     keys = ("job", "stage", "batch_id", "params_version", "state_version", "live_version", "replaced_version")
     fields = [(e.kind.value, *(getattr(e, k) for k in keys), e.staleness, e.worker, e.time.hex()) for e in log.events]
     assert hashlib.sha256(repr([*fields, end.hex()]).encode()).hexdigest()[:16] == digest
+
+
+@pytest.mark.parametrize("algo, parts", [("asgd", 1), ("pdasgd", 2), ("pdasgd-block", 2)])
+def test_host_dispatch_is_serialised_over_every_worker_of_the_process(world, algo, parts):
+    """``TimingModel.host_dispatch``: each part of a job (an ASGD job; a PD-ASGD forward, a
+    backward) first holds the simulation's one host for that long. With free kernels and no
+    delays the run then lasts exactly parts x jobs x host_dispatch on any number of devices
+    (the host is one, the devices four), after ``host_start``; without them, no time at all."""
+    free = TimingModel(forward=(0.0,) * 3, backward=(0.0,) * 3, update=(0.0,) * 3)
+    jobs = 12
+    for host, start, expected in (
+        (0.0, 0.0, 0.0),
+        (0.25, 0.0, parts * jobs * 0.25),
+        (0.25, 0.5, 0.5 + parts * jobs * 0.25),
+    ):
+        timing = TimingModel(**{**free.to_dict(), "comm": CommModel(), "host_dispatch": host, "host_start": start})
+        run = Run(world, timing, algo=algo, devices=4, groups=4, jobs=jobs)
+        assert sorted(run.done_at) == list(range(jobs))
+        assert run.scheduler.now == pytest.approx(expected, abs=EPS)
+        # No job before the start-up; the host's turns end one after another: no two jobs are
+        # done at one instant.
+        assert all(e.time >= start for e in run.events if e.kind == "start")
+        assert host == 0.0 or len(set(run.done_at.values())) == jobs
+
+
+@pytest.mark.parametrize("field", ["host_dispatch", "host_start"])
+def test_host_terms_must_be_finite_and_non_negative(field):
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match=field):
+            TimingModel(forward=(1.0,), backward=(1.0,), update=(1.0,), **{field: bad})

@@ -114,6 +114,13 @@ RATE_GRIDS: dict[str, tuple[float, ...]] = {
 # reported. Ten, not ``delays``' two: runs 2x apart in rate differ by a few per cent here,
 # against 30-40 % between seeds.
 TUNING_SEEDS = tuple(range(100, 110))
+# The host on the clock (``host_model``): measured and fitted on the first three tuning seeds,
+# without delays or target, over this many epochs (the asynchronous layouts' host time per job
+# part by this many bisection steps).
+HOST_FIT_SEEDS = TUNING_SEEDS[:3]
+HOST_FIT_EPOCHS = 2.0
+HOST_FIT_STEPS = 10
+QUICK_HOST_FIT = (3, 0.5)  # --quick: bisection steps and epochs (on one seed)
 # The prediction targets (issue 15): PD-ASGD's speedup over sync within 20 %, its mean
 # staleness within 30 %, judged met only when the error's 95 % interval lies inside.
 SPEEDUP_TOLERANCE = 0.2
@@ -291,6 +298,15 @@ def _metrics(exp: Experiment) -> MetricsLog:
 def sync_with_delays(exp: Experiment) -> tuple[float, float]:
     """Wall seconds to ``TARGET`` of ``WORKERS``-way sync with real per-step delays (and its
     staleness, 0)."""
+    metrics = _metrics(exp)
+    stand_in_loop(exp, metrics)
+    return _first_reaching(metrics, "wall_time"), 0.0
+
+
+def stand_in_loop(exp: Experiment, metrics: MetricsLog) -> int:
+    """Sync's stand-in loop for ``WORKERS`` devices on this one, reporting to ``metrics``:
+    one fused step on the global batch, then a sleep of the slowest of the ``WORKERS``
+    workers' delay draws. Returns its steps."""
     config = exp.config
     step_compute = exp.calibration(DELAY_BATCH).timing.step_compute_time()
     delay = DelayModel.from_config(config, step_compute)
@@ -304,10 +320,8 @@ def sync_with_delays(exp: Experiment) -> tuple[float, float]:
         return ts, loss
 
     v = exp.variables
-    metrics = _metrics(exp)
     ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
-    run_synchronous_loop(exp, metrics, None, step, ts, jax.device_put, jax.device_put, config.batch_size)
-    return _first_reaching(metrics, "wall_time"), 0.0
+    return run_synchronous_loop(exp, metrics, None, step, ts, jax.device_put, jax.device_put, config.batch_size)[1]
 
 
 def runtime_with_delays(exp: Experiment) -> tuple[float, float]:
@@ -320,7 +334,11 @@ def runtime_with_delays(exp: Experiment) -> tuple[float, float]:
 
 
 def simulated(
-    exp: Experiment, devices: int, stand_in: TimingModel | None = None, drain: bool = False
+    exp: Experiment,
+    devices: int,
+    stand_in: TimingModel | None = None,
+    drain: bool = False,
+    host: dict[str, float] | None = None,
 ) -> tuple[float, float]:
     """Virtual seconds to ``TARGET`` predicted by the simulator for the same config, and its
     mean staleness; its replicas share ``devices`` simulated devices.
@@ -331,15 +349,143 @@ def simulated(
     seconds (``k`` per-worker steps of per-stage compute, the delay unit), so the virtual
     clock runs what the loop runs. ``drain``: the
     asynchronous workers pause at every evaluation until the jobs before it are done, as
-    the runtime's do.
+    the runtime's do. ``host``: ``TimingModel`` fields that put this process's host on the
+    clock (``host_model``: ``host_dispatch``, the stand-in's ``host_step``).
     """
+    extra = _simulated_extra(exp, devices, stand_in, drain, host, _metrics)
+    return extra["virtual_time_to_target"] or math.inf, mean_staleness(extra["staleness"])
+
+
+def _simulated_extra(
+    exp: Experiment,
+    devices: int,
+    stand_in: TimingModel | None,
+    drain: bool,
+    host: dict[str, float] | None,
+    metrics: Callable[[Experiment], MetricsLog],
+) -> dict[str, Any]:
     sim = exp.with_config(simulate=True, devices=devices)
     timing = exp.calibration(DELAY_BATCH).timing
     if stand_in is not None:
         timing = dataclasses.replace(timing, train_step=stand_in.train_step_time(), host_step=stand_in.host_step)
-    metrics = _metrics(sim)
-    extra = run_simulated(sim, metrics, timing=timing, drain_at_evaluations=drain).extra
-    return extra["virtual_time_to_target"] or math.inf, mean_staleness(extra["staleness"])
+    timing = dataclasses.replace(timing, **(host or {}))
+    return run_simulated(sim, metrics(sim), timing=timing, drain_at_evaluations=drain).extra
+
+
+# The host on the clock -----------------------------------------------------------------------
+
+
+def _no_target_metrics(exp: Experiment) -> MetricsLog:
+    """Evaluates every ``EVAL_EVERY`` examples (the runtime drains there) but never stops early."""
+    return MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=EVAL_EVERY, progress=False)
+
+
+def fit_host(
+    name: str, seeds: tuple[int, ...], steps: int = HOST_FIT_STEPS, epochs: float = HOST_FIT_EPOCHS
+) -> dict[str, Any]:
+    """The host terms of ``name``'s runtime-layout prediction, from runs of the runtime without
+    delays and without a target (``epochs``, evaluations and drains as in the timed runs) on
+    ``seeds`` (the tuning seeds: never reported):
+
+    * ``host_start`` (measured): the median time from a run's start to its first job (the
+      first ``start`` event of its event log): the runtime starting and pinning its threads
+      and its feed handing out the first batch, which the clock's workers do not wait for;
+    * ``host_dispatch`` (fitted, given ``host_start``): the host seconds per dispatched job
+      part at which the clock's mean virtual time of those runs equals the runtime's mean
+      measured training time. The clock's time grows with it, so it is found by bisection on
+      ``[0, measured / (parts x jobs)]`` (at the top the host alone takes the measured time);
+      0 when the clock is already as slow as the runtime (``"clock_slower"``).
+
+    Returns ``{"host_start", "host_dispatch", "measured_s", "simulated_s" (at the fit),
+    "simulated_without_s" (no host terms), "clock_slower", "bound_s" (the bisection's top)}``.
+    """
+    config = {**ALGORITHMS[name], "epochs": epochs, "target_accuracy": None, "eval_every": EVAL_EVERY}
+    base = _experiment(lr=ALGORITHMS[name]["lr"])
+    exps = [_seeded(base, seed).with_config(**config) for seed in seeds]
+    devices = _warmed(name, ALGORITHMS[name]["lr"], (("epochs", 1.0),)).layout.devices
+    measured, starts = [], []
+    for exp in exps:
+        rt = Runtime(exp, dataclasses.replace(RuntimeSettings.from_config(exp), record_events=True))
+        metrics = _no_target_metrics(exp)
+        rt.run(metrics)
+        measured.append(metrics.wall_time)
+        starts.append(min(e.time for e in rt.log.events if e.kind == "start"))
+    target, start = float(np.mean(measured)), float(np.median(starts))
+
+    def clock(host: dict[str, float]) -> float:
+        return float(
+            np.mean(
+                [_simulated_extra(exp, devices, None, True, host, _no_target_metrics)["virtual_time"] for exp in exps]
+            )
+        )
+
+    parts = 2 if ALGORITHMS[name]["algo"] == "pdasgd" else 1  # a PD-ASGD job has a forward and a backward part
+    bound = target / (parts * exps[0].total_examples / exps[0].config.batch_size)
+    started = clock({"host_start": start})
+    out = {
+        "host_start": start,
+        "measured_s": target,
+        "simulated_without_s": clock({}),
+        "clock_slower": started >= target,
+        "bound_s": bound,
+    }
+    if started >= target:
+        return {**out, "host_dispatch": 0.0, "simulated_s": started}
+    lo, hi = 0.0, bound
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if clock({"host_start": start, "host_dispatch": mid}) < target else (lo, mid)
+    h = (lo + hi) / 2
+    return {**out, "host_dispatch": h, "simulated_s": clock({"host_start": start, "host_dispatch": h})}
+
+
+def fit_sync_host_step(seeds: tuple[int, ...], epochs: float = HOST_FIT_EPOCHS) -> dict[str, Any]:
+    """The stand-in loop's ``host_step``: its mean measured seconds per step without delays
+    and without a target (``stand_in_loop`` over ``epochs``, on ``seeds``: never reported)
+    minus its global-batch fused step's calibrated time, so that the clock, which charges a
+    step ``train_step + host_step`` (and the slowest delay), runs the loop as fast as it ran.
+    0 when the clock is already as slow (``"clock_slower"``).
+
+    Returns ``{"host_step", "measured_step_s", "train_step_s", "clock_slower"}``."""
+    lr = ALGORITHMS["sync"]["lr"]
+    _warmed("sync", lr, (("epochs", 1.0),))
+    base = _experiment(lr=lr)
+    per_step = []
+    for seed in seeds:
+        exp = _seeded(base, seed).with_config(**ALGORITHMS["sync"], epochs=epochs, target_accuracy=None)
+        metrics = _no_target_metrics(exp)
+        steps = stand_in_loop(exp, metrics)
+        per_step.append(metrics.wall_time / steps)
+    measured = float(np.mean(per_step))
+    train_step = base.calibration(DELAY_BATCH * WORKERS).timing.train_step_time()
+    return {
+        "host_step": max(0.0, measured - train_step),
+        "measured_step_s": measured,
+        "train_step_s": train_step,
+        "clock_slower": measured <= train_step,
+    }
+
+
+def host_model(seeds: tuple[int, ...], *, quick: bool = False) -> dict[str, Any]:
+    """The host terms the runtime-layout predictions charge (``simulated``'s ``host``): per
+    asynchronous layout its start-up and host time per job part (``fit_host``), and the
+    stand-in loop's host time per step (``fit_sync_host_step``) as sync's ``host_step``, on
+    ``seeds`` (never reported); ``quick``: a short fit (``QUICK_HOST_FIT``).
+
+    Returns ``{"seeds", "fits" (asynchronous name -> ``fit_host``), "sync_fit",
+    "sync_host_step_s", "host" (name in ``ALGORITHMS`` -> its ``TimingModel`` fields)}``."""
+    steps, epochs = QUICK_HOST_FIT if quick else (HOST_FIT_STEPS, HOST_FIT_EPOCHS)
+    fits = {name: fit_host(name, seeds, steps, epochs) for name in ASYNCHRONOUS}
+    sync = fit_sync_host_step(seeds, epochs)
+    sync_host = sync["host_step"]
+    host = {name: {key: fit[key] for key in ("host_start", "host_dispatch")} for name, fit in fits.items()}
+    return {
+        "seeds": list(seeds),
+        "fits": fits,
+        "sync_fit": sync,
+        "sync_host_step_s": sync_host,
+        "host": {**host, "sync": {"host_step": sync_host}},
+    }
 
 
 def _attempt(run: Callable[[Experiment], tuple[float, float]], exp: Experiment) -> tuple[float, float]:
@@ -405,10 +551,16 @@ def tuned_rate(name: str, common: dict[str, Any], tuning_seeds: tuple[int, ...])
 
 
 def time_to_target(
-    k: float, seeds: tuple[int, ...], epochs: float, tuning_seeds: tuple[int, ...] = TUNING_SEEDS
+    k: float,
+    seeds: tuple[int, ...],
+    epochs: float,
+    tuning_seeds: tuple[int, ...] = TUNING_SEEDS,
+    host: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """Measured and simulated seconds to ``TARGET`` of pdasgd, asgd and sync under ``Exp(k)``
-    delays, each at its rate tuned for this ``k`` on ``tuning_seeds`` (``tuned_rate``)."""
+    delays, each at its rate tuned for this ``k`` on ``tuning_seeds`` (``tuned_rate``);
+    ``host``: per algorithm, the host terms of its runtime-layout prediction
+    (``host_model``; None: none)."""
     delay = {"delay_model": "exponential" if k else "none", "delay_mean": k}
     common = dict(epochs=epochs, eval_every=EVAL_EVERY, target_accuracy=TARGET, **delay)
     out: dict[str, Any] = {"k": k, "tuning_seeds": list(tuning_seeds)}
@@ -420,14 +572,17 @@ def time_to_target(
         warm_up = _warmed(name, tuned["lr"], tuple(sorted(common.items())))
         # The runtime's layout of sync is its stand-in loop; one device per worker is real sync.
         stand_in = base.calibration(DELAY_BATCH * WORKERS).timing if name == "sync" else None
+        runtime_layout = functools.partial(
+            simulated,
+            devices=WORKERS if name == "sync" else warm_up.layout.devices,
+            stand_in=stand_in,
+            drain=name != "sync",
+        )
         runners = {
             "measured": _measured_run(name),
-            "simulated": functools.partial(
-                simulated,
-                devices=WORKERS if name == "sync" else warm_up.layout.devices,
-                stand_in=stand_in,
-                drain=name != "sync",
-            ),
+            "simulated": functools.partial(runtime_layout, host=(host or {}).get(name)),
+            # the clock without the host terms (the tables before 2026-11-27 evening): what they move
+            "simulated_without_host": runtime_layout,
             "simulated_per_worker": functools.partial(simulated, devices=WORKERS),
         }
         runs: dict[str, list[tuple[float, float]]] = {key: [] for key in runners}
@@ -448,7 +603,7 @@ def time_to_target(
     sync = out["sync"]
     for name in ASYNCHRONOUS:
         c = out[name]
-        for kind in ("measured", "simulated", "simulated_per_worker"):
+        for kind in ("measured", "simulated", "simulated_without_host", "simulated_per_worker"):
             c[f"speedup_vs_sync_{kind}"] = _ratio(_mean(sync[f"{kind}_s"]), _mean(c[f"{kind}_s"]))
         c["speedup_vs_sync_measured_ci95"] = list(ratio_ci95(sync["measured_s"], c["measured_s"]))
         # How far the prediction in the runtime's layout is off (the targets: 20 % and 30 %),
@@ -515,7 +670,12 @@ def _relative_error(predicted: float, measured: float) -> float:
 
 
 # Table column label -> the speedup it shows.
-SPEEDUP_COLUMNS = {"measured": "measured", "simulated": "simulated", "simulated per worker": "simulated_per_worker"}
+SPEEDUP_COLUMNS = {
+    "measured": "measured",
+    "simulated": "simulated",
+    "simulated without host": "simulated_without_host",
+    "simulated per worker": "simulated_per_worker",
+}
 
 
 def _ratio(reference: float, time_s: float) -> float:
@@ -552,6 +712,22 @@ def _seconds(values: list[float]) -> str:
     return f"{np.mean(values):.3f} ± {sample_std(values):.3f}"
 
 
+def _host_model_text(model: dict[str, Any]) -> str:
+    fits = "; ".join(
+        f"{name} start-up {fit['host_start'] * 1e3:.2f} ms and {fit['host_dispatch'] * 1e6:.0f} us per job part "
+        "(no delays, no target: measured "
+        f"{fit['measured_s'] * 1e3:.1f} ms, clock without host {fit['simulated_without_s'] * 1e3:.1f} ms, "
+        f"with it {fit['simulated_s'] * 1e3:.1f} ms{'; the clock is already slower' if fit['clock_slower'] else ''})"
+        for name, fit in model["fits"].items()
+    )
+    return (
+        f"Host model (fitted on tuning seeds {', '.join(map(str, model['seeds']))}, never reported): {fits}; "
+        f"sync's stand-in loop {model['sync_host_step_s'] * 1e3:.3f} ms per step (its "
+        f"measured {model['sync_fit']['measured_step_s'] * 1e3:.3f} ms per step without delays less its fused "
+        f"step's calibrated {model['sync_fit']['train_step_s'] * 1e3:.3f} ms)."
+    )
+
+
 def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     """Throughput and time to target (``quick``: a quarter of the batches, one repeat, one seed, k = 10)."""
     del out_dir
@@ -583,7 +759,9 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
                 for name in r
                 if name != "sequential"
             ]
-    results["time_to_target"] = [time_to_target(k, seeds, epochs, tuning_seeds) for k in factors]
+    results["host_model"] = host_model(HOST_FIT_SEEDS[:1] if quick else HOST_FIT_SEEDS, quick=quick)
+    host = results["host_model"]["host"]
+    results["time_to_target"] = [time_to_target(k, seeds, epochs, tuning_seeds, host) for k in factors]
     ttt_rows = []
     for cell in results["time_to_target"]:
         for name in ALGORITHMS:
@@ -632,7 +810,10 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
         f"{len(seeds)} seed(s); simulated: the "
         f"simulator's virtual seconds for the same configs with the runtime's layout (its worker groups "
         f"on min(groups, {len(all_devices)}) device(s), draining at every evaluation as the runtime does; "
-        f"sync: its stand-in loop, from its timed fused step); per worker: {WORKERS} devices, no drain "
+        f"sync: its stand-in loop, from its timed fused step), with this process's host on the clock (each "
+        "worker's host time per job part, fitted, on one host lock; the stand-in loop's measured host time per "
+        "step: see the host model below); without host: the same clock without them; per worker: "
+        f"{WORKERS} devices, no drain "
         "(sync: real sync); speedups: ratios of the mean times, the measured one with its 95 % interval "
         "(delta method); prediction errors: simulated over measured speedup (and mean staleness) minus one, "
         "with a 95 % bootstrap interval over the seeds, judged met only when the interval lies inside the "
@@ -642,6 +823,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
         [
             header,
             markdown_table(rows, ("devices", "batch", "batches", "layout", "ex/s", "vs sequential")),
+            _host_model_text(results["host_model"]),
             ttt_header,
             markdown_table(
                 ttt_rows,

@@ -50,6 +50,10 @@ The shared store as the threaded runtime runs it (algorithms.md §3, §5):
   kernel starts (on a device running in dispatch order, the newest version booked before
   it). A ``stashed`` backward reads nothing.
 
+Host time (``timing.host_dispatch``, 0 unless given): before each part of a job (a forward,
+a backward, an ASGD job) its worker holds the simulation's one host for that long
+(``Simulation.host_work``), as the threaded runtime's workers take turns on one host thread.
+
 Worker group ``g`` (ASGD worker or PD-ASGD replica) runs on ``sim.group_devices[g]``;
 its workers are named ``w{g}`` and ``d{g}/forward{i}``, ``d{g}/backward{i}``, as in the
 threaded runtime, so both draw the same delays. An update's device time is charged to
@@ -188,6 +192,7 @@ def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
     rng = sim.delay_rng(name)
     compute = sim.job_compute(device)
     while (job := (yield from sim.take_job(name))) is not None:
+        yield from sim.host_work()
         ticket = sim.scheduler.ticket()  # the runtime dispatches the job and its updates at once
         yield from gradient_program(sim, job, device, name, ticket)
         yield from _push_all(sim, job, sim.costs[device.index].transfer, name, ticket)
@@ -237,6 +242,7 @@ def forward_worker(
     compute, share = _pipeline_part(sim, device, 0, layerwise)
     while (job := (yield from sim.take_job(name))) is not None:
         yield Get(slots)
+        yield from sim.host_work()
         yield from forward_pass(sim, job, device, name)
         idle = sim.idle(rng, compute, share, job)  # drawn before the job goes on: it carries the draw
         yield Put(channel, job)  # never blocks: the slot was reserved
@@ -253,6 +259,7 @@ def backward_worker(
     while True:
         job = yield Get(channel)
         yield Put(slots, None)
+        yield from sim.host_work()
         yield from backward_pass(sim, job, device, name, layerwise=layerwise)
         sim.job_done(job)
         yield sim.idle(rng, compute, share, job)

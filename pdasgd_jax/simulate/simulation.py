@@ -13,7 +13,7 @@ from pdasgd_jax.executor import Job, StageExecutor
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.placement import Placement
 from pdasgd_jax.simulate.bookings import Bookings
-from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Scheduler, Sleep, Worker, mutex
+from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Put, Scheduler, Sleep, Worker, mutex
 
 
 class DeviceCosts(NamedTuple):
@@ -109,6 +109,8 @@ class Simulation:
         self.homes = [self.devices[self.placement.stage_home(m)] for m in range(self.num_stages)]
         self.update_costs = tuple(timing.update_time(m, home.index) for m, home in enumerate(self.homes))
         self.stage_locks: list[Channel] = [mutex() for _ in range(self.num_stages)]
+        # The process's one host (timing.host_dispatch): its workers' host time, one at a time.
+        self.host = mutex()
         # Versions booked at an update's dispatch, written at its end (reads get the booked ones).
         self.bookings = Bookings(scheduler, executor)
         self.on_update = on_update
@@ -151,12 +153,25 @@ class Simulation:
 
         At a drain point (``drain_at``) no job starts until every started one is done: the
         threaded runtime's pause at an evaluation or checkpoint, where its data feed stops
-        until the jobs before it have finished.
+        until the jobs before it have finished. No job starts before ``timing.host_start``.
         """
+        if self.scheduler.now < self.timing.host_start:  # the runtime's threads are starting
+            yield Sleep(self.timing.host_start - self.scheduler.now)
         while self._drain is not None and self.started >= self._drain and self.in_flight:
             yield Get(self._drained)
         yield from self.gate()
         return self.next_job(worker)
+
+    def host_work(self) -> Worker:
+        """A worker's host time before it dispatches a part of a job (a generator: ``yield
+        from sim.host_work()``): ``timing.host_dispatch`` seconds holding the simulation's one
+        host, first come first served, as the threaded runtime's workers share one host
+        thread at a time (the GIL); nothing when it is 0."""
+        if not self.timing.host_dispatch:
+            return
+        yield Get(self.host)
+        yield Sleep(self.timing.host_dispatch)
+        yield Put(self.host, None)
 
     def gate(self) -> Worker:
         """Waits while the run is paused (a generator: ``yield from sim.gate()``)."""

@@ -294,10 +294,11 @@ class TimingModel:
         is serialised while their devices run. 0 (the default): not charged; each simulated
         device is driven by a host of its own whose dispatch the programs' calibrated costs
         include. ``bench runtime`` fits it to the runtime (``bench.runtime.fit_host_dispatch``).
-      host_start: seconds from a threaded run's start to its workers' first job (the runtime
-        starts and pins its threads, and its feed hands out the first batch): the clock's
-        asynchronous workers (``simulate.policies``) take no job before it. 0 (the default):
-        they start at once. ``bench runtime`` measures it on the runtime.
+      host_start: seconds from a run's start to its first job or step (the threaded runtime
+        starts and pins its threads and its feed hands out the first batch; a synchronous
+        loop opens its data stream): the clock's asynchronous workers take no job, and a
+        ``sync`` run's first step starts no earlier (local SGD and DaSGD ignore it). 0 (the default): they start at once. ``bench
+        runtime`` measures it on the runtime and on its sync stand-in loop.
       merge: per stage, a replicated group's merge of an average into that stage
         (``replication.merge_program``, algorithms.md §3a), run on the group's device under the
         stage's lock. None: merges take no device time (a hand-built timing); calibrations

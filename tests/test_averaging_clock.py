@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
-from pdasgd_jax.simulate.averaging_clock import averaging_step_end_times, sync_step_end_times
+from pdasgd_jax.simulate.averaging_clock import averaging_step_end_times, backup_sync_schedule, sync_step_end_times
 
 STEP = 1.0  # one step of compute
 NBYTES = 10**6
@@ -56,6 +56,21 @@ def test_every_synchronous_step_pays_its_batch_transfer():
         t, DelayModel(), num_workers=8, steps=64, period=8, delay=0, model_nbytes=NBYTES, seed=0
     )
     assert local[-1] == pytest.approx(64 * (0.125 + STEP) + 8 * 2.0)
+
+
+@pytest.mark.parametrize("backup", [0, 2])
+def test_a_loops_start_up_shifts_every_synchronous_step(backup):
+    """``host_start``: sync's first step starts that much later, and so does every later one,
+    with backup workers too (their schedule otherwise unchanged)."""
+    base = timing(0.5, 8)
+    delays = DelayModel("exponential", 1.0)
+    kw = dict(num_workers=8, steps=16, grad_nbytes=NBYTES, seed=3)
+    before = backup_sync_schedule(base, delays, backup=backup, **kw)
+    after = backup_sync_schedule(dataclasses.replace(base, host_start=0.75), delays, backup=backup, **kw)
+    np.testing.assert_allclose(after.ends, before.ends + 0.75)
+    np.testing.assert_array_equal(after.kept, before.kept)
+    if backup == 0:
+        np.testing.assert_array_equal(sync_step_end_times(base, delays, **kw), before.ends)
 
 
 def test_a_longer_allreduce_shows_only_its_excess_over_d_steps():

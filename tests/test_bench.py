@@ -179,7 +179,8 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
         assert fit["clock_slower"] == (fit["host_dispatch"] == 0.0)
         assert 0.0 <= fit["host_dispatch"] < fit["bound_s"]
         assert model["host"][algo] == {"host_start": fit["host_start"], "host_dispatch": fit["host_dispatch"]}
-    assert model["host"]["sync"] == {"host_step": model["sync_host_step_s"]}
+    assert model["host"]["sync"] == {"host_start": sync["host_start"], "host_step": model["sync_host_step_s"]}
+    assert sync["host_start"] >= 0
     for algo in bench_runtime.ALGORITHMS:
         assert len(cell[algo]["simulated_without_host_s"]) == 1
     # Charged to the runtime-layout prediction only: its workers wait for the start-up.

@@ -440,29 +440,34 @@ def fit_host(
 
 
 def fit_sync_host_step(seeds: tuple[int, ...], epochs: float = HOST_FIT_EPOCHS) -> dict[str, Any]:
-    """The stand-in loop's ``host_step``: its mean measured seconds per step without delays
-    and without a target (``stand_in_loop`` over ``epochs``, on ``seeds``: never reported)
-    minus its global-batch fused step's calibrated time, so that the clock, which charges a
-    step ``train_step + host_step`` (and the slowest delay), runs the loop as fast as it ran.
-    0 when the clock is already as slow (``"clock_slower"``).
+    """The stand-in loop's host terms, from its runs without delays and without a target
+    (``stand_in_loop`` over ``epochs``, on ``seeds``: never reported): a line fitted to the
+    training clock at every evaluation against the step (least squares, every seed's rows
+    together); its intercept is the loop's start-up (``host_start``) and its slope less the
+    global-batch fused step's calibrated time the host time per step (``host_step``), so
+    that the clock, which charges a step ``train_step + host_step`` (and the slowest delay),
+    runs the loop as it ran. Each clipped at 0 (``"clock_slower"`` when the slope is).
 
-    Returns ``{"host_step", "measured_step_s", "train_step_s", "clock_slower"}``."""
+    Returns ``{"host_start", "host_step", "measured_step_s" (the slope), "train_step_s",
+    "clock_slower"}``."""
     lr = ALGORITHMS["sync"]["lr"]
     _warmed("sync", lr, (("epochs", 1.0),))
     base = _experiment(lr=lr)
-    per_step = []
+    steps, seconds = [], []
     for seed in seeds:
         exp = _seeded(base, seed).with_config(**ALGORITHMS["sync"], epochs=epochs, target_accuracy=None)
         metrics = _no_target_metrics(exp)
-        steps = stand_in_loop(exp, metrics)
-        per_step.append(metrics.wall_time / steps)
-    measured = float(np.mean(per_step))
+        stand_in_loop(exp, metrics)
+        steps += [row["step"] for row in metrics.rows]
+        seconds += [row["wall_time"] for row in metrics.rows]
+    slope, intercept = np.polyfit(steps, seconds, 1)
     train_step = base.calibration(DELAY_BATCH * WORKERS).timing.train_step_time()
     return {
-        "host_step": max(0.0, measured - train_step),
-        "measured_step_s": measured,
+        "host_start": max(0.0, float(intercept)),
+        "host_step": max(0.0, float(slope) - train_step),
+        "measured_step_s": float(slope),
         "train_step_s": train_step,
-        "clock_slower": measured <= train_step,
+        "clock_slower": slope <= train_step,
     }
 
 
@@ -484,7 +489,7 @@ def host_model(seeds: tuple[int, ...], *, quick: bool = False) -> dict[str, Any]
         "fits": fits,
         "sync_fit": sync,
         "sync_host_step_s": sync_host,
-        "host": {**host, "sync": {"host_step": sync_host}},
+        "host": {**host, "sync": {"host_start": sync["host_start"], "host_step": sync_host}},
     }
 
 
@@ -720,11 +725,12 @@ def _host_model_text(model: dict[str, Any]) -> str:
         f"with it {fit['simulated_s'] * 1e3:.1f} ms{'; the clock is already slower' if fit['clock_slower'] else ''})"
         for name, fit in model["fits"].items()
     )
+    sync = model["sync_fit"]
     return (
         f"Host model (fitted on tuning seeds {', '.join(map(str, model['seeds']))}, never reported): {fits}; "
-        f"sync's stand-in loop {model['sync_host_step_s'] * 1e3:.3f} ms per step (its "
-        f"measured {model['sync_fit']['measured_step_s'] * 1e3:.3f} ms per step without delays less its fused "
-        f"step's calibrated {model['sync_fit']['train_step_s'] * 1e3:.3f} ms)."
+        f"sync's stand-in loop start-up {sync['host_start'] * 1e3:.2f} ms and {sync['host_step'] * 1e3:.3f} ms "
+        f"per step (its measured {sync['measured_step_s'] * 1e3:.3f} ms per step without delays, a line through "
+        f"the training clock at its evaluations, less its fused step's calibrated {sync['train_step_s'] * 1e3:.3f} ms)."
     )
 
 

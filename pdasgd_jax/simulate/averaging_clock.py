@@ -51,10 +51,11 @@ def _step_costs(timing: TimingModel, delays: DelayModel, num_workers: int, steps
 def sync_step_end_times(
     timing: TimingModel, delays: DelayModel, *, num_workers: int, steps: int, grad_nbytes: int, seed: int
 ) -> np.ndarray:
-    """Virtual time at which each of ``steps`` synchronous data parallel steps ends."""
+    """Virtual time at which each of ``steps`` synchronous data parallel steps ends (the first
+    starts at ``timing.host_start``, the loop's start-up)."""
     costs = _step_costs(timing, delays, num_workers, steps, seed)
     allreduce = timing.comm.allreduce_time(grad_nbytes, num_workers)
-    return np.cumsum(costs.max(axis=1) + allreduce)
+    return timing.host_start + np.cumsum(costs.max(axis=1) + allreduce)
 
 
 class BackupSchedule(NamedTuple):
@@ -102,10 +103,10 @@ def backup_sync_schedule(
     allreduce = timing.comm.allreduce_time(grad_nbytes, num_workers)
     if backup == 0:  # plain sync: plain sync's arithmetic, to the last bit
         everyone = np.ones((steps, num_workers), dtype=bool)
-        return BackupSchedule(np.cumsum(costs.max(axis=1) + allreduce), everyone, everyone.copy())
+        return BackupSchedule(timing.host_start + np.cumsum(costs.max(axis=1) + allreduce), everyone, everyone.copy())
     needed = num_workers - backup
-    free = np.zeros(num_workers)  # when each worker's current computation ends
-    start = 0.0  # when the current step's parameters are published
+    free = np.full(num_workers, timing.host_start)  # when each worker's current computation ends
+    start = timing.host_start  # when the current step's parameters are published
     ends = np.empty(steps)
     kept = np.zeros((steps, num_workers), dtype=bool)
     computed = np.zeros((steps, num_workers), dtype=bool)

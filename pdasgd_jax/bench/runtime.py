@@ -467,7 +467,7 @@ def fit_sync_host_step(seeds: tuple[int, ...], epochs: float = HOST_FIT_EPOCHS) 
         "host_step": max(0.0, float(slope) - train_step),
         "measured_step_s": float(slope),
         "train_step_s": train_step,
-        "clock_slower": slope <= train_step,
+        "clock_slower": bool(slope <= train_step),
     }
 
 

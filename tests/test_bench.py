@@ -183,9 +183,23 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
     assert sync["host_start"] >= 0
     for algo in bench_runtime.ALGORITHMS:
         assert len(cell[algo]["simulated_without_host_s"]) == 1
-    # Charged to the runtime-layout prediction only: its workers wait for the start-up.
-    assert cell["pdasgd"]["simulated_s"][0] > cell["pdasgd"]["simulated_without_host_s"][0]
-    assert "Host model" in table and "vs sync simulated without host" in table
+    for algo in bench_runtime.ALGORITHMS:  # each algorithm's own time, predicted over measured
+        c = cell[algo]
+        assert c["time_prediction_error"] == pytest.approx(c["simulated_s"][0] / c["measured_s"][0] - 1)
+    assert "time predicted / measured - 1" in table
+    assert "Host model" in table and "vs sync simulated without fitted host" in table
+
+
+def test_runtime_prediction_charges_the_host_start_up_as_a_pure_delay():
+    """``simulated``'s ``host``: with only a start-up, the clock runs the same schedule that
+    much later, so the time to the target moves by exactly that much and nothing else does."""
+    exp = bench_runtime._experiment(lr=0.0125).with_config(
+        **bench_runtime.ALGORITHMS["pdasgd"], epochs=2.0, eval_every=bench_runtime.EVAL_EVERY, target_accuracy=0.5
+    )
+    before = bench_runtime.simulated(exp, 1, drain=True)
+    after = bench_runtime.simulated(exp, 1, drain=True, host={"host_start": 0.25})
+    assert math.isfinite(before[0]) and after[0] == pytest.approx(before[0] + 0.25, rel=1e-12)
+    assert after[1] == before[1]  # the same staleness: the same schedule
 
 
 class _FakeExperiment:

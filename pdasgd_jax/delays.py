@@ -293,13 +293,13 @@ class TimingModel:
         core). The clock charges it on one host lock per simulation, so workers' host time
         is serialised while their devices run. 0 (the default): not charged; each simulated
         device is driven by a host of its own whose dispatch the programs' calibrated costs
-        include. ``bench runtime`` fits it to the runtime (``bench.runtime.fit_host_dispatch``).
+        include. ``bench runtime`` fits it to the runtime (``bench.runtime.fit_host``).
       host_start: seconds from a run's start to its first job or step (the threaded runtime
         starts and pins its threads and its feed hands out the first batch; a synchronous
         loop opens its data stream): the clock's asynchronous workers take no job, and a
         ``sync`` run's first step starts no earlier (local SGD and DaSGD ignore it). 0 (the
-        default): they start at once. ``bench runtime`` measures it on the runtime and on its
-        sync stand-in loop.
+        default): they start at once. ``bench runtime`` measures it on the runtime and fits it
+        to its sync stand-in loop (``bench.runtime.fit_sync_host_step``).
       merge: per stage, a replicated group's merge of an average into that stage
         (``replication.merge_program``, algorithms.md §3a), run on the group's device under the
         stage's lock. None: merges take no device time (a hand-built timing); calibrations

@@ -187,7 +187,7 @@ def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
         c = cell[algo]
         assert c["time_prediction_error"] == pytest.approx(c["simulated_s"][0] / c["measured_s"][0] - 1)
     assert "time predicted / measured - 1" in table
-    assert "Host model" in table and "vs sync simulated without fitted host" in table
+    assert "Host model" in table and "vs sync simulated without host terms" in table
 
 
 def test_runtime_prediction_charges_the_host_start_up_as_a_pure_delay():

@@ -694,7 +694,7 @@ def _relative_error(predicted: float, measured: float) -> float:
 SPEEDUP_COLUMNS = {
     "measured": "measured",
     "simulated": "simulated",
-    "simulated without fitted host": "simulated_without_host",
+    "simulated without host terms": "simulated_without_host",
     "simulated per worker": "simulated_per_worker",
 }
 
@@ -842,7 +842,7 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
         f"on min(groups, {len(all_devices)}) device(s), draining at every evaluation as the runtime does; "
         f"sync: its stand-in loop, from its timed fused step), with this process's host on the clock (the "
         "start-up and host time per job part or step of the host model above, fitted without delays, so at "
-        "k = 0 the speed is fitted, not predicted; the intervals take the fit as fixed); without fitted host: "
+        "k = 0 the speed is fitted, not predicted; the intervals take the fit as fixed); without host terms: "
         "the same clock without them (sync keeps its calibrated batch transfer); per worker: "
         f"{WORKERS} devices, no drain "
         "(sync: real sync); speedups: ratios of the mean times, the measured one with its 95 % interval "

@@ -22,6 +22,7 @@ Usage::
     python scripts/claims_part.py --part staleness --out bench_out
     python scripts/claims_part.py --part bias --lrs 0.32 --out bench_out  # also a tuned rate off the grid
     python scripts/claims_part.py --part accuracy --depths 4 --lr-schedules cosine --out bench_out
+    python scripts/claims_part.py --part speedups --workers 16 --k 0 --straggler yes --out bench_out
     python scripts/claims_part.py --part speedups --summarise --out bench_out  # every saved cell
 """
 
@@ -50,6 +51,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=(), help="cell parts: only these device counts W")
     parser.add_argument("--k", type=float, nargs="+", default=(), help="cell parts: only these delay factors")
     parser.add_argument(
+        "--straggler",
+        choices=("yes", "no"),
+        help="speedups part: only the cells with (yes) or without (no) the straggler",
+    )
+    parser.add_argument(
         "--lr-schedules",
         nargs="+",
         default=(),
@@ -76,6 +82,9 @@ def main() -> None:
     if args.lr_schedules and args.part != "accuracy":
         parser.error(f"--lr-schedules selects cells of the accuracy part, not of --part {args.part}")
     only["lr_schedule"] = tuple(args.lr_schedules)
+    if args.straggler and args.part != "speedups":
+        parser.error(f"--straggler selects cells of the speedups part, not of --part {args.part}")
+    only["straggler"] = () if args.straggler is None else (args.straggler == "yes",)
     if any(only.values()) and args.part not in claims.CELL_PARTS:
         parser.error(
             f"--depths/--workers/--k select cells of {', '.join(claims.CELL_PARTS)}, not of --part {args.part}"
@@ -85,7 +94,7 @@ def main() -> None:
         if args.part not in claims.CELL_PARTS or any(only.values()) or args.lrs:
             parser.error(
                 f"--summarise reports every saved cell of {', '.join(claims.CELL_PARTS)}; "
-                "it takes no --depths/--workers/--k/--lr-schedules/--lrs"
+                "it takes no --depths/--workers/--k/--straggler/--lr-schedules/--lrs"
             )
         if not os.path.exists(jsonl):
             parser.error(f"--summarise: no saved cells at {jsonl!r} (run cells with the same --out first)")

@@ -458,6 +458,43 @@ def test_claims_part_summarise_writes_the_whole_parts_report(monkeypatch, tmp_pa
     assert "it takes no --depths" in capsys.readouterr().err
 
 
+def test_claims_part_selects_the_speedups_cells_with_or_without_the_straggler(monkeypatch, tmp_path, capsys):
+    """``--straggler yes|no`` runs only those speedups cells (run_part's ``only``); another part refuses it."""
+    import pathlib
+    import runpy
+    import sys
+
+    asked = []
+
+    def run_part(name, *, quick, on_cell, bias_lrs, only):
+        asked.append(dict(only))
+        return {}, "report"
+
+    monkeypatch.setattr(claims, "run_part", run_part)
+    script = str(pathlib.Path(__file__).parents[1] / "scripts" / "claims_part.py")
+    for flag, wanted in (("yes", (True,)), ("no", (False,))):
+        argv = [
+            script,
+            "--part",
+            "speedups",
+            "--workers",
+            "16",
+            "--k",
+            "0",
+            "--straggler",
+            flag,
+            "--out",
+            str(tmp_path),
+        ]
+        monkeypatch.setattr(sys, "argv", argv)
+        runpy.run_path(script, run_name="__main__")
+        assert asked[-1]["straggler"] == wanted and asked[-1]["workers"] == (16,) and asked[-1]["k"] == (0.0,)
+    monkeypatch.setattr(sys, "argv", [script, "--part", "staleness", "--straggler", "yes", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        runpy.run_path(script, run_name="__main__")
+    assert "--straggler selects cells of the speedups part" in capsys.readouterr().err
+
+
 def test_a_saved_cells_provenance_names_its_calibration_budget_and_code(monkeypatch):
     from pdasgd_jax.bench import run_cache
 

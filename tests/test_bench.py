@@ -259,6 +259,13 @@ def test_runtime_seeds_start_from_their_own_initial_parameters():
     )
 
 
+def test_a_speedup_whose_runs_miss_the_target_reads_not_reached():
+    missed = {"simulated_per_worker_s": [math.inf, 0.01], "speedup_vs_sync_simulated_per_worker": 0.0}
+    assert bench_runtime._speedup_text(missed, "simulated_per_worker") == "not reached"
+    reached = {"measured_s": [0.01, 0.02], "speedup_vs_sync_measured": 2.0, "speedup_vs_sync_measured_ci95": [1.5, 2.5]}
+    assert bench_runtime._speedup_text(reached, "measured") == "2.00x [1.50, 2.50]"
+
+
 def test_prediction_verdicts_need_the_whole_interval():
     assert bench_runtime.target_verdict(0.05, [-0.1, 0.15], 0.2) == "met"
     assert bench_runtime.target_verdict(-0.08, [-0.26, 0.10], 0.2) == "unresolved"

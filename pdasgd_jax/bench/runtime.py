@@ -710,7 +710,10 @@ def _ratio(reference: float, time_s: float) -> float:
 
 
 def _speedup_text(c: dict[str, Any], kind: str) -> str:
-    """A speedup over sync, the measured one with its 95 % interval (``ratio_ci95``)."""
+    """A speedup over sync, the measured one with its 95 % interval (``ratio_ci95``); "not
+    reached" where the algorithm's mean time is infinite (a seed missed the target)."""
+    if not math.isfinite(_mean(c[f"{kind}_s"])):
+        return "not reached"
     text = f"{c[f'speedup_vs_sync_{kind}']:.2f}x"
     lo, hi = c.get(f"speedup_vs_sync_{kind}_ci95", (math.nan, math.nan))
     return text + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "")

@@ -353,8 +353,8 @@ def simulated(
     clock runs what the loop runs. ``drain``: the
     asynchronous workers pause at every evaluation until the jobs before it are done, as
     the runtime's do. ``host``: ``TimingModel`` fields that put this process's host on the
-    clock (``host_model``: ``host_dispatch``, the stand-in's ``host_step``).
-    """
+    clock (``host_model``: ``host_start`` and ``host_dispatch``; the stand-in's ``host_start``
+    and ``host_step``)."""
     extra = _simulated_extra(exp, devices, stand_in, drain, host, _metrics)
     return extra["virtual_time_to_target"] or math.inf, mean_staleness(extra["staleness"])
 

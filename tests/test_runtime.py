@@ -38,6 +38,7 @@ from pdasgd_jax.runtime import (
     run_runtime,
 )
 from pdasgd_jax.runtime.control import Control
+from pdasgd_jax.runtime.feed import DataFeed, Gate
 from pdasgd_jax.runtime.workers import ForwardWorker
 from pdasgd_jax.sync_runner import run_sgd
 from pdasgd_jax.train import resume_run
@@ -132,6 +133,48 @@ def test_a_prefetching_producer_refills_in_bursts():
     assert q.get() == 2
     putter.join(1)
     assert not putter.is_alive() and len(q) == 2
+
+
+@pytest.mark.timeout(10)
+def test_put_many_wakes_every_waiting_consumer_and_waits_for_room_for_the_rest():
+    q = BoundedQueue(3)
+    getters = [_blocked(q.get) for _ in range(3)]
+    putter, put_outcome = _blocked(lambda: q.put_many(list(range(5))))
+    for t, _ in getters:  # one burst: no further put needed to wake the third
+        t.join(1)
+        assert not t.is_alive()
+    assert sorted(o[0] for _, o in getters) == [0, 1, 2]
+    putter.join(1)  # the last two fitted once the getters had taken the first three
+    assert not putter.is_alive() and put_outcome == [None]
+    assert [q.get(), q.get()] == [3, 4]
+    q.put_many(["a", "b", "c"])
+    putter, put_outcome = _blocked(lambda: q.put_many(["d"]))
+    assert putter.is_alive()  # full: waits for room
+    q.abort()
+    putter.join(1)
+    assert isinstance(put_outcome[0], QueueClosed)
+
+
+@pytest.mark.timeout(20)
+def test_the_feed_hands_out_every_batch_the_gate_lets_through_in_one_burst(exp, monkeypatch):
+    bursts = []
+    original = BoundedQueue.put_many
+
+    def recording(self, items):
+        bursts.append([b.batch_id for b in items])
+        original(self, items)
+
+    monkeypatch.setattr(BoundedQueue, "put_many", recording)
+    control = Control([])
+    gate, out = Gate(), BoundedQueue(5)
+    feed = DataFeed(exp, 16, range(0, 9), out, control, gate)
+    feed.start()
+    gate.open_until(3)
+    assert [out.get().batch_id for _ in range(3)] == [0, 1, 2]
+    gate.open_until(9)  # six more than the queue holds: a burst of five, then the last one
+    assert [out.get().batch_id for _ in range(6)] == [3, 4, 5, 6, 7, 8]
+    feed.thread.join(5)
+    assert bursts == [[0, 1, 2], [3, 4, 5, 6, 7], [8]]
 
 
 @pytest.mark.timeout(10)

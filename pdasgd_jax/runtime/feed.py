@@ -43,13 +43,15 @@ class Gate:
             self._limit = limit
             self._cond.notify_all()
 
-    def wait_for(self, batch_id: int) -> None:
-        """Blocks until ``batch_id`` may go through; raises ``QueueClosed`` on abort."""
+    def wait_for(self, batch_id: int) -> int:
+        """Blocks until ``batch_id`` may go through and returns the limit then in force (every
+        id below it may go through too); raises ``QueueClosed`` on abort."""
         with self._cond:
             while batch_id >= self._limit and not self._aborted:
                 self._cond.wait()
             if self._aborted:
                 raise QueueClosed("the feed's gate was aborted")
+            return self._limit
 
     def abort(self) -> None:
         with self._cond:
@@ -104,9 +106,20 @@ class DataFeed:
     def _run(self) -> None:
         try:
             self._control.thread_running(self.name)
-            for batch in self._batches:  # loads the next batch while the gate is shut
-                self.gate.wait_for(batch.batch_id)
-                self.out.put(batch)
+            batch = next(self._batches, None)  # loads the next batch while the gate is shut
+            while batch is not None:
+                limit = self.gate.wait_for(batch.batch_id)
+                # Every batch the gate now lets through, up to the queue's capacity, in one
+                # burst (``put_many``): the workers waiting since the last pause all wake at
+                # once. Put one at a time, each put handed the GIL to the woken worker, which
+                # barged back for the next batch, so the workers restarted one after another
+                # (measured: about 230 us apart on this 2-core VM, a job's host time each).
+                burst = [batch]
+                batch = next(self._batches, None)
+                while batch is not None and batch.batch_id < limit and len(burst) < self.out.capacity:
+                    burst.append(batch)
+                    batch = next(self._batches, None)
+                self.out.put_many(burst)
         except QueueClosed:
             pass  # the run stopped
         except BaseException as exc:  # reported to the supervisor, which re-raises it

@@ -143,7 +143,7 @@ def test_put_many_wakes_every_waiting_consumer_and_waits_for_room_for_the_rest()
     for t, _ in getters:  # one burst: no further put needed to wake the third
         t.join(1)
         assert not t.is_alive()
-    assert sorted(o[0] for _, o in getters) == [0, 1, 2]
+    assert sorted(o[0] for _, o in getters) == [0, 1, 2]  # which getter gets which is the threads' race
     putter.join(1)  # the last two fitted once the getters had taken the first three
     assert not putter.is_alive() and put_outcome == [None]
     assert [q.get(), q.get()] == [3, 4]
@@ -175,6 +175,22 @@ def test_the_feed_hands_out_every_batch_the_gate_lets_through_in_one_burst(exp, 
     assert [out.get().batch_id for _ in range(6)] == [3, 4, 5, 6, 7, 8]
     feed.thread.join(5)
     assert bursts == [[0, 1, 2], [3, 4, 5, 6, 7], [8]]
+
+
+@pytest.mark.timeout(20)
+def test_a_feed_blocked_in_a_burst_ends_on_abort_and_closes_its_queue(exp):
+    gate, out = Gate(), BoundedQueue(2)
+    feed = DataFeed(exp, 16, range(0, 9), out, Control([]), gate)
+    feed.start()
+    gate.open_until(9)  # a burst of two fits, the rest waits for room no consumer makes
+    assert [out.get().batch_id for _ in range(2)] == [0, 1]
+    time.sleep(0.05)
+    assert feed.thread.is_alive()
+    out.abort()
+    feed.thread.join(5)
+    assert not feed.thread.is_alive()
+    with pytest.raises(QueueClosed):
+        out.get()
 
 
 @pytest.mark.timeout(10)

@@ -1,7 +1,7 @@
 # ruff: noqa
-# One-off diagnostic of 2026-11-27, 19:55-20:30 (issue 15), run as
-#   XDG_CACHE_HOME=bench_results/runtime/diagnostics/cache-1738 PYTHONPATH=<repo> python bench_results/runtime/diagnostics/drains.py [args]
-# with every other process stopped; run at cca7806 (the one-batch feed) and at a44f36b (the burst), arg 0. Quoted in BENCHMARKS.md "runtime" (20:11 block). Kept as run.
+# One-off diagnostic of 2026-11-27, 19:55-20:56 (issue 15), run as
+#   XDG_CACHE_HOME=bench_results/runtime/diagnostics/cache-2001 PYTHONPATH=<repo> python bench_results/runtime/diagnostics/drains.py [args]
+# with every other process stopped; run at 8f6ae90 (the one-batch feed) and at bfcb409 (the burst), arg 0. Quoted in BENCHMARKS.md "runtime" (the 20:00-20:53 block); its output, with the command and commit of each run, in outputs/. Kept as run.
 """k = 0, no target: the runtime's and the clock's mean staleness and time with evaluations
 (and drains) every 128 examples, as bench runtime runs, and with none."""
 

@@ -1,7 +1,7 @@
 # ruff: noqa
-# One-off diagnostic of 2026-11-27, 19:55-20:30 (issue 15), run as
+# One-off diagnostic of 2026-11-27, 19:55-20:56 (issue 15), run as
 #   XDG_CACHE_HOME=bench_results/runtime/diagnostics/cache-2001 PYTHONPATH=<repo> python bench_results/runtime/diagnostics/handon.py [args]
-# with every other process stopped; the clock alone. Quoted in BENCHMARKS.md "runtime" (20:11 block). Kept as run.
+# the clock alone (deterministic: it ran beside other jobs). Quoted in BENCHMARKS.md "runtime" (the 20:00-20:53 block); its output, with the command and commit of each run, in outputs/. Kept as run.
 """The clock's PD-ASGD forward worker handing its job on when the forward is dispatched (as
 the runtime does without delays) instead of when it is computed: its k = 0, 2, 10 time and
 staleness, seeds 0-11 (the clock alone; at k > 0 both hand on after the forward, unchanged)."""

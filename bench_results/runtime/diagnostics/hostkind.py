@@ -1,7 +1,7 @@
 # ruff: noqa
-# One-off diagnostic of 2026-11-27, 19:55-20:30 (issue 15), run as
+# One-off diagnostic of 2026-11-27, 19:55-20:56 (issue 15), run as
 #   XDG_CACHE_HOME=bench_results/runtime/diagnostics/cache-2001 PYTHONPATH=<repo> python bench_results/runtime/diagnostics/hostkind.py [args]
-# with every other process stopped; the clock alone; args '0 0', '131 32', '96 37', '163 122' (host us per forward, backward part). Quoted in BENCHMARKS.md "runtime" (20:11 block). Kept as run.
+# the clock alone (deterministic: it ran beside other jobs); args '0 0', '96 37', '147 108', '160 49', '190 87' (host us per forward, backward part). Quoted in BENCHMARKS.md "runtime" (the 20:00-20:53 block); its output, with the command and commit of each run, in outputs/. Kept as run.
 """The clock with the runtime's measured host time per part (forward HF, backward HB, on the
 one host lock) against without: PD-ASGD time to 90 % and staleness, seeds 0-11."""
 

@@ -1,7 +1,7 @@
 # ruff: noqa
-# One-off diagnostic of 2026-11-27, 19:55-20:30 (issue 15), run as
+# One-off diagnostic of 2026-11-27, 19:55-20:56 (issue 15), run as
 #   XDG_CACHE_HOME=bench_results/runtime/diagnostics/cache-2001 PYTHONPATH=<repo> python bench_results/runtime/diagnostics/hostparts.py [args]
-# with every other process stopped; at a44f36b. Quoted in BENCHMARKS.md "runtime" (20:11 block). Kept as run.
+# with every other process stopped; at bfcb409. Quoted in BENCHMARKS.md "runtime" (the 20:00-20:53 block); its output, with the command and commit of each run, in outputs/. Kept as run.
 """Host seconds per part beyond the calibrated programs: one group, k = 10, no target."""
 
 import collections

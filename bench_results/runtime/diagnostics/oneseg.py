@@ -1,7 +1,7 @@
 # ruff: noqa
-# One-off diagnostic of 2026-11-27, 19:55-20:30 (issue 15), run as
-#   XDG_CACHE_HOME=bench_results/runtime/diagnostics/cache-1738 PYTHONPATH=<repo> python bench_results/runtime/diagnostics/oneseg.py [args]
-# with every other process stopped; run at cca7806 and at a44f36b, arg 3 (segment 3 of seed 0). Quoted in BENCHMARKS.md "runtime" (20:11 block). Kept as run.
+# One-off diagnostic of 2026-11-27, 19:55-20:56 (issue 15), run as
+#   XDG_CACHE_HOME=bench_results/runtime/diagnostics/cache-2001 PYTHONPATH=<repo> python bench_results/runtime/diagnostics/oneseg.py [args]
+# with every other process stopped; run at 8f6ae90 (the one-batch feed) and at bfcb409 (the burst), arg 3 (segment 3 of seed 0). Quoted in BENCHMARKS.md "runtime" (the 20:00-20:53 block); its output, with the command and commit of each run, in outputs/. Kept as run.
 """One evaluation segment's events, runtime and clock, k = 0."""
 
 import dataclasses, sys

@@ -1,7 +1,7 @@
 # ruff: noqa
-# One-off diagnostic of 2026-11-27, 19:55-20:30 (issue 15), run as
-#   XDG_CACHE_HOME=bench_results/runtime/diagnostics/cache-1738 PYTHONPATH=<repo> python bench_results/runtime/diagnostics/randorder.py [args]
-# with every other process stopped; the clock alone; args fifo, random, lifo. Quoted in BENCHMARKS.md "runtime" (20:11 block). Kept as run.
+# One-off diagnostic of 2026-11-27, 19:55-20:56 (issue 15), run as
+#   XDG_CACHE_HOME=bench_results/runtime/diagnostics/cache-2001 PYTHONPATH=<repo> python bench_results/runtime/diagnostics/randorder.py [args]
+# the clock alone (deterministic: it ran beside other jobs); args fifo, random, lifo. Quoted in BENCHMARKS.md "runtime" (the 20:00-20:53 block); its output, with the command and commit of each run, in outputs/. Kept as run.
 """Does a random service order among the waiting kernels (the host's thread scheduling, not
 dispatch order) reproduce the runtime's k = 0 staleness?  Patched clock vs unpatched."""
 

@@ -1,7 +1,7 @@
 # ruff: noqa
-# One-off diagnostic of 2026-11-27, 19:55-20:30 (issue 15), run as
-#   XDG_CACHE_HOME=bench_results/runtime/diagnostics/cache-1738 PYTHONPATH=<repo> python bench_results/runtime/diagnostics/resume.py [args]
-# with every other process stopped; the clock alone; arg 0,234,460,658 (the one-batch feed's measured restart offsets, us). Quoted in BENCHMARKS.md "runtime" (20:11 block). Kept as run.
+# One-off diagnostic of 2026-11-27, 19:55-20:56 (issue 15), run as
+#   XDG_CACHE_HOME=bench_results/runtime/diagnostics/cache-2001 PYTHONPATH=<repo> python bench_results/runtime/diagnostics/resume.py [args]
+# the clock alone (deterministic: it ran beside other jobs); arg 0,232,482,727 (the one-batch feed's restart offsets measured by stagger.py, us). Quoted in BENCHMARKS.md "runtime" (the 20:00-20:53 block); its output, with the command and commit of each run, in outputs/. Kept as run.
 """Prototype: the clock's workers restart staggered after each drain (and at the start), by
 the runtime's measured rank offsets; its k = 0, 2, 10 time and staleness, 10 seeds."""
 

@@ -178,6 +178,30 @@ def test_the_feed_hands_out_every_batch_the_gate_lets_through_in_one_burst(exp, 
 
 
 @pytest.mark.timeout(20)
+def test_the_feed_loads_a_queue_of_batches_while_its_gate_is_shut(exp):
+    loaded = []
+
+    def counted():
+        for batch in numbered_batches(exp, 16):
+            loaded.append(batch.batch_id)
+            yield batch
+
+    gate, out = Gate(), BoundedQueue(3)
+    feed = DataFeed(exp, 16, range(0, 9), out, Control([]), gate, batches=counted())
+    feed.start()
+    deadline = time.monotonic() + 5
+    while len(loaded) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert loaded == [0, 1, 2] and len(out) == 0  # loaded, not handed out, and no more than fit
+    gate.open_until(2)
+    assert [out.get().batch_id for _ in range(2)] == [0, 1]
+    gate.abort()  # it waits at the gate for batch 2: a stop wakes it there
+    feed.thread.join(5)
+    assert not feed.thread.is_alive()
+
+
+@pytest.mark.timeout(20)
 def test_a_feed_blocked_in_a_burst_ends_on_abort_and_closes_its_queue(exp):
     gate, out = Gate(), BoundedQueue(2)
     feed = DataFeed(exp, 16, range(0, 9), out, Control([]), gate)

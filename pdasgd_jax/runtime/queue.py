@@ -131,10 +131,7 @@ class BoundedQueue(Generic[T]):
           QueueClosed: the queue was aborted (before or during the wait), or every
             producer already said it was done.
         """
-        with self._not_full:
-            self._wait_for_room(block=True)
-            self._items.append(item)
-            self._not_empty.notify()
+        self.put_many([item])
 
     def put_many(self, items: list[T]) -> None:
         """Appends ``items`` in order, as many at a time as there is room for, waking one

@@ -356,7 +356,7 @@ backward workers per device, and differs per layer: the first stage waits the lo
 its gradient. At a fixed learning rate enough staleness stalls or diverges training (with
 momentum 0.9 especially: at 0.05, 16 workers already do), so `learning_rate` above divides
 the rate by `W / 4` beyond 4 workers, as staleness-aware ASGD does per update. The `delays`
-benchmark (`python -m pdasgd_jax bench delays`) instead tunes the learning rate per
+benchmark (`python -m benchmarks delays`) instead tunes the learning rate per
 algorithm and cell before comparing times.
 """),
         code("""
@@ -493,7 +493,7 @@ show(fig)
 """),
         md("""
 How much communication DaSGD hides is measured on real devices by the benchmark
-`python -m pdasgd_jax bench overlap` (step time with the all-reduce vs without it).
+`python -m benchmarks overlap` (step time with the all-reduce vs without it).
 """),
         code("""
 H = PERIODS[0]

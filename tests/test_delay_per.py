@@ -406,9 +406,9 @@ def test_job_on_a_runtime_without_a_timing_is_refused_not_split_at_random():
 
 
 def test_the_claims_variant_runs_pdasgd_with_job_delays_and_the_run_cache_keys_it(monkeypatch, tmp_path):
-    from pdasgd_jax.bench import delays as bench_delays
-    from pdasgd_jax.bench import run_cache
-    from pdasgd_jax.bench.claims import common
+    from benchmarks import delays as bench_delays
+    from benchmarks import run_cache
+    from benchmarks.claims import common
 
     assert common.ALGORITHMS["pdasgd-job-delay"] == {**common.ALGORITHMS["pdasgd"], "delay_per": "job"}
     assert common.LRS["pdasgd-job-delay"] == common.LRS["pdasgd"]

@@ -263,7 +263,7 @@ def test_a_threaded_straggler_does_fewer_jobs():
 def test_the_delays_bench_straggler_is_the_config_flag(monkeypatch, straggler):
     """``bench delays`` asks for its straggler with ``--straggler-devices 1`` (one mechanism, in
     ``run_simulated``) rather than editing the timing itself."""
-    from pdasgd_jax.bench import delays as bench_delays
+    from benchmarks import delays as bench_delays
 
     seen = {}
 

@@ -1,4 +1,5 @@
-"""The package's modules import each other without cycles (top-level and function-level imports alike)."""
+"""The package's imports run one way: down a declared list of layers, without cycles, and never
+into the study harness (top-level and function-level imports alike)."""
 
 import ast
 import pathlib
@@ -7,6 +8,30 @@ import pdasgd_jax
 
 PACKAGE = "pdasgd_jax"
 ROOT = pathlib.Path(pdasgd_jax.__file__).parent
+
+# The package's floors, lowest first: a module may import its own floor and those below, never
+# one above. A module belongs to the floor of the longest prefix here that names it
+# (``executor`` holds ``executor.events`` too); every module must have a floor.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+    (floor, tuple(names.split()))
+    for floor, names in (
+        (
+            "ground: pure kernels, optimizers, store and small utilities",
+            "errors version cache interrupts affinity placement collectives schedules optim stages store kernels "
+            "spmd replication rundir divergence distributed",
+        ),
+        ("data and models", "data models"),
+        ("configuration", "config presets layout"),
+        (
+            "execution pieces: executor, timing, records",
+            "executor lpp delays program_timing calibration eventlog metrics checkpoint plots compare reporting",
+        ),
+        ("the experiment", "experiment run_result"),
+        ("ways of running", "simulate runtime sync_runner averaging_runner runners"),
+        ("entry points", "train replay_run bench cli __main__"),
+    )
+)
+HARNESS = "benchmarks"  # the study beside the package, which no package module may import
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -36,6 +61,40 @@ def _imports(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path]) ->
                 submodule = f"{base}.{alias.name}"
                 out.add(submodule if submodule in modules else base)
     return {m for m in out if m in modules and m != name}
+
+
+def _all_imports(path: pathlib.Path) -> set[str]:
+    """Every absolute module name ``path`` imports (``from a.b import c`` as ``a.b``)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module)
+    return out
+
+
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of ``module``'s floor (by its longest declared prefix)."""
+    if module == PACKAGE:
+        return len(LAYERS) - 1  # the package's __init__ re-exports from every floor
+    name = module.removeprefix(PACKAGE + ".")
+    matches = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if name == prefix or name.startswith(prefix + ".")
+    ]
+    assert matches, f"{module} belongs to no floor of LAYERS: add it to the floor it sits on"
+    return max(matches)[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import in ``graph`` from a module to one on a higher floor, as readable lines."""
+    where = lambda m: f"{m} (floor {layer_of(m)}: {LAYERS[layer_of(m)][0]})"
+    return [
+        f"{where(a)} imports {where(b)}" for a in sorted(graph) for b in sorted(graph[a]) if layer_of(b) > layer_of(a)
+    ]
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -77,3 +136,23 @@ def test_the_graph_sees_the_imports_it_should():
 def test_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_module_has_a_floor_and_imports_run_downward():
+    assert upward_imports({"pdasgd_jax.stages": {"pdasgd_jax.train"}}) == [
+        f"pdasgd_jax.stages (floor 0: {LAYERS[0][0]}) imports pdasgd_jax.train (floor 6: {LAYERS[6][0]})"
+    ]
+    assert layer_of("pdasgd_jax.runtime.queue") == layer_of("pdasgd_jax.runtime") == 5
+    assert layer_of("pdasgd_jax") == 6
+    upward = upward_imports(import_graph())
+    assert not upward, "imports that run up the floors:\n" + "\n".join(upward)
+
+
+def test_no_package_module_imports_the_study_harness():
+    offenders = [
+        f"{path.relative_to(ROOT.parent)} imports {name}"
+        for path in sorted(ROOT.rglob("*.py"))
+        for name in sorted(_all_imports(path))
+        if name == HARNESS or name.startswith(HARNESS + ".")
+    ]
+    assert not offenders, "\n".join(offenders)

@@ -12,11 +12,8 @@ import math
 import os
 from typing import Any
 
-from pdasgd_jax.data import AUGMENTATIONS, DATASETS
+from pdasgd_jax.choices import AUGMENTATIONS, DATASETS, LR_SCHEDULES, MERGES, MODEL_NAMES, STALENESS_RULES
 from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.models import MODELS
-from pdasgd_jax.optim import MERGES, STALENESS_RULES
-from pdasgd_jax.schedules import LR_SCHEDULES
 
 ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd", "lpp")
 # Those that run as independent worker threads (or simulated workers) updating a shared store
@@ -55,7 +52,7 @@ class Config:
     dataset: str = _field(
         "digits", "dataset: digits and the mnist1d ones are offline; the TFDS ones must be prepared first", DATASETS
     )
-    model: str | None = _field(None, "model; None: the dataset's default model", tuple(MODELS))
+    model: str | None = _field(None, "model; None: the dataset's default model", MODEL_NAMES)
     depth: int | None = _field(
         None,
         "number of stages M of --model resnet1d (4..32; None: 8): a stem, M - 2 residual blocks and a head; "

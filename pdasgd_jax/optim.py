@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from pdasgd_jax.choices import MERGES, STALENESS_RULES
+
 PyTree = Any
 AxisName = Any  # a mapped axis name, or a tuple of them
-MERGES = ("correct", "overwrite")
-STALENESS_RULES = ("none", "staleness-aware", "delay-compensated")
 
 
 class OuterState(NamedTuple):

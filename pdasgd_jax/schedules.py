@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 import optax
 
-LR_SCHEDULES = ("constant", "cosine", "step")
+from pdasgd_jax.choices import LR_SCHEDULES
+
 # Algorithms whose replicas each hold their own optimizer state, updated once per local step.
 _PER_REPLICA = ("local", "dasgd")
 

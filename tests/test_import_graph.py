@@ -17,8 +17,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
     for floor, names in (
         (
             "ground: pure kernels, optimizers, store and small utilities",
-            "errors version cache interrupts affinity placement collectives schedules optim stages store kernels "
-            "spmd replication rundir divergence distributed",
+            "errors version choices cache interrupts affinity placement collectives schedules optim stages store "
+            "kernels spmd replication rundir divergence distributed",
         ),
         ("data and models", "data models"),
         ("configuration", "config presets layout"),

@@ -12,15 +12,13 @@ Your own arrays: ``data.Dataset.from_arrays(x_train, y_train, x_test, y_test)``.
 
 from __future__ import annotations
 
+from pdasgd_jax.choices import DATASETS, OFFLINE_DATASETS, TFDS_DATASETS
 from pdasgd_jax.data.augment import AUGMENTATIONS, augmentation
 from pdasgd_jax.data.offline import MNIST1D_LARGE_SAMPLES, load_digits, load_mnist1d, load_mnist1d_tokens
 from pdasgd_jax.data.pipeline import ArraySplit, Split, batches_per_epoch, eval_batches, train_batches
 from pdasgd_jax.data.spec import MODALITIES, Dataset
 from pdasgd_jax.data.tfds_loader import DatasetNotPreparedError  # noqa: F401  (re-exported for callers)
 
-OFFLINE_DATASETS = ("digits", "mnist1d", "mnist1d-large", "mnist1d-tokens")
-TFDS_DATASETS = ("mnist", "cifar10", "cifar100", "imdb_reviews")
-DATASETS = OFFLINE_DATASETS + TFDS_DATASETS
 # Known before loading, so that a model/dataset mismatch fails before any data is read.
 DATASET_MODALITY = {
     "digits": "image",

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-AUGMENTATIONS = ("none", "crop-flip")
+from pdasgd_jax.choices import AUGMENTATIONS
+
 CROP_PADDING = 4
 
 # ``augment(x_BxHxWxC, rng) -> x_BxHxWxC``: one batch, its own generator.

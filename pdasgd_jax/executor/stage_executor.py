@@ -1,225 +1,24 @@
-"""Policy-free stage operations on a ``ParameterStore``, their event log, and replay.
-
-An algorithm (PD-ASGD, its block variant, ASGD) is a *policy*: which worker runs which
-operation of which job, and when. The operations themselves are the same everywhere:
-
-* ``start_job``: take a batch;
-* ``forward_stage(job, m)``: read the latest stage ``m`` (recording its version), run its
-  forward, keep what the backward needs, write the new non-trainable state;
-* ``pull_stage(job, m)``: read stage ``m`` ahead of its forward (or of a ``live``
-  backward), for a worker that must first move it from its remote home: the version is the
-  one current when the pull starts (on the simulator's clock: the newest booked, whose
-  weights ``fill_pull`` hands over once written), and the later
-  ``forward_stage``/``backward_stage`` runs on those weights;
-* ``loss``: loss and ``delta_M``;
-* ``backward_stage(job, m)``: ``(g_m, delta_{m-1})`` with ``stashed`` or ``live`` weights;
-* ``update_stage(job, m)``: apply ``g_m`` to the store (a layer-wise partial update);
-  staleness ``tau_m = version replaced - version read by the forward``, computed under the
-  stage's lock and handed to the optimizer with the weights the forward read (optax extra
-  arguments ``staleness`` and ``old_params``).
-
-``forward_all`` and ``backward_all`` run a whole forward or backward, with fewer programs
-when the executor is asked to fuse (``fuse_jobs`` for the simulator, ``fuse_forward`` for
-the runtime), logging the same events. The simulator calls them in virtual-time order, the
-runtime's threads call them concurrently; both can record an ``EventLog`` (typed
-``Event``s of an ``EventKind``), and ``replay`` re-executes a log with the logged versions
-and lands on the same parameters.
-
-Each mode is one small class on the shared ``StageExecutor`` (``StageExecutor(...)`` picks
-it): ``StashedExecutor``, ``LiveExecutor``, ``FusedJobExecutor``, ``FusedForwardExecutor``;
-what a job's forward keeps for its backward is the mode's record (``StashedRecord``,
-``LiveRecord``, ``ReadRecord``).
-"""
+"""The executor's shared stage operations (``StageExecutor``): stage reads and pulls, state
+commits, updates and their staleness, and logging. What differs between modes (a stage's
+forward, its backward, and the whole-job conveniences where they fuse) is in ``modes``;
+``StageExecutor(...)`` builds the mode's class."""
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import itertools
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
 
+from pdasgd_jax.executor.events import EventKind, EventLog, ReplayDiverged, StalenessStats
+from pdasgd_jax.executor.job import Job, Pull, StageRecord
 from pdasgd_jax.kernels import StageKernelsProtocol
 from pdasgd_jax.store import ParameterStore, place
 
 PyTree = Any
 BACKWARD_WEIGHTS = ("stashed", "live")
-
-
-class EventKind(enum.StrEnum):
-    """What a logged operation did (a ``str`` enum: ``kind == "update"`` holds)."""
-
-    START = "start"
-    FORWARD = "forward"
-    STATE = "state"
-    LOSS = "loss"
-    BACKWARD = "backward"
-    UPDATE = "update"
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    """One logged operation; the fields its kind does not set stay -1.
-
-    Attributes:
-      batch_id: ``start``: the batch the job takes.
-      params_version: ``forward``: the stage's params version read.
-      state_version: ``forward``: the stage's non-trainable state version read.
-      live_version: ``backward`` with ``live`` weights: the params version re-linearised at.
-      replaced_version: ``update``/``state``: the version the write replaced.
-      staleness: ``update``: its ``tau_m``, ``replaced_version`` minus the params version
-        the job's forward read.
-      time: the clock when it happened; a ``forward``'s when it read the stage (for a stage
-        pulled from a remote home, when the pull started, before its kernel ran).
-    """
-
-    seq: int
-    kind: EventKind
-    job: int
-    stage: int = -1
-    batch_id: int = -1
-    params_version: int = -1
-    state_version: int = -1
-    live_version: int = -1
-    replaced_version: int = -1
-    staleness: int = -1
-    worker: str = ""
-    time: float = 0.0
-
-
-class EventLog:
-    """Thread-safe append-only log; ``seq`` orders events consistently with the updates."""
-
-    def __init__(self):
-        self._events: list[Event] = []
-        self._seq = itertools.count()
-
-    def record(self, kind: EventKind, job: int, **fields: Any) -> None:
-        # next() on itertools.count and list.append are each atomic under the GIL.
-        self._events.append(Event(next(self._seq), kind, job, **fields))
-
-    @property
-    def events(self) -> list[Event]:
-        return sorted(self._events, key=lambda e: e.seq)
-
-    def __len__(self) -> int:
-        return len(self._events)
-
-
-class StalenessStats:
-    """Per-stage staleness of every applied update."""
-
-    def __init__(self, num_stages: int):
-        self._taus: list[list[int]] = [[] for _ in range(num_stages)]
-
-    def add(self, m: int, tau: int) -> None:
-        self._taus[m].append(tau)
-
-    def per_stage(self) -> list[np.ndarray]:
-        return [np.asarray(t, dtype=np.int64) for t in self._taus]
-
-    @property
-    def num_updates(self) -> int:
-        return sum(len(t) for t in self._taus)
-
-    def summary(self, warmup: int = 0) -> dict[str, Any]:
-        """Mean, max and histogram (counts of tau = 0, 1, ...) per stage.
-
-        Args:
-          warmup: the first ``warmup`` updates of each stage (in the order they were applied)
-            are left out: the pipeline's start-up transient, while the stages fill, has less
-            staleness than the steady state (``updates`` counts the rest, ``excluded`` these).
-        """
-        if warmup < 0:
-            raise ValueError(f"staleness warmup {warmup!r} must be >= 0")
-        out, excluded = [], 0
-        for taus in self.per_stage():
-            excluded += min(warmup, taus.size)
-            taus = taus[warmup:]
-            if taus.size == 0:
-                out.append({"mean": 0.0, "max": 0, "histogram": []})
-            else:
-                out.append(
-                    {"mean": float(taus.mean()), "max": int(taus.max()), "histogram": np.bincount(taus).tolist()}
-                )
-        summary = {"per_stage": out, "updates": self.num_updates - excluded}
-        return {**summary, "warmup": warmup, "excluded": excluded} if warmup else summary
-
-
-class StashedRecord(NamedTuple):
-    """What a stashed forward keeps for its backward: the stage's VJP at the weights it read."""
-
-    vjp: Any
-
-
-class LiveRecord(NamedTuple):
-    """What a forward keeps for a ``live`` backward: the stage's input and the state it read."""
-
-    x_in: Any
-    state: Any
-
-
-class Pull(NamedTuple):
-    """A stage read ahead of its kernel (``pull_stage``): the weights (and, for a forward,
-    the state) taken when the pull from the stage's remote home started, and their params
-    version."""
-
-    params: Any
-    state: Any
-    version: int
-
-
-class ReadRecord(NamedTuple):
-    """What a fused job's forward keeps: the weights and state it read (the job's program
-    runs at its loss)."""
-
-    params: Any
-    state: Any
-
-
-StageRecord = StashedRecord | LiveRecord | ReadRecord
-
-
-@dataclasses.dataclass
-class Job:
-    """One batch travelling through the stages: what the forward stored for the backward.
-
-    Per stage ``m``: ``records[m]`` (the executor's mode's record, None once its backward
-    ran), ``read_versions[m]`` and ``read_params[m]`` (the params version the forward read
-    and its weights as stored, the optimizer's ``old_params``), ``new_states[m]`` (state
-    not yet committed), ``grads[m]`` (a gradient not yet applied) and ``pulled[m]`` (a
-    ``Pull``: stage ``m`` read for its next kernel, which has not run yet).
-
-    ``updated``: None (nothing kept), or a list to which each of the job's updates appends
-    the ``(params_m, opt_state_m)`` it wrote, so that the worker that ran them can wait
-    until they are computed on the device (the threaded runtime's workers set it).
-
-    ``delay_draw``: the injected delay drawn for the job by the worker that took it first
-    (a PD-ASGD forward worker), which its backward worker idles its share of under
-    ``--delay-per job`` (``DelayModel.job_idle``); None until drawn. Derived from the seed
-    and the schedule only, so a resumed simulation's replay draws it again.
-    """
-
-    id: int
-    batch_id: int
-    x: Any
-    labels: Any
-    device: jax.Device | None
-    records: list[StageRecord | None]
-    read_versions: list[int]
-    read_params: list[Any]
-    new_states: list[Any]
-    grads: list[Any]
-    delta: Any = None
-    loss: Any = None
-    rng: Any = None  # the job's key, from the run's seed and its batch id (None: the model draws nothing)
-    pulled: list[Pull | None] = dataclasses.field(default_factory=list)
-    updated: list[Any] | None = None
-    delay_draw: float | None = None
 
 
 class StageExecutor:
@@ -282,6 +81,14 @@ class StageExecutor:
         if cls is StageExecutor:
             cls = _mode(store, backward_weights, fuse_jobs, fuse_forward)
         return object.__new__(cls)
+
+    def __init_subclass__(cls, *, mode: str | None = None, **kwargs: Any):
+        # A mode's class names its mode (``class LiveExecutor(StageExecutor, mode="live")``)
+        # and is registered for ``__new__`` to pick: the modes live in a module that imports
+        # this one, so this one cannot import them without an import cycle.
+        super().__init_subclass__(**kwargs)
+        if mode is not None:
+            _MODES[mode] = cls
 
     def __init__(
         self,
@@ -574,138 +381,6 @@ class StageExecutor:
             self.update_stage(job, m, worker=worker)
 
 
-class StashedExecutor(StageExecutor):
-    """Per-stage kernels; each backward uses the VJP its forward kept (weight stashing)."""
-
-    def _stage_forward(self, job: Job, m: int, params: PyTree, state: PyTree) -> tuple[Any, PyTree, StageRecord]:
-        y, new_state, vjp = self.kernels.forward_stashed(m)(params, state, job.x, job.rng)
-        return y, new_state, StashedRecord(vjp)
-
-    def _stage_backward(
-        self, job: Job, m: int, record: StashedRecord, live_version: int | None, pulled: Pull | None = None
-    ) -> tuple[PyTree, Any, int]:
-        g, delta = self.kernels.backward_stashed(m)(record.vjp, job.delta)
-        return g, delta, -1
-
-
-class LiveExecutor(StageExecutor):
-    """Per-stage kernels; each backward re-linearises the stage at its current weights (or,
-    replaying, at the logged ``live_version``) with the input its forward kept."""
-
-    live = True
-
-    def _place_with_first_kernel(self) -> bool:
-        return False  # the backward's re-run forward takes the input as placed
-
-    def _stage_forward(self, job: Job, m: int, params: PyTree, state: PyTree) -> tuple[Any, PyTree, StageRecord]:
-        y, new_state = self.kernels.forward(m)(params, state, job.x, job.rng)
-        return y, new_state, LiveRecord(job.x, state)
-
-    def _stage_backward(
-        self, job: Job, m: int, record: LiveRecord, live_version: int | None, pulled: Pull | None = None
-    ) -> tuple[PyTree, Any, int]:
-        slots = self.store.slots[m]
-        if pulled is not None:
-            params = pulled.params
-        elif live_version is None:
-            (params, _), live_version = slots.params.read()
-            params = self._local(job, params)
-        else:
-            params = self._local(job, slots.params.at(live_version)[0])
-        g, delta = self.kernels.backward_live(m)(params, record.state, record.x_in, job.delta, job.rng)
-        return g, delta, live_version
-
-
-class FusedJobExecutor(StageExecutor):
-    """The simulator's fused jobs: forwards only read, the loss runs the whole job as one
-    program (``kernels.job_gradients``), backwards hand out its gradients."""
-
-    fused = True
-
-    def _stage_forward(self, job: Job, m: int, params: PyTree, state: PyTree) -> tuple[Any, PyTree, StageRecord]:
-        return job.x, state, ReadRecord(params, state)
-
-    def loss(self, job: Job, *, worker: str = "") -> Any:
-        """The job's loss and every stage's gradient (held in ``delta``)."""
-        params, states = zip(*job.records)
-        job.loss, job.delta = self.kernels.job_gradients(params, states, job.x, job.labels, job.rng)
-        job.x = None
-        self._record(EventKind.LOSS, job, worker=worker)
-        return job.loss
-
-    def _stage_backward(
-        self, job: Job, m: int, record: ReadRecord, live_version: int | None, pulled: Pull | None = None
-    ) -> tuple[PyTree, Any, int]:
-        return job.delta[m], None if m == 0 else job.delta, -1
-
-
-class FusedForwardExecutor(StashedExecutor):
-    """The runtime's fused kernels: ``forward_all`` reads every stage, then runs the whole
-    forward and the loss as one program (``kernels.forward_all_stashed``); a layer-wise
-    ``backward_all`` runs each stage's backward and update as one program under the stage's
-    update lock (``kernels.backward_update_stashed``) where it can. Single-stage operations
-    (replay) are the stashed ones."""
-
-    fused_forward = True
-
-    def _place_with_first_kernel(self) -> bool:
-        return True  # the fused forward's parameters all sit on the job's device
-
-    def forward_all(self, job: Job, *, worker: str = "") -> Any:
-        params, states = [], []
-        for m in range(self.store.num_stages):
-            p, s, state_version = self._read_stage(job, m)
-            params.append(p)
-            states.append(s)
-            self._record(
-                EventKind.FORWARD,
-                job,
-                stage=m,
-                params_version=job.read_versions[m],
-                state_version=state_version,
-                worker=worker,
-            )
-        job.loss, job.delta, new_states, vjps = self.kernels.forward_all_stashed(
-            params, states, job.x, job.labels, job.rng
-        )
-        job.records, job.new_states, job.x = [StashedRecord(v) for v in vjps], list(new_states), None
-        for m in range(self.store.num_stages):
-            self.commit_state(job, m, worker=worker)
-        self._record(EventKind.LOSS, job, worker=worker)
-        return job.loss
-
-    def _backward_stage_of_all(self, job: Job, m: int, *, layerwise: bool, worker: str) -> None:
-        if layerwise and self._fuses_update(job, m):
-            self._backward_and_update(job, m, worker=worker)
-        else:
-            super()._backward_stage_of_all(job, m, layerwise=layerwise, worker=worker)
-
-    def _fuses_update(self, job: Job, m: int) -> bool:
-        """Whether stage ``m``'s backward and update can be one program for ``job``: the
-        stage lives on the job's device and the store uses the kernels' own update rule."""
-        homes = self.store.home_devices
-        return (homes is None or homes[m] == job.device) and self.store.update_rule == self.kernels.apply_update
-
-    def _backward_and_update(self, job: Job, m: int, *, worker: str) -> int:
-        """``backward_stage`` then ``update_stage`` as one program under stage ``m``'s update
-        lock; returns the staleness ``tau_m``."""
-        record, job.records[m] = job.records[m], None
-        read_params, job.read_params[m] = job.read_params[m], None
-        delta, deltas_in = job.delta, []
-
-        def step(params: PyTree, opt_state: PyTree, version: int) -> tuple[PyTree, PyTree]:
-            params, opt_state, delta_in = self.kernels.backward_update_stashed(
-                record.vjp, delta, params, opt_state, version - job.read_versions[m], read_params
-            )
-            deltas_in.append(delta_in)
-            self._record(EventKind.BACKWARD, job, stage=m, worker=worker)  # before its update's event
-            return params, opt_state
-
-        before = self.store.update_with(m, _keeping(job, step), self._update_event(job, m, worker))
-        job.delta = deltas_in[0]
-        return self._count_staleness(job, m, before)
-
-
 def _keeping(job: Job, step: Callable[[PyTree, PyTree, int], tuple[PyTree, PyTree]]) -> Callable:
     """``step``, also appending what it returns to ``job.updated`` when the job keeps its updates."""
     updated = job.updated
@@ -725,134 +400,23 @@ def _stateful_stages(store: ParameterStore) -> list[bool]:
     return [bool(jax.tree.leaves(store.read_state(m).value)) for m in range(store.num_stages)]
 
 
+# Mode name -> its class, registered as each mode's class is defined (``__init_subclass__``).
+_MODES: dict[str, type[StageExecutor]] = {}
+
+
 def _mode(store: ParameterStore, backward_weights: str, fuse_jobs: bool, fuse_forward: bool) -> type[StageExecutor]:
     """The executor class of a mode (the fusions apply only where their arithmetic is the same)."""
     if backward_weights not in BACKWARD_WEIGHTS:
         raise ValueError(f"backward_weights {backward_weights!r} is not one of {BACKWARD_WEIGHTS}")
     if backward_weights == "live":
-        return LiveExecutor
+        return _MODES["live"]
     if fuse_jobs and not any(_stateful_stages(store)):
-        return FusedJobExecutor
-    return FusedForwardExecutor if fuse_forward else StashedExecutor
-
-
-class ReplayDiverged(RuntimeError):
-    """A replayed log does not re-execute as logged (``replay diverged: ...``)."""
+        return _MODES["fused_jobs"]
+    return _MODES["fused_forward" if fuse_forward else "stashed"]
 
 
 def _check_expected(kind: str, job: Job, m: int, before: int, expect: int | None) -> None:
     if expect is not None and before != expect:
         raise ReplayDiverged(
             f"replay diverged: {kind} of job {job.id} on stage {m} replaced version {before}, the log says {expect}"
-        )
-
-
-def replay(
-    events: Iterable[Event],
-    kernels: StageKernelsProtocol,
-    params: Sequence[PyTree],
-    states: Sequence[PyTree],
-    opt_states: Sequence[PyTree],
-    batch: Callable[[int], tuple[Any, Any]],
-    *,
-    backward_weights: str,
-    seed: int = 0,
-    reads: Mapping[tuple[str, int, int], int] | None = None,
-) -> StageExecutor:
-    """Re-executes a logged run from its initial variables; returns the executor (its store
-    holds the final parameters, its ``staleness`` the replayed statistics).
-
-    Args:
-      events: the run's events in ``seq`` order (``EventLog.events``, or read lazily from a
-        file with ``eventlog.EventFile``).
-      batch: ``batch_id -> (x, labels)``, the same data stream the run used.
-      seed: the run's executor seed (its jobs' keys).
-      reads: ``last_reads(events)``: with it, a kept version is dropped once no later event
-        reads it, so the replay holds the versions still to be read rather than every one.
-
-    Raises:
-      ReplayDiverged: the log does not replay (``replay diverged: ...``, naming the job and
-        stage): an event reads a version the replay has not reached, or a write replaces
-        another version, or an update has another staleness, than the log says.
-      ValueError: events out of ``seq`` order, of a job no ``start`` began, of an unknown kind.
-    """
-    store = ParameterStore(params, states, opt_states, kernels.apply_update, keep_history=True)
-    ex = StageExecutor(kernels, store, backward_weights=backward_weights, seed=seed)
-    jobs: dict[int, Job] = {}
-    updates_left: dict[int, int] = {}  # a job is dropped after its last stage's update
-    previous = -1
-    for e in events:
-        if e.seq <= previous:
-            raise ValueError(f"event {e.seq} comes after event {previous}: events must be in seq order")
-        previous = e.seq
-        if e.kind == EventKind.START:
-            jobs[e.job] = ex.start_job(e.job, e.batch_id, *batch(e.batch_id))
-            updates_left[e.job] = store.num_stages
-            continue
-        job = jobs.get(e.job)
-        if job is None:
-            raise ValueError(f"event {e.seq} ({e.kind}) belongs to job {e.job}, which no start event began")
-        if e.kind == EventKind.FORWARD:
-            _check_reached(store, e, "params", e.params_version)
-            _check_reached(store, e, "state", e.state_version)
-            ex.forward_stage(job, e.stage, version=e.params_version, state_version=e.state_version, commit_state=False)
-        elif e.kind == EventKind.STATE:
-            ex.commit_state(job, e.stage, expect=e.replaced_version)
-        elif e.kind == EventKind.LOSS:
-            ex.loss(job)
-        elif e.kind == EventKind.BACKWARD:
-            if ex.live:
-                _check_reached(store, e, "params", e.live_version)
-            ex.backward_stage(job, e.stage, live_version=e.live_version if ex.live else None)
-        elif e.kind == EventKind.UPDATE:
-            tau = ex.update_stage(job, e.stage, expect=e.replaced_version)
-            if e.staleness >= 0 and tau != e.staleness:
-                raise ReplayDiverged(
-                    f"replay diverged: update of job {e.job} on stage {e.stage} has staleness {tau}, "
-                    f"the log says {e.staleness}"
-                )
-            updates_left[e.job] -= 1
-            if not updates_left[e.job]:
-                del jobs[e.job], updates_left[e.job]
-        else:
-            raise ValueError(f"unknown event kind {e.kind!r} in the log")
-        if reads is not None:
-            _forget_unread(store, e, reads)
-    return ex
-
-
-def _read_keys(e: Event) -> list[tuple[str, int, int]]:
-    """The ``(slot, stage, version)`` an event reads: a forward's params and state, a live backward's params."""
-    if e.kind == EventKind.FORWARD:
-        return [("params", e.stage, e.params_version), ("state", e.stage, e.state_version)]
-    if e.kind == EventKind.BACKWARD and e.live_version >= 0:
-        return [("params", e.stage, e.live_version)]
-    return []
-
-
-def last_reads(events: Iterable[Event]) -> dict[tuple[str, int, int], int]:
-    """``(slot, stage, version) -> seq`` of the last event reading that version (``replay``'s ``reads``)."""
-    out: dict[tuple[str, int, int], int] = {}
-    for e in events:
-        for key in _read_keys(e):
-            out[key] = e.seq
-    return out
-
-
-def _forget_unread(store: ParameterStore, e: Event, reads: Mapping[tuple[str, int, int], int]) -> None:
-    """Drops the versions ``e`` was the last to read, and the one it replaced if nothing reads it later."""
-    for slot, m, version in _read_keys(e):
-        if reads[(slot, m, version)] == e.seq:
-            getattr(store.slots[m], slot).forget(version)
-    replaced = {EventKind.UPDATE: "params", EventKind.STATE: "state"}.get(e.kind)
-    if replaced is not None and reads.get((replaced, e.stage, e.replaced_version), -1) < e.seq:
-        getattr(store.slots[e.stage], replaced).forget(e.replaced_version)
-
-
-def _check_reached(store: ParameterStore, e: Event, slot: str, version: int) -> None:
-    current = getattr(store.slots[e.stage], slot).read().version
-    if version > current:
-        raise ReplayDiverged(
-            f"replay diverged: {e.kind} of job {e.job} on stage {e.stage} reads {slot} version {version}, "
-            f"which the replay has not reached (it is at {current})"
         )

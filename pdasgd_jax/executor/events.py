@@ -1,0 +1,117 @@
+"""What an executor logs and counts: the kinds of operation (``EventKind``), one logged
+operation (``Event``), the thread-safe log (``EventLog``), the staleness of every applied
+update (``StalenessStats``), and the error of a log that does not re-execute as logged
+(``ReplayDiverged``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+from typing import Any
+
+import numpy as np
+
+
+class EventKind(enum.StrEnum):
+    """What a logged operation did (a ``str`` enum: ``kind == "update"`` holds)."""
+
+    START = "start"
+    FORWARD = "forward"
+    STATE = "state"
+    LOSS = "loss"
+    BACKWARD = "backward"
+    UPDATE = "update"
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One logged operation; the fields its kind does not set stay -1.
+
+    Attributes:
+      batch_id: ``start``: the batch the job takes.
+      params_version: ``forward``: the stage's params version read.
+      state_version: ``forward``: the stage's non-trainable state version read.
+      live_version: ``backward`` with ``live`` weights: the params version re-linearised at.
+      replaced_version: ``update``/``state``: the version the write replaced.
+      staleness: ``update``: its ``tau_m``, ``replaced_version`` minus the params version
+        the job's forward read.
+      time: the clock when it happened; a ``forward``'s when it read the stage (for a stage
+        pulled from a remote home, when the pull started, before its kernel ran).
+    """
+
+    seq: int
+    kind: EventKind
+    job: int
+    stage: int = -1
+    batch_id: int = -1
+    params_version: int = -1
+    state_version: int = -1
+    live_version: int = -1
+    replaced_version: int = -1
+    staleness: int = -1
+    worker: str = ""
+    time: float = 0.0
+
+
+class EventLog:
+    """Thread-safe append-only log; ``seq`` orders events consistently with the updates."""
+
+    def __init__(self):
+        self._events: list[Event] = []
+        self._seq = itertools.count()
+
+    def record(self, kind: EventKind, job: int, **fields: Any) -> None:
+        # next() on itertools.count and list.append are each atomic under the GIL.
+        self._events.append(Event(next(self._seq), kind, job, **fields))
+
+    @property
+    def events(self) -> list[Event]:
+        return sorted(self._events, key=lambda e: e.seq)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+
+class StalenessStats:
+    """Per-stage staleness of every applied update."""
+
+    def __init__(self, num_stages: int):
+        self._taus: list[list[int]] = [[] for _ in range(num_stages)]
+
+    def add(self, m: int, tau: int) -> None:
+        self._taus[m].append(tau)
+
+    def per_stage(self) -> list[np.ndarray]:
+        return [np.asarray(t, dtype=np.int64) for t in self._taus]
+
+    @property
+    def num_updates(self) -> int:
+        return sum(len(t) for t in self._taus)
+
+    def summary(self, warmup: int = 0) -> dict[str, Any]:
+        """Mean, max and histogram (counts of tau = 0, 1, ...) per stage.
+
+        Args:
+          warmup: the first ``warmup`` updates of each stage (in the order they were applied)
+            are left out: the pipeline's start-up transient, while the stages fill, has less
+            staleness than the steady state (``updates`` counts the rest, ``excluded`` these).
+        """
+        if warmup < 0:
+            raise ValueError(f"staleness warmup {warmup!r} must be >= 0")
+        out, excluded = [], 0
+        for taus in self.per_stage():
+            excluded += min(warmup, taus.size)
+            taus = taus[warmup:]
+            if taus.size == 0:
+                out.append({"mean": 0.0, "max": 0, "histogram": []})
+            else:
+                out.append(
+                    {"mean": float(taus.mean()), "max": int(taus.max()), "histogram": np.bincount(taus).tolist()}
+                )
+        summary = {"per_stage": out, "updates": self.num_updates - excluded}
+        return {**summary, "warmup": warmup, "excluded": excluded} if warmup else summary
+
+
+class ReplayDiverged(RuntimeError):
+    """A replayed log does not re-execute as logged (``replay diverged: ...``)."""

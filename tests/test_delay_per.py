@@ -420,7 +420,7 @@ def test_the_claims_variant_runs_pdasgd_with_job_delays_and_the_run_cache_keys_i
 
     calibration = types.SimpleNamespace(timing=TIMING, fingerprint="f")
     monkeypatch.setattr(Experiment, "calibration", lambda self, batch=None: calibration)
-    monkeypatch.setattr(bench_delays, "_simulate", fake_simulate)
+    monkeypatch.setattr(bench_delays.simulation, "_simulate", fake_simulate)
     protocol = common.protocol(4, quick=True, stop_at_target=True)
     # The same variant name with and without the override: two runs, not one cached.
     plain = dataclasses.replace(protocol, algorithms={"v": common.ALGORITHMS["pdasgd"]})

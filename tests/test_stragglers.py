@@ -272,7 +272,7 @@ def test_the_delays_bench_straggler_is_the_config_flag(monkeypatch, straggler):
         raise NonFiniteLossError("stop here: only the run's setup is under test")
 
     monkeypatch.setattr(Experiment, "calibration", lambda self, batch=None: types.SimpleNamespace(timing=TIMING))
-    monkeypatch.setattr(bench_delays, "run_simulated", fake_run)
+    monkeypatch.setattr(bench_delays.simulation, "run_simulated", fake_run)
     assert bench_delays.time_to_target("asgd", 4, 0.0, straggler, 0.01, 0, 0.1) is bench_delays.DIVERGED
     assert seen["config"].straggler_devices == int(straggler)
     assert seen["config"].straggler_factor == bench_delays.STRAGGLER_FACTOR

@@ -189,9 +189,9 @@ def test_runtime_rates_are_tuned_on_unreported_seeds_and_widened_off_the_grids_e
             raise NonFiniteLossError("diverged")
         return 1.0 + abs(math.log(exp.config.lr / 0.2)) + exp.config.seed / 1000, 1.0
 
-    monkeypatch.setattr(bench_runtime, "_experiment", lambda lr=None: _FakeExperiment(lr=lr))
-    monkeypatch.setattr(bench_runtime, "_seeded", lambda exp, seed: exp.with_config(seed=seed))
-    monkeypatch.setattr(bench_runtime, "_measured_run", lambda name: measured)
+    monkeypatch.setattr(bench_runtime.tuning, "_experiment", lambda lr=None: _FakeExperiment(lr=lr))
+    monkeypatch.setattr(bench_runtime.tuning, "_seeded", lambda exp, seed: exp.with_config(seed=seed))
+    monkeypatch.setattr(bench_runtime.tuning, "_measured_run", lambda name: measured)
     bench_runtime._warmed.cache_clear()
     try:
         tuned = bench_runtime.tuned_rate("pdasgd", {"epochs": 10.0, "target_accuracy": 0.9}, (100, 101, 102))
@@ -312,7 +312,7 @@ def test_replicated_schedule_is_tuned_like_the_rate(monkeypatch):
         gave_up = give_up_after is not None and cost > give_up_after
         return delays.Outcome(math.inf if gave_up else cost, 0.0, 1.0, gave_up=gave_up)
 
-    monkeypatch.setattr(delays, "time_to_target", fake)
+    monkeypatch.setattr(delays.cells, "time_to_target", fake)
     result = delays.cell(
         "pdasgd-rep", 4, 1.0, False, (0.0125, 0.05, 0.2), (0, 1), 1.0, schedules=delays.REPLICA_SCHEDULES
     )
@@ -369,7 +369,7 @@ def test_tuning_cut_short_keeps_exact_ties_and_lists_only_runs_that_gave_up(monk
         gave_up = give_up_after is not None and t > give_up_after
         return delays.Outcome(math.inf if gave_up else t, 0.0, 1.0, gave_up=gave_up)
 
-    monkeypatch.setattr(delays, "time_to_target", fake)
+    monkeypatch.setattr(delays.cells, "time_to_target", fake)
     result = delays.cell("asgd", 4, 1.0, False, (0.05, 0.2, 0.8), (0,), 1.0, max_widenings=0)
     assert result["lr"] == 0.05 and result["tuning"][0.2] == result["tuning"][0.05]
     assert result["cut_short"] == []

@@ -39,7 +39,7 @@ def test_staleness_cell_reports_the_simulators_count(monkeypatch):
     are left out), nonzero with W > 1, and the ratio is layer over block."""
     monkeypatch.setattr(Experiment, "calibration", lambda self, batch=None: types.SimpleNamespace(timing=TIMING))
     logs, extras = [], []
-    real_run = delays.run_simulated
+    real_run = delays.simulation.run_simulated
 
     def logged_run(exp, metrics, *, timing, staleness_warmup):
         logs.append(EventLog())
@@ -47,7 +47,7 @@ def test_staleness_cell_reports_the_simulators_count(monkeypatch):
         extras.append(result.extra["staleness"])
         return result
 
-    monkeypatch.setattr(delays, "run_simulated", logged_run)
+    monkeypatch.setattr(delays.simulation, "run_simulated", logged_run)
     # layer and block with stashed weights, a few dozen jobs: the counting is what is under test
     monkeypatch.setattr(staleness, "VARIANTS", staleness.PAIRS["stashed"])
     monkeypatch.setattr(staleness, "PAIRS", {"stashed": staleness.PAIRS["stashed"]})

@@ -14,14 +14,14 @@ WHOLE_BUDGET = delays.Protocol(stop_at_target=False)
 
 
 def _stub(monkeypatch, outcome):
-    """``delays.time_to_target`` replaced by ``outcome(lr, seed, schedule)``; returns the calls."""
+    """``delays.cells.time_to_target`` replaced by ``outcome(lr, seed, schedule)``; returns the calls."""
     calls = []
 
     def fake(algo, workers, k, straggler, lr, seed, epochs, comm, protocol, schedule, give_up_after=None):
         calls.append({"lr": lr, "seed": seed, "schedule": schedule, "give_up_after": give_up_after})
         return outcome(lr, seed, schedule)
 
-    monkeypatch.setattr(delays, "time_to_target", fake)
+    monkeypatch.setattr(delays.cells, "time_to_target", fake)
     return calls
 
 
@@ -122,14 +122,14 @@ def test_time_to_target_adds_the_assembly_of_a_model_no_device_holds(monkeypatch
     network = CommModel(alpha=50e-6, beta=1.25e9)
     protocol = delays.Protocol(target=0.5)  # reached within a fraction of an epoch
     seen = []
-    real = delays.run_simulated
+    real = delays.simulation.run_simulated
 
     def recorded(exp, metrics, *, timing, staleness_warmup):
         result = real(exp, metrics, timing=timing, staleness_warmup=staleness_warmup)
         seen.append((exp, timing, result.extra["virtual_time_to_target"]))
         return result
 
-    monkeypatch.setattr(delays, "run_simulated", recorded)
+    monkeypatch.setattr(delays.simulation, "run_simulated", recorded)
     for algo in ("sync", "lpp", "pdasgd-rep"):
         outcome = delays.time_to_target(algo, 4, 1.0, False, delays.LRS[algo][-2], 0, 1.0, network, protocol)
         exp, timing, reached = seen[-1]

@@ -155,9 +155,9 @@ def test_an_entry_is_written_atomically(tmp_path, monkeypatch):
 
 @pytest.fixture
 def fake_simulation(monkeypatch):
-    """``delays._simulate`` replaced by one returning ``ODD``; returns the list of its calls."""
+    """``delays.simulation._simulate`` replaced by one returning ``ODD``; returns the list of its calls."""
     calls = []
-    monkeypatch.setattr(delays, "_simulate", lambda *args, **kwargs: calls.append(args[-1]) or ODD)
+    monkeypatch.setattr(delays.simulation, "_simulate", lambda *args, **kwargs: calls.append(args[-1]) or ODD)
     return calls
 
 
@@ -216,7 +216,7 @@ def test_a_real_run_is_read_back_without_simulating(tmp_path, monkeypatch):
     args = ("asgd", 4, 1.0, False, 0.0125, 0, 0.2)
     with run_cache.active(tmp_path):
         first = delays.time_to_target(*args)
-        monkeypatch.setattr(delays, "run_simulated", lambda *a, **k: pytest.fail("simulated a cached run"))
+        monkeypatch.setattr(delays.simulation, "run_simulated", lambda *a, **k: pytest.fail("simulated a cached run"))
         again = delays.time_to_target(*args)
     assert repr(again) == repr(first) and math.isfinite(first.run_time) and first.per_stage_staleness
 

@@ -4,10 +4,9 @@ The runtime's Python threads (the data feed and the workers) take turns holding 
 so at most one of them runs Python at any moment. Left to the OS they spread over the
 cores; our explanation of what that costs (not measured directly) is that every GIL
 hand-off then moves the interpreter's working set to another core's cache, and a thread
-waking for the GIL lands on a core where XLA's compute threads are busy. What was
-measured (``bench runtime``, BENCHMARKS.md): on the 2-core CPU machine, PD-ASGD with
-F = 1, B = 1 at batch 32 ran at 0.73-1.04x of a sequential loop unpinned (below the
-pinned layout in four of five runs) and 0.83-1.05x pinned. Pinned to one core, the
+waking for the GIL lands on a core where XLA's compute threads are busy. On a CPU machine
+the pinned layout tends to run PD-ASGD closer to a sequential loop than the unpinned one
+(``bench runtime`` and ``bench throughput``; see BENCHMARKS.md). Pinned to one core, the
 threads share it as the single thread of a sequential loop would, and XLA's threads,
 created with the process's JAX backend before the runtime starts and never pinned, keep
 every core (checked after a run: none of the process's threads is left pinned).

@@ -33,14 +33,15 @@ user's own model is therefore always measured, never served another model's cost
 Measuring repeats rounds (``program_timing.measure_round``: each program's median of
 ``repeats`` timed calls) until the medians over rounds of one per-stage step's cost and of
 each fused program's move by less than ``tolerance``; the per-program median over rounds is
-the timing, and each program's smallest and largest round is kept as its spread. Calibrations are cached in
-memory and as JSON files under ``CACHE_DIR`` by fingerprint; ``recalibrate`` measures
-afresh, and ``load`` reads a saved calibration (a run's ``timing.json``), refusing one
-whose fingerprint differs or that an older version wrote (``FORMAT``: a file without the
-fused programs is measured afresh, never guessed). Format 8 times ``round_average`` as the
-difference between one worker's fused training step with and without the averaging, both in
-one program (format 7 timed the averaging as its own program: one launch more than the SPMD
-round pays, about 5 % of a 4-step round on a launch-bound CPU, charged to DaSGD and local SGD).
+the timing, and each program's smallest and largest round is kept as its spread. Calibrations
+are cached in memory and as JSON files under ``CACHE_DIR`` by fingerprint; ``recalibrate``
+measures afresh, and ``load`` reads a saved calibration (a run's ``timing.json``), refusing
+one whose fingerprint differs or that another ``FORMAT`` wrote (such a file may lack a program
+this format times: it is measured afresh, never guessed). ``round_average`` is the difference
+between one worker's fused training step with and without the averaging, both in one program:
+the SPMD round launches no program of its own for the averaging, so timing it as one would
+charge DaSGD and local SGD a launch they never pay, which on a launch-bound device is a
+visible share of a round.
 
 Example::
 
@@ -99,7 +100,7 @@ class Calibration:
       rounds: how many rounds were measured.
       description: the readable part of the fingerprint (stage shapes, batch, device, JAX).
       converged: whether the rounds met ``measure``'s stopping rule before its ``max_rounds``
-        (None: not recorded, a file written before it was).
+        (None: not recorded in the file).
       host: the CPU model the rounds ran on (evidence only, not in the fingerprint: the device
         kind says "cpu" for every CPU; None: not recorded).
     """

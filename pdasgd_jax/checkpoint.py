@@ -176,7 +176,7 @@ class RunCheckpointer:
         if meta is None:
             raise ValueError("its metadata is missing")
         expected = meta.get("checksum")
-        # Steps written before checksums existed carry none and are taken as they are.
+        # A step whose metadata carries no checksum is taken as it is.
         if expected is not None and checksum(state, meta) != expected:
             raise ValueError("its contents do not match the checksum written with them")
         return state, meta
@@ -219,7 +219,7 @@ class OrbaxSteps:
     """One process's checkpoint steps with orbax (asynchronous, atomic): ``RunCheckpointer``'s storage."""
 
     def __init__(self, directory: str, max_to_keep: int):
-        import orbax.checkpoint as ocp  # imported here: orbax takes a second to import
+        import orbax.checkpoint as ocp  # imported here: orbax is slow to import
 
         self._ocp = ocp
         self._manager = ocp.CheckpointManager(
@@ -230,8 +230,8 @@ class OrbaxSteps:
         ocp = self._ocp
         args = ocp.args.Composite(state=ocp.args.StandardSave(host_state), meta=ocp.args.JsonSave(meta))
         # ``save`` first waits for the previous save and then starts this one's threads: a
-        # Ctrl-C landing inside left orbax with a writer thread it no longer tracks, which
-        # ``close`` did not wait for (a traceback at exit, or a hang). Taken once it returns.
+        # Ctrl-C landing inside would leave orbax with a writer thread it no longer tracks,
+        # which ``close`` does not wait for (a traceback at exit, or a hang). Taken once it returns.
         with interrupts.deferred():
             self._manager.save(step, args=args, force=True)
 

@@ -16,10 +16,10 @@ A line is an ``executor.Event`` with the fields its kind does not set (-1, ``""`
 The writer holds a lock while it numbers and writes an event, so the file's order is the
 ``seq`` order. It writes through a buffer, flushed at least every ``FLUSH_EVERY_S`` seconds
 and when it is closed (at the end of the run, also when it fails or is interrupted):
-memory stays bounded however long the run, the lock is held for microseconds (a line-buffered
-write per event was a system call inside the stage's update lock), and a process killed
-outright loses at most the last second of events and leaves every complete line readable
-(at most the last one is cut short).
+memory stays bounded however long the run, the lock is held only for a buffered write (a
+line-buffered write per event would be a system call inside the stage's update lock), and a
+process killed outright loses at most the last ``FLUSH_EVERY_S`` seconds of events and leaves
+every complete line readable (at most the last one is cut short).
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def summary_line(summary: dict[str, Any]) -> str:
 
 
 def _write_files(out_dir: str, summary: dict[str, Any], rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
-    # Imported here: matplotlib takes a second to import, and in-memory runs never plot.
+    # Imported here: matplotlib is slow to import, and in-memory runs never plot.
     from pdasgd_jax.plots import describe_run, plot_runs, plot_staleness
 
     write_json_atomic(os.path.join(out_dir, SUMMARY_FILE), _jsonable(summary))

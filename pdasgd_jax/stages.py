@@ -60,7 +60,7 @@ class Stage:
     at every call from the caller's key ``rng`` (stream keys ``fold_in(rng, i)``, counts
     zero), so each job draws its own masks and the same key draws the same masks again
     (a ``live`` backward's re-run, a replay). ``rng_def``/``rng_leaves`` describe those
-    variables; a stage without any takes no key and computes exactly as before.
+    variables; a stage without any takes no key.
 
     Parameters and state travel as plain nested dicts of arrays (``nnx.to_pure_dict``),
     not as NNX ``State`` trees: jax flattens plain dicts in C++ at every jitted call, while

@@ -26,7 +26,7 @@ PyTree = Any
 def place(tree: PyTree, device: jax.Device | None) -> PyTree:
     """``tree`` on ``device`` (``None``: where it is), without a copy or a ``device_put`` call
     when every leaf is already a JAX array there: on a one-device run ``device_put``'s own
-    per-call cost was the largest part of a small stage's operation in a profile."""
+    per-call cost can be the largest part of a small stage's operation."""
     if device is None:
         return tree
     leaves = jax.tree.leaves(tree)

@@ -247,9 +247,9 @@ def resume_run(
 
 
 def _from_before_layout_flags(saved: dict[str, Any]) -> dict[str, Any]:
-    """A config saved with ``workers`` and ``sim_devices`` (version 0.1) in today's terms: sync's
-    workers were its devices, every other algorithm's its replicas; ``sim_devices`` were the
-    simulated devices."""
+    """A config saved with ``workers`` and ``sim_devices`` (as version 0.1 wrote it) in the current
+    fields: sync's ``workers`` are its ``devices``, every other algorithm's its ``replicas``;
+    ``sim_devices`` are the simulated ``devices``."""
     saved = dict(saved)
     workers, sim_devices = saved.pop("workers", 0), saved.pop("sim_devices", 0)
     if workers:

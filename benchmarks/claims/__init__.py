@@ -1,4 +1,4 @@
-"""``claims`` (issue 19): the papers' claims measured on the virtual clock, part by part.
+"""``claims``: the papers' claims measured on the virtual clock, part by part.
 
 Parts (``PARTS``; docs/claims.md maps each claim of the PD-ASGD and DaSGD abstracts to one):
 
@@ -196,7 +196,7 @@ def summarise_part(
     digest starts with it.
 
     Raises:
-      ValueError: a line without its table row or provenance (saved before they were), or kept
+      ValueError: a line without its table row or provenance, or kept
         cells that differ in calibration, budget or size (``quick``): one report is one protocol.
     """
     if name not in CELL_PARTS:

@@ -109,7 +109,7 @@ def run_spec(spec: dict[str, Any], *, quick: bool) -> tuple[dict[str, Any], dict
 
 
 def summary(results: list[dict[str, Any]], expected: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Per recipe (``lr_schedule``; a result without one ran before recipes: constant):
+    """Per recipe (``lr_schedule``; a result without one: constant):
     PD-ASGD's points below SGD per depth, whether every depth met the target (within the
     points, no failed seed; None, not judged, while a depth of ``expected`` is missing:
     default the full grid, ``specs(False)``), and layer minus block per depth."""

@@ -5,14 +5,14 @@ parts train ``resnet1d`` (a stem, ``M - 2`` residual blocks and a head: M stages
 on ``mnist1d-large`` (20k training signals), offline and cheap enough per stage for two CPU
 cores, on the virtual clock with costs calibrated from the real kernels.
 
-Budget, chosen from one measured cell on the 2-core development machine (docs/claims.md,
-"Budget"): 3 epochs, target 90 % test accuracy, evaluations every 2000 examples. Rates are
-tuned on seeds 100 and 101 (never reported; mean time, a rate missing the target on either is
-out: one tuning seed picked edge-of-stability rates in ``delays`` that then failed on reported
-seeds) over a grid 4x apart, widened once each way while the best rate is on its edge; seeds
-0, 1, 2 are reported. A reported seed that diverged (or collapsed to near chance) counts as a
-failure, never as a dropped sample (``accuracies``). Each part tunes for what it reports: time to the target, or final
-accuracy (``cell``'s ``tuned_on``; the ``accuracy`` part).
+Budget (docs/claims.md, "Budget", gives the reasons): 3 epochs, target 90 % test accuracy,
+evaluations every 2000 examples. Rates are tuned on seeds 100 and 101 (never reported; mean
+time, a rate missing the target on either is out: a single tuning seed can pick
+edge-of-stability rates that then fail on the reported seeds) over a grid 4x apart, widened
+once each way while the best rate is on its edge; seeds 0, 1, 2 are reported. A reported seed
+that diverged (or collapsed to near chance) counts as a failure, never as a dropped sample
+(``accuracies``). Each part tunes for what it reports: time to the target, or final accuracy
+(``cell``'s ``tuned_on``; the ``accuracy`` part).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ BATCH_SIZE = 16
 EVAL_EVERY = 2000
 QUICK_EVAL_EVERY = 500
 SEEDS = (0, 1, 2)
-TUNING_SEEDS = (100, 101)  # as delays.TUNING_SEEDS: one seed picked rates that failed on reported seeds
+TUNING_SEEDS = (100, 101)  # as delays.TUNING_SEEDS: a single seed can pick rates that fail on reported seeds
 MAX_WIDENINGS = 1
 CHANCE = 0.1  # mnist1d's 10 classes: a diverged seed's accuracy
 COLLAPSED = 2 * CHANCE  # a final accuracy below this is a failed run, as a diverged one is
@@ -58,8 +58,8 @@ def protocol(depth: int, *, quick: bool, stop_at_target: bool, lr_schedule: str 
     """The time-to-target protocol of ``resnet1d`` with ``depth`` stages, every algorithm's rate
     on ``lr_schedule`` (``--lr-schedule``: constant, or e.g. cosine to 0 over the run's updates)."""
     dataset = QUICK_DATASET if quick else DATASET
-    # The constant schedule is the Config default: left out, so its protocol (and the run
-    # cache's keys) are those of every run before the option existed.
+    # The constant schedule is the Config default: left out, so a constant-rate protocol (and
+    # its run cache keys) is the protocol that does not name the option.
     base = (("dataset", dataset), ("depth", depth), ("model", MODEL))
     recipe = () if lr_schedule == "constant" else (("lr_schedule", lr_schedule),)
     return delays.Protocol(
@@ -117,7 +117,7 @@ def calibration(depth: int, *, quick: bool) -> Calibration:
     return delays.calibration(protocol(depth, quick=quick, stop_at_target=True).base, BATCH_SIZE)
 
 
-# A spec key a result may lack because it ran before the key existed, and the value it had.
+# A spec key a saved result may lack, and the value such a result stands for.
 _SPEC_DEFAULTS = {"lr_schedule": "constant", "straggler": False}
 
 

@@ -34,9 +34,9 @@ ALGOS = ("sync", "asgd-3t", "lpp", "asgd-3t-rep", "pdasgd", "pdasgd-job-delay")
 # their runs are the same under both semantics and one set of them serves both comparisons.
 JOB_DELAY = "pdasgd-job-delay"
 # The asynchronous baselines at PD-ASGD's threads per device: shared-store ASGD, the paper's
-# LPP-SGD and replicated ASGD (its (H, d) tuned like its rate; it beat PD-ASGD in ``delays``).
-# Single-thread ASGD is left out: in ``delays`` it was the best only at k = 0, where the
-# target is not judged.
+# LPP-SGD and replicated ASGD (its (H, d) tuned like its rate; a strong rival in ``delays``,
+# see BENCHMARKS.md). Single-thread ASGD is left out: in ``delays`` it leads only at k = 0,
+# where the target is not judged.
 BASELINES = ("asgd-3t", "lpp", "asgd-3t-rep")
 TARGET_SPEEDUP = 1.0  # over the best asynchronous baseline, at k >= 1
 EPOCHS_AT_4 = 6.0  # the budget at up to 4 devices; ``epochs_budget`` keeps it per device beyond
@@ -47,10 +47,9 @@ def epochs_budget(workers: int) -> float:
     device beyond (24 epochs at W = 16). Runs stop at the target, so the budget only bounds the
     runs that miss it, and it must not decide the comparison: with the other parts' fixed 3
     epochs a device at W = 16 trains on a quarter of what it does at W = 4 (sync: 234 steps of
-    its 256-example batch), and in a first W = 16 attempt (k = 1 and 4) every rate of sync,
-    ``asgd-3t`` and LPP-SGD missed 90 % on the first tuning seed (best final accuracies 0.87,
-    0.39 and 0.78); at W = 4, k = 1 every rate of PD-ASGD and ``asgd-3t`` missed on a tuning seed
-    within 3 epochs (review item 26), so the cell could not tune them."""
+    its 256-example batch), too little for sync, ``asgd-3t`` and LPP-SGD to reach 90 % at any
+    rate of the grid, and at W = 4, k = 1 too little for PD-ASGD and ``asgd-3t`` to reach it on
+    every tuning seed, so such a cell could not tune them."""
     return EPOCHS_AT_4 * max(1.0, workers / 4)
 
 
@@ -129,7 +128,7 @@ def compare(
     rival = min(BASELINES, key=lambda a: (by_algo[a]["mean"], _nan_last(lower_bound_time(by_algo[a]))))
     vs_sync, vs_async = speedup(by_algo["sync"], pd), speedup(by_algo[rival], pd)
     ci_sync, ci_async = (ratio_ci95(by_algo[ref]["times"], pd["times"]) for ref in ("sync", rival))
-    job = by_algo.get(JOB_DELAY)  # absent from cells measured before the variant was added
+    job = by_algo.get(JOB_DELAY)  # absent from cells that did not run the variant
     job_vs = {ref: speedup(by_algo[ref], job) for ref in ("sync", rival)} if job else {}
     job_ci = {ref: ratio_ci95(by_algo[ref]["times"], job["times"]) for ref in job_vs}
     if k < 1:
@@ -183,7 +182,7 @@ def compare(
 
 def _examples_ratio(pd: dict[str, Any], ref: dict[str, Any]) -> str:
     """Mean examples to the target of ``pd`` over ``ref``'s ("-" where a seed of either missed
-    it, or the cell was measured before runs recorded them)."""
+    it, or the cell's runs did not record them)."""
     runs = [c.get("examples_to_target", [math.nan]) for c in (pd, ref)]
     if not all(math.isfinite(x) and x > 0 for run in runs for x in run):
         return "-"

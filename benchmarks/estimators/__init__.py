@@ -1,4 +1,4 @@
-"""Estimators behind issue 19's claims: gradient bias against the PD-ASGD bound, and
+"""Estimators behind the ``claims`` benchmark: gradient bias against the PD-ASGD bound, and
 convergence rates of DaSGD against SGD (docs/algorithms.md §9)."""
 
 from benchmarks.estimators.bias import (

@@ -1,4 +1,4 @@
-"""The gradient bias of stale backwards and the PD-ASGD bound on it (issue 19).
+"""The gradient bias of stale backwards and the PD-ASGD bound on it.
 
 The PD-ASGD paper bounds the bias of the gradient a delayed backward applies,
 ``b = E[g_used] - grad f(theta_t)``, by ``||b|| <= G * a / (1 - a)`` with ``a = alpha * eta *

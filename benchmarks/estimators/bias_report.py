@@ -1,4 +1,4 @@
-"""The bias claim: measured bias against the PD-ASGD bound at probe points (issue 19).
+"""The bias claim: measured bias against the PD-ASGD bound at probe points.
 
 ``bias_at_points`` probes every point with ``stashed`` and ``live`` weights
 (``bias.probe_bias``), takes ``alpha`` at each point's current weights

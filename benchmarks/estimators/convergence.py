@@ -1,4 +1,4 @@
-"""DaSGD's convergence in the number of steps K against SGD's, where the optimum is known (issue 19).
+"""DaSGD's convergence in the number of steps K against SGD's, where the optimum is known.
 
 Protocol (``dasgd_convergence``), built so that it can tell the methods apart:
 

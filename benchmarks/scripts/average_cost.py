@@ -1,8 +1,8 @@
 """What one average costs the threaded runtimes on this machine, against the number of groups G.
 
 The virtual clock charges each group's device the calibrated ``average`` (one device's share,
-measured with G = 1) and prices the cross-device part as the network's (``CommModel``);
-BENCHMARKS.md review item 22. This script measures what the threaded runtimes pay here, where
+measured with G = 1) and prices the cross-device part as the network's (``CommModel``; see
+BENCHMARKS.md). This script measures what the threaded runtimes pay here, where
 G fake CPU devices share one host process: the replicated runtime's ``allreduce_mean`` (its
 host dispatch, and the whole call until the means are ready) and LPP-SGD's averager (the
 snapshots gathered on the first device, their mean, copied back to every device), for the

@@ -1,15 +1,15 @@
 """Probes the learning-rate grid edges of the ``delays`` benchmark's hardest cell.
 
-At ``W = 64`` devices, ``k = 0`` (no injected delay, free communication, no straggler),
-``bench delays`` picked sync's largest grid rate (0.8) and PD-ASGD's smallest (0.00078) on
-the old clock (the grid now widens itself at its edges; this probe stays for checking a
-cell by hand).
+At ``W = 64`` devices, ``k = 0`` (no injected delay, free communication, no straggler), the
+best rates can sit on the edges of ``bench delays``' grid: sync's largest grid rate (0.8) and
+PD-ASGD's smallest (0.00078). The benchmark widens its grid at an edge itself; this probe
+checks such a cell by hand.
 This script runs, on seed 0 and the same protocol (``benchmarks.delays``), PD-ASGD
-on a finer grid around its best rate and sync above its grid, to check that a wider grid
+on a finer grid around that rate and sync above its grid, to check that a wider grid
 would not change the cell's verdict. Prints one line per run: virtual milliseconds to
 the target accuracy (``inf``: never reached or diverged).
 
-    python -m benchmarks.scripts.delays_grid_edges     # about 20 seconds on two CPU cores (old clock)
+    python -m benchmarks.scripts.delays_grid_edges
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ then writes a markdown report to stdout. Per cell:
   of mean times with a 95 % interval on the log scale (``bench.log_ratio_ci95``, positive
   always), and the measured staleness and busiest-device share that explain them.
 
-Then the issue's targets: PD-ASGD at least 1.0x the best asynchronous baseline in every cell
+Then the targets: PD-ASGD at least 1.0x the best asynchronous baseline in every cell
 with delays (k >= 0.5) at W = 4 and 16; at least 5.95x over sync in its best cell with delays,
 judged against the stronger sync (plain sync's figure beside it), the best cell being a maximum
 over many noisy cells (biased upwards); and the protocol's own check that PD-ASGD is not slower

@@ -1,8 +1,8 @@
 """The ``delays`` benchmark on a part of its grid, one cell at a time.
 
 ``python -m benchmarks delays`` runs every cell (W in {4, 16, 64}, k, straggler) and
-writes its table at the end; on a 2-core machine the faithful clock makes that a matter of
-hours (runs that miss the target use the whole budget). This script runs the cells of the
+writes its table at the end; on a 2-core machine that is a matter of hours (runs that miss
+the target use the whole budget). This script runs the cells of the
 given device counts with the same protocol (``benchmarks.delays.grid``), appending
 each finished cell to ``OUT/delays-subgrid.jsonl`` and its table row to
 ``OUT/delays-subgrid.md`` as it goes, so a partial run still reports what it measured.

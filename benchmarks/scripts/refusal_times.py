@@ -6,7 +6,7 @@ message and whether anything was written to ``DIR``. ``tests/test_cli.py`` check
 refusals in-process (exit 2, the flag named, nothing written, no model built); this script
 is where the seconds are measured, since a test must not assert wall-clock times.
 
-    python -m benchmarks.scripts.refusal_times    # about 1-3 s per flag on two CPU cores
+    python -m benchmarks.scripts.refusal_times
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each module exposes ``run(out_dir: str, *, quick: bool) -> tuple[dict, str]``: the raw
 results (written to ``out_dir/<name>.json``) and a markdown table (``out_dir/<name>.md``).
-The study that measured the papers' claims (delay grids, claims, runtime prediction) is not
+The study that measures the papers' claims (delay grids, claims, runtime prediction) is not
 part of the package: it lives in the repository's ``benchmarks/`` folder.
 """
 

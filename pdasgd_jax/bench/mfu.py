@@ -174,8 +174,8 @@ class CountedProgram:
     """A jitted function that counts its calls, and with ``signatures`` on, its calls per
     compiled program (argument signature), whose FLOPs ``flops`` adds up.
 
-    The signature of a call costs more host time than the dispatch itself (30-380 us per
-    call for these kernels on this loaded CPU), so timed runs count calls alone.
+    The signature of a call can cost more host time than the dispatch itself, so timed runs
+    count calls alone.
     Thread-safe: the runtime's workers call the same kernels concurrently.
     """
 
@@ -302,9 +302,8 @@ class Bench:
         self.batch_size = batch_size
         self.device = jax.devices()[0]
         dataset = synthetic_cifar(16 * batch_size, batch_size, seed)
-        # The model's own initialisers, drawn with the "rbg" generator: compiling them with
-        # the default threefry hash took 62 s against 10 s (width 1/16, on this loaded
-        # 2-core CPU), and only the shapes matter here.
+        # The model's own initialisers, drawn with the "rbg" generator: they compile several
+        # times faster than with the default threefry hash, and only the shapes matter here.
         rngs = nnx.Rngs(jax.random.key(seed, impl="rbg"))
         model, variables = from_modules(resnet18_stages(CIFAR_SHAPE, NUM_CLASSES, width=width, rngs=rngs))
         # The config picks the optimizer and validates; its dataset and model name the pair

@@ -44,7 +44,7 @@ from pdasgd_jax.simulate.fastpath import (
 )
 
 BATCH_SIZES = (32, 256)
-EPOCHS = 20.0  # long enough (0.2-0.4 s per timed run) for the timer not to be the noise
+EPOCHS = 20.0  # long enough a timed run for the timer not to be the noise
 REPEATS = 7
 
 

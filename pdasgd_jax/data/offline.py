@@ -72,7 +72,7 @@ def _mnist1d_arrays(num_samples: int, seed: int, cache_dir: str | None) -> dict[
     """MNIST-1D's ``x``, ``y``, ``x_test``, ``y_test`` at ``num_samples``, from ``cache_dir`` if an
     earlier call saved them there, else generated (and saved there).
 
-    Generating takes about 0.6 ms per sample on one core (15 s for 25,000), hence the cache.
+    Generating costs time per sample, noticeable at the larger sizes, hence the cache.
     The file name hashes the package version and every generator argument, so a changed
     generator is never served old data.
     """

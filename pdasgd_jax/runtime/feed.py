@@ -116,9 +116,9 @@ class DataFeed:
             self._control.thread_running(self.name)
             # Up to a queue's worth of batches is loaded ahead, while the gate is shut; when it
             # opens, every loaded batch it lets through goes out in one burst (``put_many``),
-            # which wakes every waiting worker at once. Put one at a time, each put handed the
-            # GIL to the woken worker, which barged back for the next batch, so the workers
-            # restarted one after another (measured: about 230 us apart on this 2-core VM).
+            # which wakes every waiting worker at once. Put one at a time, each put would hand
+            # the GIL to the woken worker, which barges back for the next batch, so the workers
+            # would restart one after another, staggered.
             ahead: collections.deque[Batch] = collections.deque()
             self._load(ahead)
             while ahead:

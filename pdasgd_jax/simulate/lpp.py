@@ -224,7 +224,7 @@ def run_lpp(
     other simulated runners. ``RunResult.params`` is the mean of the device replicas.
 
     It writes no checkpoints (``checkpointer`` is only checked for one to resume, which is
-    refused): the replicas and a round in flight are not saved yet.
+    refused): the replicas and a round in flight are not saved.
 
     Raises:
       ConfigError: ``checkpointer`` holds a checkpoint to resume.

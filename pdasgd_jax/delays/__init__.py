@@ -1,0 +1,46 @@
+"""Timing and delay models for the virtual clock and the real runtime (algorithms.md §5).
+
+* ``DelayModel`` (``delay_model``): injected delays drawn from a named distribution, plus the
+  ``straggler`` slow-down, as idle time after each operation.
+* ``CommModel`` and ``tree_nbytes`` (``comm``): all-reduce and parameter transfer costs.
+* ``TimingModel`` (``timing``): how long each per-stage kernel and each fused program (a job's
+  whole gradient, a whole training step) takes, per worker, and how concurrent kernels share
+  a device.
+* ``straggler_factors`` and ``with_stragglers`` (``stragglers``): ``--straggler-devices``, the
+  last devices persistently slower, whatever the delay model.
+* ``from_flops`` and ``stage_forward_flops`` (``flops``): costs from FLOP counts
+  (``pdasgd_jax.calibration`` measures them instead).
+* ``rng_for`` (``streams``): one independent random stream per (seed, purpose, worker), so
+  that the same seed gives bitwise the same delays in the simulator and in the runtime.
+
+Example::
+
+    timing = calibration.calibrate(k, params, states, opt_states, x, y).timing
+    delay = delays.DelayModel.from_config(config, timing.step_compute_time())
+    rng = delays.rng_for(config.seed, "delay", worker)
+    busy = timing.forward_time(m, worker)
+    idle = delay.idle_time(rng, busy)
+"""
+
+from pdasgd_jax.config import DELAY_MODELS, DELAY_PER
+from pdasgd_jax.delays.comm import CommModel, PyTree, tree_nbytes
+from pdasgd_jax.delays.delay_model import DelayModel
+from pdasgd_jax.delays.flops import from_flops, stage_forward_flops
+from pdasgd_jax.delays.stragglers import straggler_factors, with_stragglers
+from pdasgd_jax.delays.streams import rng_for
+from pdasgd_jax.delays.timing import TimingModel
+
+__all__ = [
+    "DELAY_MODELS",
+    "DELAY_PER",
+    "CommModel",
+    "DelayModel",
+    "PyTree",
+    "TimingModel",
+    "from_flops",
+    "rng_for",
+    "stage_forward_flops",
+    "straggler_factors",
+    "tree_nbytes",
+    "with_stragglers",
+]

@@ -13,7 +13,7 @@ from benchmarks.runtime.host import host_model
 from benchmarks.runtime.protocol import ALGORITHMS, DELAY_BATCH, HOST_FIT_SEEDS, SEEDS, TARGET, TUNING_SEEDS, WORKERS
 from benchmarks.runtime.stats import _mean
 from pdasgd_jax.bench import json_ready, sample_std
-from pdasgd_jax.bench.throughput import THROUGHPUT_BATCHES, device_placements, throughput_table
+from pdasgd_jax.bench.throughput import device_placements, throughput_plan, throughput_table
 from pdasgd_jax.bench.throughput import digits_experiment as _experiment
 from pdasgd_jax.compare import markdown_table
 
@@ -78,8 +78,7 @@ def _host_model_text(model: dict[str, Any]) -> str:
 def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     """Throughput and time to target (``quick``: a quarter of the batches, one repeat, one seed, k = 10)."""
     del out_dir
-    batches = {bs: n // 4 for bs, n in THROUGHPUT_BATCHES.items()} if quick else THROUGHPUT_BATCHES
-    repeats = 1 if quick else 11
+    batches, repeats = throughput_plan(quick)
     factors, seeds, epochs = ((10.0,), (0,), 4.0) if quick else ((0.0, 2.0, 10.0), SEEDS, 10.0)
     tuning_seeds = () if quick else TUNING_SEEDS
     base = _experiment()

@@ -225,11 +225,17 @@ def throughput_header(device_kind: str, num_devices: int, repeats: int) -> str:
     )
 
 
+def throughput_plan(quick: bool) -> tuple[dict[int, int], int]:
+    """Batches per timed run for each batch size, and the interleaved repeats (``quick``: a
+    quarter of the batches, one repeat)."""
+    batches = {bs: n // 4 for bs, n in THROUGHPUT_BATCHES.items()} if quick else THROUGHPUT_BATCHES
+    return batches, 1 if quick else 11
+
+
 def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     """Every layout at both batch sizes (``quick``: a quarter of the batches, one repeat)."""
     del out_dir
-    batches = {bs: n // 4 for bs, n in THROUGHPUT_BATCHES.items()} if quick else THROUGHPUT_BATCHES
-    repeats = 1 if quick else 11
+    batches, repeats = throughput_plan(quick)
     devices = jax.devices()
     results, rows = throughput_table(digits_experiment(), device_placements(), batches, repeats)
     out = {"device": devices[0].device_kind, "num_devices": len(devices), "repeats": repeats, "throughput": results}

@@ -232,7 +232,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             if args.name not in BENCHMARKS:
                 raise ConfigError(_unknown_benchmark(args.name))
-
             print(run_benchmark(args.name, args.out, quick=args.quick, show_progress=args.progress))
     except (ConfigError, DatasetNotPreparedError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -252,7 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-# The study's protocols, which ``bench`` ran before they moved out of the package.
+# The study's protocols (``benchmarks.STUDIES``, which the package cannot import), named so that
+# ``bench NAME`` can say where one runs.
 _STUDY_PROTOCOLS = ("parity", "delays", "delays-network", "runtime", "overlap", "stability", "claims")
 
 

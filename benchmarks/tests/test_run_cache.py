@@ -234,3 +234,12 @@ def test_the_scripts_flags_name_the_cache_directory():
 def test_bench_refuses_a_run_cache_it_would_not_use(capsys):
     assert study_main(["parity", "--run-cache", "runs"]) == 2
     assert "--run-cache applies to the protocols delays, delays-network, claims" in capsys.readouterr().err
+
+
+def test_the_package_cli_names_every_protocol_of_the_study():
+    """``python -m pdasgd_jax bench NAME`` points a protocol's name at ``python -m benchmarks``; its list
+    of names is the harness's own."""
+    from benchmarks import STUDIES
+    from pdasgd_jax import cli
+
+    assert tuple(STUDIES) == cli._STUDY_PROTOCOLS

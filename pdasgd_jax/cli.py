@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in comparison.files:
                 print(f"wrote {path}")
         elif args.command == "replay":
-            from pdasgd_jax.replay_run import replay_run
+            from pdasgd_jax.runners.replay import replay_run
 
             report = replay_run(args.run_dir, rtol=args.rtol, atol=args.atol)
             print(report.text)

@@ -22,8 +22,8 @@ from pdasgd_jax.eventlog import save_final_variables
 from pdasgd_jax.experiment import Experiment, check_against_dataset, load_checked_dataset
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.reporting import write_json_atomic, write_summary
-from pdasgd_jax.run_result import Runner
 from pdasgd_jax.runners import select_runner
+from pdasgd_jax.runners.result import Runner
 from pdasgd_jax.stages import StagedModel, Variables
 
 # Algorithms whose runs write no checkpoints, so ``--resume`` is refused before any work.

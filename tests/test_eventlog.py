@@ -14,8 +14,8 @@ from pdasgd_jax.cli import main
 from pdasgd_jax.eventlog import EventFile, EventLogFile, event_from_json, event_to_json
 from pdasgd_jax.executor import Event, EventKind, last_reads
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.replay_run import replay_experiment
 from pdasgd_jax.rundir import EVENT_LOG, FINAL_VARIABLES, clear_run
+from pdasgd_jax.runners.replay import replay_experiment
 from pdasgd_jax.runtime.feed import numbered_batches
 from pdasgd_jax.train import load_run_config
 

@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
         (
             "ground: pure kernels, optimizers, store and small utilities",
             "errors version choices cache interrupts affinity placement collectives schedules optim stages store "
-            "kernels spmd replication rundir divergence distributed",
+            "kernels spmd replication rundir divergence distributed deprecation",
         ),
         ("data and models", "data models"),
         ("configuration", "config presets layout"),
@@ -26,11 +26,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
             "execution pieces: executor, timing, records",
             "executor lpp delays program_timing calibration eventlog metrics checkpoint plots compare reporting",
         ),
-        ("the experiment", "experiment run_result"),
-        ("ways of running", "simulate runtime sync_runner averaging_runner runners"),
-        ("entry points", "train replay_run bench cli __main__"),
+        ("the experiment", "experiment runners.result"),
+        ("ways of running", "simulate runtime runners"),
+        ("entry points", "train runners.replay bench cli __main__"),
+        ("old paths, kept one release", "sync_runner averaging_runner run_result replay_run runtime.runner"),
     )
 )
+ENTRY_POINTS = next(i for i, (floor, _) in enumerate(LAYERS) if floor == "entry points")
 HARNESS = "benchmarks"  # the study beside the package, which no package module may import
 
 
@@ -77,7 +79,7 @@ def _all_imports(path: pathlib.Path) -> set[str]:
 def layer_of(module: str) -> int:
     """The index in ``LAYERS`` of ``module``'s floor (by its longest declared prefix)."""
     if module == PACKAGE:
-        return len(LAYERS) - 1  # the package's __init__ re-exports from every floor
+        return ENTRY_POINTS  # the package's __init__ re-exports from every floor below
     name = module.removeprefix(PACKAGE + ".")
     matches = [
         (len(prefix), index)
@@ -128,7 +130,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_sees_the_imports_it_should():
     graph = import_graph()
     assert "pdasgd_jax.config" in graph["pdasgd_jax"]  # `from pdasgd_jax.config import Config`
-    assert "pdasgd_jax.simulate" in graph["pdasgd_jax.runners"]  # a package counts as its __init__
+    assert "pdasgd_jax.simulate" in graph["pdasgd_jax.runners.registry"]
+    assert "pdasgd_jax.runtime.lifecycle" in graph["pdasgd_jax.runtime"]  # a package counts as its __init__
+    assert "pdasgd_jax.runners.result" in graph["pdasgd_jax.simulate.run"]  # `from pdasgd_jax.runners.result import`
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
@@ -143,7 +147,7 @@ def test_every_module_has_a_floor_and_imports_run_downward():
         f"pdasgd_jax.stages (floor 0: {LAYERS[0][0]}) imports pdasgd_jax.train (floor 6: {LAYERS[6][0]})"
     ]
     assert layer_of("pdasgd_jax.runtime.queue") == layer_of("pdasgd_jax.runtime") == 5
-    assert layer_of("pdasgd_jax") == 6
+    assert layer_of("pdasgd_jax") == ENTRY_POINTS == 6
     upward = upward_imports(import_graph())
     assert not upward, "imports that run up the floors:\n" + "\n".join(upward)
 

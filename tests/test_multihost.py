@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 
 from pdasgd_jax import Config
-from pdasgd_jax.averaging_runner import run_dasgd
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.distributed import initialize_from_env_or_args
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners import RUNNERS
+from pdasgd_jax.runners.averaging import run_dasgd
 from pdasgd_jax.runtime.processes import process_share
 from pdasgd_jax.runtime.replicas import ReplicatedRuntime
 from pdasgd_jax.runtime.settings import RuntimeSettings

@@ -21,7 +21,7 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule, delayed_averaging
 from pdasgd_jax.presets import PRESETS, preset_values
 from pdasgd_jax.runners import select_runner
-from pdasgd_jax.runtime.runner import Runtime
+from pdasgd_jax.runtime.lifecycle import Runtime
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.schedules import learning_rate, stage_updates
 

@@ -27,6 +27,7 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError, TrainingClock
 from pdasgd_jax.models.common import Flatten
+from pdasgd_jax.runners.sync import run_sgd
 from pdasgd_jax.runtime import (
     BoundedQueue,
     QueueClosed,
@@ -40,7 +41,6 @@ from pdasgd_jax.runtime import (
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.feed import DataFeed, Gate
 from pdasgd_jax.runtime.workers import ForwardWorker
-from pdasgd_jax.sync_runner import run_sgd
 from pdasgd_jax.train import resume_run
 
 

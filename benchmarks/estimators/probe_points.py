@@ -29,7 +29,7 @@ from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.executor import EventKind, EventLog
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.replay_run import replay_experiment
+from pdasgd_jax.runners.replay import replay_experiment
 from pdasgd_jax.simulate import run_simulated
 
 PROBED_ALGOS = ("asgd", "pdasgd", "pdasgd-block")

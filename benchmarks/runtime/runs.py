@@ -17,9 +17,9 @@ from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states
 from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
+from pdasgd_jax.runners.sync import run_synchronous_loop
 from pdasgd_jax.runtime import Runtime, RuntimeSettings
 from pdasgd_jax.simulate import run_simulated
-from pdasgd_jax.sync_runner import run_synchronous_loop
 
 
 def _first_reaching(metrics: MetricsLog, key: str) -> float:

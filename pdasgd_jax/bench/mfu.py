@@ -5,7 +5,7 @@ synthetic CIFAR-shaped data (32x32x3 normal noise, 10 random labels, seeded; not
 downloaded) on **one device**, the first of ``jax.devices()``, through the library's own
 code paths:
 
-* ``sgd``: ``run_synchronous_loop`` over the fused jitted whole-model step (as ``sync_runner.run_sgd``);
+* ``sgd``: ``run_synchronous_loop`` over the fused jitted whole-model step (as ``runners.sync.run_sgd``);
 * ``sync``: the same loop over ``spmd.make_sync_step`` on a one-device mesh (as ``run_sync``
   with ``--workers 1``: the data parallel step, its all-reduce over one device);
 * ``asgd`` and ``pdasgd``: the threaded ``Runtime`` with ``RuntimeSettings`` (PD-ASGD with
@@ -58,9 +58,9 @@ from pdasgd_jax.experiment import Experiment, make_optimizer
 from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.models.resnet import resnet18_stages
+from pdasgd_jax.runners.sync import run_synchronous_loop
 from pdasgd_jax.runtime import Runtime, RuntimeSettings
 from pdasgd_jax.stages import from_modules
-from pdasgd_jax.sync_runner import run_synchronous_loop
 
 # Peaks -------------------------------------------------------------------------------------
 
@@ -346,9 +346,9 @@ class Bench:
     def _synchronous(self, exp: Experiment, rec: MetricsLog, algo: str) -> float:
         v = exp.variables
         ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
-        if algo == "sgd":  # as sync_runner.run_sgd
+        if algo == "sgd":  # as runners.sync.run_sgd
             step, put, place_state = self.sgd_step, (lambda a: a), jax.device_put
-        else:  # as sync_runner.run_sync on a one-device mesh
+        else:  # as runners.sync.run_sync on a one-device mesh
             sharding = spmd.batch_sharding(self.mesh)
             step = self.sync_step
             put = lambda a: jax.device_put(a, sharding)

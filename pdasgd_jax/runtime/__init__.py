@@ -13,8 +13,8 @@ Example::
 
 from pdasgd_jax.runtime.control import WorkerError
 from pdasgd_jax.runtime.feed import Batch, numbered_batches
+from pdasgd_jax.runtime.lifecycle import JOIN_TIMEOUT_S, Runtime, run_runtime
 from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, Reservation, WouldBlock
-from pdasgd_jax.runtime.runner import JOIN_TIMEOUT_S, Runtime, run_runtime
 from pdasgd_jax.runtime.settings import RUNTIME_ALGOS, RuntimeSettings
 
 __all__ = [

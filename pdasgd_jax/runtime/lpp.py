@@ -42,9 +42,9 @@ from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.run_result import RunResult
+from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.control import Control
-from pdasgd_jax.runtime.runner import Runtime, WorkerPlace
+from pdasgd_jax.runtime.lifecycle import Runtime, WorkerPlace
 from pdasgd_jax.runtime.settings import RuntimeSettings
 from pdasgd_jax.runtime.workers import AsgdWorker, WorkerStats
 from pdasgd_jax.store import ParameterStore

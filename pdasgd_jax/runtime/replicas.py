@@ -50,10 +50,11 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.replication import GroupRounds
-from pdasgd_jax.run_result import RunResult
+from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.group_checkpoints import group_checkpoint, resume_groups, save_groups
 from pdasgd_jax.runtime.groups import GroupGate, LockedRounds
 from pdasgd_jax.runtime.heartbeat import Heartbeat, exit_for_silent_peer
+from pdasgd_jax.runtime.lifecycle import POLL_S, WorkerPlace, run_runtime
 from pdasgd_jax.runtime.lpp import DeviceControl, DeviceStoresRuntime
 from pdasgd_jax.runtime.processes import (
     PeerWatch,
@@ -66,7 +67,6 @@ from pdasgd_jax.runtime.processes import (
 )
 from pdasgd_jax.runtime.queue import BoundedQueue
 from pdasgd_jax.runtime.round_checkpoints import RoundCheckpoints, agree_on_resume
-from pdasgd_jax.runtime.runner import POLL_S, WorkerPlace, run_runtime
 from pdasgd_jax.runtime.settings import RuntimeSettings
 
 

@@ -1,7 +1,7 @@
 """Local SGD and DaSGD on the virtual clock (algorithms.md §4).
 
 Their arithmetic does not depend on timing, so the simulated run executes the real round
-program (``averaging_runner``: ``vmap`` over the simulated workers on one device, or
+program (``runners.averaging``: ``vmap`` over the simulated workers on one device, or
 ``shard_map`` when the devices divide them) and ``averaging_clock`` says when each step
 ends: each worker's compute at its speed plus its injected delays, the model all-reduce
 ``alpha + bytes/beta`` started at every snapshot and waited for at its merge ``d`` steps
@@ -15,13 +15,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pdasgd_jax import averaging_runner, spmd
+from pdasgd_jax import spmd
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
 from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.run_result import RunResult
+from pdasgd_jax.runners.averaging import run_rounds
+from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.averaging_clock import averaging_step_end_times, averaging_work
 from pdasgd_jax.simulate.sync import VirtualTimeMetrics, busy_fractions, fresh_updates
 
@@ -53,7 +54,7 @@ def run_averaging(
         seed=config.seed,
     )
     # The real round program, placed wherever it runs fastest here (the devices are virtual).
-    result = averaging_runner.run_rounds(
+    result = run_rounds(
         exp, VirtualTimeMetrics(metrics, ends), checkpointer, delay=delay_steps, mesh=spmd.worker_mesh(num_workers)
     )
     now = float(ends[result.step - 1])

@@ -43,7 +43,7 @@ from pdasgd_jax.executor import Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernelsProtocol, init_opt_states
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.run_result import RunResult
+from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.scheduler import END, START, Device, Get, Kernel, Process, Put, Scheduler, Sleep, Worker
 from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan, final_evaluation, num_jobs

@@ -17,8 +17,8 @@ from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.run_result import RunResult
 from pdasgd_jax.rundir import TIMING_FILE
+from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.averaging import run_averaging
 from pdasgd_jax.simulate.lpp import run_lpp

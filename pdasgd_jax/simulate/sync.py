@@ -24,9 +24,9 @@ from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states
 from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.runners.sync import run_synchronous_loop
 from pdasgd_jax.simulate.averaging_clock import backup_sync_schedule
 from pdasgd_jax.simulate.simulation import num_jobs
-from pdasgd_jax.sync_runner import run_synchronous_loop
 
 
 class VirtualTimeMetrics:

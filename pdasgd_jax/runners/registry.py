@@ -1,18 +1,18 @@
 """The registry of runners: which function trains ``config.algo``, simulated or real.
 
 Every runner has the signature ``runner(exp, metrics, checkpointer) -> RunResult``
-(``run_result.Runner``).
+(``runners.result.Runner``).
 """
 
 from __future__ import annotations
 
-from pdasgd_jax import averaging_runner
 from pdasgd_jax.config import ALGORITHMS, Config
-from pdasgd_jax.run_result import Runner
+from pdasgd_jax.runners.averaging import run_dasgd, run_local
+from pdasgd_jax.runners.result import Runner
+from pdasgd_jax.runners.sync import run_sgd, run_sync
 from pdasgd_jax.runtime.lpp import run_lpp_runtime
 from pdasgd_jax.runtime.replicas import run_threads
 from pdasgd_jax.simulate import run_simulated
-from pdasgd_jax.sync_runner import run_sgd, run_sync
 
 # Real execution: one device, an SPMD mesh, or the threaded runtime.
 RUNNERS: dict[str, Runner] = {
@@ -21,8 +21,8 @@ RUNNERS: dict[str, Runner] = {
     "asgd": run_threads,
     "pdasgd": run_threads,
     "pdasgd-block": run_threads,
-    "local": averaging_runner.run_local,
-    "dasgd": averaging_runner.run_dasgd,
+    "local": run_local,
+    "dasgd": run_dasgd,
     "lpp": run_lpp_runtime,
 }
 

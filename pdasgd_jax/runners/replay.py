@@ -1,0 +1,203 @@
+"""``replay_run(run_dir)``: re-execute a run's ``events.jsonl`` and check it lands on its final variables.
+
+The experiment is rebuilt from the run's ``config.json`` (its initial variables, optimizer
+and data stream are deterministic given the seed); the log is read twice, lazily: once to
+find, for every parameter version, the last event that reads it, then to replay it with
+``executor.replay``, which drops each version once nothing reads it again. The replayed
+parameters and states are compared with ``final_variables.npz``, leaf by leaf.
+
+Equal to float32 rounding, not bitwise: the threaded runtime runs a job's whole forward and
+each stage's backward and update as fused programs (``FusedForwardExecutor``), the simulator
+a job's whole forward and backward as one (``FusedJobExecutor``), while the replay runs the
+per-stage kernels one operation at a time; XLA may associate the same sums differently in
+the two. A leaf matches when ``|replayed - saved| <= atol + rtol * |saved|`` everywhere.
+
+A log without final variables, or whose last line was cut short (the run crashed or was
+killed), is replayed as far as it goes, which still checks every logged version, but is
+reported as incomplete (not a match): the variables the run held when it stopped were not
+saved, so there is nothing to compare with.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+import optax
+
+from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.eventlog import EventFile, flat_variables, load_final_variables
+from pdasgd_jax.executor import ReplayDiverged, StageExecutor, last_reads, replay
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import init_opt_states
+from pdasgd_jax.rundir import EVENT_LOG, FINAL_VARIABLES
+from pdasgd_jax.runtime.feed import numbered_batches
+from pdasgd_jax.stages import StagedModel, Variables
+from pdasgd_jax.train import load_run_config
+
+RTOL = 1e-4
+ATOL = 1e-6
+
+
+class ReplayReport(NamedTuple):
+    """What ``replay_run`` found.
+
+    Attributes:
+      matches: the replay re-executed every event as logged and its variables equal the
+        saved final ones within the tolerance.
+      text: one line saying so (``replay matches: max |diff| = ...``) or what went wrong.
+      events: the events replayed.
+      max_diff: the largest ``|replayed - saved|`` over all leaves (nan: not compared).
+      leaf: the leaf it is in, or, on a mismatch, the mismatching leaf with the largest
+        difference (None: not compared).
+    """
+
+    matches: bool
+    text: str
+    events: int
+    max_diff: float = float("nan")
+    leaf: str | None = None
+
+
+class _Batches:
+    """``batch_id -> (x, labels)`` of the run's numbered stream, read only as far ahead as
+    asked; each batch is handed out once (a job takes a batch once)."""
+
+    def __init__(self, exp: Experiment, batch_size: int):
+        self._stream = numbered_batches(exp, batch_size)
+        self._ahead: dict[int, tuple[Any, Any]] = {}
+        self._next = 0
+
+    def __call__(self, batch_id: int) -> tuple[Any, Any]:
+        if batch_id < self._next and batch_id not in self._ahead:
+            raise ReplayDiverged(f"replay diverged: batch {batch_id} is started a second time")
+        while batch_id not in self._ahead:
+            batch = next(self._stream)
+            self._ahead[batch.batch_id] = (batch.x, batch.labels)
+            self._next = batch.batch_id + 1
+        return self._ahead.pop(batch_id)
+
+
+def replay_experiment(exp: Experiment, events: Any, batches: Any, **options: Any) -> Any:
+    """``executor.replay`` of ``events`` from ``exp``'s initial variables and optimizer state,
+    with the run's backward-weights rule and seed; ``options`` go to ``replay`` (``reads``)."""
+    config, v = exp.config, exp.variables
+    return replay(
+        events,
+        exp.kernels,
+        v.params,
+        v.states,
+        init_opt_states(exp.tx, v.params),
+        batches,
+        # Both runners' rule: an ASGD worker's gradient is at the weights it read.
+        backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
+        seed=config.seed,
+        **options,
+    )
+
+
+def replay_run(
+    run_dir: str,
+    *,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+    model: tuple[StagedModel, Variables] | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+) -> ReplayReport:
+    """Replays ``run_dir/events.jsonl`` and compares the result with the run's final variables.
+
+    Args:
+      run_dir: a run directory written with ``--event-log``.
+      rtol, atol: a leaf matches when ``|replayed - saved| <= atol + rtol * |saved|``.
+      model, optimizer: the run's own model and optimizer, when it was trained with them
+        (``train_and_evaluate(model=..., optimizer=...)``); its config names neither.
+
+    Raises:
+      ConfigError: ``run_dir`` is not a run directory, was not run with ``--event-log``, or
+        its log is damaged (a line other than the last that is not an event).
+
+    Example::
+
+        report = replay_run("runs/a")
+        print(report.text)  # replay matches: max |diff| = 3.7e-09 (...)
+    """
+    if not (rtol >= 0 and atol >= 0):
+        raise ConfigError(f"--rtol {rtol} and --atol {atol} must be >= 0")
+    config = load_run_config(run_dir)
+    path = os.path.join(run_dir, EVENT_LOG)
+    if not config.event_log or not os.path.exists(path):
+        raise ConfigError(f"{run_dir!r} has no {EVENT_LOG}: only a run trained with --event-log can be replayed")
+    exp = Experiment.from_config(config, model=model, optimizer=optimizer)
+    events = EventFile(path)
+    try:
+        reads = last_reads(events)
+        try:
+            replayed = replay_experiment(exp, events, _Batches(exp, config.batch_size), reads=reads)
+        except ReplayDiverged as e:
+            return ReplayReport(False, f"replay does not match: {e} (event seq {events.count - 1})", events.count)
+    except ValueError as e:
+        raise ConfigError(f"{path} is damaged: {e}") from None
+    final = load_final_variables(run_dir)
+    if events.cut_short is not None or final is None:
+        why = (
+            f"its last line is cut short ({events.cut_short!r})"
+            if events.cut_short is not None
+            else f"there is no {FINAL_VARIABLES}"
+        )
+        return ReplayReport(
+            False,
+            f"replay incomplete: the run did not finish ({why}); its {events.count} complete events replay "
+            f"as logged, but there are no final variables to compare with",
+            events.count,
+        )
+    return _compare(flat_variables(*replayed.store.snapshot()[:2]), final, replayed, events.count, rtol, atol)
+
+
+def _compare(
+    replayed: dict[str, np.ndarray],
+    saved: dict[str, np.ndarray],
+    executor: StageExecutor,
+    count: int,
+    rtol: float,
+    atol: float,
+) -> ReplayReport:
+    """The report of the replayed variables against the saved ones, leaf by leaf."""
+    tolerance = f"|diff| <= {atol:g} + {rtol:g} * |saved|"
+    missing = sorted(set(saved) ^ set(replayed))
+    if missing:
+        return ReplayReport(
+            False,
+            f"replay does not match: leaf {missing[0]} is in only one of the replayed and the saved variables "
+            f"(another model?)",
+            count,
+        )
+    diffs, bad = {}, {}
+    for name, want in saved.items():
+        got = replayed[name].astype(np.float64)
+        want = want.astype(np.float64)
+        diff = np.abs(got - want)
+        diffs[name] = float(diff.max(initial=0.0))
+        if not np.all(diff <= atol + rtol * np.abs(want)):  # a NaN counts as a mismatch
+            bad[name] = diffs[name] if np.isfinite(diffs[name]) else float("inf")
+    updates = executor.staleness.num_updates
+    if bad:
+        leaf = max(bad, key=bad.get)
+        return ReplayReport(
+            False,
+            f"replay does not match: {leaf} differs by up to {bad[leaf]:.3g} ({tolerance}); "
+            f"{len(bad)} of {len(saved)} leaves differ after {count} events, {updates} updates",
+            count,
+            bad[leaf],
+            leaf,
+        )
+    leaf = max(diffs, key=diffs.get) if diffs else None
+    max_diff = diffs[leaf] if leaf is not None else 0.0
+    where = f"in {leaf}" if max_diff else "bitwise equal"
+    return ReplayReport(
+        True,
+        f"replay matches: max |diff| = {max_diff:.3g} ({where}; {count} events, {updates} updates, {tolerance})",
+        count,
+        max_diff,
+        leaf,
+    )

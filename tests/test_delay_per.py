@@ -400,33 +400,3 @@ def test_job_on_a_runtime_without_a_timing_is_refused_not_split_at_random():
     # A delay whose draws are all 0 (straggler's slow-downs only: no calibration) has nothing to split.
     slowdowns = delays.DelayModel("straggler", per="job")
     assert RuntimeSettings("pdasgd", tuple(jax.devices()[:1]), 1, delay=slowdowns).delay_shares(0, 3) == (1.0, 1.0)
-
-
-# The claims benchmark's variant -----------------------------------------------------------------
-
-
-def test_the_claims_variant_runs_pdasgd_with_job_delays_and_the_run_cache_keys_it(monkeypatch, tmp_path):
-    from benchmarks import delays as bench_delays
-    from benchmarks import run_cache
-    from benchmarks.claims import common
-
-    assert common.ALGORITHMS["pdasgd-job-delay"] == {**common.ALGORITHMS["pdasgd"], "delay_per": "job"}
-    assert common.LRS["pdasgd-job-delay"] == common.LRS["pdasgd"]
-    seen = []
-
-    def fake_simulate(exp, timing, protocol, label, **_):
-        seen.append(exp.config)
-        return bench_delays.Outcome(1.0, 0.0, 0.5)
-
-    calibration = types.SimpleNamespace(timing=TIMING, fingerprint="f")
-    monkeypatch.setattr(Experiment, "calibration", lambda self, batch=None: calibration)
-    monkeypatch.setattr(bench_delays.simulation, "_simulate", fake_simulate)
-    protocol = common.protocol(4, quick=True, stop_at_target=True)
-    # The same variant name with and without the override: two runs, not one cached.
-    plain = dataclasses.replace(protocol, algorithms={"v": common.ALGORITHMS["pdasgd"]})
-    job = dataclasses.replace(protocol, algorithms={"v": common.ALGORITHMS["pdasgd-job-delay"]})
-    with run_cache.active(tmp_path):
-        for p in (plain, job, job):
-            bench_delays.time_to_target("v", 2, 2.0, False, 0.02, 0, 0.1, protocol=p)
-    assert [c.delay_per for c in seen] == ["operation", "job"]  # the third was read back
-    assert seen[1].delay_model == "exponential" and seen[1].delay_mean == 2.0 and seen[1].algo == "pdasgd"

@@ -152,11 +152,21 @@ def test_every_module_has_a_floor_and_imports_run_downward():
     assert not upward, "imports that run up the floors:\n" + "\n".join(upward)
 
 
-def test_no_package_module_imports_the_study_harness():
-    offenders = [
+def _harness_imports(folder: pathlib.Path) -> list[str]:
+    return [
         f"{path.relative_to(ROOT.parent)} imports {name}"
-        for path in sorted(ROOT.rglob("*.py"))
+        for path in sorted(folder.rglob("*.py"))
         for name in sorted(_all_imports(path))
         if name == HARNESS or name.startswith(HARNESS + ".")
     ]
+
+
+def test_no_package_module_imports_the_study_harness():
+    offenders = _harness_imports(ROOT)
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_library_tests_leave_the_harness_to_its_own_tests():
+    """``tests/`` tests the library; what tests the study lives in ``benchmarks/tests/``."""
+    offenders = _harness_imports(ROOT.parent / "tests")
     assert not offenders, "\n".join(offenders)

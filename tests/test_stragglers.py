@@ -12,7 +12,7 @@ from pdasgd_jax.cli import main
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import EventKind, EventLog
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.placement import Placement
 from pdasgd_jax.runtime import Runtime, RuntimeSettings
 from pdasgd_jax.runtime.lpp import LppRuntime
@@ -254,26 +254,3 @@ def test_a_threaded_straggler_does_fewer_jobs():
     fast, slow = (w.stats.jobs for w in rt.workers)
     assert fast + slow == settings.num_batches
     assert slow * 4 <= fast  # about 1 : 20 expected; without the slow-down about even
-
-
-# The delays benchmark ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("straggler", [False, True])
-def test_the_delays_bench_straggler_is_the_config_flag(monkeypatch, straggler):
-    """``bench delays`` asks for its straggler with ``--straggler-devices 1`` (one mechanism, in
-    ``run_simulated``) rather than editing the timing itself."""
-    from benchmarks import delays as bench_delays
-
-    seen = {}
-
-    def fake_run(exp, metrics, *, timing, **_):
-        seen.update(config=exp.config, timing=timing)
-        raise NonFiniteLossError("stop here: only the run's setup is under test")
-
-    monkeypatch.setattr(Experiment, "calibration", lambda self, batch=None: types.SimpleNamespace(timing=TIMING))
-    monkeypatch.setattr(bench_delays.simulation, "run_simulated", fake_run)
-    assert bench_delays.time_to_target("asgd", 4, 0.0, straggler, 0.01, 0, 0.1) is bench_delays.DIVERGED
-    assert seen["config"].straggler_devices == int(straggler)
-    assert seen["config"].straggler_factor == bench_delays.STRAGGLER_FACTOR
-    assert seen["timing"].worker_factors == ()  # run_simulated applies the flag

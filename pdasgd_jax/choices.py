@@ -14,3 +14,19 @@ AUGMENTATIONS = ("none", "crop-flip")
 MERGES = ("correct", "overwrite")
 STALENESS_RULES = ("none", "staleness-aware", "delay-compensated")
 LR_SCHEDULES = ("constant", "cosine", "step")
+ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd", "lpp")
+# Those that run as independent worker threads (or simulated workers) updating a shared store
+# (lpp: one store per device, averaged in place).
+ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block", "lpp")
+OPTIMIZERS = ("sgd", "momentum", "adamw")
+DELAY_MODELS = ("none", "constant", "uniform", "exponential", "lognormal", "straggler")
+# What one injected delay draw covers (docs/algorithms.md §5): each worker's part of a job
+# (the default), or a whole job, split over the workers of a PD-ASGD job by their compute.
+DELAY_PER = ("operation", "job")
+BACKWARD_WEIGHTS = ("stashed", "live")
+REPLICATIONS = ("shared", "replicas")
+# What --replication replicas applies to (algorithms.md §3a), and where it runs so far.
+REPLICATED = ("asgd", "pdasgd", "pdasgd-block")
+OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
+# Those with one shared, versioned parameter store, whose reads and updates --event-log records.
+EVENT_LOG_ALGOS = ("asgd", "pdasgd", "pdasgd-block")

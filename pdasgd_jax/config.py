@@ -12,25 +12,26 @@ import math
 import os
 from typing import Any
 
-from pdasgd_jax.choices import AUGMENTATIONS, DATASETS, LR_SCHEDULES, MERGES, MODEL_NAMES, STALENESS_RULES
+from pdasgd_jax.choices import (
+    ALGORITHMS,
+    ASYNCHRONOUS,
+    AUGMENTATIONS,
+    BACKWARD_WEIGHTS,
+    DATASETS,
+    DELAY_MODELS,
+    DELAY_PER,
+    EVENT_LOG_ALGOS,
+    LR_SCHEDULES,
+    MERGES,
+    MODEL_NAMES,
+    OPTIMIZERS,
+    OUTER_OPTIMIZERS,
+    REPLICATED,
+    REPLICATIONS,
+    STALENESS_RULES,
+)
 from pdasgd_jax.errors import ConfigError
 
-ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd", "lpp")
-# Those that run as independent worker threads (or simulated workers) updating a shared store
-# (lpp: one store per device, averaged in place).
-ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block", "lpp")
-OPTIMIZERS = ("sgd", "momentum", "adamw")
-DELAY_MODELS = ("none", "constant", "uniform", "exponential", "lognormal", "straggler")
-# What one injected delay draw covers (docs/algorithms.md §5): each worker's part of a job
-# (today's default), or a whole job, split over the workers of a PD-ASGD job by their compute.
-DELAY_PER = ("operation", "job")
-BACKWARD_WEIGHTS = ("stashed", "live")
-REPLICATIONS = ("shared", "replicas")
-# What --replication replicas applies to (algorithms.md §3a), and where it runs so far.
-REPLICATED = ("asgd", "pdasgd", "pdasgd-block")
-OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
-# Those with one shared, versioned parameter store, whose reads and updates --event-log records.
-EVENT_LOG_ALGOS = ("asgd", "pdasgd", "pdasgd-block")
 MAX_SEED = 2**32 - 1  # seeds are NumPy SeedSequence entropy and JAX PRNG keys alike
 # The learning rate without --lr, per algorithm. The asynchronous ones apply stale updates from
 # several workers to one model: threaded PD-ASGD on digits (2 replicas, 40 epochs) ends every

@@ -36,19 +36,13 @@ from typing import Any, Self
 import jax
 import numpy as np
 
-from pdasgd_jax.config import Config
 from pdasgd_jax.executor import Event, EventKind
-from pdasgd_jax.rundir import EVENT_LOG, FINAL_VARIABLES
+from pdasgd_jax.rundir import FINAL_VARIABLES
 
 PyTree = Any
 FLUSH_EVERY_S = 1.0
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # built once: json.dumps with separators builds one per call
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Event) if f.default is not dataclasses.MISSING}
-
-
-def event_log_path(config: Config) -> str | None:
-    """Where ``config``'s run streams its events (None: it keeps no event log file)."""
-    return os.path.join(config.out, EVENT_LOG) if config.event_log and config.out else None
 
 
 def event_to_json(event: Event) -> str:

@@ -5,18 +5,22 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 import optax
 
-from pdasgd_jax import calibration as calibration_lib
-from pdasgd_jax import data, kernels, models, optim, schedules
+from pdasgd_jax import data, kernels, models, optim, rundir, schedules
 from pdasgd_jax import layout as layout_lib
 from pdasgd_jax.config import Config
+from pdasgd_jax.delays import DelayModel
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.stages import StagedModel, Variables
+
+if TYPE_CHECKING:
+    from pdasgd_jax.calibration import Calibration
 
 EVAL_BATCH_SIZE = 512
 
@@ -124,22 +128,29 @@ def _check_rounds(config: Config, replicas: int, train: data.Split, total_exampl
         )
 
 
-def check_against_dataset(config: Config, dataset: data.Dataset) -> None:
+def delay_model_of(config: Config, step_compute_time: float) -> DelayModel:
+    """``config``'s injected delays (``--delay-model``, ``--delay-mean`` in steps of compute,
+    ``--delay-sigma``, ``--straggler-prob``, ``--straggler-factor``, ``--delay-per``) in seconds,
+    one step's compute taking ``step_compute_time``."""
+    return DelayModel.in_steps(
+        config.delay_model,
+        config.delay_mean,
+        step_compute_time,
+        sigma=config.delay_sigma,
+        prob=config.straggler_prob,
+        factor=config.straggler_factor,
+        per=config.delay_per,
+    )
+
+
+def check_against_dataset(config: Config, dataset: data.Dataset) -> layout_lib.Layout:
     """Refuses a batch, budget, layout or averaging round that ``dataset`` or this machine's
-    devices cannot give ``config``; needs no model, so it runs before one is built."""
+    devices cannot give ``config``; needs no model, so it runs before one is built. Returns
+    the layout it resolved, which the experiment then keeps."""
     _check_budget(config, dataset)
     layout = layout_lib.resolve(config, jax.device_count())
     _check_rounds(config, layout.replicas, dataset.train, round(config.epochs * len(dataset.train)))
-
-
-def load_checked_dataset(config: Config) -> data.Dataset:
-    """The dataset ``config`` names, once ``config`` has passed every check that needs no model
-    (``Config.validate`` and ``check_against_dataset``): a bad flag is refused before any model,
-    kernel or file exists."""
-    config.validate()
-    dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
-    check_against_dataset(config, dataset)
-    return dataset
+    return layout
 
 
 @dataclasses.dataclass
@@ -179,21 +190,20 @@ class Experiment:
             without ``model``, ``config``'s model is built for it. Either way every flag is
             checked against it (``check_against_dataset``) before a model exists.
         """
-        config.validate()
+        config.validate()  # a no-op for a config the entry point has validated already
         if optimizer is not None and _scheduled(config):
             raise ConfigError(
                 f"--lr-schedule {config.lr_schedule} --warmup {config.warmup} applies to the config's optimizer, "
                 f"not to your own: give it an optax schedule as its learning rate instead"
             )
         if dataset is None:
-            dataset = load_checked_dataset(config)
-        else:
-            check_against_dataset(config, dataset)
+            dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
+        layout = check_against_dataset(config, dataset)  # every flag checked before a model exists
         model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed, depth=config.depth)
         rule = (config.staleness_rule, config.dc_lambda)
         own = None if optimizer is None else optim.with_staleness_rule(optimizer, *rule)
         exp = cls(config, dataset, model, variables, own)
-        exp.layout  # noqa: B018 (devices and replicas are checked against this machine before any work)
+        exp.__dict__["layout"] = layout  # resolved once, by the check above
         if optimizer is None:  # its schedule's horizon depends on the layout and the budget
             exp.horizon = schedule_horizon(config, exp.layout, exp.total_examples)
             exp.tx = config_optimizer(config, exp.horizon)
@@ -254,10 +264,12 @@ class Experiment:
         config = self.config
         return config.batch_size // self.layout.replicas if config.algo == "sync" else config.batch_size
 
-    def calibration(self, batch_size: int | None = None) -> calibration_lib.Calibration:
+    def calibration(self, batch_size: int | None = None) -> Calibration:
         """This model's kernel costs at ``batch_size`` (default: ``worker_batch_size``) on this
         machine: ``--timing``'s file (checked against this model, optimizer, batch, device and JAX
         version), or the cached or fresh measurement (``--recalibrate``: always fresh)."""
+        from pdasgd_jax import calibration as calibration_lib  # only runs that need the clock time kernels
+
         batch_size = batch_size or self.worker_batch_size
         x, y = next(self.train_stream(batch_size))
         v = self.variables
@@ -266,6 +278,16 @@ class Experiment:
             expected, _ = calibration_lib.fingerprint(*args)
             return calibration_lib.load(self.config.timing, expected=expected, num_stages=self.model.num_stages)
         return calibration_lib.calibrate(*args, recalibrate=self.config.recalibrate)
+
+    def delay_model(self, step_compute_time: float) -> DelayModel:
+        """The run's injected delays in seconds (``delay_model_of``)."""
+        return delay_model_of(self.config, step_compute_time)
+
+    @property
+    def event_log_path(self) -> str | None:
+        """Where the run streams its events (``None``: it keeps no event log file)."""
+        config = self.config
+        return os.path.join(config.out, rundir.EVENT_LOG) if config.event_log and config.out else None
 
     @property
     def total_examples(self) -> int:

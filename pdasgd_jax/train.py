@@ -19,7 +19,7 @@ from pdasgd_jax.data import Dataset
 from pdasgd_jax.divergence import DivergenceWatch
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.eventlog import save_final_variables
-from pdasgd_jax.experiment import Experiment, check_against_dataset, load_checked_dataset
+from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.reporting import write_json_atomic, write_summary
 from pdasgd_jax.runners import select_runner
@@ -145,7 +145,7 @@ def train_and_evaluate(
         result = train_and_evaluate(Config(algo="sgd", dataset="digits", epochs=5))
         print(result["test_accuracy"], len(result.variables.params))
     """
-    config.validate()
+    config.validate()  # the edge: everything below takes the config as checked
     run_out = config.out  # every process checkpoints its own groups there
     if config.out and jax.process_index() != 0:
         # Process 0 writes the run's files; the others would write the same files over them.
@@ -167,13 +167,8 @@ def train_and_evaluate(
         )
     if resume and not (run_out and os.path.isdir(os.path.join(run_out, rundir.CHECKPOINT_DIR))):
         raise ConfigError(f"nothing to resume: {run_out!r} holds no checkpoints")
-    # Every flag is checked before a model or a file exists.
-    if dataset is None:
-        checked = load_checked_dataset(config)
-    else:
-        check_against_dataset(config, dataset)
-        checked = dataset
-    exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=checked)
+    # Every flag is checked against the data before a model exists, and before any file is written.
+    exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=dataset)
     recorded = _recorded_config(
         config, own_model=model is not None, own_optimizer=optimizer is not None, dataset=dataset
     )

@@ -104,14 +104,13 @@ BAD_FLAGS = [
 @pytest.mark.parametrize("args, message, make_out", BAD_FLAGS)
 def test_every_bad_flag_is_refused_before_any_work(args, message, make_out, capsys, tmp_path, monkeypatch):
     """Exit 2 with a message naming the flag, before a model exists or a file is written."""
-    from pdasgd_jax import models
-    from pdasgd_jax.experiment import Experiment
+    from pdasgd_jax import kernels, models
 
     def no_work(*args, **kwargs):
         raise AssertionError("a bad flag must be refused before a model or kernels are built")
 
-    monkeypatch.setattr(Experiment, "from_config", no_work)
     monkeypatch.setattr(models, "build_model", no_work)
+    monkeypatch.setattr(kernels, "StageKernels", no_work)
     monkeypatch.chdir(tmp_path)
     out = make_out(tmp_path) if make_out else tmp_path / "never"
     before = _snapshot(out), _snapshot(tmp_path)

@@ -16,7 +16,7 @@ import pytest
 
 from pdasgd_jax import Config, delays
 from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.experiment import Experiment, delay_model_of
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runtime import Runtime, RuntimeSettings
 from pdasgd_jax.runtime.feed import Batch
@@ -97,7 +97,7 @@ def test_bad_delay_per_and_shares_are_named(bad, match):
 def test_job_is_accepted_without_delays_and_from_config_carries_it():
     Config(delay_per="job").validate()  # harmless: nothing to split
     config = Config(delay_model="constant", delay_mean=2.0, delay_per="job").validate()
-    assert delays.DelayModel.from_config(config, 0.5) == delays.DelayModel("constant", 1.0, per="job")
+    assert delay_model_of(config, 0.5) == delays.DelayModel("constant", 1.0, per="job")
 
 
 # The simulator --------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ def _simulate_many(base, **overrides) -> delays.DelayModel:
     )
     metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**6, progress=False)
     assert run_simulated(exp, metrics, timing=TIMING).step == 360
-    return delays.DelayModel.from_config(exp.config, TIMING.step_compute_time())
+    return exp.delay_model(TIMING.step_compute_time())
 
 
 def _own_draws(idles: list[Idle], streams: dict[str, np.random.Generator], delay, role: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from pdasgd_jax import data, delays, kernels, models, program_timing
 from pdasgd_jax.config import Config
+from pdasgd_jax.experiment import delay_model_of
 
 N = 200_000
 
@@ -117,11 +118,13 @@ def test_rng_for_rejects_negative_ids():
         delays.rng_for(0, -1)
 
 
-def test_from_config_scales_mean_by_step_compute():
+def test_the_config_delay_model_scales_mean_by_step_compute():
     cfg = Config(delay_model="lognormal", delay_mean=2.0, delay_sigma=0.7, straggler_prob=0.3, straggler_factor=5.0)
-    model = delays.DelayModel.from_config(cfg, step_compute_time=0.25)
+    model = delay_model_of(cfg, step_compute_time=0.25)
     assert model == delays.DelayModel("lognormal", mean=0.5, sigma=0.7, prob=0.3, factor=5.0)
-    assert delays.DelayModel.from_config(Config(), 0.25) == delays.DelayModel("none", mean=0.0, prob=0.1, factor=3.0)
+    assert delay_model_of(Config(), 0.25) == delays.DelayModel("none", mean=0.0, prob=0.1, factor=3.0)
+    with pytest.warns(DeprecationWarning, match="Experiment.delay_model"):
+        assert delays.DelayModel.from_config(cfg, 0.25) == model  # the old path, for one release
 
 
 def test_comm_arithmetic():

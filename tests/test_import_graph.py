@@ -152,6 +152,19 @@ def test_every_module_has_a_floor_and_imports_run_downward():
     assert not upward, "imports that run up the floors:\n" + "\n".join(upward)
 
 
+def test_nothing_below_the_experiment_reads_the_flat_config():
+    """``Config`` is checked at the edge and turned into typed pieces by ``Experiment`` (layout,
+    delay model, optimizer, event log path, runtime settings); the floors below it take those
+    pieces, never the flat config. Only the configuration floor itself imports it."""
+    config, experiment = "pdasgd_jax.config", layer_of("pdasgd_jax.experiment")
+    readers = [
+        f"{name} (floor {layer_of(name)}: {LAYERS[layer_of(name)][0]})"
+        for name, imported in sorted(import_graph().items())
+        if config in imported and layer_of(name) < experiment and layer_of(name) != layer_of(config)
+    ]
+    assert not readers, "below the experiment, reading the flat config:\n" + "\n".join(readers)
+
+
 def _harness_imports(folder: pathlib.Path) -> list[str]:
     return [
         f"{path.relative_to(ROOT.parent)} imports {name}"

@@ -55,3 +55,17 @@ def test_the_flags_choices_are_the_registries_names():
     assert augment.AUGMENTATIONS == choices.AUGMENTATIONS
     assert optim.MERGES == choices.MERGES and optim.STALENESS_RULES == choices.STALENESS_RULES
     assert schedules.LR_SCHEDULES == choices.LR_SCHEDULES
+
+
+# The code that times this machine's kernels: the simulator's clock, and a real run's delay
+# given in steps of compute. A real run without delays never loads it.
+KERNEL_CLOCK = ("pdasgd_jax.calibration", "pdasgd_jax.program_timing", "pdasgd_jax.simulate")
+
+
+def test_a_real_run_without_delays_loads_neither_the_simulator_nor_the_kernel_clock():
+    code = (
+        "from pdasgd_jax import Config, train_and_evaluate\n"
+        "for algo in ('sgd', 'pdasgd'):\n"
+        "    train_and_evaluate(Config(algo=algo, dataset='digits', epochs=0.05, batch_size=32, progress=False))"
+    )
+    assert _offenders(_loaded_after(code), KERNEL_CLOCK) == []

@@ -155,13 +155,12 @@ CHARGED = dataclasses.replace(TIMING, merge=(MERGE,) * 3, average=AVERAGE)
 
 def _traced(exp, timing, **changes):
     """A simulated replicated run with every update's and averaging program's span, by group."""
-    from pdasgd_jax.delays import DelayModel
     from pdasgd_jax.simulate.replicas import run_replicated
 
     run = exp.with_config(replication="replicas", **changes)
     metrics = MetricsLog(run.evaluate, total_examples=run.total_examples, eval_every=10**9, progress=False)
     spans: dict[int, list] = {}
-    delay = DelayModel.from_config(run.config, timing.step_compute_time())
+    delay = run.delay_model(timing.step_compute_time())
     config = run.config
     trace = lambda g, span: spans.setdefault(g, []).append(span)
     result, now, utilisation, _ = run_replicated(

@@ -150,3 +150,24 @@ def test_a_non_finite_loss_stops_the_run_within_steps_whatever_the_evaluation_ca
     with pytest.raises(NonFiniteLossError):
         RUNNERS["sgd"](exp, log)
     assert CountingLog.calls < 20  # of the 4494 steps of the budget
+
+
+def test_a_run_validates_its_config_checks_it_against_the_data_and_resolves_its_layout_once(monkeypatch):
+    """The configuration flows one way: checked at the edge, turned once into the layout."""
+    from pdasgd_jax import config as config_lib
+    from pdasgd_jax import experiment, layout
+
+    calls = {"check": 0, "against_data": 0, "layout": 0}
+
+    def counting(key, f):
+        def wrapper(*args, **kwargs):
+            calls[key] += 1
+            return f(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(config_lib.Config, "_check", counting("check", config_lib.Config._check))
+    monkeypatch.setattr(experiment, "check_against_dataset", counting("against_data", experiment.check_against_dataset))
+    monkeypatch.setattr(layout, "resolve", counting("layout", layout.resolve))
+    train_and_evaluate(Config(algo="sync", devices=2, epochs=0.1, progress=False))
+    assert calls == {"check": 1, "against_data": 1, "layout": 1}

@@ -13,7 +13,7 @@ import jax
 
 from benchmarks.delays import mean_staleness
 from benchmarks.runtime.protocol import DELAY_BATCH, EVAL_EVERY, TARGET, WORKERS
-from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
+from pdasgd_jax.delays import TimingModel, rng_for
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states
 from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
@@ -47,7 +47,7 @@ def stand_in_loop(exp: Experiment, metrics_for: Callable[[Experiment], MetricsLo
     clock, the lookup alone would be a large part of a short run)."""
     config = exp.config
     step_compute = exp.calibration(DELAY_BATCH).timing.step_compute_time()
-    delay = DelayModel.from_config(config, step_compute)
+    delay = exp.delay_model(step_compute)
     rngs = [rng_for(config.seed, "step-delays", w) for w in range(WORKERS)]  # the simulator's sync streams
     fused = exp.kernels.train_step
 

@@ -16,13 +16,13 @@
 Example::
 
     timing = calibration.calibrate(k, params, states, opt_states, x, y).timing
-    delay = delays.DelayModel.from_config(config, timing.step_compute_time())
-    rng = delays.rng_for(config.seed, "delay", worker)
+    delay = delays.DelayModel.in_steps("exponential", 1.0, timing.step_compute_time())  # mean: one step
+    rng = delays.rng_for(seed, "delay", worker)
     busy = timing.forward_time(m, worker)
     idle = delay.idle_time(rng, busy)
 """
 
-from pdasgd_jax.config import DELAY_MODELS, DELAY_PER
+from pdasgd_jax.choices import DELAY_MODELS, DELAY_PER
 from pdasgd_jax.delays.comm import CommModel, PyTree, tree_nbytes
 from pdasgd_jax.delays.delay_model import DelayModel
 from pdasgd_jax.delays.flops import from_flops, stage_forward_flops

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
+from typing import Any
 
 import numpy as np
 
-from pdasgd_jax.config import DELAY_MODELS, DELAY_PER, Config
+from pdasgd_jax.choices import DELAY_MODELS, DELAY_PER
 from pdasgd_jax.delays._checks import _finite_non_negative, _require
 
 
@@ -70,24 +72,46 @@ class DelayModel:
         _require(math.isfinite(self.factor) and self.factor >= 1, f"straggler factor {self.factor!r} must be >= 1")
 
     @classmethod
-    def from_config(cls, config: Config, step_compute_time: float) -> DelayModel:
-        """The config's delay model, its mean converted from steps of compute to seconds.
+    def from_config(cls, config: Any, step_compute_time: float) -> DelayModel:
+        """Deprecated: ``Experiment.delay_model(step_compute_time)`` builds the run's delay model;
+        this reads the same fields of ``config`` and is removed in the next release."""
+        warnings.warn(
+            "DelayModel.from_config is deprecated; use Experiment.delay_model(step_compute_time)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return cls.in_steps(
+            config.delay_model,
+            config.delay_mean,
+            step_compute_time,
+            sigma=config.delay_sigma,
+            prob=config.straggler_prob,
+            factor=config.straggler_factor,
+            per=config.delay_per,
+        )
+
+    @classmethod
+    def in_steps(
+        cls,
+        name: str,
+        mean_steps: float,
+        step_compute_time: float,
+        *,
+        sigma: float = 1.0,
+        prob: float = 0.1,
+        factor: float = 3.0,
+        per: str = "operation",
+    ) -> DelayModel:
+        """A delay model whose mean is given in multiples of one step's compute.
 
         Args:
-          config: reads ``delay_model``, ``delay_mean`` (in multiples of one step's
-            compute), ``delay_sigma``, ``straggler_prob``, ``straggler_factor`` and ``delay_per``.
+          name, sigma, prob, factor, per: as the fields of the same names.
+          mean_steps: the mean delay in steps of compute (``--delay-mean``).
           step_compute_time: seconds of one step's compute, usually
             ``TimingModel.step_compute_time()``.
         """
         _finite_non_negative("step compute time", step_compute_time)
-        return cls(
-            config.delay_model,
-            config.delay_mean * step_compute_time,
-            config.delay_sigma,
-            config.straggler_prob,
-            config.straggler_factor,
-            config.delay_per,
-        )
+        return cls(name, mean_steps * step_compute_time, sigma, prob, factor, per)
 
     def sample(self, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> float | np.ndarray:
         """Additive delays ``>= 0``: a float when ``size`` is None, else an array of that shape."""

@@ -17,7 +17,7 @@ def rng_for(seed: int, *stream_ids: int | str) -> np.random.Generator:
 
     Example::
 
-        rngs = [rng_for(config.seed, "delay", w) for w in range(num_workers)]
+        rngs = [rng_for(seed, "delay", w) for w in range(num_workers)]
     """
     keys = tuple(zlib.crc32(s.encode()) if isinstance(s, str) else s for s in stream_ids)
     if seed < 0 or any(k < 0 for k in keys):

@@ -12,7 +12,6 @@ from pdasgd_jax.runners.result import Runner
 from pdasgd_jax.runners.sync import run_sgd, run_sync
 from pdasgd_jax.runtime.lpp import run_lpp_runtime
 from pdasgd_jax.runtime.replicas import run_threads
-from pdasgd_jax.simulate import run_simulated
 
 # Real execution: one device, an SPMD mesh, or the threaded runtime.
 RUNNERS: dict[str, Runner] = {
@@ -31,4 +30,8 @@ def select_runner(config: Config) -> Runner:
     """The runner of ``config.algo``: ``run_simulated`` with ``config.simulate``, else ``RUNNERS[config.algo]``."""
     if config.algo not in RUNNERS:
         raise ValueError(f"--algo {config.algo!r} is not allowed; choose one of {', '.join(ALGORITHMS)}")
-    return run_simulated if config.simulate else RUNNERS[config.algo]
+    if config.simulate:  # imported here: only simulated runs load the simulator and the kernel clock
+        from pdasgd_jax.simulate import run_simulated
+
+        return run_simulated
+    return RUNNERS[config.algo]

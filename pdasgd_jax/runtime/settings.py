@@ -15,7 +15,6 @@ import jax
 from pdasgd_jax import delays
 from pdasgd_jax.affinity import AUTO, HostCpus, resolve_host_cpus
 from pdasgd_jax.config import ASYNCHRONOUS
-from pdasgd_jax.eventlog import event_log_path
 from pdasgd_jax.executor import BACKWARD_WEIGHTS
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.placement import Placement
@@ -220,7 +219,7 @@ class RuntimeSettings:
             backward_weights=config.backward_weights if config.algo not in WHOLE_JOBS else "stashed",
             batch_size=config.batch_size,
             num_examples=exp.total_examples,
-            delay=delays.DelayModel.from_config(config, step_time),
+            delay=exp.delay_model(step_time),
             timing=timing,
             # No straggler: no factors (every device at 1), whatever devices a caller then picks.
             device_factors=delays.straggler_factors(
@@ -234,6 +233,6 @@ class RuntimeSettings:
             delay_steps=config.averaging_delay,
             merge=config.merge,
             host_cpus=config.host_cpus,
-            event_log=event_log_path(config),
+            event_log=exp.event_log_path,
         )
         return cls(**{**settings, **overrides})

@@ -12,7 +12,7 @@ from pdasgd_jax import calibration
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import ASYNCHRONOUS, Config
 from pdasgd_jax.delays import CommModel, DelayModel, TimingModel, with_stragglers
-from pdasgd_jax.eventlog import EventLogFile, event_log_path
+from pdasgd_jax.eventlog import EventLogFile
 from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
@@ -107,7 +107,7 @@ def run_simulated(
         timing = _run_timing(exp, checkpointer, worker_batch)
     # Applied here, not saved in timing.json: a resumed run takes them from its config again.
     timing = with_stragglers(timing, devices, config.straggler_devices, config.straggler_factor)
-    delay = DelayModel.from_config(config, timing.step_compute_time())
+    delay = exp.delay_model(timing.step_compute_time())
     if config.algo in SYNCHRONOUS:
         ts, steps, examples, now, utilisation, staleness = run_sync(exp, metrics, checkpointer, timing, delay, workers)
         result = RunResult(ts.params, ts.states, steps, examples, {})
@@ -119,7 +119,7 @@ def run_simulated(
         run = run_lpp if config.algo == "lpp" else run_replicated
         result, now, utilisation, staleness = run(exp, metrics, checkpointer, timing, delay, devices, workers)
     else:
-        path = event_log_path(config) if log is None else None
+        path = exp.event_log_path if log is None else None
         if path and checkpointer is not None and checkpointer.latest_step() is not None:
             raise ValueError(
                 "an event log file covers a run from its initial variables: a resumed run cannot write one"

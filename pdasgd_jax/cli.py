@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from pdasgd_jax.bench import BENCHMARKS
-from pdasgd_jax.config import Config
+from pdasgd_jax.config import RESUME_MAY_CHANGE, Config
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.presets import PRESETS
 from pdasgd_jax.version import __version__
@@ -22,20 +22,23 @@ WORKER_ALGOS = ("asgd", "local", "dasgd")
 _TYPES: dict[str, Callable] = {"str": str, "int": int, "float": float}
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, *, defaults: bool = True) -> None:
+    """One flag per ``Config`` field; without ``defaults``, a flag not given is left out of the
+    parsed namespace (``given_config_flags``)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(Config):
         meta = f.metadata
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"])
+            default = f.default if defaults else argparse.SUPPRESS
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=meta["help"])
             continue
         base = f.type.split("|")[0].strip()
         group.add_argument(
             flag,
             type=_TYPES[base],
-            default=f.default,
+            default=f.default if defaults else argparse.SUPPRESS,
             choices=meta["choices"],
             help=meta["help"],
             metavar=None if meta["choices"] else base.upper(),
@@ -48,8 +51,9 @@ def _program_name() -> str:
     return "python -m pdasgd_jax" if name in ("", "__main__.py", "-m") or name.endswith(".py") else name
 
 
-def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
-    """The command line's parser; with ``preset``, ``train``'s defaults are that preset's values."""
+def build_parser(preset: str | None = None, *, defaults: bool = True) -> argparse.ArgumentParser:
+    """The command line's parser; with ``preset``, ``train``'s defaults are that preset's values;
+    without ``defaults``, ``train``'s config flags not given are absent from the namespace."""
     parser = argparse.ArgumentParser(
         prog=_program_name(), description="Asynchronous and delay-tolerant SGD in JAX (PD-ASGD, DaSGD and baselines)."
     )
@@ -58,7 +62,7 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     train = sub.add_parser(
         "train", help="train one configuration", formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    _add_config_flags(train)
+    _add_config_flags(train, defaults=defaults)
     train.add_argument(
         "--preset",
         choices=tuple(PRESETS),
@@ -70,8 +74,10 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     train.add_argument(
         "--resume",
         metavar="DIR",
-        help="continue the run saved in DIR (its config and newest checkpoint); other flags are ignored, "
-        "but for --progress/--no-progress, which this command's setting decides",
+        help="continue the run saved in DIR with its saved config and newest checkpoint; a flag that would "
+        "change what the run computes is refused unless it equals the saved value (allowed: "
+        + ", ".join("--" + f.replace("_", "-") for f in RESUME_MAY_CHANGE if f != "out")
+        + ")",
     )
     train.add_argument(
         "--overwrite",
@@ -171,6 +177,36 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return config
 
 
+def given_config_flags(argv: Sequence[str]) -> dict[str, object]:
+    """The ``Config`` fields that ``train``'s flags in ``argv`` set explicitly, with their values
+    (``--workers W`` as ``replicas``)."""
+    given = vars(build_parser(defaults=False).parse_args(argv))
+    fields = {f.name for f in dataclasses.fields(Config)}
+    out = {name: value for name, value in given.items() if name in fields}
+    if given.get("workers") is not None:
+        out["replicas"] = given["workers"]
+    return out
+
+
+def resume_config(args: argparse.Namespace, argv: Sequence[str]) -> Config:
+    """``train --resume DIR``'s config: the saved one, with the flags given here over it (which
+    ``train_and_evaluate`` then refuses where they change what the run computes), and this
+    command's progress display.
+
+    Raises:
+      ConfigError: ``--preset`` (a new run's defaults), or an ``--out`` other than ``DIR``.
+    """
+    from pdasgd_jax.train import load_run_config
+
+    if args.preset is not None:
+        raise ConfigError(f"--preset {args.preset} sets a new run's defaults; a resumed run keeps its saved config")
+    given = given_config_flags(argv)
+    if given.get("out", args.resume) != args.resume:
+        raise ConfigError(f"--resume {args.resume} names the run directory; drop --out {given['out']}")
+    config = load_run_config(args.resume)
+    return dataclasses.replace(config, **{**given, "out": args.resume, "progress": args.progress})
+
+
 def _one_line_library_warning(message, category, filename, lineno, line=None) -> str:
     """This library's warnings (a damaged checkpoint skipped, ...) as one line for the user,
     without the source line the default format appends; others as Python formats them."""
@@ -200,12 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pdasgd_jax import interrupts
             from pdasgd_jax.distributed import initialize_from_env_or_args
             from pdasgd_jax.reporting import summary_line
-            from pdasgd_jax.train import load_run_config, train_and_evaluate
+            from pdasgd_jax.train import train_and_evaluate
 
             if args.resume:
-                # The saved config is the run's, but whether a bar is drawn is this command's call.
-                config = load_run_config(args.resume)
-                config.progress = args.progress
+                config = resume_config(args, sys.argv[1:] if argv is None else argv)
             else:
                 config = config_from_args(args).validate()
             initialize_from_env_or_args(

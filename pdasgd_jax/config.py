@@ -32,6 +32,9 @@ from pdasgd_jax.choices import (
 )
 from pdasgd_jax.errors import ConfigError
 
+# What a resumed run may set apart from the saved one: where its data and directory are and how
+# it is watched, never what it computes.
+RESUME_MAY_CHANGE = ("out", "progress", "data_dir", "peer_timeout", "host_cpus")
 MAX_SEED = 2**32 - 1  # seeds are NumPy SeedSequence entropy and JAX PRNG keys alike
 # The learning rate without --lr, per algorithm. The asynchronous ones apply stale updates from
 # several workers to one model: threaded PD-ASGD on digits (2 replicas, 40 epochs) ends every

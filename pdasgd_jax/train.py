@@ -14,7 +14,7 @@ import optax
 
 from pdasgd_jax import rundir
 from pdasgd_jax.checkpoint import RunCheckpointer
-from pdasgd_jax.config import Config
+from pdasgd_jax.config import RESUME_MAY_CHANGE, Config
 from pdasgd_jax.data import Dataset
 from pdasgd_jax.divergence import DivergenceWatch
 from pdasgd_jax.errors import ConfigError
@@ -120,7 +120,9 @@ def train_and_evaluate(
     examples) to ``config.out`` if set (with ``config.event_log`` also ``events.jsonl`` and
     ``final_variables.npz``, see ``pdasgd_jax.eventlog``), holding the directory's lock meanwhile (a second
     process on it is refused; in a multi-process run only process 0 writes them). With ``resume``,
-    continues from the newest checkpoint in ``config.out``; a directory that already holds a run
+    continues from the newest checkpoint in ``config.out`` with the config saved there: a
+    ``config`` that differs from it in anything but ``RESUME_MAY_CHANGE`` is refused before any
+    work, naming each field (``resumed_config``); a directory that already holds a run
     is refused unless ``resume`` or ``overwrite`` (which first deletes what an earlier run wrote
     there, and nothing else).
 
@@ -146,6 +148,8 @@ def train_and_evaluate(
         print(result["test_accuracy"], len(result.variables.params))
     """
     config.validate()  # the edge: everything below takes the config as checked
+    if resume:
+        config = resumed_config(config)
     run_out = config.out  # every process checkpoints its own groups there
     if config.out and jax.process_index() != 0:
         # Process 0 writes the run's files; the others would write the same files over them.
@@ -180,6 +184,29 @@ def train_and_evaluate(
         if not resume:
             write_json_atomic(os.path.join(config.out, rundir.CONFIG_FILE), config.to_dict())
         return _train(exp, runner, recorded, resume=resume)
+
+
+def resumed_config(config: Config) -> Config:
+    """The saved config of the run in ``config.out``, which a resume continues, with the fields
+    of ``RESUME_MAY_CHANGE`` taken from ``config``.
+
+    Raises:
+      ConfigError: ``config`` has no ``out``, ``out`` holds no run, or ``config`` differs from
+        the saved run in anything else (naming every such field and both values).
+    """
+    if not config.out:
+        raise ConfigError("resume continues the run in config.out, and config.out is not set")
+    saved = load_run_config(config.out)
+    given, kept = config.to_dict(), saved.to_dict()
+    differ = [f for f in kept if f not in RESUME_MAY_CHANGE and given[f] != kept[f]]
+    if differ:
+        where = os.path.join(config.out, rundir.CONFIG_FILE)
+        raise ConfigError(
+            f"a resume continues the saved run with its own settings, and these differ from {where}: "
+            + ", ".join(f"--{f.replace('_', '-')} {given[f]!r} (given) vs {kept[f]!r} (saved)" for f in differ)
+            + "; resume with the saved config (train.load_run_config) or start a new run in another directory"
+        )
+    return dataclasses.replace(saved, **{f: getattr(config, f) for f in RESUME_MAY_CHANGE}).validate()
 
 
 def _recorded_config(

@@ -13,11 +13,13 @@ behind.
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
+from pdasgd_jax.outcome import RunFailedWarning
 from pdasgd_jax.reporting import NonFiniteLossError
 from pdasgd_jax.train import train_and_evaluate
 
@@ -40,7 +42,9 @@ def seed_outcomes(algo: str, seeds: Sequence[int], *, epochs: float = EPOCHS, **
     for seed in seeds:
         config = Config(algo=algo, dataset="digits", epochs=epochs, seed=seed, progress=False, **replicas, **overrides)
         try:
-            accuracy, diverged = float(train_and_evaluate(config)["test_accuracy"]), False
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RunFailedWarning)  # a collapse is what this counts
+                accuracy, diverged = float(train_and_evaluate(config)["test_accuracy"]), False
         except NonFiniteLossError:  # the divergence watch's stop, or a NaN loss
             accuracy, diverged = None, True
         collapsed = diverged or accuracy < COLLAPSED_BELOW

@@ -219,16 +219,20 @@ _PYTHON_FORMATWARNING = warnings.formatwarning
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the command line; returns the exit status (2: bad input, with its message alone).
+    """Runs the command line; returns the exit status.
 
-    Bad input (``ConfigError``, a TFDS dataset not prepared) exits 2 with a one-line message;
-    a non-finite training loss exits 1 with its message; any other exception is a failure
-    during the work and propagates with its traceback.
+    0: the run trained (``summary.json``'s ``status`` is ``ok``). 2: bad input (``ConfigError``,
+    a TFDS dataset not prepared), with a one-line message, before any work. 3: the run failed
+    (``pdasgd_jax.outcome``: a non-finite or diverged training loss, a non-finite final test
+    loss, or a final accuracy at chance), with one line saying how; its summary says so too.
+    1: no space left on the device. Any other exception is a failure during the work and
+    propagates with its traceback (Python's exit 1).
     """
     args = parse_args(argv)
     warnings.formatwarning = _one_line_library_warning
     from pdasgd_jax.data import DatasetNotPreparedError
-    from pdasgd_jax.reporting import NonFiniteLossError
+    from pdasgd_jax.errors import LossDivergedError, NonFiniteLossError
+    from pdasgd_jax.outcome import FAILED_RUN_EXIT, RunFailedWarning, failure_line
 
     run_dir = args.resume or getattr(args, "out", None) if args.command == "train" else None
     try:
@@ -245,9 +249,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             initialize_from_env_or_args(
                 args.coordinator_address, args.num_processes, args.process_id, args.coordinator_timeout
             )
-            with interrupts.remembered():  # a Ctrl-C swallowed by library code still stops the run
+            with (
+                interrupts.remembered(),
+                warnings.catch_warnings(),
+            ):  # a Ctrl-C swallowed by library code still stops the run
+                warnings.simplefilter("ignore", RunFailedWarning)  # said below, as the command's error
                 summary = train_and_evaluate(config, resume=bool(args.resume), overwrite=args.overwrite)
             print(summary_line(summary))
+            if summary["status"] != "ok":
+                print(f"error: {failure_line(summary)}", file=sys.stderr)
+                return FAILED_RUN_EXIT
         elif args.command == "compare":
             from pdasgd_jax.compare import compare
 
@@ -271,8 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except NonFiniteLossError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        print(
+            f"error: run failed ({'diverged' if isinstance(e, LossDivergedError) else 'non-finite'}): {e}",
+            file=sys.stderr,
+        )
+        return FAILED_RUN_EXIT
     except KeyboardInterrupt:
         print(f"interrupted{_resume_hint(run_dir)}", file=sys.stderr)
         return 130

@@ -85,6 +85,11 @@ class Config:
     )
     divergence_factor: float = _field(3.0, "multiple of the starting loss that counts as diverged (> 1)")
     divergence_window: int = _field(100, "consecutive steps above it before --on-divergence acts (>= 1)")
+    chance_margin: float = _field(
+        0.05,
+        "a run whose final test accuracy is within this fraction of the way from chance (the most "
+        "frequent test label) to 1 ends as failed (status chance, exit 3), in [0, 1); 0: never",
+    )
     data_dir: str | None = _field(None, "TFDS data directory; None: TFDS's default")
     progress: bool = _field(True, "show a tqdm progress bar")
     # Multi-worker settings shared by the parallel algorithms.
@@ -281,6 +286,8 @@ class Config:
         _positive("delay-sigma", self.delay_sigma)
         _positive("divergence-window", self.divergence_window)
         _positive("peer-timeout", self.peer_timeout)
+        if not (isinstance(self.chance_margin, (int, float)) and 0 <= self.chance_margin < 1):
+            raise ValueError(f"--chance-margin {self.chance_margin!r} must be in [0, 1)")
         if not self.divergence_factor > 1:
             raise ValueError(f"--divergence-factor {self.divergence_factor} must be > 1")
         for name in (

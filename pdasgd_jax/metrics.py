@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 import warnings
@@ -220,7 +221,7 @@ class MetricsLog:
             self._bar.set_postfix(loss=f"{row['loss']:.4f}", acc=f"{row['test_accuracy']:.4f}")
             if self.out_dir:
                 with open(self._path, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+                    f.write(json_line(row))
         return row
 
     def _drain_losses(self) -> float:
@@ -256,7 +257,7 @@ class MetricsLog:
         if self.out_dir and os.path.exists(self._path):
             self.rows = [row for row in _read_rows(self._path) if row["step"] <= position["step"]]
             with open(self._path, "w") as f:
-                f.writelines(json.dumps(row) + "\n" for row in self.rows)
+                f.writelines(json_line(row) for row in self.rows)
         else:
             self.rows = [row for row in self.rows if row["step"] <= position["step"]]
         self.clock.set(position["wall_time"])
@@ -300,3 +301,20 @@ def _read_rows(path: str) -> list[dict[str, Any]]:
             raise ConfigError(f"{path} is damaged at line {number}: not a metrics row with a step")
         rows.append(row)
     return rows
+
+
+def json_line(row: dict[str, Any]) -> str:
+    """``row`` as one line of strict JSON: a NaN or infinite value (a loss with no step behind it,
+    a test loss that overflowed) is written as ``null``, never as the bare ``NaN`` that JSON
+    does not allow."""
+    return json.dumps(_finite_or_null(row), allow_nan=False) + "\n"
+
+
+def _finite_or_null(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from typing import Any
 
 import jax
@@ -12,12 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pdasgd_jax import rundir
+from pdasgd_jax import outcome, rundir
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import RESUME_MAY_CHANGE, Config
 from pdasgd_jax.data import Dataset
 from pdasgd_jax.divergence import DivergenceWatch
-from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.errors import ConfigError, LossDivergedError, NonFiniteLossError
 from pdasgd_jax.eventlog import save_final_variables
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
@@ -169,8 +170,6 @@ def train_and_evaluate(
             f"{config.out!r} was run with --event-log, whose log replays a run from its initial "
             f"variables: it cannot be resumed; start it over with --overwrite"
         )
-    if resume and not (run_out and os.path.isdir(os.path.join(run_out, rundir.CHECKPOINT_DIR))):
-        raise ConfigError(f"nothing to resume: {run_out!r} holds no checkpoints")
     # Every flag is checked against the data before a model exists, and before any file is written.
     exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=dataset)
     recorded = _recorded_config(
@@ -191,11 +190,14 @@ def resumed_config(config: Config) -> Config:
     of ``RESUME_MAY_CHANGE`` taken from ``config``.
 
     Raises:
-      ConfigError: ``config`` has no ``out``, ``out`` holds no run, or ``config`` differs from
+      ConfigError: ``config`` has no ``out``, ``out`` holds no checkpoints or no saved config,
+        or ``config`` differs from
         the saved run in anything else (naming every such field and both values).
     """
     if not config.out:
         raise ConfigError("resume continues the run in config.out, and config.out is not set")
+    if not os.path.isdir(os.path.join(config.out, rundir.CHECKPOINT_DIR)):
+        raise ConfigError(f"nothing to resume: {config.out!r} holds no checkpoints")
     saved = load_run_config(config.out)
     given, kept = config.to_dict(), saved.to_dict()
     differ = [f for f in kept if f not in RESUME_MAY_CHANGE and given[f] != kept[f]]
@@ -234,6 +236,11 @@ def _train(
     checkpointer = create_checkpointer(config, metrics, resume=resume, out=checkpoint_out)
     try:
         result = runner(exp, metrics, checkpointer)
+    except NonFiniteLossError as e:  # the summary says how it failed, then the caller hears it
+        status = "diverged" if isinstance(e, LossDivergedError) else "non-finite"
+        extra = {"divergence": _divergence_event(metrics), "status": status, "status_reason": str(e)}
+        write_summary(metrics, config=recorded, extra=extra)
+        raise
     finally:
         if checkpointer is not None:
             checkpointer.close()  # the last save reaches the disk, even when the run failed
@@ -241,11 +248,20 @@ def _train(
         save_final_variables(config.out, result.params, result.states)
     if not metrics.rows or metrics.rows[-1]["examples"] != result.examples:
         metrics.evaluate(step=result.step, examples=result.examples, params=result.params, states=result.states)
-    divergence = metrics.divergence.event if metrics.divergence is not None else None
-    summary = write_summary(metrics, config=recorded, extra={**result.extra, "divergence": divergence})
+    divergence = _divergence_event(metrics)
+    chance = outcome.chance_accuracy(exp.dataset.test)
+    status, reason = outcome.judge(metrics.rows[-1], chance=chance, margin=config.chance_margin, divergence=divergence)
+    extra = {**result.extra, "divergence": divergence, "status": status, "status_reason": reason}
+    summary = write_summary(metrics, config=recorded, extra=extra)
+    if status != "ok":
+        warnings.warn(outcome.failure_line(summary), outcome.RunFailedWarning, stacklevel=3)
     return TrainResult(
         summary, Variables(*jax.tree.map(_on_default_device, (tuple(result.params), tuple(result.states))))
     )
+
+
+def _divergence_event(metrics: MetricsLog) -> dict[str, Any] | None:
+    return metrics.divergence.event if metrics.divergence is not None else None
 
 
 def _on_default_device(a: Any) -> Any:

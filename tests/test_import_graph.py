@@ -24,7 +24,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
         ("configuration", "config presets layout"),
         (
             "execution pieces: executor, timing, records",
-            "executor lpp delays program_timing calibration eventlog metrics checkpoint plots compare reporting",
+            "executor lpp delays program_timing calibration eventlog metrics checkpoint plots compare reporting "
+            "outcome",
         ),
         ("the experiment", "experiment runners.result"),
         ("ways of running", "simulate runtime runners"),

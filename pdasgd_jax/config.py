@@ -8,8 +8,6 @@ any work and names the bad value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 from typing import Any
 
 from pdasgd_jax.choices import (
@@ -20,13 +18,11 @@ from pdasgd_jax.choices import (
     DATASETS,
     DELAY_MODELS,
     DELAY_PER,
-    EVENT_LOG_ALGOS,
     LR_SCHEDULES,
     MERGES,
     MODEL_NAMES,
     OPTIMIZERS,
     OUTER_OPTIMIZERS,
-    REPLICATED,
     REPLICATIONS,
     STALENESS_RULES,
 )
@@ -35,7 +31,6 @@ from pdasgd_jax.errors import ConfigError
 # What a resumed run may set apart from the saved one: where its data and directory are and how
 # it is watched, never what it computes.
 RESUME_MAY_CHANGE = ("out", "progress", "data_dir", "peer_timeout", "host_cpus")
-MAX_SEED = 2**32 - 1  # seeds are NumPy SeedSequence entropy and JAX PRNG keys alike
 # The learning rate without --lr, per algorithm. The asynchronous ones apply stale updates from
 # several workers to one model: threaded PD-ASGD on digits (2 replicas, 40 epochs) ends every
 # seed at chance from a rate between 0.1 and 0.15 on, and at the others' 0.05 it once ended 2
@@ -267,148 +262,9 @@ class Config:
         return self
 
     def _check(self) -> None:
-        from pdasgd_jax import data, models
+        from pdasgd_jax.config_checks import check
 
-        for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            value = getattr(self, f.name)
-            if choices and value is not None and value not in choices:
-                raise ValueError(f"--{_flag(f.name)} {value!r} is not allowed; choose one of {', '.join(choices)}")
-        data.check_dataset_name(self.dataset)
-        if self.lr is not None:
-            _positive("lr", self.lr)
-        _positive("batch-size", self.batch_size)
-        _positive("epochs", self.epochs)
-        _positive("outer-lr", self.outer_lr)
-        _positive("period", self.period)
-        _positive("forward-workers", self.forward_workers)
-        _positive("backward-workers", self.backward_workers)
-        _positive("delay-sigma", self.delay_sigma)
-        _positive("divergence-window", self.divergence_window)
-        _positive("peer-timeout", self.peer_timeout)
-        if not (isinstance(self.chance_margin, (int, float)) and 0 <= self.chance_margin < 1):
-            raise ValueError(f"--chance-margin {self.chance_margin!r} must be in [0, 1)")
-        if not self.divergence_factor > 1:
-            raise ValueError(f"--divergence-factor {self.divergence_factor} must be > 1")
-        for name in (
-            "weight_decay",
-            "eval_every",
-            "devices",
-            "replicas",
-            "queue",
-            "delay_mean",
-            "comm_latency",
-            "comm_bandwidth",
-        ):
-            _non_negative(_flag(name), getattr(self, name))
-        _non_negative("checkpoint-every", self.checkpoint_every)
-        if not (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED):
-            raise ValueError(f"--seed {self.seed!r} is outside [0, {MAX_SEED}]")
-        if self.delay_model == "none" and self.delay_mean > 0:
-            raise ValueError(
-                f"--delay-mean {self.delay_mean} has no effect with --delay-model none; choose one of "
-                f"{', '.join(m for m in DELAY_MODELS if m != 'none')}"
-            )
-        if self.timing is not None and self.recalibrate:
-            raise ValueError(f"--timing {self.timing} and --recalibrate exclude each other: use the file or measure")
-        if self.timing is not None and not os.path.isfile(self.timing):
-            raise ValueError(f"--timing {self.timing!r} does not exist; give a calibration such as a run's timing.json")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"--momentum {self.momentum} is outside [0, 1)")
-        if not 0 <= self.straggler_prob <= 1:
-            raise ValueError(f"--straggler-prob {self.straggler_prob} is outside [0, 1]")
-        if not self.straggler_factor >= 1:
-            raise ValueError(f"--straggler-factor {self.straggler_factor} must be >= 1")
-        # --straggler-devices against the algorithm and delay model (layout.resolve checks it
-        # against the run's device count, which only it knows).
-        n = self.straggler_devices
-        if not (isinstance(n, int) and n >= 0):
-            raise ValueError(f"--straggler-devices {n!r} must be an integer >= 0")
-        if n and self.delay_model == "straggler":
-            raise ValueError(
-                f"--straggler-devices {n} and --delay-model straggler would both apply --straggler-factor "
-                f"(F x F on a straggling device's slow operations); pick one, or combine --straggler-devices "
-                f"with another delay model"
-            )
-        if n and self.algo == "sgd":
-            raise ValueError(
-                f"--straggler-devices {n} needs a run over several devices; --algo sgd runs on one "
-                f"(use --algo sync or an asynchronous algorithm)"
-            )
-        if n and not self.simulate and self.algo not in ASYNCHRONOUS:
-            raise ValueError(
-                f"--straggler-devices {n} needs --simulate for --algo {self.algo}: its real steps run on every "
-                f"device in lockstep, so a straggler only slows every step; the threaded runtime takes it for "
-                f"{', '.join(ASYNCHRONOUS)}"
-            )
-        b = self.backup_workers
-        if not (isinstance(b, int) and b >= 0):
-            raise ValueError(f"--backup-workers {b!r} must be an integer >= 0")
-        if b and self.algo != "sync":
-            raise ValueError(f"--backup-workers {b} applies to --algo sync, not to {self.algo}")
-        if b and not self.simulate:
-            raise ValueError(
-                f"--backup-workers {b} needs --simulate: real sync is one SPMD program whose all-reduce waits "
-                f"for every device, so it cannot drop the slowest gradients"
-            )
-        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
-            raise ValueError(f"--target-accuracy {self.target_accuracy} is outside (0, 1]")
-        if self.delay_steps is not None:
-            _non_negative("delay-steps", self.delay_steps)
-            if self.delay_steps > self.period:
-                raise ValueError(f"--delay-steps {self.delay_steps} exceeds --period {self.period}; need 0 <= d <= H")
-        if self.replication == "replicas":
-            _check_replicated(self)
-        if self.algo == "local" and self.delay_steps:
-            raise ValueError(f"--delay-steps {self.delay_steps} applies to --algo dasgd; local SGD has no delay")
-        if self.algo == "dasgd" or self.replication == "replicas":
-            from pdasgd_jax.optim import AveragingRule
-
-            AveragingRule(self.period, self.averaging_delay, self.merge)  # raises on a schedule that cannot work
-        _non_negative("dc-lambda", self.dc_lambda)
-        if self.staleness_rule != "none" and self.algo not in ASYNCHRONOUS:
-            raise ValueError(
-                f"--staleness-rule {self.staleness_rule} applies to the asynchronous algorithms "
-                f"{', '.join(ASYNCHRONOUS)}, not to {self.algo}"
-            )
-        if self.event_log and self.algo not in EVENT_LOG_ALGOS:
-            raise ValueError(
-                f"--event-log records the reads and updates of a shared parameter store: "
-                f"{', '.join(EVENT_LOG_ALGOS)} have one, --algo {self.algo} does not"
-            )
-        if self.event_log and not self.out:
-            raise ValueError("--event-log writes events.jsonl into the run directory: give --out DIR")
-        from pdasgd_jax.affinity import resolve_host_cpus
-
-        resolve_host_cpus(self.host_cpus)  # raises on a core this process may not use
-        models.check_model_fits(self.model_name, self.dataset, data.DATASET_MODALITY[self.dataset])
-        models.check_depth(self.model_name, self.depth)
-        self._check_recipe()
-
-    def _check_recipe(self) -> None:
-        """The schedule, augmentation and optimizer-state averaging flags."""
-        from pdasgd_jax import data, schedules
-
-        if not (isinstance(self.warmup, (int, float)) and 0 <= self.warmup < 1):
-            raise ValueError(f"--warmup {self.warmup!r} is outside [0, 1): it is a fraction of the run's updates")
-        if not (isinstance(self.lr_decay, (int, float)) and 0 < self.lr_decay < 1):
-            raise ValueError(f"--lr-decay {self.lr_decay!r} is outside (0, 1)")
-        boundaries = schedules.parse_boundaries(self.lr_boundaries)
-        if self.lr_schedule == "step" and boundaries[0] <= self.warmup:
-            raise ValueError(
-                f"--lr-boundaries {self.lr_boundaries} must come after --warmup {self.warmup}: "
-                f"the first decay falls inside the warm-up"
-            )
-        if self.augment != "none" and data.DATASET_MODALITY[self.dataset] != "image":
-            images = ", ".join(name for name, kind in data.DATASET_MODALITY.items() if kind == "image")
-            raise ValueError(
-                f"--augment {self.augment} applies to image datasets ({images}), not to {self.dataset} "
-                f"({data.DATASET_MODALITY[self.dataset]} inputs); use --augment none"
-            )
-        if self.average_opt_state and self.algo not in ("local", "dasgd"):
-            raise ValueError(
-                f"--average-opt-state applies to --algo local and dasgd, whose replicas average; not to {self.algo}"
-            )
+        check(self)
 
     @property
     def effective_lr(self) -> float:
@@ -439,31 +295,3 @@ class Config:
         """The fields as saved in ``config.json`` and the summary: ``lr`` is the effective rate, so a
         resumed run keeps it even if the default changes."""
         return {**dataclasses.asdict(self), "lr": self.effective_lr}
-
-
-def _check_replicated(config: Config) -> None:
-    """What ``--replication replicas`` supports so far (algorithms.md §3a)."""
-    if config.algo not in REPLICATED:
-        raise ValueError(
-            f"--replication replicas applies to --algo {', '.join(REPLICATED)}, not to {config.algo} "
-            "(local, dasgd and lpp keep a replica per device already)"
-        )
-    if config.outer_optimizer != "none":
-        raise ValueError(
-            f"--outer-optimizer {config.outer_optimizer} is not supported with --replication replicas yet; "
-            "use --outer-optimizer none"
-        )
-
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _positive(flag: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"--{flag} {value!r} must be a positive number")
-
-
-def _non_negative(flag: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise ValueError(f"--{flag} {value!r} must be >= 0")

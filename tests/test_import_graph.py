@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
             "kernels spmd replication rundir divergence distributed deprecation",
         ),
         ("data and models", "data models"),
-        ("configuration", "config presets layout"),
+        ("configuration", "config config_checks presets layout"),
         (
             "execution pieces: executor, timing, records",
             "executor lpp delays program_timing calibration eventlog metrics checkpoint plots compare reporting "

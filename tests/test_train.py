@@ -1,6 +1,7 @@
 """End-to-end training: the synchronous baselines, outputs, and failure on bad input."""
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -171,3 +172,20 @@ def test_a_run_validates_its_config_checks_it_against_the_data_and_resolves_its_
     monkeypatch.setattr(layout, "resolve", counting("layout", layout.resolve))
     train_and_evaluate(Config(algo="sync", devices=2, epochs=0.1, progress=False))
     assert calls == {"check": 1, "against_data": 1, "layout": 1}
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("batch_size", 2.5, "--batch-size 2.5 must be an integer"),
+        ("replicas", True, "--replicas True must be an integer"),
+        ("lr", "0.1", "--lr '0.1' must be a number or None"),
+        ("progress", 1, "--progress 1 must be True or False"),
+        ("model", 3, "--model 3 must be a string or None"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_naming_its_field(field, value, message):
+    from pdasgd_jax.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        train_and_evaluate(Config(**{field: value}))

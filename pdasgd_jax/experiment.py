@@ -6,13 +6,13 @@ import copy
 import dataclasses
 import functools
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import numpy as np
 import optax
 
-from pdasgd_jax import data, kernels, models, optim, rundir, schedules
+from pdasgd_jax import data, kernels, models, optim, own_pieces, rundir, schedules
 from pdasgd_jax import layout as layout_lib
 from pdasgd_jax.config import Config
 from pdasgd_jax.delays import DelayModel
@@ -153,6 +153,23 @@ def check_against_dataset(config: Config, dataset: data.Dataset) -> layout_lib.L
     return layout
 
 
+class CheckedInputs(NamedTuple):
+    """A dataset that a config has been checked against, and the layout that check resolved
+    (``check_inputs``): what ``Experiment.from_config`` builds on without checking again."""
+
+    dataset: data.Dataset
+    layout: layout_lib.Layout
+
+
+def check_inputs(config: Config, dataset: data.Dataset | None = None) -> CheckedInputs:
+    """Loads ``config``'s dataset (or takes ``dataset``) and checks every flag against it and
+    this machine's devices, before any model exists (``check_against_dataset``)."""
+    config.validate()  # a no-op for a config the entry point has validated already
+    if dataset is None:
+        dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
+    return CheckedInputs(dataset, check_against_dataset(config, dataset))
+
+
 @dataclasses.dataclass
 class Experiment:
     """A validated config with its dataset, model, initial variables and optimizer.
@@ -175,7 +192,7 @@ class Experiment:
         *,
         model: tuple[StagedModel, Variables] | None = None,
         optimizer: optax.GradientTransformation | None = None,
-        dataset: data.Dataset | None = None,
+        dataset: data.Dataset | CheckedInputs | None = None,
     ) -> Experiment:
         """The experiment ``config`` names, checked before any work.
 
@@ -188,17 +205,24 @@ class Experiment:
             give your optimizer an optax schedule instead); ``--staleness-rule`` still applies to it.
           dataset: your own data (e.g. ``data.Dataset.from_arrays``) instead of ``config.dataset``;
             without ``model``, ``config``'s model is built for it. Either way every flag is
-            checked against it (``check_against_dataset``) before a model exists.
+            checked against it (``check_inputs``) before a model exists; ``CheckedInputs``
+            (from ``check_inputs``) are taken as checked.
+
+        Your own model and optimizer are checked too (``own_pieces``): a staged model whose
+        stages chain on the data's inputs and cover its labels, an optax transformation.
         """
-        config.validate()  # a no-op for a config the entry point has validated already
+        if optimizer is not None:
+            optimizer = own_pieces.check_optimizer(optimizer)
+        if model is not None:
+            model = own_pieces.check_model(model)
         if optimizer is not None and _scheduled(config):
             raise ConfigError(
                 f"--lr-schedule {config.lr_schedule} --warmup {config.warmup} applies to the config's optimizer, "
                 f"not to your own: give it an optax schedule as its learning rate instead"
             )
-        if dataset is None:
-            dataset = data.load_dataset(config.dataset, data_dir=config.data_dir)
-        layout = check_against_dataset(config, dataset)  # every flag checked before a model exists
+        dataset, layout = dataset if isinstance(dataset, CheckedInputs) else check_inputs(config, dataset)
+        if model is not None:
+            own_pieces.check_fits(*model, dataset, config.batch_size)
         model, variables = model or models.build_model(config.model_name, dataset, seed=config.seed, depth=config.depth)
         rule = (config.staleness_rule, config.dc_lambda)
         own = None if optimizer is None else optim.with_staleness_rule(optimizer, *rule)

@@ -65,12 +65,17 @@ def check_out(out: str, *, resume: bool, overwrite: bool) -> None:
     """Refuses an unusable ``--out`` before any work, naming it and what to do instead.
 
     Raises:
-      ConfigError: ``out`` is a file; it or its parent cannot be written; it holds a run and
-        neither ``resume`` nor ``overwrite`` is set; it holds files the library did not write
-        (never mixed with a run, never deleted); or ``resume`` and ``overwrite`` are both set.
+      ConfigError: ``out`` is a file or a dangling or looping symbolic link; it or its parent
+        cannot be written; it holds a run and neither ``resume`` nor ``overwrite`` is set; it
+        holds files the library did not write (never mixed with a run, never deleted); or
+        ``resume`` and ``overwrite`` are both set.
     """
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: continue the run or replace it")
+    if os.path.islink(out) and not os.path.exists(out):
+        raise ConfigError(
+            f"--out {out!r} is a symbolic link to {os.readlink(out)!r}, which does not exist or loops back to itself"
+        )
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"--out {out!r} is a file, not a directory")
     existing = os.path.isdir(out)

@@ -20,7 +20,7 @@ from pdasgd_jax.data import Dataset
 from pdasgd_jax.divergence import DivergenceWatch
 from pdasgd_jax.errors import ConfigError, LossDivergedError, NonFiniteLossError
 from pdasgd_jax.eventlog import save_final_variables
-from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.experiment import Experiment, check_inputs
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.reporting import write_json_atomic, write_summary
 from pdasgd_jax.runners import select_runner
@@ -170,14 +170,15 @@ def train_and_evaluate(
             f"{config.out!r} was run with --event-log, whose log replays a run from its initial "
             f"variables: it cannot be resumed; start it over with --overwrite"
         )
-    # Every flag is checked against the data before a model exists, and before any file is written.
-    exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=dataset)
+    inputs = check_inputs(config, dataset)  # every flag against the data, before any file or model
     recorded = _recorded_config(
         config, own_model=model is not None, own_optimizer=optimizer is not None, dataset=dataset
     )
     if not config.out:
+        exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=inputs)
         return _train(exp, runner, recorded, resume=resume, checkpoint_out=run_out)
-    with rundir.RunDirLock(config.out):
+    with rundir.RunDirLock(config.out):  # before the model: a second process is refused at once
+        exp = Experiment.from_config(config, model=model, optimizer=optimizer, dataset=inputs)
         if overwrite:
             rundir.clear_run(config.out)
         if not resume:

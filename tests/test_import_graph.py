@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
             "executor lpp delays program_timing calibration eventlog metrics checkpoint plots compare reporting "
             "outcome",
         ),
-        ("the experiment", "experiment runners.result"),
+        ("the experiment", "experiment own_pieces runners.result"),
         ("ways of running", "simulate runtime runners"),
         ("entry points", "train runners.replay bench cli __main__"),
         ("old paths, kept one release", "sync_runner averaging_runner run_result replay_run runtime.runner"),

@@ -159,3 +159,48 @@ def test_train_and_evaluate_refuses_a_dataset_it_cannot_read_before_any_work(arr
         train_and_evaluate(Config(progress=False), dataset=arrays[:2])
     with pytest.raises(ConfigError, match="dataset=: y_test must be non-negative integer"):
         train_and_evaluate(Config(progress=False), dataset=(*arrays[:3], arrays[3].astype(float)))
+
+
+# Your own pieces are checked before any work or file ------------------------------------------
+
+
+def _nothing_written(out):
+    return not out.exists() or sorted(p.name for p in out.iterdir()) in ([], [".pdasgd.lock"])
+
+
+@pytest.mark.parametrize(
+    "pieces, message",
+    [
+        (
+            lambda: {
+                "model": from_modules([nnx.Linear(64, 32, rngs=nnx.Rngs(0)), nnx.Linear(16, 10, rngs=nnx.Rngs(1))])
+            },
+            r"stage 1 \('stage1'\) does not take stage 0's output of shape \(32, 32\)",
+        ),
+        (
+            lambda: {"model": from_modules([nnx.Linear(64, 5, rngs=nnx.Rngs(0))])},
+            "a label of arrays is 9 but the model has 5 outputs; give its last stage at least 10",
+        ),
+        (lambda: {"model": nnx.Linear(64, 10, rngs=nnx.Rngs(0))}, "not a staged model: build one from your modules"),
+        (lambda: {"model": mlp_modules()}, "not a staged model: build one from your modules"),
+        (lambda: {"optimizer": "sgd"}, "optimizer='sgd' is a name"),
+        (lambda: {"optimizer": optax.sgd}, "optimizer is sgd, a function that builds an optax optimizer: call it"),
+    ],
+)
+def test_own_pieces_that_cannot_work_are_refused_before_anything_is_written(arrays, tmp_path, pieces, message):
+    out = tmp_path / "run"
+    config = Config(algo="sgd", epochs=0.1, batch_size=32, out=str(out), progress=False)
+    with pytest.raises(ConfigError, match=message):
+        train_and_evaluate(config, dataset=arrays, **pieces())
+    assert _nothing_written(out)
+    # The retry needs no --overwrite.
+    train_and_evaluate(config, dataset=arrays, model=from_modules(mlp_modules()), optimizer=optax.sgd(0.05))
+
+
+def test_a_dangling_or_looping_out_is_a_clear_error(tmp_path):
+    dangling, looping = tmp_path / "dangling", tmp_path / "loop"
+    dangling.symlink_to(tmp_path / "nowhere")
+    looping.symlink_to(looping)
+    for out in (dangling, looping):
+        with pytest.raises(ConfigError, match=r"is a symbolic link to .* which does not exist or loops"):
+            train_and_evaluate(Config(algo="sgd", epochs=0.1, out=str(out), progress=False))

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import functools
 import os
+import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
@@ -77,6 +78,14 @@ def config_optimizer(config: Config, horizon: int) -> optax.GradientTransformati
         staleness_rule=config.staleness_rule,
         dc_lambda=config.dc_lambda,
     )
+
+
+# The fields an optimizer built from the config is made of (``config_optimizer``).
+OPTIMIZER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay", "staleness_rule", "dc_lambda")
+
+
+def _optimizer_field(config: Config, field: str) -> Any:
+    return config.effective_lr if field == "lr" else getattr(config, field)
 
 
 def _scheduled(config: Config) -> bool:
@@ -175,7 +184,9 @@ class Experiment:
     """A validated config with its dataset, model, initial variables and optimizer.
 
     ``horizon`` is the schedule horizon ``tx`` was built for (``schedule_horizon``); ``None``
-    when ``tx`` is the caller's own optimizer.
+    when ``tx`` is the caller's own optimizer. ``optimizer_scope`` says whether ``tx``, which
+    every algorithm applies to each stage on its own, equals ``tx`` on the whole model
+    (``own_pieces.optimizer_scope``; the config's optimizers are elementwise, so they do).
     """
 
     config: Config
@@ -184,6 +195,7 @@ class Experiment:
     variables: Variables
     tx: optax.GradientTransformation
     horizon: int | None = None
+    optimizer_scope: str = own_pieces.PER_STAGE_EQUALS_WHOLE
 
     @classmethod
     def from_config(
@@ -227,6 +239,17 @@ class Experiment:
         rule = (config.staleness_rule, config.dc_lambda)
         own = None if optimizer is None else optim.with_staleness_rule(optimizer, *rule)
         exp = cls(config, dataset, model, variables, own)
+        if optimizer is not None:
+            exp.optimizer_scope = own_pieces.optimizer_scope(optimizer, variables, seed=config.seed)
+            if exp.optimizer_scope == own_pieces.PER_STAGE_DIFFERS:
+                warnings.warn(
+                    "your optimizer's update of one stage depends on the other stages' gradients (a global-norm "
+                    "clip, for example), but every algorithm here applies the optimizer to each stage on its own: "
+                    "what trains is not the transform you built (summary.json: optimizer_scope); use an "
+                    "elementwise transform, such as optax.clip instead of optax.clip_by_global_norm",
+                    own_pieces.OptimizerScopeWarning,
+                    stacklevel=2,
+                )
         exp.__dict__["layout"] = layout  # resolved once, by the check above
         if optimizer is None:  # its schedule's horizon depends on the layout and the budget
             exp.horizon = schedule_horizon(config, exp.layout, exp.total_examples)
@@ -237,15 +260,17 @@ class Experiment:
 
     def with_config(self, **changes: Any) -> Experiment:
         """This experiment under a changed (validated) config, sharing its data, model,
-        initial variables, optimizer and compiled kernels: for runs that differ only in how
-        they train (algorithm, devices and replicas, delays, budget). The rate stays the shared
-        optimizer's: another ``algo`` does not bring in its own default rate. A scheduled
-        optimizer built from the config (``--lr-schedule``, ``--warmup``) is rebuilt, with its
-        kernels, when its horizon or schedule changes.
+        initial variables and, where they are unchanged, its optimizer and compiled kernels:
+        for runs that differ in how they train (algorithm, devices and replicas, delays,
+        budget). The rate stays the shared optimizer's: another ``algo`` does not bring in its
+        own default rate. An optimizer built from the config is rebuilt, with its kernels, when
+        a field it is built from changes (``OPTIMIZER_FIELDS``) or, when scheduled, its horizon.
 
         Raises:
           ConfigError: a change to what the shared data or model are built from (``dataset``,
-            ``model``, ``depth``): that needs an experiment of its own (``from_config``).
+            ``model``, ``depth``): that needs an experiment of its own (``from_config``); or to
+            an ``OPTIMIZER_FIELDS`` field of an experiment built with your own optimizer, which
+            the config does not describe.
         """
         rebuilt = [f for f in ("dataset", "model", "depth") if f in changes and changes[f] != getattr(self.config, f)]
         if rebuilt:
@@ -256,13 +281,21 @@ class Experiment:
         out = copy.copy(self)
         changes.setdefault("lr", self.config.effective_lr)
         out.config = dataclasses.replace(self.config, **changes).validate()
+        retuned = [f for f in OPTIMIZER_FIELDS if _optimizer_field(out.config, f) != _optimizer_field(self.config, f)]
+        if retuned and self.horizon is None:
+            raise ConfigError(
+                f"with_config shares this experiment's own optimizer, which the config does not describe, so it "
+                f"cannot change {', '.join('--' + f.replace('_', '-') for f in retuned)}; build another "
+                f"Experiment.from_config with the optimizer you want"
+            )
         out.__dict__.pop("layout", None)  # resolved again for the new config
         out.layout  # noqa: B018 (checked now, before any work)
         if self.horizon is not None:
             horizon = schedule_horizon(out.config, out.layout, out.total_examples)
             schedule = ("lr_schedule", "warmup", "lr_boundaries", "lr_decay")
             changed = any(getattr(out.config, f) != getattr(self.config, f) for f in schedule)
-            if (_scheduled(out.config) or _scheduled(self.config)) and (changed or horizon != self.horizon):
+            rescheduled = (_scheduled(out.config) or _scheduled(self.config)) and (changed or horizon != self.horizon)
+            if retuned or rescheduled:
                 out.tx = config_optimizer(out.config, horizon)
                 out.__dict__.pop("kernels", None)
             out.horizon = horizon

@@ -95,3 +95,45 @@ def _largest_label(dataset: data.Dataset) -> int:
     if len(splits) == 2:
         return int(max(np.max(s.y) for s in splits))
     return dataset.num_classes - 1
+
+
+# What ``optimizer_scope`` finds: the library applies an optimizer to each stage's parameters
+# with that stage's gradient and its own state.
+PER_STAGE_EQUALS_WHOLE = "per-stage, equal to whole-model"
+PER_STAGE_DIFFERS = "per-stage, differs from whole-model"
+PER_STAGE_UNCHECKED = "per-stage, unchecked"
+
+
+class OptimizerScopeWarning(UserWarning):
+    """Your optimizer's update of one stage depends on the other stages' gradients."""
+
+
+def optimizer_scope(tx: optax.GradientTransformation, variables: Variables, *, seed: int = 0) -> str:
+    """Whether ``tx`` applied per stage (as the library applies it) equals ``tx`` applied to the
+    whole model, on two steps of probe gradients (one small, one large, so that a clip or a
+    norm-dependent rule engages): an elementwise transform (sgd, momentum, adam, weight decay)
+    is equal; one that looks across stages (``clip_by_global_norm``, a global-norm schedule)
+    differs. ``PER_STAGE_UNCHECKED`` when ``tx`` cannot run on bare gradients (it needs extra
+    arguments)."""
+    params = tuple(variables.params)
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    probes = [
+        jax.tree.unflatten(
+            treedef, [scale * jax.random.normal(k, np.shape(x), np.asarray(x).dtype) for k, x in zip(keys, leaves)]
+        )
+        for scale in (1e-3, 1e3)
+    ]
+    try:
+        whole_state, stage_states = tx.init(params), [tx.init(p) for p in params]
+        for g in probes:
+            whole, whole_state = tx.update(g, whole_state, params)
+            stepped = [tx.update(gm, s, p) for gm, s, p in zip(g, stage_states, params)]
+            stage_states = [s for _, s in stepped]
+            per_stage = tuple(u for u, _ in stepped)
+            close = jax.tree.map(lambda a, b: bool(np.allclose(a, b, rtol=1e-5, atol=1e-12)), whole, per_stage)
+            if not all(jax.tree.leaves(close)):
+                return PER_STAGE_DIFFERS
+    except (TypeError, ValueError):  # needs extra arguments, or a structure the probe does not give
+        return PER_STAGE_UNCHECKED
+    return PER_STAGE_EQUALS_WHOLE

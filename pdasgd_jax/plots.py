@@ -58,7 +58,8 @@ def describe_run(config: Mapping[str, Any], summary: Mapping[str, Any] | None = 
     if algo != "sgd":
         setup.append(f"{_count(devices, 'device')}, {_count(replicas, 'replica')}")
     optimizer = config.get("optimizer", "?")
-    setup.append(f"{optimizer} lr={config.get('lr')}, batch {config.get('batch_size')}")
+    rate = "your own optimizer" if optimizer == "own" else f"{optimizer} lr={config.get('lr')}"
+    setup.append(f"{rate}, batch {config.get('batch_size')}")
     delay_model = config.get("delay_model", "none")
     if delay_model and delay_model != "none":
         per_job = " per job" if config.get("delay_per") == "job" else ""  # the default per operation is left out

@@ -220,8 +220,8 @@ def _recorded_config(
     recorded = config.to_dict()
     if own_model:
         recorded["model"] = OWN
-    if own_optimizer:
-        recorded["optimizer"] = OWN
+    if own_optimizer:  # none of the config's optimizer fields was used: no rate is invented
+        recorded.update(dict.fromkeys(("optimizer", "lr", "momentum", "weight_decay"), OWN))
     if dataset is not None:
         recorded["dataset"] = dataset.name
     return recorded
@@ -252,7 +252,13 @@ def _train(
     divergence = _divergence_event(metrics)
     chance = outcome.chance_accuracy(exp.dataset.test)
     status, reason = outcome.judge(metrics.rows[-1], chance=chance, margin=config.chance_margin, divergence=divergence)
-    extra = {**result.extra, "divergence": divergence, "status": status, "status_reason": reason}
+    extra = {
+        **result.extra,
+        "divergence": divergence,
+        "status": status,
+        "status_reason": reason,
+        "optimizer_scope": exp.optimizer_scope,
+    }
     summary = write_summary(metrics, config=recorded, extra=extra)
     if status != "ok":
         warnings.warn(outcome.failure_line(summary), outcome.RunFailedWarning, stacklevel=3)

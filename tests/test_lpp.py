@@ -116,7 +116,14 @@ def test_h1_one_thread_per_device_without_delays_is_sync_sgd(exp, optimizer):
         exp, algo="lpp", devices=devices, replicas=devices, period=1, epochs=epochs, optimizer=optimizer, lr=0.05
     )
     _, sync = _simulate(
-        exp, algo="sync", devices=devices, replicas=0, batch_size=devices * BATCH, epochs=epochs, optimizer=optimizer
+        exp,
+        algo="sync",
+        devices=devices,
+        replicas=0,
+        batch_size=devices * BATCH,
+        epochs=epochs,
+        optimizer=optimizer,
+        lr=0.05,
     )
     assert (ours.step, sync.step) == (devices * steps, steps)
     assert ours.extra["averaging_rounds"] == steps and ours.extra["updates_per_device"] == [steps] * devices

@@ -204,3 +204,40 @@ def test_a_dangling_or_looping_out_is_a_clear_error(tmp_path):
     for out in (dangling, looping):
         with pytest.raises(ConfigError, match=r"is a symbolic link to .* which does not exist or loops"):
             train_and_evaluate(Config(algo="sgd", epochs=0.1, out=str(out), progress=False))
+
+
+# What your optimizer means here ----------------------------------------------------------------
+
+
+def test_an_optimizer_that_looks_across_stages_is_named_and_recorded(arrays):
+    from pdasgd_jax.own_pieces import OptimizerScopeWarning
+
+    config = Config(algo="sgd", epochs=0.2, batch_size=32, progress=False, chance_margin=0.0)
+    clipped = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-3))
+    with pytest.warns(OptimizerScopeWarning, match="clip_by_global_norm"):
+        summary = train_and_evaluate(config, model=from_modules(mlp_modules()), optimizer=clipped, dataset=arrays)
+    assert summary["optimizer_scope"] == "per-stage, differs from whole-model"
+    elementwise = optax.chain(optax.clip(1.0), optax.adam(3e-3))
+    summary = train_and_evaluate(config, model=from_modules(mlp_modules()), optimizer=elementwise, dataset=arrays)
+    assert summary["optimizer_scope"] == "per-stage, equal to whole-model"
+    # Your optimizer's rate is its own: the summary invents none.
+    assert {k: summary["config"][k] for k in ("optimizer", "lr", "momentum", "weight_decay")} == dict.fromkeys(
+        ("optimizer", "lr", "momentum", "weight_decay"), "own"
+    )
+
+
+def test_with_config_rebuilds_the_config_optimizer_and_refuses_to_retune_your_own(arrays):
+    from pdasgd_jax.experiment import Experiment
+
+    base = Experiment.from_config(Config(algo="sgd", optimizer="momentum", lr=0.05, progress=False))
+    plain = base.with_config(optimizer="sgd", lr=0.1)
+    g = jax.tree.map(jnp.ones_like, base.variables.params[0])
+    state = plain.tx.init(base.variables.params[0])
+    updates, _ = plain.tx.update(g, state, base.variables.params[0])
+    for u in jax.tree.leaves(updates):
+        np.testing.assert_array_equal(np.asarray(u), np.float32(-0.1))  # plain sgd at 0.1, not the shared momentum
+    assert base.with_config(algo="sync", devices=2).tx is base.tx  # nothing of the optimizer changed
+    own = Experiment.from_config(Config(algo="sgd", progress=False), optimizer=optax.sgd(0.05))
+    with pytest.raises(ConfigError, match="cannot change --lr"):
+        own.with_config(lr=0.2)
+    assert own.with_config(algo="sync", devices=2).tx is own.tx

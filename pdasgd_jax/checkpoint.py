@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -84,6 +85,7 @@ class RunCheckpointer:
         max_to_keep: int = 2,
         clock: TrainingClock | None = None,
         process: int | None = None,
+        min_interval_s: float = 0.0,
     ):
         if every < 0:
             raise ValueError(f"checkpoint every {every} examples: must be >= 0 (0: at every evaluation)")
@@ -94,6 +96,8 @@ class RunCheckpointer:
             shutil.rmtree(self.directory, ignore_errors=True)
         self.every = every
         self.next_due: int | None = every or None
+        self.min_interval_s = min_interval_s
+        self._last_save: float | None = None  # time.monotonic() of this process's last save
         self._clock = clock or TrainingClock()
         self._verified: set[int] = set()  # steps written or checked by this process
         self._manager: OrbaxSteps | ProcessSteps = (
@@ -101,10 +105,12 @@ class RunCheckpointer:
         )
 
     def due(self, examples: int, *, evaluated: bool) -> bool:
-        """Whether a runner at ``examples`` should save now: after every evaluation
-        (``evaluated``) with ``every == 0``, else once per ``every`` examples."""
+        """Whether a runner at ``examples`` should save now: with ``every == 0`` after an
+        evaluation (``evaluated``) once ``min_interval_s`` seconds have passed since the last
+        save (the first evaluation always saves), else once per ``every`` examples."""
         if not self.every:
-            return evaluated
+            recent = self._last_save is not None and time.monotonic() - self._last_save < self.min_interval_s
+            return evaluated and not recent
         if examples < self.next_due:
             return False
         while self.next_due <= examples:
@@ -124,6 +130,7 @@ class RunCheckpointer:
             meta["checksum"] = checksum(host_state, meta)
             self._verified.add(step)
             self._manager.save(step, host_state, meta)
+            self._last_save = time.monotonic()
 
     def latest_step(self) -> int | None:
         """The newest intact checkpoint's step (``None``: there is none).

@@ -12,11 +12,13 @@ import contextlib
 import json
 import math
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jax
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -25,9 +27,17 @@ from pdasgd_jax.divergence import DivergenceWatch
 from pdasgd_jax.errors import ConfigError, NonFiniteLossError
 from pdasgd_jax.rundir import METRICS_FILE
 
+# What JAX reports of a program's compilation: tracing, lowering to MLIR, and XLA's compile.
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
 
 class TrainingClock:
-    """Seconds spent training: it runs from its creation, except inside ``paused()``.
+    """Seconds spent training: it runs from its creation, except inside ``paused()`` and, within
+    ``excluding_compilation()``, while JAX compiles a program (``compile_time`` sums those).
 
     Args:
       now: the time source (seconds); tests pass a fake one.
@@ -37,6 +47,27 @@ class TrainingClock:
         self._now = now
         self._origin = now()
         self._paused_at: float | None = None
+        self._lock = threading.Lock()
+        self.compile_time = 0.0  # seconds of compilation taken off the clock
+
+    @contextlib.contextmanager
+    def excluding_compilation(self) -> Iterator[None]:
+        """Within the block, every compilation JAX reports (``COMPILE_EVENTS``) outside a pause
+        is taken off the clock once it ends, and added to ``compile_time``: the first step of a
+        run, and a program compiled later, do not count as training."""
+
+        def exclude(event: str, duration: float, **_: Any) -> None:
+            if event in COMPILE_EVENTS:
+                with self._lock:
+                    if self._paused_at is None:  # a pause has excluded it already
+                        self._origin += duration
+                        self.compile_time += duration
+
+        jax.monitoring.register_event_duration_secs_listener(exclude)
+        try:
+            yield
+        finally:
+            jax.monitoring.unregister_event_duration_listener(exclude)
 
     @property
     def elapsed(self) -> float:
@@ -53,12 +84,14 @@ class TrainingClock:
         if self._paused_at is not None:
             yield
             return
-        self._paused_at = self._now()
+        with self._lock:
+            self._paused_at = self._now()
         try:
             yield
         finally:
-            self._origin += self._now() - self._paused_at
-            self._paused_at = None
+            with self._lock:
+                self._origin += self._now() - self._paused_at
+                self._paused_at = None
 
 
 class MetricsLog:

@@ -31,6 +31,9 @@ from pdasgd_jax.stages import StagedModel, Variables
 NOT_RESUMABLE = ("lpp",)
 # What the summary's config records for a model or optimizer the caller supplied.
 OWN = "own"
+# A simulated run's evaluations come fast, and a save competes with the simulator for the host:
+# by default it saves at an evaluation only this many seconds after its last save.
+SIMULATED_CHECKPOINT_INTERVAL_S = 60.0
 
 # Your own data: a ``Dataset`` or the arrays ``(x_train, y_train, x_test, y_test)``.
 DatasetLike = Dataset | tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -86,7 +89,8 @@ def create_checkpointer(
     config: Config, metrics: MetricsLog, *, resume: bool = False, out: str | None = None
 ) -> RunCheckpointer | None:
     """The run's checkpointer under ``out`` (default ``--out``; ``None`` without one), saving
-    every ``--checkpoint-every`` examples (0: at every evaluation). In a multi-process
+    every ``--checkpoint-every`` examples (0: at every evaluation, but a simulated run's at
+    most once per ``SIMULATED_CHECKPOINT_INTERVAL_S`` seconds). In a multi-process
     replicated run every process saves its own groups (``checkpoints/process{p}``); other
     multi-process runs (SPMD: every process would have to join each save) write none."""
     out = out or config.out
@@ -97,7 +101,15 @@ def create_checkpointer(
         if not _replicated_across_processes(config):
             return None
         process = jax.process_index()
-    return RunCheckpointer(out, every=config.checkpoint_every, fresh=not resume, clock=metrics.clock, process=process)
+    interval = SIMULATED_CHECKPOINT_INTERVAL_S if config.simulate else 0.0
+    return RunCheckpointer(
+        out,
+        every=config.checkpoint_every,
+        fresh=not resume,
+        clock=metrics.clock,
+        process=process,
+        min_interval_s=interval,
+    )
 
 
 def _replicated_across_processes(config: Config) -> bool:
@@ -234,9 +246,11 @@ def _train(
     default ``--out``); writes the summary (its config: ``recorded``)."""
     config = exp.config
     metrics = create_metrics(exp, resume=resume)
-    checkpointer = create_checkpointer(config, metrics, resume=resume, out=checkpoint_out)
+    with metrics.clock.paused():  # importing orbax and opening the manager is not training
+        checkpointer = create_checkpointer(config, metrics, resume=resume, out=checkpoint_out)
     try:
-        result = runner(exp, metrics, checkpointer)
+        with metrics.clock.excluding_compilation():
+            result = runner(exp, metrics, checkpointer)
     except NonFiniteLossError as e:  # the summary says how it failed, then the caller hears it
         status = "diverged" if isinstance(e, LossDivergedError) else "non-finite"
         extra = {"divergence": _divergence_event(metrics), "status": status, "status_reason": str(e)}
@@ -258,6 +272,7 @@ def _train(
         "status": status,
         "status_reason": reason,
         "optimizer_scope": exp.optimizer_scope,
+        "compile_time": metrics.clock.compile_time,
     }
     summary = write_summary(metrics, config=recorded, extra=extra)
     if status != "ok":

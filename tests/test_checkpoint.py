@@ -222,7 +222,12 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_older_one(tmp_path, how):
     "algo, extra, how",
     [
         ("sync", {"devices": 8, "batch_size": 64}, "bit-flipped"),
-        ("pdasgd", {"simulate": True, "replicas": 2, "delay_model": "exponential", "delay_mean": 1.0}, "truncated"),
+        (
+            "pdasgd",
+            # A simulated run's default cadence saves once a minute: these checkpoints are explicit.
+            {"simulate": True, "replicas": 2, "delay_model": "exponential", "delay_mean": 1.0, "checkpoint_every": 400},
+            "truncated",
+        ),
     ],
 )
 def test_a_run_resumed_past_a_damaged_checkpoint_ends_where_the_whole_run_ends(tmp_path, algo, extra, how):

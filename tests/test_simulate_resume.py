@@ -39,6 +39,13 @@ class Interrupted(Exception):
     pass
 
 
+@pytest.fixture(autouse=True)
+def checkpoint_at_every_evaluation(monkeypatch):
+    """These runs take well under a minute: without this, a simulated run's default cadence
+    (``train.SIMULATED_CHECKPOINT_INTERVAL_S``) would save at their first evaluation only."""
+    monkeypatch.setattr(train_lib, "SIMULATED_CHECKPOINT_INTERVAL_S", 0.0)
+
+
 @pytest.fixture
 def results(monkeypatch):
     """Fixed timing, no plots, one compilation of the kernels per config, and every run's

@@ -347,10 +347,10 @@ def run_runtime(
       metrics: receives losses and evaluations; its target accuracy stops the run early.
       checkpointer: saves the store when it says a checkpoint is due, and resumes the run
         from its newest checkpoint (``None``: neither).
-      settings: the layout (default: ``RuntimeSettings.from_config(exp)``).
+      settings: the layout (default: ``RuntimeSettings.off_the_clock(exp, metrics)``).
 
     Example::
 
         summary = train_and_evaluate(Config(algo="pdasgd", forward_workers=1, backward_workers=2))
     """
-    return Runtime(exp, settings or RuntimeSettings.from_config(exp)).run(metrics, checkpointer)
+    return Runtime(exp, settings or RuntimeSettings.off_the_clock(exp, metrics)).run(metrics, checkpointer)

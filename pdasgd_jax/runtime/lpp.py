@@ -252,4 +252,4 @@ def run_lpp_runtime(
     """
     if checkpointer is not None and checkpointer.latest_step() is not None:
         raise ConfigError("--algo lpp cannot resume a run yet: its checkpoints would need every device replica")
-    return LppRuntime(exp, settings or RuntimeSettings.from_config(exp)).run(metrics, None)
+    return LppRuntime(exp, settings or RuntimeSettings.off_the_clock(exp, metrics)).run(metrics, None)

@@ -302,7 +302,7 @@ def run_threads(
     Raises:
       ConfigError: the processes of a multi-process run would resume from different steps.
     """
-    settings = settings or RuntimeSettings.from_config(exp)
+    settings = settings or RuntimeSettings.off_the_clock(exp, metrics)
     if jax.process_count() > 1:
         settings = process_share(settings)
     if settings.replication != "replicas":

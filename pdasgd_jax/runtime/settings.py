@@ -17,6 +17,7 @@ from pdasgd_jax.affinity import AUTO, HostCpus, resolve_host_cpus
 from pdasgd_jax.config import ASYNCHRONOUS
 from pdasgd_jax.executor import BACKWARD_WEIGHTS
 from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.placement import Placement
 
 RUNTIME_ALGOS = ASYNCHRONOUS
@@ -194,6 +195,13 @@ class RuntimeSettings:
     def home_devices(self, num_stages: int) -> tuple[jax.Device, ...]:
         placement = self.placement(num_stages)
         return tuple(self.devices[placement.stage_home(m)] for m in range(num_stages))
+
+    @classmethod
+    def off_the_clock(cls, exp: Experiment, metrics: MetricsLog) -> RuntimeSettings:
+        """``from_config(exp)`` with ``metrics``' training clock paused: a delay given in steps
+        first times this machine's kernels, which is not training."""
+        with metrics.clock.paused():
+            return cls.from_config(exp)
 
     @classmethod
     def from_config(cls, exp: Experiment, **overrides) -> RuntimeSettings:

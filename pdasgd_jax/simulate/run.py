@@ -104,7 +104,8 @@ def run_simulated(
             f"{', '.join(SYNCHRONOUS + ASYNCHRONOUS + AVERAGING)}"
         )
     if timing is None:
-        timing = _run_timing(exp, checkpointer, worker_batch)
+        with metrics.clock.paused():  # timing this machine's kernels is not training
+            timing = _run_timing(exp, checkpointer, worker_batch)
     # Applied here, not saved in timing.json: a resumed run takes them from its config again.
     timing = with_stragglers(timing, devices, config.straggler_devices, config.straggler_factor)
     delay = exp.delay_model(timing.step_compute_time())

@@ -1,0 +1,56 @@
+"""The training clock means training: compilation (as JAX reports it), calibration and
+checkpointing are off it, and a simulated run's default checkpoints do not come at every
+evaluation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pdasgd_jax import Config, train_and_evaluate
+from pdasgd_jax import checkpoint as checkpoint_lib
+from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.metrics import TrainingClock
+
+
+def test_compilation_inside_the_block_is_taken_off_the_clock_once():
+    clock = TrainingClock(now=lambda: 100.0)  # a clock that does not move: only exclusions show
+    f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)
+    with clock.excluding_compilation():
+        f(np.arange(7.0, dtype=np.float32)).block_until_ready()  # a fresh program: traced, lowered, compiled
+    assert clock.compile_time > 0
+    assert clock.elapsed == -clock.compile_time
+    compiled = clock.compile_time
+    with clock.excluding_compilation(), clock.paused():  # a pause excludes it already
+        jax.jit(lambda x: jnp.cos(x) - 2.0)(np.ones(5, np.float32)).block_until_ready()
+    f(np.arange(7.0, dtype=np.float32))  # outside the block: not listened to
+    assert clock.compile_time == compiled and clock.elapsed == -compiled
+
+
+def test_a_run_reports_its_compile_time_apart_from_its_training_clock(tmp_path):
+    summary = train_and_evaluate(Config(algo="sgd", epochs=0.5, progress=False))
+    assert summary["compile_time"] > 0 and summary["wall_time"] > 0
+
+
+def test_the_default_cadence_of_a_checkpoint_can_wait_a_minimum_interval(tmp_path, monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(checkpoint_lib.time, "monotonic", lambda: now[0])
+    every_evaluation = RunCheckpointer(str(tmp_path / "a"), fresh=True)
+    spaced = RunCheckpointer(str(tmp_path / "b"), fresh=True, min_interval_s=25.0)
+    state, saves = {"w": np.zeros(3, np.float32)}, {"a": [], "b": []}
+    for step in range(1, 8):  # an evaluation every 10 s
+        now[0] = 10.0 * step
+        for name, ckpt in (("a", every_evaluation), ("b", spaced)):
+            if ckpt.due(step * 100, evaluated=True):
+                ckpt.save(step, state, {"step": step})
+                saves[name].append(step)
+            assert not ckpt.due(step * 100 + 50, evaluated=False)
+    every_evaluation.close()
+    spaced.close()
+    assert saves == {"a": [1, 2, 3, 4, 5, 6, 7], "b": [1, 4, 7]}  # the first evaluation, then 30 s apart
+
+
+def test_a_simulated_run_saves_at_its_first_evaluation_and_then_by_the_minute(tmp_path):
+    out = tmp_path / "run"
+    config = Config(algo="asgd", simulate=True, replicas=2, epochs=1, eval_every=300, out=str(out), progress=False)
+    train_and_evaluate(config)
+    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [10]

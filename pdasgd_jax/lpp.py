@@ -1,8 +1,9 @@
 """LPP-SGD (``--algo lpp``, algorithms.md §2): what the simulator and the threaded runtime share.
 
 Each of D devices holds a replica of the model, its own optimizer state and non-trainable
-state, in its own ``ParameterStore``; T = R / D Hogwild!-style threads (ASGD workers, named
-``d{d}/w{t}`` in both, so both draw the same delays) update it lock-free, each stage's
+state, in its own ``ParameterStore``; T = R / D Hogwild!-style threads (ASGD workers, thread
+``g`` on device ``g % D`` named ``w{g}`` in both, as the ASGD worker at its place, so both draw
+the same delays) update it lock-free, each stage's
 read-modify-write atomic. An averager, not the training threads, keeps the replicas together
 by rounds of in-place averaging (Chatterjee, Kungurtsev, Alistarh, arXiv 2203.06638; their
 code runs one averaging process per node beside the training processes):
@@ -40,9 +41,11 @@ from pdasgd_jax.placement import Placement
 PyTree = Any
 
 
-def worker_name(device: int, thread: int) -> str:
-    """Thread ``thread`` of device ``device``: its name in the stats and its delay stream."""
-    return f"d{device}/w{thread}"
+def worker_name(group: int) -> str:
+    """Worker group ``group``'s thread (on device ``group % devices``): its name in the stats and
+    its delay stream, the name of the ASGD worker that sits at the same place, so that one device
+    of LPP-SGD or one replicated group draws exactly the delays of the ASGD run it equals."""
+    return f"w{group}"
 
 
 def threads(devices: int, replicas: int) -> list[tuple[int, int]]:

@@ -61,9 +61,9 @@ def test_a_round_is_due_when_some_device_has_applied_h_updates_since_its_snapsho
     assert not one.applied(0)  # one replica: nothing to average
 
 
-def test_threads_are_spread_round_robin_and_named_per_device():
+def test_threads_are_spread_round_robin_and_named_as_the_asgd_worker_at_their_place():
     assert lpp.threads(2, 4) == [(0, 0), (1, 0), (0, 1), (1, 1)]
-    assert lpp.worker_name(1, 0) == "d1/w0"
+    assert [lpp.worker_name(g) for g in range(4)] == ["w0", "w1", "w2", "w3"]  # w1 is on device 1
     with pytest.raises(ValueError, match="multiple of the 2 devices"):
         lpp.threads(2, 3)
 
@@ -88,19 +88,19 @@ def test_a_round_keeps_the_updates_applied_meanwhile_and_the_replicas_mean():
 
 def test_one_device_is_asgd_on_that_device_bitwise(exp):
     """One replica: no round ever runs, and T threads on it are T ASGD workers sharing one
-    device (the same schedule: a constant delay draws nothing from the worker's stream).
+    device: the same names, so the same delay streams, the same schedule and virtual time.
     (On one device their gradient programs run one after another, each after the previous
     one's updates, so they see no staleness: the threaded runtime measures 0.1-0.3.)"""
-    common = dict(devices=1, replicas=3, epochs=0.2, delay_model="constant", delay_mean=0.5)
+    common = dict(devices=1, replicas=3, epochs=0.2, delay_model="exponential", delay_mean=0.5)
     _, ours = _simulate(exp, algo="lpp", period=1, **common)
     _, asgd = _simulate(exp, algo="asgd", **common)
     assert ours.step == asgd.step and ours.extra["virtual_time"] == asgd.extra["virtual_time"]
     for a, b in zip(jax.tree.leaves(ours.params), jax.tree.leaves(asgd.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert ours.extra["staleness"] == asgd.extra["staleness"]
-    assert all(ours.extra["utilisation"]["workers"][f"d0/w{t}"] > 0 for t in range(3))  # every thread worked
+    assert all(ours.extra["utilisation"]["workers"][f"w{t}"] > 0 for t in range(3))  # every thread worked
     assert ours.extra["averaging_rounds"] == 0 and ours.extra["updates_per_device"] == [ours.step]
-    assert set(ours.extra["utilisation"]["workers"]) == {"d0/w0", "d0/w1", "d0/w2"}
+    assert set(ours.extra["utilisation"]["workers"]) == {"w0", "w1", "w2"}
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
@@ -146,7 +146,7 @@ def test_threads_never_wait_for_the_averaging(exp):
     assert 0 < slow.extra["averaging_rounds"] <= slow.extra["virtual_time"] / (3 * STEP) + 1
     assert slow.extra["averaging_rounds"] < free.extra["averaging_rounds"]
     assert sum(free.extra["updates_per_device"]) == free.step
-    assert set(free.extra["utilisation"]["workers"]) == {"d0/w0", "d0/w1", "d1/w0", "d1/w1"}
+    assert set(free.extra["utilisation"]["workers"]) == {"w0", "w1", "w2", "w3"}
 
 
 def test_a_calibrated_averaging_takes_device_time(exp):
@@ -187,7 +187,7 @@ def test_runtime_on_two_devices_with_two_threads_each_applies_every_update(exp):
         assert store.versions() == (updates + extra["averaging_rounds"],) * real.model.num_stages
     for store, device in zip(rt.stores, jax.devices()[:2], strict=True):
         assert all(leaf.devices() == {device} for leaf in jax.tree.leaves(store.snapshot()))
-    assert set(extra["utilisation"]) == {"d0/w0", "d0/w1", "d1/w0", "d1/w1", "averager"}
+    assert set(extra["utilisation"]) == {"w0", "w1", "w2", "w3", "averager"}
     assert extra["utilisation"]["averager"]["jobs"] == extra["averaging_rounds"]
     assert metrics.rows[-1]["test_accuracy"] > 0.7
     assert not [t for t in threading.enumerate() if t.name.startswith("pdasgd-")]

@@ -254,7 +254,7 @@ def test_a_worker_failing_in_one_process_stops_both_with_its_traceback(replicate
     (failed_code, failed_log), (peer_code, peer_log) = done[FAILING_PROCESS], done[1 - FAILING_PROCESS]
     assert "first run done" in failed_log and "first run done" in peer_log
     assert failed_code == 1 and peer_code == 1, (failed_log[-3000:], peer_log[-3000:])
-    assert "runtime worker 'd0/w0' failed" in failed_log and "ValueError: injected failure in process 1" in failed_log
+    assert "runtime worker 'w0' failed" in failed_log and "ValueError: injected failure in process 1" in failed_log
     assert "error: process 1 of 2 failed, so process 0 stops too" in peer_log
     assert "ValueError: injected failure in process 1" in peer_log
 

@@ -99,7 +99,9 @@ def test_a_group_snapshots_every_h_jobs_and_waits_at_its_merge_for_the_others():
 
 @pytest.mark.parametrize("algo", ["pdasgd", "asgd"])
 def test_one_group_is_the_shared_store_run_bitwise(exp, algo):
-    common = dict(algo=algo, devices=1, replicas=2, epochs=0.2, delay_model="constant", delay_mean=0.5)
+    """One device's store: no round runs, and its workers, named as the shared store's, draw
+    the same random delays: the same schedule, virtual time, parameters and staleness."""
+    common = dict(algo=algo, devices=1, replicas=2, epochs=0.2, delay_model="exponential", delay_mean=0.5)
     shared = _simulate(exp, **common)
     ours = _simulate(exp, replication="replicas", **common)
     assert ours.step == shared.step and ours.extra["virtual_time"] == shared.extra["virtual_time"]

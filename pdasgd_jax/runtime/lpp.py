@@ -2,7 +2,7 @@
 
 ``LppRuntime`` is the threaded ``Runtime`` with one ``ParameterStore`` per device (every stage
 at home there, so no update crosses devices), T = R / D plain ``AsgdWorker`` threads per
-device on that device's executor, named ``d{d}/w{t}`` as in the simulator, and one
+device on that device's executor, named ``w{g}`` as in the simulator, and one
 ``Averager`` thread:
 
 * each worker runs a job as two programs: its whole gradient (``kernels.job_gradients``) and
@@ -217,9 +217,9 @@ class LppRuntime(DeviceStoresRuntime):
         self.workers = []
         # The run's Control, booking finished jobs with the averager.
         controls = [DeviceControl(self.control, self.averager, d) for d in range(num_devices)]
-        for d, t in lpp.threads(num_devices, s.groups):
+        for g, (d, _) in enumerate(lpp.threads(num_devices, s.groups)):
             place = WorkerPlace(s.devices[d], self.executors[d], controls[d], s.device_factor(d))
-            self._add(AsgdWorker, lpp.worker_name(d, t), place, feed=feed_queue)
+            self._add(AsgdWorker, lpp.worker_name(g), place, feed=feed_queue)
         self.averager.control = self.control
         self.workers.append(self.averager)  # started, reported and joined with the workers
         self.merge_lock = self.averager.merge_lock

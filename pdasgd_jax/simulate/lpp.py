@@ -2,7 +2,7 @@
 
 Each device is a one-device ASGD simulation of its own (``DeviceSimulation``: its store,
 executor and device, its speed factor, every stage at home, so nothing is transferred)
-running T ``replica_asgd_worker`` threads named ``d{d}/w{t}``; all of them share one
+running T ``replica_asgd_worker`` threads named ``w{g}`` (thread g on device g % D); all of them share one
 scheduler, one stream of batches and one job budget. A thread owns every stage of its
 device's replica, so, as in the runtime, it runs a job as two programs: its whole gradient,
 then every stage's update as one program (``timing.update_all_time``) under every stage's
@@ -240,8 +240,8 @@ def run_lpp(
         return averaging[0]
 
     def spawn(sims: list[Simulation]) -> None:
-        for d, t in lpp.threads(devices, replicas):
-            name = lpp.worker_name(d, t)
+        for g, (d, _) in enumerate(lpp.threads(devices, replicas)):
+            name = lpp.worker_name(g)
             sims[d].scheduler.spawn(name, replica_asgd_worker(sims[d], sims[d].devices[0], name))
 
     result, now, utilisation, staleness = run_device_groups(

@@ -187,8 +187,8 @@ def run_replicated(
         for d, sim in enumerate(sims):
             ids = placement.device_groups(d)
             if config.algo == "asgd":
-                for t, _ in enumerate(ids):
-                    name = lpp.worker_name(d, t)
+                for r in ids:
+                    name = lpp.worker_name(r)
                     sim.scheduler.spawn(name, replica_asgd_worker(sim, sim.devices[0], name))
             else:
                 policies.spawn_configured(sim, config, replica_ids=list(ids))

@@ -137,6 +137,7 @@ def check(config: Any) -> None:
     models.check_depth(config.model_name, config.depth)
     _check_recipe(config)
 
+
 def _check_recipe(config: Any) -> None:
     """The schedule, augmentation and optimizer-state averaging flags."""
     from pdasgd_jax import data, schedules

@@ -123,9 +123,7 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         for r in range(s.groups):
             d = placement.group_device(r)
             place = WorkerPlace(devices[d], self.executors[d], controls[d], s.device_factor(d))
-            self._add_group(
-                r, place, feed=self.gates[d], jobs=job_queues[r], asgd_name=lpp.worker_name(r)
-            )
+            self._add_group(r, place, feed=self.gates[d], jobs=job_queues[r], asgd_name=lpp.worker_name(r))
         self.merge_lock = self.booking.lock  # merges run under it
 
     def _process_rounds(self) -> ProcessRounds:

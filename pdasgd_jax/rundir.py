@@ -122,14 +122,18 @@ class RunDirLock:
     """An exclusive, non-blocking lock on a run directory, held for the life of a run.
 
     Raises ``ConfigError`` on entry when another live process holds it, naming that process.
+    A ``ConfigError`` raised inside (bad input found once the model exists) leaves no trace of
+    a directory the lock created: it goes with its lock file, if nothing else was written.
     """
 
     def __init__(self, out: str):
         self.out = out
         self.path = os.path.join(out, LOCK_FILE)
         self._file: IO[str] | None = None
+        self._created = False
 
     def __enter__(self) -> Self:
+        self._created = not os.path.exists(self.out)
         os.makedirs(self.out, exist_ok=True)
         f = open(self.path, "a+")  # held open while the lock is
         try:
@@ -150,9 +154,13 @@ class RunDirLock:
         self._file = f
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         if self._file is not None:
             self._file.truncate(0)
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+        refused = exc_type is not None and issubclass(exc_type, ConfigError)
+        if refused and self._created and os.listdir(self.out) == [LOCK_FILE]:
+            os.unlink(self.path)
+            os.rmdir(self.out)

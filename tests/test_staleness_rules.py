@@ -7,10 +7,11 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from test_simulate_resume import (  # noqa: F401 (results: a fixture)
+from test_simulate_resume import (  # noqa: F401 (results, checkpoint_at_every_evaluation: fixtures)
     COMMON,
     _assert_bitwise_equal,
     _interrupted_and_resumed,
+    checkpoint_at_every_evaluation,
     results,
 )
 

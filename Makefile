@@ -8,7 +8,7 @@ FLOOR_VENV := .venv-floor
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test lint bench floors wheel-check clean
+.PHONY: train test lint bench floors wheel-check docs clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,5 +52,17 @@ floors:
 wheel-check: $(STAMP)
 	$(PY) scripts/check_wheel.py
 
+# The documentation site (mkdocs.yml) into site/, every warning an error; its tools are pinned
+# in requirements-docs.txt and installed into .venv beside the library's.
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP) requirements-docs.txt
+	$(PY) -m pip install -q -r requirements-docs.txt
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) scripts/make_cli_reference.py --check
+	$(VENV)/bin/mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) runs
+	rm -rf $(VENV) $(FLOOR_VENV) runs site

@@ -59,10 +59,10 @@ def test_the_smoke_subset_names_existing_tests():
         assert not name or f"def {name.split('[')[0]}(" in (REPO / path).read_text(), test
 
 
-def test_the_notebooks_default_install_source_is_the_one_the_readme_documents():
+def test_the_notebooks_default_install_source_is_the_one_the_notebooks_guide_documents():
     sys.path.insert(0, str(REPO / "scripts"))
     try:
         import make_notebooks
     finally:
         sys.path.pop(0)
-    assert f"`{make_notebooks.PIP_SPEC}`" in (REPO / "README.md").read_text()
+    assert f"`{make_notebooks.PIP_SPEC}`" in (REPO / "docs" / "guide" / "notebooks.md").read_text()

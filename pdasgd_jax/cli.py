@@ -66,7 +66,7 @@ def build_parser(preset: str | None = None, *, defaults: bool = True) -> argpars
     train.add_argument(
         "--preset",
         choices=tuple(PRESETS),
-        help="a paper's setup (README: Presets) as defaults: flags given explicitly win; "
+        help="a paper's setup (docs/guide/recipes.md) as defaults: flags given explicitly win; "
         + "; ".join(f"{name}: {p.description}" for name, p in PRESETS.items()),
     )
     if preset is not None:

@@ -7,7 +7,7 @@ momentum 0.9, rate 0.1, batch 128, 4-pixel crops and flips) with the weight deca
 cosine decay over 200 epochs that ResNet-18 on CIFAR is usually trained with, and a short
 linear warm-up (5 epochs, as Goyal et al., arXiv 1706.02677, use for parallel training);
 for IMDb Adam at its default rate 1e-3. ``mnist1d-lstm`` is this package's offline recurrent
-task, with the rate measured to train it within 5 epochs. The README's table lists every value.
+task, with the rate measured to train it within 5 epochs. docs/guide/recipes.md lists every value.
 
 A preset only fills defaults: on the command line a flag given explicitly wins, and in code
 ``Config(**{**preset_values(name), **yours})`` does the same.

@@ -53,7 +53,7 @@ def resnet1d_stages(
     flattened result, which keeps coarse position (MNIST-1D's digits are told apart by the
     order of their strokes, which a global average would lose).
 
-    Every depth trains on ``mnist1d-large`` with ``--algo sgd``; the README's table has the
+    Every depth trains on ``mnist1d-large`` with ``--algo sgd``; the table in docs/guide/data.md has the
     test accuracy after each epoch and the cost per epoch at several depths.
 
     Args:

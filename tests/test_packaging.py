@@ -66,3 +66,17 @@ def test_the_notebooks_default_install_source_is_the_one_the_notebooks_guide_doc
     finally:
         sys.path.pop(0)
     assert f"`{make_notebooks.PIP_SPEC}`" in (REPO / "docs" / "guide" / "notebooks.md").read_text()
+
+
+def test_the_project_urls_and_the_citation_name_the_repository_the_install_line_uses():
+    import tomllib
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import make_notebooks
+    finally:
+        sys.path.pop(0)
+    urls = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls["Repository"] == make_notebooks.REPO_URL
+    assert f'repository-code: "{make_notebooks.REPO_URL}"' in (REPO / "CITATION.cff").read_text()
+

@@ -79,4 +79,3 @@ def test_the_project_urls_and_the_citation_name_the_repository_the_install_line_
     urls = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]
     assert urls["Repository"] == make_notebooks.REPO_URL
     assert f'repository-code: "{make_notebooks.REPO_URL}"' in (REPO / "CITATION.cff").read_text()
-

@@ -1,7 +1,9 @@
 """Benchmarks of your own hardware: ``python -m pdasgd_jax bench NAME``.
 
-Each module exposes ``run(out_dir: str, *, quick: bool) -> tuple[dict, str]``: the raw
-results (written to ``out_dir/<name>.json``) and a markdown table (``out_dir/<name>.md``).
+Each benchmark's module (one per ``BENCHMARKS`` entry) exposes
+``run(out_dir: str, *, quick: bool) -> tuple[dict, str]``: the raw results (written to
+``out_dir/<name>.json``) and a markdown table (``out_dir/<name>.md``). ``device_peaks`` and
+``flop_count`` are the parts of ``mfu`` that are not the benchmark itself.
 The study that measures the papers' claims (delay grids, claims, runtime prediction) is not
 part of the package: it lives in the repository's ``benchmarks/`` folder.
 """

@@ -11,9 +11,9 @@ code paths:
 * ``asgd`` and ``pdasgd``: the threaded ``Runtime`` with ``RuntimeSettings`` (PD-ASGD with
   F:B = 1:1 and 1:2, ``backward_weights`` stashed and live).
 
-**FLOPs** of a run: a first, untimed run of each layout (same batches) counts every jitted
-program it dispatches per input signature (one compiled executable each) and compiles
-them all; its FLOPs are the sum over programs of XLA's cost analysis
+**FLOPs** of a run (``flop_count``): a first, untimed run of each layout (same batches)
+counts every jitted program it dispatches per input signature (one compiled executable
+each) and compiles them all; its FLOPs are the sum over programs of XLA's cost analysis
 (``jit(f).lower(*args).compile().cost_analysis()["flops"]``) times the number of times it
 ran. So the work really done is counted: a ``live`` backward's extra stage forward
 included, evaluation excluded (the benchmark's recorder evaluates nothing). On one device
@@ -25,7 +25,7 @@ cost more host time than the dispatch) and must match the counting run's.
 the parameters ready (the runtime's ``train_time``; for sgd and sync, the loop and a
 ``block_until_ready``), ``repeats`` runs interleaved across layouts.
 
-**MFU** = achieved / the device's published dense peak (``PEAKS``, keyed by
+**MFU** = achieved / the device's published dense peak (``device_peaks.PEAKS``, keyed by
 ``device.device_kind``). The model is float32, so the peak that applies is the one of the
 arithmetic JAX's default matmul precision gives float32 convolutions and matmuls: TF32
 tensor cores on NVIDIA GPUs that have them (Ampere and later), plain FP32 on older ones
@@ -38,11 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import statistics
-import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -51,196 +49,22 @@ from flax import nnx
 
 from pdasgd_jax import spmd
 from pdasgd_jax.bench import interleaved_seconds
+from pdasgd_jax.bench.device_peaks import FULL_FLOAT32 as FULL_FLOAT32
+from pdasgd_jax.bench.device_peaks import PEAKS as PEAKS
+from pdasgd_jax.bench.device_peaks import TERA, float32_basis, peak_for
+from pdasgd_jax.bench.device_peaks import Peak as Peak
+from pdasgd_jax.bench.flop_count import CountedProgram, count_programs
+from pdasgd_jax.bench.flop_count import program_flops as program_flops
 from pdasgd_jax.compare import markdown_table
 from pdasgd_jax.config import Config
 from pdasgd_jax.data import ArraySplit, Dataset
 from pdasgd_jax.experiment import Experiment, make_optimizer
-from pdasgd_jax.kernels import StageKernels, TrainState, init_opt_states, make_train_step
+from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.models.resnet import resnet18_stages
 from pdasgd_jax.runners.sync import run_synchronous_loop
 from pdasgd_jax.runtime import Runtime, RuntimeSettings
 from pdasgd_jax.stages import from_modules
-
-# Peaks -------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Peak:
-    """Published dense (no structured sparsity) peak FLOP/s of one accelerator.
-
-    Attributes:
-      name: the accelerator.
-      pattern: regular expression matched (case-insensitively) against ``device_kind``.
-      fp32: plain FP32 (CUDA cores); None where none is published (TPUs).
-      tf32: TF32 tensor cores; None where the device has none.
-      bf16: bfloat16 tensor cores / MXUs; None where the device has none.
-    """
-
-    name: str
-    pattern: str
-    fp32: float | None
-    tf32: float | None
-    bf16: float | None
-
-    @property
-    def tpu(self) -> bool:
-        return self.name.startswith("TPU")
-
-    def flops(self, basis: str) -> float | None:
-        """The peak for ``basis`` (``fp32``, ``tf32`` or ``bf16``)."""
-        return {"fp32": self.fp32, "tf32": self.tf32, "bf16": self.bf16}[basis]
-
-
-TERA = 1e12
-# First match wins, so the more specific patterns come first. NVIDIA datasheets give the
-# tensor-core figures with 2:4 sparsity and say the dense ones are half: these are the halves.
-PEAKS: tuple[Peak, ...] = (
-    # NVIDIA H100 Tensor Core GPU datasheet: PCIe 51 FP32, 756 TF32*, 1,513 BF16* (*sparse).
-    Peak("NVIDIA H100 PCIe", r"H100.*PCIe", 51 * TERA, 378 * TERA, 756.5 * TERA),
-    # NVIDIA H100 NVL datasheet: 60 FP32, 835 TF32*, 1,671 BF16*.
-    Peak("NVIDIA H100 NVL", r"H100.*NVL", 60 * TERA, 417.5 * TERA, 835.5 * TERA),
-    # NVIDIA H100 Tensor Core GPU datasheet: SXM 67 FP32, 989 TF32*, 1,979 BF16*
-    # (device_kind "NVIDIA H100 80GB HBM3").
-    Peak("NVIDIA H100 SXM", r"H100", 67 * TERA, 494.5 * TERA, 989.5 * TERA),
-    # NVIDIA H200 Tensor Core GPU datasheet: NVL 60 FP32, 835 TF32*, 1,671 BF16*.
-    Peak("NVIDIA H200 NVL", r"H200.*NVL", 60 * TERA, 417.5 * TERA, 835.5 * TERA),
-    # NVIDIA H200 Tensor Core GPU datasheet: SXM 67 FP32, 989 TF32*, 1,979 BF16*.
-    Peak("NVIDIA H200 SXM", r"H200", 67 * TERA, 494.5 * TERA, 989.5 * TERA),
-    # NVIDIA A100 Tensor Core GPU datasheet (40 and 80 GB, SXM and PCIe): 19.5 FP32,
-    # 156 TF32 (312*), 312 BF16 (624*).
-    Peak("NVIDIA A100", r"A100", 19.5 * TERA, 156 * TERA, 312 * TERA),
-    # NVIDIA V100 Tensor Core GPU datasheet: V100S PCIe 16.4, PCIe 14, SXM2 15.7 FP32;
-    # no TF32 or BF16 (its tensor cores are FP16).
-    Peak("NVIDIA V100S PCIe", r"V100S", 16.4 * TERA, None, None),
-    Peak("NVIDIA V100 PCIe", r"V100.*PCIE", 14 * TERA, None, None),
-    Peak("NVIDIA V100 SXM2", r"V100", 15.7 * TERA, None, None),
-    # NVIDIA T4 datasheet: 8.1 FP32; no TF32 or BF16 (FP16/INT8 tensor cores).
-    Peak("NVIDIA T4", r"\bT4\b", 8.1 * TERA, None, None),
-    # NVIDIA L4 datasheet: 30.3 FP32, 120 TF32*, 242 BF16*.
-    Peak("NVIDIA L4", r"\bL4\b", 30.3 * TERA, 60 * TERA, 121 * TERA),
-    # Google Cloud TPU system architecture pages (per chip, bf16): v4 275, v5e 197,
-    # v5p 459, v6e (Trillium) 918; no FP32 peak is published.
-    Peak("TPU v4", r"TPU v4(?! ?lite)", None, None, 275 * TERA),
-    Peak("TPU v5e", r"TPU v5 ?(lite|e)", None, None, 197 * TERA),
-    Peak("TPU v5p", r"TPU v5", None, None, 459 * TERA),
-    Peak("TPU v6e", r"TPU v6 ?(lite|e)", None, None, 918 * TERA),
-)
-# jax_default_matmul_precision values that make float32 matmuls run in full FP32.
-FULL_FLOAT32 = ("highest", "float32", "F32_F32_F32")
-
-
-def peak_for(device_kind: str) -> Peak | None:
-    """The ``PEAKS`` entry of a ``device.device_kind`` (None: not in the table)."""
-    return next((p for p in PEAKS if re.search(p.pattern, device_kind, re.IGNORECASE)), None)
-
-
-def float32_basis(peak: Peak, matmul_precision: str | None = None) -> str:
-    """Which peak a float32 model runs against: the arithmetic of its convolutions and
-    matmuls under JAX's default precision, or full FP32 where ``matmul_precision`` (the
-    ``jax_default_matmul_precision`` setting) asks for it; other settings count as the default."""
-    if matmul_precision in FULL_FLOAT32:
-        return "fp32"
-    if peak.tpu:
-        return "bf16"  # JAX's default on TPU: one bfloat16 pass with float32 accumulation
-    return "tf32" if peak.tf32 is not None else "fp32"  # default on GPUs with TF32 tensor cores
-
-
-# FLOP counting -------------------------------------------------------------------------------
-
-
-def _signature(args: tuple) -> Hashable:
-    """What selects a jitted function's compiled program: the argument tree and leaf types."""
-    leaves, treedef = jax.tree.flatten(args)
-    avals = [jax.typeof(x) for x in leaves]  # Python scalars too (a staleness), as jit sees them
-    return treedef, tuple((a.shape, a.dtype, a.weak_type) for a in avals)
-
-
-def _abstract(args: tuple) -> tuple:
-    """``args`` as shapes, dtypes and shardings only, to lower without holding the buffers.
-
-    An uncommitted array (on the default device, free to move) gets no sharding, as jit
-    treats it: the lowering then matches the call's, and compiling it hits jit's cache."""
-
-    def spec(x: Any) -> Any:
-        sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
-        aval = jax.typeof(x)
-        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
-
-    return jax.tree.map(spec, args)
-
-
-class CountedProgram:
-    """A jitted function that counts its calls, and with ``signatures`` on, its calls per
-    compiled program (argument signature), whose FLOPs ``flops`` adds up.
-
-    The signature of a call can cost more host time than the dispatch itself, so timed runs
-    count calls alone.
-    Thread-safe: the runtime's workers call the same kernels concurrently.
-    """
-
-    def __init__(self, name: str, fn: Any):
-        self.name = name
-        self.fn = fn
-        self.signatures = False
-        self._lock = threading.Lock()
-        self.calls = 0
-        self._signature_calls: dict[Hashable, int] = {}
-        self._args: dict[Hashable, tuple] = {}
-        self._flops: dict[Hashable, float] = {}
-
-    def __call__(self, *args: Any) -> Any:
-        if self.signatures:
-            key = _signature(args)
-            with self._lock:
-                self._signature_calls[key] = self._signature_calls.get(key, 0) + 1
-                if key not in self._args:
-                    self._args[key] = _abstract(args)
-        with self._lock:
-            self.calls += 1
-        return self.fn(*args)
-
-    def reset(self, *, signatures: bool = False) -> None:
-        """Clears the counts; the next calls count signatures too if ``signatures``."""
-        with self._lock:
-            self.calls = 0
-            self._signature_calls.clear()
-            self.signatures = signatures
-
-    def flops(self) -> float:
-        """FLOPs of the calls since the last ``reset(signatures=True)``: each program's cost
-        analysis times its calls."""
-        total = 0.0
-        for key, n in list(self._signature_calls.items()):
-            if key not in self._flops:
-                self._flops[key] = program_flops(self.fn, self._args[key])
-            total += n * self._flops[key]
-        return total
-
-
-def program_flops(fn: Any, args: tuple) -> float:
-    """XLA's FLOP count of ``fn``'s program compiled for ``args``."""
-    cost = fn.lower(*args).compile().cost_analysis()
-    if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
-        cost = cost[0]
-    return float(cost["flops"])
-
-
-def count_programs(kernels: StageKernels) -> list[CountedProgram]:
-    """Replaces every jitted program ``kernels`` holds (alone or in a per-stage list) by a
-    ``CountedProgram`` in place; returns them. Whatever the executor calls is then counted,
-    kernels that ``StageKernels`` gains later included, without naming them here."""
-    counted: list[CountedProgram] = []
-    for name, value in list(vars(kernels).items()):
-        if hasattr(value, "lower"):
-            counted.append(CountedProgram(name, value))
-            setattr(kernels, name, counted[-1])
-        elif isinstance(value, list) and value and all(hasattr(v, "lower") for v in value):
-            programs = [CountedProgram(f"{name}[{m}]", v) for m, v in enumerate(value)]
-            counted += programs
-            setattr(kernels, name, programs)
-    return counted
-
 
 # Data, model and runs ------------------------------------------------------------------------
 

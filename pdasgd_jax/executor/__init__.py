@@ -31,8 +31,8 @@ what a job's forward keeps for its backward is the mode's record (``StashedRecor
 ``LiveRecord``, ``ReadRecord``).
 
 Modules: ``events`` (the event types, the log, staleness statistics), ``job`` (a job and
-its records), ``stage_executor`` (the shared operations), ``modes`` (the mode classes),
-``replay``.
+its records), ``stage_executor`` (the shared operations), ``stage_updates`` (the update
+operations and their staleness), ``modes`` (the mode classes), ``replay``.
 """
 
 from pdasgd_jax.executor.events import Event, EventKind, EventLog, ReplayDiverged, StalenessStats

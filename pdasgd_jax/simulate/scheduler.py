@@ -1,26 +1,19 @@
 """A deterministic discrete-event scheduler on a virtual clock.
 
-Simulated workers are generators that yield requests to the scheduler:
+Simulated workers are generators that yield requests to the scheduler: device work
+(``Kernel``, here) or idle time, channel operations and launches (``Sleep``, ``Put``,
+``Get``, ``Launch``: ``worker_requests``).
 
-* ``Kernel(device, work, at_start, dispatched, after)``: ``work`` seconds of device work.
-  The device starts it when a slot is free, every kernel dispatched before it has started
-  (a device's queue runs in dispatch order, as a real device's does; ``dispatched`` is the
-  ``Scheduler.ticket()`` of the burst it was dispatched in, default: when it is requested)
-  and every ``Gate`` in ``after`` is open (the kernel's inputs exist: a version another
-  device has yet to write). A kernel waiting for a gate holds back the kernels dispatched
-  after it on its device, as a real device's stream waits at a kernel whose input is not
-  ready. ``at_start()`` runs at its start (this is when a kernel *reads*: the store's
-  versions current at its virtual start), and the worker resumes at its end (so code after
-  the ``yield`` runs at the end: this is when it *writes*).
-* ``Sleep(duration, at_start)``: idle time (injected delays, communication): no device
-  work. An ``at_start`` runs first, among the current instant's reads (a pull reads the
-  stage when its transfer starts).
-* ``Put(channel, item)`` / ``Get(channel)``: a bounded FIFO channel; a full channel blocks
-  the putter, an empty one the getter. ``mutex()`` is a channel holding one token: ``Get``
-  takes it (waiting, first come first served, while another holds it), ``Put`` gives it back.
-* ``Launch(worker)``: starts another generator at once, in this instant, and goes on without
-  waiting for it (an update dispatched to a stage's home device); its device time is
-  charged to the launching worker's ``busy``.
+``Kernel(device, work, at_start, dispatched, after)`` is ``work`` seconds of device work.
+The device starts it when a slot is free, every kernel dispatched before it has started
+(a device's queue runs in dispatch order, as a real device's does; ``dispatched`` is the
+``Scheduler.ticket()`` of the burst it was dispatched in, default: when it is requested)
+and every ``Gate`` in ``after`` is open (the kernel's inputs exist: a version another
+device has yet to write). A kernel waiting for a gate holds back the kernels dispatched
+after it on its device, as a real device's stream waits at a kernel whose input is not
+ready. ``at_start()`` runs at its start (this is when a kernel *reads*: the store's
+versions current at its virtual start), and the worker resumes at its end (so code after
+the ``yield`` runs at the end: this is when it *writes*).
 
 Determinism: events are ordered by ``(time, phase, sequence number)``. At one instant all
 *end* events (kernel ends, wake-ups: the writes) run before any *start* event (kernel
@@ -45,14 +38,16 @@ Example::
 
 from __future__ import annotations
 
-import collections
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from pdasgd_jax.delays import TimingModel
+from pdasgd_jax.simulate.worker_requests import Channel, Get, Launch, Process, Put, Sleep, Worker
+from pdasgd_jax.simulate.worker_requests import mutex as mutex
+from pdasgd_jax.simulate.worker_requests import tokens as tokens
 
 END, START = 0, 1  # event phases: at one instant, writes before reads
 
@@ -92,76 +87,6 @@ class Gate:
         self.key = key
         self.is_open = False
         self.devices: list[Device] = []  # devices whose next kernel waits for it
-
-
-class Sleep(NamedTuple):
-    """Idle time: the worker waits ``duration`` seconds without occupying a device;
-    ``at_start()`` (if given) runs when it starts, in the instant's start phase (a read)."""
-
-    duration: float
-    at_start: Callable[[], Any] | None = None
-
-
-class Launch(NamedTuple):
-    """Starts ``worker`` now as a process of its own (charged to the launching one); the
-    launching worker goes on at once."""
-
-    worker: Worker
-
-
-class Put(NamedTuple):
-    """Puts ``item`` into ``channel``; blocks while the channel is full."""
-
-    channel: Channel
-    item: Any
-
-
-class Get(NamedTuple):
-    """Takes the oldest item of ``channel`` (the ``yield``'s value); blocks while it is empty."""
-
-    channel: Channel
-
-
-Worker = Generator[Any, Any, None]
-
-
-class Process:
-    """A running worker generator and its accounting (busy = time inside its kernels, and
-    inside the kernels of the processes it launched: ``account`` is who is charged)."""
-
-    __slots__ = ("account", "busy", "gen", "name")
-
-    def __init__(self, name: str, gen: Worker, account: Process | None = None):
-        self.name = name
-        self.gen = gen
-        self.busy = 0.0
-        self.account = self if account is None else account
-
-
-class Channel:
-    """A FIFO queue of ``capacity`` waiting items between workers (``capacity`` >= 1)."""
-
-    def __init__(self, capacity: int):
-        if capacity < 1:
-            raise ValueError(f"channel capacity {capacity!r} must be >= 1")
-        self.capacity = capacity
-        self.items: collections.deque = collections.deque()
-        self.getters: collections.deque[Process] = collections.deque()
-        self.putters: collections.deque[tuple[Process, Any]] = collections.deque()
-
-
-def tokens(n: int) -> Channel:
-    """A semaphore of ``n`` tokens: ``yield Get(sem)`` takes one (in arrival order, waiting
-    while none is left), ``yield Put(sem, None)`` gives it back."""
-    sem = Channel(n)
-    sem.items.extend([None] * n)
-    return sem
-
-
-def mutex() -> Channel:
-    """A lock for simulated workers: ``yield Get(lock)`` acquires it (in arrival order),
-    ``yield Put(lock, None)`` releases it."""
-    return tokens(1)
 
 
 class _Running:

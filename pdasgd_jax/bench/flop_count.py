@@ -1,0 +1,108 @@
+"""The FLOPs of the jitted programs a run dispatches: each program counts its calls per
+compiled executable (``CountedProgram``), and the FLOPs are XLA's cost analysis of each
+executable (``program_flops``) times its calls. ``count_programs`` wraps every program a
+``StageKernels`` holds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable
+from typing import Any
+
+import jax
+
+from pdasgd_jax.kernels import StageKernels
+
+
+def _signature(args: tuple) -> Hashable:
+    """What selects a jitted function's compiled program: the argument tree and leaf types."""
+    leaves, treedef = jax.tree.flatten(args)
+    avals = [jax.typeof(x) for x in leaves]  # Python scalars too (a staleness), as jit sees them
+    return treedef, tuple((a.shape, a.dtype, a.weak_type) for a in avals)
+
+
+def _abstract(args: tuple) -> tuple:
+    """``args`` as shapes, dtypes and shardings only, to lower without holding the buffers.
+
+    An uncommitted array (on the default device, free to move) gets no sharding, as jit
+    treats it: the lowering then matches the call's, and compiling it hits jit's cache."""
+
+    def spec(x: Any) -> Any:
+        sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
+        aval = jax.typeof(x)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
+
+    return jax.tree.map(spec, args)
+
+
+class CountedProgram:
+    """A jitted function that counts its calls, and with ``signatures`` on, its calls per
+    compiled program (argument signature), whose FLOPs ``flops`` adds up.
+
+    The signature of a call can cost more host time than the dispatch itself, so timed runs
+    count calls alone.
+    Thread-safe: the runtime's workers call the same kernels concurrently.
+    """
+
+    def __init__(self, name: str, fn: Any):
+        self.name = name
+        self.fn = fn
+        self.signatures = False
+        self._lock = threading.Lock()
+        self.calls = 0
+        self._signature_calls: dict[Hashable, int] = {}
+        self._args: dict[Hashable, tuple] = {}
+        self._flops: dict[Hashable, float] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        if self.signatures:
+            key = _signature(args)
+            with self._lock:
+                self._signature_calls[key] = self._signature_calls.get(key, 0) + 1
+                if key not in self._args:
+                    self._args[key] = _abstract(args)
+        with self._lock:
+            self.calls += 1
+        return self.fn(*args)
+
+    def reset(self, *, signatures: bool = False) -> None:
+        """Clears the counts; the next calls count signatures too if ``signatures``."""
+        with self._lock:
+            self.calls = 0
+            self._signature_calls.clear()
+            self.signatures = signatures
+
+    def flops(self) -> float:
+        """FLOPs of the calls since the last ``reset(signatures=True)``: each program's cost
+        analysis times its calls."""
+        total = 0.0
+        for key, n in list(self._signature_calls.items()):
+            if key not in self._flops:
+                self._flops[key] = program_flops(self.fn, self._args[key])
+            total += n * self._flops[key]
+        return total
+
+
+def program_flops(fn: Any, args: tuple) -> float:
+    """XLA's FLOP count of ``fn``'s program compiled for ``args``."""
+    cost = fn.lower(*args).compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
+        cost = cost[0]
+    return float(cost["flops"])
+
+
+def count_programs(kernels: StageKernels) -> list[CountedProgram]:
+    """Replaces every jitted program ``kernels`` holds (alone or in a per-stage list) by a
+    ``CountedProgram`` in place; returns them. Whatever the executor calls is then counted,
+    kernels that ``StageKernels`` gains later included, without naming them here."""
+    counted: list[CountedProgram] = []
+    for name, value in list(vars(kernels).items()):
+        if hasattr(value, "lower"):
+            counted.append(CountedProgram(name, value))
+            setattr(kernels, name, counted[-1])
+        elif isinstance(value, list) and value and all(hasattr(v, "lower") for v in value):
+            programs = [CountedProgram(f"{name}[{m}]", v) for m, v in enumerate(value)]
+            counted += programs
+            setattr(kernels, name, programs)
+    return counted

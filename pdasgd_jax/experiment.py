@@ -80,6 +80,9 @@ def config_optimizer(config: Config, horizon: int) -> optax.GradientTransformati
     )
 
 
+# The algorithms whose every step updates the whole model from one gradient: their optimizer
+# can run on the whole model at once (``Experiment.whole_model_updates``).
+WHOLE_MODEL_ALGOS = ("sgd", "sync", "local", "dasgd")
 # The fields an optimizer built from the config is made of (``config_optimizer``).
 OPTIMIZER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay", "staleness_rule", "dc_lambda")
 
@@ -241,12 +244,13 @@ class Experiment:
         exp = cls(config, dataset, model, variables, own)
         if optimizer is not None:
             exp.optimizer_scope = own_pieces.optimizer_scope(optimizer, variables, seed=config.seed)
-            if exp.optimizer_scope == own_pieces.PER_STAGE_DIFFERS:
+            if exp.optimizer_scope == own_pieces.PER_STAGE_DIFFERS and config.algo not in WHOLE_MODEL_ALGOS:
                 warnings.warn(
                     "your optimizer's update of one stage depends on the other stages' gradients (a global-norm "
-                    "clip, for example), but every algorithm here applies the optimizer to each stage on its own: "
+                    f"clip, for example), but --algo {config.algo} applies the optimizer to each stage on its own: "
                     "what trains is not the transform you built (summary.json: optimizer_scope); use an "
-                    "elementwise transform, such as optax.clip instead of optax.clip_by_global_norm",
+                    f"elementwise transform, such as optax.clip instead of optax.clip_by_global_norm, or one of "
+                    f"{', '.join(WHOLE_MODEL_ALGOS)}, which apply it to the whole model",
                     own_pieces.OptimizerScopeWarning,
                     stacklevel=2,
                 )
@@ -345,6 +349,14 @@ class Experiment:
         """Where the run streams its events (``None``: it keeps no event log file)."""
         config = self.config
         return os.path.join(config.out, rundir.EVENT_LOG) if config.event_log and config.out else None
+
+    @property
+    def whole_model_updates(self) -> bool:
+        """Whether this run applies ``tx`` to the whole model at once: an algorithm that steps
+        the whole model (``WHOLE_MODEL_ALGOS``) with a transform whose per-stage update differs
+        from the whole-model one (``optimizer_scope``). An elementwise transform keeps the
+        per-stage layout, which equals it, so every such run is bitwise what it was."""
+        return self.config.algo in WHOLE_MODEL_ALGOS and self.optimizer_scope == own_pieces.PER_STAGE_DIFFERS
 
     @property
     def total_examples(self) -> int:

@@ -44,9 +44,13 @@ from pdasgd_jax.stages import StagedModel
 PyTree = Any
 
 
-def init_opt_states(tx: optax.GradientTransformation, params: Sequence[PyTree]) -> tuple[PyTree, ...]:
-    """One optimizer state per stage: every algorithm uses this layout."""
-    return tuple(tx.init(p) for p in params)
+def init_opt_states(
+    tx: optax.GradientTransformation, params: Sequence[PyTree], *, whole_model: bool = False
+) -> tuple[PyTree, ...] | PyTree:
+    """One optimizer state per stage, the layout the asynchronous algorithms update stage by
+    stage; with ``whole_model``, one state of ``tx`` over the tuple of every stage's parameters,
+    for a step that updates the whole model at once (``make_train_step``)."""
+    return tx.init(tuple(params)) if whole_model else tuple(tx.init(p) for p in params)
 
 
 def apply_stage_update(
@@ -295,7 +299,9 @@ class TrainState(NamedTuple):
     opt_states: tuple[PyTree, ...]
 
 
-def make_train_step(model: StagedModel, tx: optax.GradientTransformation, axis_name: str | None = None) -> Callable:
+def make_train_step(
+    model: StagedModel, tx: optax.GradientTransformation, axis_name: str | None = None, *, whole_model: bool = False
+) -> Callable:
     """A whole-model SGD step ``(TrainState, x, y, rng=None) -> (TrainState, loss)`` (unjitted).
 
     With ``axis_name`` the gradients, loss and non-trainable states are averaged over that
@@ -304,6 +310,10 @@ def make_train_step(model: StagedModel, tx: optax.GradientTransformation, axis_n
     from the run's seed and the step or batch index, e.g. ``fold_in(key(seed), step)``.
     ``weight`` (with ``axis_name``): this shard's weight in the average, which is then
     ``psum(weight * value) / psum(weight)``: 0 drops the shard (sync with backup workers).
+    ``whole_model``: ``tx`` updates the tuple of every stage's parameters at once, from the
+    state ``init_opt_states(..., whole_model=True)`` makes (plain optax semantics, for a
+    transform whose update of one stage depends on the others); else each stage is updated
+    from its own gradient and state, which equals it for an elementwise transform.
     """
 
     def step(ts: TrainState, x, labels, rng=None, weight=None):
@@ -318,6 +328,9 @@ def make_train_step(model: StagedModel, tx: optax.GradientTransformation, axis_n
         elif axis_name is not None:
             grads, loss, new_states = jax.lax.pmean((grads, loss, new_states), axis_name)
         # A synchronous step is never stale: staleness 0, gradients at the current weights.
+        if whole_model:
+            params, opt_states = apply_stage_update(tx, tuple(ts.params), ts.opt_states, tuple(grads))
+            return TrainState(tuple(params), tuple(new_states), opt_states), loss
         stepped = [apply_stage_update(tx, p, o, g) for p, o, g in zip(ts.params, ts.opt_states, grads)]
         params = tuple(p for p, _ in stepped)
         opt_states = tuple(o for _, o in stepped)

@@ -43,12 +43,14 @@ def data_mesh(num_devices: int = 0, axis_name: str = DATA_AXIS) -> Mesh:
     return Mesh(np.array(devices[:n]), (axis_name,))
 
 
-def _shard_step(model: StagedModel, tx: optax.GradientTransformation, axis: str) -> tuple[Callable, bool]:
+def _shard_step(
+    model: StagedModel, tx: optax.GradientTransformation, axis: str, whole_model: bool = False
+) -> tuple[Callable, bool]:
     """One shard's part of a data parallel step over the mapped ``axis``: its gradient, loss
     and BatchNorm statistics, averaged over the axis; a model that draws randomness takes
     the step's key, and each shard draws from ``fold_in(key, shard)``. Returns the step and
     whether it takes the key."""
-    shared_step = make_train_step(model, tx, axis_name=axis)
+    shared_step = make_train_step(model, tx, axis_name=axis, whole_model=whole_model)
     if not model.draws_randomness:
         return shared_step, False
 
@@ -58,15 +60,17 @@ def _shard_step(model: StagedModel, tx: optax.GradientTransformation, axis: str)
     return per_shard, True
 
 
-def make_sync_step(model: StagedModel, tx: optax.GradientTransformation, mesh: Mesh) -> Callable:
+def make_sync_step(
+    model: StagedModel, tx: optax.GradientTransformation, mesh: Mesh, *, whole_model: bool = False
+) -> Callable:
     """Jitted data parallel step ``(TrainState, x, y) -> (TrainState, loss)`` over ``mesh``.
 
     ``x`` and ``y`` are the global batch; its size must be divisible by the mesh size. A model
     that draws randomness (Dropout) takes the step's key as a fourth argument, and each shard
-    draws from ``fold_in(rng, shard)``.
+    draws from ``fold_in(rng, shard)``. ``whole_model``: as ``make_train_step``'s.
     """
     axis = mesh.axis_names[0]
-    step_fn, keyed = _shard_step(model, tx, axis)
+    step_fn, keyed = _shard_step(model, tx, axis, whole_model)
     specs = (P(), P(axis), P(axis)) + ((P(),) if keyed else ())
     step = jax.shard_map(
         step_fn,
@@ -81,7 +85,12 @@ def make_sync_step(model: StagedModel, tx: optax.GradientTransformation, mesh: M
 
 
 def make_sharded_step(
-    model: StagedModel, tx: optax.GradientTransformation, num_shards: int, weighted: bool = False
+    model: StagedModel,
+    tx: optax.GradientTransformation,
+    num_shards: int,
+    weighted: bool = False,
+    *,
+    whole_model: bool = False,
 ) -> Callable:
     """``make_sync_step``'s arithmetic on one device: the global batch is split into
     ``num_shards`` equal shards, each computed as a device of real sync computes its shard
@@ -93,7 +102,7 @@ def make_sharded_step(
     workers, which keeps the first ``W - b`` gradients of each step); weights of ones give the
     plain average (to float rounding)."""
     axis = "shards"
-    step_fn, keyed = _shard_step(model, tx, axis)
+    step_fn, keyed = _shard_step(model, tx, axis, whole_model)
     if weighted:
 
         def weighted_fn(ts, x, labels, weight, *rng):
@@ -136,7 +145,12 @@ class WorkerState(NamedTuple):
 
 
 def make_round(
-    model: StagedModel, tx: optax.GradientTransformation, rule: AveragingRule, axis_name: AxisName
+    model: StagedModel,
+    tx: optax.GradientTransformation,
+    rule: AveragingRule,
+    axis_name: AxisName,
+    *,
+    whole_model: bool = False,
 ) -> Callable:
     """One worker's round of ``H = rule.period`` local steps (unjitted, per worker).
 
@@ -154,7 +168,7 @@ def make_round(
     round's first step ``kH``, and worker ``w``'s local step ``s`` draws from
     ``fold_in(fold_in(key, w), s)``.
     """
-    local_step = make_train_step(model, tx)
+    local_step = make_train_step(model, tx, whole_model=whole_model)
     d = rule.delay
 
     def local_steps(ts: TrainState, inputs: tuple) -> tuple[TrainState, jax.Array]:
@@ -218,7 +232,12 @@ def worker_sharding(mesh: Mesh | None) -> Sharding:
 
 
 def make_round_program(
-    model: StagedModel, tx: optax.GradientTransformation, rule: AveragingRule, mesh: Mesh | None
+    model: StagedModel,
+    tx: optax.GradientTransformation,
+    rule: AveragingRule,
+    mesh: Mesh | None,
+    *,
+    whole_model: bool = False,
 ) -> Callable:
     """Jitted round ``(WorkerState_D, x_DxHxB..., y_DxHxB) -> (WorkerState_D, loss_DxH)``.
 
@@ -231,10 +250,16 @@ def make_round_program(
     # The workers' state is donated: D copies of the model and optimizer state per round
     # would otherwise be live twice.
     if mesh is None:
-        round_fn = jax.vmap(make_round(model, tx, rule, WORKER_AXIS), in_axes=(0, 0, 0, *shared), axis_name=WORKER_AXIS)
+        round_fn = jax.vmap(
+            make_round(model, tx, rule, WORKER_AXIS, whole_model=whole_model),
+            in_axes=(0, 0, 0, *shared),
+            axis_name=WORKER_AXIS,
+        )
         return jax.jit(round_fn, donate_argnums=0)
     per_device = jax.vmap(
-        make_round(model, tx, rule, (WORKER_AXIS, _LOCAL_AXIS)), in_axes=(0, 0, 0, *shared), axis_name=_LOCAL_AXIS
+        make_round(model, tx, rule, (WORKER_AXIS, _LOCAL_AXIS), whole_model=whole_model),
+        in_axes=(0, 0, 0, *shared),
+        axis_name=_LOCAL_AXIS,
     )
     spec = P(WORKER_AXIS)
     # vma typing cannot mix a vmap axis and a mesh axis in one pmean (jax 0.10.2 rejects
@@ -252,12 +277,20 @@ def make_round_program(
 
 
 def init_workers(
-    variables: Variables, tx: optax.GradientTransformation, rule: AveragingRule, num_workers: int, sharding: Sharding
+    variables: Variables,
+    tx: optax.GradientTransformation,
+    rule: AveragingRule,
+    num_workers: int,
+    sharding: Sharding,
+    *,
+    whole_model: bool = False,
 ) -> WorkerState:
-    """``num_workers`` identical workers starting from ``variables``, placed with ``sharding``."""
+    """``num_workers`` identical workers starting from ``variables``, placed with ``sharding``
+    (``whole_model``: one optimizer state over every stage, as ``init_opt_states``)."""
     params = jax.device_get(variables.params)
+    opt_states = init_opt_states(tx, params, whole_model=whole_model)
     one = WorkerState(
-        TrainState(params, jax.device_get(variables.states), jax.device_get(init_opt_states(tx, params))),
+        TrainState(params, jax.device_get(variables.states), jax.device_get(opt_states)),
         jax.device_get(rule.init_outer(params)),
     )
     # From host arrays every process can place its own workers (multi-process meshes).

@@ -271,7 +271,7 @@ def _train(
         "divergence": divergence,
         "status": status,
         "status_reason": reason,
-        "optimizer_scope": exp.optimizer_scope,
+        "optimizer_scope": "whole-model" if exp.whole_model_updates else exp.optimizer_scope,
         "compile_time": metrics.clock.compile_time,
     }
     summary = write_summary(metrics, config=recorded, extra=extra)

@@ -1,6 +1,7 @@
 """Your own model, optimizer and data through ``train_and_evaluate``; the trained variables back
 in your NNX modules."""
 
+import dataclasses
 import itertools
 import json
 
@@ -212,13 +213,16 @@ def test_a_dangling_or_looping_out_is_a_clear_error(tmp_path):
 def test_an_optimizer_that_looks_across_stages_is_named_and_recorded(arrays):
     from pdasgd_jax.own_pieces import OptimizerScopeWarning
 
-    config = Config(algo="sgd", epochs=0.2, batch_size=32, progress=False, chance_margin=0.0)
+    per_stage = Config(algo="pdasgd", simulate=True, epochs=0.2, batch_size=32, progress=False, chance_margin=0.0)
     clipped = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-3))
     with pytest.warns(OptimizerScopeWarning, match="clip_by_global_norm"):
-        summary = train_and_evaluate(config, model=from_modules(mlp_modules()), optimizer=clipped, dataset=arrays)
+        summary = train_and_evaluate(per_stage, model=from_modules(mlp_modules()), optimizer=clipped, dataset=arrays)
     assert summary["optimizer_scope"] == "per-stage, differs from whole-model"
+    whole = dataclasses.replace(per_stage, algo="sgd", simulate=False)
+    summary = train_and_evaluate(whole, model=from_modules(mlp_modules()), optimizer=clipped, dataset=arrays)
+    assert summary["optimizer_scope"] == "whole-model"  # sgd applies it to the whole model: no warning
     elementwise = optax.chain(optax.clip(1.0), optax.adam(3e-3))
-    summary = train_and_evaluate(config, model=from_modules(mlp_modules()), optimizer=elementwise, dataset=arrays)
+    summary = train_and_evaluate(whole, model=from_modules(mlp_modules()), optimizer=elementwise, dataset=arrays)
     assert summary["optimizer_scope"] == "per-stage, equal to whole-model"
     # Your optimizer's rate is its own: the summary invents none.
     assert {k: summary["config"][k] for k in ("optimizer", "lr", "momentum", "weight_decay")} == dict.fromkeys(
@@ -241,3 +245,29 @@ def test_with_config_rebuilds_the_config_optimizer_and_refuses_to_retune_your_ow
     with pytest.raises(ConfigError, match="cannot change --lr"):
         own.with_config(lr=0.2)
     assert own.with_config(algo="sync", devices=2).tx is own.tx
+
+
+@pytest.mark.parametrize("algo, extra", [("sgd", {}), ("sync", {"devices": 2})])
+def test_a_whole_model_algorithm_applies_a_cross_stage_optimizer_to_the_whole_model(arrays, algo, extra):
+    """sgd and sync step the whole model from one gradient: with a global-norm clip in the
+    chain they train exactly what plain optax trains on the unstaged model."""
+    from pdasgd_jax.experiment import Experiment
+    from pdasgd_jax.metrics import MetricsLog
+    from pdasgd_jax.runners import RUNNERS
+
+    tx = optax.chain(optax.clip_by_global_norm(0.05), optax.sgd(0.1, momentum=0.9))
+    config = Config(algo=algo, epochs=0.1, batch_size=32, progress=False, **extra)
+    data = Dataset.from_arrays(*arrays)
+    exp = Experiment.from_config(config, model=from_modules(mlp_modules()), optimizer=tx, dataset=data)
+    assert exp.whole_model_updates
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
+    result = RUNNERS[algo](exp, metrics)
+
+    params, states = tuple(exp.variables.params), tuple(exp.variables.states)
+    state = tx.init(params)
+    for _, (x, y) in zip(range(result.step), exp.train_stream(config.batch_size)):
+        grads, _ = jax.grad(exp.model.loss_and_states, has_aux=True)(params, states, x, y)
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+    for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

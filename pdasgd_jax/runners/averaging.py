@@ -72,9 +72,10 @@ def run_rounds(
     outer = outer_optimizer(cfg.outer_optimizer, cfg.outer_lr)
     rule = AveragingRule(cfg.period, delay, cfg.merge, outer, average_opt_state=cfg.average_opt_state)
     sharding = spmd.worker_sharding(mesh)
-    program = spmd.make_round_program(exp.model, exp.tx, rule, mesh)
+    whole = exp.whole_model_updates
+    program = spmd.make_round_program(exp.model, exp.tx, rule, mesh, whole_model=whole)
     worker_mean = spmd.make_worker_mean(mesh)
-    ws = spmd.init_workers(exp.variables, exp.tx, rule, num_workers, sharding)
+    ws = spmd.init_workers(exp.variables, exp.tx, rule, num_workers, sharding, whole_model=whole)
     step = examples = 0
     restored = checkpointer.resume(like=ws, metrics=metrics) if checkpointer is not None else None
     if restored is not None:

@@ -75,12 +75,12 @@ def run_synchronous_loop(
 
 def _initial_state(exp: Experiment) -> TrainState:
     v = exp.variables
-    return TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
+    return TrainState(v.params, v.states, init_opt_states(exp.tx, v.params, whole_model=exp.whole_model_updates))
 
 
 def run_sgd(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
     """Plain minibatch SGD on one device with one fused jitted step."""
-    step_fn = jax.jit(make_train_step(exp.model, exp.tx))
+    step_fn = jax.jit(make_train_step(exp.model, exp.tx, whole_model=exp.whole_model_updates))
     ts, step, examples = run_synchronous_loop(
         exp, metrics, checkpointer, step_fn, _initial_state(exp), lambda a: a, jax.device_put, exp.config.batch_size
     )
@@ -100,7 +100,7 @@ def run_sync(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer
         exp,
         metrics,
         checkpointer,
-        spmd.make_sync_step(exp.model, exp.tx, mesh),
+        spmd.make_sync_step(exp.model, exp.tx, mesh, whole_model=exp.whole_model_updates),
         replicate(_initial_state(exp)),
         lambda a: jax.device_put(a, sharding),
         replicate,

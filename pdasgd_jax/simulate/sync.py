@@ -68,7 +68,7 @@ def run_sync(
         seed=exp.config.seed,
         backup=backup,
     )
-    ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params))
+    ts = TrainState(v.params, v.states, init_opt_states(exp.tx, v.params, whole_model=exp.whole_model_updates))
     # With backup workers each step averages the gradients it kept (weight 1) and drops the
     # others (weight 0); without, every shard counts, as in real sync's program.
     weights = schedule.kept.astype(np.float32)
@@ -76,7 +76,9 @@ def run_sync(
         exp,
         VirtualTimeMetrics(metrics, schedule.ends),
         checkpointer,
-        spmd.make_sharded_step(exp.model, exp.tx, num_workers, weighted=bool(backup)),
+        spmd.make_sharded_step(
+            exp.model, exp.tx, num_workers, weighted=bool(backup), whole_model=exp.whole_model_updates
+        ),
         ts,
         lambda a: a,
         jax.device_put,

@@ -8,7 +8,7 @@ FLOOR_VENV := .venv-floor
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test lint bench floors wheel-check docs clean
+.PHONY: train test lint bench floors wheel-check docs clean device-check
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,15 @@ floors:
 
 wheel-check: $(STAMP)
 	$(PY) scripts/check_wheel.py
+
+# On a machine with a GPU or TPU: tests on the device, bench mfu, runtime throughput against the
+# fused loop and the simulator's prediction of the runtime, in at most 8 minutes, into
+# bench_results/device_check/<UTC date and time>/ (device_check.json and device_check.md). Where
+# .venv cannot be built, the machine's own Python runs it: python3 scripts/device_check.py --out DIR.
+DEVICE_CHECK_OUT ?= bench_results/device_check/$(shell date -u +%Y-%m-%d-%H%M)
+
+device-check: $(STAMP)
+	$(PY) scripts/device_check.py --out $(DEVICE_CHECK_OUT)
 
 # The documentation site (mkdocs.yml) into site/, every warning an error; its tools are pinned
 # in requirements-docs.txt and installed into .venv beside the library's.

@@ -337,7 +337,8 @@ def delay_compensated(inner: optax.GradientTransformation, lam: float) -> optax.
     >>> updates.tolist()  # -(2 + 0.5 * 2 * 2 * (1 - 0))
     [-4.0]
     """
-    if not lam >= 0:
+    # A concrete lam is checked here; a traced one (optax.inject_hyperparams under jit) cannot be.
+    if isinstance(lam, (int, float)) and not lam >= 0:
         raise ValueError(f"lam {lam!r} must be >= 0")
     inner = optax.with_extra_args_support(inner)
 

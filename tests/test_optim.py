@@ -138,3 +138,25 @@ def test_transforms_pass_extra_args_through_to_each_other():
     now, old, g = jnp.array([1.0]), jnp.array([0.0]), jnp.array([2.0])
     updates, _ = tx.update(g, tx.init(now), now, staleness=2, old_params=old)
     np.testing.assert_allclose(updates, [-lr * (2.0 + 4.0) / 2], rtol=1e-6)
+
+
+def test_the_delay_compensation_constant_is_injectable_under_jit():
+    """``optax.inject_hyperparams`` passes ``lam`` (and ``dc_lambda``) as traced values, as it
+    does optax's own hyperparameters; the injected transform equals the plain one."""
+    from pdasgd_jax.optim import delay_compensated, with_staleness_rule
+
+    params, old = jnp.array([1.0, -2.0]), jnp.array([0.5, -1.0])
+    g = jnp.array([2.0, 3.0])
+    plain = delay_compensated(optax.sgd(0.1), lam=0.5)
+    expected, _ = plain.update(g, plain.init(params), params, old_params=old)
+    for factory, kwargs in (
+        (lambda lam: delay_compensated(optax.sgd(0.1), lam), {"lam": 0.5}),
+        (lambda dc_lambda: with_staleness_rule(optax.sgd(0.1), "delay-compensated", dc_lambda), {"dc_lambda": 0.5}),
+    ):
+        tx = optax.inject_hyperparams(factory)(**kwargs)
+        step = jax.jit(lambda g, s, p, o, tx=tx: tx.update(g, s, p, old_params=o))
+        updates, state = step(g, tx.init(params), params, old)
+        np.testing.assert_allclose(np.asarray(updates), np.asarray(expected), rtol=1e-6)
+        assert float(state.hyperparams[next(iter(kwargs))]) == 0.5
+    with pytest.raises(ValueError, match="lam -1 must be >= 0"):
+        delay_compensated(optax.sgd(0.1), lam=-1)

@@ -11,8 +11,10 @@ shapes) and of the rest of its metadata, taken from the host copy that is writte
 restore recomputes it from what it read: a step that cannot be read (emptied, truncated,
 files missing) or whose checksum differs (a flipped bit) is reported with a warning naming
 its directory and what is wrong, moved aside to ``checkpoints.damaged/`` (kept for
-inspection, never read again) and the next older step is tried; with none left the run
-starts over.
+inspection, never read again) and the next older step is tried. With none left the run
+starts over from its first step, and the warning for the last damaged step says so: the
+``MetricsLog`` of a resumed run that is not rewound to a checkpoint drops the earlier
+attempt's rows once it trains (``MetricsLog``'s ``resume``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ PyTree = Any
 
 
 class DamagedCheckpointWarning(RuntimeWarning):
-    """A checkpoint step could not be restored or failed its checksum; an older one is used."""
+    """A checkpoint step could not be restored or failed its checksum; an older one is used
+    (with none left, the run starts over)."""
 
 
 def checksum(state: PyTree, meta: dict[str, Any]) -> str:
@@ -189,12 +192,20 @@ class RunCheckpointer:
         return state, meta
 
     def _set_aside(self, step: int, problem: str) -> None:
-        """Moves damaged step ``step`` out of the checkpoint directory, saying why."""
+        """Moves damaged step ``step`` out of the checkpoint directory, saying why and what
+        the run does now: resume from an older step, or, with none left, start over."""
         _silence_orbax_failed_read_noise()
         source = os.path.join(self.directory, str(step))
         target = os.path.join(self.run_dir, DAMAGED_CHECKPOINT_DIR, *self._subdir, str(step))
+        if any(older < step for older in self._manager.all_steps()):
+            then = ", resuming from an older one"
+        else:
+            then = (
+                f"; no intact checkpoint is left in {self.directory}: the run starts over from its first step, "
+                "with empty metrics"
+            )
         warnings.warn(
-            f"checkpoint {source} is damaged ({problem}); moved to {target}, resuming from an older one",
+            f"checkpoint {source} is damaged ({problem}); moved to {target}{then}",
             DamagedCheckpointWarning,
             stacklevel=3,
         )
@@ -208,7 +219,7 @@ class RunCheckpointer:
         """Restores the newest checkpoint (shaped like ``like``) and rewinds ``metrics`` and
         this checkpointer's schedule to it; ``None`` when there is nothing to resume."""
         restored = self.restore_latest(like)
-        if restored is None:  # nothing finalized (e.g. killed during the first save): start over
+        if restored is None:  # nothing finalized (killed during the first save) or all damaged: start over
             metrics.start_over()
             return None
         meta = restored[1]

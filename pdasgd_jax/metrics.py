@@ -111,10 +111,16 @@ class MetricsLog:
         the run's clock (a row's ``virtual_time`` on the simulator, else ``wall_time``):
         a rate-tuning run that can no longer beat the best so far stops there (``None``: never).
       progress: show a tqdm progress bar.
-      resume: keep ``out_dir``'s rows (``rewind`` trims them to the restored checkpoint);
-        otherwise they are discarded.
+      resume: keep ``out_dir``'s rows, read (and checked) here, until the run goes on:
+        ``rewind`` keeps those up to the restored checkpoint; a run that trains without
+        having been rewound (no intact checkpoint: it starts over) drops them all, from
+        ``metrics.jsonl`` too, at its first loss or evaluation. Otherwise they are discarded.
       clock: the training clock (default: a new one).
       divergence: watches each computed loss for a sustained rise (``pdasgd_jax.divergence``).
+
+    Raises:
+      ConfigError: with ``resume``, ``metrics.jsonl`` is damaged (a line other than the last
+        that is not a metrics row), naming the file and the line.
 
     Example::
 
@@ -155,11 +161,17 @@ class MetricsLog:
         self._checked = 0  # pending losses already found finite
         self.divergence = divergence
         self._examples = 0
-        self._bar = tqdm(total=total_examples, unit="ex", disable=not progress, dynamic_ncols=True)
+        # The resumed run's rows, until ``rewind`` or ``start_over`` settles what is kept.
+        self._earlier_rows: list[dict[str, Any]] | None = None
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
             if not resume:
                 open(self._path, "w").close()
+            elif os.path.exists(self._path):
+                self._earlier_rows = _read_rows(self._path)  # damage is refused before any work
+            else:
+                self._earlier_rows = []
+        self._bar = tqdm(total=total_examples, unit="ex", disable=not progress, dynamic_ncols=True)
 
     @property
     def _path(self) -> str:
@@ -200,6 +212,8 @@ class MetricsLog:
             divergence stops the run within a step or two of it, whatever the evaluation cadence.
         """
         interrupts.check()  # a Ctrl-C that library code swallowed still stops the run here
+        if self._earlier_rows is not None:  # training from the start: nothing was rewound to
+            self.start_over()
         if not self._pending_losses:
             self._pending_first_step = step
             self._checked = 0
@@ -238,6 +252,8 @@ class MetricsLog:
         Raises:
           NonFiniteLossError: a queued training loss is NaN or infinite.
         """
+        if self._earlier_rows is not None:  # training from the start: nothing was rewound to
+            self.start_over()
         with self.clock.paused():
             self.progress(examples)
             while self.next_eval <= examples:
@@ -287,12 +303,12 @@ class MetricsLog:
     def rewind(self, position: dict[str, Any]) -> None:
         """Continues from a checkpoint's ``position``: rows after its step are dropped (from
         ``metrics.jsonl`` too), and the clock and the schedule are set back to it."""
-        if self.out_dir and os.path.exists(self._path):
-            self.rows = [row for row in _read_rows(self._path) if row["step"] <= position["step"]]
+        rows = self.rows if self._earlier_rows is None else self._earlier_rows
+        self._earlier_rows = None
+        self.rows = [row for row in rows if row["step"] <= position["step"]]
+        if self.out_dir:
             with open(self._path, "w") as f:
                 f.writelines(json_line(row) for row in self.rows)
-        else:
-            self.rows = [row for row in self.rows if row["step"] <= position["step"]]
         self.clock.set(position["wall_time"])
         self.next_eval = position["next_eval"]
         self.resumed_from_step = position["step"]
@@ -305,6 +321,7 @@ class MetricsLog:
         """Forgets every row (``metrics.jsonl`` too): a resume that found no checkpoint to
         continue from trains from the start, so rows of the earlier attempt would repeat."""
         self.rows = []
+        self._earlier_rows = None
         if self.out_dir:
             open(self._path, "w").close()
 

@@ -12,22 +12,26 @@ a job's whole forward and backward as one (``FusedJobExecutor``), while the repl
 per-stage kernels one operation at a time; XLA may associate the same sums differently in
 the two. A leaf matches when ``|replayed - saved| <= atol + rtol * |saved|`` everywhere.
 
-A log without final variables, or whose last line was cut short (the run crashed or was
-killed), is replayed as far as it goes, which still checks every logged version, but is
+A log without final variables (the run crashed or was killed; its last line may be cut
+short) is replayed as far as it goes, which still checks every logged version, but is
 reported as incomplete (not a match): the variables the run held when it stopped were not
-saved, so there is nothing to compare with.
+saved, so there is nothing to compare with. A finished run closes its log before it saves
+the final variables, so a log cut short next to them, or final variables that cannot be
+read, are damaged files: refused naming the file.
 """
 
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from typing import Any, NamedTuple
 
 import numpy as np
 import optax
 
 from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.eventlog import EventFile, flat_variables, load_final_variables
+from pdasgd_jax.eventlog import EventFile, flat_variables
 from pdasgd_jax.executor import ReplayDiverged, StageExecutor, last_reads, replay
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
@@ -38,6 +42,8 @@ from pdasgd_jax.train import load_run_config
 
 RTOL = 1e-4
 ATOL = 1e-6
+# How a zip archive (a ``.npz``) starts: a file's local header, or the end record of an empty one.
+_ZIP_STARTS = (b"PK\x03\x04", b"PK\x05\x06")
 
 
 class ReplayReport(NamedTuple):
@@ -114,8 +120,9 @@ def replay_run(
         (``train_and_evaluate(model=..., optimizer=...)``); its config names neither.
 
     Raises:
-      ConfigError: ``run_dir`` is not a run directory, was not run with ``--event-log``, or
-        its log is damaged (a line other than the last that is not an event).
+      ConfigError: ``run_dir`` is not a run directory, was not run with ``--event-log``, its
+        log is damaged (a line other than the last that is not an event, or a last line cut
+        short although the run finished), or its final variables cannot be read.
 
     Example::
 
@@ -128,6 +135,8 @@ def replay_run(
     path = os.path.join(run_dir, EVENT_LOG)
     if not config.event_log or not os.path.exists(path):
         raise ConfigError(f"{run_dir!r} has no {EVENT_LOG}: only a run trained with --event-log can be replayed")
+    final_path = os.path.join(run_dir, FINAL_VARIABLES)
+    final = _load_final(final_path)  # before the replay: damage is refused at once
     exp = Experiment.from_config(config, model=model, optimizer=optimizer)
     events = EventFile(path)
     try:
@@ -138,20 +147,49 @@ def replay_run(
             return ReplayReport(False, f"replay does not match: {e} (event seq {events.count - 1})", events.count)
     except ValueError as e:
         raise ConfigError(f"{path} is damaged: {e}") from None
-    final = load_final_variables(run_dir)
-    if events.cut_short is not None or final is None:
-        why = (
-            f"its last line is cut short ({events.cut_short!r})"
-            if events.cut_short is not None
-            else f"there is no {FINAL_VARIABLES}"
-        )
-        return ReplayReport(
-            False,
-            f"replay incomplete: the run did not finish ({why}); its {events.count} complete events replay "
-            f"as logged, but there are no final variables to compare with",
-            events.count,
-        )
-    return _compare(flat_variables(*replayed.store.snapshot()[:2]), final, replayed, events.count, rtol, atol)
+    if events.cut_short is not None:
+        cut = f"line {events.count + 1} is cut short ({events.cut_short!r})"
+        if final is not None:  # the run finished: its log was complete before this file was written
+            raise ConfigError(
+                f"{path} is damaged: {cut} although the run finished ({final_path} is written once the log is "
+                f"closed); its {events.count} complete events replay as logged, but do not reach the final variables"
+            )
+        why = f"{path} {cut} and there is no {FINAL_VARIABLES}"
+    elif final is None:
+        why = f"there is no {FINAL_VARIABLES} in {run_dir}"
+    else:
+        return _compare(flat_variables(*replayed.store.snapshot()[:2]), final, replayed, events.count, rtol, atol)
+    return ReplayReport(
+        False,
+        f"replay incomplete: the run did not finish ({why}); its {events.count} complete events replay "
+        f"as logged, but there are no final variables to compare with",
+        events.count,
+    )
+
+
+def _load_final(path: str) -> dict[str, np.ndarray] | None:
+    """The final variables ``eventlog.save_final_variables`` wrote to ``path`` (``None``:
+    there is no such file, the run did not finish).
+
+    Raises:
+      ConfigError: ``path`` is not a readable ``.npz`` archive, naming it and what is wrong.
+    """
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        start = f.read(len(_ZIP_STARTS[0]))
+    if start not in _ZIP_STARTS:
+        what = "empty" if not start else f"not a .npz archive (it starts with {start!r}, not a zip header)"
+        raise ConfigError(f"{path} is damaged: it is {what}; the run's final variables cannot be read from it")
+    try:  # opened here, so that a failed read closes it (numpy's own open would leak it)
+        with open(path, "rb") as f, np.load(f) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+        detail = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(
+            f"{path} is damaged: its .npz archive cannot be read ({type(e).__name__}: {detail}); "
+            f"the run's final variables cannot be read from it"
+        ) from None
 
 
 def _compare(

@@ -187,9 +187,10 @@ class Experiment:
     """A validated config with its dataset, model, initial variables and optimizer.
 
     ``horizon`` is the schedule horizon ``tx`` was built for (``schedule_horizon``); ``None``
-    when ``tx`` is the caller's own optimizer. ``optimizer_scope`` says whether ``tx``, which
-    every algorithm applies to each stage on its own, equals ``tx`` on the whole model
-    (``own_pieces.optimizer_scope``; the config's optimizers are elementwise, so they do).
+    when ``tx`` is the caller's own optimizer. ``optimizer_scope`` says whether ``tx`` applied
+    to each stage on its own equals ``tx`` on the whole model (``own_pieces.optimizer_scope``;
+    the config's optimizers are elementwise, so they do); where it does not, the algorithms of
+    ``WHOLE_MODEL_ALGOS`` apply it to the whole model (``whole_model_updates``).
     """
 
     config: Config

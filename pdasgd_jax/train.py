@@ -204,8 +204,8 @@ def resumed_config(config: Config) -> Config:
 
     Raises:
       ConfigError: ``config`` has no ``out``, ``out`` holds no checkpoints or no saved config,
-        or ``config`` differs from
-        the saved run in anything else (naming every such field and both values).
+        or ``config`` differs from the saved run in anything else (naming every such field and
+        both values).
     """
     if not config.out:
         raise ConfigError("resume continues the run in config.out, and config.out is not set")
@@ -264,7 +264,7 @@ def _train(
     if not metrics.rows or metrics.rows[-1]["examples"] != result.examples:
         metrics.evaluate(step=result.step, examples=result.examples, params=result.params, states=result.states)
     divergence = _divergence_event(metrics)
-    chance = outcome.chance_accuracy(exp.dataset.test)
+    chance = outcome.chance_accuracy(exp.dataset.test) if config.chance_margin else 0.0  # read only when judged
     status, reason = outcome.judge(metrics.rows[-1], chance=chance, margin=config.chance_margin, divergence=divergence)
     extra = {
         **result.extra,

@@ -15,12 +15,18 @@ from test_dasgd import CLASSES, FEATURES, assert_trees_close, random_data, run_p
 
 from pdasgd_jax import optim, stages
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
-from pdasgd_jax.optim import AveragingRule, delay_compensated, delayed_averaging, staleness_aware
+from pdasgd_jax.optim import (
+    AveragingRule,
+    delay_compensated,
+    delayed_averaging,
+    staleness_aware,
+    with_staleness_rule,
+)
 
 
 def test_docstring_examples_run():
-    result = doctest.testmod(optim, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 3 and result.failed == 0
+    results = [doctest.testmod(module, optionflags=doctest.ELLIPSIS) for module in (optim.averaging, optim.staleness)]
+    assert sum(r.attempted for r in results) >= 3 and all(r.failed == 0 for r in results)
 
 
 def tiny_mlp():
@@ -142,9 +148,8 @@ def test_transforms_pass_extra_args_through_to_each_other():
 
 def test_the_delay_compensation_constant_is_injectable_under_jit():
     """``optax.inject_hyperparams`` passes ``lam`` (and ``dc_lambda``) as traced values, as it
-    does optax's own hyperparameters; the injected transform equals the plain one."""
-    from pdasgd_jax.optim import delay_compensated, with_staleness_rule
-
+    does optax's own hyperparameters; the injected transform equals the plain one.
+    ``test_optax_conformance`` runs this and optax's other checks on every transform."""
     params, old = jnp.array([1.0, -2.0]), jnp.array([0.5, -1.0])
     g = jnp.array([2.0, 3.0])
     plain = delay_compensated(optax.sgd(0.1), lam=0.5)
@@ -158,5 +163,43 @@ def test_the_delay_compensation_constant_is_injectable_under_jit():
         updates, state = step(g, tx.init(params), params, old)
         np.testing.assert_allclose(np.asarray(updates), np.asarray(expected), rtol=1e-6)
         assert float(state.hyperparams[next(iter(kwargs))]) == 0.5
-    with pytest.raises(ValueError, match="lam -1 must be >= 0"):
-        delay_compensated(optax.sgd(0.1), lam=-1)
+    # A float32 array lam keeps bfloat16 gradients bfloat16.
+    tx = delay_compensated(optax.sgd(0.1), jnp.float32(0.5))
+    narrow = jax.tree.map(lambda x: x.astype(jnp.bfloat16), (g, params, old))
+    updates, _ = tx.update(narrow[0], tx.init(narrow[1]), narrow[1], old_params=narrow[2])
+    assert updates.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: delay_compensated(optax.sgd(0.1), lam=-1), r"lam -1 must be >= 0 \(0 turns"),
+        (lambda: delay_compensated(optax.sgd(0.1), lam=np.float32(-0.5)), "lam .*-0.5.* must be >= 0"),
+        (lambda: delay_compensated(optax.sgd(0.1), lam=float("nan")), "lam nan must be >= 0"),
+        (lambda: with_staleness_rule(optax.sgd(0.1), "delay-compensated", -2.0), "lam -2.0 must be >= 0"),
+        (lambda: delayed_averaging(optax.sgd(0.1), 0, 0, "workers"), "period 0 must be an integer >= 1"),
+        (lambda: delayed_averaging(optax.sgd(0.1), 2, 3, "workers"), r"delay 3 must be an integer in \[0, period=2\]"),
+        (lambda: AveragingRule(2, -1), r"delay -1 must be an integer in \[0, period=2\]"),
+    ],
+)
+def test_concrete_hyperparameters_are_validated(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_traced_period_and_delay_drive_the_schedule():
+    """Under ``jit`` (as ``optax.inject_hyperparams`` passes them) ``period`` and ``delay`` are
+    tracers: not validated, used by the schedule's predicates as the Python integers are."""
+
+    @jax.jit
+    def events(period, delay):
+        rule = AveragingRule(period, delay)
+        t = jnp.arange(9)
+        return rule.is_snapshot(t), rule.is_merge(t)
+
+    for period, delay in [(1, 0), (2, 1), (3, 3), (4, 2)]:
+        rule = AveragingRule(period, delay)
+        t = np.arange(9)
+        snapshots, merges = events(period, delay)
+        np.testing.assert_array_equal(snapshots, rule.is_snapshot(t))
+        np.testing.assert_array_equal(merges, rule.is_merge(t))

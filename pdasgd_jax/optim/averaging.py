@@ -1,16 +1,5 @@
-"""Optax-style transforms for delay-tolerant training, and the DaSGD averaging rule.
-
-* ``delayed_averaging``: DaSGD / local SGD as a per-step wrapper (algorithms.md §4).
-* ``staleness_aware``: the step scaled by ``1 / max(1, staleness)``.
-* ``delay_compensated``: DC-ASGD's first-order correction of a stale gradient.
-* ``with_staleness_rule``: one of the two above (or neither) by name, as ``--staleness-rule`` picks.
-* ``AveragingRule``: when the workers' models are averaged and how the average is merged;
-  the one implementation of that arithmetic, shared by ``delayed_averaging`` and the
-  compiled round program in ``spmd.py``.
-
-Every factory returns an ``optax.GradientTransformationExtraArgs`` whose branches are
-jittable (``lax.cond``), so it drops into a user's jitted step.
-"""
+"""DaSGD / local SGD averaging: the rule (``AveragingRule``) and the per-step optax wrapper
+(``delayed_averaging``) built on it (algorithms.md §4)."""
 
 from __future__ import annotations
 
@@ -21,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from pdasgd_jax.choices import MERGES, STALENESS_RULES
+from pdasgd_jax.choices import MERGES
+from pdasgd_jax.optim.hyperparameters import is_concrete
 
 PyTree = Any
 AxisName = Any  # a mapped axis name, or a tuple of them
@@ -57,6 +47,9 @@ class AveragingRule:
     Attributes:
       period: ``H >= 1``, local steps between snapshots.
       delay: ``0 <= d <= H``, steps between a snapshot and its merge (0: local SGD).
+        ``period`` and ``delay`` may be jax integer arrays (traced): then they are not
+        validated, and only the schedule's predicates (``is_snapshot``, ``is_merge``) use
+        them; ``spmd``'s round program needs Python integers.
       merge: ``"correct"`` or ``"overwrite"``.
       outer: optional optax optimizer applied to the pseudo-gradient, e.g.
         ``optax.sgd(0.7, momentum=0.9, nesterov=True)``; ``optax.sgd(1.0)`` is the same
@@ -72,13 +65,16 @@ class AveragingRule:
     average_opt_state: bool = False
 
     def __post_init__(self):
-        if not (isinstance(self.period, int) and self.period >= 1):
-            raise ValueError(f"period {self.period!r} must be an integer >= 1")
-        if not (isinstance(self.delay, int) and 0 <= self.delay <= self.period):
-            raise ValueError(f"delay {self.delay!r} must be an integer in [0, period={self.period}]")
+        period, delay = self.period, self.delay
+        if is_concrete(period) and not (isinstance(period, int) and period >= 1):
+            raise ValueError(f"period {period!r} must be an integer >= 1")
+        if is_concrete(delay) and not (
+            isinstance(delay, int) and delay >= 0 and (not is_concrete(period) or delay <= period)
+        ):
+            raise ValueError(f"delay {delay!r} must be an integer in [0, period={period}]")
         if self.merge not in MERGES:
             raise ValueError(f"merge {self.merge!r} is not allowed; choose one of {', '.join(MERGES)}")
-        if self.merge == "overwrite" and self.delay == self.period:
+        if self.merge == "overwrite" and is_concrete(period) and is_concrete(delay) and delay == period:
             # Every worker is reset to (a function of) the snapshots it took H steps earlier,
             # just before the next snapshot: no local step ever survives.
             raise ValueError("merge='overwrite' with delay == period discards every local step; lower the delay")
@@ -194,7 +190,8 @@ def delayed_averaging(
     Args:
       inner: the local optimizer, e.g. ``optax.sgd(0.1)``.
       period: ``H``, local steps between snapshots.
-      delay: ``d``, steps between a snapshot and its merge, ``0 <= d <= H``.
+      delay: ``d``, steps between a snapshot and its merge, ``0 <= d <= H``. ``period``
+        and ``delay`` may be traced integers (``optax.inject_hyperparams``).
       axis_name: the workers' mapped axis (or a tuple of axes).
       merge: ``"correct"`` (``a + (theta - s)``) or ``"overwrite"`` (``a``).
       outer: optional DiLoCo-style outer optimizer on the pseudo-gradient.
@@ -249,16 +246,20 @@ def delayed_averaging(
                 inner_state = rule.merge_tree(inner_state, opt_snapshot, opt_average)
             return theta, inner_state, outer_state
 
-        def merged(held, values):
-            return jax.lax.cond(rule.is_merge(t), merge, lambda held, *v: v, held, *values)
+        def merged(when, held, values):
+            # `when` is a Python bool for a concrete delay (False: no merge here, no cond) and
+            # a traced one for an injected delay.
+            if is_concrete(when) and not when:
+                return values
+            return jax.lax.cond(rule.is_merge(t) & when, merge, lambda held, *v: v, held, *values)
 
         values = (theta, inner_state, state.outer)
-        if delay > 0:  # merges the average started `delay` steps ago, before a new snapshot
-            values = merged(held, values)
+        # With d > 0 the average started `delay` steps ago is merged before a new snapshot.
+        values = merged(delay > 0, held, values)
         taken = (values[0], values[1] if average_opt_state else ())
         held = jax.lax.cond(rule.is_snapshot(t), lambda: (taken, rule.average(taken, axis_name)), lambda: held)
-        if delay == 0:  # local SGD: the average just taken is merged at once
-            values = merged(held, values)
+        # With d = 0 (local SGD) the average just taken is merged at once.
+        values = merged(delay == 0, held, values)
         theta, inner_state, outer_state = values
         (snapshot, opt_snapshot), (average, opt_average) = held
         new_updates = jax.tree.map(jnp.subtract, theta, params)
@@ -267,117 +268,3 @@ def delayed_averaging(
         )
 
     return optax.GradientTransformationExtraArgs(init, update)
-
-
-def staleness_aware(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
-    """Scales ``inner``'s step by ``1 / max(1, staleness)`` (staleness-aware ASGD).
-
-    ``staleness`` is the number of updates applied by others between reading the
-    parameters and applying this gradient. Scaling the output is dividing the learning
-    rate, as in Zhang et al. (2016); the inner state (momentum) sees the unscaled
-    gradient. A fresh gradient (staleness 0) and staleness 1 both take the full step, so
-    the scale never exceeds 1.
-
-    Args:
-      inner: the optimizer whose step is scaled; its state is this transform's state.
-
-    Returns:
-      A transformation with ``update(grads, state, params=None, *, staleness=0, **extra)``;
-      ``staleness`` may be a traced integer; ``extra`` is passed to ``inner``.
-
-    Example:
-
-    >>> import jax.numpy as jnp, optax
-    >>> from pdasgd_jax.optim import staleness_aware
-    >>> tx = staleness_aware(optax.sgd(1.0))
-    >>> updates, _ = tx.update(jnp.array([2.0]), tx.init(jnp.zeros(1)), staleness=4)
-    >>> updates.tolist()
-    [-0.5]
-    """
-    inner = optax.with_extra_args_support(inner)
-
-    def update(
-        updates: optax.Updates,
-        state: optax.OptState,
-        params: optax.Params | None = None,
-        *,
-        staleness: int | jax.Array = 0,
-        **extra: Any,
-    ) -> tuple[optax.Updates, optax.OptState]:
-        updates, state = inner.update(updates, state, params, **extra)
-        scale = 1.0 / jnp.maximum(1, staleness)
-        return jax.tree.map(lambda u: u * scale.astype(u.dtype), updates), state
-
-    return optax.GradientTransformationExtraArgs(inner.init, update)
-
-
-def delay_compensated(inner: optax.GradientTransformation, lam: float) -> optax.GradientTransformationExtraArgs:
-    """DC-ASGD: corrects a stale gradient before ``inner`` sees it.
-
-    ``g <- g + lam * g * g * (params - old_params)``: a first-order Taylor step of the
-    gradient from the weights it was computed at (``old_params``) to the current ones,
-    with ``lam * g * g`` approximating the Hessian's diagonal (Zheng et al., 2017).
-
-    Args:
-      inner: the optimizer applied to the compensated gradient.
-      lam: ``lambda >= 0``, the variance-control factor (0: plain ``inner``).
-
-    Returns:
-      A transformation with ``update(grads, state, params, *, old_params, **extra)``:
-      ``params`` are the current weights, ``old_params`` those the gradient was computed
-      at; ``extra`` is passed to ``inner``.
-
-    Example:
-
-    >>> import jax.numpy as jnp, optax
-    >>> from pdasgd_jax.optim import delay_compensated
-    >>> tx = delay_compensated(optax.sgd(1.0), lam=0.5)
-    >>> g, now, old = jnp.array([2.0]), jnp.array([1.0]), jnp.array([0.0])
-    >>> updates, _ = tx.update(g, tx.init(now), now, old_params=old)
-    >>> updates.tolist()  # -(2 + 0.5 * 2 * 2 * (1 - 0))
-    [-4.0]
-    """
-    # A concrete lam is checked here; a traced one (optax.inject_hyperparams under jit) cannot be.
-    if isinstance(lam, (int, float)) and not lam >= 0:
-        raise ValueError(f"lam {lam!r} must be >= 0")
-    inner = optax.with_extra_args_support(inner)
-
-    def update(
-        updates: optax.Updates,
-        state: optax.OptState,
-        params: optax.Params | None = None,
-        *,
-        old_params: optax.Params | None = None,
-        **extra: Any,
-    ) -> tuple[optax.Updates, optax.OptState]:
-        if params is None or old_params is None:
-            raise ValueError(
-                "delay_compensated needs the current params and old_params (the weights the gradient was computed at)"
-            )
-        compensated = jax.tree.map(lambda g, p, q: g + lam * g * g * (p - q), updates, params, old_params)
-        return inner.update(compensated, state, params, **extra)
-
-    return optax.GradientTransformationExtraArgs(inner.init, update)
-
-
-def with_staleness_rule(
-    tx: optax.GradientTransformation, rule: str, dc_lambda: float = 0.04
-) -> optax.GradientTransformationExtraArgs:
-    """``tx`` under the staleness rule named ``rule``, accepting optax extra arguments.
-
-    The library's asynchronous updates pass every optimizer ``staleness`` and
-    ``old_params``; ``none`` ignores them.
-
-    Args:
-      tx: the base optimizer.
-      rule: ``none``, ``staleness-aware`` (``staleness_aware``) or ``delay-compensated``
-        (``delay_compensated``).
-      dc_lambda: DC-ASGD's ``lambda`` for ``delay-compensated``.
-    """
-    if rule == "none":
-        return optax.with_extra_args_support(tx)
-    if rule == "staleness-aware":
-        return staleness_aware(tx)
-    if rule == "delay-compensated":
-        return delay_compensated(tx, dc_lambda)
-    raise ValueError(f"staleness rule {rule!r} is not allowed; choose one of {', '.join(STALENESS_RULES)}")

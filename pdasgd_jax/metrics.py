@@ -49,19 +49,29 @@ class TrainingClock:
         self._paused_at: float | None = None
         self._lock = threading.Lock()
         self.compile_time = 0.0  # seconds of compilation taken off the clock
+        self._excluded_until = self._origin  # the end of the last stretch taken off the clock
 
     @contextlib.contextmanager
     def excluding_compilation(self) -> Iterator[None]:
         """Within the block, every compilation JAX reports (``COMPILE_EVENTS``) outside a pause
         is taken off the clock once it ends, and added to ``compile_time``: the first step of a
-        run, and a program compiled later, do not count as training."""
+        run, and a program compiled later, do not count as training.
+
+        What is taken off is the wall time the compilations cover, each second once: threads
+        compiling at the same time, and a trace nested in another, overlap (a sum of their
+        durations could exceed the time that passed); the stretch before the clock's creation
+        is not on it."""
 
         def exclude(event: str, duration: float, **_: Any) -> None:
             if event in COMPILE_EVENTS:
                 with self._lock:
                     if self._paused_at is None:  # a pause has excluded it already
-                        self._origin += duration
-                        self.compile_time += duration
+                        end = self._now()
+                        start = max(end - duration, self._excluded_until)
+                        if end > start:
+                            self._origin += end - start
+                            self.compile_time += end - start
+                            self._excluded_until = end
 
         jax.monitoring.register_event_duration_secs_listener(exclude)
         try:

@@ -28,5 +28,7 @@ REPLICATIONS = ("shared", "replicas")
 # What --replication replicas applies to (algorithms.md §3a), and where it runs so far.
 REPLICATED = ("asgd", "pdasgd", "pdasgd-block")
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
-# Those with one shared, versioned parameter store, whose reads and updates --event-log records.
-EVENT_LOG_ALGOS = ("asgd", "pdasgd", "pdasgd-block")
+# Those with versioned parameter stores, whose reads and updates --event-log records: one shared
+# store, or one per device (lpp, and the others with --replication replicas) with the averaging's
+# snapshots, rounds and merges.
+EVENT_LOG_ALGOS = ("asgd", "pdasgd", "pdasgd-block", "lpp")

@@ -136,7 +136,8 @@ class Config:
     event_log: bool = _field(
         False,
         "with --out: stream every stage read and update (versions, staleness) to events.jsonl and "
-        "save the final variables, for `python -m pdasgd_jax replay DIR` (asgd, pdasgd, pdasgd-block)",
+        "save the final variables, for `python -m pdasgd_jax replay DIR` (asgd, pdasgd, pdasgd-block, "
+        "lpp; with one store per device also its averaging's snapshots and merges)",
         group="async",
     )
     host_cpus: str = _field(

@@ -125,7 +125,7 @@ def check(config: Any) -> None:
         )
     if config.event_log and config.algo not in EVENT_LOG_ALGOS:
         raise ValueError(
-            f"--event-log records the reads and updates of a shared parameter store: "
+            f"--event-log records the reads and updates of versioned parameter stores: "
             f"{', '.join(EVENT_LOG_ALGOS)} have one, --algo {config.algo} does not"
         )
     if config.event_log and not config.out:

@@ -35,7 +35,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pdasgd_jax.executor import StalenessStats
+from pdasgd_jax import round_events
+from pdasgd_jax.executor import EventKind, StalenessStats
 from pdasgd_jax.placement import Placement
 
 PyTree = Any
@@ -131,16 +132,32 @@ def corrected(params: PyTree, mean: PyTree, snapshot: PyTree) -> PyTree:
     return jax.tree.map(lambda p, a, s: p + (a - s), params, mean, snapshot)
 
 
-def snapshot_params(store: Any) -> tuple[PyTree, ...]:
-    """Every stage's current parameters in ``store`` (a ``ParameterStore``), without optimizer state."""
-    return tuple(store.read_params(m).value[0] for m in range(store.num_stages))
+def snapshot_params(store: Any, log: Any = None, **where: Any) -> tuple[PyTree, ...]:
+    """Every stage's current parameters in ``store`` (a ``ParameterStore``), without optimizer
+    state; with ``log``, one ``snapshot`` event per stage (``where``: ``replica``, ``round``,
+    ``clock``; ``round_events.snapshot_stages``)."""
+    return round_events.snapshot_stages(store, states=False, log=log, **where)[0]
 
 
-def correct_in_place(store: Any, mean: Sequence[PyTree], snapshot: Sequence[PyTree]) -> None:
+def correct_in_place(
+    store: Any, mean: Sequence[PyTree], snapshot: Sequence[PyTree], log: Any = None, **where: Any
+) -> None:
     """Applies ``corrected`` to every stage of ``store``, each under its stage's lock (a write:
-    it bumps the stage's version, so an update whose read preceded it counts it in its staleness)."""
+    it bumps the stage's version, so an update whose read preceded it counts it in its
+    staleness); with ``log``, one ``merge`` event per stage (``where``: ``replica``, ``round``,
+    ``clock``)."""
     for m in range(store.num_stages):
-        store.update_with(m, lambda p, o, _v, a=mean[m], s=snapshot[m]: (corrected(p, a, s), o))
+        correct_stage(store, m, mean[m], snapshot[m], log, **where)
+
+
+def correct_stage(store: Any, m: int, mean: PyTree, snapshot: PyTree, log: Any = None, **where: Any) -> None:
+    """``correct_in_place`` of stage ``m`` alone."""
+    clock = where.pop("clock", None)
+    store.update_with(
+        m,
+        lambda p, o, _v: (corrected(p, mean, snapshot), o),
+        round_events.merge_commit(log, EventKind.MERGE, clock, stage=m, **where),
+    )
 
 
 def mean_variables(stores: Sequence[Any], device: jax.Device | None = None) -> tuple[PyTree, PyTree]:

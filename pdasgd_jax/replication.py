@@ -45,6 +45,8 @@ from typing import Any
 
 import jax
 
+from pdasgd_jax import round_events
+from pdasgd_jax.executor import EventKind
 from pdasgd_jax.optim import AveragingRule
 
 PyTree = Any
@@ -84,6 +86,8 @@ class GroupRounds:
     ``on_merge``, if set, is called as ``on_merge(g, k)`` right after group ``g`` merged round
     ``k`` (in the merging thread, under the caller's lock): tests read the stores there.
     ``charge_merge``, if set, runs merges as device work (see the module docstring).
+    ``log``, if set, is the run's event log: snapshots, rounds, means, merges and waits go
+    there (``round_events``), timed by ``clock``.
     """
 
     def __init__(
@@ -108,6 +112,7 @@ class GroupRounds:
         self.averaged = len(self.stores) > 1 if averaged is None else averaged
         self.on_merge: Callable[[int, int], None] | None = None
         self.charge_merge: Callable[[int, int, list[Callable[[], None]], Callable[[], None]], None] | None = None
+        self.log: Any = None
         self._pause, self._unpause, self._clock = pause, unpause, clock
         groups = len(self.stores)
         self.counts = [0] * groups
@@ -166,6 +171,7 @@ class GroupRounds:
             elif self._round(k).means is None:
                 if self._waiting_since[g] is None:
                     self._waiting_since[g] = self._clock()
+                    round_events.record(self.log, EventKind.WAIT, self._clock, replica=g, round=k)
                     self._set_paused(g, True)
                 return
             else:
@@ -192,10 +198,13 @@ class GroupRounds:
         return self._rounds[k]
 
     def _snapshot(self, g: int, k: int) -> None:
-        params, states, _ = self.stores[g].snapshot()
+        params, states = round_events.snapshot_stages(
+            self.stores[g], states=True, log=self.log, replica=g, round=k, clock=self._clock
+        )
         rnd = self._round(k)
         rnd.snapshots[g] = (params, states)
         if all(s is not None for s in rnd.snapshots):  # the last group: the all-reduce starts
+            round_events.record(self.log, EventKind.ROUND, self._clock, round=k)
             self._start_allreduce(k)
 
     def snapshots(self, k: int) -> list[Snapshot | None]:
@@ -210,6 +219,7 @@ class GroupRounds:
             mean = functools.partial(jax.eval_shape, self._mean) if self.abstract else self._mean
             means = mean(list(rnd.snapshots))
         rnd.means = means
+        round_events.record(self.log, EventKind.MEAN, self._clock, round=k)
         for g in range(len(self.stores)):
             if self._due[g] and self._due[g][0] == ("merge", k):
                 self._work(g)
@@ -242,9 +252,16 @@ class GroupRounds:
         if self.abstract:
             merged = functools.partial(jax.eval_shape, merged)
         store = self.stores[g]
-        store.update_with(m, lambda p, o, _v: (merged(p, snap_params[m], mean_params[m]), o))
+        where = dict(replica=g, stage=m, round=k)
+        store.update_with(
+            m,
+            lambda p, o, _v: (merged(p, snap_params[m], mean_params[m]), o),
+            round_events.merge_commit(self.log, EventKind.MERGE, self._clock, **where),
+        )
         if jax.tree.leaves(mean_states[m]):
-            store.write_state(m, mean_states[m])
+            store.write_state(
+                m, mean_states[m], round_events.merge_commit(self.log, EventKind.MERGE_STATE, self._clock, **where)
+            )
 
     def _merged_round(self, g: int, k: int) -> None:
         rnd = self._rounds[k]

@@ -121,10 +121,10 @@ def test_a_damaged_line_is_bad_input(threaded_run, tmp_path, capsys):
     assert f"{EVENT_LOG} line 4 is not an event" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("algo", ["sgd", "sync", "local", "dasgd", "lpp"])
-def test_algorithms_without_a_shared_store_are_refused_before_any_work(algo, tmp_path, capsys):
+@pytest.mark.parametrize("algo", ["sgd", "sync", "local", "dasgd"])
+def test_algorithms_without_a_versioned_store_are_refused_before_any_work(algo, tmp_path, capsys):
     assert _train(tmp_path / "run", "--algo", algo) == 2
-    assert "--event-log records the reads and updates of a shared parameter store" in capsys.readouterr().err
+    assert "--event-log records the reads and updates of versioned parameter stores" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 

@@ -18,14 +18,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
         (
             "ground: pure kernels, optimizers, store and small utilities",
             "errors version choices cache interrupts affinity placement collectives schedules optim stages store "
-            "kernels spmd replication rundir divergence distributed deprecation",
+            "kernels spmd rundir divergence distributed deprecation",
         ),
         ("data and models", "data models"),
         ("configuration", "config config_checks presets layout"),
         (
             "execution pieces: executor, timing, records",
-            "executor lpp delays program_timing calibration eventlog metrics checkpoint plots compare reporting "
-            "outcome",
+            "executor round_events lpp replication round_replay delays program_timing calibration eventlog metrics "
+            "checkpoint plots compare reporting outcome",
         ),
         ("the experiment", "experiment own_pieces runners.result"),
         ("ways of running", "simulate runtime runners"),

@@ -35,14 +35,15 @@ its records), ``stage_executor`` (the shared operations), ``stage_updates`` (the
 operations and their staleness), ``modes`` (the mode classes), ``replay``.
 """
 
-from pdasgd_jax.executor.events import Event, EventKind, EventLog, ReplayDiverged, StalenessStats
+from pdasgd_jax.executor.events import Event, EventKind, EventLog, ReplayDiverged, ReplicaLog, StalenessStats
 from pdasgd_jax.executor.job import Job, LiveRecord, Pull, ReadRecord, StageRecord, StashedRecord
 from pdasgd_jax.executor.modes import FusedForwardExecutor, FusedJobExecutor, LiveExecutor, StashedExecutor
-from pdasgd_jax.executor.replay import last_reads, replay
+from pdasgd_jax.executor.replay import JOB_KINDS, StoreReplay, forget_unread, in_seq_order, last_reads, replay
 from pdasgd_jax.executor.stage_executor import BACKWARD_WEIGHTS, PyTree, StageExecutor
 
 __all__ = [
     "BACKWARD_WEIGHTS",
+    "JOB_KINDS",
     "Event",
     "EventKind",
     "EventLog",
@@ -55,11 +56,15 @@ __all__ = [
     "PyTree",
     "ReadRecord",
     "ReplayDiverged",
+    "ReplicaLog",
     "StageExecutor",
     "StageRecord",
     "StalenessStats",
     "StashedExecutor",
     "StashedRecord",
+    "StoreReplay",
+    "forget_unread",
+    "in_seq_order",
     "last_reads",
     "replay",
 ]

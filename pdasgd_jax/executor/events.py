@@ -1,6 +1,7 @@
 """What an executor logs and counts: the kinds of operation (``EventKind``), one logged
-operation (``Event``), the thread-safe log (``EventLog``), the staleness of every applied
-update (``StalenessStats``), and the error of a log that does not re-execute as logged
+operation (``Event``), the thread-safe log (``EventLog``), a log's view for one replica of a
+run with one store per device (``ReplicaLog``), the staleness of every applied update
+(``StalenessStats``), and the error of a log that does not re-execute as logged
 (``ReplayDiverged``)."""
 
 from __future__ import annotations
@@ -22,11 +23,26 @@ class EventKind(enum.StrEnum):
     LOSS = "loss"
     BACKWARD = "backward"
     UPDATE = "update"
+    # The averaging of a run with one store per device (LPP-SGD, replicated runs); ``job`` is -1.
+    SNAPSHOT = "snapshot"
+    ROUND = "round"
+    MEAN = "mean"
+    MERGE = "merge"
+    MERGE_STATE = "merge-state"
+    WAIT = "wait"
 
 
 @dataclasses.dataclass(frozen=True)
 class Event:
     """One logged operation; the fields its kind does not set stay -1.
+
+    A run with one store per device (LPP-SGD, ``--replication replicas``) also logs its
+    averaging: ``snapshot`` (replica ``replica``'s stage ``stage`` read for round ``round`` at
+    ``params_version`` and, in a replicated run, ``state_version``), ``round`` (round
+    ``round``'s all-reduce starts: every snapshot is taken), ``mean`` (its mean has arrived),
+    ``merge`` and ``merge-state`` (the mean written into replica ``replica``'s stage
+    ``stage``, replacing ``replaced_version`` of its params or its state) and ``wait``
+    (replica ``replica`` stops starting jobs until round ``round``'s mean arrives).
 
     Attributes:
       batch_id: ``start``: the batch the job takes.
@@ -36,6 +52,10 @@ class Event:
       replaced_version: ``update``/``state``: the version the write replaced.
       staleness: ``update``: its ``tau_m``, ``replaced_version`` minus the params version
         the job's forward read.
+      replica: the store the operation acts on, in a run with one store per device (the
+        device's replica); -1 in a run with one shared store.
+      round: the averaging round of a ``snapshot``, ``round``, ``mean``, ``merge``,
+        ``merge-state`` or ``wait``.
       time: the clock when it happened; a ``forward``'s when it read the stage (for a stage
         pulled from a remote home, when the pull started, before its kernel ran).
     """
@@ -52,6 +72,8 @@ class Event:
     staleness: int = -1
     worker: str = ""
     time: float = 0.0
+    replica: int = -1
+    round: int = -1
 
 
 class EventLog:
@@ -71,6 +93,19 @@ class EventLog:
 
     def __len__(self) -> int:
         return len(self._events)
+
+
+class ReplicaLog:
+    """``log`` as replica ``replica``'s executor sees it: every event it records names the replica."""
+
+    def __init__(self, log: Any, replica: int):
+        self.log, self.replica = log, replica
+
+    def record(self, kind: EventKind, job: int, **fields: Any) -> None:
+        self.log.record(kind, job, replica=self.replica, **fields)
+
+    def __len__(self) -> int:
+        return len(self.log)
 
 
 class StalenessStats:

@@ -4,7 +4,9 @@ The experiment is rebuilt from the run's ``config.json`` (its initial variables,
 and data stream are deterministic given the seed); the log is read twice, lazily: once to
 find, for every parameter version, the last event that reads it, then to replay it with
 ``executor.replay``, which drops each version once nothing reads it again. The replayed
-parameters and states are compared with ``final_variables.npz``, leaf by leaf.
+parameters and states are compared with ``final_variables.npz``, leaf by leaf. A run with one
+store per device (LPP-SGD, ``--replication replicas``) is replayed store by store with its
+averaging (``round_replay``), and the mean of the replicas compared, as the run returned it.
 
 Equal to float32 rounding, not bitwise: the threaded runtime runs a job's whole forward and
 each stage's backward and update as fused programs (``FusedForwardExecutor``), the simulator
@@ -30,11 +32,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import optax
 
+from pdasgd_jax import round_replay
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.eventlog import EventFile, flat_variables
-from pdasgd_jax.executor import ReplayDiverged, StageExecutor, last_reads, replay
+from pdasgd_jax.executor import ReplayDiverged, last_reads, replay
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
+from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.rundir import EVENT_LOG, FINAL_VARIABLES
 from pdasgd_jax.runtime.feed import numbered_batches
 from pdasgd_jax.stages import StagedModel, Variables
@@ -85,6 +89,11 @@ class _Batches:
         return self._ahead.pop(batch_id)
 
 
+def _backward_weights(config: Any) -> str:
+    """Every runner's rule: an ASGD (or LPP-SGD) worker's gradient is at the weights it read."""
+    return config.backward_weights if config.algo not in ("asgd", "lpp") else "stashed"
+
+
 def replay_experiment(exp: Experiment, events: Any, batches: Any, **options: Any) -> Any:
     """``executor.replay`` of ``events`` from ``exp``'s initial variables and optimizer state,
     with the run's backward-weights rule and seed; ``options`` go to ``replay`` (``reads``)."""
@@ -96,11 +105,43 @@ def replay_experiment(exp: Experiment, events: Any, batches: Any, **options: Any
         v.states,
         init_opt_states(exp.tx, v.params),
         batches,
-        # Both runners' rule: an ASGD worker's gradient is at the weights it read.
-        backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
+        backward_weights=_backward_weights(config),
         seed=config.seed,
         **options,
     )
+
+
+def has_replicas(config: Any) -> bool:
+    """Whether ``config``'s run keeps one store per device (LPP-SGD, ``--replication replicas``)."""
+    return config.algo == "lpp" or config.replication == "replicas"
+
+
+def replay_variables(exp: Experiment, events: Any, batches: Any, **options: Any) -> tuple[Any, Any, int]:
+    """The final ``(params, states, updates)`` of ``events`` replayed from ``exp``'s initial
+    variables: of the one store, or, in a run with one store per device, the mean of the
+    replicas (what the run returns; ``round_replay.replay_replicas``)."""
+    if not has_replicas(exp.config):
+        executor = replay_experiment(exp, events, batches, **options)
+        return *executor.store.snapshot()[:2], executor.staleness.num_updates
+    config, v = exp.config, exp.variables
+    arithmetic = (
+        round_replay.LPP
+        if config.algo == "lpp"
+        else round_replay.replicated(AveragingRule(config.period, config.averaging_delay, config.merge))
+    )
+    executors = round_replay.replay_replicas(
+        events,
+        exp.kernels,
+        v.params,
+        v.states,
+        init_opt_states(exp.tx, v.params),
+        batches,
+        arithmetic,
+        backward_weights=_backward_weights(config),
+        seed=config.seed,
+        **options,
+    )
+    return *round_replay.mean_of_replicas(executors), sum(ex.staleness.num_updates for ex in executors)
 
 
 def replay_run(
@@ -142,7 +183,7 @@ def replay_run(
     try:
         reads = last_reads(events)
         try:
-            replayed = replay_experiment(exp, events, _Batches(exp, config.batch_size), reads=reads)
+            params, states, updates = replay_variables(exp, events, _Batches(exp, config.batch_size), reads=reads)
         except ReplayDiverged as e:
             return ReplayReport(False, f"replay does not match: {e} (event seq {events.count - 1})", events.count)
     except ValueError as e:
@@ -158,7 +199,7 @@ def replay_run(
     elif final is None:
         why = f"there is no {FINAL_VARIABLES} in {run_dir}"
     else:
-        return _compare(flat_variables(*replayed.store.snapshot()[:2]), final, replayed, events.count, rtol, atol)
+        return _compare(flat_variables(params, states), final, updates, events.count, rtol, atol)
     return ReplayReport(
         False,
         f"replay incomplete: the run did not finish ({why}); its {events.count} complete events replay "
@@ -195,7 +236,7 @@ def _load_final(path: str) -> dict[str, np.ndarray] | None:
 def _compare(
     replayed: dict[str, np.ndarray],
     saved: dict[str, np.ndarray],
-    executor: StageExecutor,
+    updates: int,
     count: int,
     rtol: float,
     atol: float,
@@ -218,7 +259,6 @@ def _compare(
         diffs[name] = float(diff.max(initial=0.0))
         if not np.all(diff <= atol + rtol * np.abs(want)):  # a NaN counts as a mismatch
             bad[name] = diffs[name] if np.isfinite(diffs[name]) else float("inf")
-    updates = executor.staleness.num_updates
     if bad:
         leaf = max(bad, key=bad.get)
         return ReplayReport(

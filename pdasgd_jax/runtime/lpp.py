@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from pdasgd_jax import lpp
+from pdasgd_jax import lpp, round_events
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.executor import StageExecutor
+from pdasgd_jax.executor import EventKind, ReplicaLog, StageExecutor
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.result import RunResult
@@ -63,8 +64,18 @@ class Averager:
 
     name = "averager"
 
-    def __init__(self, stores: list[ParameterStore], devices: tuple[jax.Device, ...], period: int, workers: int):
+    def __init__(
+        self,
+        stores: list[ParameterStore],
+        devices: tuple[jax.Device, ...],
+        period: int,
+        workers: int,
+        *,
+        log: Any = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.stores = stores
+        self.log, self._clock = log, clock
         self.devices = devices
         self.rounds = lpp.Rounds(len(stores), period)
         self.stats = WorkerStats()
@@ -127,12 +138,17 @@ class Averager:
             return True
 
     def _average(self) -> None:
-        snapshots = [lpp.snapshot_params(store) for store in self.stores]
+        k, log, clock = self.rounds.started - 1, self.log, self._clock
+        snapshots = [
+            lpp.snapshot_params(store, log, replica=d, round=k, clock=clock) for d, store in enumerate(self.stores)
+        ]
+        round_events.record(log, EventKind.ROUND, clock, round=k)
         mean = lpp.mean_of(jax.device_put(snapshots, self.devices[0]))
         means = [jax.device_put(mean, device) for device in self.devices]
+        round_events.record(log, EventKind.MEAN, clock, round=k)
         with self.merge_lock:
-            for store, mean_d, snapshot in zip(self.stores, means, snapshots, strict=True):
-                lpp.correct_in_place(store, mean_d, snapshot)
+            for d, (store, mean_d, snapshot) in enumerate(zip(self.stores, means, snapshots, strict=True)):
+                lpp.correct_in_place(store, mean_d, snapshot, log, replica=d, round=k, clock=clock)
         with self._cond:
             self.rounds.end()
 
@@ -176,17 +192,25 @@ class DeviceStoresRuntime(Runtime):
     def _build_stores(self, params: Any, states: Any, opt_states: Any, **executor_options: Any) -> None:
         """``stores`` and ``executors``: one store per device, every stage at home there (so no
         update crosses devices), and its executor (``executor_options``: ``StageExecutor``'s).
-        No event log: the stores are separate. ``store`` and ``executor`` are device 0's."""
+        Each executor records into the run's log as its replica (``ReplicaLog``). ``store`` and
+        ``executor`` are device 0's."""
         s, exp = self.settings, self.exp
         num_stages = exp.model.num_stages
         self.stores = [
             ParameterStore(params, states, opt_states, exp.kernels.apply_update, home_devices=(device,) * num_stages)
             for device in s.devices
         ]
-        self.log = None
         clock = lambda: time.perf_counter() - self._start
         self.executors = [
-            StageExecutor(exp.kernels, store, clock=clock, seed=s.seed, **executor_options) for store in self.stores
+            StageExecutor(
+                exp.kernels,
+                store,
+                log=None if self.log is None else ReplicaLog(self.log, d),
+                clock=clock,
+                seed=s.seed,
+                **executor_options,
+            )
+            for d, store in enumerate(self.stores)
         ]
         self.store, self.executor = self.stores[0], self.executors[0]
 
@@ -211,7 +235,9 @@ class LppRuntime(DeviceStoresRuntime):
         # owns every stage of its device's replica, so its updates are one program too.
         self._build_stores(params, states, opt_states, fuse_jobs=True, fuse_updates=True)
         num_devices = len(s.devices)
-        self.averager = Averager(self.stores, s.devices, s.period, s.groups)
+        self.averager = Averager(
+            self.stores, s.devices, s.period, s.groups, log=self.log, clock=lambda: time.perf_counter() - self._start
+        )
         feed_queue = self._feed_queue()
         self._control_and_feed(first_batch, feed_queue, [self.averager])
         self.workers = []

@@ -46,6 +46,7 @@ import jax
 from pdasgd_jax import lpp
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.collectives import allreduce_mean
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
@@ -104,6 +105,11 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             clock=lambda: time.perf_counter() - self._clock_start,
             averaged=True if multi else None,
         )
+        if multi and self.log is not None:
+            raise ConfigError(
+                "--event-log records the stores of one process: a multi-process replicated run keeps no event log"
+            )
+        self.rounds.log = self.log
         self.booking = LockedRounds(self.rounds)
         self.processes: ProcessRounds | None = None
         if multi:

@@ -112,22 +112,18 @@ class RuntimeSettings:
         for name in ("groups", "forward_workers", "backward_workers", "queue_capacity", "batch_size", "period"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)} must be >= 1")
-        if self.algo == "lpp":
-            if self.groups % len(self.devices):
-                raise ValueError(
-                    f"lpp runs the same number of threads on each device: {self.groups} threads do not "
-                    f"spread evenly over {len(self.devices)} devices"
-                )
-            if self.record_events or self.event_log:
-                raise ValueError("lpp keeps no event log: its device replicas are separate stores")
-        if self.replication == "replicas":
-            if self.algo not in ("asgd", "pdasgd", "pdasgd-block") or self.groups % len(self.devices):
-                raise ValueError(
-                    f"replication 'replicas' runs asgd, pdasgd or pdasgd-block with the same number of "
-                    f"replicas on each device, not {self.algo} with {self.groups} on {len(self.devices)}"
-                )
-            if self.record_events:
-                raise ValueError("a replicated run keeps no event log: its groups are separate stores")
+        if self.algo == "lpp" and self.groups % len(self.devices):
+            raise ValueError(
+                f"lpp runs the same number of threads on each device: {self.groups} threads do not "
+                f"spread evenly over {len(self.devices)} devices"
+            )
+        if self.replication == "replicas" and (
+            self.algo not in ("asgd", "pdasgd", "pdasgd-block") or self.groups % len(self.devices)
+        ):
+            raise ValueError(
+                f"replication 'replicas' runs asgd, pdasgd or pdasgd-block with the same number of "
+                f"replicas on each device, not {self.algo} with {self.groups} on {len(self.devices)}"
+            )
         if len(self.device_factors) > len(self.devices):
             raise ValueError(f"{len(self.device_factors)} device factors for {len(self.devices)} devices")
         for d, factor in enumerate(self.device_factors):

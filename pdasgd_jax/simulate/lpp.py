@@ -11,10 +11,13 @@ lock. The averaging (``Averaging``):
 * a round starts when some device has applied ``H`` updates since its previous snapshot
   (``lpp.Rounds``) and no round is in flight;
 * the snapshots of every replica are taken at that instant, after every write of the
-  instant (an event of the scheduler's read phase, so updates ending then are in them);
+  instant and before its reads (the scheduler's averaging phase, so updates ending then are
+  in them);
 * the all-reduce of the parameters takes ``timing.comm.allreduce_time(bytes, D)`` of
   network time: no device work, and the threads keep training meanwhile;
-* at its end every replica gets ``theta_d += mean - s_d``, all stages at one instant.
+* at its end every replica gets ``theta_d += mean - s_d``, all stages at one instant, in
+  the averaging phase: after that instant's writes, before its reads, so every device that
+  reads at that instant reads its corrected replica.
 
 With a calibrated timing (``merge`` and ``average`` costs) the averaging is device work, as
 the runtime's averager runs it: the mean is a program on the first device (charged the
@@ -35,17 +38,17 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from pdasgd_jax import lpp
+from pdasgd_jax import lpp, round_events
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
 from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.executor import Job, StageExecutor, StalenessStats
+from pdasgd_jax.executor import EventKind, Job, ReplicaLog, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernelsProtocol, init_opt_states
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate import policies, resume
-from pdasgd_jax.simulate.scheduler import END, START, Device, Get, Kernel, Process, Put, Scheduler, Sleep, Worker
+from pdasgd_jax.simulate.scheduler import AVERAGE, Device, Get, Kernel, Process, Put, Scheduler, Sleep, Worker
 from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan, final_evaluation, num_jobs
 from pdasgd_jax.store import ParameterStore
 
@@ -135,6 +138,7 @@ class Averaging:
       allreduce_time: virtual seconds of one all-reduce of the parameters.
       sims: the devices' simulations; with merge or average costs in their timing, the
         averaging takes device time (module docstring).
+      log: the run's event log, if any: its snapshots, rounds, means and merges go there.
     """
 
     def __init__(
@@ -144,9 +148,11 @@ class Averaging:
         period: int,
         allreduce_time: float,
         sims: list[Simulation] | None = None,
+        log: Any = None,
     ):
         self.scheduler = scheduler
         self.stores = stores
+        self.log = log
         self.rounds = lpp.Rounds(len(stores), period)
         self.allreduce_time = allreduce_time
         # ``sims`` with a calibrated timing: the averaging is device work (module docstring).
@@ -163,27 +169,38 @@ class Averaging:
 
     def _start(self) -> None:
         self.rounds.in_flight = True  # no second round until this one's snapshots exist
-        self.scheduler.call(START, self._snapshot)  # after every write of this instant
+        self.scheduler.call(AVERAGE, self._snapshot)  # after every write of this instant, before its reads
+
+    def _clock(self) -> float:
+        return self.scheduler.now
 
     def _snapshot(self) -> None:
         self.rounds.start()
-        snapshots = [lpp.snapshot_params(store) for store in self.stores]
+        k = self.rounds.started - 1
+        snapshots = [
+            lpp.snapshot_params(store, self.log, replica=d, round=k, clock=self._clock)
+            for d, store in enumerate(self.stores)
+        ]
+        round_events.record(self.log, EventKind.ROUND, self._clock, round=k)
         mean = lpp.mean_of(snapshots)
         if self._sims is None:
-            self.scheduler.call_at(self.scheduler.now + self.allreduce_time, END, self._merge, snapshots, mean)
+            # At the instant the mean arrives every replica is corrected after that instant's
+            # writes and before its reads (§5), also when it arrives at once.
+            self.scheduler.call_at(self.scheduler.now + self.allreduce_time, AVERAGE, self._merge, k, snapshots, mean)
             return
 
         def averaging() -> Worker:  # the mean's program on the first device, then the network
             yield Kernel(self._sims[0].devices[0], self._sims[0].timing.average_time())
             yield Sleep(self.allreduce_time)
-            self._merge(snapshots, mean)
+            self._merge(k, snapshots, mean)
 
         self.scheduler.resume(Process(self._accounts[0].name, averaging(), self._accounts[0]))
 
-    def _merge(self, snapshots: list[tuple[Any, ...]], mean: tuple[Any, ...]) -> None:
+    def _merge(self, k: int, snapshots: list[tuple[Any, ...]], mean: tuple[Any, ...]) -> None:
+        round_events.record(self.log, EventKind.MEAN, self._clock, round=k)
         if self._sims is None:
-            for store, snapshot in zip(self.stores, snapshots, strict=True):
-                lpp.correct_in_place(store, mean, snapshot)
+            for d, (store, snapshot) in enumerate(zip(self.stores, snapshots, strict=True)):
+                lpp.correct_in_place(store, mean, snapshot, self.log, replica=d, round=k, clock=self._clock)
             self._end()
             return
         pending = [len(self.stores)]
@@ -194,7 +211,7 @@ class Averaging:
                 booking = sim.bookings.book(m, None)  # a write of the stage, in order with its updates
                 yield Get(sim.stage_locks[m])
                 yield Kernel(sim.devices[0], sim.timing.merge_time(m))
-                store.update_with(m, lambda p, o, _v, a=mean[m], s=snapshots[d][m]: (lpp.corrected(p, a, s), o))
+                lpp.correct_stage(store, m, mean[m], snapshots[d][m], self.log, replica=d, round=k, clock=self._clock)
                 sim.bookings.write(booking)
                 yield Put(sim.stage_locks[m], None)
             pending[0] -= 1
@@ -218,10 +235,12 @@ def run_lpp(
     delay: DelayModel,
     devices: int,
     replicas: int,
+    log: Any = None,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """LPP-SGD with ``replicas`` threads on ``devices`` simulated devices (``replicas / devices``
     each), ``--period`` H; returns ``(RunResult, virtual_time, utilisation, staleness)`` like the
-    other simulated runners. ``RunResult.params`` is the mean of the device replicas.
+    other simulated runners. ``RunResult.params`` is the mean of the device replicas. With
+    ``log`` every replica's operations (``replica`` d) and the averaging go to that event log.
 
     It writes no checkpoints (``checkpointer`` is only checked for one to resume, which is
     refused): the replicas and a round in flight are not saved.
@@ -236,7 +255,7 @@ def run_lpp(
 
     def make_averaging(scheduler: Scheduler, sims: list[Simulation]) -> Averaging:
         stores = [sim.executor.store for sim in sims]
-        averaging.append(Averaging(scheduler, stores, exp.config.period, allreduce_time, sims))
+        averaging.append(Averaging(scheduler, stores, exp.config.period, allreduce_time, sims, log))
         return averaging[0]
 
     def spawn(sims: list[Simulation]) -> None:
@@ -245,7 +264,15 @@ def run_lpp(
             sims[d].scheduler.spawn(name, replica_asgd_worker(sims[d], sims[d].devices[0], name))
 
     result, now, utilisation, staleness = run_device_groups(
-        exp, metrics, timing, delay, devices=devices, replicas=replicas, make_averaging=make_averaging, spawn=spawn
+        exp,
+        metrics,
+        timing,
+        delay,
+        devices=devices,
+        replicas=replicas,
+        make_averaging=make_averaging,
+        spawn=spawn,
+        log=log,
     )
     rounds = averaging[0].rounds
     result.extra.update(
@@ -276,6 +303,7 @@ def run_device_groups(
     capture: Callable[[list[Simulation]], Any] | None = None,
     restore: Callable[[list[Simulation], StageKernelsProtocol], None] | None = None,
     trace: Callable[[int, Any], None] | None = None,
+    log: Any = None,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """One store per device, averaged across devices: the clock, stores and data of LPP-SGD
     and of replicated ASGD/PD-ASGD (``simulate/replicas.py``).
@@ -291,7 +319,8 @@ def run_device_groups(
     ``capture(sims)``; a run resumed from one replays its schedule on abstract kernels up to
     that job, then ``restore(sims, real_kernels)`` loads the values and the run goes on with
     the real kernels, ending bitwise where the uninterrupted run ends (``simulate/resume.py``).
-    ``trace(device, span)``, if given, sees each device's updates (``UpdateSpan``).
+    ``trace(device, span)``, if given, sees each device's updates (``UpdateSpan``); ``log``, if
+    given, every device's operations (as ``ReplicaLog(log, device)``).
     """
     config = exp.config
     v = exp.variables
@@ -335,6 +364,7 @@ def run_device_groups(
             StageExecutor(
                 kernels,
                 store,
+                log=None if log is None else ReplicaLog(log, d),
                 clock=lambda: scheduler.now,
                 backward_weights=backward_weights,
                 fuse_jobs=True,

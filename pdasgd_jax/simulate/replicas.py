@@ -164,13 +164,16 @@ def run_replicated(
     devices: int,
     replicas: int,
     trace: Trace | None = None,
+    log: Any = None,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """``asgd``, ``pdasgd`` or ``pdasgd-block`` with ``--replication replicas``: ``replicas``
     replicas on ``devices`` groups, one store each (module docstring); returns
     ``(RunResult, virtual_time, utilisation, staleness)`` like the other simulated runners.
     ``RunResult.params`` is the mean of the groups' stores. The averaging takes device time
     when ``timing`` has merge or average costs (a calibration's); ``trace(group, span)`` sees
-    every update (``UpdateSpan``) and averaging program (``AveragingSpan``).
+    every update (``UpdateSpan``) and averaging program (``AveragingSpan``); ``log``, if given,
+    every group's operations (``replica`` g) and the averaging's snapshots, rounds, means,
+    merges and waits.
 
     Checkpoints hold every group's store and in-flight jobs and the averaging rounds in
     flight; a resumed run replays its schedule to the checkpoint and ends bitwise where the
@@ -201,6 +204,7 @@ def run_replicated(
         charged = timing.merge is not None or timing.average is not None
         averaging.append(group_rounds(scheduler, sims, rule, allreduce_time, charged=charged, trace=trace))
         averaging[0].abstract = replaying
+        averaging[0].log = log
         averaging[0].start()
         return averaging[0]
 
@@ -221,6 +225,7 @@ def run_replicated(
         capture=lambda sims: resume.capture_groups(sims, averaging[0]),
         restore=restore,
         trace=trace,
+        log=log,
     )
     result.extra.update(
         {"replication": "replicas", "replicas": replicas, "allreduce_time": allreduce_time, **averaging[0].summary()}

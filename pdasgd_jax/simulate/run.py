@@ -114,11 +114,6 @@ def run_simulated(
         result = RunResult(ts.params, ts.states, steps, examples, {})
     elif config.algo in AVERAGING:
         result, now, utilisation, staleness = run_averaging(exp, metrics, checkpointer, timing, delay, workers)
-    elif config.algo == "lpp" or config.replication == "replicas":
-        if log is not None:
-            raise ValueError(f"--algo {config.algo} with one store per device keeps no event log")
-        run = run_lpp if config.algo == "lpp" else run_replicated
-        result, now, utilisation, staleness = run(exp, metrics, checkpointer, timing, delay, devices, workers)
     else:
         path = exp.event_log_path if log is None else None
         if path and checkpointer is not None and checkpointer.latest_step() is not None:
@@ -126,9 +121,15 @@ def run_simulated(
                 "an event log file covers a run from its initial variables: a resumed run cannot write one"
             )
         with EventLogFile(path) if path else contextlib.nullcontext(log) as log:
-            result, now, utilisation, staleness = _run_asynchronous(
-                exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
-            )
+            if config.algo == "lpp" or config.replication == "replicas":
+                run = run_lpp if config.algo == "lpp" else run_replicated
+                result, now, utilisation, staleness = run(
+                    exp, metrics, checkpointer, timing, delay, devices, workers, log=log
+                )
+            else:
+                result, now, utilisation, staleness = _run_asynchronous(
+                    exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
+                )
     target = config.target_accuracy
     at_target = next((r for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None)
     result.extra.update(

@@ -18,7 +18,9 @@ the ``yield`` runs at the end: this is when it *writes*).
 Determinism: events are ordered by ``(time, phase, sequence number)``. At one instant all
 *end* events (kernel ends, wake-ups: the writes) run before any *start* event (kernel
 starts: the reads), so an update that finishes at ``t`` is visible to a read that starts
-at ``t``; within a phase, events run in the order they were scheduled. (A device running
+at ``t``; between them run the *averaging* events (an averager's snapshots, which see every
+write of the instant, and a merge that lands at that instant, which every read of the
+instant sees); within a phase, events run in the order they were scheduled. (A device running
 one kernel at a time starts a kernel requested while it is idle at once, inside the
 current event, when no other event is scheduled at that instant: the start event would
 have been the next and only one, so the order is the same.)
@@ -49,7 +51,8 @@ from pdasgd_jax.simulate.worker_requests import Channel, Get, Launch, Process, P
 from pdasgd_jax.simulate.worker_requests import mutex as mutex
 from pdasgd_jax.simulate.worker_requests import tokens as tokens
 
-END, START = 0, 1  # event phases: at one instant, writes before reads
+# Event phases: at one instant, writes, then the averaging's snapshots and instant merges, then reads.
+END, AVERAGE, START = 0, 1, 2
 
 
 class Kernel(NamedTuple):

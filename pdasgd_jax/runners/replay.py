@@ -94,21 +94,21 @@ def _backward_weights(config: Any) -> str:
     return config.backward_weights if config.algo not in ("asgd", "lpp") else "stashed"
 
 
+def _initial(exp: Experiment) -> tuple[Any, Any, Any, Any]:
+    """``(kernels, params, states, opt_states)`` a replay of ``exp``'s run starts from."""
+    v = exp.variables
+    return exp.kernels, v.params, v.states, init_opt_states(exp.tx, v.params)
+
+
+def _executor_options(config: Any) -> dict[str, Any]:
+    """The run's executor options: its backward-weights rule and seed."""
+    return {"backward_weights": _backward_weights(config), "seed": config.seed}
+
+
 def replay_experiment(exp: Experiment, events: Any, batches: Any, **options: Any) -> Any:
     """``executor.replay`` of ``events`` from ``exp``'s initial variables and optimizer state,
     with the run's backward-weights rule and seed; ``options`` go to ``replay`` (``reads``)."""
-    config, v = exp.config, exp.variables
-    return replay(
-        events,
-        exp.kernels,
-        v.params,
-        v.states,
-        init_opt_states(exp.tx, v.params),
-        batches,
-        backward_weights=_backward_weights(config),
-        seed=config.seed,
-        **options,
-    )
+    return replay(events, *_initial(exp), batches, **_executor_options(exp.config), **options)
 
 
 def has_replicas(config: Any) -> bool:
@@ -120,26 +120,17 @@ def replay_variables(exp: Experiment, events: Any, batches: Any, **options: Any)
     """The final ``(params, states, updates)`` of ``events`` replayed from ``exp``'s initial
     variables: of the one store, or, in a run with one store per device, the mean of the
     replicas (what the run returns; ``round_replay.replay_replicas``)."""
-    if not has_replicas(exp.config):
+    config = exp.config
+    if not has_replicas(config):
         executor = replay_experiment(exp, events, batches, **options)
         return *executor.store.snapshot()[:2], executor.staleness.num_updates
-    config, v = exp.config, exp.variables
     arithmetic = (
         round_replay.LPP
         if config.algo == "lpp"
         else round_replay.replicated(AveragingRule(config.period, config.averaging_delay, config.merge))
     )
     executors = round_replay.replay_replicas(
-        events,
-        exp.kernels,
-        v.params,
-        v.states,
-        init_opt_states(exp.tx, v.params),
-        batches,
-        arithmetic,
-        backward_weights=_backward_weights(config),
-        seed=config.seed,
-        **options,
+        events, *_initial(exp), batches, arithmetic, **_executor_options(config), **options
     )
     return *round_replay.mean_of_replicas(executors), sum(ex.staleness.num_updates for ex in executors)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import re
 import sys
 
 import nbformat
@@ -29,6 +30,8 @@ NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 REPO_URL = "https://github.com/pdasgd-jax/pdasgd-jax"
 # The notebooks' default install source (README, "Notebooks", says how to point them elsewhere).
 PIP_SPEC = f"pdasgd-jax[all] @ git+{REPO_URL}"
+# The oldest JAX the package supports: pyproject.toml's floor, which the install cell checks.
+JAX_FLOOR = re.search(r'"jax>=([0-9.]+)"', (pathlib.Path(__file__).parent.parent / "pyproject.toml").read_text())[1]
 
 Cell = tuple[str, str]  # ("md" | "code", source)
 
@@ -61,11 +64,30 @@ import importlib.metadata
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
 
 KEEP = ("jax", "libtpu", "numpy", "ipywidgets")  # installed packages pip must not replace
+JAX_FLOOR = "@JAX_FLOOR@"  # the oldest JAX pdasgd-jax supports
+
+
+def version_tuple(version):
+    return tuple(int(part) for part in re.findall(r"\\d+", version)[:3])
+
+
+try:
+    installed_jax = importlib.metadata.version("jax")
+except importlib.metadata.PackageNotFoundError:
+    installed_jax = None
+if installed_jax and version_tuple(installed_jax) < version_tuple(JAX_FLOOR):
+    # The install keeps the runtime's JAX (its accelerator build): an older one must be upgraded first.
+    raise RuntimeError(
+        f"pdasgd-jax needs jax >= {JAX_FLOOR}, and this runtime has jax {installed_jax}, which the install "
+        f"keeps. Upgrade it first (pip install -U 'jax[cuda12]' on a GPU runtime, 'jax[tpu]' on a TPU one, "
+        f"'jax' on CPU), restart the runtime and run this cell again."
+    )
 
 
 def checkout_root():
@@ -94,7 +116,7 @@ if importlib.util.find_spec("pdasgd_jax") is None:
 import pdasgd_jax
 
 print("pdasgd-jax", pdasgd_jax.__version__, "from", pathlib.Path(pdasgd_jax.__file__).parent)
-'''.replace("@PIP_SPEC@", PIP_SPEC)
+'''.replace("@PIP_SPEC@", PIP_SPEC).replace("@JAX_FLOOR@", JAX_FLOOR)
 )
 
 SMALL_SWITCH = code("""

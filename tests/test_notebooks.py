@@ -10,12 +10,14 @@ output directories land there). A cell error fails the test; then the notebook's
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import itertools
 import json
 import os
 import pathlib
 import re
+import subprocess
 import sys
 
 import nbclient
@@ -219,3 +221,25 @@ def test_notebook_runs(name, kernel_spec_dir, tmp_path):
     )
     assert images >= min_plots, f"{name} showed {images} plots; expected at least {min_plots}"
     check(result)
+
+
+def _install_cell():
+    spec = importlib.util.spec_from_file_location("make_notebooks", REPO / "scripts" / "make_notebooks.py")
+    make_notebooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_notebooks)
+    return make_notebooks.INSTALL[1], make_notebooks.JAX_FLOOR
+
+
+@pytest.mark.parametrize("installed", ["0.4.30", "0.9.9"])
+def test_the_install_cell_stops_with_a_clear_message_on_a_jax_older_than_the_floor(installed, monkeypatch):
+    source, floor = _install_cell()
+    assert floor == re.search(r'"jax>=([0-9.]+)"', (REPO / "pyproject.toml").read_text())[1]
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: installed if name == "jax" else "1.0")
+    with pytest.raises(RuntimeError, match=rf"needs jax >= {re.escape(floor)}, and this runtime has jax {installed}"):
+        exec(compile(source, "install-cell", "exec"), {})
+
+
+def test_the_install_cell_accepts_the_installed_jax_and_installs_nothing_here(monkeypatch):
+    source, _ = _install_cell()
+    monkeypatch.setattr(subprocess, "check_call", lambda *a, **k: pytest.fail("the cell ran pip"))
+    exec(compile(source, "install-cell", "exec"), {})  # pdasgd_jax imports here: nothing to install

@@ -122,7 +122,7 @@ print("pdasgd-jax", pdasgd_jax.__version__, "from", pathlib.Path(pdasgd_jax.__fi
 SMALL_SWITCH = code("""
 import os
 
-# Small sizes by default (CI runs every notebook on two CPU cores in well under a minute);
+# Small sizes by default (the sizes CI runs every notebook at, on two CPU cores);
 # set the environment variable PDASGD_SMALL=0, or SMALL = False here, for the full-size runs.
 SMALL = os.environ.get("PDASGD_SMALL", "1") == "1"
 print("small sizes" if SMALL else "full sizes")

@@ -20,7 +20,7 @@ def straggler_factors(num_devices: int, stragglers: int, factor: float) -> tuple
     groups it runs, never every update of a shared stage; worker groups still go round-robin
     over every device.
 
-    What F slows differs between the two (docs/guide/running.md, ``--straggler-devices``): on the simulator's
+    What F slows differs between the two (docs/guide/simulator.md, ``--straggler-devices``): on the simulator's
     clock the device runs each of its kernels F times longer, so workers sharing it queue behind
     the slowed kernels; on threads each worker on the device sleeps ``(F - 1)`` times each job's
     measured time after it (``runtime.workers``), a sleep that does not hold the device, and

@@ -45,7 +45,28 @@ def _field(default: Any, help: str, choices: tuple[str, ...] | None = None, grou
 
 @dataclasses.dataclass
 class Config:
-    """Configuration of one training run (see ``python -m pdasgd_jax train --help``)."""
+    """Configuration of one training run: every field is a flag of ``python -m pdasgd_jax train``
+    (``--batch-size`` is ``batch_size``), with the same default and allowed values; the
+    command-line reference (docs/cli.md) lists them all, generated from these fields.
+
+    Attributes:
+      algo: the algorithm: ``sgd``, ``sync``, ``asgd``, ``pdasgd``, ``pdasgd-block``, ``local``,
+        ``dasgd`` or ``lpp``.
+      dataset, model: what is trained (an offline dataset by default: ``digits``).
+      devices, replicas: the layout (devices, and replicas or worker threads on them).
+      simulate: run on the virtual clock instead of real threads and devices.
+      lr, optimizer, batch_size, epochs, seed: the training itself.
+      out: the run directory (metrics, summary, plots, checkpoints), or None.
+
+    Invalid values are refused with a ``ConfigError`` naming the field, before any work.
+
+    Example:
+
+    >>> from pdasgd_jax import Config
+    >>> config = Config(algo="pdasgd", simulate=True, replicas=4, delay_model="exponential", delay_mean=2.0)
+    >>> config.algo, config.replicas, config.lr is None  # None: the algorithm's default rate
+    ('pdasgd', 4, True)
+    """
 
     algo: str = _field("sgd", "training algorithm", ALGORITHMS)
     dataset: str = _field(

@@ -49,7 +49,25 @@ def init_opt_states(
 ) -> tuple[PyTree, ...] | PyTree:
     """One optimizer state per stage, the layout the asynchronous algorithms update stage by
     stage; with ``whole_model``, one state of ``tx`` over the tuple of every stage's parameters,
-    for a step that updates the whole model at once (``make_train_step``)."""
+    for a step that updates the whole model at once (``make_train_step``).
+
+    Args:
+      tx: the optax optimizer.
+      params: one parameter tree per stage (``Variables.params``).
+      whole_model: one state over every stage's parameters instead of one per stage.
+
+    Returns:
+      A tuple of one state per stage, or with ``whole_model`` one state.
+
+    Example:
+
+    >>> import optax
+    >>> from flax import nnx
+    >>> from pdasgd_jax import from_modules, init_opt_states
+    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+    >>> len(init_opt_states(optax.adam(1e-3), v.params))
+    2
+    """
     return tx.init(tuple(params)) if whole_model else tuple(tx.init(p) for p in params)
 
 
@@ -114,15 +132,29 @@ class StageKernelsProtocol(Protocol):
 
 
 class StageKernels:
-    """Jitted per-stage kernels of one model under one optax optimizer.
+    """Jitted per-stage kernels of one model under one optax optimizer: what the asynchronous
+    algorithms run, a stage's forward, backward and update at a time.
 
-    Example::
+    Args:
+      model: the staged model.
+      tx: the optimizer every stage's update applies (one state per stage).
 
-        k = StageKernels(model, optax.sgd(0.1))
-        y, s, vjp = k.forward_stashed(0)(params[0], states[0], x)
-        loss, delta = k.loss_grad(y, labels)
-        g, _ = k.backward_stashed(0)(vjp, delta)
-        params0, opt0 = k.update(0)(params[0], opt_states[0], g)
+    Example:
+
+    >>> import jax, jax.numpy as jnp, optax
+    >>> from flax import nnx
+    >>> from pdasgd_jax import from_modules
+    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+    >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
+    >>> from pdasgd_jax import StageKernels, init_opt_states
+    >>> k = StageKernels(model, optax.sgd(0.1))
+    >>> y, s, vjp = k.forward_stashed(0)(v.params[0], v.states[0], x)
+    >>> logits, _, vjp1 = k.forward_stashed(1)(v.params[1], v.states[1], y)
+    >>> loss, delta = k.loss_grad(logits, labels)
+    >>> g1, delta = k.backward_stashed(1)(vjp1, delta)
+    >>> new_params1, new_opt1 = k.update(1)(v.params[1], init_opt_states(optax.sgd(0.1), v.params)[1], g1)
+    >>> new_params1["kernel"].shape
+    (8, 3)
     """
 
     def __init__(self, model: StagedModel, tx: optax.GradientTransformation):
@@ -279,6 +311,28 @@ def chained_gradients(
 
     The reference the layer-wise algorithms are checked against: it must equal
     ``jax.grad`` of the whole model.
+
+    Args:
+      kernels: the model's ``StageKernels``.
+      params, states: one tree per stage.
+      x, labels: a batch.
+      rng: the key of the model's randomness (Dropout), if it draws any.
+
+    Returns:
+      ``(loss, grads)``: the batch's loss and one gradient tree per stage.
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp, optax
+    >>> from flax import nnx
+    >>> from pdasgd_jax import from_modules
+    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+    >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
+    >>> from pdasgd_jax import StageKernels, chained_gradients
+    >>> loss, grads = chained_gradients(StageKernels(model, optax.sgd(0.1)), v.params, v.states, x, labels)
+    >>> whole = jax.grad(lambda p: model.loss_and_states(p, v.states, x, labels)[0])(v.params)
+    >>> bool(jnp.allclose(grads[0]["kernel"], whole[0]["kernel"], atol=1e-6))
+    True
     """
     vjps = []
     for m in range(kernels.num_stages):
@@ -292,7 +346,26 @@ def chained_gradients(
 
 
 class TrainState(NamedTuple):
-    """Everything a synchronous step carries: per-stage params, states, optimizer states."""
+    """Everything a synchronous step carries: per-stage params, states, optimizer states.
+
+    Attributes:
+      params, states: one tree per stage (``Variables``).
+      opt_states: ``init_opt_states(tx, params)`` (with ``whole_model``: one state).
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp, optax
+    >>> from flax import nnx
+    >>> from pdasgd_jax import from_modules
+    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+    >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
+    >>> from pdasgd_jax import TrainState, init_opt_states, make_train_step
+    >>> tx = optax.sgd(0.1)
+    >>> ts = TrainState(v.params, v.states, init_opt_states(tx, v.params))
+    >>> ts, loss = jax.jit(make_train_step(model, tx))(ts, x, labels)
+    >>> loss.shape
+    ()
+    """
 
     params: tuple[PyTree, ...]
     states: tuple[PyTree, ...]
@@ -314,6 +387,31 @@ def make_train_step(
     state ``init_opt_states(..., whole_model=True)`` makes (plain optax semantics, for a
     transform whose update of one stage depends on the others); else each stage is updated
     from its own gradient and state, which equals it for an elementwise transform.
+
+    Args:
+      model: the staged model.
+      tx: the optax optimizer.
+      axis_name: the mapped axis to average over (data parallel), or None.
+      whole_model: apply ``tx`` to the whole model at once (see above).
+
+    Returns:
+      The step function, to ``jax.jit`` (or map) yourself.
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp, optax
+    >>> from flax import nnx
+    >>> from pdasgd_jax import from_modules
+    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+    >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
+    >>> from pdasgd_jax import TrainState, init_opt_states, make_train_step
+    >>> tx = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))  # clips the whole model's norm
+    >>> ts = TrainState(v.params, v.states, init_opt_states(tx, v.params, whole_model=True))
+    >>> step = jax.jit(make_train_step(model, tx, whole_model=True))
+    >>> ts, first = step(ts, x, labels)
+    >>> ts, second = step(ts, x, labels)
+    >>> bool(second < first)
+    True
     """
 
     def step(ts: TrainState, x, labels, rng=None, weight=None):
@@ -345,6 +443,24 @@ def make_eval_step(model: StagedModel) -> Callable:
     The loss is the model's own (``model.loss``), applied to one example at a time so that
     ``mask``, which marks the real examples of a padded last batch, counts exactly; a staged
     model's loss is a mean over the examples of its batch (its first axis).
+
+    Args:
+      model: the staged model.
+
+    Returns:
+      The jitted evaluation step: its sums over batches give the test loss and accuracy.
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp, optax
+    >>> from flax import nnx
+    >>> from pdasgd_jax import from_modules
+    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+    >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
+    >>> from pdasgd_jax import make_eval_step
+    >>> loss_sum, correct = make_eval_step(model)(v.params, v.states, x, labels, jnp.array([True, False]))
+    >>> int(correct) <= 1  # only the first example counts
+    True
     """
     example_loss = jax.vmap(lambda logits, label: model.loss(logits[None], label[None]))
 

@@ -36,12 +36,42 @@ LossFn = Callable[[jax.Array, jax.Array], jax.Array]
 
 
 def softmax_cross_entropy(logits_BxC: jax.Array, labels_B: jax.Array) -> jax.Array:
-    """Mean softmax cross-entropy against integer labels."""
+    """Mean softmax cross-entropy against integer labels: the default loss of a staged model.
+
+    Args:
+      logits_BxC: the last stage's output, one row of class scores per example.
+      labels_B: the examples' integer class labels.
+
+    Returns:
+      The mean over the batch, a scalar.
+
+    Example:
+
+    >>> import jax.numpy as jnp
+    >>> from pdasgd_jax import softmax_cross_entropy
+    >>> loss = softmax_cross_entropy(jnp.zeros((4, 10)), jnp.array([0, 1, 2, 3]))
+    >>> round(float(loss), 4)  # log(10): uniform scores
+    2.3026
+    """
     return optax.softmax_cross_entropy_with_integer_labels(logits_BxC, labels_B).mean()
 
 
 class Variables(NamedTuple):
-    """Per-stage trainable parameters and non-trainable state, one tree per stage."""
+    """Per-stage trainable parameters and non-trainable state, one tree per stage.
+
+    Attributes:
+      params: one tree of arrays per stage (plain nested dicts, ``nnx.to_pure_dict``).
+      states: one tree per stage of the non-trainable state (BatchNorm statistics; an empty
+        dict for a stage without any).
+
+    Example:
+
+    >>> from flax import nnx
+    >>> from pdasgd_jax import from_modules
+    >>> model, variables = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+    >>> len(variables.params), sorted(variables.params[0])
+    (2, ['bias', 'kernel'])
+    """
 
     params: tuple[PyTree, ...]
     states: tuple[PyTree, ...]
@@ -68,6 +98,20 @@ class Stage:
     small stage's whole kernel. ``param_def``/``state_def`` rebuild the ``State`` inside
     the traced function, where the cost is paid once per compilation. ``from_modules``
     builds stages; constructing one by hand needs both structures.
+
+    Attributes:
+      name: the stage's name (in error messages and summaries).
+      train_def, eval_def: the module's graph definitions in training and in eval mode.
+      param_def, state_def: the structures of its parameters and non-trainable state.
+      rng_def, rng_leaves: the structure and leaves of its randomness, if it draws any.
+
+    Example:
+
+    >>> from flax import nnx
+    >>> from pdasgd_jax import from_modules
+    >>> model, _ = from_modules([nnx.Linear(4, 3, rngs=nnx.Rngs(0))], names=["head"])
+    >>> model.stages[0].name, model.stages[0].draws_randomness
+    ('head', False)
     """
 
     name: str
@@ -135,7 +179,23 @@ def _as_nnx(treedef: jax.tree_util.PyTreeDef, tree: PyTree, what: str) -> nnx.St
 
 @dataclasses.dataclass(frozen=True)
 class StagedModel:
-    """A chain of stages followed by a loss on the last stage's output."""
+    """A chain of stages followed by a loss on the last stage's output.
+
+    Build one with ``from_modules``; every algorithm trains it stage by stage or whole.
+
+    Attributes:
+      stages: the stages, applied in order.
+      loss: ``loss(logits, labels) -> scalar``, a mean over the batch.
+
+    Example:
+
+    >>> from flax import nnx
+    >>> from pdasgd_jax import from_modules
+    >>> rngs = nnx.Rngs(0)
+    >>> model, _ = from_modules([nnx.Sequential(nnx.Linear(4, 8, rngs=rngs), nnx.relu), nnx.Linear(8, 3, rngs=rngs)])
+    >>> model.num_stages
+    2
+    """
 
     stages: tuple[Stage, ...]
     loss: LossFn = softmax_cross_entropy
@@ -222,6 +282,16 @@ def from_modules(
 
     Returns:
       ``(model, variables)``: the pure description and the initial per-stage arrays.
+
+    Example:
+
+    >>> from flax import nnx
+    >>> from pdasgd_jax import Config, from_modules
+    >>> rngs = nnx.Rngs(0)
+    >>> modules = [nnx.Sequential(nnx.Linear(64, 32, rngs=rngs), nnx.relu), nnx.Linear(32, 10, rngs=rngs)]
+    >>> model, variables = from_modules(modules)  # then: train_and_evaluate(Config(...), model=(model, variables))
+    >>> [stage.name for stage in model.stages]
+    ['stage0', 'stage1']
     """
     if not modules:
         raise ValueError("from_modules needs at least one stage; got an empty list")

@@ -46,6 +46,16 @@ class TrainResult(dict):
     ``variables`` are the variables the last evaluation scored (for the averaging algorithms,
     the replicas' average), as single-device arrays; ``update_modules`` writes them back
     into your NNX modules.
+
+    Attributes:
+      summary: the run summary (also the dict itself).
+      variables: the trained ``Variables`` (``params`` and ``states``, one tree per stage).
+
+    Example::
+
+        result = train_and_evaluate(Config(algo="sgd", dataset="digits", epochs=1))
+        if result["status"] == "ok":
+            update_modules(modules, result.variables)
     """
 
     def __init__(self, summary: dict[str, Any], variables: Variables):
@@ -153,6 +163,25 @@ def train_and_evaluate(
     ``config.json`` in ``out`` stays the config as given (``resume_run`` needs your pieces passed
     again); the summary's ``config`` records ``"own"`` for your model or optimizer and your
     dataset's name.
+
+    Args:
+      config: the run: algorithm, data, model, optimizer, layout, delays, budget, outputs.
+      model: your own ``(StagedModel, Variables)`` instead of ``config.model``.
+      optimizer: your own optax optimizer instead of ``config.optimizer``.
+      dataset: your own ``data.Dataset`` or ``(x_train, y_train, x_test, y_test)`` arrays.
+      resume: continue the run in ``config.out`` from its newest checkpoint.
+      overwrite: delete what an earlier run wrote in ``config.out`` first.
+
+    Returns:
+      A ``TrainResult``: the summary (``result["test_accuracy"]``, ``result["status"]``,
+      ``result["wall_time"]``, ``result["staleness"]``, ...) and ``result.variables``. A run
+      that ended at chance returns with ``status`` ``"chance"`` and a ``RunFailedWarning``.
+
+    Raises:
+      ConfigError: bad input (a field, your model, optimizer or data, the run directory),
+        before any work; the command line's exit 2.
+      NonFiniteLossError: the training loss became NaN or infinite (``LossDivergedError``:
+        it rose past the divergence factor for its window), after the summary is written.
 
     Example::
 
@@ -301,8 +330,24 @@ def resume_run(
     optimizer: optax.GradientTransformation | None = None,
     dataset: DatasetLike | None = None,
 ) -> TrainResult:
-    """Continues the run saved in ``run_dir`` (its ``config.json`` and newest checkpoint); a run
-    of your own model, optimizer or dataset needs them passed again."""
+    """Continues the run saved in ``run_dir`` (its ``config.json`` and newest checkpoint).
+
+    Args:
+      run_dir: the run directory (a ``Config.out`` that holds checkpoints).
+      model, optimizer, dataset: a run of your own model, optimizer or dataset needs them
+        passed again (its ``config.json`` records only that they were your own).
+
+    Returns:
+      The ``TrainResult`` of the whole run, as ``train_and_evaluate`` returns it.
+
+    Raises:
+      ConfigError: ``run_dir`` holds no saved config or no checkpoint.
+
+    Example::
+
+        from pdasgd_jax.train import resume_run
+        result = resume_run("runs/pdasgd")  # after an interrupted run with out="runs/pdasgd"
+    """
     return train_and_evaluate(load_run_config(run_dir), model=model, optimizer=optimizer, dataset=dataset, resume=True)
 
 
@@ -321,6 +366,18 @@ def _from_before_layout_flags(saved: dict[str, Any]) -> dict[str, Any]:
 
 def load_run_config(run_dir: str) -> Config:
     """The ``Config`` saved in ``run_dir/config.json``, its ``out`` set to ``run_dir``.
+
+    Args:
+      run_dir: a run directory.
+
+    Returns:
+      The saved ``Config`` (one saved by an earlier version read in today's fields).
+
+    Example::
+
+        from pdasgd_jax.train import load_run_config
+        config = load_run_config("runs/pdasgd")
+        print(config.algo, config.effective_lr)
 
     Raises:
       ConfigError: there is no such file, or it is not the JSON of a ``Config`` (naming the

@@ -56,6 +56,16 @@ class AveragingRule:
         as none.
       average_opt_state: also snapshot, average and merge the workers' optimizer states
         (momentum, Adam moments; counts are equal on every worker), as the parameters.
+
+    Example:
+
+    >>> import jax.numpy as jnp
+    >>> from pdasgd_jax import AveragingRule
+    >>> rule = AveragingRule(period=4, delay=2)
+    >>> [t for t in range(10) if rule.is_snapshot(t)], [t for t in range(10) if rule.is_merge(t)]
+    ([0, 4, 8], [2, 6])
+    >>> float(rule.merge_tree(jnp.array(5.0), jnp.array(3.0), jnp.array(2.0)))  # a + (theta - s)
+    4.0
     """
 
     period: int

@@ -123,6 +123,22 @@ def with_staleness_rule(
 
     ``rule`` picks the transform, so it is static: ``optax.inject_hyperparams`` passes a
     string through as it is (naming it in ``static_args`` says so), and injects ``dc_lambda``.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` taking ``staleness`` and ``old_params``.
+
+    Raises:
+      ValueError: ``rule`` is not one of ``none``, ``staleness-aware``, ``delay-compensated``.
+
+    Example:
+
+    >>> import jax.numpy as jnp, optax
+    >>> from pdasgd_jax.optim import with_staleness_rule
+    >>> tx = with_staleness_rule(optax.sgd(1.0), "staleness-aware")
+    >>> p = jnp.array([1.0])
+    >>> updates, _ = tx.update(jnp.array([2.0]), tx.init(p), p, staleness=4, old_params=p)
+    >>> updates.tolist()  # the step divided by the staleness
+    [-0.5]
     """
     if rule == "none":
         return optax.with_extra_args_support(tx)

@@ -61,6 +61,12 @@ class ReplayReport(NamedTuple):
       max_diff: the largest ``|replayed - saved|`` over all leaves (nan: not compared).
       leaf: the leaf it is in, or, on a mismatch, the mismatching leaf with the largest
         difference (None: not compared).
+
+    Example::
+
+        report = replay_run("runs/a")
+        if not report.matches:
+            raise SystemExit(report.text)  # e.g. "replay does not match: params[1]['kernel'] differs by ..."
     """
 
     matches: bool
@@ -150,6 +156,9 @@ def replay_run(
       rtol, atol: a leaf matches when ``|replayed - saved| <= atol + rtol * |saved|``.
       model, optimizer: the run's own model and optimizer, when it was trained with them
         (``train_and_evaluate(model=..., optimizer=...)``); its config names neither.
+
+    Returns:
+      A ``ReplayReport``: whether the replay matched, and its one-line ``text``.
 
     Raises:
       ConfigError: ``run_dir`` is not a run directory, was not run with ``--event-log``, its

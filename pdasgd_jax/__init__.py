@@ -15,11 +15,11 @@ from pdasgd_jax.version import __version__
 _EXPORTS = {
     "Config": "pdasgd_jax.config",
     "StageKernels": "pdasgd_jax.kernels",
-    "TrainState": "pdasgd_jax.kernels",
+    "TrainState": "pdasgd_jax.model_steps",
     "chained_gradients": "pdasgd_jax.kernels",
-    "init_opt_states": "pdasgd_jax.kernels",
-    "make_eval_step": "pdasgd_jax.kernels",
-    "make_train_step": "pdasgd_jax.kernels",
+    "init_opt_states": "pdasgd_jax.stage_update",
+    "make_eval_step": "pdasgd_jax.model_steps",
+    "make_train_step": "pdasgd_jax.model_steps",
     "AveragingRule": "pdasgd_jax.optim",
     "delay_compensated": "pdasgd_jax.optim",
     "delayed_averaging": "pdasgd_jax.optim",
@@ -59,15 +59,10 @@ __all__ = [
 
 if TYPE_CHECKING:
     from pdasgd_jax.config import Config
-    from pdasgd_jax.kernels import (
-        StageKernels,
-        TrainState,
-        chained_gradients,
-        init_opt_states,
-        make_eval_step,
-        make_train_step,
-    )
+    from pdasgd_jax.kernels import StageKernels, chained_gradients
+    from pdasgd_jax.model_steps import TrainState, make_eval_step, make_train_step
     from pdasgd_jax.optim import AveragingRule, delay_compensated, delayed_averaging, staleness_aware
+    from pdasgd_jax.stage_update import init_opt_states
     from pdasgd_jax.stages import Stage, StagedModel, Variables, from_modules, softmax_cross_entropy, update_modules
     from pdasgd_jax.train import TrainResult, train_and_evaluate
 

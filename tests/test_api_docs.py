@@ -11,7 +11,7 @@ import re
 import pytest
 
 import pdasgd_jax
-from pdasgd_jax import config, kernels, stages
+from pdasgd_jax import config, kernels, model_steps, stage_update, stages
 
 API_PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "api.md"
 ENTRIES = re.findall(r"^::: (\S+)$", API_PAGE.read_text(), flags=re.M)
@@ -41,7 +41,7 @@ def test_an_entry_has_a_summary_its_arguments_what_it_returns_and_an_example(ent
     assert "Example" in doc or ">>>" in doc, f"{entry} has no example"
 
 
-@pytest.mark.parametrize("module", [stages, kernels, config], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [stages, kernels, model_steps, stage_update, config], ids=lambda m: m.__name__)
 def test_the_doctest_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

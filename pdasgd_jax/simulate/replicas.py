@@ -45,7 +45,8 @@ from pdasgd_jax.placement import Placement
 from pdasgd_jax.replication import GroupRounds
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate import policies, resume
-from pdasgd_jax.simulate.lpp import replica_asgd_worker, run_device_groups
+from pdasgd_jax.simulate.device_groups import run_device_groups
+from pdasgd_jax.simulate.lpp import replica_asgd_worker
 from pdasgd_jax.simulate.scheduler import END, Get, Kernel, Process, Put, Scheduler, Worker
 from pdasgd_jax.simulate.simulation import Simulation
 

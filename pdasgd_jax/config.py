@@ -206,6 +206,14 @@ class Config:
     comm_bandwidth: float = _field(
         0.0, "simulator: bandwidth beta, bytes/s (0: infinite, communication is free)", group="delays"
     )
+    device_concurrency: str = _field(
+        "1",
+        "simulator: how many programs a device runs at once, as their total throughput in one "
+        "program's speed: 1 (one at a time), a curve g1,g2,... starting at 1 (1,1.6,1.9: two "
+        "programs together run at 1.6x one's speed, three at 1.9x), or measure (the calibration "
+        "times 1, 2 and 3 concurrent calls of the model's job program on this machine)",
+        group="delays",
+    )
     timing: str | None = _field(
         None,
         "a saved calibration (JSON, e.g. a run's timing.json) to use instead of measuring "

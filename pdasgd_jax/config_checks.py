@@ -103,6 +103,11 @@ def check(config: Any) -> None:
             f"--backup-workers {b} needs --simulate: real sync is one SPMD program whose all-reduce waits "
             f"for every device, so it cannot drop the slowest gradients"
         )
+    if device_concurrency_curve(config.device_concurrency) != (1.0,) and not config.simulate:
+        raise ValueError(
+            f"--device-concurrency {config.device_concurrency} models the simulator's devices: it needs "
+            f"--simulate (real devices run concurrent programs as they do)"
+        )
     if config.target_accuracy is not None and not 0 < config.target_accuracy <= 1:
         raise ValueError(f"--target-accuracy {config.target_accuracy} is outside (0, 1]")
     if config.delay_steps is not None:
@@ -209,3 +214,25 @@ def _positive(flag: str, value: float) -> None:
 def _non_negative(flag: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
         raise ValueError(f"--{flag} {value!r} must be >= 0")
+
+
+MEASURE_CONCURRENCY = "measure"
+
+
+def device_concurrency_curve(spec: str) -> tuple[float, ...] | None:
+    """``--device-concurrency``'s curve ``(g1, g2, ...)`` (None: ``measure``).
+
+    Raises:
+      ValueError: ``spec`` is neither ``measure`` nor a curve of numbers that starts at 1,
+        each ``g_n`` in ``(0, n]``, naming it and what is allowed.
+    """
+    if spec == MEASURE_CONCURRENCY:
+        return None
+    allowed = "measure, or total throughputs g1,g2,... starting at 1 with g_n in (0, n], e.g. 1,1.6,1.9"
+    try:
+        curve = tuple(float(part) for part in str(spec).split(","))
+    except ValueError:
+        raise ValueError(f"--device-concurrency {spec!r} is not allowed; give {allowed}") from None
+    if curve[0] != 1.0 or not all(0 < g <= n for n, g in enumerate(curve, 1)):
+        raise ValueError(f"--device-concurrency {spec!r} is not allowed; give {allowed}")
+    return curve

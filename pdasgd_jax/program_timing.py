@@ -12,8 +12,8 @@ the sum of its per-stage kernels.
 * ``measure_round``: one round, every program's median of ``repeats`` timed calls.
 * ``round_averaging_time``: the SPMD round's averaging, its marginal cost inside the step
   program, timed with ``interleaved_median_times``.
-* ``measure_concurrency``: ``TimingModel.concurrency``, how much faster two concurrent calls
-  finish than two in a row.
+* ``measure_concurrency_curve`` (and ``measure_concurrency``, its ``g2``):
+  ``TimingModel.concurrency``, how much faster concurrent calls finish than calls in a row.
 
 Example::
 
@@ -169,25 +169,40 @@ def round_averaging_time(kernels: StageKernels, ts: TrainState, x: Any, y: Any, 
 
 
 def measure_concurrency(fn: Callable, *args: Any, repeats: int = 10) -> float:
-    """Calibrates ``TimingModel.concurrency``: how much faster two concurrent calls finish.
-
-    Times one call of ``fn(*args)`` alone and two calls from two threads at once (medians
-    of ``repeats``); returns ``2 * alone / together`` clipped to ``[1, 2]``. Meaningful on
-    an accelerator with one kernel; on a CPU it measures idle cores.
+    """Calibrates ``TimingModel.concurrency`` as one number: how much faster two concurrent
+    calls finish (``measure_concurrency_curve``'s ``g2``, clipped to ``[1, 2]``).
 
     Example::
 
         c = measure_concurrency(k.forward(0), params[0], states[0], x)
         timing = dataclasses.replace(timing, concurrency=c)
     """
-    if repeats < 1:
-        raise ValueError(f"repeats {repeats!r} must be >= 1")
+    return min(2.0, max(1.0, measure_concurrency_curve(fn, *args, programs=2, repeats=repeats)[1]))
+
+
+def measure_concurrency_curve(fn: Callable, *args: Any, programs: int = 3, repeats: int = 10) -> tuple[float, ...]:
+    """A device's concurrency curve ``(1, g2, ..., g_programs)`` for ``TimingModel.concurrency``.
+
+    Times one call of ``fn(*args)`` alone and ``n`` calls from ``n`` threads at once (medians
+    of ``repeats``); ``g_n = n * alone / together``, clipped to ``n`` (below 1 when concurrent
+    calls slow each other down). Meaningful on an accelerator, whose programs may leave it
+    partly idle; on a CPU it measures idle cores and the thread pools' contention.
+
+    Example::
+
+        curve = measure_concurrency_curve(k.job_gradients, params, states, x, y)
+        timing = dataclasses.replace(timing, concurrency=curve)
+    """
+    if repeats < 1 or programs < 1:
+        raise ValueError(f"repeats {repeats!r} and programs {programs!r} must be >= 1")
     alone = _median_time(fn, *args, repeats=repeats)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    curve = [1.0]
+    with concurrent.futures.ThreadPoolExecutor(programs) as pool:
+        for n in range(2, programs + 1):
 
-        def both() -> None:
-            for future in [pool.submit(fn, *args) for _ in range(2)]:
-                jax.block_until_ready(future.result())
+            def together(n: int = n) -> None:
+                for future in [pool.submit(fn, *args) for _ in range(n)]:
+                    jax.block_until_ready(future.result())
 
-        together = _median_time(both, repeats=repeats)
-    return min(2.0, max(1.0, 2 * alone / together))
+            curve.append(min(float(n), n * alone / _median_time(together, repeats=repeats)))
+    return tuple(curve)

@@ -79,7 +79,10 @@ class TimingModel:
       comm: all-reduce and transfer costs.
       concurrency: total throughput, in kernels' solo speed, of a device running several
         kernels at once. 1.0: one kernel at a time, concurrent work serialises (workers on
-        a device queue for it); 2.0: two concurrent kernels each run at full speed.
+        a device queue for it); 2.0: two concurrent kernels each run at full speed. Or a
+        curve ``(1.0, g2, g3, ...)``: a device runs up to ``len(curve)`` kernels at once,
+        ``n`` of them with total throughput ``g_n`` (each at ``g_n / n``: processor sharing);
+        a number ``c`` is the curve ``g_n = min(n, c)`` for ``n <= ceil(c)``.
 
     Example::
 
@@ -94,7 +97,7 @@ class TimingModel:
     loss: float = 0.0
     worker_factors: tuple[float, ...] = ()
     comm: CommModel = CommModel()  # noqa: RUF009 (a frozen dataclass: one shared default is safe)
-    concurrency: float = 1.0
+    concurrency: float | tuple[float, ...] = 1.0
     job_gradients: float | None = None
     train_step: float | None = None
     forward_all: float | None = None
@@ -136,10 +139,23 @@ class TimingModel:
                 _finite_non_negative(f"{name} cost of stage {m}", cost)
         for w, factor in enumerate(self.worker_factors):
             _require(math.isfinite(factor) and factor > 0, f"speed factor {factor!r} of worker {w} must be > 0")
-        _require(
-            math.isfinite(self.concurrency) and self.concurrency >= 1,
-            f"device concurrency {self.concurrency!r} must be >= 1",
-        )
+        if isinstance(self.concurrency, (tuple, list)):
+            curve = tuple(float(g) for g in self.concurrency)
+            object.__setattr__(self, "concurrency", curve)
+            _require(
+                len(curve) >= 1 and curve[0] == 1.0,
+                f"device concurrency curve {curve!r} must start with 1 (one kernel runs at its own speed)",
+            )
+            for n, g in enumerate(curve, 1):
+                _require(
+                    math.isfinite(g) and 0 < g <= n,
+                    f"device throughput {g!r} of {n} concurrent kernels must be in (0, {n}]",
+                )
+        else:
+            _require(
+                math.isfinite(self.concurrency) and self.concurrency >= 1,
+                f"device concurrency {self.concurrency!r} must be >= 1",
+            )
 
     @property
     def num_stages(self) -> int:
@@ -243,13 +259,30 @@ class TimingModel:
         one delay unit serves every algorithm)."""
         return sum(self.forward) + sum(self.backward) + sum(self.update) + self.loss
 
+    @property
+    def device_slots(self) -> int:
+        """How many kernels a device runs at once: ``ceil(concurrency)``, or the curve's length."""
+        if isinstance(self.concurrency, tuple):
+            return len(self.concurrency)
+        return math.ceil(self.concurrency)
+
+    @property
+    def concurrency_curve(self) -> tuple[float, ...]:
+        """``(g_1, ..., g_slots)``: a device's total throughput with 1, 2, ... kernels running."""
+        if isinstance(self.concurrency, tuple):
+            return self.concurrency
+        return tuple(min(n, self.concurrency) for n in range(1, self.device_slots + 1))
+
     def kernel_rate(self, num_concurrent: int) -> float:
         """Speed of each of ``num_concurrent`` kernels sharing a device, relative to solo.
 
-        ``min(n, concurrency) / n``: at ``concurrency`` 1, ``n`` kernels together take as long
-        as in a row, whether the scheduler shares the device or queues them.
+        ``g_n / n`` of the concurrency curve (``min(n, concurrency) / n`` for a number): at
+        ``concurrency`` 1, ``n`` kernels together take as long as in a row, whether the
+        scheduler shares the device or queues them.
         """
         _require(num_concurrent >= 1, f"num_concurrent {num_concurrent!r} must be >= 1")
+        if isinstance(self.concurrency, tuple):
+            return self.concurrency[min(num_concurrent, len(self.concurrency)) - 1] / num_concurrent
         return min(num_concurrent, self.concurrency) / num_concurrent
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,9 +8,10 @@ import math
 import os
 from typing import Any
 
-from pdasgd_jax import calibration
+from pdasgd_jax import calibration, program_timing
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import ASYNCHRONOUS, Config
+from pdasgd_jax.config_checks import MEASURE_CONCURRENCY, device_concurrency_curve
 from pdasgd_jax.delays import CommModel, DelayModel, TimingModel, with_stragglers
 from pdasgd_jax.eventlog import EventLogFile
 from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
@@ -47,9 +48,30 @@ def _run_timing(exp: Experiment, checkpointer: RunCheckpointer | None, worker_ba
         return calibration.load(path).timing  # the run's own, wherever it was measured
     measured = exp.calibration(worker_batch)
     timing = dataclasses.replace(measured.timing, comm=comm_model(exp.config))
+    if exp.config.device_concurrency == MEASURE_CONCURRENCY:  # saved with the costs: a resume keeps it
+        timing = dataclasses.replace(timing, concurrency=_measured_concurrency(exp, worker_batch))
     if path:
         calibration.save(dataclasses.replace(measured, timing=timing), path)
     return timing
+
+
+def _measured_concurrency(exp: Experiment, batch_size: int) -> tuple[float, ...]:
+    """This machine's concurrency curve for 1, 2 and 3 concurrent calls of the model's job program."""
+    x, y = next(exp.train_stream(batch_size))
+    v = exp.variables
+    return program_timing.measure_concurrency_curve(exp.kernels.job_gradients, v.params, v.states, x, y)
+
+
+def _device_concurrency(timing: TimingModel, spec: str) -> tuple[TimingModel, dict[str, Any]]:
+    """``timing`` with ``--device-concurrency``'s stated curve, and what the summary reports:
+    the curve the run used and where it came from."""
+    curve = device_concurrency_curve(spec)
+    if curve is not None and curve != (1.0,):
+        timing = dataclasses.replace(timing, concurrency=curve)
+    source = {"measure": "measured"}.get(spec, "stated" if curve != (1.0,) else "timing model")
+    if source == "timing model" and timing.concurrency_curve == (1.0,):
+        source = "serial (default)"
+    return timing, {"curve": list(timing.concurrency_curve), "source": source}
 
 
 def run_simulated(
@@ -108,6 +130,7 @@ def run_simulated(
             timing = _run_timing(exp, checkpointer, worker_batch)
     # Applied here, not saved in timing.json: a resumed run takes them from its config again.
     timing = with_stragglers(timing, devices, config.straggler_devices, config.straggler_factor)
+    timing, concurrency = _device_concurrency(timing, config.device_concurrency)
     delay = exp.delay_model(timing.step_compute_time())
     if config.algo in SYNCHRONOUS:
         ts, steps, examples, now, utilisation, staleness = run_sync(exp, metrics, checkpointer, timing, delay, workers)
@@ -142,6 +165,7 @@ def run_simulated(
             "examples_to_target": None if at_target is None else at_target["examples"],
             "staleness": staleness.summary(warmup=staleness_warmup),
             "utilisation": utilisation,
+            "device_concurrency": concurrency,
             "timing": timing.to_dict(),
         }
     )

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -103,10 +102,10 @@ class _Running:
 
 
 class Device:
-    """A device that runs up to ``ceil(concurrency)`` kernels at once.
+    """A device that runs up to ``timing.device_slots`` kernels at once.
 
     Running kernels share it: each progresses at ``timing.kernel_rate(n)`` of its solo speed
-    while ``n`` run (``min(n, concurrency) / n``). With the default
+    while ``n`` run (``g_n / n`` of the concurrency curve). With the default
     concurrency 1 the device runs one kernel at a time and the others wait. Waiting
     kernels start in dispatch order (``Kernel.dispatched``, then first come first served),
     as a real device runs what its host threads enqueued: no kernel overtakes one dispatched
@@ -119,7 +118,7 @@ class Device:
     def __init__(self, scheduler: Scheduler, index: int, timing: TimingModel):
         self.scheduler = scheduler
         self.index = index
-        self.slots = math.ceil(timing.concurrency)
+        self.slots = timing.device_slots
         self._rate = timing.kernel_rate
         self._waiting: list[tuple[float, int, Process, Kernel]] = []
         self._running: list[_Running] = []

@@ -6,7 +6,7 @@ Writes ``DIR/device_check.json`` (the machine, its JAX and devices, and every pa
 seconds, time limit, error and results) and ``DIR/device_check.md``, a summary generated from
 that JSON; each part's log (and the result of each part run as ``--part``) is kept in
 ``DIR/logs/``. The parts run one after another, each in a subprocess of its own under its own
-time limit (``PARTS``: 45 + 150 + 150 + 60 + 60 s, within ``TOTAL_BUDGET_S``, 480 s); a part
+time limit (``PARTS``: 45 + 140 + 140 + 60 + 60 + 30 s, within ``TOTAL_BUDGET_S``, 480 s); a part
 that fails or runs out of time (its process group killed) is recorded with its error and the
 log's tail, and the next part runs:
 
@@ -29,6 +29,9 @@ log's tail, and the next part runs:
   on this machine's fresh calibration (``--recalibrate``), their ratio, and the mean staleness
   of both. The simulator's clock has no host time (Python dispatch, thread hand-offs): a ratio
   below one is what the host adds.
+* ``concurrency``: the device's concurrency curve, as ``--device-concurrency`` takes it: the
+  total throughput of 1, 2 and 3 concurrent calls of the digits MLP's job program
+  (``program_timing.measure_concurrency_curve``) at batch 32 and 256.
 
 ``--quick`` runs a small version of every part (the test suite runs it on CPU): a test file,
 the benchmark's quick mfu, a few batches, one repeat, the cached calibration where there is
@@ -61,10 +64,11 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 TOTAL_BUDGET_S = 480
 PARTS: dict[str, tuple[int, int]] = {
     "machine": (45, 60),
-    "tests": (150, 90),
-    "mfu": (150, 120),
+    "tests": (140, 90),
+    "mfu": (140, 120),
     "throughput": (60, 60),
     "prediction": (60, 60),
+    "concurrency": (30, 45),
 }
 PART_TITLES = {
     "machine": "machine",
@@ -72,6 +76,7 @@ PART_TITLES = {
     "mfu": "bench mfu (ResNet-18, CIFAR-shaped)",
     "throughput": "runtime throughput against the fused loop",
     "prediction": "simulator's prediction of the runtime",
+    "concurrency": "the device's concurrency curve",
 }
 
 # Tests that run on one device of whatever platform JAX picks.
@@ -110,6 +115,11 @@ PREDICTION_LAYOUTS = {"pdasgd F=1 B=1 Q=1": (1, 1, 1), "pdasgd F=1 B=2 Q=2": (1,
 PREDICTION_BATCH = 32
 PREDICTION_JOBS = (200, 12)
 PREDICTION_REPEATS = (3, 1)
+
+# Concurrency: batch sizes, concurrent programs and repeats.
+CONCURRENCY_BATCHES = (32, 256)
+CONCURRENCY_PROGRAMS = 3
+CONCURRENCY_REPEATS = (10, 2)
 
 # The parts, each run in its own process (``--part NAME``) --------------------------------------
 
@@ -285,11 +295,33 @@ def part_prediction(out_dir: str, quick: bool) -> dict[str, Any]:
     }
 
 
+def part_concurrency(out_dir: str, quick: bool) -> dict[str, Any]:
+    """The concurrency curve ``(1, g2, g3)`` of the digits MLP's job program at each batch size."""
+    import jax
+
+    from pdasgd_jax import program_timing
+    from pdasgd_jax.bench import throughput as tp
+
+    exp = tp.digits_experiment()
+    v = exp.variables
+    repeats = CONCURRENCY_REPEATS[quick]
+    curves = {}
+    for bs in CONCURRENCY_BATCHES:
+        x, y = next(exp.train_stream(bs))
+        jax.block_until_ready(exp.kernels.job_gradients(v.params, v.states, x, y))  # compiles
+        curve = program_timing.measure_concurrency_curve(
+            exp.kernels.job_gradients, v.params, v.states, x, y, programs=CONCURRENCY_PROGRAMS, repeats=repeats
+        )
+        curves[str(bs)] = list(curve)
+    return {"device_kind": jax.devices()[0].device_kind, "repeats": repeats, "curves": curves}
+
+
 WORKERS: dict[str, Callable[[str, bool], dict[str, Any]]] = {
     "machine": part_machine,
     "mfu": part_mfu,
     "throughput": part_throughput,
     "prediction": part_prediction,
+    "concurrency": part_concurrency,
 }
 
 
@@ -577,6 +609,17 @@ def prediction_section(r: dict[str, Any]) -> list[str]:
     return lines + table(rows, header)
 
 
+def concurrency_section(r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Total throughput of n concurrent calls of the digits MLP's job program on one "
+        f"{r['device_kind']}, in one call's speed (medians of {r['repeats']}); the simulator takes a "
+        "row as `--device-concurrency g1,g2,g3`.",
+        "",
+    ]
+    rows = [[bs, *(f"{g:.2f}" for g in curve)] for bs, curve in r["curves"].items()]
+    return lines + table(rows, ["batch", *(f"g{n}" for n in range(1, CONCURRENCY_PROGRAMS + 1))])
+
+
 def machine_section(r: dict[str, Any]) -> list[str]:
     return [
         f"{r['device_count']} device(s): {', '.join(r['devices'])}; platform {r['platform']}, kind "
@@ -590,6 +633,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "mfu": mfu_section,
     "throughput": throughput_section,
     "prediction": prediction_section,
+    "concurrency": concurrency_section,
 }
 
 

@@ -84,6 +84,12 @@ def test_quick_check_writes_every_part_and_a_summary_of_it(tmp_path):
         assert c["delay_per_operation_s"] == pytest.approx(c["k"] * prediction["step_compute_s"])
         row = f"| {c['layout']} | {c['k']} | {dc.fmt(c['delay_per_operation_s'] * 1e3)} | "
         assert row + f"{dc.fmt(c['measured_median_s'])} | {dc.fmt(c['predicted_s'])} | " in md
+    curves = parts["concurrency"]["result"]["curves"]
+    assert set(curves) == {str(bs) for bs in dc.CONCURRENCY_BATCHES}
+    for bs, curve in curves.items():
+        assert len(curve) == dc.CONCURRENCY_PROGRAMS and curve[0] == 1.0
+        assert all(0 < g <= n for n, g in enumerate(curve, 1))
+        assert f"| {bs} | 1.00 | {curve[1]:.2f} | {curve[2]:.2f} |" in md
     # Delays of 10 steps dominate a run: both clocks take longer than without delays.
     for name in dc.PREDICTION_LAYOUTS:
         by_k = {c["k"]: c for c in cells if c["layout"] == name}

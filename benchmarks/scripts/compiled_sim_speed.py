@@ -1,0 +1,152 @@
+"""Examples per second of the compiled simulator against ``train --algo sgd`` and the
+event-by-event simulator (``train --simulate``), on this machine.
+
+Per batch size, after a warm-up run of each (so nothing is compiled while timed), every
+repeat runs one after another (interleaved, so a noisy machine weighs on all alike):
+
+* ``sgd``: the ``sgd`` runner (what ``train --algo sgd`` runs);
+* ``event``: ``run_simulated`` of ``--simulate --algo ALGO`` (the event-by-event clock);
+* ``compiled``: the same run's schedule recorded on kernels that compute nothing (``record_schedule``,
+  timed on its own: ``schedule s``), then its numerics as one compiled segment
+  (``run_compiled``); ``compiled+schedule`` counts both.
+
+Each is timed from its call until its final parameters are computed, with one evaluation
+(the final one), compilation excluded. ``train`` reports examples over its training clock, which stops during
+evaluations: work dispatched asynchronously before an evaluation runs while the clock is
+stopped, which favours the event-by-event paths, so that clock is not used here. Both
+simulated paths use this machine's calibrated timing, and every compiled run is checked to
+end on the event run's parameters, bitwise.
+
+Usage::
+
+    python -m benchmarks.scripts.compiled_sim_speed                       # batch 32 and 256
+    python -m benchmarks.scripts.compiled_sim_speed --algo asgd --replicas 4 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from pdasgd_jax import Config
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.metrics import MetricsLog, TrainingClock
+from pdasgd_jax.runners import RUNNERS
+from pdasgd_jax.simulate import run_simulated
+from pdasgd_jax.simulate.compiled import run_compiled
+from pdasgd_jax.simulate.run import comm_model
+from pdasgd_jax.simulate.schedule_plan import record_schedule
+
+
+def _metrics(exp: Experiment) -> MetricsLog:
+    return MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**12, progress=False)
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Seconds until ``fn()``'s parameters are computed, any compilation excluded (the ``sgd``
+    runner jits its step afresh on every call), and its result."""
+    clock = TrainingClock()
+    with clock.excluding_compilation():
+        out = fn()
+        jax.block_until_ready(out.params)
+    return clock.elapsed, out
+
+
+def _repeat(exp: Experiment, sgd: Experiment, timing: Any) -> dict[str, float]:
+    """One interleaved repeat: every path's examples per second."""
+    sgd_s, _ = _timed(lambda: RUNNERS["sgd"](sgd, _metrics(sgd)))
+    event_s, event = _timed(lambda: run_simulated(exp, _metrics(exp), timing=timing))
+    start = time.perf_counter()
+    schedule = record_schedule(exp, timing)
+    schedule_s = time.perf_counter() - start
+    numerics_s, compiled = _timed(lambda: run_compiled(exp, schedule))
+    for a, b in zip(jax.tree.leaves(compiled.params), jax.tree.leaves(event.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    examples = event.examples
+    return {
+        "sgd": sgd.total_examples / sgd_s,
+        "event": examples / event_s,
+        "compiled": examples / numerics_s,
+        "compiled+schedule": examples / (numerics_s + schedule_s),
+        "schedule_s": schedule_s,
+        "numerics_s": numerics_s,
+        "event_s": event_s,
+        "steps_per_job": compiled.plan.steps / len(schedule.done),
+    }
+
+
+def measure(config: Config, repeats: int) -> dict[str, Any]:
+    """A warm-up, then ``repeats`` interleaved repeats of the three runs; medians of rates and ratios."""
+    exp = Experiment.from_config(config)
+    sgd = exp.with_config(algo="sgd", simulate=False, replicas=0, delay_model="none", delay_mean=0.0)
+    timing = dataclasses.replace(exp.calibration(config.batch_size).timing, comm=comm_model(config))
+    start = time.perf_counter()
+    _repeat(exp, sgd, timing)
+    warm_up_s = time.perf_counter() - start
+    runs = [_repeat(exp, sgd, timing) for _ in range(repeats)]
+    median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    for name in ("event", "compiled", "compiled+schedule"):
+        median[f"{name}/sgd"] = statistics.median(r[name] / r["sgd"] for r in runs)
+    for name in ("compiled", "compiled+schedule"):
+        median[f"{name}/event"] = statistics.median(r[name] / r["event"] for r in runs)
+    return {
+        "batch_size": config.batch_size,
+        "epochs": config.epochs,
+        "warm_up_s": warm_up_s,
+        "median": median,
+        "runs": runs,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algo", default="pdasgd", choices=("asgd", "pdasgd", "pdasgd-block"))
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--delay-model", default="exponential")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
+    parser.add_argument("--epochs", type=float, nargs="+", default=[20.0, 80.0], help="per batch size")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="write the measurements here")
+    args = parser.parse_args()
+    results = []
+    for batch, epochs in zip(args.batch_sizes, args.epochs, strict=True):
+        config = Config(
+            algo=args.algo,
+            simulate=True,
+            replicas=args.replicas,
+            delay_model=args.delay_model,
+            delay_mean=1.0 if args.delay_model != "none" else 0.0,
+            batch_size=batch,
+            epochs=epochs,
+            progress=False,
+        ).validate()
+        results.append(measure(config, args.repeats))
+    print(f"{args.algo}, {args.replicas} replicas, {args.delay_model} delays, digits; medians of {args.repeats}")
+    print(
+        "| batch | epochs | sgd ex/s | event ex/s | compiled ex/s | compiled+schedule ex/s | schedule s | "
+        "steps/job | event/sgd | compiled/sgd | compiled+schedule/sgd | compiled/event | compiled+schedule/event |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        m = r["median"]
+        print(
+            f"| {r['batch_size']} | {r['epochs']:g} | {m['sgd']:.0f} | {m['event']:.0f} | {m['compiled']:.0f} | "
+            f"{m['compiled+schedule']:.0f} | {m['schedule_s']:.3f} | {m['steps_per_job']:.2f} | "
+            f"{m['event/sgd']:.2f}x | {m['compiled/sgd']:.2f}x | {m['compiled+schedule/sgd']:.2f}x | "
+            f"{m['compiled/event']:.2f}x | {m['compiled+schedule/event']:.2f}x |"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The compiled simulator (schedule first, numerics as ``lax.scan`` segments) against the
+event-by-event one: the same schedule, bitwise the same parameters, the same staleness."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import optax
+import pytest
+from test_dropout import dropout_model
+
+from pdasgd_jax import Config, data
+from pdasgd_jax.delays import CommModel, TimingModel
+from pdasgd_jax.executor import EventLog
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.simulate import run_simulated
+from pdasgd_jax.simulate.compiled import RingBudgetError, run_compiled, simulate_compiled
+from pdasgd_jax.simulate.schedule_plan import plan_steps, record_schedule, schedule_from_log
+
+TIMING = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return Experiment.from_config(Config(algo="asgd", simulate=True, epochs=0.5, batch_size=16, progress=False))
+
+
+def _exp(base, algo, replicas, delay, **changes):
+    delays = {"delay_model": delay, "delay_mean": 1.0} if delay != "none" else {}
+    return base.with_config(algo=algo, replicas=replicas, **delays, **changes)
+
+
+def _metrics(exp, eval_every=10**9):
+    return MetricsLog(
+        exp.evaluate,
+        total_examples=exp.total_examples,
+        eval_every=eval_every,
+        progress=False,
+        target_accuracy=exp.config.target_accuracy,
+    )
+
+
+def _simulated(exp, timing=TIMING, eval_every=10**9):
+    metrics = _metrics(exp, eval_every)
+    log = EventLog()
+    return run_simulated(exp, metrics, timing=timing, log=log), log, metrics
+
+
+def _assert_bitwise(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _fields(events):
+    return [(e.kind, e.job, e.stage, e.batch_id, e.params_version, e.replaced_version, e.staleness) for e in events]
+
+
+CASES = [
+    ("asgd", 1, "none"),
+    ("asgd", 3, "exponential"),
+    ("pdasgd", 1, "none"),
+    ("pdasgd", 2, "none"),
+    ("pdasgd", 4, "exponential"),
+    ("pdasgd-block", 3, "exponential"),
+]
+
+
+@pytest.mark.parametrize("algo, replicas, delay", CASES)
+def test_compiled_run_lands_bitwise_on_the_event_by_event_run(base, algo, replicas, delay):
+    exp = _exp(base, algo, replicas, delay)
+    result, log, _ = _simulated(exp)
+    schedule = record_schedule(exp, TIMING)
+    assert _fields(schedule.events) == _fields(log.events)  # the abstract run's schedule is the run's
+    assert schedule.staleness.summary() == result.extra["staleness"]
+    assert schedule.virtual_time == result.extra["virtual_time"]
+    run = run_compiled(exp, schedule, cuts=[10, 20])
+    assert run.done == result.step
+    _assert_bitwise(run.params, result.params)
+    # A ring keeps the versions still to be read: the largest staleness and the current one.
+    plan = plan_steps(schedule)
+    assert plan.ring_sizes == tuple(s["max"] + 1 for s in result.extra["staleness"]["per_stage"])
+
+
+@pytest.mark.parametrize("rule", ["staleness-aware", "delay-compensated"])
+def test_the_optimizer_gets_the_logged_staleness_and_read_weights(base, rule):
+    """A staleness rule reads both extra arguments: the compiled updates pass what the events do."""
+    exp = _exp(base, "pdasgd", 3, "exponential", staleness_rule=rule, dc_lambda=0.5)
+    result, _, _ = _simulated(exp)
+    assert any(s["max"] > 1 for s in result.extra["staleness"]["per_stage"])
+    _assert_bitwise(run_compiled(exp, record_schedule(exp, TIMING)).params, result.params)
+
+
+def test_remote_stages_stragglers_and_a_concurrency_curve(base):
+    """Pulls that wait for booked versions, slow devices, several kernels at once on a device."""
+    exp = _exp(base, "pdasgd", 4, "exponential", straggler_devices=1, straggler_factor=3.0, device_concurrency="1,1.6")
+    timing = dataclasses.replace(TIMING, comm=CommModel(alpha=0.7))
+    result, _, _ = _simulated(exp, timing)
+    schedule = record_schedule(exp, timing)
+    assert schedule.staleness.summary() == result.extra["staleness"]
+    _assert_bitwise(run_compiled(exp, schedule).params, result.params)
+
+
+def test_a_logged_run_replays_compiled(base):
+    exp = _exp(base, "pdasgd", 3, "exponential")
+    result, log, _ = _simulated(exp)
+    schedule = schedule_from_log(log.events, exp.model.num_stages)
+    assert schedule.staleness.summary() == result.extra["staleness"]
+    _assert_bitwise(run_compiled(exp, schedule).params, result.params)
+
+
+@pytest.mark.parametrize("target", [None, 0.8])
+def test_evaluations_between_segments_match_the_event_by_event_run(base, target):
+    """Each segment ends where the simulator evaluated: the same parameters, so the same rows;
+    with a target accuracy both stop at the same evaluation."""
+    exp = _exp(base, "pdasgd", 4, "exponential", target_accuracy=target)
+    result, _, expected = _simulated(exp, eval_every=150)
+    metrics = _metrics(exp, eval_every=150)
+    compiled, now, _, staleness = simulate_compiled(exp, metrics, TIMING)
+    assert compiled.step == result.step
+    assert len(metrics.rows) == len(expected.rows) > (2 if target else 4)
+    keys = ("step", "examples", "virtual_time", "loss", "test_loss", "test_accuracy")
+    assert [[r[k] for k in keys] for r in metrics.rows] == [[r[k] for k in keys] for r in expected.rows]
+    assert now == result.extra["virtual_time"] and staleness.summary() == result.extra["staleness"]
+    _assert_bitwise(compiled.params, result.params)
+
+
+def test_a_dropout_model_draws_each_jobs_masks():
+    config = Config(algo="pdasgd", simulate=True, replicas=2, batch_size=16, epochs=0.3, progress=False)
+    ds = data.load_dataset("digits")
+    model, v = dropout_model(features=64, classes=ds.num_classes, rate=0.2)
+    exp = Experiment(config.validate(), ds, model, v, optax.sgd(0.05, momentum=0.9))
+    result, _, _ = _simulated(exp)
+    _assert_bitwise(run_compiled(exp, record_schedule(exp, TIMING)).params, result.params)
+
+
+def test_rings_over_the_memory_limit_are_refused(base):
+    exp = _exp(base, "pdasgd", 4, "exponential")
+    with pytest.raises(RingBudgetError, match="over the limit"):
+        run_compiled(exp, record_schedule(exp, TIMING), memory_limit_bytes=10**5)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"algo": "pdasgd", "backward_weights": "live"},
+        {"algo": "pdasgd", "replicas": 2, "replication": "replicas", "period": 2},
+        {"algo": "lpp", "replicas": 2, "devices": 1},
+        {"algo": "sync"},
+    ],
+)
+def test_what_it_does_not_run_is_refused(base, changes):
+    with pytest.raises(ValueError, match="compiled simulator"):
+        record_schedule(base.with_config(**changes), TIMING)

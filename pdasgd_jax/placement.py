@@ -22,16 +22,21 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
-from typing import NamedTuple
 
 
-class Placement(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class Placement:
     """``devices`` devices, ``groups`` worker groups, ``stages`` model stages.
 
     ``device_factors[d]`` is device ``d``'s persistent slow-down (1: full speed, 3: three times
     slower; a device past the end of the tuple has factor 1): stage homes avoid the devices
     slower than the fastest.
+
+    Frozen, so the home devices are found once per placement (a scan of every device's
+    factor) and every later ``stage_home`` or ``is_remote`` is a look-up.
     """
 
     devices: int
@@ -57,6 +62,10 @@ class Placement(NamedTuple):
 
     def home_devices(self) -> tuple[int, ...]:
         """The devices that hold stages: those of the smallest slow-down factor, in index order."""
+        return self._home_devices
+
+    @functools.cached_property
+    def _home_devices(self) -> tuple[int, ...]:
         factors = [self.device_factor(d) for d in range(self.devices)]
         fastest = min(factors)
         return tuple(d for d, f in enumerate(factors) if f == fastest)
@@ -68,7 +77,8 @@ class Placement(NamedTuple):
 
     def homes(self) -> tuple[int, ...]:
         """Every stage's home device, stage 0 first."""
-        return tuple(self.stage_home(m) for m in range(self.stages))
+        homes = self.home_devices()
+        return tuple(homes[m % len(homes)] for m in range(self.stages))
 
     def is_remote(self, stage: int, device: int) -> bool:
         """Whether a worker on ``device`` must pull and push stage ``stage`` over the network."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 # A bare Figure renders with Agg on savefig without touching pyplot's global backend,
 # so importing the library never changes a notebook user's inline plotting.
 from matplotlib.figure import Figure
@@ -21,6 +23,7 @@ VIRTUAL, WALL = "virtual", "wall"
 TIME_KEYS = {VIRTUAL: "virtual_time", WALL: "wall_time"}
 TIME_LABELS = {VIRTUAL: "virtual time (s)", WALL: "wall time (s)"}
 CLOCK_RUNS = {VIRTUAL: "simulated runs", WALL: "real runs"}
+STALENESS_BINS = 50  # the most bars per stage in ``plot_staleness``
 
 
 def run_clock(rows: Rows) -> str:
@@ -136,8 +139,30 @@ def plot_runs(runs: Mapping[str, Rows], path: str | None = None, *, title: str =
     return fig
 
 
+def staleness_bins(histogram: Sequence[int], max_bins: int = STALENESS_BINS) -> tuple[np.ndarray, np.ndarray, int]:
+    """``histogram`` (counts of staleness 0, 1, 2, ...) in at most ``max_bins`` bins of
+    ``width`` consecutive values each: one bin per value (``width`` 1, exact) when there are
+    no more values than bins, else the fewest equal integer widths that fit (the last bin
+    may hold fewer values).
+
+    Returns ``(lows, counts, width)``: each bin's smallest staleness and its count of updates.
+
+    Example::
+
+        staleness_bins([5, 3, 2, 1, 1], max_bins=2)  # ([0, 3], [10, 2], 3)
+    """
+    if max_bins < 1:
+        raise ValueError(f"max_bins {max_bins!r} must be >= 1")
+    counts = np.asarray(histogram, dtype=np.int64)
+    width = max(1, -(-len(counts) // max_bins))
+    lows = np.arange(0, len(counts), width)
+    return lows, np.add.reduceat(counts, lows) if len(counts) else counts, width
+
+
 def plot_staleness(summary_extra: dict[str, Any], path: str | None = None, title: str = "") -> Figure:
-    """One bar chart per stage: how many updates had staleness 0, 1, 2, ...
+    """One bar chart per stage: how many updates had staleness 0, 1, 2, ... (one bar per
+    value up to ``STALENESS_BINS`` values, else that many bins of equal width:
+    ``staleness_bins``), so the figure costs the same however stale a run's updates were.
 
     Args:
       summary_extra: an asynchronous run's ``RunResult.extra`` (or its summary), whose
@@ -149,10 +174,12 @@ def plot_staleness(summary_extra: dict[str, Any], path: str | None = None, title
     fig = Figure(figsize=(7, 1.9 + 1.4 * len(per_stage)))
     axes = fig.subplots(len(per_stage), 1, sharex=True, squeeze=False)
     for m, (ax, stats) in enumerate(zip(axes[:, 0], per_stage)):
-        counts = stats["histogram"]
-        ax.bar(range(len(counts)), counts, width=0.8, color="C0")
+        lows, counts, width = staleness_bins(stats["histogram"])
+        # A bar covers its bin's values, centred on them as a single value's bar is.
+        ax.bar(lows + (width - 1) / 2, counts, width=0.8 * width, color="C0")
         ax.set_ylabel("updates")
-        ax.set_title(f"stage {m}: mean {stats['mean']:.2f}, max {stats['max']}", fontsize=9)
+        binned = f", bins of {width}" if width > 1 else ""
+        ax.set_title(f"stage {m}: mean {stats['mean']:.2f}, max {stats['max']}{binned}", fontsize=9)
     axes[-1, 0].set_xlabel("staleness (updates applied between read and write)")
     if title:
         fig.suptitle(title, fontsize=9)

@@ -316,8 +316,8 @@ class Scheduler:
 
     def wake_all(self, channel: Channel) -> None:
         """Wakes every process blocked on a ``Get`` of ``channel`` (each gets None)."""
-        while channel.getters:
-            self._wake(channel.getters.popleft())
+        while (getter := channel.next_getter()) is not None:
+            self._wake(getter)
 
     def _wake(self, proc: Process, value: Any = None) -> None:
         self.call(END, self.resume, proc, value)
@@ -344,22 +344,19 @@ class Scheduler:
                 self.resume(Process(proc.name, req.worker, proc.account))
             elif isinstance(req, Put):
                 ch = req.channel
-                if ch.getters:
-                    self._wake(ch.getters.popleft(), req.item)
-                elif len(ch.items) < ch.capacity:
-                    ch.items.append(req.item)
-                else:
-                    ch.putters.append((proc, req.item))
+                getter = ch.next_getter()
+                if getter is not None:
+                    self._wake(getter, req.item)
+                elif not ch.offer(req.item):
+                    ch.wait_put(proc, req.item)
                     return
             elif isinstance(req, Get):
                 ch = req.channel
-                if not ch.items:
-                    ch.getters.append(proc)
+                if ch.empty():
+                    ch.wait_get(proc)
                     return
-                value = ch.items.popleft()
-                if ch.putters:
-                    putter, item = ch.putters.popleft()
-                    ch.items.append(item)
+                value, putter = ch.take()
+                if putter is not None:
                     self._wake(putter)
             else:
                 raise TypeError(f"worker {proc.name} yielded {req!r}, not a Kernel, Sleep, Put, Get or Launch")

@@ -8,7 +8,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pdasgd_jax.delays import DelayModel, TimingModel, rng_for, tree_nbytes
+from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
+from pdasgd_jax.delays.streams import LazyStream
 from pdasgd_jax.executor import Job, StageExecutor
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.placement import Placement
@@ -46,7 +47,7 @@ class Simulation:
       executor: runs the real stage kernels against the shared store, in event order.
       timing: kernel durations, per-device speed factors, communication, concurrency.
       delay: the injected idle time each worker draws once per job it works on.
-      seed: the root of every random stream (one generator per worker).
+      seed: the root of every random stream (one per worker, made on its first draw: ``delay_rng``).
       batches: the training stream; a job takes the next batch (its id is its position).
       max_jobs: jobs to start in all (the example budget over the per-worker batch).
       num_devices: simulated devices; ``self.placement`` (the runtime's rule) puts groups
@@ -106,7 +107,7 @@ class Simulation:
         # The device of each worker group (one group per device by default).
         self.group_devices = [self.devices[self.placement.group_device(g)] for g in range(self.placement.groups)]
         # Each stage's home device runs its updates, one at a time.
-        self.homes = [self.devices[self.placement.stage_home(m)] for m in range(self.num_stages)]
+        self.homes = [self.devices[home] for home in self.placement.homes()]
         self.update_costs = tuple(timing.update_time(m, home.index) for m, home in enumerate(self.homes))
         self.stage_locks: list[Channel] = [mutex() for _ in range(self.num_stages)]
         # The process's one host (timing.host_dispatch): its workers' host time, one at a time.
@@ -126,7 +127,27 @@ class Simulation:
         self._unpaused = Channel(1)  # workers waiting for ``unpause`` (its getters)
         # Bytes of each stage's parameters: what a remote read pulls and a remote update pushes.
         self._stage_bytes = [tree_nbytes(executor.store.read_params(m).value[0]) for m in range(self.num_stages)]
-        self.costs = [self._device_costs(device) for device in self.devices]
+        self._class_of, alike = self._cost_classes()
+        class_costs = [self._device_costs(device) for device in alike]
+        self.costs = [class_costs[c] for c in self._class_of]
+        self._pipelines: dict[tuple[int, bool], tuple[float, float]] = {}  # see ``pipeline_compute``
+
+    def _cost_classes(self) -> tuple[list[int], list[Device]]:
+        """Each device's class, and one device of each class. A device's costs depend only on
+        its speed factor and on the stages it is home to (its transfers), so devices alike in
+        both are one class, costed once: O(devices + classes x stages), however many devices."""
+        homed: dict[int, tuple[int, ...]] = {}
+        for m, home in enumerate(self.homes):
+            homed[home.index] = (*homed.get(home.index, ()), m)
+        classes: dict[tuple[float, tuple[int, ...]], int] = {}
+        class_of, alike = [], []
+        for device in self.devices:
+            key = (self.placement.device_factor(device.index), homed.get(device.index, ()))
+            if key not in classes:
+                classes[key] = len(alike)
+                alike.append(device)
+            class_of.append(classes[key])
+        return class_of, alike
 
     def _device_costs(self, device: Device) -> DeviceCosts:
         t, d, stages = self.timing, device.index, range(self.num_stages)
@@ -216,8 +237,12 @@ class Simulation:
         """Device work the clock charges one PD-ASGD job's forward and backward workers on
         ``device`` (``TimingModel.pipeline_compute``, which the runtime's settings share):
         the compute each passes to ``idle`` and ``delay_shares`` splits a draw by."""
-        homes = tuple(home.index for home in self.homes)
-        return self.timing.pipeline_compute(device.index, homes, live=self.executor.live, layerwise=layerwise)
+        key = (self._class_of[device.index], layerwise)  # alike for every device of its class
+        if key not in self._pipelines:
+            homes = tuple(home.index for home in self.homes)
+            live = self.executor.live
+            self._pipelines[key] = self.timing.pipeline_compute(device.index, homes, live=live, layerwise=layerwise)
+        return self._pipelines[key]
 
     def delay_shares(self, device: Device, *, layerwise: bool) -> tuple[float, float]:
         """The shares of a delay draw that a PD-ASGD job's forward and backward workers on
@@ -229,10 +254,14 @@ class Simulation:
         (each on its stage's home device)."""
         return self.costs[device.index].job + sum(self.update_costs)
 
-    def delay_rng(self, worker: str) -> np.random.Generator:
-        return rng_for(self.seed, "delay", worker)
+    def delay_rng(self, worker: str) -> LazyStream:
+        """``worker``'s delay stream, ``rng_for(seed, "delay", worker)``, made on its first draw
+        (most workers of a simulation of many devices never get a job)."""
+        return LazyStream(self.seed, "delay", worker)
 
-    def idle(self, rng: np.random.Generator, compute: float, share: float = 1.0, job: Job | None = None) -> Sleep:
+    def idle(
+        self, rng: np.random.Generator | LazyStream, compute: float, share: float = 1.0, job: Job | None = None
+    ) -> Sleep:
         """The injected idle time after a worker's ``compute`` seconds of work on a job, of
         which it idles ``share`` of the delay draw (``delay_shares``; 1: a whole job's worker).
         A PD-ASGD worker passes its ``job``, which carries the draw (``Job.delay_draw``) from

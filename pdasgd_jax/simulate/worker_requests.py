@@ -66,22 +66,70 @@ class Process:
 
 
 class Channel:
-    """A FIFO queue of ``capacity`` waiting items between workers (``capacity`` >= 1)."""
+    """A FIFO queue of ``capacity`` waiting items between workers (``capacity`` >= 1), and
+    the processes blocked on it: getters while it is empty, putters (with their items) while
+    it is full, each in arrival order.
+
+    Its queues are made on first use: a simulation holds channels per worker group and per
+    job, and most never queue anything but a few items or a few waiters.
+    """
+
+    __slots__ = ("_getters", "_items", "_putters", "capacity")
 
     def __init__(self, capacity: int):
         if capacity < 1:
             raise ValueError(f"channel capacity {capacity!r} must be >= 1")
         self.capacity = capacity
-        self.items: collections.deque = collections.deque()
-        self.getters: collections.deque[Process] = collections.deque()
-        self.putters: collections.deque[tuple[Process, Any]] = collections.deque()
+        self._items: collections.deque | None = None
+        self._getters: collections.deque[Process] | None = None
+        self._putters: collections.deque[tuple[Process, Any]] | None = None
+
+    def empty(self) -> bool:
+        """Whether no item waits in the channel."""
+        return not self._items
+
+    def offer(self, item: Any) -> bool:
+        """Appends ``item`` if the channel has room; whether it had."""
+        if self._items is None:
+            self._items = collections.deque()
+        if len(self._items) >= self.capacity:
+            return False
+        self._items.append(item)
+        return True
+
+    def take(self) -> tuple[Any, Process | None]:
+        """Removes the oldest item (the channel must hold one). The longest-blocked putter's
+        item takes its place: returns the item and that putter, for the caller to wake
+        (None when no putter waits)."""
+        item = self._items.popleft()
+        if not self._putters:
+            return item, None
+        putter, put = self._putters.popleft()
+        self._items.append(put)
+        return item, putter
+
+    def wait_get(self, proc: Process) -> None:
+        """``proc`` blocks until an item comes (``next_getter``)."""
+        if self._getters is None:
+            self._getters = collections.deque()
+        self._getters.append(proc)
+
+    def wait_put(self, proc: Process, item: Any) -> None:
+        """``proc`` blocks with ``item`` until the channel has room (``take``)."""
+        if self._putters is None:
+            self._putters = collections.deque()
+        self._putters.append((proc, item))
+
+    def next_getter(self) -> Process | None:
+        """Removes and returns the longest-blocked getter (None when none waits)."""
+        return self._getters.popleft() if self._getters else None
 
 
 def tokens(n: int) -> Channel:
     """A semaphore of ``n`` tokens: ``yield Get(sem)`` takes one (in arrival order, waiting
     while none is left), ``yield Put(sem, None)`` gives it back."""
     sem = Channel(n)
-    sem.items.extend([None] * n)
+    sem._items = collections.deque([None] * n)
     return sem
 
 

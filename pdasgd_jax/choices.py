@@ -32,3 +32,6 @@ OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
 # store, or one per device (lpp, and the others with --replication replicas) with the averaging's
 # snapshots, rounds and merges.
 EVENT_LOG_ALGOS = ("asgd", "pdasgd", "pdasgd-block", "lpp")
+# How the simulator computes shared-store asgd, pdasgd and pdasgd-block: each job's kernels as
+# the clock reaches them, or the schedule first and the numerics as compiled loops.
+NUMERICS = ("event", "compiled")

@@ -21,6 +21,7 @@ from pdasgd_jax.choices import (
     LR_SCHEDULES,
     MERGES,
     MODEL_NAMES,
+    NUMERICS,
     OPTIMIZERS,
     OUTER_OPTIMIZERS,
     REPLICATIONS,
@@ -126,6 +127,15 @@ class Config:
     # Asynchronous algorithms.
     simulate: bool = _field(
         False, "run on the virtual-clock staleness simulator instead of real threads", group="async"
+    )
+    numerics: str = _field(
+        "event",
+        "simulator: how shared-store asgd, pdasgd and pdasgd-block compute: event (each job's kernels "
+        "as the clock reaches them) or compiled (the schedule first, then the numerics as compiled "
+        "loops between evaluations: bitwise the same run, without checkpoints); a run the compiled "
+        "path does not cover runs event by event, and the summary's numerics says which ran and why",
+        NUMERICS,
+        group="async",
     )
     forward_workers: int = _field(1, "PD-ASGD forward workers per replica (F)", group="async")
     backward_workers: int = _field(2, "PD-ASGD backward workers per replica (B)", group="async")

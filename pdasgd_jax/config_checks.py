@@ -108,6 +108,8 @@ def check(config: Any) -> None:
             f"--device-concurrency {config.device_concurrency} models the simulator's devices: it needs "
             f"--simulate (real devices run concurrent programs as they do)"
         )
+    if config.numerics != "event" and not config.simulate:
+        raise ValueError(f"--numerics {config.numerics} chooses how the simulator computes: it needs --simulate")
     if config.target_accuracy is not None and not 0 < config.target_accuracy <= 1:
         raise ValueError(f"--target-accuracy {config.target_accuracy} is outside (0, 1]")
     if config.delay_steps is not None:

@@ -2,6 +2,7 @@
 event-by-event one: the same schedule, bitwise the same parameters, the same staleness."""
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -9,7 +10,7 @@ import optax
 import pytest
 from test_dropout import dropout_model
 
-from pdasgd_jax import Config, data
+from pdasgd_jax import Config, data, train_and_evaluate
 from pdasgd_jax.delays import CommModel, TimingModel
 from pdasgd_jax.executor import EventLog
 from pdasgd_jax.experiment import Experiment
@@ -152,3 +153,46 @@ def test_rings_over_the_memory_limit_are_refused(base):
 def test_what_it_does_not_run_is_refused(base, changes):
     with pytest.raises(ValueError, match="compiled simulator"):
         record_schedule(base.with_config(**changes), TIMING)
+
+
+def _summary_run(tmp_path, name, **changes):
+    fields = dict(algo="pdasgd", replicas=2) | changes
+    config = Config(
+        simulate=True,
+        epochs=0.4,
+        batch_size=16,
+        eval_every=300,
+        progress=False,
+        delay_model="exponential",
+        delay_mean=1.0,
+        out=str(tmp_path / name),
+        **fields,
+    )
+    return train_and_evaluate(config)
+
+
+def test_train_simulate_with_compiled_numerics_is_the_event_run(tmp_path):
+    """``--numerics compiled`` through ``train``: the same evaluation rows and final model as the
+    event-by-event run, and the summary says which path ran."""
+    event = _summary_run(tmp_path, "event")
+    compiled = _summary_run(tmp_path, "compiled", numerics="compiled")
+    assert compiled["numerics"] == {"path": "compiled", "checkpoints": "none"} and "numerics" not in event
+    rows = [(tmp_path / n / "metrics.jsonl").read_text().splitlines() for n in ("event", "compiled")]
+    strip = lambda line: {k: v for k, v in json.loads(line).items() if k not in ("wall_time",)}
+    assert [strip(r) for r in rows[0]] == [strip(r) for r in rows[1]]
+    for a, b in zip(jax.tree.leaves(event.variables), jax.tree.leaves(compiled.variables), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        (dict(backward_weights="live"), "stashed weights"),
+        (dict(event_log=True), "event log"),
+        (dict(algo="lpp", period=2), "one shared store"),
+        (dict(algo="sync", replicas=0, devices=2), "does not run --algo sync"),
+    ],
+)
+def test_a_run_the_compiled_path_does_not_cover_runs_event_by_event_and_says_why(tmp_path, changes, why):
+    summary = _summary_run(tmp_path, "run", numerics="compiled", **changes)
+    assert summary["numerics"]["path"] == "event" and why in summary["numerics"]["why"]

@@ -128,10 +128,15 @@ def run_simulated(
     if timing is None:
         with metrics.clock.paused():  # timing this machine's kernels is not training
             timing = _run_timing(exp, checkpointer, worker_batch)
+    given_timing = timing  # the compiled path's schedule applies the two below itself
     # Applied here, not saved in timing.json: a resumed run takes them from its config again.
     timing = with_stragglers(timing, devices, config.straggler_devices, config.straggler_factor)
     timing, concurrency = _device_concurrency(timing, config.device_concurrency)
     delay = exp.delay_model(timing.step_compute_time())
+    # What --numerics compiled became: the algorithms it does not cover run event by event.
+    extra_numerics: dict[str, str] = {"path": "event", "why": f"the compiled path does not run --algo {config.algo}"}
+    if config.algo == "lpp" or config.replication == "replicas":
+        extra_numerics["why"] = "the compiled path runs one shared store, not one store per device"
     if config.algo in SYNCHRONOUS:
         ts, steps, examples, now, utilisation, staleness = run_sync(exp, metrics, checkpointer, timing, delay, workers)
         result = RunResult(ts.params, ts.states, steps, examples, {})
@@ -150,9 +155,14 @@ def run_simulated(
                     exp, metrics, checkpointer, timing, delay, devices, workers, log=log
                 )
             else:
-                result, now, utilisation, staleness = _run_asynchronous(
+                compiled, numerics = None, None
+                if config.numerics == "compiled":
+                    compiled, numerics = _compiled(exp, metrics, checkpointer, log, given_timing, drain_at_evaluations)
+                result, now, utilisation, staleness = compiled or _run_asynchronous(
                     exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
                 )
+                if numerics is not None:
+                    extra_numerics = numerics
     target = config.target_accuracy
     at_target = next((r for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None)
     result.extra.update(
@@ -166,10 +176,41 @@ def run_simulated(
             "staleness": staleness.summary(warmup=staleness_warmup),
             "utilisation": utilisation,
             "device_concurrency": concurrency,
+            **({"numerics": extra_numerics} if config.numerics != "event" else {}),
             "timing": timing.to_dict(),
         }
     )
     return result
+
+
+def _compiled(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None,
+    log: EventLog | None,
+    timing: TimingModel,
+    drain_at_evaluations: bool,
+) -> tuple[tuple[RunResult, float, dict[str, Any], StalenessStats] | None, dict[str, str]]:
+    """The run on the compiled path (``simulate.compiled``), or None where it does not cover it;
+    and what the summary says of it: ``{"path": "compiled"}``, or ``"event"`` and why."""
+    from pdasgd_jax.simulate import compiled, schedule_plan  # only a run that asks for it compiles them
+
+    why = None
+    try:
+        schedule_plan.check_supported(exp)
+    except ValueError as e:
+        why = str(e)
+    if checkpointer is not None and checkpointer.latest_step() is not None:
+        why = "a resumed run replays its schedule event by event"
+    elif log is not None:
+        why = "the event log is written by the event-by-event path"
+    if why is None:
+        try:
+            run = compiled.simulate_compiled(exp, metrics, timing, drain_at_evaluations=drain_at_evaluations)
+            return run, {"path": "compiled", "checkpoints": "none"}
+        except compiled.RingBudgetError as e:
+            why = str(e)
+    return None, {"path": "event", "why": why}
 
 
 def _run_asynchronous(

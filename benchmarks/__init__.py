@@ -15,7 +15,7 @@ import statistics
 from pdasgd_jax.bench import run_module
 
 # What each protocol measures and how long its full run took on the 2-core CPU machine the
-# project is developed on (the durations BENCHMARKS.md records next to each command).
+# project is developed on (durations recorded in the archived diary, docs/archive/benchmarks-diary.md).
 STUDIES: dict[str, str] = {
     "parity": "final test accuracy of every algorithm at an equal example budget, digits and mnist1d, "
     "3 seeds (about 19 minutes)",

@@ -1,0 +1,304 @@
+"""The results page's time-to-target grids: ``delays``, ``delays-network`` and the claims'
+``speedups`` part, read from their raw cells in ``bench_results/``, and the tables made of them
+(PD-ASGD's speedups, staleness, DaSGD's speedups, the papers' two headline factors).
+
+Each cell is judged as ``benchmarks/scripts/delays_report.py`` judges it (``load_cells``,
+``pick``, ``speedup``): the best asynchronous baseline and the stronger synchronous variant
+are picked on the tuning seeds, and every ratio is of mean times over the reported seeds with
+its log-scale interval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks import delays
+from benchmarks.claims import speedups as claims_speedups
+from benchmarks.scripts import delays_report
+from benchmarks.scripts.results_common import (
+    CLAIM_VS_ASYNC,
+    CLAIM_VS_SYNC,
+    NOT_RECORDED,
+    NOT_SETTLED,
+    Sources,
+    calibration_cache,
+    claim_verdict,
+    difference_ci95,
+    direction,
+    fmt,
+    fmt_speedup,
+    k_text,
+    marked,
+    mean_ci95,
+    speedup_verdict,
+    table,
+)
+
+# The delays grids' raw folders under bench_results/delays: the sub-grid runs, and the runs of
+# extra algorithms (sync and its backup-worker variants) merged into their cells.
+DELAYS_GRIDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "delays": ("delays-subgrid", ("w4", "w16", "w64"), ("sync", "sync64")),
+    "delays-network": ("delays-network-subgrid", ("network",), ("network-sync",)),
+}
+CLAIMS_SPEEDUPS = "bench_results/claims/claims-speedups.jsonl"
+_CELL_FIELDS = ("workers", "k", "straggler")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One (W, k, straggler) cell: every algorithm's saved result and the sources it came from."""
+
+    workers: int
+    k: float
+    straggler: str
+    algos: dict[str, dict[str, Any]]
+    src: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """A time-to-target grid: its name, what it measures, its cells and its comparators."""
+
+    name: str
+    description: str
+    cells: list[Cell]
+    sync_variants: tuple[str, ...]
+    baselines: tuple[str, ...]
+
+
+def _jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _key(c: dict[str, Any]) -> tuple:
+    return tuple(c[f] for f in _CELL_FIELDS)
+
+
+def _command(cache: str | None, text: str) -> str:
+    return (f"XDG_CACHE_HOME={cache} " if cache else "") + text
+
+
+def _subgrid_command(out: str, cells: list[dict[str, Any]], network: bool, cache: str | None, algos: str = "") -> str:
+    """The ``delays_subgrid.py`` invocations that produce ``cells`` in ``out``: one per group of
+    device counts run at the same delay factors and straggler settings."""
+    groups: dict[tuple, list[int]] = {}
+    for w in sorted({c["workers"] for c in cells}):
+        ks = tuple(sorted({c["k"] for c in cells if c["workers"] == w}))
+        stragglers = tuple(sorted({c["straggler"] for c in cells if c["workers"] == w}))
+        groups.setdefault((ks, stragglers), []).append(w)
+    commands = []
+    for (ks, stragglers), workers in groups.items():
+        text = "python -m benchmarks.scripts.delays_subgrid" + (" --network" if network else "")
+        text += " --workers " + " ".join(map(str, workers))
+        if ks != tuple(delays.DELAY_FACTORS):
+            text += " --k " + " ".join(map(k_text, ks))
+        if not network and len(stragglers) == 1:
+            text += " --straggler " + ("yes" if stragglers[0] else "no")
+        commands.append(_command(cache, text + algos + f" --out {out}"))
+    return "; ".join(commands)
+
+
+def delays_grid(root: pathlib.Path, sources: Sources, name: str) -> Grid | None:
+    """The ``delays`` or ``delays-network`` grid (``DELAYS_GRIDS[name]``), None with no raw cells."""
+    stem, subgrids, extras = DELAYS_GRIDS[name]
+    base = root / "bench_results" / "delays"
+    network = name == "delays-network"
+    extra_runs: list[tuple[set, pathlib.Path, str]] = []
+    cells: list[Cell] = []
+    description = ""
+    for extra in extras:
+        lines = _jsonl(base / extra / "delays-extra.jsonl")
+        if lines:
+            algos = " --algos " + " ".join(a for a in lines[0] if a in delays.ALGORITHMS)
+            cache = calibration_cache(root, lines[0]["timing"].get("fingerprint"))
+            command = _subgrid_command(sources.rel(base / extra), lines, network, cache, algos)
+            extra_runs.append(({_key(x) for x in lines}, base / extra / "delays-extra.jsonl", command))
+    for sub in subgrids:
+        raw = base / sub / f"{stem}.jsonl"
+        saved = [c for line in _jsonl(raw) for c in line["cells"]]
+        if not saved:
+            continue
+        merged, protocol = delays_report.load_cells([str(base / sub), *(str(base / e) for e in extras)], stem)
+        cache = calibration_cache(root, protocol["timing"].get("fingerprint"))
+        own = sources.cite(raw, _subgrid_command(sources.rel(base / sub), saved, network, cache))
+        straggler = f"{protocol.get('straggler_factor', math.nan):g}x"
+        for c in merged:
+            src = [own] + [sources.cite(path, command) for keys, path, command in extra_runs if _key(c) in keys]
+            algos = {a: v for a, v in c.items() if isinstance(v, dict) and "times" in v}
+            cells.append(Cell(c["workers"], c["k"], straggler if c["straggler"] else "-", algos, ", ".join(src)))
+        description = description or _delays_description(protocol, network)
+    if not cells:
+        return None
+    cells.sort(key=lambda c: (c.workers, c.straggler != "-", c.k))
+    return Grid(name, description, cells, delays.SYNC_VARIANTS, delays.ASYNC_BASELINES)
+
+
+def _delays_description(protocol: dict[str, Any], network: bool) -> str:
+    timing = protocol.get("timing", {})
+    if network:
+        return "As `delays`, with communication priced (`benchmarks.delays_network.NETWORK`) and no straggler cells"
+    return (
+        f"digits MLP (the `Config` defaults), virtual time to {protocol['target_accuracy']:g} test accuracy, batch "
+        f"{protocol['batch_size']} per worker, budget {protocol['epochs_budget']:g} epochs, Exp(k x step compute) "
+        f"delays per worker per job (step compute {timing.get('step_compute_s', math.nan) * 1e3:.3f} ms = "
+        f"{timing.get('delay_unit_in_sync_steps', math.nan):.2f} sync steps), free communication; seeds "
+        f"{protocol['seeds']}, rates tuned on {protocol['tuning_seeds']}"
+    )
+
+
+def claims_grid(root: pathlib.Path, sources: Sources) -> Grid | None:
+    """The claims' ``speedups`` cells (the last saved line per cell), None with no raw file."""
+    raw = root / CLAIMS_SPEEDUPS
+    lines = {(c["depth"], *_key(c)): c for c in _jsonl(raw)}
+    if not lines:
+        return None
+    cells = []
+    for c in lines.values():
+        prov = c.get("provenance", {})
+        cache = calibration_cache(root, prov.get("calibration", {}).get("fingerprint"))
+        command = _command(
+            cache, f"python -m benchmarks.scripts.claims_part --part speedups --out {sources.rel(raw.parent)}"
+        )
+        src = sources.cite(raw, command, prov.get("commit") or NOT_RECORDED)
+        algos = {a: c[a] for a in claims_speedups.ALGOS if isinstance(c.get(a), dict)}
+        cells.append(Cell(c["workers"], c["k"], c.get("row", {}).get("straggler", "-"), algos, src))
+    cells.sort(key=lambda c: (c.workers, c.straggler != "-", c.k))
+    budget = next(iter(lines.values())).get("provenance", {}).get("budget", {})
+    depths = sorted({d for d, *_ in lines})
+    description = (
+        f"`{budget.get('model')}` with M = {', '.join(map(str, depths))} stages on `{budget.get('dataset')}`, virtual "
+        f"time to {budget.get('target_accuracy')} test accuracy, batch {budget.get('batch_size')} per worker, "
+        f"Exp(k x step compute) delays; seeds {budget.get('seeds')}, rates tuned on {budget.get('tuning_seeds')}"
+    )
+    return Grid("claims speedups", description, cells, ("sync",), claims_speedups.BASELINES)
+
+
+def _vs(cell: Cell, names: tuple[str, ...], subject: str) -> tuple[str, tuple[float, float, float]]:
+    """The comparator ``delays_report.pick`` chooses among ``names`` and ``subject``'s speedup over it."""
+    ref, _ = delays_report.pick(cell.algos, names)
+    return ref, delays_report.speedup(cell.algos[ref], cell.algos[subject])
+
+
+def _matrix(grid: Grid, label: str, lines: list[tuple[str, Callable[[Grid, Cell], str]]]) -> str:
+    """Rows (W, straggler, line) by columns k: each line's text for every cell of ``grid``
+    ("not run" where it has no such cell), with the sources of the row's cells."""
+    ks = sorted({c.k for c in grid.cells})
+    groups: dict[tuple[int, str], dict[float, Cell]] = {}
+    for c in grid.cells:
+        groups.setdefault((c.workers, c.straggler), {})[c.k] = c
+    rows = []
+    for (workers, straggler), by_k in groups.items():
+        keys = dict.fromkeys(key for c in by_k.values() for key in c.src.split(", "))
+        for name, text in lines:
+            row = {"W": workers, "straggler": straggler, label: name}
+            row |= {f"k = {k_text(k)}": text(grid, by_k[k]) if k in by_k else "not run" for k in ks}
+            rows.append(row | {"source": ", ".join(keys)})
+    return table(rows)
+
+
+def _speedup_line(subject: str, names: Callable[[Grid], tuple[str, ...]]) -> Callable[[Grid, Cell], str]:
+    """A matrix line: ``subject``'s speedup over the comparator picked among ``names(grid)``,
+    the comparator named unless it is the only candidate."""
+
+    def text(grid: Grid, c: Cell) -> str:
+        if subject not in c.algos:
+            return "-"
+        pool = names(grid)
+        ref, s = _vs(c, pool, subject)
+        return marked(fmt_speedup(s), speedup_verdict(s)) + ("" if len(pool) == 1 else f" {ref}")
+
+    return text
+
+
+def speedup_table(grid: Grid) -> str:
+    """PD-ASGD's speedup over plain sync, the stronger sync variant and the best asynchronous
+    baseline in every cell of ``grid``."""
+    lines = [("plain sync", _speedup_line("pdasgd", lambda g: ("sync",)))]
+    if len(grid.sync_variants) > 1:
+        lines.append(("stronger sync", _speedup_line("pdasgd", lambda g: g.sync_variants)))
+    lines.append(("best async", _speedup_line("pdasgd", lambda g: g.baselines)))
+    return _matrix(grid, "PD-ASGD vs", lines)
+
+
+def _staleness(grid: Grid, c: Cell) -> str:
+    """PD-ASGD's mean staleness marked against the best asynchronous baseline's, which follows it."""
+    rival, _ = delays_report.pick(c.algos, grid.baselines)
+    pd, other = c.algos["pdasgd"]["staleness"], c.algos[rival]["staleness"]
+    verdict = direction(difference_ci95(pd, other), "more stale", "less stale")
+    return f"{marked(fmt(mean_ci95(pd)), verdict)}; {rival} {mean_ci95(other)[0]:.2f}"
+
+
+def staleness_table(grid: Grid) -> str:
+    """PD-ASGD's mean staleness against the best asynchronous baseline's in every cell."""
+    return _matrix(grid, "staleness", [("PD-ASGD; best async", _staleness)])
+
+
+def dasgd_table(grid: Grid) -> str:
+    """DaSGD's speedup over plain sync in every cell, then how its speedups over each cell's
+    stronger sync variant fall (verdicts counted); empty if it did not run."""
+    cells = [c for c in grid.cells if "dasgd" in c.algos]
+    if not cells:
+        return ""
+    text = _matrix(grid, "DaSGD vs", [("plain sync", _speedup_line("dasgd", lambda g: ("sync",)))])
+    verdicts = [speedup_verdict(_vs(c, grid.sync_variants, "dasgd")[1]) for c in cells]
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(sorted(verdicts)))
+    return f"{text}\n\nAgainst the stronger sync of each cell (picked on the tuning seeds): {counts}."
+
+
+def _judged(grid: Grid) -> list[Cell]:
+    """The cells a headline factor is judged over: W = 4 and 16 with delays (``delays_report``'s rule)."""
+    return [c for c in grid.cells if c.workers in delays_report.JUDGED_WORKERS and c.k >= delays_report.JUDGED_MIN_K]
+
+
+def grid_verdict(verdicts: list[str]) -> str:
+    """An "up to" claim over a grid's cells: reproduced if a cell reproduces it, not reproduced
+    if every cell does not, else not settled."""
+    if "reproduced" in verdicts:
+        return "reproduced"
+    return "not reproduced" if verdicts and all(v == "not reproduced" for v in verdicts) else NOT_SETTLED
+
+
+def claims_rows(grids: list[Grid]) -> list[dict[str, Any]]:
+    """The papers' two factors against each grid: PD-ASGD's largest speedup over plain sync,
+    the stronger sync variant and the best asynchronous baseline among the judged cells (a
+    maximum over noisy cells, so biased upwards) with its interval, and the verdict over every
+    judged cell (``grid_verdict``) with how many cells each way."""
+    rows = []
+    references = (
+        (f"{CLAIM_VS_SYNC:g}x over synchronous SGD", CLAIM_VS_SYNC, "plain sync", ("sync",)),
+        (f"{CLAIM_VS_SYNC:g}x over synchronous SGD", CLAIM_VS_SYNC, "stronger sync", None),
+        (f"{CLAIM_VS_ASYNC:g}x over comparable ASGD", CLAIM_VS_ASYNC, "best async", "baselines"),
+    )
+    for claim, factor, label, names in references:
+        for grid in grids:
+            if names is None and len(grid.sync_variants) == 1:
+                continue
+            pool = grid.baselines if names == "baselines" else (names or grid.sync_variants)
+            judged = [(c, *_vs(c, pool, "pdasgd")) for c in _judged(grid)]
+            finite = [j for j in judged if math.isfinite(j[2][0]) and j[2][0] > 0]
+            if not finite:
+                continue
+            c, ref, s = max(finite, key=lambda j: j[2][0])
+            verdicts = [claim_verdict(j[2], factor) for j in judged]
+            counts = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(sorted(verdicts)))
+            rows.append(
+                {
+                    "claim": claim,
+                    "grid": grid.name,
+                    "reference": label,
+                    "best cell": f"W = {c.workers}, k = {k_text(c.k)}"
+                    + ("" if c.straggler == "-" else f", {c.straggler} straggler")
+                    + f" ({ref}); best of {len(judged)} cells",
+                    "PD-ASGD speedup": fmt_speedup(s),
+                    "verdict over the cells": f"{grid_verdict(verdicts)} ({counts})",
+                    "source": c.src,
+                }
+            )
+    return rows

@@ -1,0 +1,247 @@
+"""The results page's wall-clock tables: the threaded runtime against sync and the simulator's
+prediction of it (``bench_results/runtime``), examples per second of the runtime's layouts and
+of the simulator (throughput, sim-speed), the accelerator check (``bench_results/device_check``),
+and the protocols with no raw file yet."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Any
+
+from benchmarks import STUDIES, claims
+from benchmarks.scripts.results_common import (
+    NOT_SETTLED,
+    Sources,
+    fmt,
+    fmt_speedup,
+    k_text,
+    mean_ci95,
+    ratio_ci95,
+    speedup_verdict,
+    table,
+)
+
+RUNTIME = "bench_results/runtime"
+SIM_SPEED = "bench_results/sim-speed/sim-speed.json"
+DEVICE_CHECK = "bench_results/device_check"
+SIM_SPEED_MODES = ("event", "event_kernels", "fastpath")
+# Where each protocol's raw file lands when its command writes into bench_results/.
+EXPECTED_RAW: dict[str, tuple[str, str]] = {
+    **{
+        name: (f"bench_results/{name}/{name}.json", f"python -m benchmarks {name} --out bench_results/{name}")
+        for name in STUDIES
+        if name not in ("delays", "delays-network", "claims", "runtime", "parity")
+    },
+    **{
+        f"claims {part}": (
+            f"bench_results/claims/claims-{part}.jsonl",
+            f"python -m benchmarks.scripts.claims_part --part {part} --out bench_results/claims",
+        )
+        for part in claims.PARTS
+    },
+    "sim-speed": (SIM_SPEED, "python -m pdasgd_jax bench sim-speed --out bench_results/sim-speed"),
+    "pre-registered headline cells": (
+        "bench_results/preregistered/preregistered.json",
+        "not written yet: its runner follows docs/preregistration.md, which fixes it before any run",
+    ),
+}
+
+
+def runtime_files(root: pathlib.Path) -> list[pathlib.Path]:
+    """Every raw ``runtime.json``: the dated runs' folders in order, then the current one."""
+    base = root / RUNTIME
+    dated = sorted(p for p in base.glob("*/runtime.json"))
+    return [*dated, base / "runtime.json"] if (base / "runtime.json").exists() else dated
+
+
+def _command(sources: Sources, raw: pathlib.Path) -> str:
+    return f"python -m benchmarks runtime --out {sources.rel(raw.parent)}"
+
+
+def _speedup(cell: dict[str, Any], algo: str) -> tuple[float, float, float]:
+    """``algo``'s measured speedup over sync: the ratio of their mean wall times over the seeds."""
+    sync, own = cell["sync"]["measured_s"], cell[algo]["measured_s"]
+    missed = lambda times: any(t is None or not math.isfinite(t) for t in times)
+    if missed(own):
+        return 0.0, math.nan, math.nan
+    return (math.nan, math.nan, math.nan) if missed(sync) else ratio_ci95(sync, own)
+
+
+def runtime_table(root: pathlib.Path, sources: Sources) -> str:
+    """The current run: each asynchronous layout's measured speedup over sync per delay factor,
+    the simulator's predicted speedup against that interval, and both staleness figures."""
+    raw = root / RUNTIME / "runtime.json"
+    if not raw.exists():
+        return ""
+    data = json.loads(raw.read_text())
+    src = sources.cite(raw, _command(sources, raw))
+    rows = []
+    for cell in data.get("time_to_target", []):
+        for algo, r in cell.items():
+            if not isinstance(r, dict) or algo == "sync" or "measured_s" not in r:
+                continue
+            s = _speedup(cell, algo)
+            predicted = r.get("speedup_vs_sync_simulated")
+            inside = math.isfinite(s[1]) and predicted is not None and s[1] <= predicted <= s[2]
+            rows.append(
+                {
+                    "k": k_text(cell["k"]),
+                    "delay mean (ms)": f"{cell['delay_mean_s'] * 1e3:.2f}",
+                    "layout": algo,
+                    "measured vs sync": fmt_speedup(s),
+                    "verdict#1": speedup_verdict(s),
+                    "simulated vs sync": "-" if predicted is None else f"{predicted:.2f}x",
+                    "verdict#2": "inside the measured interval" if inside else "outside the measured interval",
+                    "τ measured": fmt(mean_ci95(r.get("measured_staleness_per_seed", []))),
+                    "τ simulated": fmt(mean_ci95(r.get("simulated_staleness_per_seed", []))),
+                    "source": src,
+                }
+            )
+    return table(rows)
+
+
+def runs_table(root: pathlib.Path, sources: Sources) -> str:
+    """PD-ASGD's measured speedup over sync in every kept run that fits a host model (the current
+    protocol), one row per run: how far runs of one protocol move beyond their intervals."""
+    rows = []
+    for raw in runtime_files(root):
+        data = json.loads(raw.read_text())
+        if "host_model" not in data:
+            continue
+        run = raw.parent.name if raw.parent != root / RUNTIME else "current (runtime.json)"
+        row = {"run": run, "seeds": len(data.get("seeds", []))}
+        for cell in data.get("time_to_target", []):
+            if "pdasgd" in cell:
+                s = _speedup(cell, "pdasgd")
+                row[f"k = {k_text(cell['k'])}"] = f"{fmt_speedup(s)} {speedup_verdict(s)}"
+        rows.append(row | {"source": sources.cite(raw, _command(sources, raw))})
+    return table(rows) if rows else ""
+
+
+def _rate(r: dict[str, Any]) -> str:
+    return f"{r['median']:.0f} [{r['min']:.0f}, {r['max']:.0f}]"
+
+
+def _range_verdict(r: dict[str, Any], base: dict[str, Any]) -> str:
+    if r["min"] > base["max"]:
+        return "faster"
+    return "slower" if r["max"] < base["min"] else NOT_SETTLED
+
+
+def throughput_table(root: pathlib.Path, sources: Sources) -> str:
+    """Examples per second of the runtime's layouts against the sequential loop (no delays)."""
+    raw = root / RUNTIME / "runtime.json"
+    if not raw.exists():
+        return ""
+    data = json.loads(raw.read_text())
+    src = sources.cite(raw, _command(sources, raw))
+    rows = []
+    for config, layouts in data.get("throughput", {}).items():
+        base = layouts.get("sequential")
+        for layout, r in layouts.items():
+            if base is None:
+                continue
+            own = layout == "sequential"
+            rows.append(
+                {
+                    "config": config.split(", ")[-1],
+                    "layout": layout,
+                    "ex/s median [min, max] (no per-run values)": _rate(r),
+                    "vs sequential": "1.00x" if own else f"{r['vs_sequential']:.2f}x",
+                    "verdict": "the reference" if own else _range_verdict(r, base),
+                    "source": src,
+                }
+            )
+    return table(rows)
+
+
+def sim_speed_table(root: pathlib.Path, sources: Sources) -> str:
+    """The simulator's examples per second against the fused SGD loop, from ``bench sim-speed``'s
+    raw file; a line saying there is none otherwise."""
+    raw = root / SIM_SPEED
+    if not raw.exists():
+        return ""
+    data = json.loads(raw.read_text())
+    src = sources.cite(raw, EXPECTED_RAW["sim-speed"][1])
+    rows = []
+    for batch, r in data.items():
+        if not (isinstance(r, dict) and "sgd" in r):
+            continue
+        for mode in SIM_SPEED_MODES:
+            if mode in r:
+                rows.append(
+                    {
+                        "batch": batch.removeprefix("batch_"),
+                        "mode": mode,
+                        "ex/s median [min, max] (no per-run values)": _rate(r[mode]),
+                        "sgd loop ex/s": _rate(r["sgd"]),
+                        "vs sgd": f"{r.get(f'{mode}_vs_sgd', math.nan):.2f}x",
+                        "verdict": _range_verdict(r[mode], r["sgd"]),
+                        "source": src,
+                    }
+                )
+    return table(rows)
+
+
+def device_check_table(root: pathlib.Path, sources: Sources) -> str:
+    """Each accelerator check's parts and its MFU per algorithm; empty when none was run."""
+    rows = []
+    for raw in sorted((root / DEVICE_CHECK).glob("*/device_check.json")):
+        data = json.loads(raw.read_text())
+        machine = data.get("machine") or {}
+        src = sources.cite(raw, f"python scripts/device_check.py --out {sources.rel(raw.parent)}")
+        device = f"{machine.get('device_count')} x {machine.get('device_kind')}"
+        parts = data.get("parts", {})
+        rows.append(
+            {
+                "check": sources.rel(raw.parent),
+                "device": device,
+                "figure": "parts: " + ", ".join(f"{n} {p.get('status')}" for n, p in parts.items()),
+                "interval": "-",
+                "source": src,
+            }
+        )
+        mfu = (parts.get("mfu") or {}).get("result") or {}
+        for name, a in mfu.get("algorithms", {}).items():
+            value = a.get("mfu")
+            rows.append(
+                {
+                    "check": sources.rel(raw.parent),
+                    "device": device,
+                    "figure": f"{name}: MFU {value:.1%}" if value is not None else f"{name}: no datasheet peak",
+                    "interval": f"median of {mfu.get('repeats')} repeats (no interval: per-repeat values in "
+                    "mfu/mfu.json)",
+                    "source": src,
+                }
+            )
+    return table(rows) if rows else ""
+
+
+def has_raw(root: pathlib.Path, name: str) -> bool:
+    """Whether protocol ``name`` of ``EXPECTED_RAW`` has its raw file in ``bench_results/``."""
+    return (root / EXPECTED_RAW[name][0]).exists()
+
+
+def missing_table(root: pathlib.Path) -> str:
+    """The protocols and claims parts whose raw file is not in ``bench_results/``."""
+    rows = [
+        {"protocol": name, "command": f"`{command}`", "raw file it writes": f"`{path}`"}
+        for name, (path, command) in EXPECTED_RAW.items()
+        if not has_raw(root, name)
+    ]
+    return table(rows) if rows else ""
+
+
+def machines(root: pathlib.Path) -> str:
+    """The machines the raw files were measured on, as the committed calibration files record them."""
+    seen = set()
+    for path in (root / "bench_results").glob("**/pdasgd_jax/calibration-*.json"):
+        d = json.loads(path.read_text())
+        description = d.get("description", {})
+        seen.add((d.get("host") or "", description.get("device", {}).get("kind"), description.get("jax")))
+    return "; ".join(
+        f"{f'host `{host}`' if host else 'host not recorded'}, device `{kind}`, JAX {jax}"
+        for host, kind, jax in sorted(seen, key=lambda m: (not m[0], str(m)))
+    )

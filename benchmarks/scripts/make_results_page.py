@@ -95,7 +95,10 @@ def render(root: pathlib.Path = REPO) -> str:
             "Mean time to the target of the reference over PD-ASGD's, per cell; the stronger sync is the "
             "fastest synchronous variant (plain, or with W/8, W/4 or W/2 backup workers) and the best "
             "asynchronous baseline the fastest one, both picked on the tuning seeds "
-            "(`benchmarks/scripts/delays_report.py`).",
+            "(`benchmarks/scripts/delays_report.py`). † names the tuning seeds' pick when it missed "
+            "the target on a reported seed and the next candidate is shown instead (a choice made on "
+            "reported seeds); ‡ marks a cell where PD-ASGD's or the comparator's rate is untuned or "
+            "on the edge of its grid.",
             speedups,
             "No time-to-target raw cells.",
         )

@@ -211,8 +211,14 @@ def _speedup_line(subject: str, names: Callable[[Grid], tuple[str, ...]]) -> Cal
         if subject not in c.algos:
             return "-"
         pool = names(grid)
-        ref, s = _vs(c, pool, subject)
-        return marked(fmt_speedup(s), speedup_verdict(s)) + ("" if len(pool) == 1 else f" {ref}")
+        ref, replaced = delays_report.pick(c.algos, pool)
+        s = delays_report.speedup(c.algos[ref], c.algos[subject])
+        out = marked(fmt_speedup(s), speedup_verdict(s)) + ("" if len(pool) == 1 else f" {ref}")
+        if replaced:
+            out += f" †{replaced}"
+        if any(c.algos[a].get("untuned") or c.algos[a].get("edge") for a in (ref, subject)):
+            out += " ‡"
+        return out
 
     return text
 

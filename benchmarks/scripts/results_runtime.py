@@ -236,12 +236,17 @@ def missing_table(root: pathlib.Path) -> str:
 
 def machines(root: pathlib.Path) -> str:
     """The machines the raw files were measured on, as the committed calibration files record them."""
-    seen = set()
+    seen: dict[tuple[str, Any, Any], set[str]] = {}
     for path in (root / "bench_results").glob("**/pdasgd_jax/calibration-*.json"):
         d = json.loads(path.read_text())
         description = d.get("description", {})
-        seen.add((d.get("host") or "", description.get("device", {}).get("kind"), description.get("jax")))
-    return "; ".join(
-        f"{f'host `{host}`' if host else 'host not recorded'}, device `{kind}`, JAX {jax}"
-        for host, kind, jax in sorted(seen, key=lambda m: (not m[0], str(m)))
+        key = (d.get("host") or "", description.get("device", {}).get("kind"), description.get("jax"))
+        seen.setdefault(key, set()).add(path.relative_to(root / "bench_results").parts[0])
+    return (
+        "; ".join(
+            f"{', '.join(f'`{d}`' for d in sorted(dirs))}: "
+            f"{f'host `{host}`' if host else 'host not recorded'}, device `{kind}`, JAX {jax}"
+            for (host, kind, jax), dirs in sorted(seen.items(), key=lambda m: (not m[0][0], str(m[0])))
+        )
+        + " (the calibrations' records; the core count is not recorded)"
     )

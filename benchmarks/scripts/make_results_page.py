@@ -121,8 +121,8 @@ def render(root: pathlib.Path = REPO) -> str:
     parts.append(
         _section(
             "Staleness",
-            "Mean staleness per applied update (versions) of PD-ASGD, its mark the interval of its "
-            "difference from the cell's best asynchronous baseline, whose mean follows.",
+            "Mean staleness per applied update (versions) of PD-ASGD against the cell's best "
+            "asynchronous baseline's, then their difference with its interval and mark.",
             staleness + ("\n\n### layer-wise against block updates\n\n" + layer_block if layer_block else ""),
             "No raw cells.",
         )

@@ -237,8 +237,11 @@ def _staleness(grid: Grid, c: Cell) -> str:
     """PD-ASGD's mean staleness marked against the best asynchronous baseline's, which follows it."""
     rival, _ = delays_report.pick(c.algos, grid.baselines)
     pd, other = c.algos["pdasgd"]["staleness"], c.algos[rival]["staleness"]
-    verdict = direction(difference_ci95(pd, other), "more stale", "less stale")
-    return f"{marked(fmt(mean_ci95(pd)), verdict)}; {rival} {mean_ci95(other)[0]:.2f}"
+    difference = difference_ci95(pd, other)
+    verdict = direction(difference, "more stale", "less stale")
+    return (
+        f"{mean_ci95(pd)[0]:.2f} vs {rival} {mean_ci95(other)[0]:.2f}: {marked(fmt(difference, signed=True), verdict)}"
+    )
 
 
 def staleness_table(grid: Grid) -> str:

@@ -12,7 +12,7 @@ from pdasgd_jax import calibration, program_timing
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import ASYNCHRONOUS, Config
 from pdasgd_jax.config_checks import MEASURE_CONCURRENCY, device_concurrency_curve
-from pdasgd_jax.delays import CommModel, DelayModel, TimingModel, with_stragglers
+from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
 from pdasgd_jax.eventlog import EventLogFile
 from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
@@ -22,6 +22,7 @@ from pdasgd_jax.rundir import TIMING_FILE
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.averaging import run_averaging
+from pdasgd_jax.simulate.configured_timing import configured_timing
 from pdasgd_jax.simulate.lpp import run_lpp
 from pdasgd_jax.simulate.replicas import run_replicated
 from pdasgd_jax.simulate.scheduler import Scheduler
@@ -62,16 +63,13 @@ def _measured_concurrency(exp: Experiment, batch_size: int) -> tuple[float, ...]
     return program_timing.measure_concurrency_curve(exp.kernels.job_gradients, v.params, v.states, x, y)
 
 
-def _device_concurrency(timing: TimingModel, spec: str) -> tuple[TimingModel, dict[str, Any]]:
-    """``timing`` with ``--device-concurrency``'s stated curve, and what the summary reports:
-    the curve the run used and where it came from."""
+def _concurrency_report(timing: TimingModel, spec: str) -> dict[str, Any]:
+    """What the summary says of the device concurrency: the curve the run used and its source."""
     curve = device_concurrency_curve(spec)
-    if curve is not None and curve != (1.0,):
-        timing = dataclasses.replace(timing, concurrency=curve)
     source = {"measure": "measured"}.get(spec, "stated" if curve != (1.0,) else "timing model")
     if source == "timing model" and timing.concurrency_curve == (1.0,):
         source = "serial (default)"
-    return timing, {"curve": list(timing.concurrency_curve), "source": source}
+    return {"curve": list(timing.concurrency_curve), "source": source}
 
 
 def run_simulated(
@@ -128,15 +126,11 @@ def run_simulated(
     if timing is None:
         with metrics.clock.paused():  # timing this machine's kernels is not training
             timing = _run_timing(exp, checkpointer, worker_batch)
-    given_timing = timing  # the compiled path's schedule applies the two below itself
-    # Applied here, not saved in timing.json: a resumed run takes them from its config again.
-    timing = with_stragglers(timing, devices, config.straggler_devices, config.straggler_factor)
-    timing, concurrency = _device_concurrency(timing, config.device_concurrency)
+    given_timing = timing  # the compiled path's schedule configures it itself
+    timing = configured_timing(exp, timing)
+    concurrency = _concurrency_report(timing, config.device_concurrency)
     delay = exp.delay_model(timing.step_compute_time())
-    # What --numerics compiled became: the algorithms it does not cover run event by event.
-    extra_numerics: dict[str, str] = {"path": "event", "why": f"the compiled path does not run --algo {config.algo}"}
-    if config.algo == "lpp" or config.replication == "replicas":
-        extra_numerics["why"] = "the compiled path runs one shared store, not one store per device"
+    numerics = None  # what --numerics compiled became, where the compiled path was tried
     if config.algo in SYNCHRONOUS:
         ts, steps, examples, now, utilisation, staleness = run_sync(exp, metrics, checkpointer, timing, delay, workers)
         result = RunResult(ts.params, ts.states, steps, examples, {})
@@ -155,14 +149,20 @@ def run_simulated(
                     exp, metrics, checkpointer, timing, delay, devices, workers, log=log
                 )
             else:
-                compiled, numerics = None, None
+                compiled = None
                 if config.numerics == "compiled":
                     compiled, numerics = _compiled(exp, metrics, checkpointer, log, given_timing, drain_at_evaluations)
                 result, now, utilisation, staleness = compiled or _run_asynchronous(
                     exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
                 )
-                if numerics is not None:
-                    extra_numerics = numerics
+    if config.numerics != "event" and numerics is None:  # the algorithms it does not cover run event by event
+        one_store_each = config.algo == "lpp" or config.replication == "replicas"
+        numerics = {
+            "path": "event",
+            "why": "the compiled path runs one shared store, not one store per device"
+            if one_store_each
+            else f"the compiled path does not run --algo {config.algo}",
+        }
     target = config.target_accuracy
     at_target = next((r for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None)
     result.extra.update(
@@ -176,7 +176,7 @@ def run_simulated(
             "staleness": staleness.summary(warmup=staleness_warmup),
             "utilisation": utilisation,
             "device_concurrency": concurrency,
-            **({"numerics": extra_numerics} if config.numerics != "event" else {}),
+            **({"numerics": numerics} if numerics is not None else {}),
             "timing": timing.to_dict(),
         }
     )

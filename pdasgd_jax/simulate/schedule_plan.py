@@ -36,12 +36,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from pdasgd_jax.config_checks import device_concurrency_curve
-from pdasgd_jax.delays import TimingModel, with_stragglers
+from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.executor import Event, EventKind, EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.simulate import policies
+from pdasgd_jax.simulate.configured_timing import configured_timing
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, num_jobs
 from pdasgd_jax.store import ParameterStore
@@ -122,10 +122,7 @@ def record_schedule(exp: Experiment, timing: TimingModel, *, drain_at: Sequence[
     check_supported(exp)
     config = exp.config
     devices = exp.layout.devices
-    timing = with_stragglers(timing, devices, config.straggler_devices, config.straggler_factor)
-    curve = device_concurrency_curve(config.device_concurrency)
-    if curve is not None and curve != (1.0,):
-        timing = dataclasses.replace(timing, concurrency=curve)
+    timing = configured_timing(exp, timing)
     delay = exp.delay_model(timing.step_compute_time())
     kernels = _NoNumerics(exp.model.num_stages)
     v = exp.variables

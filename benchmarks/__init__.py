@@ -14,21 +14,25 @@ import statistics
 
 from pdasgd_jax.bench import run_module
 
-# What each protocol measures and how long its full run took on the 2-core CPU machine the
-# project is developed on (durations recorded in the archived diary, docs/archive/benchmarks-diary.md).
+# What each protocol measures and how long one full run took on the 2-core development VM (AMD
+# EPYC, 2 vCPUs), as the archived diary (docs/archive/benchmarks-diary.md) recorded it beside the
+# load of that run; every run now records its own wall seconds, commit and machine in its raw
+# file's ``run_record``.
 STUDIES: dict[str, str] = {
     "parity": "final test accuracy of every algorithm at an equal example budget, digits and mnist1d, "
-    "3 seeds (about 19 minutes)",
+    "3 seeds (19 minutes on the 2-core development VM beside two other benchmarks)",
     "delays": "virtual time to 90 % test accuracy under injected delays, W in {4, 16, 64}, speedups over sync "
     "and the best asynchronous baseline (hours on two CPU cores; benchmarks/scripts/delays_subgrid.py runs part "
     "of the grid, one cell at a time)",
-    "delays-network": "the delays protocol with communication priced as a 10 GbE-class network (about 30 minutes)",
+    "delays-network": "the delays protocol with communication priced as a 10 GbE-class network (31 minutes on "
+    "the 2-core development VM beside other runs)",
     "runtime": "the threaded runtime against a sequential loop and sync under real injected delays, and the "
-    "simulator's prediction of both (about 2 minutes)",
+    "simulator's prediction of both (2 min 21 s on the 2-core development VM with every other process "
+    "stopped; about 4 minutes beside other work)",
     "overlap": "whether DaSGD hides its all-reduce: round times with and without averaging, on the virtual "
     "clock and on this machine's devices",
     "stability": "how often the default threaded PD-ASGD (digits, 2 replicas, 40 epochs) collapses, over 30 "
-    "seeds, and sync's accuracy at the same budget (about 7 minutes)",
+    "seeds, and sync's accuracy at the same budget (7 min 21 s on the 2-core development VM at load 11-16)",
     "claims": "the papers' claims part by part (staleness at depth, speedups at depth, DaSGD, bias) "
     "on resnet1d and mnist1d-large; hours on two CPU cores, benchmarks/scripts/claims_part.py runs one part "
     "cell by cell",

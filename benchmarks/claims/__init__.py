@@ -19,13 +19,12 @@ except ``accuracy``, which reports final accuracy and tunes for it).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from benchmarks import run_cache
 from benchmarks.claims import accuracy, bias, common, dasgd, speedups, staleness
+from pdasgd_jax.bench.provenance import git_commit
 from pdasgd_jax.compare import markdown_table
 
 CELL_PARTS = {
@@ -163,21 +162,8 @@ def provenance(result: dict[str, Any], *, quick: bool) -> dict[str, Any]:
         },
         "budget": {**common.budget(), "speedups_epochs_at_4": speedups.EPOCHS_AT_4},
         "source_digest": run_cache.source_digest(),
-        "commit": _git_commit(),
+        "commit": git_commit(__file__),
     }
-
-
-def _git_commit() -> str | None:
-    """The checkout's commit the package was imported from (``+dirty`` with uncommitted edits;
-    None outside a git checkout, e.g. an installed wheel)."""
-    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # pdasgd_jax/
-    git = ["git", "-C", package]
-    try:
-        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        status = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return commit.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
 
 
 # What must be equal across the cells of one report (each a key of ``provenance``).

@@ -14,6 +14,7 @@ import importlib
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,14 +30,19 @@ BENCHMARKS: dict[str, str] = {
 
 def run_module(module_name: str, name: str, out_dir: str, *, quick: bool, show_progress: bool) -> str:
     """Runs the benchmark module ``module_name`` (its ``run``) under a progress bar named
-    ``name``, writes ``out_dir/<name>.json`` and ``out_dir/<name>.md``, returns the markdown."""
+    ``name``, writes ``out_dir/<name>.json`` (with a ``run_record``: commit, machine, load and
+    wall seconds) and ``out_dir/<name>.md``, returns the markdown."""
     from pdasgd_jax.bench import progress
+    from pdasgd_jax.bench.provenance import load_average, run_record
     from pdasgd_jax.reporting import write_json_atomic
 
     module = importlib.import_module(module_name)
     os.makedirs(out_dir, exist_ok=True)
+    load_before, start = load_average(), time.perf_counter()
     with progress.bar(name, enabled=show_progress):
         results, table = module.run(out_dir, quick=quick)
+    elapsed = time.perf_counter() - start
+    results = {**results, "run_record": run_record(module.__file__, elapsed_s=elapsed, load_before=load_before)}
     write_json_atomic(os.path.join(out_dir, f"{name}.json"), results)
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(table + "\n")

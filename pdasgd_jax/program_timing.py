@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from pdasgd_jax import affinity
 from pdasgd_jax.collectives import allreduce_mean
 from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.kernels import StageKernels, TrainState
@@ -180,13 +181,26 @@ def measure_concurrency(fn: Callable, *args: Any, repeats: int = 10) -> float:
     return min(2.0, max(1.0, measure_concurrency_curve(fn, *args, programs=2, repeats=repeats)[1]))
 
 
-def measure_concurrency_curve(fn: Callable, *args: Any, programs: int = 3, repeats: int = 10) -> tuple[float, ...]:
+def measure_concurrency_curve(
+    fn: Callable, *args: Any, programs: int = 3, repeats: int = 10, host_cpus: tuple[int, ...] | None = None
+) -> tuple[float, ...]:
     """A device's concurrency curve ``(1, g2, ..., g_programs)`` for ``TimingModel.concurrency``.
 
     Times one call of ``fn(*args)`` alone and ``n`` calls from ``n`` threads at once (medians
     of ``repeats``); ``g_n = n * alone / together``, clipped to ``n`` (below 1 when concurrent
     calls slow each other down). Meaningful on an accelerator, whose programs may leave it
     partly idle; on a CPU it measures idle cores and the thread pools' contention.
+
+    Args:
+      fn: the program (a jitted function); ``args``: its arguments.
+      programs: the largest number of concurrent calls (the curve's length).
+      repeats: timed calls (or groups of concurrent calls) per median.
+      host_cpus: the cores the calling threads are pinned to while they dispatch, as the
+        threaded runtime pins its workers (``affinity.resolve_host_cpus``); None leaves them
+        unpinned. XLA's own compute threads are never pinned.
+
+    Returns:
+      ``(1.0, g2, ..., g_programs)``.
 
     Example::
 
@@ -195,14 +209,19 @@ def measure_concurrency_curve(fn: Callable, *args: Any, programs: int = 3, repea
     """
     if repeats < 1 or programs < 1:
         raise ValueError(f"repeats {repeats!r} and programs {programs!r} must be >= 1")
-    alone = _median_time(fn, *args, repeats=repeats)
+
     curve = [1.0]
-    with concurrent.futures.ThreadPoolExecutor(programs) as pool:
-        for n in range(2, programs + 1):
+    with affinity.pinned_thread(host_cpus):
+        alone = _median_time(fn, *args, repeats=repeats)
+        pool = concurrent.futures.ThreadPoolExecutor(
+            programs, initializer=affinity.pin_current_thread, initargs=(host_cpus,)
+        )
+        with pool:
+            for n in range(2, programs + 1):
 
-            def together(n: int = n) -> None:
-                for future in [pool.submit(fn, *args) for _ in range(n)]:
-                    jax.block_until_ready(future.result())
+                def together(n: int = n) -> None:
+                    for future in [pool.submit(fn, *args) for _ in range(n)]:
+                        jax.block_until_ready(future.result())
 
-            curve.append(min(float(n), n * alone / _median_time(together, repeats=repeats)))
+                curve.append(min(float(n), n * alone / _median_time(together, repeats=repeats)))
     return tuple(curve)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -212,3 +213,21 @@ def test_measure_concurrency_is_in_range(mlp):
     c = program_timing.measure_concurrency(k.forward(0), variables.params[0], variables.states[0], x, repeats=3)
     assert 1.0 <= c <= 2.0
     assert dataclasses.replace(delays.TimingModel([1.0], [1.0], [0.0]), concurrency=c).concurrency == c
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins threads on Linux only")
+def test_concurrency_curve_dispatches_from_pinned_threads_as_the_runtime_does():
+    from pdasgd_jax import affinity
+
+    core = max(affinity.allowed_cpus())
+    seen: set[tuple[int, ...]] = set()
+
+    def program(x):
+        seen.add(affinity.current_thread_cpus())
+        return x + 1
+
+    before = affinity.current_thread_cpus()
+    curve = program_timing.measure_concurrency_curve(program, jnp.zeros(3), programs=3, repeats=2, host_cpus=(core,))
+    assert len(curve) == 3 and curve[0] == 1.0
+    assert seen == {(core,)}  # the calling thread and every pool thread
+    assert affinity.current_thread_cpus() == before  # the caller gets its cores back

@@ -23,6 +23,7 @@ _EXPORTS = {
     "AveragingRule": "pdasgd_jax.optim",
     "delay_compensated": "pdasgd_jax.optim",
     "delayed_averaging": "pdasgd_jax.optim",
+    "delayed_nesterov": "pdasgd_jax.optim",
     "staleness_aware": "pdasgd_jax.optim",
     "Stage": "pdasgd_jax.stages",
     "StagedModel": "pdasgd_jax.stages",
@@ -47,6 +48,7 @@ __all__ = [
     "chained_gradients",
     "delay_compensated",
     "delayed_averaging",
+    "delayed_nesterov",
     "from_modules",
     "init_opt_states",
     "make_eval_step",
@@ -61,7 +63,13 @@ if TYPE_CHECKING:
     from pdasgd_jax.config import Config
     from pdasgd_jax.kernels import StageKernels, chained_gradients
     from pdasgd_jax.model_steps import TrainState, make_eval_step, make_train_step
-    from pdasgd_jax.optim import AveragingRule, delay_compensated, delayed_averaging, staleness_aware
+    from pdasgd_jax.optim import (
+        AveragingRule,
+        delay_compensated,
+        delayed_averaging,
+        delayed_nesterov,
+        staleness_aware,
+    )
     from pdasgd_jax.stage_update import init_opt_states
     from pdasgd_jax.stages import Stage, StagedModel, Variables, from_modules, softmax_cross_entropy, update_modules
     from pdasgd_jax.train import TrainResult, train_and_evaluate

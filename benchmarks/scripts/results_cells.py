@@ -170,14 +170,47 @@ def claims_grid(root: pathlib.Path, sources: Sources) -> Grid | None:
         algos = {a: c[a] for a in claims_speedups.ALGOS if isinstance(c.get(a), dict)}
         cells.append(Cell(c["workers"], c["k"], c.get("row", {}).get("straggler", "-"), algos, src))
     cells.sort(key=lambda c: (c.workers, c.straggler != "-", c.k))
-    budget = next(iter(lines.values())).get("provenance", {}).get("budget", {})
-    depths = sorted({d for d, *_ in lines})
-    description = (
-        f"`{budget.get('model')}` with M = {', '.join(map(str, depths))} stages on `{budget.get('dataset')}`, virtual "
-        f"time to {budget.get('target_accuracy')} test accuracy, batch {budget.get('batch_size')} per worker, "
-        f"Exp(k x step compute) delays; seeds {budget.get('seeds')}, rates tuned on {budget.get('tuning_seeds')}"
+    return Grid(
+        "claims speedups", _claims_description(list(lines.values())), cells, ("sync",), claims_speedups.BASELINES
     )
-    return Grid("claims speedups", description, cells, ("sync",), claims_speedups.BASELINES)
+
+
+def _claims_description(lines: list[dict[str, Any]]) -> str:
+    """The claims speedups' protocol as its kept cells record it: model, target, budgets per W
+    (each cell's ``epochs_budget``), delays, straggler cells, rate grids and seeds."""
+    budget = lines[0].get("provenance", {}).get("budget", {})
+    depths = sorted({c["depth"] for c in lines})
+    epochs: dict[int, set[float]] = {}
+    for c in lines:
+        epochs.setdefault(c["workers"], set()).add(c.get("epochs_budget", math.nan))
+    budgets = ", ".join(
+        f"{'/'.join(f'{e:g}' for e in sorted(es))} epochs at W = {w}" for w, es in sorted(epochs.items())
+    )
+    straggler_ks = sorted({c["k"] for c in lines if c["straggler"]})
+    grids: dict[tuple, list[str]] = {}
+    for algo in ("sync", *claims_speedups.BASELINES, "pdasgd"):
+        found = {tuple(c.get("provenance", {}).get("budget", {}).get("lrs", {}).get(algo, ())) for c in lines}
+        grids.setdefault(tuple(sorted(found)), []).append(algo)
+    rates = "; ".join(
+        f"{', '.join(algos)} {' or '.join(', '.join(f'{r:g}' for r in g) for g in found)}"
+        for found, algos in grids.items()
+    )
+    return (
+        f"`{budget.get('model')}` with M = {', '.join(map(str, depths))} stages on `{budget.get('dataset')}`, virtual "
+        f"time to {budget.get('target_accuracy')} test accuracy (evaluated every {budget.get('eval_every')} examples), "
+        f"batch {budget.get('batch_size')} per worker, budget (each cell's `epochs_budget`) {budgets}, "
+        "Exp(k x step compute) delays"
+        + (f", straggler cells at k = {', '.join(map(k_text, straggler_ks))} only" if straggler_ks else "")
+        + ("" if any(v in c for c in lines for v in delays.SYNC_VARIANTS if v != "sync") else ", no backup-worker sync")
+        + f"; each algorithm's rate tuned per cell on seeds {budget.get('tuning_seeds')} over its grid ({rates}; "
+        f"widened by at most {budget.get('max_widenings')} rate past an edge); seeds {budget.get('seeds')}"
+    )
+
+
+# How the tables name the algorithm whose speedup a line gives.
+NAMES = {"pdasgd": "PD-ASGD", "dasgd": "DaSGD"}
+
+Line = tuple[str, Callable[[Grid, Cell], str], Callable[[Grid, Cell], bool] | None]
 
 
 def _vs(cell: Cell, names: tuple[str, ...], subject: str) -> tuple[str, tuple[float, float, float]]:
@@ -186,34 +219,49 @@ def _vs(cell: Cell, names: tuple[str, ...], subject: str) -> tuple[str, tuple[fl
     return ref, delays_report.speedup(cell.algos[ref], cell.algos[subject])
 
 
-def _matrix(grid: Grid, label: str, lines: list[tuple[str, Callable[[Grid, Cell], str]]]) -> str:
+def has_backup(grid: Grid, c: Cell) -> bool:
+    """Whether cell ``c`` ran a sync variant with backup workers (else its "stronger sync" would be plain sync)."""
+    return any(v in c.algos for v in grid.sync_variants if v != "sync")
+
+
+def _matrix(grid: Grid, label: str, lines: list[Line]) -> tuple[str, list[str]]:
     """Rows (W, straggler, line) by columns k: each line's text for every cell of ``grid``
-    ("not run" where it has no such cell), with the sources of the row's cells."""
+    ("not run" where it has no such cell), with the sources of the row's cells; a line whose
+    ``applies`` holds for no cell of a (W, straggler) group is left out of that group, and
+    named in the list returned beside the table."""
     ks = sorted({c.k for c in grid.cells})
     groups: dict[tuple[int, str], dict[float, Cell]] = {}
     for c in grid.cells:
         groups.setdefault((c.workers, c.straggler), {})[c.k] = c
-    rows = []
+    rows, omitted = [], []
     for (workers, straggler), by_k in groups.items():
         keys = dict.fromkeys(key for c in by_k.values() for key in c.src.split(", "))
-        for name, text in lines:
+        for name, text, applies in lines:
+            if applies is not None and not any(applies(grid, c) for c in by_k.values()):
+                omitted.append(f"W = {workers}" + ("" if straggler == "-" else f" with a {straggler} straggler"))
+                continue
             row = {"W": workers, "straggler": straggler, label: name}
             row |= {f"k = {k_text(k)}": text(grid, by_k[k]) if k in by_k else "not run" for k in ks}
             rows.append(row | {"source": ", ".join(keys)})
-    return table(rows)
+    return table(rows), omitted
 
 
-def _speedup_line(subject: str, names: Callable[[Grid], tuple[str, ...]]) -> Callable[[Grid, Cell], str]:
+def _speedup_line(subject: str, names: Callable[[Grid], tuple[str, ...]], backup: bool = False) -> Callable:
     """A matrix line: ``subject``'s speedup over the comparator picked among ``names(grid)``,
-    the comparator named unless it is the only candidate."""
+    the comparator named unless it is the only candidate (``backup``: only in cells that ran a
+    backup-worker sync; "no backup-worker runs" in the others)."""
 
     def text(grid: Grid, c: Cell) -> str:
         if subject not in c.algos:
             return "-"
+        if backup and not has_backup(grid, c):
+            return "no backup-worker runs"
         pool = names(grid)
         ref, replaced = delays_report.pick(c.algos, pool)
         s = delays_report.speedup(c.algos[ref], c.algos[subject])
-        out = marked(fmt_speedup(s), speedup_verdict(s)) + ("" if len(pool) == 1 else f" {ref}")
+        figure = fmt_speedup(s, NAMES.get(subject, subject), ref, c.algos[subject]["times"])
+        named = len(pool) > 1 and math.isfinite(s[0]) and s[0] > 0  # a missed target names who missed it
+        out = marked(figure, speedup_verdict(s)) + (f" {ref}" if named else "")
         if replaced:
             out += f" †{replaced}"
         if any(c.algos[a].get("untuned") or c.algos[a].get("edge") for a in (ref, subject)):
@@ -224,13 +272,20 @@ def _speedup_line(subject: str, names: Callable[[Grid], tuple[str, ...]]) -> Cal
 
 
 def speedup_table(grid: Grid) -> str:
-    """PD-ASGD's speedup over plain sync, the stronger sync variant and the best asynchronous
-    baseline in every cell of ``grid``."""
-    lines = [("plain sync", _speedup_line("pdasgd", lambda g: ("sync",)))]
+    """PD-ASGD's speedup over plain sync, the stronger sync variant (in the groups of cells
+    that ran backup workers) and the best asynchronous baseline in every cell of ``grid``."""
+    lines: list[Line] = [("plain sync", _speedup_line("pdasgd", lambda g: ("sync",)), None)]
     if len(grid.sync_variants) > 1:
-        lines.append(("stronger sync", _speedup_line("pdasgd", lambda g: g.sync_variants)))
-    lines.append(("best async", _speedup_line("pdasgd", lambda g: g.baselines)))
-    return _matrix(grid, "PD-ASGD vs", lines)
+        strong = _speedup_line("pdasgd", lambda g: g.sync_variants, backup=True)
+        lines.append(("stronger sync", strong, has_backup))
+    lines.append(("best async", _speedup_line("pdasgd", lambda g: g.baselines), None))
+    text, omitted = _matrix(grid, "PD-ASGD vs", lines)
+    if omitted:
+        text += (
+            f"\n\nNo stronger sync row at {', '.join(omitted)}: no cell there ran sync with backup workers, "
+            "so its only synchronous reference is plain sync."
+        )
+    return text
 
 
 def _staleness(grid: Grid, c: Cell) -> str:
@@ -246,19 +301,28 @@ def _staleness(grid: Grid, c: Cell) -> str:
 
 def staleness_table(grid: Grid) -> str:
     """PD-ASGD's mean staleness against the best asynchronous baseline's in every cell."""
-    return _matrix(grid, "staleness", [("PD-ASGD; best async", _staleness)])
+    return _matrix(grid, "staleness", [("PD-ASGD; best async", _staleness, None)])[0]
 
 
 def dasgd_table(grid: Grid) -> str:
     """DaSGD's speedup over plain sync in every cell, then how its speedups over each cell's
-    stronger sync variant fall (verdicts counted); empty if it did not run."""
+    stronger sync variant fall (verdicts counted, over the cells that ran backup workers); empty
+    if it did not run."""
     cells = [c for c in grid.cells if "dasgd" in c.algos]
     if not cells:
         return ""
-    text = _matrix(grid, "DaSGD vs", [("plain sync", _speedup_line("dasgd", lambda g: ("sync",)))])
-    verdicts = [speedup_verdict(_vs(c, grid.sync_variants, "dasgd")[1]) for c in cells]
+    text = _matrix(grid, "DaSGD vs", [("plain sync", _speedup_line("dasgd", lambda g: ("sync",)), None)])[0]
+    strong = [c for c in cells if has_backup(grid, c)]
+    if not strong:
+        return text
+    verdicts = [speedup_verdict(_vs(c, grid.sync_variants, "dasgd")[1]) for c in strong]
     counts = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(sorted(verdicts)))
-    return f"{text}\n\nAgainst the stronger sync of each cell (picked on the tuning seeds): {counts}."
+    left_out = len(cells) - len(strong)
+    return (
+        f"{text}\n\nAgainst the stronger sync of each cell (picked on the tuning seeds), over the {len(strong)} cells "
+        f"that ran backup workers: {counts}"
+        + (f" ({left_out} cells without backup-worker runs left out)." if left_out else ".")
+    )
 
 
 def _judged(grid: Grid) -> list[Cell]:
@@ -290,7 +354,8 @@ def claims_rows(grids: list[Grid]) -> list[dict[str, Any]]:
             if names is None and len(grid.sync_variants) == 1:
                 continue
             pool = grid.baselines if names == "baselines" else (names or grid.sync_variants)
-            judged = [(c, *_vs(c, pool, "pdasgd")) for c in _judged(grid)]
+            cells = [c for c in _judged(grid) if names is not None or has_backup(grid, c)]
+            judged = [(c, *_vs(c, pool, "pdasgd")) for c in cells]
             finite = [j for j in judged if math.isfinite(j[2][0]) and j[2][0] > 0]
             if not finite:
                 continue
@@ -305,7 +370,7 @@ def claims_rows(grids: list[Grid]) -> list[dict[str, Any]]:
                     "best cell": f"W = {c.workers}, k = {k_text(c.k)}"
                     + ("" if c.straggler == "-" else f", {c.straggler} straggler")
                     + f" ({ref}); best of {len(judged)} cells",
-                    "PD-ASGD speedup": fmt_speedup(s),
+                    "PD-ASGD speedup": fmt_speedup(s, "PD-ASGD", ref),
                     "verdict over the cells": f"{grid_verdict(verdicts)} ({counts})",
                     "source": c.src,
                 }

@@ -14,8 +14,10 @@ file stored beside them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import pathlib
+import re
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +30,7 @@ from pdasgd_jax.compare import markdown_table
 CLAIM_VS_SYNC = delays_report.TARGET_VS_SYNC
 CLAIM_VS_ASYNC = 2.14
 NOT_SETTLED = "not settled"
-NOT_RECORDED = "not recorded in the raw file"
+NOT_RECORDED = "not recorded"
 
 Interval = tuple[float, float, float]  # (estimate, lower end, upper end)
 
@@ -90,12 +92,19 @@ def fmt(s: Interval, digits: int = 2, suffix: str = "", signed: bool = False) ->
     return text
 
 
-def fmt_speedup(s: Interval) -> str:
-    """A ``delays_report.speedup`` result: ``ratio x [lo, hi]``, or why there is none."""
+def missed(times: Sequence[float | None]) -> int:
+    """How many of a result's per-seed times missed the target (a raw file writes them as null)."""
+    return sum(1 for t in times if t is None or not math.isfinite(t))
+
+
+def fmt_speedup(s: Interval, subject: str = "", reference: str = "", times: Sequence[float | None] = ()) -> str:
+    """A ``delays_report.speedup`` result: ``ratio x [lo, hi]``, or who missed the target
+    (``subject``, on how many of its seeds ``times`` say; else ``reference``)."""
     if s[0] == 0:
-        return "target missed"
+        seeds = f" on {missed(times)} of {len(times)} seeds" if times else ""
+        return f"{subject or 'the subject'} missed the target{seeds}"
     if not math.isfinite(s[0]):
-        return "reference missed"
+        return f"{reference or 'the reference'} missed the target"
     return fmt(s, suffix="x")
 
 
@@ -111,7 +120,15 @@ def direction(s: Interval, above: str, below: str, reference: float = 0.0) -> st
 
 
 # How the per-cell matrices print a verdict beside its figure.
-MARKS = {"faster": "▲", "more stale": "▲", "slower": "▼", "less stale": "▼", NOT_SETTLED: "○"}
+MARKS = {
+    "faster": "▲",
+    "more stale": "▲",
+    "above SGD": "▲",
+    "slower": "▼",
+    "less stale": "▼",
+    "below SGD": "▼",
+    NOT_SETTLED: "○",
+}
 
 
 def marked(figure: str, verdict: str) -> str:
@@ -120,11 +137,10 @@ def marked(figure: str, verdict: str) -> str:
 
 
 def speedup_verdict(s: Interval) -> str:
-    """faster / slower / not settled against 1, from a ``delays_report.speedup`` result."""
-    if s[0] == 0:
-        return "missed the target on a reported seed"
-    if not math.isfinite(s[0]):
-        return "not judged: the reference missed the target on a reported seed"
+    """faster / slower / not settled against 1, from a ``delays_report.speedup`` result; not
+    judged where either side missed the target on a reported seed (``fmt_speedup`` says who)."""
+    if s[0] == 0 or not math.isfinite(s[0]):
+        return "not judged"
     return direction(s, "faster", "slower", 1.0)
 
 
@@ -155,31 +171,78 @@ def table(rows: list[dict[str, Any]]) -> str:
     return markdown_table(rows, columns, {c: c.split("#")[0] for c in columns})
 
 
+def raw_records(raw: pathlib.Path) -> list[dict[str, Any]]:
+    """The top-level objects of a raw file: the JSON's one, or every line of a JSON-lines file."""
+    if not raw.exists():
+        return []
+    text = raw.read_text()
+    lines = (
+        [json.loads(line) for line in text.splitlines() if line.strip()]
+        if raw.suffix == ".jsonl"
+        else [json.loads(text)]
+    )
+    return [r for r in lines if isinstance(r, dict)]
+
+
+def recorded(raw: pathlib.Path, *path: str) -> list[Any]:
+    """The distinct values a raw file records at ``run_record.<path>`` (``pdasgd_jax.bench.provenance``:
+    commit, machine.cpu_count, ...) or, for the claims' cells, ``provenance.<path>``, in file order."""
+    values: list[Any] = []
+    for record in raw_records(raw):
+        for holder in ("run_record", "provenance"):
+            value: Any = record.get(holder)
+            for part in path:
+                value = value.get(part) if isinstance(value, dict) else None
+            if value is not None and value not in values:
+                values.append(value)
+    return values
+
+
 @dataclasses.dataclass
 class Sources:
     """The (raw file, command, commit) triples the page's rows cite, each under a short key."""
 
     root: pathlib.Path
     entries: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    _commits: dict[pathlib.Path, str] = dataclasses.field(default_factory=dict)
 
     def rel(self, path: pathlib.Path) -> str:
         """``path`` relative to the repository root, as the page prints it."""
         return path.relative_to(self.root).as_posix()
 
-    def cite(self, raw: pathlib.Path, command: str, commit: str = NOT_RECORDED) -> str:
-        """The key (``S1``, ``S2``, ...) of this raw file produced by ``command`` at ``commit``."""
+    def cite(self, raw: pathlib.Path, command: str, commit: str | None = None) -> str:
+        """The key (``S1``, ``S2``, ...) of this raw file produced by ``command`` at ``commit``
+        (by default the commits the raw file records, ``recorded``; "not recorded" if none)."""
+        if commit is None:
+            if raw not in self._commits:
+                self._commits[raw] = " + ".join(map(str, recorded(raw, "commit"))) or NOT_RECORDED
+            commit = self._commits[raw]
         entry = (self.rel(raw), command, commit)
         if entry not in self.entries:
             self.entries.append(entry)
         return f"S{self.entries.index(entry) + 1}"
 
+    def cores(self) -> dict[str, list[str]]:
+        """The core counts the cited raw files record (``run_record.machine.cpu_count``), each
+        with the keys of the sources recording it."""
+        found: dict[str, list[str]] = {}
+        for i, (raw, _, _) in enumerate(self.entries, 1):
+            for count in recorded(self.root / raw, "machine", "cpu_count"):
+                found.setdefault(str(count), []).append(f"S{i}")
+        return found
+
     def markdown(self) -> str:
         """The sources table: key, raw file, command, commit."""
         rows = [
-            {"source": f"S{i}", "raw file": f"`{raw}`", "command": f"`{command}`", "commit": commit}
+            {"source": f"S{i}", "raw file": f"`{raw}`", "command": f"`{command}`", "commit": _short(commit)}
             for i, (raw, command, commit) in enumerate(self.entries, 1)
         ]
         return table(rows)
+
+
+def _short(commit: str) -> str:
+    """``commit`` with every full 40-digit hash cut to its first 12 digits."""
+    return re.sub(r"\b([0-9a-f]{12})[0-9a-f]{28}\b", r"\1", commit)
 
 
 def calibration_cache(root: pathlib.Path, fingerprint: str | None) -> str | None:

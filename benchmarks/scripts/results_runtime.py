@@ -12,13 +12,15 @@ from typing import Any
 
 from benchmarks import STUDIES, claims
 from benchmarks.scripts.results_common import (
-    NOT_SETTLED,
     Sources,
     fmt,
     fmt_speedup,
     k_text,
+    marked,
     mean_ci95,
+    missed,
     ratio_ci95,
+    recorded,
     speedup_verdict,
     table,
 )
@@ -63,10 +65,14 @@ def _command(sources: Sources, raw: pathlib.Path) -> str:
 def _speedup(cell: dict[str, Any], algo: str) -> tuple[float, float, float]:
     """``algo``'s measured speedup over sync: the ratio of their mean wall times over the seeds."""
     sync, own = cell["sync"]["measured_s"], cell[algo]["measured_s"]
-    missed = lambda times: any(t is None or not math.isfinite(t) for t in times)
     if missed(own):
         return 0.0, math.nan, math.nan
     return (math.nan, math.nan, math.nan) if missed(sync) else ratio_ci95(sync, own)
+
+
+def _measured(cell: dict[str, Any], algo: str) -> str:
+    s = _speedup(cell, algo)
+    return fmt_speedup(s, algo, "sync", cell[algo]["measured_s"])
 
 
 def runtime_table(root: pathlib.Path, sources: Sources) -> str:
@@ -90,10 +96,10 @@ def runtime_table(root: pathlib.Path, sources: Sources) -> str:
                     "k": k_text(cell["k"]),
                     "delay mean (ms)": f"{cell['delay_mean_s'] * 1e3:.2f}",
                     "layout": algo,
-                    "measured vs sync": fmt_speedup(s),
+                    "measured vs sync": _measured(cell, algo),
                     "verdict#1": speedup_verdict(s),
                     "simulated vs sync": "-" if predicted is None else f"{predicted:.2f}x",
-                    "verdict#2": "inside the measured interval" if inside else "outside the measured interval",
+                    "in the measured interval": "inside" if inside else "outside",
                     "τ measured": fmt(mean_ci95(r.get("measured_staleness_per_seed", []))),
                     "τ simulated": fmt(mean_ci95(r.get("simulated_staleness_per_seed", []))),
                     "source": src,
@@ -102,22 +108,85 @@ def runtime_table(root: pathlib.Path, sources: Sources) -> str:
     return table(rows)
 
 
-def runs_table(root: pathlib.Path, sources: Sources) -> str:
-    """PD-ASGD's measured speedup over sync in every kept run that fits a host model (the current
-    protocol), one row per run: how far runs of one protocol move beyond their intervals."""
-    rows = []
+def _run_name(root: pathlib.Path, raw: pathlib.Path) -> str:
+    return raw.parent.name if raw.parent != root / RUNTIME else "current"
+
+
+def _disjoint(per_run: list[tuple[str, tuple[float, float, float]]]) -> str:
+    """The two runs whose intervals lie furthest apart when some pair does not overlap: the run
+    with the highest lower end and the one with the lowest upper end; empty if every pair overlaps."""
+    judged = [(name, s) for name, s in per_run if math.isfinite(s[1]) and math.isfinite(s[2])]
+    if len(judged) < 2:
+        return ""
+    high = max(judged, key=lambda r: r[1][1])
+    low = min(judged, key=lambda r: r[1][2])
+    if high[1][1] <= low[1][2]:
+        return ""
+    return f"{high[0]} {fmt(high[1], suffix='x')} against {low[0]} {fmt(low[1], suffix='x')}"
+
+
+def _kept_runs(root: pathlib.Path) -> tuple[list[tuple[pathlib.Path, dict[str, Any]]], list[pathlib.Path]]:
+    """The runtime raw files of the current protocol (those holding a ``host_model``) with their
+    data, and the others (left out of the runs table, which names them)."""
+    kept, left_out = [], []
     for raw in runtime_files(root):
         data = json.loads(raw.read_text())
-        if "host_model" not in data:
-            continue
-        run = raw.parent.name if raw.parent != root / RUNTIME else "current (runtime.json)"
-        row = {"run": run, "seeds": len(data.get("seeds", []))}
+        if "host_model" in data:
+            kept.append((raw, data))
+        else:
+            left_out.append(raw)
+    return kept, left_out
+
+
+def _per_k(root: pathlib.Path) -> dict[float, list[tuple[str, tuple[float, float, float]]]]:
+    """PD-ASGD's measured speedup over sync in every kept run, per delay factor."""
+    per_k: dict[float, list[tuple[str, tuple[float, float, float]]]] = {}
+    for raw, data in _kept_runs(root)[0]:
         for cell in data.get("time_to_target", []):
             if "pdasgd" in cell:
-                s = _speedup(cell, "pdasgd")
-                row[f"k = {k_text(cell['k'])}"] = f"{fmt_speedup(s)} {speedup_verdict(s)}"
+                per_k.setdefault(cell["k"], []).append((_run_name(root, raw), _speedup(cell, "pdasgd")))
+    return per_k
+
+
+def runs_apart(root: pathlib.Path) -> list[str]:
+    """The delay factors at which two kept runs' intervals of PD-ASGD's speedup do not overlap."""
+    return [k_text(k) for k, per_run in _per_k(root).items() if _disjoint(per_run)]
+
+
+def runs_table(root: pathlib.Path, sources: Sources) -> str:
+    """PD-ASGD's measured speedup over sync in every kept run that fits a host model (the current
+    protocol), one row per run; then, per delay factor, the two runs furthest apart where any two
+    intervals do not overlap (runs of one protocol moving apart beyond one run's interval), the
+    runs left out (no ``host_model`` in their raw file) and how many kept runs record no commit."""
+    kept, left_out = _kept_runs(root)
+    rows = []
+    for raw, data in kept:
+        row: dict[str, Any] = {"run": _run_name(root, raw), "seeds": len(data.get("seeds", []))}
+        for cell in data.get("time_to_target", []):
+            if "pdasgd" in cell:
+                row[f"k = {k_text(cell['k'])}"] = marked(
+                    _measured(cell, "pdasgd"), speedup_verdict(_speedup(cell, "pdasgd"))
+                )
         rows.append(row | {"source": sources.cite(raw, _command(sources, raw))})
-    return table(rows) if rows else ""
+    if not rows:
+        return ""
+    per_k = _per_k(root)
+    notes = "; ".join(f"k = {k_text(k)}: {_disjoint(per_run) or 'every two overlap'}" for k, per_run in per_k.items())
+    text = table(rows) + (
+        f"\n\nRuns differ beyond one run's interval (the two furthest apart where two do not overlap): {notes}."
+        if runs_apart(root)
+        else f"\n\nEvery two runs' intervals overlap: {notes}."
+    )
+    if left_out:
+        names = ", ".join(raw.parent.name for raw in left_out)
+        text += (
+            f" Left out (their raw file holds no `host_model`, which every run above holds): {names} (in `{RUNTIME}/`)."
+        )
+    no_commit = sum(1 for raw, _ in kept if not recorded(raw, "commit"))
+    if no_commit:
+        who = "None" if no_commit == len(kept) else f"{len(kept) - no_commit}"
+        text += f" {who} of the {len(kept)} runs above records its commit: whether their code differed is not known."
+    return text
 
 
 def _rate(r: dict[str, Any]) -> str:
@@ -127,39 +196,52 @@ def _rate(r: dict[str, Any]) -> str:
 def _range_verdict(r: dict[str, Any], base: dict[str, Any]) -> str:
     if r["min"] > base["max"]:
         return "faster"
-    return "slower" if r["max"] < base["min"] else NOT_SETTLED
+    return "slower" if r["max"] < base["min"] else "ranges overlap"
 
 
 def throughput_table(root: pathlib.Path, sources: Sources) -> str:
-    """Examples per second of the runtime's layouts against the sequential loop (no delays)."""
+    """Examples per second of the runtime's layouts against the sequential loop (no delays): what
+    the raw file keeps (median, min and max of the interleaved runs; each layout's own
+    ``vs_sequential``, which the page names as the raw file's since it cannot recompute it)."""
     raw = root / RUNTIME / "runtime.json"
     if not raw.exists():
         return ""
     data = json.loads(raw.read_text())
     src = sources.cite(raw, _command(sources, raw))
-    rows = []
+    rows, places = [], []
     for config, layouts in data.get("throughput", {}).items():
         base = layouts.get("sequential")
+        place, _, batch = config.rpartition(", ")
+        places.append(place)
         for layout, r in layouts.items():
             if base is None:
                 continue
             own = layout == "sequential"
             rows.append(
                 {
-                    "config": config.split(", ")[-1],
+                    "config": batch,
                     "layout": layout,
-                    "ex/s median [min, max] (no per-run values)": _rate(r),
-                    "vs sequential": "1.00x" if own else f"{r['vs_sequential']:.2f}x",
+                    "ex/s median [min, max]": _rate(r),
+                    "`vs_sequential`": "1.00x" if own else f"{r['vs_sequential']:.2f}x",
                     "verdict": "the reference" if own else _range_verdict(r, base),
-                    "source": src,
                 }
             )
-    return table(rows)
+    if not rows:
+        return ""
+    where = " / ".join(dict.fromkeys(places))
+    return (
+        f"Runtime throughput ({src}) on {where} ({data.get('device')}), no delays: examples per second, median "
+        f"[min, max] of {data.get('repeats')} interleaved runs; the raw file keeps no per-run values, "
+        "so a range, not an interval, and the verdict compares the ranges (faster or slower only where they are "
+        "apart). `vs_sequential` is the raw file's own summary field (each layout's median of its per-round ratios "
+        "to the sequential loop), not recomputable here without the per-round values.\n\n" + table(rows)
+    )
 
 
 def sim_speed_table(root: pathlib.Path, sources: Sources) -> str:
     """The simulator's examples per second against the fused SGD loop, from ``bench sim-speed``'s
-    raw file; a line saying there is none otherwise."""
+    raw file (its ratio named as the raw file's own field: a median of per-round ratios the page
+    cannot recompute); a line saying there is none otherwise."""
     raw = root / SIM_SPEED
     if not raw.exists():
         return ""
@@ -177,7 +259,7 @@ def sim_speed_table(root: pathlib.Path, sources: Sources) -> str:
                         "mode": mode,
                         "ex/s median [min, max] (no per-run values)": _rate(r[mode]),
                         "sgd loop ex/s": _rate(r["sgd"]),
-                        "vs sgd": f"{r.get(f'{mode}_vs_sgd', math.nan):.2f}x",
+                        "`<mode>_vs_sgd` (raw field)": f"{r.get(f'{mode}_vs_sgd', math.nan):.2f}x",
                         "verdict": _range_verdict(r[mode], r["sgd"]),
                         "source": src,
                     }
@@ -234,19 +316,22 @@ def missing_table(root: pathlib.Path) -> str:
     return table(rows) if rows else ""
 
 
-def machines(root: pathlib.Path) -> str:
-    """The machines the raw files were measured on, as the committed calibration files record them."""
+def machines(root: pathlib.Path, cores: dict[str, list[str]] | None = None) -> str:
+    """The machines the raw files were measured on, as the committed calibration files record them,
+    and the core counts the raw files record (``Sources.cores``)."""
     seen: dict[tuple[str, Any, Any], set[str]] = {}
     for path in (root / "bench_results").glob("**/pdasgd_jax/calibration-*.json"):
         d = json.loads(path.read_text())
         description = d.get("description", {})
         key = (d.get("host") or "", description.get("device", {}).get("kind"), description.get("jax"))
         seen.setdefault(key, set()).add(path.relative_to(root / "bench_results").parts[0])
+    counts = "; ".join(f"{n} cores ({', '.join(keys)})" for n, keys in (cores or {}).items())
     return (
         "; ".join(
             f"{', '.join(f'`{d}`' for d in sorted(dirs))}: "
             f"{f'host `{host}`' if host else 'host not recorded'}, device `{kind}`, JAX {jax}"
             for (host, kind, jax), dirs in sorted(seen.items(), key=lambda m: (not m[0][0], str(m[0])))
         )
-        + " (the calibrations' records; the core count is not recorded)"
+        + " (the calibrations' records, which hold no core count); core count "
+        + (f"{counts}, not recorded in the other raw files" if counts else "not recorded in any raw file")
     )

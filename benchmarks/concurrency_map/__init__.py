@@ -1,0 +1,177 @@
+"""``concurrency-map``: where PD-ASGD pays, as a function of the device's concurrency gain.
+
+PD-ASGD's paper credits its speedup over ASGD to a higher model-FLOPs utilisation (MFU) from
+running a forward and two backward threads on one device at once. The virtual clock can give a
+device a concurrency curve (``--device-concurrency g1,g2,g3``, docs/algorithms.md §5): up to
+three programs at once, ``n`` of them with total throughput ``g_n`` in one program's solo speed.
+This study maps, per cell (model, W, k), PD-ASGD's time to target against the asynchronous
+baselines at equal threads as the gain grows, and the gain from which PD-ASGD pays.
+
+**Cells.** The digits MLP as the ``delays`` protocol runs it (90 % test accuracy, 30 epochs) and
+``resnet1d`` with 16 stages as the claims' ``speedups`` part runs it (mnist1d-large, 90 %, 6
+epochs at W = 4 and 24 at W = 16); W in {4, 16}; per-operation delays ``Exp(k x step compute)``
+for k in {1, 4}; no straggler, free communication. PD-ASGD runs F = 1, B = 2 per device with
+stashed weights; the baselines ``asgd-3t`` (shared-store ASGD) and ``lpp`` (LPP-SGD) run 3
+threads per device. Replicated ASGD is left out by default (its averaging schedule is tuned like
+its rate, three times the runs); ``--baselines`` adds it.
+
+**The gain axis and the curve.** The axis is ``g3``, the throughput of three concurrent
+programs: PD-ASGD keeps up to F + B = 3 programs per device, and the MFU figures speak of that
+full occupancy. ``g3`` runs from 1.0 (the serial device: the protocol's own runs, bitwise) to 2.0
+in steps of 0.25. Two programs get ``g2 = (1 + g3) / 2`` (``linear``, the default; at g3 = 1.51 the
+pre-registration's first what-if curve ``1,1.26,1.51``) or ``g2 = g3`` (``flat``, its second,
+``1,1.51,1.51``): every concave, non-decreasing curve through ``(1, 1)`` and ``(3, g3)`` has its
+``g2`` between the two, so the two shapes bracket how a device shares its gain with fewer
+programs. The curve is every algorithm's: the baselines' threads share a device as PD-ASGD's
+workers do, so the map measures how PD-ASGD's pattern of programs on a device uses a gain both
+sides get, not the paper's mechanism of small per-layer kernels filling a GPU better, which one
+curve shared by all kernels cannot express (docs/preregistration.md). How the clock reads a
+stage while a device runs several programs is docs/algorithms.md §5's; where it differs from the
+threaded runtime's read at dispatch, a gain above 1 is a what-if of the clock, not a schedule a
+runtime would execute.
+
+**Rates.** Tuned per algorithm, cell and gain on the ``delays`` protocol's tuning seeds (never
+reported; the mean time, a rate missing the target on either is out), by ``delays.cell``: the
+first gain over the protocol's grid (widened at an edge), each next gain over the previous
+gain's rate and its two neighbours on the same lattice, widened while the best sits on an edge.
+A gain changes each algorithm's pace and staleness differently, so a rate tuned at one gain
+would favour the algorithm it suits there; re-tuning from the whole grid at every gain costs
+the whole grid each time, and the warm start picks the same rate whenever the time to target
+is unimodal in the rate (the widening follows the best) at about three rates per gain. The
+best asynchronous baseline is picked per gain on the tuning seeds (``delays.best_async``'s
+rule), never on the reported ones. Every run goes through ``delays.time_to_target``, so the
+run cache keeps it; the curve is in each algorithm's overrides, so the cache keys on it.
+
+**Speedup and break-even** (``breakeven``): the speedup at a gain is the best baseline's mean
+time to target over PD-ASGD's (above 1: PD-ASGD faster) over the reported seeds, with its 95 %
+interval by the delta method on its log (``benchmarks.log_ratio_ci95``). The break-even gain is
+where the speedup last rises to 1 on the gain grid: with ``g_j`` the smallest grid gain from
+which the speedup is at least 1 at every grid gain, the gain between ``g_(j-1)`` and ``g_j``
+where the line through their log speedups crosses 0; "≤ 1.00" when PD-ASGD is at least as fast
+at every gain, "> 2.00" when it is slower at the largest. Its interval applies the same rule to
+the interval's upper edge (its lower end) and lower edge (its upper end): above the upper end
+PD-ASGD is settled faster at every grid gain, and the grid gains whose interval contains 1 are
+listed. It inverts pointwise intervals: not a simultaneous interval, and no finer than the grid.
+A censored speedup (either side missed the target on a reported seed) is not interpolated and
+counts as unsettled.
+
+**The MFU arithmetic.** The paper's figures as quoted for this study are about 53 % MFU for
+PD-ASGD against 35 % for comparable ASGD (``curves.PAPER_MFU``; the paper's tables were not
+checked here, so whether they compare the same model, batch and device is not known). If both
+count the same FLOPs per example on the same model, batch and device, ASGD's 35 % is the device
+running one program at a time (``u1``) and PD-ASGD's 53 % the device with its three programs in
+flight (``u3 = g3 x u1``), the gain they imply is ``g3 = 53 / 35 ≈ 1.51`` (``curves.implied_gain``).
+With fewer than three programs in flight on average the same 53 % needs a larger gain, so 1.51
+is the least ``g3`` the figures imply on a non-decreasing curve; if ASGD's own threads already
+overlapped, the gap is between the two algorithms' kernels, which this clock cannot express.
+The report says, per cell, whether PD-ASGD pays at that gain and at any measured device's
+``g3`` given with ``--measured NAME=1,g2,g3`` (``--device-concurrency measure``, or the device
+check's ``concurrency`` part).
+
+Usage::
+
+    python -m benchmarks.concurrency_map --out bench_out/concurrency-map --quick
+    python -m benchmarks.concurrency_map --out bench_out/concurrency-map --cells digits:4:1 resnet1d:16:4
+
+``--quick``: the digits MLP at W = 4, k = 1, gains 1.0, 1.5 and 2.0, each algorithm at one rate
+(no tuning), seeds 0 and 1, 3 epochs. ``run`` is the ``STUDIES`` entry point (``python -m
+benchmarks concurrency-map``), the full map or its quick form.
+
+Modules: ``curves`` (the gain as a curve, the protocol on it, the MFU arithmetic),
+``breakeven`` (speedups, crossings, the break-even and the verdict at a gain), ``cells``
+(a cell at every gain, ``run_cell``), ``report`` (the markdown) and ``__main__`` (the command).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.concurrency_map.breakeven import band_at, break_even, crossing, speedup, verdict
+from benchmarks.concurrency_map.cells import BASELINES, CellSpec, default_cells, run_cell
+from benchmarks.concurrency_map.curves import (
+    GAINS,
+    PAPER_MFU,
+    QUICK_GAINS,
+    SHAPE_TEXT,
+    SHAPES,
+    curve,
+    curve_spec,
+    implied_gain,
+    with_curve,
+)
+from benchmarks.concurrency_map.report import markdown
+from pdasgd_jax.bench import json_ready
+
+NAME = "concurrency-map"
+QUICK_CELLS = (CellSpec("digits", 4, 1.0),)
+
+
+def run_map(
+    specs: list[CellSpec],
+    gains: list[float],
+    shape: str = "linear",
+    *,
+    quick: bool,
+    baselines: tuple[str, ...] = BASELINES,
+    on_cell: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Every cell of ``specs`` at every gain (``run_cell``), with what they share; ``on_cell`` is
+    called with each finished cell (the command appends it to its JSONL).
+
+    Raises:
+      ValueError: a gain the shape does not allow, before any run.
+    """
+    gains = sorted(gains)
+    curves = {f"{g:g}": list(curve(g, shape)) for g in gains}  # refuses a bad gain or shape up front
+    results: dict[str, Any] = {
+        "study": NAME,
+        "quick": quick,
+        "shape": shape,
+        "shape_text": SHAPE_TEXT[shape],
+        "gains": gains,
+        "curves": curves,
+        "baselines": list(baselines),
+        "mfu": {"paper": PAPER_MFU, "implied_g3": implied_gain()},
+        "cells": [],
+    }
+    for spec in specs:
+        result = run_cell(spec, gains, shape, quick=quick, baselines=baselines)
+        results["cells"].append(result)
+        if on_cell is not None:
+            on_cell(result)
+    return results
+
+
+def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
+    """The ``STUDIES`` entry: the whole map (``quick``: ``QUICK_CELLS`` at ``QUICK_GAINS``)."""
+    del out_dir
+    specs, gains = (list(QUICK_CELLS), list(QUICK_GAINS)) if quick else (default_cells(), list(GAINS))
+    results = run_map(specs, gains, quick=quick)
+    return json_ready(results), markdown(results)
+
+
+__all__ = [
+    "BASELINES",
+    "GAINS",
+    "NAME",
+    "PAPER_MFU",
+    "QUICK_CELLS",
+    "QUICK_GAINS",
+    "SHAPES",
+    "CellSpec",
+    "band_at",
+    "break_even",
+    "crossing",
+    "curve",
+    "curve_spec",
+    "default_cells",
+    "implied_gain",
+    "markdown",
+    "run",
+    "run_cell",
+    "run_map",
+    "speedup",
+    "verdict",
+    "with_curve",
+]

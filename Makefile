@@ -71,7 +71,7 @@ $(DOCS_STAMP): $(STAMP) requirements-docs.txt
 
 docs: $(DOCS_STAMP)
 	$(PY) scripts/make_cli_reference.py --check
-	$(VENV)/bin/mkdocs build --strict --quiet
+	$(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) runs site

@@ -94,22 +94,21 @@ class StageKernels:
       model: the staged model.
       tx: the optimizer every stage's update applies (one state per stage).
 
-    Example:
-
-    >>> import jax, jax.numpy as jnp, optax
-    >>> from flax import nnx
-    >>> from pdasgd_jax import from_modules
-    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
-    >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
-    >>> from pdasgd_jax import StageKernels, init_opt_states
-    >>> k = StageKernels(model, optax.sgd(0.1))
-    >>> y, s, vjp = k.forward_stashed(0)(v.params[0], v.states[0], x)
-    >>> logits, _, vjp1 = k.forward_stashed(1)(v.params[1], v.states[1], y)
-    >>> loss, delta = k.loss_grad(logits, labels)
-    >>> g1, delta = k.backward_stashed(1)(vjp1, delta)
-    >>> new_params1, new_opt1 = k.update(1)(v.params[1], init_opt_states(optax.sgd(0.1), v.params)[1], g1)
-    >>> new_params1["kernel"].shape
-    (8, 3)
+    Examples:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> from flax import nnx
+        >>> from pdasgd_jax import from_modules
+        >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+        >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
+        >>> from pdasgd_jax import StageKernels, init_opt_states
+        >>> k = StageKernels(model, optax.sgd(0.1))
+        >>> y, s, vjp = k.forward_stashed(0)(v.params[0], v.states[0], x)
+        >>> logits, _, vjp1 = k.forward_stashed(1)(v.params[1], v.states[1], y)
+        >>> loss, delta = k.loss_grad(logits, labels)
+        >>> g1, delta = k.backward_stashed(1)(vjp1, delta)
+        >>> new_params1, new_opt1 = k.update(1)(v.params[1], init_opt_states(optax.sgd(0.1), v.params)[1], g1)
+        >>> new_params1["kernel"].shape
+        (8, 3)
     """
 
     def __init__(self, model: StagedModel, tx: optax.GradientTransformation):
@@ -269,25 +268,26 @@ def chained_gradients(
 
     Args:
       kernels: the model's ``StageKernels``.
-      params, states: one tree per stage.
-      x, labels: a batch.
+      params: one parameter tree per stage.
+      states: one non-trainable state tree per stage.
+      x: a batch's inputs.
+      labels: its labels.
       rng: the key of the model's randomness (Dropout), if it draws any.
 
     Returns:
       ``(loss, grads)``: the batch's loss and one gradient tree per stage.
 
-    Example:
-
-    >>> import jax, jax.numpy as jnp, optax
-    >>> from flax import nnx
-    >>> from pdasgd_jax import from_modules
-    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
-    >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
-    >>> from pdasgd_jax import StageKernels, chained_gradients
-    >>> loss, grads = chained_gradients(StageKernels(model, optax.sgd(0.1)), v.params, v.states, x, labels)
-    >>> whole = jax.grad(lambda p: model.loss_and_states(p, v.states, x, labels)[0])(v.params)
-    >>> bool(jnp.allclose(grads[0]["kernel"], whole[0]["kernel"], atol=1e-6))
-    True
+    Examples:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> from flax import nnx
+        >>> from pdasgd_jax import from_modules
+        >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+        >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
+        >>> from pdasgd_jax import StageKernels, chained_gradients
+        >>> loss, grads = chained_gradients(StageKernels(model, optax.sgd(0.1)), v.params, v.states, x, labels)
+        >>> whole = jax.grad(lambda p: model.loss_and_states(p, v.states, x, labels)[0])(v.params)
+        >>> bool(jnp.allclose(grads[0]["kernel"], whole[0]["kernel"], atol=1e-6))
+        True
     """
     vjps = []
     for m in range(kernels.num_stages):

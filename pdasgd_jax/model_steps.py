@@ -25,19 +25,18 @@ class TrainState(NamedTuple):
       params, states: one tree per stage (``Variables``).
       opt_states: ``init_opt_states(tx, params)`` (with ``whole_model``: one state).
 
-    Example:
-
-    >>> import jax, jax.numpy as jnp, optax
-    >>> from flax import nnx
-    >>> from pdasgd_jax import from_modules
-    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
-    >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
-    >>> from pdasgd_jax import TrainState, init_opt_states, make_train_step
-    >>> tx = optax.sgd(0.1)
-    >>> ts = TrainState(v.params, v.states, init_opt_states(tx, v.params))
-    >>> ts, loss = jax.jit(make_train_step(model, tx))(ts, x, labels)
-    >>> loss.shape
-    ()
+    Examples:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> from flax import nnx
+        >>> from pdasgd_jax import from_modules
+        >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+        >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
+        >>> from pdasgd_jax import TrainState, init_opt_states, make_train_step
+        >>> tx = optax.sgd(0.1)
+        >>> ts = TrainState(v.params, v.states, init_opt_states(tx, v.params))
+        >>> ts, loss = jax.jit(make_train_step(model, tx))(ts, x, labels)
+        >>> loss.shape
+        ()
     """
 
     params: tuple[PyTree, ...]
@@ -70,21 +69,20 @@ def make_train_step(
     Returns:
       The step function, to ``jax.jit`` (or map) yourself.
 
-    Example:
-
-    >>> import jax, jax.numpy as jnp, optax
-    >>> from flax import nnx
-    >>> from pdasgd_jax import from_modules
-    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
-    >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
-    >>> from pdasgd_jax import TrainState, init_opt_states, make_train_step
-    >>> tx = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))  # clips the whole model's norm
-    >>> ts = TrainState(v.params, v.states, init_opt_states(tx, v.params, whole_model=True))
-    >>> step = jax.jit(make_train_step(model, tx, whole_model=True))
-    >>> ts, first = step(ts, x, labels)
-    >>> ts, second = step(ts, x, labels)
-    >>> bool(second < first)
-    True
+    Examples:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> from flax import nnx
+        >>> from pdasgd_jax import from_modules
+        >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+        >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
+        >>> from pdasgd_jax import TrainState, init_opt_states, make_train_step
+        >>> tx = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))  # clips the whole model's norm
+        >>> ts = TrainState(v.params, v.states, init_opt_states(tx, v.params, whole_model=True))
+        >>> step = jax.jit(make_train_step(model, tx, whole_model=True))
+        >>> ts, first = step(ts, x, labels)
+        >>> ts, second = step(ts, x, labels)
+        >>> bool(second < first)
+        True
     """
 
     def step(ts: TrainState, x, labels, rng=None, weight=None):
@@ -123,17 +121,16 @@ def make_eval_step(model: StagedModel) -> Callable:
     Returns:
       The jitted evaluation step: its sums over batches give the test loss and accuracy.
 
-    Example:
-
-    >>> import jax, jax.numpy as jnp, optax
-    >>> from flax import nnx
-    >>> from pdasgd_jax import from_modules
-    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
-    >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
-    >>> from pdasgd_jax import make_eval_step
-    >>> loss_sum, correct = make_eval_step(model)(v.params, v.states, x, labels, jnp.array([True, False]))
-    >>> int(correct) <= 1  # only the first example counts
-    True
+    Examples:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> from flax import nnx
+        >>> from pdasgd_jax import from_modules
+        >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+        >>> x, labels = jnp.ones((2, 4)), jnp.array([0, 2])
+        >>> from pdasgd_jax import make_eval_step
+        >>> loss_sum, correct = make_eval_step(model)(v.params, v.states, x, labels, jnp.array([True, False]))
+        >>> int(correct) <= 1  # only the first example counts
+        True
     """
     example_loss = jax.vmap(lambda logits, label: model.loss(logits[None], label[None]))
 

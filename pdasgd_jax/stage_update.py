@@ -27,14 +27,13 @@ def init_opt_states(
     Returns:
       A tuple of one state per stage, or with ``whole_model`` one state.
 
-    Example:
-
-    >>> import optax
-    >>> from flax import nnx
-    >>> from pdasgd_jax import from_modules, init_opt_states
-    >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
-    >>> len(init_opt_states(optax.adam(1e-3), v.params))
-    2
+    Examples:
+        >>> import optax
+        >>> from flax import nnx
+        >>> from pdasgd_jax import from_modules, init_opt_states
+        >>> model, v = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+        >>> len(init_opt_states(optax.adam(1e-3), v.params))
+        2
     """
     return tx.init(tuple(params)) if whole_model else tuple(tx.init(p) for p in params)
 

@@ -45,13 +45,12 @@ def softmax_cross_entropy(logits_BxC: jax.Array, labels_B: jax.Array) -> jax.Arr
     Returns:
       The mean over the batch, a scalar.
 
-    Example:
-
-    >>> import jax.numpy as jnp
-    >>> from pdasgd_jax import softmax_cross_entropy
-    >>> loss = softmax_cross_entropy(jnp.zeros((4, 10)), jnp.array([0, 1, 2, 3]))
-    >>> round(float(loss), 4)  # log(10): uniform scores
-    2.3026
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pdasgd_jax import softmax_cross_entropy
+        >>> loss = softmax_cross_entropy(jnp.zeros((4, 10)), jnp.array([0, 1, 2, 3]))
+        >>> round(float(loss), 4)  # log(10): uniform scores
+        2.3026
     """
     return optax.softmax_cross_entropy_with_integer_labels(logits_BxC, labels_B).mean()
 
@@ -64,13 +63,12 @@ class Variables(NamedTuple):
       states: one tree per stage of the non-trainable state (BatchNorm statistics; an empty
         dict for a stage without any).
 
-    Example:
-
-    >>> from flax import nnx
-    >>> from pdasgd_jax import from_modules
-    >>> model, variables = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
-    >>> len(variables.params), sorted(variables.params[0])
-    (2, ['bias', 'kernel'])
+    Examples:
+        >>> from flax import nnx
+        >>> from pdasgd_jax import from_modules
+        >>> model, variables = from_modules([nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))])
+        >>> len(variables.params), sorted(variables.params[0])
+        (2, ['bias', 'kernel'])
     """
 
     params: tuple[PyTree, ...]
@@ -105,13 +103,12 @@ class Stage:
       param_def, state_def: the structures of its parameters and non-trainable state.
       rng_def, rng_leaves: the structure and leaves of its randomness, if it draws any.
 
-    Example:
-
-    >>> from flax import nnx
-    >>> from pdasgd_jax import from_modules
-    >>> model, _ = from_modules([nnx.Linear(4, 3, rngs=nnx.Rngs(0))], names=["head"])
-    >>> model.stages[0].name, model.stages[0].draws_randomness
-    ('head', False)
+    Examples:
+        >>> from flax import nnx
+        >>> from pdasgd_jax import from_modules
+        >>> model, _ = from_modules([nnx.Linear(4, 3, rngs=nnx.Rngs(0))], names=["head"])
+        >>> model.stages[0].name, model.stages[0].draws_randomness
+        ('head', False)
     """
 
     name: str
@@ -187,14 +184,14 @@ class StagedModel:
       stages: the stages, applied in order.
       loss: ``loss(logits, labels) -> scalar``, a mean over the batch.
 
-    Example:
-
-    >>> from flax import nnx
-    >>> from pdasgd_jax import from_modules
-    >>> rngs = nnx.Rngs(0)
-    >>> model, _ = from_modules([nnx.Sequential(nnx.Linear(4, 8, rngs=rngs), nnx.relu), nnx.Linear(8, 3, rngs=rngs)])
-    >>> model.num_stages
-    2
+    Examples:
+        >>> from flax import nnx
+        >>> from pdasgd_jax import from_modules
+        >>> rngs = nnx.Rngs(0)
+        >>> first = nnx.Sequential(nnx.Linear(4, 8, rngs=rngs), nnx.relu)
+        >>> model, _ = from_modules([first, nnx.Linear(8, 3, rngs=rngs)])
+        >>> model.num_stages
+        2
     """
 
     stages: tuple[Stage, ...]
@@ -283,15 +280,14 @@ def from_modules(
     Returns:
       ``(model, variables)``: the pure description and the initial per-stage arrays.
 
-    Example:
-
-    >>> from flax import nnx
-    >>> from pdasgd_jax import Config, from_modules
-    >>> rngs = nnx.Rngs(0)
-    >>> modules = [nnx.Sequential(nnx.Linear(64, 32, rngs=rngs), nnx.relu), nnx.Linear(32, 10, rngs=rngs)]
-    >>> model, variables = from_modules(modules)  # then: train_and_evaluate(Config(...), model=(model, variables))
-    >>> [stage.name for stage in model.stages]
-    ['stage0', 'stage1']
+    Examples:
+        >>> from flax import nnx
+        >>> from pdasgd_jax import Config, from_modules
+        >>> rngs = nnx.Rngs(0)
+        >>> modules = [nnx.Sequential(nnx.Linear(64, 32, rngs=rngs), nnx.relu), nnx.Linear(32, 10, rngs=rngs)]
+        >>> model, variables = from_modules(modules)  # then: train_and_evaluate(Config(...), model=(model, variables))
+        >>> [stage.name for stage in model.stages]
+        ['stage0', 'stage1']
     """
     if not modules:
         raise ValueError("from_modules needs at least one stage; got an empty list")

@@ -334,8 +334,9 @@ def resume_run(
 
     Args:
       run_dir: the run directory (a ``Config.out`` that holds checkpoints).
-      model, optimizer, dataset: a run of your own model, optimizer or dataset needs them
-        passed again (its ``config.json`` records only that they were your own).
+      model: your own model, if the run used one (its ``config.json`` records only that).
+      optimizer: your own optimizer, likewise.
+      dataset: your own dataset, likewise.
 
     Returns:
       The ``TrainResult`` of the whole run, as ``train_and_evaluate`` returns it.

@@ -26,12 +26,11 @@ Augmentation = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 def crop_flip(x_BxHxWxC: np.ndarray, rng: np.random.Generator, padding: int = CROP_PADDING) -> np.ndarray:
     """Random ``padding``-pixel zero-padded crops and horizontal flips of a batch of images.
 
-    Example:
-
-    >>> import numpy as np
-    >>> x = np.arange(2 * 8 * 8 * 3, dtype=np.float32).reshape(2, 8, 8, 3)
-    >>> crop_flip(x, np.random.default_rng(0)).shape
-    (2, 8, 8, 3)
+    Examples:
+        >>> import numpy as np
+        >>> x = np.arange(2 * 8 * 8 * 3, dtype=np.float32).reshape(2, 8, 8, 3)
+        >>> crop_flip(x, np.random.default_rng(0)).shape
+        (2, 8, 8, 3)
     """
     if x_BxHxWxC.ndim != 4:
         raise ValueError(f"crop-flip takes a batch of images (B, H, W, C), not shape {x_BxHxWxC.shape}")

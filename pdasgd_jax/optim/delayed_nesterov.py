@@ -56,16 +56,15 @@ def delayed_nesterov(
       hyperparameter may be a jax array (then not validated), so it can be wrapped in
       ``optax.inject_hyperparams``.
 
-    Example:
-
-    >>> import jax.numpy as jnp
-    >>> from pdasgd_jax.optim import delayed_nesterov
-    >>> tx = delayed_nesterov(1.0, momentum=0.5, period=2)
-    >>> state = tx.init(jnp.zeros(1))
-    >>> u1, state = tx.update(jnp.array([2.0]), state)  # a plain step: -g / 2
-    >>> u2, state = tx.update(jnp.array([4.0]), state)  # m = 0.5 * 0 + (2 + 4) / 2 = 3
-    >>> u1.tolist(), u2.tolist()  # -(4 / 2 + 0.5 * 3)
-    ([-1.0], [-3.5])
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pdasgd_jax.optim import delayed_nesterov
+        >>> tx = delayed_nesterov(1.0, momentum=0.5, period=2)
+        >>> state = tx.init(jnp.zeros(1))
+        >>> u1, state = tx.update(jnp.array([2.0]), state)  # a plain step: -g / 2
+        >>> u2, state = tx.update(jnp.array([4.0]), state)  # m = 0.5 * 0 + (2 + 4) / 2 = 3
+        >>> u1.tolist(), u2.tolist()  # -(4 / 2 + 0.5 * 3)
+        ([-1.0], [-3.5])
 
     References:
       Liu et al., *Asynchronous Local-SGD Training for Language Modeling*, arXiv 2401.09135

@@ -29,14 +29,13 @@ def staleness_aware(inner: optax.GradientTransformation) -> optax.GradientTransf
       A transformation with ``update(grads, state, params=None, *, staleness=0, **extra)``;
       ``staleness`` may be a traced integer; ``extra`` is passed to ``inner``.
 
-    Example:
-
-    >>> import jax.numpy as jnp, optax
-    >>> from pdasgd_jax.optim import staleness_aware
-    >>> tx = staleness_aware(optax.sgd(1.0))
-    >>> updates, _ = tx.update(jnp.array([2.0]), tx.init(jnp.zeros(1)), staleness=4)
-    >>> updates.tolist()
-    [-0.5]
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from pdasgd_jax.optim import staleness_aware
+        >>> tx = staleness_aware(optax.sgd(1.0))
+        >>> updates, _ = tx.update(jnp.array([2.0]), tx.init(jnp.zeros(1)), staleness=4)
+        >>> updates.tolist()
+        [-0.5]
     """
     inner = optax.with_extra_args_support(inner)
 
@@ -72,15 +71,14 @@ def delay_compensated(inner: optax.GradientTransformation, lam: float) -> optax.
       ``params`` are the current weights, ``old_params`` those the gradient was computed
       at; ``extra`` is passed to ``inner``.
 
-    Example:
-
-    >>> import jax.numpy as jnp, optax
-    >>> from pdasgd_jax.optim import delay_compensated
-    >>> tx = delay_compensated(optax.sgd(1.0), lam=0.5)
-    >>> g, now, old = jnp.array([2.0]), jnp.array([1.0]), jnp.array([0.0])
-    >>> updates, _ = tx.update(g, tx.init(now), now, old_params=old)
-    >>> updates.tolist()  # -(2 + 0.5 * 2 * 2 * (1 - 0))
-    [-4.0]
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from pdasgd_jax.optim import delay_compensated
+        >>> tx = delay_compensated(optax.sgd(1.0), lam=0.5)
+        >>> g, now, old = jnp.array([2.0]), jnp.array([1.0]), jnp.array([0.0])
+        >>> updates, _ = tx.update(g, tx.init(now), now, old_params=old)
+        >>> updates.tolist()  # -(2 + 0.5 * 2 * 2 * (1 - 0))
+        [-4.0]
     """
     if is_concrete(lam) and not lam >= 0:
         raise ValueError(f"lam {lam!r} must be >= 0 (0 turns the compensation off)")
@@ -130,15 +128,14 @@ def with_staleness_rule(
     Raises:
       ValueError: ``rule`` is not one of ``none``, ``staleness-aware``, ``delay-compensated``.
 
-    Example:
-
-    >>> import jax.numpy as jnp, optax
-    >>> from pdasgd_jax.optim import with_staleness_rule
-    >>> tx = with_staleness_rule(optax.sgd(1.0), "staleness-aware")
-    >>> p = jnp.array([1.0])
-    >>> updates, _ = tx.update(jnp.array([2.0]), tx.init(p), p, staleness=4, old_params=p)
-    >>> updates.tolist()  # the step divided by the staleness
-    [-0.5]
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from pdasgd_jax.optim import with_staleness_rule
+        >>> tx = with_staleness_rule(optax.sgd(1.0), "staleness-aware")
+        >>> p = jnp.array([1.0])
+        >>> updates, _ = tx.update(jnp.array([2.0]), tx.init(p), p, staleness=4, old_params=p)
+        >>> updates.tolist()  # the step divided by the staleness
+        [-0.5]
     """
     if rule == "none":
         return optax.with_extra_args_support(tx)

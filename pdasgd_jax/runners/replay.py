@@ -153,9 +153,11 @@ def replay_run(
 
     Args:
       run_dir: a run directory written with ``--event-log``.
-      rtol, atol: a leaf matches when ``|replayed - saved| <= atol + rtol * |saved|``.
-      model, optimizer: the run's own model and optimizer, when it was trained with them
-        (``train_and_evaluate(model=..., optimizer=...)``); its config names neither.
+      rtol: relative tolerance: a leaf matches when ``|replayed - saved| <= atol + rtol * |saved|``.
+      atol: absolute tolerance, as above.
+      model: the run's own model, when it was trained with one
+        (``train_and_evaluate(model=...)``); its config does not name it.
+      optimizer: the run's own optimizer, likewise.
 
     Returns:
       A ``ReplayReport``: whether the replay matched, and its one-line ``text``.

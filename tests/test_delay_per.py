@@ -6,6 +6,7 @@ job (sync, ASGD, LPP-SGD, local SGD, DaSGD, replicated ASGD) idles the whole dra
 so its runs are identical under both semantics."""
 
 import dataclasses
+import time
 import types
 from typing import NamedTuple
 
@@ -330,7 +331,7 @@ def test_the_runtime_workers_get_the_simulators_shares(base, monkeypatch, overri
 
 def test_a_runtime_worker_sleeps_its_share_of_its_draw():
     slept = []
-    control = types.SimpleNamespace(sleep=slept.append)
+    control = types.SimpleNamespace(sleep=slept.append, now=time.perf_counter)
     delay = delays.DelayModel("constant", mean=0.5, per="job")
     worker = Worker("d0/forward0", jax.devices()[0], None, control, delay, delays.rng_for(0), delay_share=0.25)
     worker._last_busy = 1.0
@@ -364,7 +365,7 @@ def test_runtime_pdasgd_workers_idle_one_draw_per_job_carried_with_the_job_under
     slept = {}
 
     def worker(cls, name, share, **queues):
-        control = types.SimpleNamespace(stopped=False, sleep=slept.setdefault(name, []).append)
+        control = types.SimpleNamespace(stopped=False, sleep=slept.setdefault(name, []).append, now=time.perf_counter)
         control.job_finished = lambda loss: None
         rng = delays.rng_for(7, "delay", name)
         return cls(name, device, executor, control, delay, rng, delay_share=share, **queues)

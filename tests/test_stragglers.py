@@ -2,6 +2,7 @@
 on the simulator (every algorithm over several devices) and the threaded runtime."""
 
 import collections
+import time
 import types
 
 import jax
@@ -192,6 +193,7 @@ def test_a_simulated_straggler_worker_of_a_step_synchronous_run_is_busy_f_times_
 class _FakeControl:
     def __init__(self):
         self.slept = []
+        self.now = time.perf_counter
 
     def sleep(self, seconds):
         self.slept.append(seconds)

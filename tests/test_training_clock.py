@@ -47,6 +47,9 @@ def test_overlapping_compilations_come_off_the_clock_once():
 def test_a_run_reports_its_compile_time_apart_from_its_training_clock(algo):
     summary = train_and_evaluate(Config(algo=algo, epochs=0.5, progress=False))
     assert summary["compile_time"] > 0 and summary["wall_time"] > 0
+    # A thread's work is timed on the same clock: no worker is busy longer than the run trained.
+    for worker, fractions in summary.get("utilisation", {}).items():
+        assert 0 <= fractions["busy"] <= 1, (worker, fractions)
 
 
 def test_the_default_cadence_of_a_checkpoint_can_wait_a_minimum_interval(tmp_path, monkeypatch):

@@ -9,8 +9,9 @@ thread blocked anywhere (a full or empty queue, an injected delay) wakes at once
 from __future__ import annotations
 
 import threading
+import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from pdasgd_jax.affinity import pin_current_thread
@@ -39,11 +40,20 @@ class Control:
     Args:
       queues: queues (and gates) to abort on ``stop`` so that no thread stays blocked on one.
       host_cpus: cores every thread pins itself to when it starts running (None: no pinning).
+      now: the seconds the threads time their work with (busy, idle, starved, blocked).
+        ``Runtime`` passes its training clock, so a worker's utilisation and the run's
+        ``train_time`` leave out the same compilations and pauses.
     """
 
-    def __init__(self, queues: Sequence[Abortable] = (), host_cpus: tuple[int, ...] | None = None):
+    def __init__(
+        self,
+        queues: Sequence[Abortable] = (),
+        host_cpus: tuple[int, ...] | None = None,
+        now: Callable[[], float] = time.perf_counter,
+    ):
         self.stop_event = threading.Event()
         self.host_cpus = host_cpus
+        self.now = now
         # The cores each thread could run on once running (its name -> core ids; None: unknown).
         self.thread_cpus: dict[str, tuple[int, ...] | None] = {}
         self._queues = list(queues)

@@ -138,7 +138,8 @@ class Runtime:
         and then ``aborted``: every other wait of the run."""
         s = self.settings
         gate = Gate(first_batch)  # shut until the supervisor opens it
-        self.control = Control([gate, feed_queue, *aborted], host_cpus=s.pinned_cpus)
+        # The threads time their work on the run's training clock (``_run`` sets it).
+        self.control = Control([gate, feed_queue, *aborted], host_cpus=s.pinned_cpus, now=lambda: self._clock.elapsed)
         self.feed = DataFeed(
             self.exp, s.batch_size, range(first_batch, s.num_batches), feed_queue, self.control, gate, batches=batches
         )

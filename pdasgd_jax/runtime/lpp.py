@@ -118,9 +118,9 @@ class Averager:
         try:
             self.control.thread_running(self.name)
             while self._next_round():
-                start = time.perf_counter()
+                start = self.control.now()
                 self._average()
-                self.stats.busy += time.perf_counter() - start
+                self.stats.busy += self.control.now() - start
                 self.stats.jobs += 1
         except BaseException as exc:  # reported to the supervisor, which re-raises it
             self.control.fail(self.name, exc)

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
@@ -95,7 +94,7 @@ class Pending(NamedTuple):
 
     Attributes:
       outputs: the arrays whose readiness means the job's part is computed.
-      start: ``time.perf_counter()`` when its dispatch began.
+      start: ``Control.now()`` when its dispatch began.
       finish: called once they are ready (reports the job), or None.
     """
 
@@ -193,7 +192,7 @@ class Worker:
         if pending is None:
             return
         jax.block_until_ready(pending.outputs)
-        self._last_busy = time.perf_counter() - pending.start
+        self._last_busy = self.control.now() - pending.start
         self.stats.busy += self._last_busy
         self.stats.jobs += 1
         if pending.finish is not None:
@@ -226,13 +225,13 @@ class Worker:
         if not self._delayed:
             return
         if self.slowdown > 1 and self._warm:
-            start = time.perf_counter()
+            start = self.control.now()
             self.control.sleep(self._last_busy * (self.slowdown - 1.0))
-            self.stats.busy += time.perf_counter() - start
+            self.stats.busy += self.control.now() - start
         self._warm = True
-        start = time.perf_counter()
+        start = self.control.now()
         self.control.sleep(idle)
-        self.stats.idle += time.perf_counter() - start
+        self.stats.idle += self.control.now() - start
 
     def _wait(self, attempt: Callable[..., T], stat: str) -> T:
         """``attempt(block=False)``, or, where it would block, the pending job settled first
@@ -242,11 +241,11 @@ class Worker:
         except WouldBlock:
             pass
         self._settle()
-        start = time.perf_counter()
+        start = self.control.now()
         try:
             return attempt(block=True)
         finally:
-            setattr(self.stats, stat, getattr(self.stats, stat) + time.perf_counter() - start)
+            setattr(self.stats, stat, getattr(self.stats, stat) + self.control.now() - start)
 
     def _take(self, q: BoundedQueue[T]) -> T:
         """The next item of ``q`` (waiting is ``starved`` time). An input whose ``settle_first``
@@ -293,7 +292,7 @@ class ForwardWorker(Worker):
         batch = self._take(self.feed)
         with self._reserve(self.jobs) as slot:
             self._settle()
-            start = time.perf_counter()
+            start = self.control.now()
             job = self._start_job(batch)
             loss = self.executor.forward_all(job, worker=self.name)
             # Taken before the job is handed on: its backward replaces delta.
@@ -323,7 +322,7 @@ class BackwardWorker(Worker):
     def step(self) -> None:
         job = self._take(self.jobs)
         self._settle()
-        start = time.perf_counter()
+        start = self.control.now()
         self.executor.backward_all(job, layerwise=self.layerwise, worker=self.name)
         # the loss too: it comes from the forward worker's program, which the updates need not
         # wait for (a job counted finished reports its loss, computed)
@@ -346,7 +345,7 @@ class AsgdWorker(Worker):
     def step(self) -> None:
         batch = self._take(self.feed)
         self._settle()
-        start = time.perf_counter()
+        start = self.control.now()
         job = self._start_job(batch)
         self.executor.forward_all(job, worker=self.name)
         self.executor.backward_all(job, layerwise=False, worker=self.name)

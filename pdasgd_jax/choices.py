@@ -11,7 +11,9 @@ TFDS_DATASETS = ("mnist", "cifar10", "cifar100", "imdb_reviews")
 DATASETS = OFFLINE_DATASETS + TFDS_DATASETS
 MODEL_NAMES = ("mlp", "cnn1d", "cnn", "resnet18", "resnet1d", "lstm")
 AUGMENTATIONS = ("none", "crop-flip")
-MERGES = ("correct", "overwrite")
+# How DaSGD merges an average (optim.AveragingRule): "eager" keeps the worker's own 1/W share of
+# its progress since the snapshot and passes the rest on to the next average (arXiv:2502.12996).
+MERGES = ("correct", "overwrite", "eager")
 STALENESS_RULES = ("none", "staleness-aware", "delay-compensated")
 LR_SCHEDULES = ("constant", "cosine", "step")
 ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd", "lpp")

@@ -17,6 +17,13 @@ with DaSGD's delayed averaging (``optim.AveragingRule``), counted per group in c
   no new job; jobs already started finish) until it has, then merged and ``unpause(g)``d.
   Waits are summed per group (``merge_wait``) on the caller's clock.
 
+An ``eager`` merge (``AveragingRule``; ``W`` = the number of groups) also leaves a carry,
+which the group's next snapshot adds to its part of the next mean (the parameters' only).
+Round ``k`` keeps it in the merged group's snapshot slot, stage by stage (the snapshot is no
+longer needed there), and stays in flight until round ``k + 1``'s mean has been taken, so
+checkpoints and replays hold it with the rounds' values. Even with ``d = 0`` a group's
+pipelined jobs in flight may land between its snapshot and its merge: it carries them too.
+
 A merge is written at once, stage by stage, unless ``charge_merge`` is set: the virtual
 clock then runs it as device work (``charge_merge(g, k, writes, done)`` runs each stage's
 write under that stage's lock after the merge program's time on the group's device, and
@@ -53,15 +60,52 @@ PyTree = Any
 Snapshot = tuple[PyTree, PyTree]  # a store's (params, states), one tree per stage each
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def merge_program(rule: AveragingRule, local: PyTree, snapshot: PyTree, average: PyTree) -> PyTree:
-    """One stage's merge (``rule.merge_tree``) as the one jitted program a group runs per stage."""
-    return rule.merge_tree(local, snapshot, average)
+@functools.partial(jax.jit, static_argnums=0, static_argnames="num_groups")
+def merge_program(
+    rule: AveragingRule, local: PyTree, snapshot: PyTree, average: PyTree, num_groups: int | None = None
+) -> PyTree:
+    """One stage's merge (``rule.merge_tree``) as the one jitted program a group runs per stage
+    (``num_groups``: ``W`` of an ``eager`` merge)."""
+    return rule.merge_tree(local, snapshot, average, num_groups)
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames="num_groups")
+def _eager_merge_program(
+    rule: AveragingRule, local: PyTree, snapshot: PyTree, average: PyTree, num_groups: int
+) -> tuple[PyTree, PyTree]:
+    """``merge_program`` of an ``eager`` rule and the carry it leaves, in one program."""
+    return rule.merge_tree(local, snapshot, average, num_groups), rule.carry(local, snapshot, num_groups)
+
+
+_contribution_program = jax.jit(AveragingRule.contribution)
+
+
+def merge_stage(
+    rule: AveragingRule, local: PyTree, snapshot: PyTree, average: PyTree, num_groups: int, abstract: bool = False
+) -> tuple[PyTree, PyTree | None]:
+    """One stage's merged parameters and, for an ``eager`` rule, its carry (else ``None``);
+    by shape only with ``abstract``. The event-log replay calls it as the run does."""
+    if rule.carries:
+        program = functools.partial(_eager_merge_program, rule, num_groups=num_groups)
+    else:
+        program, carry = functools.partial(merge_program, rule), None
+    outputs = jax.eval_shape(program, local, snapshot, average) if abstract else program(local, snapshot, average)
+    return outputs if rule.carries else (outputs, carry)
+
+
+def contribution(snapshot: PyTree, carry: PyTree, abstract: bool = False) -> PyTree:
+    """A snapshot's part of the mean: itself plus its group's carry (one program, on the
+    group's device; by shape only with ``abstract``)."""
+    return (
+        jax.eval_shape(_contribution_program, snapshot, carry) if abstract else _contribution_program(snapshot, carry)
+    )
 
 
 @dataclasses.dataclass
 class _Round:
-    """Round ``k``: each group's snapshot, and each group's copy of the mean once it has arrived."""
+    """Round ``k``: each group's snapshot, and each group's copy of the mean once it has
+    arrived. With an ``eager`` rule a group that has merged it holds its carry's parameters
+    in its snapshot slot instead (module docstring)."""
 
     snapshots: list[Snapshot | None]
     means: list[Snapshot] | None = None
@@ -82,6 +126,8 @@ class GroupRounds:
       clock: the caller's time, for the waits.
       averaged: whether rounds run at all (default: more than one store); a process of a
         multi-process run averages with the other processes' groups even with one store.
+      num_groups: the groups every mean is over (default: one per store), every process's
+        in a multi-process run: ``W`` of an ``eager`` merge.
 
     ``on_merge``, if set, is called as ``on_merge(g, k)`` right after group ``g`` merged round
     ``k`` (in the merging thread, under the caller's lock): tests read the stores there.
@@ -101,11 +147,13 @@ class GroupRounds:
         clock: Callable[[], float],
         *,
         averaged: bool | None = None,
+        num_groups: int | None = None,
     ):
         if rule.outer is not None:
             raise ValueError("replicated runs take no outer optimizer yet")
         self.stores = list(stores)
         self.rule = rule
+        self.num_groups = len(self.stores) if num_groups is None else num_groups
         self._start_allreduce = start_allreduce
         self._mean = mean
         self.abstract = False
@@ -208,17 +256,28 @@ class GroupRounds:
             self._start_allreduce(k)
 
     def snapshots(self, k: int) -> list[Snapshot | None]:
-        """Round ``k``'s snapshots so far (``None`` for a group that has not taken one)."""
-        return list(self._round(k).snapshots)
+        """What round ``k``'s mean averages so far: each group's snapshot (``None`` for a group
+        that has not taken one), with an ``eager`` rule plus the carry of its merge of round
+        ``k - 1`` (which every group merges before it snapshots round ``k``)."""
+        rnd = self._round(k)
+        previous = self._rounds.get(k - 1) if self.rule.carries else None
+        if previous is None:
+            return list(rnd.snapshots)
+        return [
+            None if snap is None else (contribution(snap[0], previous.snapshots[g][0], self.abstract), snap[1])
+            for g, snap in enumerate(rnd.snapshots)
+        ]
 
     def arrive(self, k: int, means: list[Snapshot] | None = None) -> None:
         """Round ``k``'s mean has arrived: the groups waiting for it merge it. ``means`` (one
-        copy per group) if the caller computed it, else ``mean`` of the snapshots."""
+        copy per group) if the caller computed it, else ``mean`` of ``snapshots(k)``."""
         rnd = self._round(k)
         if means is None:
             mean = functools.partial(jax.eval_shape, self._mean) if self.abstract else self._mean
-            means = mean(list(rnd.snapshots))
+            means = mean(self.snapshots(k))
         rnd.means = means
+        if self.rule.carries and self._rounds.get(k - 1) is not None:
+            del self._rounds[k - 1]  # its carries are in this mean now
         round_events.record(self.log, EventKind.MEAN, self._clock, round=k)
         for g in range(len(self.stores)):
             if self._due[g] and self._due[g][0] == ("merge", k):
@@ -247,17 +306,21 @@ class GroupRounds:
         """Writes stage ``m`` of group ``g``'s merge of round ``k``. The round's values are read
         now, not when the merge began: a resumed run loads them while a charged merge runs."""
         rnd = self._rounds[k]
-        (snap_params, _), (mean_params, mean_states) = rnd.snapshots[g], rnd.means[g]
-        merged = functools.partial(merge_program, self.rule)
-        if self.abstract:
-            merged = functools.partial(jax.eval_shape, merged)
+        (snap_params, snap_states), (mean_params, mean_states) = rnd.snapshots[g], rnd.means[g]
+        carry = []
+
+        def merged(p: PyTree, o: PyTree, _v: int) -> tuple[PyTree, PyTree]:
+            params, held_back = merge_stage(
+                self.rule, p, snap_params[m], mean_params[m], self.num_groups, self.abstract
+            )
+            carry.append(held_back)
+            return params, o
+
         store = self.stores[g]
         where = dict(replica=g, stage=m, round=k)
-        store.update_with(
-            m,
-            lambda p, o, _v: (merged(p, snap_params[m], mean_params[m]), o),
-            round_events.merge_commit(self.log, EventKind.MERGE, self._clock, **where),
-        )
+        store.update_with(m, merged, round_events.merge_commit(self.log, EventKind.MERGE, self._clock, **where))
+        if self.rule.carries:  # the stage's snapshot is spent: its slot keeps the carry
+            rnd.snapshots[g] = (tuple(carry[0] if i == m else x for i, x in enumerate(snap_params)), snap_states)
         if jax.tree.leaves(mean_states[m]):
             store.write_state(
                 m, mean_states[m], round_events.merge_commit(self.log, EventKind.MERGE_STATE, self._clock, **where)
@@ -269,7 +332,8 @@ class GroupRounds:
         if self.on_merge is not None:
             self.on_merge(g, k)
         if rnd.merged == len(self.stores):
-            del self._rounds[k]  # every group has merged it: its snapshots can go
+            if not self.rule.carries:  # carries stay until the next round's mean (``arrive``)
+                del self._rounds[k]  # every group has merged it: its snapshots can go
             self.rounds_merged += 1
 
     def values(self) -> list[tuple[int, list[Snapshot | None], list[Snapshot] | None]]:

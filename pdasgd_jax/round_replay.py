@@ -12,8 +12,9 @@ all-reduce started and which replica waited for it: they change no value.
 
 ``RoundArithmetic`` is what differs between the two algorithms: LPP-SGD snapshots parameters
 and corrects them in place (``lpp.corrected``); a replicated run snapshots parameters and
-non-trainable states and merges with its ``AveragingRule`` (``replication.merge_program``),
-the states taking the mean itself.
+non-trainable states and merges with its ``AveragingRule`` (``replication.merge_stage``),
+the states taking the mean itself. An ``eager`` merge's carry is recomputed at each merge and
+added to the replica's next snapshot where the mean takes it, as the run did.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pdasgd_jax.executor import (
 )
 from pdasgd_jax.kernels import StageKernelsProtocol
 from pdasgd_jax.optim import AveragingRule
-from pdasgd_jax.replication import merge_program
+from pdasgd_jax.replication import contribution, merge_stage
 from pdasgd_jax.store import ParameterStore
 
 PyTree = Any
@@ -47,19 +48,23 @@ class RoundArithmetic(NamedTuple):
 
     Attributes:
       states: whether a snapshot holds the non-trainable states too (and a merge writes their mean).
-      merge: ``merge(params_m, snapshot_m, mean_m)``, stage ``m``'s merged parameters.
+      merge: ``merge(params_m, snapshot_m, mean_m, num_replicas)``: stage ``m``'s merged
+        parameters and the carry the merge leaves for the replica's next snapshot (``None``:
+        none, all but an ``eager`` merge).
     """
 
     states: bool
-    merge: Callable[[PyTree, PyTree, PyTree], PyTree]
+    merge: Callable[[PyTree, PyTree, PyTree, int], tuple[PyTree, PyTree | None]]
 
 
-LPP = RoundArithmetic(states=False, merge=lambda params, snapshot, mean: lpp.corrected(params, mean, snapshot))
+LPP = RoundArithmetic(
+    states=False, merge=lambda params, snapshot, mean, _n: (lpp.corrected(params, mean, snapshot), None)
+)
 
 
 def replicated(rule: AveragingRule) -> RoundArithmetic:
     """A replicated run's rounds under ``rule`` (its period, delay and merge)."""
-    return RoundArithmetic(states=True, merge=functools.partial(merge_program, rule))
+    return RoundArithmetic(states=True, merge=functools.partial(merge_stage, rule))
 
 
 @dataclasses.dataclass
@@ -96,6 +101,7 @@ def replay_replicas(
     """
     replicas: dict[int, StoreReplay] = {}
     rounds: dict[int, _Round] = {}
+    carries: dict[tuple[int, int], PyTree] = {}  # (replica, stage): its last merge's carry
 
     def replica(r: int) -> StoreReplay:
         if r < 0:
@@ -117,12 +123,14 @@ def replay_replicas(
                 state,
             )
         elif e.kind == EventKind.MEAN:
-            rounds[e.round].mean = _mean(rounds.get(e.round, _Round()), len(replicas), arithmetic, e)
+            rounds[e.round].mean = _mean(rounds.get(e.round, _Round()), len(replicas), arithmetic, e, carries)
             # Every merge of an earlier round precedes a snapshot of this one: they are done.
             for k in [k for k in rounds if k < e.round]:
                 del rounds[k]
         elif e.kind in (EventKind.MERGE, EventKind.MERGE_STATE):
-            _merge(replica(e.replica).executor.store, rounds.get(e.round), arithmetic, e)
+            carry = _merge(replica(e.replica).executor.store, rounds.get(e.round), arithmetic, e, len(replicas))
+            if carry is not None:
+                carries[e.replica, e.stage] = carry
         elif e.kind not in (EventKind.ROUND, EventKind.WAIT):
             raise ValueError(f"unknown event kind {e.kind!r} in the log")
         if reads is not None and e.replica >= 0:
@@ -130,8 +138,11 @@ def replay_replicas(
     return [replicas[r].executor for r in sorted(replicas)]
 
 
-def _mean(rnd: _Round, num_replicas: int, arithmetic: RoundArithmetic, e: Event) -> tuple[Any, Any]:
-    """Round ``e.round``'s mean ``(params, states)`` per stage, from every replica's snapshot."""
+def _mean(
+    rnd: _Round, num_replicas: int, arithmetic: RoundArithmetic, e: Event, carries: Mapping[tuple[int, int], PyTree]
+) -> tuple[Any, Any]:
+    """Round ``e.round``'s mean ``(params, states)`` per stage, from every replica's snapshot
+    (plus, after an ``eager`` merge, the replica's carry)."""
     if len(rnd.snapshots) != num_replicas:
         raise ReplayDiverged(
             f"replay diverged: the mean of round {e.round} (event seq {e.seq}) arrives with snapshots of "
@@ -141,22 +152,34 @@ def _mean(rnd: _Round, num_replicas: int, arithmetic: RoundArithmetic, e: Event)
     for r in sorted(rnd.snapshots):
         stages = [rnd.snapshots[r][m] for m in sorted(rnd.snapshots[r])]
         params = tuple(p for p, _ in stages)
+        if any((r, m) in carries for m in range(len(stages))):  # as the run adds them: all stages at once
+            params = contribution(params, tuple(carries[r, m] for m in range(len(stages))))
         trees.append((params, tuple(s for _, s in stages)) if arithmetic.states else params)
     mean = lpp.mean_of(trees)
     return mean if arithmetic.states else (mean, ())
 
 
-def _merge(store: ParameterStore, rnd: _Round | None, arithmetic: RoundArithmetic, e: Event) -> None:
-    """Writes replica ``e.replica``'s stage ``e.stage`` merged with round ``e.round``'s mean."""
+def _merge(
+    store: ParameterStore, rnd: _Round | None, arithmetic: RoundArithmetic, e: Event, num_replicas: int
+) -> PyTree | None:
+    """Writes replica ``e.replica``'s stage ``e.stage`` merged with round ``e.round``'s mean;
+    returns the carry the merge leaves (``None``: none)."""
     if rnd is None or rnd.mean is None:
         raise ReplayDiverged(
             f"replay diverged: replica {e.replica} merges round {e.round} (event seq {e.seq}) before its mean arrived"
         )
     mean_params, mean_states = rnd.mean
     m = e.stage
+    carry = []
     if e.kind == EventKind.MERGE:
         snapshot = rnd.snapshots[e.replica][m][0]
-        replaced = store.update_with(m, lambda p, o, _v: (arithmetic.merge(p, snapshot, mean_params[m]), o))
+
+        def merged(p: PyTree, o: PyTree, _v: int) -> tuple[PyTree, PyTree]:
+            params, held_back = arithmetic.merge(p, snapshot, mean_params[m], num_replicas)
+            carry.append(held_back)
+            return params, o
+
+        replaced = store.update_with(m, merged)
     else:
         replaced = store.write_state(m, mean_states[m])
     if replaced != e.replaced_version:
@@ -164,6 +187,7 @@ def _merge(store: ParameterStore, rnd: _Round | None, arithmetic: RoundArithmeti
             f"replay diverged: {e.kind} of replica {e.replica} on stage {m} (round {e.round}) replaces version "
             f"{replaced}, the log says {e.replaced_version}"
         )
+    return carry[0] if carry else None
 
 
 def mean_of_replicas(executors: Sequence[StageExecutor]) -> tuple[PyTree, PyTree]:

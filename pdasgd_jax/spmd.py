@@ -138,10 +138,14 @@ class WorkerState(NamedTuple):
     Attributes:
       train: the worker's parameters, non-trainable states and optimizer states.
       outer: the outer optimizer's ``OuterState`` (the same on every worker), or ``()``.
+      carry: with an ``eager`` merge and ``d > 0``, what the worker's last merge held back
+        (``AveragingRule.carry``; a ``TrainState`` whose ``opt_states`` is ``()`` unless
+        ``average_opt_state``), added to its next snapshot's part of the average; else ``()``.
     """
 
     train: TrainState
     outer: OuterState | tuple
+    carry: TrainState | tuple = ()
 
 
 def make_round(
@@ -163,6 +167,8 @@ def make_round(
     the merge; rows ``d .. H-1`` feed the remaining steps (none when ``d = H``: the merge
     ends the round). Written as two scans with the ``pmean`` before the first, the
     collective's result is needed only after ``d`` steps, so XLA can overlap it with them.
+    An ``eager`` merge (``W`` = the size of ``axis_name``) keeps its carry in the
+    ``WorkerState`` until the next round's snapshot adds it to the average.
 
     A model that draws randomness (Dropout) takes two more arguments, the run's key and the
     round's first step ``kH``, and worker ``w``'s local step ``s`` draws from
@@ -170,6 +176,7 @@ def make_round(
     """
     local_step = make_train_step(model, tx, whole_model=whole_model)
     d = rule.delay
+    carried = _carried(rule)
 
     def local_steps(ts: TrainState, inputs: tuple) -> tuple[TrainState, jax.Array]:
         return jax.lax.scan(lambda ts, row: local_step(ts, *row), ts, inputs)
@@ -187,18 +194,29 @@ def make_round(
             )
         # The optimizer states travel with the average only when asked (``average_opt_state``).
         snapshot = TrainState(ws.train.params, ws.train.states, ws.train.opt_states if rule.average_opt_state else ())
-        average = rule.average(snapshot, axis_name)
+        average = rule.average(rule.contribution(snapshot, ws.carry), axis_name)
+        workers = rule.worker_count(axis_name) if rule.carries else None
         train, loss_in_flight = local_steps(ws.train, tuple(a[:d] for a in inputs))
-        params, outer = rule.merge_params(train.params, snapshot.params, average.params, ws.outer)
-        states = rule.merge_tree(train.states, snapshot.states, average.states)
+        carry = ()
+        if carried:  # from the model before the merge: what the merge holds back of its progress
+            moved = train._replace(opt_states=train.opt_states if rule.average_opt_state else ())
+            carry = rule.carry(moved, snapshot, workers)
+        params, outer = rule.merge_params(train.params, snapshot.params, average.params, ws.outer, workers)
+        states = rule.merge_tree(train.states, snapshot.states, average.states, workers)
         opt_states = train.opt_states
         if rule.average_opt_state:
-            opt_states = rule.merge_tree(opt_states, snapshot.opt_states, average.opt_states)
+            opt_states = rule.merge_tree(opt_states, snapshot.opt_states, average.opt_states, workers)
         merged = TrainState(params, states, opt_states)
         train, loss_after = local_steps(merged, tuple(a[d:] for a in inputs))
-        return WorkerState(train, outer), jnp.concatenate([loss_in_flight, loss_after])
+        return WorkerState(train, outer, carry), jnp.concatenate([loss_in_flight, loss_after])
 
     return round_fn
+
+
+def _carried(rule: AveragingRule) -> bool:
+    """Whether the workers keep an ``eager`` merge's carry from round to round: not with
+    ``d = 0``, where each merge follows its snapshot with no step between (a zero carry)."""
+    return rule.carries and rule.delay > 0
 
 
 def worker_mesh(num_workers: int, num_devices: int | None = None) -> Mesh | None:
@@ -289,10 +307,13 @@ def init_workers(
     (``whole_model``: one optimizer state over every stage, as ``init_opt_states``)."""
     params = jax.device_get(variables.params)
     opt_states = init_opt_states(tx, params, whole_model=whole_model)
-    one = WorkerState(
-        TrainState(params, jax.device_get(variables.states), jax.device_get(opt_states)),
-        jax.device_get(rule.init_outer(params)),
-    )
+    train = TrainState(params, jax.device_get(variables.states), jax.device_get(opt_states))
+    carry = ()
+    if _carried(rule):  # nothing is held back before the first merge
+        carry = jax.tree.map(
+            np.zeros_like, train._replace(opt_states=train.opt_states if rule.average_opt_state else ())
+        )
+    one = WorkerState(train, jax.device_get(rule.init_outer(params)), carry)
     # From host arrays every process can place its own workers (multi-process meshes).
     return jax.tree.map(lambda x: jax.device_put(np.broadcast_to(x, (num_workers, *np.shape(x))), sharding), one)
 

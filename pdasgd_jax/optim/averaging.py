@@ -36,13 +36,44 @@ class AveragingRule:
     After ``t`` local steps, with period ``H`` and delay ``d``: at every ``t`` with
     ``t % H == 0`` (``t = 0`` included) each worker snapshots ``s = theta`` and the average
     ``a = mean_w s`` is started; at ``t0 + d`` it is merged into every worker:
-    ``correct``: ``theta <- a + (theta - s)``; ``overwrite``: ``theta <- a``. With an
-    ``outer`` optimizer the pseudo-gradient ``global - a`` is fed to it, and the global
-    model it produces takes the place of ``a`` in the merge of the parameters.
-    Non-trainable state (BatchNorm statistics) is merged with ``a`` itself, and so is the
-    optimizer state when ``average_opt_state`` (by default each worker keeps its own). When a merge
+    ``correct``: ``theta <- a + (theta - s)``; ``overwrite``: ``theta <- a``; ``eager``
+    (below): ``theta <- a + (theta - s) / W`` over ``W`` workers. With an ``outer``
+    optimizer the pseudo-gradient ``global - a`` is fed to it, and the global model it
+    produces takes the place of ``a`` in the merge of the parameters.
+    The round program merges non-trainable state (BatchNorm statistics) by the same rule, and
+    with ``average_opt_state`` the optimizer state too (by default each worker keeps its own);
+    a replicated run's groups set their non-trainable state to the mean itself. When a merge
     and a snapshot fall on the same ``t``, ``d = H`` merges first (the previous round's
     average) and ``d = 0`` snapshots first (local SGD: ``theta <- a`` at once).
+
+    ``eager``: a worker's own progress since its snapshot, ``theta - s``, is not yet in the
+    average it merges, nor is anyone else's. ``correct`` adds the worker's own in full,
+    ``overwrite`` drops it; ``eager`` keeps the worker's share of it, ``a' = a + (theta - s)
+    / W``: the mean of the others' snapshots and the worker's current model. What it holds
+    back, the carry ``c = (theta - s) - (theta - s) / W``, is not lost: it is added to the
+    worker's next snapshot where that enters the next average (``mean_w (s_w + c_w)``), so
+    every worker's progress reaches the average once and in full, as with ``correct`` (with
+    plain SGD, ``mean_w (theta_w + c_w)`` is the start plus the workers' mean of their local
+    steps, as ``correct``'s ``mean_w theta_w`` is). The worker itself trains on from ``a'``.
+    With an outer optimizer the pseudo-gradient is ``global - a`` as for the other merges (so
+    the outer state stays identical on every worker) and ``theta <- global + (theta - s) /
+    W``. Integer leaves (step counts, equal on every worker) merge as ``correct``.
+    Identities: with ``d = 0`` the merge follows its snapshot with no step between, ``theta =
+    s``, so ``eager`` is ``correct`` (and ``overwrite``); with ``W = 1``, ``a' = theta`` and
+    ``c = 0``, so it is ``correct`` again. ``merge_tree`` and ``merge_params`` need ``W`` for
+    it (under ``vmap`` or ``shard_map``: ``AveragingRule.worker_count(axis_name)``);
+    ``carry`` and ``contribution`` are the carry's two ends.
+
+    ``eager`` follows the eager updates of Kale, Douillard and Donchev, which overlap
+    DiLoCo's outer all-reduce with the next inner phase: each worker applies its own current
+    outer gradient at once (weighted ``1 / W``) together with the others' delayed ones, and
+    the all-reduce still carries every worker's whole outer gradient, so the others receive
+    it one round late. ``d = H`` with no outer optimizer (or ``optax.sgd(1.0)``) is that
+    scheme with one outer step of overlap and an outer SGD step of rate 1; with ``d < H``
+    the same mixing applies to the steps taken while the average is in flight. Unlike the
+    paper, the worker's own share is added to the merged model directly rather than passed
+    through the outer optimizer (which the paper runs per worker): here the outer optimizer
+    sees only the averaged pseudo-gradient, as with the other merges.
 
     Attributes:
       period: ``H >= 1``, local steps between snapshots.
@@ -50,7 +81,7 @@ class AveragingRule:
         ``period`` and ``delay`` may be jax integer arrays (traced): then they are not
         validated, and only the schedule's predicates (``is_snapshot``, ``is_merge``) use
         them; ``spmd``'s round program needs Python integers.
-      merge: ``"correct"`` or ``"overwrite"``.
+      merge: ``"correct"``, ``"overwrite"`` or ``"eager"`` (``choices.MERGES``).
       outer: optional optax optimizer applied to the pseudo-gradient, e.g.
         ``optax.sgd(0.7, momentum=0.9, nesterov=True)``; ``optax.sgd(1.0)`` is the same
         as none.
@@ -66,6 +97,15 @@ class AveragingRule:
     ([0, 4, 8], [2, 6])
     >>> float(rule.merge_tree(jnp.array(5.0), jnp.array(3.0), jnp.array(2.0)))  # a + (theta - s)
     4.0
+    >>> eager = AveragingRule(period=4, delay=2, merge="eager")
+    >>> float(eager.merge_tree(jnp.array(5.0), jnp.array(3.0), jnp.array(2.0), num_workers=2))  # a + (theta - s) / W
+    3.0
+    >>> float(eager.carry(jnp.array(5.0), jnp.array(3.0), num_workers=2))  # added to the next snapshot
+    1.0
+
+    References:
+      Kale, Douillard and Donchev, "Eager Updates For Overlapped Communication and
+      Computation in DiLoCo", arXiv:2502.12996.
     """
 
     period: int
@@ -112,22 +152,73 @@ class AveragingRule:
 
         return jax.tree.map(mean, tree)
 
-    def merge_tree(self, local: PyTree, snapshot: PyTree, average: PyTree) -> PyTree:
-        """The merge of one tree: ``a + (local - s)`` or ``a``."""
+    @staticmethod
+    def worker_count(axis_name: AxisName) -> int:
+        """``W``, the number of workers over the mapped axis (or axes) ``axis_name``, a Python
+        integer under ``vmap`` and ``shard_map`` alike."""
+        return jax.lax.psum(1, axis_name)
+
+    @property
+    def carries(self) -> bool:
+        """Whether a merge leaves a carry for the next snapshot (``eager``)."""
+        return self.merge == "eager"
+
+    def _workers(self, num_workers: int | None) -> int:
+        if num_workers is None or num_workers < 1:
+            raise ValueError(
+                f"merge='eager' needs the number of workers W >= 1 (num_workers={num_workers!r}); "
+                "under vmap or shard_map pass AveragingRule.worker_count(axis_name)"
+            )
+        return num_workers
+
+    def merge_tree(self, local: PyTree, snapshot: PyTree, average: PyTree, num_workers: int | None = None) -> PyTree:
+        """The merge of one tree: ``a + (local - s)``, ``a`` or (``eager``, over ``num_workers``
+        workers) ``a + (local - s) / W``."""
         if self.merge == "overwrite":
             return average
+        if self.merge == "eager":
+            w = self._workers(num_workers)
+            return jax.tree.map(lambda a, x, s: a + _own_share(x - s, w), average, local, snapshot)
         return jax.tree.map(lambda a, x, s: a + (x - s), average, local, snapshot)
 
+    def carry(self, local: PyTree, snapshot: PyTree, num_workers: int | None = None) -> PyTree:
+        """What an ``eager`` merge of ``local`` holds back of the worker's progress since its
+        snapshot, ``(local - s) - (local - s) / W`` (zeros for integer leaves), to be added to
+        its next snapshot's contribution (``contribution``). Computed from the model before
+        the merge."""
+        if not self.carries:
+            raise ValueError(f"merge={self.merge!r} carries nothing; only 'eager' does")
+        w = self._workers(num_workers)
+
+        def held_back(x, s):
+            moved = x - s
+            return moved - _own_share(moved, w) if jnp.issubdtype(moved.dtype, jnp.inexact) else jnp.zeros_like(moved)
+
+        return jax.tree.map(held_back, local, snapshot)
+
+    @staticmethod
+    def contribution(snapshot: PyTree, carry: PyTree) -> PyTree:
+        """What a worker's snapshot adds to the average: the snapshot itself, plus the carry of
+        its previous ``eager`` merge (``()``: none)."""
+        if isinstance(carry, tuple) and not carry:
+            return snapshot
+        return jax.tree.map(jnp.add, snapshot, carry)
+
     def merge_params(
-        self, params: PyTree, snapshot: PyTree, average: PyTree, outer_state: OuterState | tuple
+        self,
+        params: PyTree,
+        snapshot: PyTree,
+        average: PyTree,
+        outer_state: OuterState | tuple,
+        num_workers: int | None = None,
     ) -> tuple[PyTree, OuterState | tuple]:
         """The merge of the parameters, through the outer optimizer if there is one."""
         if self.outer is None:
-            return self.merge_tree(params, snapshot, average), outer_state
+            return self.merge_tree(params, snapshot, average, num_workers), outer_state
         pseudo_grad = jax.tree.map(jnp.subtract, outer_state.global_params, average)
         updates, opt_state = self.outer.update(pseudo_grad, outer_state.opt_state, outer_state.global_params)
         global_params = optax.apply_updates(outer_state.global_params, updates)
-        return self.merge_tree(params, snapshot, global_params), OuterState(global_params, opt_state)
+        return self.merge_tree(params, snapshot, global_params, num_workers), OuterState(global_params, opt_state)
 
     def is_snapshot(self, t: jax.Array) -> jax.Array:
         """Whether a snapshot is taken after ``t`` local steps."""
@@ -136,6 +227,12 @@ class AveragingRule:
     def is_merge(self, t: jax.Array) -> jax.Array:
         """Whether an average is merged after ``t`` local steps."""
         return (t >= self.delay) & ((t - self.delay) % self.period == 0)
+
+
+def _own_share(moved: jax.Array, num_workers: int) -> jax.Array:
+    """The worker's share ``1 / W`` of its own progress ``moved``; an integer leaf (a step
+    count, equal on every worker) keeps all of it, as ``correct`` merges it."""
+    return moved / num_workers if jnp.issubdtype(moved.dtype, jnp.inexact) else moved
 
 
 class DelayedAveragingState(NamedTuple):
@@ -151,6 +248,9 @@ class DelayedAveragingState(NamedTuple):
       opt_snapshot: with ``average_opt_state``, ``inner_state`` at the last snapshot step
         (else ``()``).
       opt_average: the workers' mean of ``opt_snapshot``, held like ``average``.
+      carry: with ``merge="eager"`` (and a delay that may be > 0), what the last merge held
+        back of ``(params, opt_snapshot)``'s progress, added to the next snapshot's
+        contribution to the average (``AveragingRule.carry``); else ``()``.
     """
 
     count: jax.Array
@@ -160,6 +260,7 @@ class DelayedAveragingState(NamedTuple):
     outer: OuterState | tuple
     opt_snapshot: optax.OptState | tuple = ()
     opt_average: optax.OptState | tuple = ()
+    carry: PyTree = ()
 
 
 def delayed_averaging(
@@ -203,7 +304,9 @@ def delayed_averaging(
       delay: ``d``, steps between a snapshot and its merge, ``0 <= d <= H``. ``period``
         and ``delay`` may be traced integers (``optax.inject_hyperparams``).
       axis_name: the workers' mapped axis (or a tuple of axes).
-      merge: ``"correct"`` (``a + (theta - s)``) or ``"overwrite"`` (``a``).
+      merge: ``"correct"`` (``a + (theta - s)``), ``"overwrite"`` (``a``) or ``"eager"``
+        (``a + (theta - s) / W``, the rest carried into the next average; ``W`` is the
+        size of ``axis_name``): ``AveragingRule``.
       outer: optional DiLoCo-style outer optimizer on the pseudo-gradient.
       average_opt_state: also average ``inner``'s state (momentum, Adam moments) on the
         same schedule and merge it like the parameters (default: each worker keeps its own).
@@ -231,12 +334,15 @@ def delayed_averaging(
     """
     rule = AveragingRule(period, delay, merge, outer, average_opt_state)
     inner = optax.with_extra_args_support(inner)
+    # With d = 0 every merge directly follows its snapshot: nothing moved, nothing to carry.
+    carried = rule.carries and not (is_concrete(delay) and delay == 0)
 
     def init(params: optax.Params) -> DelayedAveragingState:
         inner_state = inner.init(params)
         held = inner_state if average_opt_state else ()
+        carry = jax.tree.map(jnp.zeros_like, (params, held)) if carried else ()
         return DelayedAveragingState(
-            jnp.zeros((), jnp.int32), inner_state, params, params, rule.init_outer(params), held, held
+            jnp.zeros((), jnp.int32), inner_state, params, params, rule.init_outer(params), held, held, carry
         )
 
     def update(
@@ -248,13 +354,16 @@ def delayed_averaging(
         theta = optax.apply_updates(params, inner_updates)
         t = state.count + 1
         held = (state.snapshot, state.opt_snapshot), (state.average, state.opt_average)
+        workers = rule.worker_count(axis_name) if rule.carries else None
 
-        def merge(held, theta, inner_state, outer_state):
+        def merge(held, theta, inner_state, outer_state, carry):
             (snapshot, opt_snapshot), (average, opt_average) = held
-            theta, outer_state = rule.merge_params(theta, snapshot, average, outer_state)
+            if carried:
+                carry = rule.carry((theta, inner_state if average_opt_state else ()), held[0], workers)
+            theta, outer_state = rule.merge_params(theta, snapshot, average, outer_state, workers)
             if average_opt_state:
-                inner_state = rule.merge_tree(inner_state, opt_snapshot, opt_average)
-            return theta, inner_state, outer_state
+                inner_state = rule.merge_tree(inner_state, opt_snapshot, opt_average, workers)
+            return theta, inner_state, outer_state, carry
 
         def merged(when, held, values):
             # `when` is a Python bool for a concrete delay (False: no merge here, no cond) and
@@ -263,18 +372,20 @@ def delayed_averaging(
                 return values
             return jax.lax.cond(rule.is_merge(t) & when, merge, lambda held, *v: v, held, *values)
 
-        values = (theta, inner_state, state.outer)
+        values = (theta, inner_state, state.outer, state.carry)
         # With d > 0 the average started `delay` steps ago is merged before a new snapshot.
         values = merged(delay > 0, held, values)
         taken = (values[0], values[1] if average_opt_state else ())
-        held = jax.lax.cond(rule.is_snapshot(t), lambda: (taken, rule.average(taken, axis_name)), lambda: held)
+        # An eager merge's carry rides on the next snapshot into the average (AveragingRule).
+        sent = rule.contribution(taken, values[3])
+        held = jax.lax.cond(rule.is_snapshot(t), lambda: (taken, rule.average(sent, axis_name)), lambda: held)
         # With d = 0 (local SGD) the average just taken is merged at once.
         values = merged(delay == 0, held, values)
-        theta, inner_state, outer_state = values
+        theta, inner_state, outer_state, carry = values
         (snapshot, opt_snapshot), (average, opt_average) = held
         new_updates = jax.tree.map(jnp.subtract, theta, params)
         return new_updates, DelayedAveragingState(
-            t, inner_state, snapshot, average, outer_state, opt_snapshot, opt_average
+            t, inner_state, snapshot, average, outer_state, opt_snapshot, opt_average, carry
         )
 
     return optax.GradientTransformationExtraArgs(init, update)

@@ -16,7 +16,9 @@ averaging, driven by the workers themselves:
   runs an all-reduce) and handed to the rounds at once: it is a device array still being
   computed, and no host thread waits for it;
 * a group merges it ``d`` jobs after its snapshot (the merge's update is dispatched after
-  the all-reduce, on the device). A group that reaches its merge before every group has
+  the all-reduce, on the device), by ``--merge``: ``correct``, ``overwrite``, or ``eager``,
+  whose carry rides on the group's next snapshot into the next mean
+  (``replication.GroupRounds``). A group that reaches its merge before every group has
   snapshotted is paused: its ``GroupGate`` (``runtime.groups``) stops its workers taking
   batches (jobs already taken finish) until the last snapshot arrives.
 
@@ -104,6 +106,8 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             unpause=lambda g: self.gates[g].unpause(),
             clock=lambda: time.perf_counter() - self._clock_start,
             averaged=True if multi else None,
+            # Every process's groups, one per device, share each mean (W of an eager merge).
+            num_groups=jax.device_count() if multi else None,
         )
         if multi and self.log is not None:
             raise ConfigError(

@@ -7,7 +7,9 @@ ends: each worker's compute at its speed plus its injected delays, the model all
 ``alpha + bytes/beta`` started at every snapshot and waited for at its merge ``d`` steps
 later, and the device work of the mean's program and of the merge on every worker's clock.
 Every local update applies to the worker's current model (staleness 0); the merged average
-is ``d`` steps old, reported as ``average_delay_steps``.
+is ``d`` steps old, reported as ``average_delay_steps``. Every ``--merge`` is the round
+program's own, ``eager``'s carries included (``optim.AveragingRule``), so a simulated run
+trains exactly the model a real one does.
 """
 
 from __future__ import annotations

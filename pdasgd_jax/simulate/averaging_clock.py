@@ -15,7 +15,9 @@ worker runs per step, scaled by its speed factor) plus injected idle time. Then:
   reached it (``S = max_w T_w``) and ends at ``E = S + allreduce``; communication uses the
   network, not the device, so the workers keep computing; at the merge step ``t0 + d``
   worker ``w`` waits until ``E`` (``T_w = max(T_w, E)``) and then runs the merge
-  (``theta + (mean - snapshot)``: device work again). With ``d = 0`` (local SGD) that is a
+  (``theta + (mean - snapshot)``, or ``eager``'s ``theta + (mean - snapshot) / W`` and its
+  carry: device work again, charged alike whatever ``--merge`` says: the merges differ by a
+  few elementwise operations per parameter). With ``d = 0`` (local SGD) that is a
   full barrier plus the whole all-reduce; with ``d`` steps of compute at least as long as
   the all-reduce, no wait at all, but the mean's and the merge's device work always
   lengthen the round: only communication can be hidden.

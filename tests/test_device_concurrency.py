@@ -83,16 +83,24 @@ def test_the_curve_of_a_number_runs_the_same_schedule_as_the_number(exp, algo):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("algo", ["pdasgd", "asgd", "lpp"])
-def test_a_device_that_gains_from_concurrency_speeds_every_algorithm_alike(exp, algo):
-    """Several workers on one device: a gain g2 > 1 shortens every algorithm's virtual time,
-    and a serial device (the default) is what c = 1 always was."""
+@pytest.mark.parametrize(("algo", "gains"), [("pdasgd", True), ("asgd", True), ("lpp", False)])
+def test_a_device_that_gains_from_concurrency_speeds_the_programs_that_can_overlap(exp, algo, gains):
+    """Several workers on one device and one store: a gain g2 > 1 shortens the virtual time
+    where their programs do not wait for each other's data, and a serial device (the
+    default) is what c = 1 always was. The clock reads at dispatch, as the runtime does
+    (algorithms.md §5), so a program waits for the updates dispatched before it: PD-ASGD's
+    forward and backward workers overlap; an ASGD job waits for the other thread's update,
+    but its per-stage update programs, dispatched together, overlap; two LPP-SGD threads run
+    one after the other, each reading the other's booked update, as on a serial device."""
     layout = dict(replicas=2, devices=1) if algo != "lpp" else dict(replicas=2, devices=1, period=2)
     serial = _run(exp, TIMING, algo=algo, **layout)
     same = _run(exp, dataclasses.replace(TIMING, concurrency=(1.0,)), algo=algo, **layout)
     gain = _run(exp, dataclasses.replace(TIMING, concurrency=(1.0, 1.6, 1.9)), algo=algo, **layout)
     assert same.extra["virtual_time"] == serial.extra["virtual_time"]
-    assert gain.extra["virtual_time"] < serial.extra["virtual_time"]
+    if gains:
+        assert gain.extra["virtual_time"] < serial.extra["virtual_time"]
+    else:
+        assert gain.extra["virtual_time"] == serial.extra["virtual_time"]
 
 
 def test_the_flag_states_a_curve_and_the_summary_says_which_was_used(tmp_path):

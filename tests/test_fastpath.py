@@ -79,14 +79,16 @@ def test_constant_pattern_equals_pipelined_jobs_on_the_executor(setup, depth, ru
 
 
 def test_agrees_with_the_event_simulator_on_its_schedule():
-    """A backward-bound F = B = Q = 1 pipeline (closed form in test_simulate) settles on lags
-    (2, 1, 1); the fast path on the logged schedule lands on the simulator's parameters."""
+    """Three PD-ASGD replicas (F = B = Q = 1) on one serial device read stale versions in a
+    repeating pattern; the fast path on the logged schedule lands on the simulator's parameters."""
     config = Config(
         algo="pdasgd",
         simulate=True,
         progress=False,
         batch_size=16,
         epochs=0.2,
+        replicas=3,
+        devices=1,
         forward_workers=1,
         backward_workers=1,
         queue=1,
@@ -95,13 +97,11 @@ def test_agrees_with_the_event_simulator_on_its_schedule():
     ).validate()
     exp = Experiment.from_config(config)
     metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
-    timing = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5, concurrency=3.0)
+    timing = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5)
     log = EventLog()
     result = run_simulated(exp, metrics, timing=timing, log=log)
     batch_ids, lags = lags_from_log(log.events, 3)
-    # Backward-bound with the slot reserved before the read: tau = 1 on every stage
-    # (test_simulate's closed form).
-    assert lags[6:].tolist() == [[1, 1, 1]] * (len(lags) - 6)
+    assert lags.max() >= 2 and lags.min() == 0  # a schedule with staleness to reproduce
     stream = exp.train_stream(config.batch_size)
     batches = [next(stream) for _ in range(result.extra["jobs_started"])]
     xs = np.stack([batches[b][0] for b in batch_ids])

@@ -204,14 +204,15 @@ def test_a_pdasgd_merge_never_overlaps_an_update_of_its_stage(exp):
     """Two PD-ASGD replicas per group with random delays on devices that run two kernels at
     once, so updates are in flight at merges: a stage's merge takes its calibrated time (at
     least: a third kernel slows both) and holds the stage's lock, so no update of that stage
-    in the group overlaps it, while other stages' updates do; every job still finishes."""
+    in the group overlaps it; every job still finishes. (On such a device a merge books every
+    stage when it is dispatched, as the runtime's does, so updates dispatched after it wait
+    for it whatever their stage.)"""
     timing = dataclasses.replace(CHARGED, concurrency=2.0)
     result, _, _, spans = _traced(
         exp, timing, algo="pdasgd", devices=2, replicas=4, period=2, delay_steps=1, epochs=0.1,
         delay_model="exponential", delay_mean=0.5,
     )  # fmt: skip
     assert result.step == result.extra["jobs_started"] == sum(result.extra["jobs_per_group"])
-    beside = 0  # merges that ran beside another stage's update
     for group_spans in spans.values():
         merges = [s for s in group_spans if getattr(s, "what", None) == "merge"]
         updates = [s for s in group_spans if getattr(s, "what", None) is None]
@@ -220,8 +221,6 @@ def test_a_pdasgd_merge_never_overlaps_an_update_of_its_stage(exp):
             assert merge.end - merge.start >= MERGE
             overlaps = [u for u in updates if u.start < merge.end and merge.start < u.end]
             assert all(u.stage != merge.stage for u in overlaps)
-            beside += bool(overlaps)
-    assert beside
 
 
 # --- flags ----------------------------------------------------------------------------------

@@ -234,10 +234,12 @@ class StageExecutor(StageUpdates):
     ) -> None:
         """Reads stage ``m`` now for the job's next kernel on it, which runs later on these
         weights: a worker moving the stage from its remote home reads the version current
-        when the pull starts. Before the forward (``backward=False``): the latest params and
-        state, booked and logged as the forward's read (the ``forward`` event, stamped now).
-        Before a ``live`` backward: the latest params, its ``live_version``. A ``stashed``
-        backward reads nothing (it has its forward's weights).
+        when the pull starts (on the simulator's clock, where a device runs several programs
+        at once, every read is taken so, at its program's dispatch). Before the forward
+        (``backward=False``): the latest params and state, booked and logged as the forward's
+        read (the ``forward`` event, stamped now). Before a ``live`` backward: the latest
+        params, its ``live_version``. A ``stashed`` backward reads nothing (it has its
+        forward's weights).
 
         ``version``: a params version newer than the store's, booked by an update not yet
         written (the simulator's clock books versions at dispatch, as the runtime does): the
@@ -271,14 +273,20 @@ class StageExecutor(StageUpdates):
 
     def fill_pull(self, job: Job, m: int) -> None:
         """Hands a pending pull of stage ``m`` (``pull_stage(..., version=v)``) its weights:
-        the store's, which must be at version ``v`` (its update was just written)."""
+        the store's, just written by the update the pull waited for. That is version ``v``
+        unless writes nobody booked (an averaging's merge applied at an instant) landed
+        before it and shifted its number: the read then takes the number as written."""
         pulled = job.pulled[m]
         (params, _), version = self.store.read_params(m)
-        if pulled is None or pulled.params is not None or version != pulled.version:
+        if pulled is None or pulled.params is not None or version < pulled.version:
             raise RuntimeError(f"job {job.id} has no pull of stage {m} waiting for version {version}")
-        job.pulled[m] = pulled._replace(params=self._local(job, params))
+        job.pulled[m] = pulled._replace(params=self._local(job, params), version=version)
         if job.records[m] is None:  # the forward's pull (a live backward's comes after the forward)
+            job.read_versions[m] = version
             job.read_params[m] = params  # the optimizer's old_params
+            read = self._unlogged_reads.get((job.id, m))
+            if read is not None:
+                read["params_version"] = version
 
     def commit_state(self, job: Job, m: int, *, expect: int | None = None, worker: str = "") -> None:
         """Writes the non-trainable state the job's forward produced for stage ``m``."""

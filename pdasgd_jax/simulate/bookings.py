@@ -4,17 +4,20 @@ The threaded runtime bumps a stage's version when it *dispatches* the update to 
 home device (under the stage's lock); a reader that comes after gets that version, and its
 kernel waits on its own device until the home device has computed it (algorithms.md §5).
 On the clock an update is dispatched when its worker reaches it (``book``) and written
-when its kernel ends (``write``, which opens the booking's ``Gate``). A pull of a remote
-stage (``pull``) gets the newest version booked; while that version is unwritten, the
-reading kernel waits for it (``gates``: its ``Kernel.after``), and receives exactly its
+when its kernel ends (``write``, which opens the booking's ``Gate``). A read ahead of its
+kernel (``pull``: a remote stage's, or, where a device runs several programs at once, every
+read, taken at dispatch) gets the newest version booked; while that version is unwritten,
+the reading kernel waits for it (``gates``: its ``Kernel.after``), and receives exactly its
 weights, handed over when the version is written (``StageExecutor.fill_pull``).
 
 Updates of a stage are written in booking order: a booking takes the stage's lock right
-after it is booked (first come, first served) and keeps it until its write. A booked
-version's number is the store's version plus the bookings ahead of it, so a write that was
-never booked (LPP-SGD's free averaging, applied at an instant on a one-device simulation,
-where nothing is pulled) only shifts the numbers of the pending ones; a pull waiting across
-such a write is refused (``StageExecutor.fill_pull``).
+after it is booked (first come, first served) and keeps it until its write; ``reserve``
+books and queues for the lock at once, for a writer that needs the lock only later (a
+worker that books every update of its job at dispatch). A booked version's number is the
+store's version plus the bookings ahead of it, so a write that was never booked (an
+averaging's merge applied at an instant) only shifts the numbers of the pending ones; a
+pull waiting across such a write gets the version its booking writes, numbered as written
+(``StageExecutor.fill_pull``).
 """
 
 from __future__ import annotations
@@ -23,18 +26,21 @@ import collections
 
 from pdasgd_jax.executor import Job, StageExecutor
 from pdasgd_jax.simulate.scheduler import Gate, Scheduler
+from pdasgd_jax.simulate.worker_requests import Channel, Get, Process, Put, Worker
 
 
 class Booking:
     """One booked update of ``stage``, written when ``gate`` opens; ``pulls``: the jobs whose
-    reads wait for its weights."""
+    reads wait for its weights; ``held``: for a ``reserve``d booking, the channel that gets
+    the stage's lock once the bookings before it have released it (else None)."""
 
-    __slots__ = ("gate", "pulls", "stage")
+    __slots__ = ("gate", "held", "pulls", "stage")
 
     def __init__(self, stage: int, key: int):
         self.stage = stage
         self.gate = Gate(key)
         self.pulls: list[Job] = []
+        self.held: Channel | None = None
 
 
 class Bookings:
@@ -44,7 +50,8 @@ class Bookings:
         self.scheduler = scheduler
         self.executor = executor
         self._open: list[collections.deque[Booking]] = [collections.deque() for _ in range(executor.store.num_stages)]
-        self._waits: dict[int, list[Gate]] = {}  # job id -> gates its next kernel waits for
+        # job id -> (stage, gate) of each version it pulled that its kernels have not waited for yet
+        self._waits: dict[int, list[tuple[int, Gate]]] = {}
 
     def newest(self, m: int) -> int:
         """The newest version of stage ``m`` booked (the store's, when none is pending)."""
@@ -62,6 +69,16 @@ class Bookings:
         pending.append(booking)
         return booking
 
+    def reserve(self, m: int, ticket: int | None, lock: Channel) -> Booking:
+        """``book``, and a place in the queue of stage ``m``'s ``lock`` taken now: the
+        booking's ``held`` gets the lock once every booking before it has released it, so a
+        writer that books now and writes later (``yield Get(booking.held)``, then its write,
+        then ``yield Put(lock, None)``) still writes in booking order."""
+        booking = self.book(m, ticket)
+        booking.held = Channel(1)
+        self.scheduler.resume(Process(f"stage{m}/lock", _take(lock, booking.held)))
+        return booking
+
     def write(self, booking: Booking) -> None:
         """The booked update was just written to the store: hands its weights to the pulls
         that wait for them and opens its gate."""
@@ -75,7 +92,7 @@ class Bookings:
 
     def pull(self, job: Job, m: int, *, backward: bool = False, worker: str = "") -> None:
         """``StageExecutor.pull_stage`` of the newest version booked: when it is not written
-        yet, the job's next kernel waits for it (``gates``) and gets its weights then."""
+        yet, the job's kernel on stage ``m`` waits for it (``gates``) and gets its weights then."""
         pending = self._open[m]
         if not pending:
             self.executor.pull_stage(job, m, backward=backward, worker=worker)
@@ -84,9 +101,21 @@ class Bookings:
         self.executor.pull_stage(job, m, backward=backward, version=self.newest(m), worker=worker)
         if job.pulled[m] is not None:  # a stashed backward reads nothing
             booking.pulls.append(job)
-            self._waits.setdefault(job.id, []).append(booking.gate)
+            self._waits.setdefault(job.id, []).append((m, booking.gate))
 
-    def gates(self, job: Job) -> tuple[Gate, ...]:
-        """The gates of the versions ``job`` pulled and has not run a kernel on yet (its next
-        kernel's ``after``); forgets them."""
-        return tuple(self._waits.pop(job.id, ()))
+    def gates(self, job: Job, stage: int | None = None) -> tuple[Gate, ...]:
+        """The gates of the versions ``job`` pulled (of ``stage`` only, when given) that no
+        kernel of it has waited for yet: its next kernel's ``after`` (the kernel that runs on
+        them); forgets them."""
+        waits = self._waits.pop(job.id, [])
+        if stage is not None:
+            if rest := [(m, gate) for m, gate in waits if m != stage]:
+                self._waits[job.id] = rest
+            waits = [(m, gate) for m, gate in waits if m == stage]
+        return tuple(gate for _, gate in waits)
+
+
+def _take(lock: Channel, held: Channel) -> Worker:
+    """Takes ``lock`` (in arrival order) and hands it over through ``held``."""
+    yield Get(lock)
+    yield Put(held, None)

@@ -26,6 +26,11 @@ its device stage by stage, each under the stage's lock for ``timing.merge_time(m
 same arithmetic as a replicated merge), written at its end; the round ends when every
 replica is corrected. The device time goes to accounts ``d{d}/averaging``.
 
+Under a concurrency curve above 1 a thread reads every stage and books its update when it
+dispatches its job (``policies.dispatch``), and a correction books every stage of its
+replica when it is dispatched (``merge_bookings``), as the runtime's averager dispatches
+them all at once (algorithms.md §5).
+
 No thread ever waits for the averaging, so the virtual time of a run does not depend on the
 communication cost; only how stale the merged mean is does (and, when charged, the device
 time the averaging takes from the threads).
@@ -44,6 +49,7 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate import policies
+from pdasgd_jax.simulate.bookings import Booking
 from pdasgd_jax.simulate.device_groups import run_device_groups
 from pdasgd_jax.simulate.scheduler import AVERAGE, Device, Get, Kernel, Process, Put, Scheduler, Sleep, Worker
 from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
@@ -56,28 +62,49 @@ def replica_asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
     every stage's update as one program dispatched with it (``update_all_program``)."""
     rng = sim.delay_rng(name)
     compute = sim.costs[device.index].job + sim.timing.update_all_time(device.index)
+    stages = range(sim.num_stages)
     while (job := (yield from sim.take_job(name))) is not None:
         ticket = sim.scheduler.ticket()  # the runtime dispatches the job and its update at once
+        booked = None
+        if policies.reads_at_dispatch(sim):  # reads and the update's versions taken at dispatch
+            booked = yield from policies.dispatch(sim, job, name, ticket, reads=stages, books=stages)
         yield from policies.gradient_program(sim, job, device, name, ticket)
-        yield from update_all_program(sim, job, device, name, ticket)
+        yield from update_all_program(sim, job, device, name, ticket, booked)
         sim.job_done(job)
         yield sim.idle(rng, compute)
 
 
-def update_all_program(sim: Simulation, job: Job, device: Device, worker: str, ticket: int) -> Worker:
+def update_all_program(
+    sim: Simulation, job: Job, device: Device, worker: str, ticket: int, booked: dict[int, Booking] | None = None
+) -> Worker:
     """Every stage's update of ``job`` as one program on ``device`` (``kernels.update_all``),
     once the worker holds every stage's lock (taken in stage order, as the runtime's
-    ``ParameterStore.update_all`` does); every stage is written at its end."""
-    for lock in sim.stage_locks:
-        yield Get(lock)
+    ``ParameterStore.update_all`` does); every stage is written at its end. ``booked``: the
+    versions booked at the job's dispatch (``policies.dispatch``), whose writes these are."""
+    for m, lock in enumerate(sim.stage_locks):
+        yield Get(lock if booked is None else booked[m].held)
     start: list[float] = []
     at_start = None if sim.on_update is None else lambda: start.append(sim.scheduler.now)
     yield Kernel(device, sim.timing.update_all_time(device.index), at_start, ticket)
     sim.executor.update_all(job, worker=worker)
     for m, lock in enumerate(sim.stage_locks):
+        if booked is not None:
+            sim.bookings.write(booked[m])
         if sim.on_update is not None:
             sim.on_update(UpdateSpan(m, device.index, job.id, start[0], sim.scheduler.now))
         yield Put(lock, None)
+
+
+def merge_bookings(sim: Simulation) -> tuple[list[Booking], int | None]:
+    """Where reads are taken at dispatch (``policies.reads_at_dispatch``), a merge's writes of
+    every stage are booked at once, when it is dispatched, as the runtime's averager
+    dispatches them, with one ticket for its kernels: ``(bookings, ticket)``. Elsewhere
+    ``([], None)``: each stage is booked when its merge reaches it, its kernel dispatched
+    when requested."""
+    if not policies.reads_at_dispatch(sim):
+        return [], None
+    ticket = sim.scheduler.ticket()
+    return [sim.bookings.reserve(m, ticket, sim.stage_locks[m]) for m in range(sim.num_stages)], ticket
 
 
 class Averaging:
@@ -159,10 +186,11 @@ class Averaging:
 
         def correcting(d: int) -> Worker:  # replica d's correction, stage by stage under the locks
             sim, store = self._sims[d], self.stores[d]
+            booked, ticket = merge_bookings(sim)
             for m in range(store.num_stages):
-                booking = sim.bookings.book(m, None)  # a write of the stage, in order with its updates
-                yield Get(sim.stage_locks[m])
-                yield Kernel(sim.devices[0], sim.timing.merge_time(m))
+                booking = booked[m] if booked else sim.bookings.book(m, None)  # in order with its updates
+                yield Get(sim.stage_locks[m] if booking.held is None else booking.held)
+                yield Kernel(sim.devices[0], sim.timing.merge_time(m), None, ticket)
                 lpp.correct_stage(store, m, mean[m], snapshots[d][m], self.log, replica=d, round=k, clock=self._clock)
                 sim.bookings.write(booking)
                 yield Put(sim.stage_locks[m], None)

@@ -46,9 +46,19 @@ The shared store as the threaded runtime runs it (algorithms.md §3, §5):
   no duration): the read gets the newest version booked when the pull **starts**, and the
   kernel runs on exactly that version's weights once ``transfer`` seconds have passed and
   the version is written (``Kernel.after``; a waiting kernel holds back the kernels
-  dispatched after it on its device, as a stream does). A local stage is read when its
-  kernel starts (on a device running in dispatch order, the newest version booked before
+  dispatched after it on its device, as a stream does). On a serial device a local stage is
+  read when its kernel starts (running in dispatch order, the newest version booked before
   it). A ``stashed`` backward reads nothing.
+* **Reads at dispatch under a concurrency curve above 1** (``reads_at_dispatch``). A read at
+  its kernel's start is the runtime's read at dispatch only while every kernel dispatched
+  before it has ended, as on a serial device; where several run at once a forward could
+  start beside a backward-and-update of its stage and read the version before it. There
+  each part of a job is dispatched at one instant with one ticket (``dispatch``), as the
+  runtime's ``forward_all``/``backward_all`` dispatch it: its worker reads every stage it
+  reads, local ones too (``Bookings.pull``: the newest version booked, which the kernel
+  waits for), and books every update of the part, each with its place in the stage's lock
+  queue (``Bookings.reserve``), to run once its gradient has arrived. A serial device never
+  takes this path: its schedule is the one above, bitwise.
 
 Host time (``timing.host_dispatch``, 0 unless given): before each part of a job (a forward,
 a backward, an ASGD job) its worker holds the simulation's one host for that long
@@ -63,7 +73,7 @@ the worker that pushed it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from pdasgd_jax.executor import Job
@@ -72,25 +82,77 @@ from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Kernel, Launch, 
 from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
 
 
+def reads_at_dispatch(sim: Simulation) -> bool:
+    """Whether ``sim``'s workers read and book at dispatch (a device may run several programs
+    at once; see the module docstring)."""
+    return sim.timing.device_slots > 1
+
+
+def dispatch(
+    sim: Simulation,
+    job: Job,
+    worker: str,
+    ticket: int,
+    *,
+    reads: Collection[int] = (),
+    books: Sequence[int] = (),
+    backward: bool = False,
+) -> Worker:
+    """A part of ``job`` dispatched at once, as the runtime dispatches it (a generator:
+    ``booked = yield from dispatch(...)``): at this instant, after its writes, the worker
+    reads stages ``reads`` (for the forward, or with ``backward`` for a ``live`` backward),
+    each the newest version booked, then books the updates of stages ``books`` with
+    ``ticket`` and their places in the stages' lock queues. Returns ``{stage: Booking}``."""
+    booked: dict[int, Booking] = {}
+
+    def now() -> None:
+        for m in reads:  # before the part's own bookings: a stage is read before it is updated
+            sim.bookings.pull(job, m, backward=backward, worker=worker)
+        for m in books:
+            booked[m] = sim.bookings.reserve(m, ticket, sim.stage_locks[m])
+
+    yield Sleep(0.0, now)
+    return booked
+
+
+def _fetch(sim: Simulation, job: Job, m: int, device: Device, worker: str, *, backward: bool = False) -> Worker:
+    """Brings stage ``m``'s weights to ``device`` before a kernel reads them there: nothing
+    when it is the stage's home; else the pull's transfer, the read at its start, or, where
+    reads are taken at dispatch (``dispatch`` read it), the transfer alone."""
+    if sim.homes[m] is device:
+        return
+    transfer = sim.costs[device.index].transfer[m]
+    if reads_at_dispatch(sim):
+        if transfer:
+            yield Sleep(transfer)
+        return
+    yield Sleep(transfer, functools.partial(sim.bookings.pull, job, m, backward=backward, worker=worker))
+
+
 def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Worker:
     """Stage forwards ``0..M-1`` and the loss. With ``stashed`` weights as one program, as the
     runtime's forward worker runs it (``fused_forward``); with ``live`` ones stage by stage,
     each reading the stage current at its start (or at the start of its pull when remote),
-    all dispatched at once (one ticket), as the runtime's ``forward_all`` dispatches them."""
+    all dispatched at once (one ticket), as the runtime's ``forward_all`` dispatches them.
+    Where reads are taken at dispatch, every stage is read then."""
     ex, c = sim.executor, sim.costs[device.index]
+    ticket = None
+    if reads_at_dispatch(sim):
+        ticket = sim.scheduler.ticket()
+        yield from dispatch(sim, job, worker, ticket, reads=range(sim.num_stages))
     if not ex.live:
-        yield from fused_forward(sim, job, device, worker, c.forward_all)
+        yield from fused_forward(sim, job, device, worker, c.forward_all, ticket)
         return
-    ticket = sim.scheduler.ticket()
+    if ticket is None:
+        ticket = sim.scheduler.ticket()
     for m in range(sim.num_stages):
-        if sim.homes[m] is not device:  # a remote read, at its pull (also when communication is free)
-            yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, worker=worker))
+        yield from _fetch(sim, job, m, device, worker)  # a remote read, also when communication is free
         yield Kernel(
             device,
             c.forward[m],
             functools.partial(ex.forward_stage, job, m, commit_state=False, worker=worker),
             ticket,
-            sim.bookings.gates(job),
+            sim.bookings.gates(job, m),
         )
         ex.commit_state(job, m, worker=worker)
     yield Kernel(device, c.loss, functools.partial(ex.loss, job, worker=worker), ticket)
@@ -100,58 +162,81 @@ def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, lay
     """Stage backwards ``M-1..0``, pushing each gradient after its backward (``layerwise``)
     or all at the end; returns once every update of the job has been applied. The runtime's
     backward worker dispatches all of these programs before it waits for any (one ticket:
-    nothing dispatched later runs between them on a device)."""
+    nothing dispatched later runs between them on a device). Where reads are taken at
+    dispatch, every update is booked (and a ``live`` backward's every read taken) then."""
     ex, c = sim.executor, sim.costs[device.index]
     stages = range(sim.num_stages - 1, -1, -1)
     applied = Channel(sim.num_stages)
     ticket = sim.scheduler.ticket()
+    booked: dict[int, Booking] = {}
+    if reads_at_dispatch(sim):
+        reads = stages if ex.live else ()
+        booked = yield from dispatch(sim, job, worker, ticket, reads=reads, books=stages, backward=True)
     for m in stages:
         if layerwise and not ex.live and sim.homes[m] is device:
-            yield from _backward_and_update(sim, job, m, device, worker, ticket)
+            yield from _backward_and_update(sim, job, m, device, worker, ticket, booked.get(m))
             yield Put(applied, m)
             continue
-        if ex.live and sim.homes[m] is not device:  # re-linearises at the current weights: pull them if remote
-            yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, backward=True, worker=worker))
+        if ex.live:  # re-linearises at the current weights: pull them if remote
+            yield from _fetch(sim, job, m, device, worker, backward=True)
         backward = functools.partial(ex.backward_stage, job, m, worker=worker)
-        yield Kernel(device, c.backward[m], backward, ticket, sim.bookings.gates(job))
+        yield Kernel(device, c.backward[m], backward, ticket, sim.bookings.gates(job, m))
         if layerwise:
-            yield from _push(sim, job, m, c.transfer[m], worker, applied, ticket)
+            yield from _push(sim, job, m, c.transfer[m], worker, applied, ticket, booked.get(m))
     if not layerwise:
-        yield from _push_all(sim, job, c.transfer, worker, ticket)
+        yield from _push_all(sim, job, c.transfer, worker, ticket, booked)
         return
     for _ in stages:
         yield Get(applied)
 
 
-def _push_all(sim: Simulation, job: Job, transfer: tuple[float, ...], worker: str, ticket: int) -> Worker:
+def _push_all(
+    sim: Simulation, job: Job, transfer: tuple[float, ...], worker: str, ticket: int, booked: dict[int, Booking]
+) -> Worker:
     """Pushes every stage's gradient (``M-1..0``) and returns once every update is applied;
-    the updates were dispatched with ``ticket``."""
+    the updates were dispatched with ``ticket`` (and booked then: ``booked``, where reads are
+    taken at dispatch)."""
     applied = Channel(sim.num_stages)
     stages = range(sim.num_stages - 1, -1, -1)
     for m in stages:
-        yield from _push(sim, job, m, transfer[m], worker, applied, ticket)
+        yield from _push(sim, job, m, transfer[m], worker, applied, ticket, booked.get(m))
     for _ in stages:
         yield Get(applied)
 
 
-def _push(sim: Simulation, job: Job, m: int, transfer: float, worker: str, applied: Channel, ticket: int) -> Worker:
+def _push(
+    sim: Simulation,
+    job: Job,
+    m: int,
+    transfer: float,
+    worker: str,
+    applied: Channel,
+    ticket: int,
+    booking: Booking | None = None,
+) -> Worker:
     """Dispatches the job's update of stage ``m`` (its version is booked now, as the runtime
-    books it when it dispatches the update) and sends ``g_m`` to the stage's home; the
-    update runs there once the gradient has arrived."""
-    booking = sim.bookings.book(m, ticket)
+    books it when it dispatches the update, unless it was at the job's dispatch:
+    ``booking``) and sends ``g_m`` to the stage's home; the update runs there once the
+    gradient has arrived."""
+    if booking is None:
+        booking = sim.bookings.book(m, ticket)
     yield Launch(_update(sim, job, m, worker, applied, ticket, booking, sim.scheduler.now + transfer))
     if transfer:
         yield Sleep(transfer)
 
 
-def _backward_and_update(sim: Simulation, job: Job, m: int, device: Device, worker: str, ticket: int) -> Worker:
+def _backward_and_update(
+    sim: Simulation, job: Job, m: int, device: Device, worker: str, ticket: int, booking: Booking | None = None
+) -> Worker:
     """Stage ``m``'s stashed backward and its update as one program on ``device``, the
     stage's home, once the stage's earlier bookings are written: the runtime's layer-wise
     backward worker runs a local stage so (``kernels.backward_update_stashed`` under the
-    stage's lock). Its version is booked now, written at the program's end."""
+    stage's lock). Its version is booked now (or was, ``booking``, at the job's dispatch),
+    written at the program's end."""
     lock = sim.stage_locks[m]
-    booking = sim.bookings.book(m, ticket)
-    yield Get(lock)
+    if booking is None:
+        booking = sim.bookings.book(m, ticket)
+    yield Get(lock if booking.held is None else booking.held)
     start: list[float] = []
 
     def backward() -> None:
@@ -173,7 +258,7 @@ def _update(
     booked before it are written (the stage's lock, taken in booking order) and its gradient
     has arrived (at ``arrival``); tells ``applied`` when written."""
     home, lock = sim.homes[m], sim.stage_locks[m]
-    yield Get(lock)
+    yield Get(lock if booking.held is None else booking.held)
     if arrival > sim.scheduler.now:
         yield Sleep(arrival - sim.scheduler.now)
     start: list[float] = []
@@ -188,14 +273,19 @@ def _update(
 
 
 def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
-    """Hogwild!-style worker: read all stages, full gradient, apply, repeat."""
+    """Hogwild!-style worker: read all stages, full gradient, apply, repeat. Where reads are
+    taken at dispatch, the job's reads and its updates' bookings are taken then."""
     rng = sim.delay_rng(name)
     compute = sim.job_compute(device)
     while (job := (yield from sim.take_job(name))) is not None:
         yield from sim.host_work()
         ticket = sim.scheduler.ticket()  # the runtime dispatches the job and its updates at once
+        booked: dict[int, Booking] = {}
+        if reads_at_dispatch(sim):
+            stages = range(sim.num_stages)
+            booked = yield from dispatch(sim, job, name, ticket, reads=stages, books=stages[::-1])
         yield from gradient_program(sim, job, device, name, ticket)
-        yield from _push_all(sim, job, sim.costs[device.index].transfer, name, ticket)
+        yield from _push_all(sim, job, sim.costs[device.index].transfer, name, ticket, booked)
         sim.job_done(job)
         yield sim.idle(rng, compute)
 
@@ -214,12 +304,13 @@ def fused_forward(
 ) -> Worker:
     """A job's forward and loss in one device program of ``cost`` seconds: remote stages are
     pulled first (each read when its pull starts), local stages are read when the program
-    starts, and the device runs it without another job's kernel in between."""
-    ex, c = sim.executor, sim.costs[device.index]
+    starts, and the device runs it without another job's kernel in between. Where reads are
+    taken at dispatch, the caller has read every stage (``dispatch``): only the remote
+    stages' transfers are left."""
+    ex = sim.executor
     stages = range(sim.num_stages)
     for m in stages:
-        if sim.homes[m] is not device:  # a remote read, at its pull (also when communication is free)
-            yield Sleep(c.transfer[m], functools.partial(sim.bookings.pull, job, m, worker=worker))
+        yield from _fetch(sim, job, m, device, worker)  # a remote read, also when communication is free
 
     def read_and_compute() -> None:
         for m in stages:

@@ -46,7 +46,7 @@ from pdasgd_jax.replication import GroupRounds
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.device_groups import run_device_groups
-from pdasgd_jax.simulate.lpp import replica_asgd_worker
+from pdasgd_jax.simulate.lpp import merge_bookings, replica_asgd_worker
 from pdasgd_jax.simulate.scheduler import END, Get, Kernel, Process, Put, Scheduler, Worker
 from pdasgd_jax.simulate.simulation import Simulation
 
@@ -131,11 +131,12 @@ class _DeviceCharges:
         sim = self.sims[g]
 
         def merging() -> Worker:
+            booked, ticket = merge_bookings(sim)
             for m, write in enumerate(writes):
-                booking = sim.bookings.book(m, None)  # a write of the stage, in order with its updates
-                yield Get(sim.stage_locks[m])
+                booking = booked[m] if booked else sim.bookings.book(m, None)  # in order with its updates
+                yield Get(sim.stage_locks[m] if booking.held is None else booking.held)
                 start: list[float] = []
-                yield Kernel(sim.devices[0], sim.timing.merge_time(m), self._started(start))
+                yield Kernel(sim.devices[0], sim.timing.merge_time(m), self._started(start), ticket)
                 write()
                 sim.bookings.write(booking)
                 self._span("merge", g, m, k, start)

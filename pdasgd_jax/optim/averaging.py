@@ -88,20 +88,20 @@ class AveragingRule:
       average_opt_state: also snapshot, average and merge the workers' optimizer states
         (momentum, Adam moments; counts are equal on every worker), as the parameters.
 
-    Example:
-
-    >>> import jax.numpy as jnp
-    >>> from pdasgd_jax import AveragingRule
-    >>> rule = AveragingRule(period=4, delay=2)
-    >>> [t for t in range(10) if rule.is_snapshot(t)], [t for t in range(10) if rule.is_merge(t)]
-    ([0, 4, 8], [2, 6])
-    >>> float(rule.merge_tree(jnp.array(5.0), jnp.array(3.0), jnp.array(2.0)))  # a + (theta - s)
-    4.0
-    >>> eager = AveragingRule(period=4, delay=2, merge="eager")
-    >>> float(eager.merge_tree(jnp.array(5.0), jnp.array(3.0), jnp.array(2.0), num_workers=2))  # a + (theta - s) / W
-    3.0
-    >>> float(eager.carry(jnp.array(5.0), jnp.array(3.0), num_workers=2))  # added to the next snapshot
-    1.0
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from pdasgd_jax import AveragingRule
+        >>> rule = AveragingRule(period=4, delay=2)
+        >>> [t for t in range(10) if rule.is_snapshot(t)], [t for t in range(10) if rule.is_merge(t)]
+        ([0, 4, 8], [2, 6])
+        >>> float(rule.merge_tree(jnp.array(5.0), jnp.array(3.0), jnp.array(2.0)))  # a + (theta - s)
+        4.0
+        >>> eager = AveragingRule(period=4, delay=2, merge="eager")
+        >>> theta, s, a = jnp.array(5.0), jnp.array(3.0), jnp.array(2.0)
+        >>> float(eager.merge_tree(theta, s, a, num_workers=2))  # a + (theta - s) / W
+        3.0
+        >>> float(eager.carry(jnp.array(5.0), jnp.array(3.0), num_workers=2))  # added to the next snapshot
+        1.0
 
     References:
       Kale, Douillard and Donchev, "Eager Updates For Overlapped Communication and

@@ -17,8 +17,12 @@ its rate, three times the runs); ``--baselines`` adds it.
 
 **The gain axis and the curve.** The axis is ``g3``, the throughput of three concurrent
 programs: PD-ASGD keeps up to F + B = 3 programs per device, and the MFU figures speak of that
-full occupancy. ``g3`` runs from 1.0 (the serial device: the protocol's own runs, bitwise) to 2.0
-in steps of 0.25. Two programs get ``g2 = (1 + g3) / 2`` (``linear``, the default; at g3 = 1.51 the
+full occupancy. ``g3`` runs from 1.0 (three programs at once sharing one program's throughput,
+``1,1,1``) to 2.0 in steps of 0.25. Every point runs several programs per device, so every point
+reads stages at dispatch as the runtime does (docs/algorithms.md §5); the delays protocol's serial
+device is not a point of the axis, since it books updates when their backwards end where the
+runtime books them at dispatch (review finding 38), which changes staleness and times by itself.
+Two programs get ``g2 = (1 + g3) / 2`` (``linear``, the default; at g3 = 1.51 the
 pre-registration's first what-if curve ``1,1.26,1.51``) or ``g2 = g3`` (``flat``, its second,
 ``1,1.51,1.51``): every concave, non-decreasing curve through ``(1, 1)`` and ``(3, g3)`` has its
 ``g2`` between the two, so the two shapes bracket how a device shares its gain with fewer

@@ -90,7 +90,7 @@ def test_speedup_is_the_baseline_over_pdasgd_with_the_log_interval():
 
 
 def test_curves_bracket_the_concave_ones_and_the_config_accepts_them():
-    assert cmap.curve(1.0) == (1.0,) and cmap.curve(1.0, "flat") == (1.0,)
+    assert cmap.curve(1.0) == (1.0, 1.0, 1.0) and cmap.curve(1.0, "flat") == (1.0, 1.0, 1.0)
     assert cmap.curve(1.5) == (1.0, 1.25, 1.5) and cmap.curve(1.5, "flat") == (1.0, 1.5, 1.5)
     for shape in cmap.SHAPES:
         for g in cmap.GAINS:
@@ -151,7 +151,7 @@ def test_rates_are_warm_started_from_the_previous_gain_on_the_grid_lattice(monke
     assert [r["gain"] for r in result["gains"]] == [1.0, 1.5]
     first, second = calls[:3], calls[3:]
     assert [c["lrs"] for c in first] == [delays.LRS[a] for a in ("pdasgd", "asgd-3t", "lpp")]
-    assert [c["curve"] for c in first] == [None] * 3 and [c["curve"] for c in second] == ["1,1.25,1.5"] * 3
+    assert [c["curve"] for c in first] == ["1,1,1"] * 3 and [c["curve"] for c in second] == ["1,1.25,1.5"] * 3
     assert [c["lrs"] for c in second] == [cells.neighbours(tuned[c["algo"]], delays.LRS[c["algo"]]) for c in second]
     row = result["gains"][1]
     assert row["best_async"] == "lpp"  # picked on the tuning seeds
@@ -167,14 +167,14 @@ def test_quick_command_writes_the_raw_fields(tmp_path):
     with open(os.path.join(out, "concurrency-map.json")) as f:
         results = json.load(f)
     assert results["study"] == "concurrency-map" and results["quick"] and results["shape"] == "linear"
-    assert results["gains"] == [1.0, 2.0] and results["curves"] == {"1": [1.0], "2": [1.0, 1.5, 2.0]}
+    assert results["gains"] == [1.0, 2.0] and results["curves"] == {"1": [1.0, 1.0, 1.0], "2": [1.0, 1.5, 2.0]}
     assert results["mfu"]["implied_g3"] == pytest.approx(0.53 / 0.35)
     assert results["measured_devices"] == {"probe": [1.0, 1.4, 1.6]} and "elapsed_s" in results["run_record"]
     [c] = results["cells"]
     assert (c["model"], c["workers"], c["k"], c["seeds"], c["tuning_seeds"]) == ("digits", 4, 1.0, [0, 1], [])
     assert set(c["break_even"]) == {"gain", "ci95", "unsettled_gains", "monotone"}
     assert set(c["break_even_vs"]) == {"asgd-3t", "lpp"}
-    for row, spec in zip(c["gains"], ("1", "1,1.5,2")):
+    for row, spec in zip(c["gains"], ("1,1,1", "1,1.5,2")):
         assert row["device_concurrency"] == spec and set(row["algos"]) == {"pdasgd", "asgd-3t", "lpp"}
         assert all(len(a["times"]) == 2 for a in row["algos"].values())
         best, pd = row["algos"][row["best_async"]], row["algos"]["pdasgd"]

@@ -85,6 +85,13 @@ def build_parser(preset: str | None = None, *, defaults: bool = True) -> argpars
         help="replace the run already in --out (deleting only the files pdasgd-jax wrote there)",
     )
     train.add_argument(
+        "--schedule-only",
+        action="store_true",
+        help="with --simulate (asgd, pdasgd, pdasgd-block on one shared store): run the virtual clock without "
+        "the numerics and print the virtual time to the budget, the staleness per stage, the devices' "
+        "utilisation and the timing's source (and write them to --out's schedule.json); trains nothing",
+    )
+    train.add_argument(
         "--workers",
         type=int,
         metavar="W",
@@ -243,9 +250,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pdasgd_jax.train import train_and_evaluate
 
             if args.resume:
+                if args.schedule_only:
+                    raise ConfigError(f"--schedule-only plans a new run from its flags, not --resume {args.resume}")
                 config = resume_config(args, sys.argv[1:] if argv is None else argv)
             else:
                 config = config_from_args(args).validate()
+            if args.schedule_only:
+                return _schedule_only(config)
             initialize_from_env_or_args(
                 args.coordinator_address, args.num_processes, args.process_id, args.coordinator_timeout
             )
@@ -296,6 +307,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: no space left on the device writing {e.filename or run_dir or 'the run'}", file=sys.stderr)
         print(f"{_resume_hint(run_dir).lstrip('; ')}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _schedule_only(config: Config) -> int:
+    """``train --schedule-only``: prints the run's planned schedule (``simulate.plan_schedule``)
+    and writes it to ``--out``'s ``schedule.json``; refuses what it does not plan before any work."""
+    from pdasgd_jax.reporting import write_json_atomic
+    from pdasgd_jax.simulate.schedule_only import SCHEDULE_FILE, check_schedule_only, plan_schedule
+
+    check_schedule_only(config)
+    plan = plan_schedule(config)
+    print(plan.text())
+    if config.out:
+        os.makedirs(config.out, exist_ok=True)
+        path = os.path.join(config.out, SCHEDULE_FILE)
+        write_json_atomic(path, plan.to_dict())
+        print(f"wrote {os.path.abspath(path)}")
     return 0
 
 

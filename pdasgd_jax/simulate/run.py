@@ -39,6 +39,12 @@ def comm_model(config: Config) -> CommModel:
     return CommModel(config.comm_latency, config.comm_bandwidth or math.inf)
 
 
+def backward_weights(config: Config) -> str:
+    """The weights a shared-store run's backwards use: ``--backward-weights``, for PD-ASGD (an
+    ASGD job's gradient is one program, at the weights it read)."""
+    return config.backward_weights if config.algo != "asgd" else "stashed"
+
+
 def _run_timing(exp: Experiment, checkpointer: RunCheckpointer | None, worker_batch: int) -> TimingModel:
     """The calibrated timing with the config's communication cost, kept in ``--out``'s
     ``timing.json``: a resumed run replays its schedule with the timing it started with,
@@ -47,13 +53,22 @@ def _run_timing(exp: Experiment, checkpointer: RunCheckpointer | None, worker_ba
     resuming = checkpointer is not None and checkpointer.latest_step() is not None
     if path and resuming and os.path.exists(path):
         return calibration.load(path).timing  # the run's own, wherever it was measured
+    measured = calibrated(exp, worker_batch)
+    if path:
+        calibration.save(measured, path)
+    return measured.timing
+
+
+def calibrated(exp: Experiment, worker_batch: int) -> calibration.Calibration:
+    """The calibration of ``exp``'s kernels at ``worker_batch`` on this machine (or
+    ``--timing``'s file: ``Experiment.calibration``) with the config's communication cost and,
+    under ``--device-concurrency measure``, the measured curve: the timing a fresh simulated
+    run's clock starts from (``configured_timing`` then adds its stragglers)."""
     measured = exp.calibration(worker_batch)
     timing = dataclasses.replace(measured.timing, comm=comm_model(exp.config))
     if exp.config.device_concurrency == MEASURE_CONCURRENCY:  # saved with the costs: a resume keeps it
         timing = dataclasses.replace(timing, concurrency=_measured_concurrency(exp, worker_batch))
-    if path:
-        calibration.save(dataclasses.replace(measured, timing=timing), path)
-    return timing
+    return dataclasses.replace(measured, timing=timing)
 
 
 def _measured_concurrency(exp: Experiment, batch_size: int) -> tuple[float, ...]:
@@ -63,7 +78,7 @@ def _measured_concurrency(exp: Experiment, batch_size: int) -> tuple[float, ...]
     return program_timing.measure_concurrency_curve(exp.kernels.job_gradients, v.params, v.states, x, y)
 
 
-def _concurrency_report(timing: TimingModel, spec: str) -> dict[str, Any]:
+def concurrency_report(timing: TimingModel, spec: str) -> dict[str, Any]:
     """What the summary says of the device concurrency: the curve the run used and its source."""
     curve = device_concurrency_curve(spec)
     source = {"measure": "measured"}.get(spec, "stated" if curve != (1.0,) else "timing model")
@@ -128,7 +143,7 @@ def run_simulated(
             timing = _run_timing(exp, checkpointer, worker_batch)
     given_timing = timing  # the compiled path's schedule configures it itself
     timing = configured_timing(exp, timing)
-    concurrency = _concurrency_report(timing, config.device_concurrency)
+    concurrency = concurrency_report(timing, config.device_concurrency)
     delay = exp.delay_model(timing.step_compute_time())
     numerics = None  # what --numerics compiled became, where the compiled path was tried
     if config.algo in SYNCHRONOUS:
@@ -241,7 +256,7 @@ def _run_asynchronous(
         store,
         log=log,
         clock=lambda: scheduler.now,
-        backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
+        backward_weights=backward_weights(config),
         fuse_jobs=True,
         seed=config.seed,
     )

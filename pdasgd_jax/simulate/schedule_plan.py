@@ -43,7 +43,7 @@ from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.simulate import policies
 from pdasgd_jax.simulate.configured_timing import configured_timing
 from pdasgd_jax.simulate.scheduler import Scheduler
-from pdasgd_jax.simulate.simulation import Simulation, num_jobs
+from pdasgd_jax.simulate.simulation import Simulation, num_jobs, paused_collector
 from pdasgd_jax.store import ParameterStore
 
 COMPILED_ALGOS = ("asgd", "pdasgd", "pdasgd-block")
@@ -90,7 +90,7 @@ def check_supported(exp: Experiment) -> None:
         raise ValueError("the compiled simulator runs models without non-trainable state (no BatchNorm)")
 
 
-class _NoNumerics:
+class NoNumerics:
     """The kernels a simulation of fused jobs calls (``FusedJobExecutor``: a job's gradients,
     a stage's update), computing nothing: the schedule needs no value, not even a shape. No
     key is drawn either (``draws_randomness``): the schedule does not depend on the masks."""
@@ -124,7 +124,7 @@ def record_schedule(exp: Experiment, timing: TimingModel, *, drain_at: Sequence[
     devices = exp.layout.devices
     timing = configured_timing(exp, timing)
     delay = exp.delay_model(timing.step_compute_time())
-    kernels = _NoNumerics(exp.model.num_stages)
+    kernels = NoNumerics(exp.model.num_stages)
     v = exp.variables
     scheduler, log = Scheduler(), EventLog()
     store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), kernels.apply_update)
@@ -136,24 +136,25 @@ def record_schedule(exp: Experiment, timing: TimingModel, *, drain_at: Sequence[
         done.append((job.id, len(log)))
         times.append(scheduler.now)
 
-    sim = Simulation(
-        scheduler,
-        executor,
-        timing,
-        delay,
-        seed=config.seed,
-        batches=itertools.repeat(next(exp.train_stream(config.batch_size))),  # shapes are all it needs
-        max_jobs=num_jobs(exp.total_examples, config.batch_size),
-        num_devices=devices,
-        groups=exp.layout.replicas,
-        on_job_done=on_job_done,
-        drain_at=drain_at,
-    )
-    if config.algo == "asgd":
-        policies.spawn_asgd(sim)
-    else:
-        policies.spawn_configured(sim, config)
-    scheduler.run()
+    with paused_collector():  # nothing computed, no cycle made: see ``paused_collector``
+        sim = Simulation(
+            scheduler,
+            executor,
+            timing,
+            delay,
+            seed=config.seed,
+            batches=itertools.repeat(next(exp.train_stream(config.batch_size))),  # shapes are all it needs
+            max_jobs=num_jobs(exp.total_examples, config.batch_size),
+            num_devices=devices,
+            groups=exp.layout.replicas,
+            on_job_done=on_job_done,
+            drain_at=drain_at,
+        )
+        if config.algo == "asgd":
+            policies.spawn_asgd(sim)
+        else:
+            policies.spawn_configured(sim, config)
+        scheduler.run()
     total = max(times[-1] if times else 0.0, 1e-30)
     utilisation = {
         "workers": {p.name: p.busy / total for p in scheduler.processes},

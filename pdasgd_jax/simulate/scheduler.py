@@ -43,6 +43,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
+from heapq import heappush
 from typing import Any, NamedTuple
 
 from pdasgd_jax.delays import TimingModel
@@ -88,7 +89,9 @@ class Gate:
     def __init__(self, key: int):
         self.key = key
         self.is_open = False
-        self.devices: list[Device] = []  # devices whose next kernel waits for it
+        # Devices whose next kernel waits for it, in the order they came to wait (a dict as an
+        # ordered set: thousands of devices may wait for one version of a busy stage).
+        self.devices: dict[Device, None] = {}
 
 
 class _Running:
@@ -141,10 +144,13 @@ class Device:
             self.scheduler.call(START, self._admit)
 
     def _request_solo(self, proc: Process, kernel: Kernel) -> None:
+        sched = self.scheduler
+        heap = sched._heap
         if (
             not (self._solo_busy or self._admit_pending or self._waiting)
-            and self.scheduler.alone_at_now()
-            and _ready(kernel)
+            and not sched._stopped
+            and (not heap or heap[0][0] > sched.now)  # ``alone_at_now``, inlined: it runs per kernel
+            and (not kernel.after or _ready(kernel))
         ):
             # Nothing else happens at this instant (no write still to come, no other read
             # first), so starting now is what the admission event would do next.
@@ -153,7 +159,7 @@ class Device:
         self._enqueue(proc, kernel)
         if not self._admit_pending and not self._solo_busy:
             self._admit_pending = True
-            self.scheduler.call(START, self._admit)
+            heappush(heap, (sched.now, START, next(sched._seq), self._admit, ()))
 
     def _enqueue(self, proc: Process, kernel: Kernel) -> None:
         seq = next(self.scheduler._seq)
@@ -169,7 +175,7 @@ class Device:
 
     def _admit_solo(self) -> None:
         self._admit_pending = False
-        if self._solo_busy or not self._waiting or self._blocked():
+        if self._solo_busy or not self._waiting or (self._waiting[0][3].after and self._blocked()):
             return
         _, _, proc, kernel = heapq.heappop(self._waiting)
         self._start_solo(proc, kernel)
@@ -178,18 +184,20 @@ class Device:
         if kernel.at_start is not None:
             kernel.at_start()
         self._solo_busy = True
-        now = self.scheduler.now
-        self.scheduler.call_at(now + kernel.work, END, self._finish_solo, proc, now)
+        sched = self.scheduler
+        now = sched.now
+        heappush(sched._heap, (now + kernel.work, END, next(sched._seq), self._finish_solo, (proc, now)))
 
     def _finish_solo(self, proc: Process, started: float) -> None:
         self._solo_busy = False
-        elapsed = self.scheduler.now - started
+        sched = self.scheduler
+        elapsed = sched.now - started
         self.busy += elapsed
         if self._waiting and not self._admit_pending:
             self._admit_pending = True
-            self.scheduler.call(START, self._admit)
+            heappush(sched._heap, (sched.now, START, next(sched._seq), self._admit, ()))
         proc.account.busy += elapsed
-        self.scheduler.resume(proc)
+        sched.resume(proc)
 
     def _blocked(self) -> bool:
         """Whether the next kernel in dispatch order waits for a closed gate; if so the device
@@ -197,8 +205,7 @@ class Device:
         runs its kernels in order and stalls at one whose input is not ready."""
         for gate in self._waiting[0][3].after:
             if not gate.is_open:
-                if self not in gate.devices:
-                    gate.devices.append(self)
+                gate.devices[self] = None  # (a device already waiting keeps its place)
                 return True
         return False
 
@@ -268,15 +275,15 @@ class Scheduler:
         self._stopped = False
 
     def call_at(self, time: float, phase: int, fn: Callable, *args: Any) -> None:
-        heapq.heappush(self._heap, (time, phase, next(self._seq), fn, args))
+        heappush(self._heap, (time, phase, next(self._seq), fn, args))
 
     def call(self, phase: int, fn: Callable, *args: Any) -> None:
-        self.call_at(self.now, phase, fn, *args)
+        heappush(self._heap, (self.now, phase, next(self._seq), fn, args))
 
     def open(self, gate: Gate) -> None:
         """Opens ``gate``: the devices whose next kernel waited for it may start it now."""
         gate.is_open = True
-        devices, gate.devices = gate.devices, []
+        devices, gate.devices = gate.devices, {}
         for device in devices:
             device.wake()
 
@@ -304,9 +311,9 @@ class Scheduler:
 
         Returns the virtual time of the last event.
         """
-        heap = self._heap
+        heap, pop = self._heap, heapq.heappop
         while heap and not self._stopped:
-            self.now, _, _, fn, args = heapq.heappop(heap)
+            self.now, _, _, fn, args = pop(heap)
             fn(*args)
         if not self._stopped:
             stuck = [d.index for d in self.devices if d._waiting]
@@ -320,47 +327,64 @@ class Scheduler:
             self._wake(getter)
 
     def _wake(self, proc: Process, value: Any = None) -> None:
-        self.call(END, self.resume, proc, value)
+        heappush(self._heap, (self.now, END, next(self._seq), self.resume, (proc, value)))
 
     def resume(self, proc: Process, value: Any = None) -> None:
-        """Advances ``proc`` until it waits: on a device, a sleep or a channel."""
+        """Advances ``proc`` until it waits: on a device, a sleep or a channel.
+
+        Requests are told apart by their exact type (a subclass is handled as its base): this
+        loop runs once per request of every worker, the simulator's innermost one."""
+        send, heap, seq = proc.gen.send, self._heap, self._seq
         while True:
             try:
-                req = proc.gen.send(value)
+                req = send(value)
             except StopIteration:
                 return
             value = None
-            if isinstance(req, Kernel):
+            kind = type(req)
+            if kind not in _REQUESTS:
+                kind = _request_kind(proc, req)
+            if kind is Kernel:
                 req.device.request(proc, req)
                 return
-            if isinstance(req, Sleep):
+            if kind is Sleep:
                 if req.at_start is not None:
-                    self.call(START, self._start_sleep, proc, req)
+                    heappush(heap, (self.now, START, next(seq), self._start_sleep, (proc, req)))
                     return
                 if req.duration > 0:
-                    self.call_at(self.now + req.duration, END, self.resume, proc)
+                    heappush(heap, (self.now + req.duration, END, next(seq), self.resume, (proc,)))
                     return
-            elif isinstance(req, Launch):
-                self.resume(Process(proc.name, req.worker, proc.account))
-            elif isinstance(req, Put):
-                ch = req.channel
-                getter = ch.next_getter()
-                if getter is not None:
-                    self._wake(getter, req.item)
-                elif not ch.offer(req.item):
-                    ch.wait_put(proc, req.item)
-                    return
-            elif isinstance(req, Get):
+            elif kind is Get:
                 ch = req.channel
                 if ch.empty():
                     ch.wait_get(proc)
                     return
                 value, putter = ch.take()
                 if putter is not None:
-                    self._wake(putter)
-            else:
-                raise TypeError(f"worker {proc.name} yielded {req!r}, not a Kernel, Sleep, Put, Get or Launch")
+                    heappush(heap, (self.now, END, next(seq), self.resume, (putter, None)))
+            elif kind is Put:
+                ch = req.channel
+                getter = ch.next_getter()
+                if getter is not None:
+                    heappush(heap, (self.now, END, next(seq), self.resume, (getter, req.item)))
+                elif not ch.offer(req.item):
+                    ch.wait_put(proc, req.item)
+                    return
+            else:  # Launch
+                self.resume(Process(proc.name, req.worker, proc.account))
 
     def _start_sleep(self, proc: Process, sleep: Sleep) -> None:
         sleep.at_start()
-        self.call_at(self.now + sleep.duration, END, self.resume, proc)
+        heappush(self._heap, (self.now + sleep.duration, END, next(self._seq), self.resume, (proc,)))
+
+
+_REQUEST_TYPES = (Kernel, Sleep, Get, Put, Launch)
+_REQUESTS = frozenset(_REQUEST_TYPES)
+
+
+def _request_kind(proc: Process, req: Any) -> type:
+    """The request type ``req`` is an instance of (a subclass of one), or a ``TypeError``."""
+    for kind in _REQUEST_TYPES:
+        if isinstance(req, kind):
+            return kind
+    raise TypeError(f"worker {proc.name} yielded {req!r}, not a Kernel, Sleep, Put, Get or Launch")

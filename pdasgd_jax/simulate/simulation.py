@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
@@ -180,16 +182,21 @@ class Simulation:
             yield Sleep(self.timing.host_start - self.scheduler.now)
         while self._drain is not None and self.started >= self._drain and self.in_flight:
             yield Get(self._drained)
-        yield from self.gate()
+        if self.paused:  # (``gate`` yields nothing otherwise: no generator made per job for it)
+            yield from self.gate()
         return self.next_job(worker)
 
-    def host_work(self) -> Worker:
-        """A worker's host time before it dispatches a part of a job (a generator: ``yield
-        from sim.host_work()``): ``timing.host_dispatch`` seconds holding the simulation's one
+    def host_work(self) -> Iterable[Any]:
+        """A worker's host time before it dispatches a part of a job (``yield from
+        sim.host_work()``): ``timing.host_dispatch`` seconds holding the simulation's one
         host, first come first served, as the threaded runtime's workers share one host
-        thread at a time (the GIL); nothing when it is 0."""
+        thread at a time (the GIL); nothing when it is 0 (an empty tuple, not a generator:
+        this runs before every part of every job)."""
         if not self.timing.host_dispatch:
-            return
+            return ()
+        return self._hold_host()
+
+    def _hold_host(self) -> Worker:
         yield Get(self.host)
         yield Sleep(self.timing.host_dispatch)
         yield Put(self.host, None)
@@ -270,6 +277,22 @@ class Simulation:
         if job is not None:
             job.delay_draw = draw
         return Sleep(idle)
+
+
+@contextlib.contextmanager
+def paused_collector() -> Iterator[None]:
+    """Pauses Python's cyclic garbage collector (as it was before, after): for a simulation
+    whose executor computes nothing. Its workers, requests and events make no reference
+    cycles, and are freed as they end, while the collector's passes over the many that are
+    alive (every worker's generator, every queued update, at any number of devices) cost
+    more than the events themselves."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def num_jobs(total_examples: int, batch_size: int) -> int:

@@ -2,6 +2,8 @@
 checkpointing are off it, and a simulated run's default checkpoints do not come at every
 evaluation."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,3 +77,21 @@ def test_a_simulated_run_saves_at_its_first_evaluation_and_then_by_the_minute(tm
     config = Config(algo="asgd", simulate=True, replicas=2, epochs=1, eval_every=300, out=str(out), progress=False)
     train_and_evaluate(config)
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [10]
+
+
+def test_a_worker_never_times_a_negative_stretch_when_the_clock_steps_back_after_a_compile():
+    from pdasgd_jax.runtime.workers import Worker
+
+    now = [10.0]
+    clock = TrainingClock(now=lambda: now[0])
+    worker = types.SimpleNamespace(control=types.SimpleNamespace(now=lambda: clock.elapsed))
+    with clock.excluding_compilation():
+        start = clock.elapsed  # a job dispatched at 0 ...
+        now[0] = 13.0
+        jax.monitoring.record_event_duration_secs(COMPILE_EVENTS[0], 2.5)  # ... compiled for 2.5 of its 3 s
+        assert Worker._since(worker, start) == pytest.approx(0.5)
+        now[0] = 13.1
+        start = clock.elapsed  # another job dispatched (0.6) ...
+        now[0] = 13.2
+        jax.monitoring.record_event_duration_secs(COMPILE_EVENTS[0], 3.0)  # ... as a compile since 10.2 ends
+        assert clock.elapsed - start < 0 and Worker._since(worker, start) == 0.0

@@ -120,7 +120,7 @@ class Averager:
             while self._next_round():
                 start = self.control.now()
                 self._average()
-                self.stats.busy += self.control.now() - start
+                self.stats.busy += max(0.0, self.control.now() - start)  # the clock steps back after a compile
                 self.stats.jobs += 1
         except BaseException as exc:  # reported to the supervisor, which re-raises it
             self.control.fail(self.name, exc)

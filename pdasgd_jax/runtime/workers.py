@@ -192,11 +192,17 @@ class Worker:
         if pending is None:
             return
         jax.block_until_ready(pending.outputs)
-        self._last_busy = self.control.now() - pending.start
+        self._last_busy = self._since(pending.start)
         self.stats.busy += self._last_busy
         self.stats.jobs += 1
         if pending.finish is not None:
             pending.finish()
+
+    def _since(self, start: float) -> float:
+        """Seconds on the run's clock since ``start`` (``Control.now``), never negative: the
+        training clock steps back by a compilation's length once it ends, and a stretch that
+        was all compilation counts as none."""
+        return max(0.0, self.control.now() - start)
 
     def _dispatched(self, outputs: Any, start: float, finish: Callable[[], None] | None = None) -> None:
         """The job whose dispatch began at ``start`` is dispatched: it is pending until its
@@ -227,11 +233,11 @@ class Worker:
         if self.slowdown > 1 and self._warm:
             start = self.control.now()
             self.control.sleep(self._last_busy * (self.slowdown - 1.0))
-            self.stats.busy += self.control.now() - start
+            self.stats.busy += self._since(start)
         self._warm = True
         start = self.control.now()
         self.control.sleep(idle)
-        self.stats.idle += self.control.now() - start
+        self.stats.idle += self._since(start)
 
     def _wait(self, attempt: Callable[..., T], stat: str) -> T:
         """``attempt(block=False)``, or, where it would block, the pending job settled first
@@ -245,7 +251,7 @@ class Worker:
         try:
             return attempt(block=True)
         finally:
-            setattr(self.stats, stat, getattr(self.stats, stat) + self.control.now() - start)
+            setattr(self.stats, stat, getattr(self.stats, stat) + self._since(start))
 
     def _take(self, q: BoundedQueue[T]) -> T:
         """The next item of ``q`` (waiting is ``starved`` time). An input whose ``settle_first``

@@ -16,7 +16,7 @@ AUGMENTATIONS = ("none", "crop-flip")
 MERGES = ("correct", "overwrite", "eager")
 STALENESS_RULES = ("none", "staleness-aware", "delay-compensated")
 LR_SCHEDULES = ("constant", "cosine", "step")
-ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd", "lpp")
+ALGORITHMS = ("sgd", "sync", "asgd", "pdasgd", "pdasgd-block", "local", "dasgd", "lpp", "async-local")
 # Those that run as independent worker threads (or simulated workers) updating a shared store
 # (lpp: one store per device, averaged in place).
 ASYNCHRONOUS = ("asgd", "pdasgd", "pdasgd-block", "lpp")
@@ -29,7 +29,11 @@ BACKWARD_WEIGHTS = ("stashed", "live")
 REPLICATIONS = ("shared", "replicas")
 # What --replication replicas applies to (algorithms.md §3a), and where it runs so far.
 REPLICATED = ("asgd", "pdasgd", "pdasgd-block")
-OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
+# delayed-nesterov: async-local's outer optimizer, its momentum moved once per N arrivals.
+OUTER_OPTIMIZERS = ("none", "sgd", "nesterov", "delayed-nesterov")
+# How many local steps an async-local replica runs per round: --period H, or DyLU's share of H
+# by its measured speed (Liu et al., arXiv 2401.09135).
+LOCAL_STEPS = ("fixed", "dynamic")
 # Those with versioned parameter stores, whose reads and updates --event-log records: one shared
 # store, or one per device (lpp, and the others with --replication replicas) with the averaging's
 # snapshots, rounds and merges.

@@ -17,7 +17,7 @@ from pdasgd_jax.presets import PRESETS
 from pdasgd_jax.version import __version__
 
 # Algorithms whose replicas are single workers, for which --workers is unambiguous.
-WORKER_ALGOS = ("asgd", "local", "dasgd")
+WORKER_ALGOS = ("asgd", "local", "dasgd", "async-local")
 
 _TYPES: dict[str, Callable] = {"str": str, "int": int, "float": float}
 

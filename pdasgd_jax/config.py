@@ -18,6 +18,7 @@ from pdasgd_jax.choices import (
     DATASETS,
     DELAY_MODELS,
     DELAY_PER,
+    LOCAL_STEPS,
     LR_SCHEDULES,
     MERGES,
     MODEL_NAMES,
@@ -52,7 +53,7 @@ class Config:
 
     Attributes:
       algo: the algorithm: ``sgd``, ``sync``, ``asgd``, ``pdasgd``, ``pdasgd-block``, ``local``,
-        ``dasgd`` or ``lpp``.
+        ``dasgd``, ``lpp`` or ``async-local``.
       dataset, model: what is trained (an offline dataset by default: ``digits``).
       devices, replicas: the layout (devices, and replicas or worker threads on them).
       simulate: run on the virtual clock instead of real threads and devices.
@@ -61,12 +62,11 @@ class Config:
 
     Invalid values are refused with a ``ConfigError`` naming the field, before any work.
 
-    Example:
-
-    >>> from pdasgd_jax import Config
-    >>> config = Config(algo="pdasgd", simulate=True, replicas=4, delay_model="exponential", delay_mean=2.0)
-    >>> config.algo, config.replicas, config.lr is None  # None: the algorithm's default rate
-    ('pdasgd', 4, True)
+    Examples:
+        >>> from pdasgd_jax import Config
+        >>> config = Config(algo="pdasgd", simulate=True, replicas=4, delay_model="exponential", delay_mean=2.0)
+        >>> config.algo, config.replicas, config.lr is None  # None: the algorithm's default rate
+        ('pdasgd', 4, True)
     """
 
     algo: str = _field("sgd", "training algorithm", ALGORITHMS)
@@ -118,7 +118,7 @@ class Config:
     )
     replicas: int = _field(
         0,
-        "replicas, each taking its own batches: local/dasgd workers with a model each, asgd workers "
+        "replicas, each taking its own batches: local/dasgd/async-local workers with a model each, asgd workers "
         "(a thread each, one shared model), pdasgd groups of F forward + B backward workers and a "
         "queue, lpp threads (R / D per device replica); shared round-robin by the devices (0: one "
         "per device); sync: one per device",
@@ -234,11 +234,12 @@ class Config:
     recalibrate: bool = _field(
         False, "measure the kernels afresh instead of using the cached calibration", group="delays"
     )
-    # Local SGD and DaSGD.
+    # Local SGD, DaSGD and asynchronous local SGD.
     period: int = _field(
         8,
         "averaging period H (>= 1): local/dasgd: local steps per round; lpp: updates a device applies "
-        "to its replica between its snapshots (the first device to reach H starts a round)",
+        "to its replica between its snapshots (the first device to reach H starts a round); async-local: "
+        "local steps per round (--local-steps dynamic: the fastest replica's)",
         group="averaging",
     )
     delay_steps: int | None = _field(
@@ -249,9 +250,27 @@ class Config:
     )
     merge: str = _field("correct", "dasgd merge rule", MERGES, group="averaging")
     outer_optimizer: str = _field(
-        "none", "DiLoCo-style outer optimizer on the averaged model", OUTER_OPTIMIZERS, group="averaging"
+        "none",
+        "DiLoCo-style outer optimizer on the averaged model (async-local: on each arrival's pseudo-gradient; "
+        "none is outer SGD at rate 1); delayed-nesterov (async-local only): Nesterov momentum moved once "
+        "per --outer-momentum-every arrivals, plain steps between",
+        OUTER_OPTIMIZERS,
+        group="averaging",
     )
     outer_lr: float = _field(1.0, "outer optimizer learning rate (> 0)", group="averaging")
+    outer_momentum_every: int = _field(
+        1,
+        "--outer-optimizer delayed-nesterov: arrivals N per momentum step (>= 1; about the number of "
+        "replicas); refused with the other outer optimizers",
+        group="averaging",
+    )
+    local_steps: str = _field(
+        "fixed",
+        "async-local: local steps per round: fixed (--period H) or dynamic (DyLU: replica r runs "
+        "max(1, floor(v_r / max v * H)), v its measured local steps per second in its previous round)",
+        LOCAL_STEPS,
+        group="averaging",
+    )
     # Recipes: learning-rate schedule, data augmentation, optimizer-state averaging.
     lr_schedule: str = _field(
         "constant",

@@ -11,6 +11,11 @@ from typing import Any
 
 from pdasgd_jax.choices import ASYNCHRONOUS, DELAY_MODELS, EVENT_LOG_ALGOS, REPLICATED
 
+ASYNC_LOCAL = "async-local"
+# Those whose threaded runs slow a --straggler-devices device's workers (runtime.workers, and
+# runtime.async_local's replicas).
+THREADED_STRAGGLERS = (*ASYNCHRONOUS, ASYNC_LOCAL)
+
 MAX_SEED = 2**32 - 1  # seeds are NumPy SeedSequence entropy and JAX PRNG keys alike
 
 
@@ -87,11 +92,11 @@ def check(config: Any) -> None:
             f"--straggler-devices {n} needs a run over several devices; --algo sgd runs on one "
             f"(use --algo sync or an asynchronous algorithm)"
         )
-    if n and not config.simulate and config.algo not in ASYNCHRONOUS:
+    if n and not config.simulate and config.algo not in THREADED_STRAGGLERS:
         raise ValueError(
             f"--straggler-devices {n} needs --simulate for --algo {config.algo}: its real steps run on every "
             f"device in lockstep, so a straggler only slows every step; the threaded runtime takes it for "
-            f"{', '.join(ASYNCHRONOUS)}"
+            f"{', '.join(THREADED_STRAGGLERS)}"
         )
     b = config.backup_workers
     if not (isinstance(b, int) and b >= 0):
@@ -130,6 +135,9 @@ def check(config: Any) -> None:
             f"--staleness-rule {config.staleness_rule} applies to the asynchronous algorithms "
             f"{', '.join(ASYNCHRONOUS)}, not to {config.algo}"
         )
+    _check_outer(config)
+    if config.algo == ASYNC_LOCAL:
+        _check_async_local(config)
     if config.event_log and config.algo not in EVENT_LOG_ALGOS:
         raise ValueError(
             f"--event-log records the reads and updates of versioned parameter stores: "
@@ -168,6 +176,75 @@ def _check_recipe(config: Any) -> None:
     if config.average_opt_state and config.algo not in ("local", "dasgd"):
         raise ValueError(
             f"--average-opt-state applies to --algo local and dasgd, whose replicas average; not to {config.algo}"
+        )
+
+
+def _check_outer(config: Any) -> None:
+    """``--outer-optimizer delayed-nesterov``, ``--outer-momentum-every`` and ``--local-steps``
+    against the algorithm."""
+    n = config.outer_momentum_every
+    if not (isinstance(n, int) and n >= 1):
+        raise ValueError(f"--outer-momentum-every {n!r} must be an integer >= 1")
+    if n != 1 and config.outer_optimizer != "delayed-nesterov":
+        raise ValueError(
+            f"--outer-momentum-every {n} sets delayed-nesterov's arrivals per momentum step; "
+            f"--outer-optimizer {config.outer_optimizer} has none: use --outer-optimizer delayed-nesterov "
+            f"or drop the flag"
+        )
+    if config.outer_optimizer == "delayed-nesterov" and config.algo != ASYNC_LOCAL:
+        raise ValueError(
+            f"--outer-optimizer delayed-nesterov moves its momentum once per N arrivals of async-local "
+            f"pseudo-gradients; --algo {config.algo} applies one averaged pseudo-gradient per round: "
+            f"use --outer-optimizer nesterov, or --algo {ASYNC_LOCAL}"
+        )
+    if config.local_steps != "fixed" and config.algo != ASYNC_LOCAL:
+        raise ValueError(
+            f"--local-steps {config.local_steps} sizes async-local's rounds by each replica's speed; "
+            f"--algo {config.algo} runs --period steps per round: use --local-steps fixed"
+        )
+
+
+def _check_async_local(config: Any) -> None:
+    """What ``--algo async-local`` does not take yet, or does not take at all (each flag it
+    would otherwise ignore is refused, naming what to do instead)."""
+    if config.checkpoint_every:
+        raise ValueError(
+            f"--checkpoint-every {config.checkpoint_every}: --algo async-local writes no checkpoints yet "
+            "(every replica's model and inner state and the rounds in flight would have to be saved); "
+            "drop the flag"
+        )
+    if config.event_log:
+        raise ValueError("--event-log is not supported by --algo async-local yet; drop the flag")
+    if config.delay_steps is not None:
+        raise ValueError(
+            f"--delay-steps {config.delay_steps} applies to --algo dasgd; async-local's replicas send their "
+            "pseudo-gradients when their rounds end"
+        )
+    if config.merge != "correct":
+        raise ValueError(
+            f"--merge {config.merge} applies to dasgd's averages; async-local's server applies each "
+            "pseudo-gradient with --outer-optimizer"
+        )
+    if config.lr_schedule != "constant" or config.warmup > 0:
+        raise ValueError(
+            f"--lr-schedule {config.lr_schedule} --warmup {config.warmup}: --algo async-local has no schedule "
+            "horizon yet (its replicas run different numbers of local steps); use --lr-schedule constant "
+            "--warmup 0"
+        )
+    if config.numerics != "event":
+        raise ValueError(
+            f"--numerics {config.numerics} chooses how the simulator computes asgd, pdasgd and pdasgd-block; "
+            "async-local's simulator always runs each local phase as one compiled program: drop the flag"
+        )
+    if device_concurrency_curve(config.device_concurrency) != (1.0,):
+        raise ValueError(
+            f"--device-concurrency {config.device_concurrency}: on async-local's clock every device runs one "
+            "program at a time (a replica its own steps, the server one arrival after another); drop the flag"
+        )
+    if config.simulate and config.devices and config.replicas and config.devices != config.replicas:
+        raise ValueError(
+            f"the simulator gives each of the {config.replicas} async-local replicas a device of its own "
+            f"(and the server one more); drop --devices {config.devices} or set it to {config.replicas}"
         )
 
 

@@ -82,7 +82,7 @@ def config_optimizer(config: Config, horizon: int) -> optax.GradientTransformati
 
 # The algorithms whose every step updates the whole model from one gradient: their optimizer
 # can run on the whole model at once (``Experiment.whole_model_updates``).
-WHOLE_MODEL_ALGOS = ("sgd", "sync", "local", "dasgd")
+WHOLE_MODEL_ALGOS = ("sgd", "sync", "local", "dasgd", "async-local")
 # The fields an optimizer built from the config is made of (``config_optimizer``).
 OPTIMIZER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay", "staleness_rule", "dc_lambda")
 

@@ -28,7 +28,7 @@ from pdasgd_jax.runners.result import Runner
 from pdasgd_jax.stages import StagedModel, Variables
 
 # Algorithms whose runs write no checkpoints, so ``--resume`` is refused before any work.
-NOT_RESUMABLE = ("lpp",)
+NOT_RESUMABLE = ("lpp", "async-local")
 # What the summary's config records for a model or optimizer the caller supplied.
 OWN = "own"
 # A simulated run's evaluations come fast, and a save competes with the simulator for the host:
@@ -203,8 +203,8 @@ def train_and_evaluate(
         rundir.check_out(config.out, resume=resume, overwrite=overwrite)
     if resume and config.algo in NOT_RESUMABLE:
         raise ConfigError(
-            f"--algo {config.algo} runs cannot be resumed yet (they write no checkpoints: every device replica "
-            f"and an averaging round in flight would have to be saved); start the run over"
+            f"--algo {config.algo} runs cannot be resumed yet (they write no checkpoints: every replica's model "
+            f"and the rounds in flight would have to be saved); start the run over"
         )
     if resume and config.event_log:
         raise ConfigError(

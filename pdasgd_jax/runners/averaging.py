@@ -21,25 +21,46 @@ from jax.sharding import Mesh, Sharding
 
 from pdasgd_jax import spmd
 from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.choices import OUTER_OPTIMIZERS
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.optim import AveragingRule
+from pdasgd_jax.optim import AveragingRule, delayed_nesterov
 from pdasgd_jax.runners.result import RunResult
 
 # DiLoCo's outer Nesterov momentum.
 OUTER_MOMENTUM = 0.9
 
 
-def outer_optimizer(name: str, lr: float) -> optax.GradientTransformation | None:
-    """The outer optimizer ``none``, ``sgd`` or ``nesterov`` (momentum 0.9) with rate ``lr``."""
+def outer_optimizer(name: str, lr: float, *, momentum_every: int = 1) -> optax.GradientTransformation | None:
+    """The outer optimizer ``--outer-optimizer`` names, at rate ``lr``.
+
+    Args:
+      name: ``none`` (no transform: the merge takes the average itself; async-local's server
+        applies each pseudo-gradient at rate 1), ``sgd``, ``nesterov`` (momentum 0.9) or
+        ``delayed-nesterov`` (``optim.delayed_nesterov``, momentum 0.9: async-local's, the
+        momentum moved once per ``momentum_every`` arrivals and plain ``-lr * g / N`` steps
+        between).
+      lr: the outer learning rate.
+      momentum_every: ``delayed-nesterov``'s period N (``--outer-momentum-every``).
+
+    Returns:
+      The optax transformation, or ``None`` for ``none``.
+
+    Examples:
+        >>> outer_optimizer("none", 1.0) is None
+        True
+        >>> tx = outer_optimizer("delayed-nesterov", 0.7, momentum_every=4)
+    """
     if name == "none":
         return None
     if name == "sgd":
         return optax.sgd(lr)
     if name == "nesterov":
         return optax.sgd(lr, momentum=OUTER_MOMENTUM, nesterov=True)
-    raise ValueError(f"unknown outer optimizer {name!r}; choose one of none, sgd, nesterov")
+    if name == "delayed-nesterov":
+        return delayed_nesterov(lr, momentum=OUTER_MOMENTUM, period=momentum_every)
+    raise ValueError(f"unknown outer optimizer {name!r}; choose one of {', '.join(OUTER_OPTIMIZERS)}")
 
 
 def run_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:

@@ -1,0 +1,390 @@
+"""``--algo async-local`` on real threads: a thread per replica on its device, one for the server.
+
+Replica ``r`` runs on ``devices[r % D]`` (the run's first ``--devices``). Its thread loops:
+take its next ``H_r`` batches from the run's stream (``runners.async_local.run_stream``; none
+once the budget is handed out: it is done), run them as one compiled phase
+(``make_local_phase``) from the model it last pulled, wait for the device, sleep its
+straggler's and injected delays, put its arrival on the server's queue and wait for the
+server's model, which it starts its next round from (its inner optimizer state stays its
+own). The server thread, on ``devices[0]``, takes the arrivals in the order they come and
+applies each at once (``make_server_update``), then sends the replica the model right after
+it. ``--local-steps dynamic`` sizes a round from the replica's speed in its previous round
+(its local steps over the wall time of that round's steps and delays) against the fastest
+replica's (``dylu_steps``); each program is compiled before it is timed, so that a compilation
+does not read as a slow replica.
+
+The caller's thread supervises, as the other threaded runs do (``runtime.lifecycle``): it
+feeds each arrival's losses to the metrics log and evaluates the server's model at the
+evaluation cadence; at an evaluation the server applies nothing and no replica starts a round
+until it is done. A failing thread stops the run at once (``Control.fail``: every queue and
+the gate abort) and the supervisor re-raises its traceback (``WorkerError``); the budget, the
+target accuracy, a non-finite loss and Ctrl-C all end the run through one shutdown.
+
+``--straggler-devices``: a replica on a device of factor ``F`` sleeps ``(F - 1)`` times each
+phase's measured time after it (booked busy), as ``runtime.workers`` does. Injected delays:
+after its phase, each of its steps' idle time from ``DelayModel.idle_time`` (stream
+``rng_for(seed, "step-delays", r)``, the clock's). Not yet: several processes, checkpoints,
+event logs (refused before any work).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pdasgd_jax import delays
+from pdasgd_jax.affinity import resolve_host_cpus
+from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import TrainState
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.runners.async_local import (
+    ArrivalReport,
+    RoundBatches,
+    async_local_outer,
+    check_run,
+    dylu_steps,
+    init_replica,
+    init_server,
+    make_local_phase,
+    make_server_update,
+    run_stream,
+    whole_model,
+)
+from pdasgd_jax.runners.result import RunResult
+from pdasgd_jax.runtime.control import Control
+from pdasgd_jax.runtime.feed import Gate
+from pdasgd_jax.runtime.lifecycle import JOIN_TIMEOUT_S, POLL_S
+from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed
+
+PyTree = Any
+_OPEN, _SHUT = 1, 0  # the gate's limits: Gate.wait_for(0) passes while it is open
+
+
+class _Arrival(NamedTuple):
+    replica: int
+    params: PyTree
+    states: PyTree
+    losses: jax.Array
+    steps: int
+    pulled: int  # server updates applied before the model its round started from
+
+
+class _Pulled(NamedTuple):
+    params: PyTree
+    states: PyTree
+    version: int
+
+
+class _Applied(NamedTuple):
+    """What the supervisor hears of each applied arrival."""
+
+    steps: int
+    losses: jax.Array
+    params: PyTree
+    states: PyTree
+
+
+class AsyncLocalThreads:
+    """One threaded async-local run of ``exp`` (use once; see the module docstring).
+
+    Args:
+      exp: the experiment.
+      metrics: its metrics log, whose training clock the threads time their work on.
+
+    Example::
+
+        exp = Experiment.from_config(Config(algo="async-local", replicas=2, epochs=1))
+        metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=500)
+        result = AsyncLocalThreads(exp, metrics).run(metrics)
+    """
+
+    def __init__(self, exp: Experiment, metrics: MetricsLog):
+        config = exp.config
+        self.exp = exp
+        self.num_replicas = exp.layout.replicas
+        self.devices = tuple(jax.devices()[: exp.layout.devices])
+        with metrics.clock.paused():  # a delay given in steps times this machine's kernels first
+            step_time = exp.calibration(config.batch_size).timing.step_compute_time() if config.delay_mean else 0.0
+        self.delay = exp.delay_model(step_time)
+        n, d = config.straggler_devices, len(self.devices)
+        self.factors = delays.straggler_factors(d, n, config.straggler_factor) if n else (1.0,) * d
+        outer = async_local_outer(exp)
+        self.phase = make_local_phase(exp.model, exp.tx, whole_model=whole_model(exp))
+        self.update = make_server_update(outer, self.num_replicas)
+        self.server = jax.device_put(init_server(exp, outer), self.devices[0])
+        # The model the server sent each replica last (its own arrays: a reference, no copy).
+        self.handed = [(self.server.params, self.server.states)] * self.num_replicas
+        self.batches = RoundBatches(run_stream(exp, self.num_replicas))
+        self.report = ArrivalReport(self.num_replicas, exp.model.num_stages)
+        self.arrivals: BoundedQueue[_Arrival] = BoundedQueue(self.num_replicas, producers=self.num_replicas)
+        self.replies: list[BoundedQueue[_Pulled]] = [BoundedQueue(1) for _ in range(self.num_replicas)]
+        self.gate = Gate(_OPEN)
+        self.control = Control(
+            [self.gate, self.arrivals, *self.replies],
+            host_cpus=resolve_host_cpus(config.host_cpus, self.devices[0].platform),
+            now=lambda: metrics.clock.elapsed,
+        )
+        self.pause_at = metrics.next_eval  # examples at which the server pauses for an evaluation
+        self.speeds: dict[int, float] = {}
+        self.busy = [0.0] * (self.num_replicas + 1)  # each replica's, then the server's
+        self.applied = 0
+        self._handed_out = 0  # stream positions taken
+        self._examples = 0  # examples of the arrivals applied (the server's count)
+        self._lock = threading.Lock()
+        self._programs: dict[tuple, Callable] = {}
+        self.threads = [
+            threading.Thread(target=self._guarded, args=(f"r{r}", self._replica, r), daemon=True)
+            for r in range(self.num_replicas)
+        ]
+        self.threads.append(threading.Thread(target=self._guarded, args=("server", self._serve), daemon=True))
+
+    def device(self, replica: int) -> jax.Device:
+        """Where ``replica`` runs: the run's devices in turn."""
+        return self.devices[replica % len(self.devices)]
+
+    def run(self, metrics: MetricsLog) -> RunResult:
+        """Trains to the budget or the target accuracy; returns the server's final model.
+
+        Raises:
+          WorkerError: a thread raised (its traceback in the message).
+          NonFiniteLossError: a training loss was NaN or infinite.
+          KeyboardInterrupt: after every thread has stopped.
+        """
+        with metrics.clock.paused():
+            self._compile_first_programs()
+        wall = time.perf_counter()
+        start = metrics.clock.elapsed
+        try:
+            for t in self.threads:
+                self.control.thread_started()
+                t.start()
+            steps = self._supervise(metrics)
+        except BaseException as exc:
+            stuck = self._shutdown()
+            if stuck:
+                exc.add_note(f"async-local threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
+            raise
+        train_time = metrics.clock.elapsed - start
+        stuck = self._shutdown()
+        self.control.raise_failure()
+        if stuck:
+            raise RuntimeError(f"async-local threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
+        examples = steps * self.exp.config.batch_size
+        server = jax.device_get(self.server)
+        if not metrics.rows or metrics.rows[-1]["examples"] != examples:
+            metrics.evaluate(step=steps, examples=examples, params=server.params, states=server.states)
+        return RunResult(server.params, server.states, steps, examples, self._extra(train_time, wall, examples))
+
+    def _guarded(self, name: str, body: Callable[..., None], *args: Any) -> None:
+        """Runs a thread's ``body``: a stop ends it quietly, an exception stops the run."""
+        try:
+            self.control.thread_running(name)
+            body(*args)
+        except QueueClosed:
+            pass  # the run stopped
+        except BaseException as exc:  # reported to the supervisor, which re-raises it
+            self.control.fail(name, exc)
+        finally:
+            self.control.thread_exited()
+
+    def _replica(self, r: int) -> None:
+        try:
+            self._replica_rounds(r)
+        finally:
+            self.arrivals.producer_done()  # the server ends once every replica is done
+
+    def _replica_rounds(self, r: int) -> None:
+        exp, control = self.exp, self.control
+        device = self.device(r)
+        factor = self.factors[self.devices.index(device)]
+        rng = delays.rng_for(exp.config.seed, "step-delays", r)
+        ts = jax.device_put(init_replica(exp), device)
+        key = self._replica_key(r, device) if exp.model.draws_randomness else None
+        version = done = 0
+        while not control.stopped:
+            self.gate.wait_for(0)
+            steps = self._round_steps(r)
+            positions = self._take(steps)
+            if positions is None:
+                return  # the budget is handed out
+            x, y = jax.device_put(self.batches.stacked(positions), device)
+            self.report.started(r, steps)
+            randomness = (key, jnp.int32(done)) if exp.model.draws_randomness else ()
+            phase = self._compiled(("phase", steps, device.id), self.phase, ts, x, y, *randomness)
+            # Wall time sizes the delays and DyLU (the phase was compiled before it); the
+            # training clock books utilisation, as it times train_time.
+            began, booked = time.perf_counter(), control.now()
+            ts_end, losses = phase(ts, x, y, *randomness)
+            jax.block_until_ready((ts_end, losses))
+            busy = time.perf_counter() - began
+            control.sleep(busy * (factor - 1.0))  # a straggling device computes F times as long
+            self.busy[r] += max(0.0, control.now() - booked)
+            per_step = busy * factor / steps
+            control.sleep(sum(self.delay.idle_time(rng, per_step) for _ in range(steps)))
+            with self._lock:
+                self.speeds[r] = steps / max(time.perf_counter() - began, 1e-9)
+            done += steps
+            self.arrivals.put(_Arrival(r, ts_end.params, ts_end.states, losses, steps, version))
+            pulled = self.replies[r].get()
+            params, states = jax.device_put((pulled.params, pulled.states), device)
+            ts, version = TrainState(params, states, ts_end.opt_states), pulled.version
+
+    def _compile_first_programs(self) -> None:
+        """The first rounds' phase on every replica device and the server's step, compiled
+        before the threads start: the replicas' first speeds then measure their steps alone."""
+        exp, period = self.exp, self.exp.config.period
+        x, y = (np.zeros((period, *a.shape), a.dtype) for a in next(exp.train_stream(exp.config.batch_size)))
+        for device in dict.fromkeys(self.device(r) for r in range(self.num_replicas)):
+            args = jax.device_put((init_replica(exp), x, y), device)
+            randomness = (self._replica_key(0, device), jnp.int32(0)) if exp.model.draws_randomness else ()
+            self._compiled(("phase", period, device.id), self.phase, *args, *randomness)
+        self._compiled(("update",), self.update, self.server, self.handed[0], self.handed[0])
+
+    def _replica_key(self, r: int, device: jax.Device) -> jax.Array:
+        """Replica ``r``'s key on ``device``: local SGD's worker ``r``'s, ``fold_in(key(seed), r)``."""
+        return jax.device_put(jax.random.fold_in(jax.random.key(self.exp.config.seed), r), device)
+
+    def _compiled(self, key: tuple, jitted: Any, *args: Any) -> Callable:
+        """``jitted`` compiled for ``args`` (their shapes and device), once per ``key``: a round
+        times its steps without their compilation, which DyLU would read as a slow replica."""
+        with self._lock:
+            program = self._programs.get(key)
+        if program is None:
+            program = jitted.lower(*args).compile()
+            with self._lock:
+                self._programs.setdefault(key, program)
+        return program
+
+    def _round_steps(self, r: int) -> int:
+        """``H_r``: ``--period``, or DyLU's share of it (``H`` before the replica's first speed)."""
+        period = self.exp.config.period
+        with self._lock:
+            if self.exp.config.local_steps != "dynamic" or r not in self.speeds:
+                return period
+            return dylu_steps(self.speeds[r], max(self.speeds.values()), period)
+
+    def _take(self, steps: int) -> range | None:
+        """The next ``steps`` stream positions, or None once the budget is handed out."""
+        with self._lock:
+            if self._handed_out * self.exp.config.batch_size >= self.exp.total_examples:
+                return None
+            first, self._handed_out = self._handed_out, self._handed_out + steps
+            return range(first, first + steps)
+
+    def _serve(self) -> None:
+        control, batch_size = self.control, self.exp.config.batch_size
+        while True:
+            arrival = self.arrivals.get()  # QueueClosed once every replica is done and it is drained
+            self.gate.wait_for(0)
+            r = arrival.replica
+            end = jax.device_put((arrival.params, arrival.states), self.devices[0])
+            update = self._compiled(("update",), self.update, self.server, self.handed[r], end)
+            booked = control.now()
+            self.server = update(self.server, self.handed[r], end)
+            staleness, self.applied = self.applied - arrival.pulled, self.applied + 1
+            self.handed[r] = (self.server.params, self.server.states)
+            jax.block_until_ready(self.server.params)
+            self.busy[-1] += max(0.0, control.now() - booked)
+            self._examples += arrival.steps * batch_size
+            if self._examples >= self.pause_at:  # shut before the reply: the replica waits too
+                self.gate.open_until(_SHUT)
+            self.replies[r].put(_Pulled(self.server.params, self.server.states, self.applied))
+            self.report.arrived(r, staleness=staleness)
+            control.job_finished(_Applied(arrival.steps, arrival.losses, self.server.params, self.server.states))
+
+    def _supervise(self, metrics: MetricsLog) -> int:
+        """Feeds the metrics log each arrival's losses, evaluates where the server paused and
+        lets it go on; returns the local steps applied when every thread is done or the run
+        should stop."""
+        steps, batch_size = 0, self.exp.config.batch_size
+        while True:
+            records, exited = self.control.wait(POLL_S)
+            self.control.raise_failure()
+            for record in records:
+                for j in range(record.steps):
+                    metrics.add_loss(steps + j + 1, record.losses[j])
+                steps += record.steps
+                examples = steps * batch_size
+                metrics.progress(examples)
+                if examples < self.pause_at:
+                    continue
+                # The server paused after this arrival: its model is the one to evaluate.
+                if metrics.eval_due(examples):
+                    metrics.evaluate(step=steps, examples=examples, params=record.params, states=record.states)
+                if metrics.stop_due:
+                    return steps
+                self.pause_at = metrics.next_eval
+                self.gate.open_until(_OPEN)
+            if exited:
+                return steps
+
+    def _shutdown(self) -> list[str]:
+        """Stops and joins every thread; returns the names of those still alive after the timeout."""
+        self.control.stop()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        started = [t for t in self.threads if t.ident is not None]
+        for t in started:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return [t.name for t in started if t.is_alive()]
+
+    def _extra(self, train_time: float, wall_start: float, examples: int) -> dict[str, Any]:
+        """``RunResult.extra``: layout, staleness, utilisation, throughput and ``async_local``."""
+        c = self.exp.config
+        total = max(train_time, 1e-9)
+        workers = {f"r{r}": b / total for r, b in enumerate(self.busy[:-1])}
+        return {
+            "runtime": "threads",
+            "devices": len(self.devices),
+            "replicas": self.num_replicas,
+            "device_kind": self.devices[0].device_kind,
+            "replica_devices": [str(self.device(r)) for r in range(self.num_replicas)],
+            "server_device": str(self.devices[0]),
+            "staleness": self.report.staleness.summary(),
+            "utilisation": {"workers": {**workers, "server": self.busy[-1] / total}},
+            "train_time": train_time,
+            "run_wall_time": time.perf_counter() - wall_start,
+            "throughput_examples_per_s": examples / total,
+            "delay": {"model": self.delay.name, "mean_s": self.delay.mean, "per": self.delay.per},
+            "host_cpus": self.control.host_cpus and list(self.control.host_cpus),
+            "async_local": {
+                "outer_optimizer": c.outer_optimizer,
+                "outer_lr": c.outer_lr,
+                "outer_momentum_every": c.outer_momentum_every,
+                "local_steps": c.local_steps,
+                "period": c.period,
+                "server": {"updates": self.applied, "busy": self.busy[-1] / total},
+                **self.report.summary(),
+            },
+        }
+
+
+def run_async_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
+    """Trains ``exp`` (``--algo async-local``) with real threads on this host's devices.
+
+    Args:
+      exp: the experiment.
+      metrics: receives the losses and evaluations; its target accuracy stops the run early.
+      checkpointer: only checked: a checkpoint to resume is refused (none is written yet).
+
+    Returns:
+      The ``RunResult``: the server's final model; ``extra`` as the module docstring says.
+
+    Raises:
+      ConfigError: several processes, a checkpoint to resume, or first rounds longer than
+        the budget (``runners.async_local.check_run``), before any work.
+      WorkerError: a thread raised.
+
+    Example::
+
+        summary = train_and_evaluate(Config(algo="async-local", replicas=2, local_steps="dynamic"))
+        summary["async_local"]["per_replica"][0]["staleness"]
+    """
+    check_run(exp, metrics, checkpointer)
+    return AsyncLocalThreads(exp, metrics).run(metrics)

@@ -8,7 +8,10 @@ import math
 import os
 from typing import Any
 
+import jax
+
 from pdasgd_jax import calibration, program_timing
+from pdasgd_jax.affinity import resolve_host_cpus
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import ASYNCHRONOUS, Config
 from pdasgd_jax.config_checks import MEASURE_CONCURRENCY, device_concurrency_curve
@@ -72,10 +75,13 @@ def calibrated(exp: Experiment, worker_batch: int) -> calibration.Calibration:
 
 
 def _measured_concurrency(exp: Experiment, batch_size: int) -> tuple[float, ...]:
-    """This machine's concurrency curve for 1, 2 and 3 concurrent calls of the model's job program."""
+    """This machine's concurrency curve for 1, 2 and 3 concurrent calls of the model's job
+    program, dispatched from threads pinned as the threaded runtime pins its workers
+    (``--host-cpus``)."""
     x, y = next(exp.train_stream(batch_size))
     v = exp.variables
-    return program_timing.measure_concurrency_curve(exp.kernels.job_gradients, v.params, v.states, x, y)
+    cpus = resolve_host_cpus(exp.config.host_cpus, jax.devices()[0].platform)
+    return program_timing.measure_concurrency_curve(exp.kernels.job_gradients, v.params, v.states, x, y, host_cpus=cpus)
 
 
 def concurrency_report(timing: TimingModel, spec: str) -> dict[str, Any]:

@@ -191,6 +191,22 @@ def _check_outer(config: Any) -> None:
             f"--outer-optimizer {config.outer_optimizer} has none: use --outer-optimizer delayed-nesterov "
             f"or drop the flag"
         )
+    averages = config.algo in ("local", "dasgd", ASYNC_LOCAL) or config.replication == "replicas"
+    if not averages:
+        given = [
+            f"--{flag} {value}"
+            for flag, value, default in (
+                ("outer-optimizer", config.outer_optimizer, "none"),
+                ("merge", config.merge, "correct"),
+                ("delay-steps", config.delay_steps, None),
+            )
+            if value != default
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: local/DaSGD-style averaging flags (local, dasgd, async-local and "
+                f"--replication replicas); --algo {config.algo} does not use them: drop them"
+            )
     if config.outer_optimizer == "delayed-nesterov" and config.algo != ASYNC_LOCAL:
         raise ValueError(
             f"--outer-optimizer delayed-nesterov moves its momentum once per N arrivals of async-local "

@@ -87,6 +87,10 @@ def test_exploding_loss_stops_with_a_clear_error():
         ({"delay_steps": 9, "period": 4}, "--delay-steps 9 exceeds --period 4"),
         ({"checkpoint_every": -1}, "--checkpoint-every -1 must be >= 0"),
         ({"peer_timeout": 0.0}, "--peer-timeout 0.0 must be a positive number"),
+        # Averaging flags an algorithm would otherwise ignore without a word.
+        ({"algo": "sgd", "delay_steps": 3}, "--delay-steps 3: local/DaSGD-style averaging flags"),
+        ({"algo": "pdasgd", "outer_optimizer": "nesterov"}, "--algo pdasgd does not use them"),
+        ({"algo": "lpp", "merge": "eager"}, "--merge eager: local/DaSGD-style"),
     ],
 )
 def test_bad_config_values_are_named(overrides, message):

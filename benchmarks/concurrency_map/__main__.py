@@ -1,6 +1,7 @@
-"""``python -m benchmarks.concurrency_map --out DIR [--quick] [--cells MODEL:W:K ...]``: the map
-(or part of it), each finished cell appended to ``DIR/concurrency-map.jsonl`` as it goes, then
-``DIR/concurrency-map.json`` (with its ``run_record``) and ``DIR/concurrency-map.md``.
+"""``python -m benchmarks.concurrency_map --out DIR [--quick] [--cells MODEL:W:K[:job] | MODEL ...]``:
+the map (or part of it: ``--cells digits`` for every default digits cell), each finished cell
+appended to ``DIR/concurrency-map.jsonl`` as it goes, then ``DIR/concurrency-map.json`` (with its
+``run_record`` and ``command``: ``sys.argv`` and the arguments parsed) and ``DIR/concurrency-map.md``.
 
 Every finished run is kept in ``DIR/runs`` (``--run-cache DIR`` elsewhere, ``--no-run-cache`` not
 at all; ``benchmarks.run_cache``), so an interrupted command resumes from the runs it finished.
@@ -23,13 +24,13 @@ from benchmarks.concurrency_map import (
     QUICK_CELLS,
     QUICK_GAINS,
     SHAPES,
-    CellSpec,
+    cells_arg,
     curve,
     default_cells,
     markdown,
     run_map,
 )
-from benchmarks.concurrency_map.breakeven import gain_text
+from benchmarks.concurrency_map.breakeven import break_even_text
 from benchmarks.concurrency_map.report import cell_name
 from benchmarks.delays.protocol import ASYNC_BASELINES
 from pdasgd_jax.bench import json_ready, progress
@@ -61,13 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cells",
         nargs="+",
-        type=CellSpec.parse,
-        help="cells as MODEL:W:K (digits:4:1 resnet1d:16:4); default: every model, W in {4, 16}, k in {1, 4} "
-        "(--quick: digits:4:1)",
+        type=cells_arg,
+        metavar="MODEL:W:K[:job]|MODEL",
+        help="cells as MODEL:W:K, :job for one delay draw per PD-ASGD job (digits:4:0 digits:16:4:job), or a "
+        "model's name for its default cells (digits); default: digits at W in {4, 16} with k in {0, 1, 4} per "
+        "operation and k in {1, 4} per job, resnet1d at W in {4, 16} with k in {1, 4} (--quick: digits:4:1)",
     )
     parser.add_argument("--gains", nargs="+", type=float, help=f"g3 grid (default {GAINS}; --quick: {QUICK_GAINS})")
     parser.add_argument("--shape", choices=SHAPES, default="linear", help="g2 from g3 (default linear: the midpoint)")
     parser.add_argument("--baselines", nargs="+", choices=ASYNC_BASELINES, default=list(BASELINES))
+    parser.add_argument(
+        "--tune-schedules",
+        action="store_true",
+        help="tune the replicated variants' averaging (H, d) over the delays protocol's schedules (3x their "
+        "runs); default: its H = 4, d = 2",
+    )
     parser.add_argument(
         "--measured",
         nargs="+",
@@ -85,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the cells (exit 2 with a one-line message on a gain the shape does not allow)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    specs = args.cells or (list(QUICK_CELLS) if args.quick else default_cells())
+    command = {"sys_argv": list(sys.argv), "argv": list(sys.argv[1:] if argv is None else argv)}
+    specs = [spec for group in args.cells for spec in group] if args.cells else None
+    specs = specs or (list(QUICK_CELLS) if args.quick else default_cells())
     gains = args.gains or list(QUICK_GAINS if args.quick else GAINS)
     try:
         for gain in gains:
@@ -99,13 +110,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     def keep(cell: dict) -> None:
         with open(jsonl, "a") as f:
             f.write(json.dumps(json_ready(cell)) + "\n")
-        be = cell["break_even"]
-        low, high = (gain_text(c) for c in be["ci95"])
-        print(f"{cell_name(cell)}: break-even g3 {gain_text(be['gain'])} [{low}, {high}]", flush=True)
+        pd, rep = (break_even_text(cell[key]) for key in ("break_even", "break_even_rep"))
+        print(f"{cell_name(cell)}: break-even g3 pdasgd {pd}; pdasgd-rep {rep}", flush=True)
 
     load_before, start = load_average(), time.perf_counter()
     with run_cache.active(run_cache.directory_from_args(args, args.out)), progress.bar(NAME, enabled=args.progress):
-        results = run_map(specs, gains, args.shape, quick=args.quick, baselines=tuple(args.baselines), on_cell=keep)
+        results = run_map(
+            specs,
+            gains,
+            args.shape,
+            quick=args.quick,
+            baselines=tuple(args.baselines),
+            tune_schedules=args.tune_schedules,
+            on_cell=keep,
+        )
+    results["command"] = command
     results["measured_devices"] = {name: list(points) for name, points in args.measured}
     text = markdown(results, devices)
     record = run_record(__file__, elapsed_s=time.perf_counter() - start, load_before=load_before)

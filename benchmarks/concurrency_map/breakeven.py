@@ -14,6 +14,13 @@ Definitions (the package docstring gives the reasons):
   (PD-ASGD settled faster), at the grid gain just below its lower end the upper edge is below 1
   (settled slower). It inverts pointwise 95 % intervals, so it is not a simultaneous interval, and
   it is no finer than the grid.
+* rising: the point speedup never falls from one grid gain to the next and its intervals at the
+  grid's first and last gains do not overlap; otherwise the map shows no trend in g3, and a
+  speedup below 1 at the last gain is "no crossing on the grid; no trend in g3", not a
+  break-even above the grid. A break-even interval from at or below the first gain to above the
+  last is "undetermined".
+* a verdict at a gain (``verdict``) that is the same at every grid gain is printed as holding
+  "at every gain on the grid" (``verdict_text``): the gain then does not decide it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from benchmarks import log_ratio_ci95
 
 # How a gain relates to the grid: inside it, at or below its first gain, above its last.
 AT, AT_OR_BELOW, ABOVE = "=", "<=", ">"
+NO_TREND = "no crossing on the grid; no trend in g3"
+UNDETERMINED = "undetermined"
+EVERY_GAIN = "at every gain on the grid"
 
 
 def speedup(ref: dict[str, Any], pd: dict[str, Any]) -> dict[str, Any]:
@@ -85,18 +95,22 @@ def break_even(gains: list[float], speedups: list[dict[str, Any]]) -> dict[str, 
     An interval edge that is nan (a censored or one-seed speedup) is taken at its least
     informative value: the upper edge as inf, the lower as 0, so such a gain is unsettled.
     ``unsettled_gains``: the grid gains whose interval contains 1; ``monotone``: whether the
-    point speedup never falls from one grid gain to the next (if not, the crossing is the last one).
+    point speedup never falls from one grid gain to the next (if not, the crossing is the last one);
+    ``rising``: monotone, and the interval at the last gain lies wholly above the one at the first
+    (a censored or nan edge counts as unbounded, so no rise).
     """
     ratios = [s["ratio"] for s in speedups]
     lows = [s["ci95"][0] if math.isfinite(s["ci95"][0]) else 0.0 for s in speedups]
     highs = [s["ci95"][1] if math.isfinite(s["ci95"][1]) else math.inf for s in speedups]
     finite = [r for r in ratios if not math.isnan(r)]
+    monotone = len(finite) == len(ratios) and all(b >= a for a, b in itertools.pairwise(finite))
     return {
         "gain": crossing(gains, ratios, unknown_side="high"),
         # the lower end moves down where unsure, the upper end up: the interval only widens
         "ci95": [crossing(gains, highs, unknown_side="low"), crossing(gains, lows, unknown_side="high")],
         "unsettled_gains": [g for g, lo, hi in zip(gains, lows, highs) if lo < 1 <= hi],
-        "monotone": len(finite) == len(ratios) and all(b >= a for a, b in itertools.pairwise(finite)),
+        "monotone": monotone,
+        "rising": monotone and len(gains) > 1 and lows[-1] > highs[0],
     }
 
 
@@ -104,6 +118,25 @@ def gain_text(c: dict[str, Any]) -> str:
     """A ``crossing`` as the report prints it: ``1.32``, ``<= 1.00`` or ``> 2.00``."""
     prefix = {AT: "", AT_OR_BELOW: "≤ ", ABOVE: "> "}[c["bound"]]
     return f"{prefix}{c['gain']:.2f}"
+
+
+def break_even_text(be: dict[str, Any]) -> str:
+    """A ``break_even`` as the report prints it, ``point [low, high]``: ``NO_TREND`` in place of
+    "> g_n" where the speedup is not ``rising``, "(no trend in g3)" after an interpolated gain
+    where it is not, and ``UNDETERMINED`` for an interval covering the whole axis."""
+    rising = be.get("rising", False)
+    c, (low, high) = be["gain"], be["ci95"]
+    if c["bound"] == ABOVE and not rising:
+        point = NO_TREND
+    else:
+        point = gain_text(c) + ("" if rising or c["bound"] != AT else " (no trend in g3)")
+    if low["bound"] == AT_OR_BELOW and high["bound"] == ABOVE:
+        interval = UNDETERMINED
+    elif low["bound"] == ABOVE and not rising:
+        interval = "none on the grid"
+    else:
+        interval = f"{gain_text(low)}, {gain_text(high)}"
+    return f"{point} [{interval}]"
 
 
 def band_at(gains: list[float], speedups: list[dict[str, Any]], gain: float) -> tuple[float, float]:
@@ -140,3 +173,12 @@ def verdict(gains: list[float], speedups: list[dict[str, Any]], gain: float) -> 
         return "off the grid"
     lo, hi = band_at(gains, speedups, gain)
     return "pays" if lo >= 1 else "does not pay" if hi < 1 else "not settled"
+
+
+def verdict_text(gains: list[float], speedups: list[dict[str, Any]], gain: float) -> str:
+    """``verdict`` at ``gain``, or it followed by ``EVERY_GAIN`` where it is the verdict at every
+    grid gain (then it holds between them too: the edges are interpolated on their logs)."""
+    here = verdict(gains, speedups, gain)
+    if len(gains) > 1 and all(verdict(gains, speedups, g) == here for g in gains):
+        return f"{here} {EVERY_GAIN}"
+    return here

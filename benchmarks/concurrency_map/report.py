@@ -1,4 +1,5 @@
-"""The map's markdown: a header, the MFU arithmetic, the break-even table and every gain's times."""
+"""The map's markdown: a header, what the map cannot say, the MFU arithmetic, the break-even table
+(one row per cell and PD-ASGD row), every gain's times with the serial reference, and notes."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import math
 from typing import Any
 
 from benchmarks import delays
-from benchmarks.concurrency_map.breakeven import gain_text, verdict
+from benchmarks.concurrency_map.breakeven import NO_TREND, break_even_text, verdict_text
+from benchmarks.concurrency_map.cells import PD_ROWS, PDASGD, PDASGD_REP
 from benchmarks.concurrency_map.curves import PAPER_MFU, implied_gain
 from pdasgd_jax.compare import markdown_table
 
@@ -22,53 +24,96 @@ def _interval(s: dict[str, Any]) -> str:
     return f"{ratio:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
 
 
-def _break_even_text(be: dict[str, Any]) -> str:
-    low, high = be["ci95"]
-    return f"{gain_text(be['gain'])} [{gain_text(low)}, {gain_text(high)}]"
+# Each PD-ASGD row as the tables name it, and the keys of its results (``run_cell``'s).
+PD_TEXT = {PDASGD: "pdasgd (shared store)", PDASGD_REP: "pdasgd-rep (one store per device)"}
+KEYS = {
+    PDASGD: ("speedup", "speedup_best", "break_even", "break_even_vs"),
+    PDASGD_REP: ("speedup_rep", "speedup_rep_best", "break_even_rep", "break_even_rep_vs"),
+}
+ASGD_3T = "asgd-3t"
+CHAINED = "shared store, chained under reads at dispatch: sequential SGD, independent of W, k and g3"
 
 
 def cell_name(c: dict[str, Any]) -> str:
-    """``digits W=4 k=1`` (resnet1d with its stages)."""
+    """``digits MLP W=4 k=1`` (resnet1d with its stages; ``per job`` for per-job delays)."""
     model = f"resnet1d M={c['depth']}" if c["model"] == "resnet1d" else "digits MLP"
-    return f"{model} W={c['workers']} k={c['k']:g}"
+    job = " per job" if c.get("delay_per") == "job" else ""
+    return f"{model} W={c['workers']} k={c['k']:g}{job}"
+
+
+def gain_invariant(c: dict[str, Any]) -> list[str]:
+    """The baselines of cell ``c`` whose reported times are the same at every gain of its grid."""
+    rows = c["gains"]
+    if len(rows) < 2:
+        return []
+    return [
+        a
+        for a in rows[0]["algos"]
+        if a not in PD_ROWS and all(r["algos"][a]["times"] == rows[0]["algos"][a]["times"] for r in rows)
+    ]
+
+
+def algo_label(c: dict[str, Any], algo: str) -> str:
+    """``algo``'s column name in cell ``c``: ``asgd-3t`` with ``CHAINED`` where its times do not move with the gain."""
+    return f"{algo} ({CHAINED})" if algo == ASGD_3T and algo in gain_invariant(c) else algo
+
+
+def _point_row(c: dict[str, Any], r: dict[str, Any], gain: str, baselines: tuple[str, ...]) -> dict[str, Any]:
+    row = {"cell": cell_name(c), "gain g3": gain, "curve": r["device_concurrency"]}
+    row.update({f"{a} (ms)": delays._fmt(x) for a, x in r["algos"].items()})
+    row["best async"] = r["best_async"]
+    for pd in PD_ROWS:
+        each, best = (r[key] for key in KEYS[pd][:2])
+        row[f"{pd} vs best async [95 % CI]"] = _interval(best)
+        row.update({f"{pd} vs {b}": _interval(each[b]) for b in baselines})
+    return row
 
 
 def gain_rows(c: dict[str, Any], baselines: tuple[str, ...]) -> list[dict[str, Any]]:
-    """One row per gain of cell ``c`` (a ``run_cell`` result): each algorithm's time and PD-ASGD's speedups."""
-    rows = []
-    for r in c["gains"]:
-        rows.append(
-            {
-                "cell": cell_name(c),
-                "gain g3": f"{r['gain']:.2f}",
-                "curve": r["device_concurrency"],
-                **{f"{a} (ms)": delays._fmt(x) for a, x in r["algos"].items()},
-                "best async": r["best_async"],
-                "pdasgd vs best async [95 % CI]": _interval(r["speedup_best"]),
-                **{f"pdasgd vs {b}": _interval(r["speedup"][b]) for b in baselines},
-            }
-        )
+    """One row per gain of cell ``c`` (a ``run_cell`` result): each algorithm's time and each
+    PD-ASGD row's speedups; then the serial reference row (``SERIAL_LABEL``), where it was run."""
+    rows = [_point_row(c, r, f"{r['gain']:.2f}", baselines) for r in c["gains"]]
+    if "serial" in c:
+        rows.append(_point_row(c, c["serial"], c["serial"]["label"], baselines))
     return rows
 
 
-def break_even_row(c: dict[str, Any], baselines: tuple[str, ...], devices: dict[str, float]) -> dict[str, Any]:
-    """Cell ``c``'s break-even gains, and whether PD-ASGD pays at the paper's implied gain and at
-    each of ``devices``' (name -> measured ``g3``), judged on the best baseline's interval there."""
+def break_even_row(c: dict[str, Any], pd: str, baselines: tuple[str, ...], devices: dict[str, float]) -> dict[str, Any]:
+    """Cell ``c``'s break-even gains for PD-ASGD row ``pd``, and whether it pays at the paper's
+    implied gain and at each of ``devices``' (name -> measured ``g3``), judged on the best
+    baseline's interval there (``verdict_text``: "at every gain on the grid" where the gain does
+    not decide it)."""
     grid = [r["gain"] for r in c["gains"]]
-    best = [r["speedup_best"] for r in c["gains"]]
-    be = c["break_even"]
+    best = [r[KEYS[pd][1]] for r in c["gains"]]
+    be, be_vs = c[KEYS[pd][2]], c[KEYS[pd][3]]
     row = {
         "cell": cell_name(c),
+        "pd-asgd": PD_TEXT[pd],
         "k in sync steps": f"{c['k_in_sync_steps']:.1f}",
-        "break-even g3 [95 % CI]": _break_even_text(be),
+        "break-even g3 [95 % CI]": break_even_text(be),
         "unsettled at": ", ".join(f"{g:g}" for g in be["unsettled_gains"]) or "-",
         "monotone": "yes" if be["monotone"] else "no",
-        **{f"vs {b}": _break_even_text(c["break_even_vs"][b]) for b in baselines},
-        f"at g3 = {implied_gain():.2f} (paper's MFU)": verdict(grid, best, implied_gain()),
+        "rising": "yes" if be.get("rising") else "no",
+        **{f"vs {b}": break_even_text(be_vs[b]) for b in baselines},
+        f"at g3 = {implied_gain():.2f} (paper's MFU)": verdict_text(grid, best, implied_gain()),
     }
     for name, g3 in devices.items():
-        row[f"at {name} (g3 = {g3:.2f})"] = verdict(grid, best, g3)
+        row[f"at {name} (g3 = {g3:.2f})"] = verdict_text(grid, best, g3)
     return row
+
+
+def scope_text() -> str:
+    """What the map cannot say: one curve for every kernel, reads at dispatch, and gain 1."""
+    return (
+        "**What this map cannot say.** The map uses one device curve shared by every kernel of every "
+        "algorithm, and every point of the gain axis reads stages at dispatch; it is therefore silent on the "
+        "paper's mechanism (small per-layer kernels filling a GPU better than whole-model ones, and reads in "
+        "place while a backward updates), which one curve for all kernels cannot express. g3 = 1 is the curve "
+        "1,1,1 (three programs at once sharing one program's throughput, read at dispatch), not the serial "
+        "device: the serial reference row of each cell is the delays protocol's own runs on the serial "
+        "device, which books updates as backwards end (review finding 38), with the same rates tuning, shown "
+        "beside the cell and not a point of the gain axis."
+    )
 
 
 def mfu_text() -> str:
@@ -94,19 +139,41 @@ def header(results: dict[str, Any]) -> str:
         "quick: each algorithm at one rate, no tuning, the best asynchronous baseline by its reported mean"
         if results["quick"]
         else "every cell's rates tuned per algorithm and gain on seeds not reported (the first gain over the "
-        "protocol's grid, each next over the previous gain's rate and its neighbours, widened at an edge); the best "
-        "asynchronous baseline picked on the tuning seeds"
+        "protocol's grid, each next over the previous gain's rate and its neighbours, widened at an edge; the "
+        "serial row over the protocol's grid); the best asynchronous baseline picked on the tuning seeds"
+    )
+    schedules = (
+        "their averaging schedule (H, d) tuned over the delays protocol's schedules like their rate"
+        if results.get("replica_schedules_tuned")
+        else "at the delays protocol's default averaging schedule H = 4, d = 2 (not tuned: tuning it triples "
+        "their runs at every gain)"
     )
     return (
-        f"concurrency-map: PD-ASGD (F = 1, B = 2 per device) against {baselines} (3 threads per device) on the "
-        f"virtual clock with a device concurrency curve (1, g2, g3), g3 over {results['gains']} "
-        f"({results['shape']} shape: {results['shape_text']}); time (ms, mean ± std over the reported seeds) to "
+        f"concurrency-map: PD-ASGD (F = 1, B = 2 per device; pdasgd with its shared store and pdasgd-rep with "
+        f"one store per device) against {baselines} (3 threads per device) on the virtual clock with a device "
+        f"concurrency curve (1, g2, g3), g3 over {results['gains']} ({results['shape']} shape: "
+        f"{results['shape_text']}); the replicated variants (pdasgd-rep, asgd-3t-rep) {schedules}; cells marked "
+        f"'per job' draw one delay per PD-ASGD job (--delay-per job; the baselines' runs are those of "
+        f"per-operation delays); time (ms, mean ± std over the reported seeds) to "
         f"the protocol's target accuracy, {tuning}; speedups are the "
         f"baseline's mean time over PD-ASGD's (above 1: PD-ASGD faster) with 95 % log-scale delta-method "
         f"intervals; the break-even g3 is where the speedup last rises to 1 on the grid (interpolated on its log), "
         f"its interval where the interval's upper and lower edges do (≤: at or below the grid's first gain, "
-        f">: above its last); 'unsettled at': grid gains whose interval contains 1."
+        f">: above its last; 'undetermined': from the first gain to above the last); 'rising': the speedup never "
+        f"falls from one gain to the next and its intervals at the first and last gains do not overlap; without "
+        f"a rise a speedup below 1 at the last gain is '{NO_TREND}', not a break-even above the grid; "
+        f"'unsettled at': grid gains whose interval contains 1."
     )
+
+
+def notes(results: dict[str, Any]) -> list[str]:
+    """A line per cell whose baselines' times do not move with the gain."""
+    out = []
+    for c in results["cells"]:
+        for algo in gain_invariant(c):
+            why = CHAINED if algo == ASGD_3T else "its times do not move with the gain"
+            out.append(f"- {cell_name(c)}: {algo}: {why} (the same times at every gain of the grid).")
+    return out
 
 
 def markdown(results: dict[str, Any], devices: dict[str, float] | None = None) -> str:
@@ -118,15 +185,23 @@ def markdown(results: dict[str, Any], devices: dict[str, float] | None = None) -
         if devices
         else "No measured device curve was given (`--measured NAME=1,g2,g3`), so the report judges none."
     )
+    be_rows = [break_even_row(c, pd, baselines, devices) for c in results["cells"] for pd in PD_ROWS]
     parts = [
         header(results),
+        scope_text(),
         mfu_text() + " " + measured,
-        markdown_table(
-            [break_even_row(c, baselines, devices) for c in results["cells"]],
-            list(break_even_row(results["cells"][0], baselines, devices)) if results["cells"] else ["cell"],
-        ),
+        markdown_table(be_rows, list(be_rows[0]) if be_rows else ["cell"]),
     ]
-    rows = [row for c in results["cells"] for row in gain_rows(c, baselines)]
-    if rows:
-        parts.append(markdown_table(rows, list(rows[0])))
+    for c in results["cells"]:
+        rows = gain_rows(c, baselines)
+        columns = list(rows[0])
+        rename = {f"{a} (ms)": f"{algo_label(c, a)} (ms)" for a in c["gains"][0]["algos"]} if c["gains"] else {}
+        parts.append(
+            markdown_table(
+                [{rename.get(k, k): v for k, v in r.items()} for r in rows], [rename.get(k, k) for k in columns]
+            )
+        )
+    lines = notes(results)
+    if lines:
+        parts.append("**Notes.**\n" + "\n".join(lines))
     return "\n\n".join(parts)

@@ -33,6 +33,10 @@ STUDIES: dict[str, str] = {
     "clock and on this machine's devices",
     "stability": "how often the default threaded PD-ASGD (digits, 2 replicas, 40 epochs) collapses, over 30 "
     "seeds, and sync's accuracy at the same budget (7 min 21 s on the 2-core development VM at load 11-16)",
+    "concurrency-map": "where PD-ASGD pays over a device concurrency gain g3 (1.0-2.0) against ASGD, LPP-SGD and "
+    "replicated ASGD at 3 threads per device, with a serial reference row and each cell's break-even gain "
+    "(a what-if of the clock: one curve for every kernel; python -m benchmarks.concurrency_map runs chosen cells "
+    "with a run cache; not yet run in full)",
     "claims": "the papers' claims part by part (staleness at depth, speedups at depth, DaSGD, bias) "
     "on resnet1d and mnist1d-large; hours on two CPU cores, benchmarks/scripts/claims_part.py runs one part "
     "cell by cell",

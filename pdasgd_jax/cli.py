@@ -329,7 +329,16 @@ def _schedule_only(config: Config) -> int:
 
 # The study's protocols (``benchmarks.STUDIES``, which the package cannot import), named so that
 # ``bench NAME`` can say where one runs.
-_STUDY_PROTOCOLS = ("parity", "delays", "delays-network", "runtime", "overlap", "stability", "claims")
+_STUDY_PROTOCOLS = (
+    "parity",
+    "delays",
+    "delays-network",
+    "runtime",
+    "overlap",
+    "stability",
+    "concurrency-map",
+    "claims",
+)
 
 
 def _unknown_benchmark(name: str) -> str:

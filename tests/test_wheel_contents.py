@@ -17,6 +17,7 @@ OWN_BENCHMARKS = {
     "flop_count.py",
     "mfu.py",
     "progress.py",
+    "provenance.py",
     "sim_speed.py",
     "throughput.py",
 }

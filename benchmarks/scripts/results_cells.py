@@ -224,9 +224,10 @@ def has_backup(grid: Grid, c: Cell) -> bool:
     return any(v in c.algos for v in grid.sync_variants if v != "sync")
 
 
-def _matrix(grid: Grid, label: str, lines: list[Line]) -> tuple[str, list[str]]:
+def _matrix(grid: Grid, label: str | None, lines: list[Line]) -> tuple[str, list[str]]:
     """Rows (W, straggler, line) by columns k: each line's text for every cell of ``grid``
-    ("not run" where it has no such cell), with the sources of the row's cells; a line whose
+    ("not run" where it has no such cell), with the sources of the row's cells (no line
+    column where ``label`` is None: a matrix of one line); a line whose
     ``applies`` holds for no cell of a (W, straggler) group is left out of that group, and
     named in the list returned beside the table."""
     ks = sorted({c.k for c in grid.cells})
@@ -240,7 +241,7 @@ def _matrix(grid: Grid, label: str, lines: list[Line]) -> tuple[str, list[str]]:
             if applies is not None and not any(applies(grid, c) for c in by_k.values()):
                 omitted.append(f"W = {workers}" + ("" if straggler == "-" else f" with a {straggler} straggler"))
                 continue
-            row = {"W": workers, "straggler": straggler, label: name}
+            row = {"W": workers, "straggler": straggler} | ({} if label is None else {label: name})
             row |= {f"k = {k_text(k)}": text(grid, by_k[k]) if k in by_k else "not run" for k in ks}
             rows.append(row | {"source": ", ".join(keys)})
     return table(rows), omitted
@@ -301,7 +302,7 @@ def _staleness(grid: Grid, c: Cell) -> str:
 
 def staleness_table(grid: Grid) -> str:
     """PD-ASGD's mean staleness against the best asynchronous baseline's in every cell."""
-    return _matrix(grid, "staleness", [("PD-ASGD; best async", _staleness, None)])[0]
+    return _matrix(grid, None, [("PD-ASGD; best async", _staleness, None)])[0]
 
 
 def dasgd_table(grid: Grid) -> str:

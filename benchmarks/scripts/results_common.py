@@ -232,12 +232,39 @@ class Sources:
         return found
 
     def markdown(self) -> str:
-        """The sources table: key, raw file, command, commit."""
-        rows = [
-            {"source": f"S{i}", "raw file": f"`{raw}`", "command": f"`{command}`", "commit": _short(commit)}
-            for i, (raw, command, commit) in enumerate(self.entries, 1)
-        ]
+        """The sources table: key, raw file, command, commit; sources that differ only in the
+        folder of their run (the same command into another ``--out``) share one row, the folder
+        written ``<run>`` (the citing table names each run)."""
+        groups: dict[tuple[str, str, str], list[int]] = {}
+        for i, entry in enumerate(self.entries, 1):
+            groups.setdefault(_run_template(*entry), []).append(i)
+        rows = []
+        for (raw, command, commit), keys in groups.items():
+            if len(keys) < 3:
+                for i in keys:
+                    raw, command, commit = self.entries[i - 1]
+                    rows.append(
+                        {"source": f"S{i}", "raw file": f"`{raw}`", "command": f"`{command}`", "commit": _short(commit)}
+                    )
+                continue
+            contiguous = keys == list(range(keys[0], keys[-1] + 1))
+            name = f"S{keys[0]}-S{keys[-1]}" if contiguous else ", ".join(f"S{i}" for i in keys)
+            rows.append({"source": name, "raw file": f"`{raw}`", "command": f"`{command}`", "commit": _short(commit)})
+        rows.sort(key=lambda row: int(re.match(r"S(\d+)", row["source"]).group(1)))
         return table(rows)
+
+
+def _run_template(raw: str, command: str, commit: str) -> tuple[str, str, str]:
+    """``(raw, command, commit)`` with the raw file's folder written ``<run>`` where the command
+    writes into that folder; unchanged otherwise."""
+    folder = pathlib.PurePosixPath(raw).parent
+    if folder.name and command.endswith(f"--out {folder}"):
+        return (
+            str(folder.parent / "<run>" / pathlib.PurePosixPath(raw).name),
+            command.replace(f"--out {folder}", f"--out {folder.parent}/<run>"),
+            commit,
+        )
+    return raw, command, commit
 
 
 def _short(commit: str) -> str:

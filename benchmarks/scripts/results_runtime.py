@@ -193,48 +193,55 @@ def _rate(r: dict[str, Any]) -> str:
     return f"{r['median']:.0f} [{r['min']:.0f}, {r['max']:.0f}]"
 
 
-def _range_verdict(r: dict[str, Any], base: dict[str, Any]) -> str:
+def _range_mark(r: dict[str, Any], base: dict[str, Any]) -> str:
+    """▲ where ``r``'s range lies above ``base``'s, ▼ below, nothing where they overlap."""
     if r["min"] > base["max"]:
-        return "faster"
-    return "slower" if r["max"] < base["min"] else "ranges overlap"
+        return " ▲"
+    return " ▼" if r["max"] < base["min"] else ""
+
+
+def _range_verdict(r: dict[str, Any], base: dict[str, Any]) -> str:
+    """faster, slower or "ranges overlap": ``r``'s range against ``base``'s."""
+    mark = _range_mark(r, base)
+    return {" ▲": "faster", " ▼": "slower"}.get(mark, "ranges overlap")
 
 
 def throughput_table(root: pathlib.Path, sources: Sources) -> str:
-    """Examples per second of the runtime's layouts against the sequential loop (no delays): what
-    the raw file keeps (median, min and max of the interleaved runs; each layout's own
-    ``vs_sequential``, which the page names as the raw file's since it cannot recompute it)."""
+    """Examples per second of the runtime's layouts against the sequential loop (no delays), one
+    row per layout and a column pair per batch: what the raw file keeps (median, min and max of
+    the interleaved runs; each layout's own ``vs_sequential``, which the page names as the raw
+    file's since it cannot recompute it)."""
     raw = root / RUNTIME / "runtime.json"
     if not raw.exists():
         return ""
     data = json.loads(raw.read_text())
     src = sources.cite(raw, _command(sources, raw))
-    rows, places = [], []
+    rows: dict[str, dict[str, Any]] = {}
+    places, batches = [], []
     for config, layouts in data.get("throughput", {}).items():
         base = layouts.get("sequential")
+        if base is None:
+            continue
         place, _, batch = config.rpartition(", ")
         places.append(place)
+        batches.append(batch)
         for layout, r in layouts.items():
-            if base is None:
-                continue
             own = layout == "sequential"
-            rows.append(
-                {
-                    "config": batch,
-                    "layout": layout,
-                    "ex/s median [min, max]": _rate(r),
-                    "`vs_sequential`": "1.00x" if own else f"{r['vs_sequential']:.2f}x",
-                    "verdict": "the reference" if own else _range_verdict(r, base),
-                }
-            )
+            row = rows.setdefault(layout, {"layout": layout})
+            row[f"{batch} ex/s"] = _rate(r) + ("" if own else _range_mark(r, base))
+            row[f"{batch} `vs_sequential`"] = "1.00x" if own else f"{r['vs_sequential']:.2f}x"
     if not rows:
         return ""
+    columns = [f"{b} {c}" for b in batches for c in ("ex/s", "`vs_sequential`")]
+    ordered = [{"layout": row["layout"]} | {c: row.get(c, "-") for c in columns} for row in rows.values()]
     where = " / ".join(dict.fromkeys(places))
     return (
         f"Runtime throughput ({src}) on {where} ({data.get('device')}), no delays: examples per second, median "
         f"[min, max] of {data.get('repeats')} interleaved runs; the raw file keeps no per-run values, "
-        "so a range, not an interval, and the verdict compares the ranges (faster or slower only where they are "
-        "apart). `vs_sequential` is the raw file's own summary field (each layout's median of its per-round ratios "
-        "to the sequential loop), not recomputable here without the per-round values.\n\n" + table(rows)
+        "so a range, not an interval: ▲ or ▼ where a layout's range lies wholly above or below the sequential "
+        "loop's, unmarked where they overlap. `vs_sequential` is the raw file's own summary field (each layout's "
+        "median of its per-round ratios to the sequential loop), not recomputable here without the per-round "
+        "values.\n\n" + table(ordered)
     )
 
 

@@ -203,6 +203,27 @@ class Config:
         "worker, not the slowest (0 <= b < devices; 0: plain sync)",
         group="delays",
     )
+    quorum: int = _field(
+        0,
+        "--algo sync with --simulate: a step proceeds once K of its devices' gradients have arrived; the "
+        "late ones are dropped and counted (0 < K <= devices; 0: every device's)",
+        group="delays",
+    )
+    deadline: str = _field(
+        "none",
+        "--algo sync with --simulate: adaptive closes each step at the median plus 3 x 1.4826 median "
+        "absolute deviations (Hampel's rule: about 3 standard deviations) of the last 20 steps' gradient "
+        "arrival times, dropping and counting the later ones",
+        ("none", "adaptive"),
+        group="delays",
+    )
+    fleet: str | None = _field(
+        None,
+        "fleet events at fractions of the run, e.g. slow:2x4@0.2-0.4,leave:3@0.3,join:3@0.6,crash:5@0.5, "
+        "or a seeded churn model, churn:leave=0.1,join=0.5,slow=0.2x3,seed=7 (docs/algorithms.md, Fleet "
+        "events); --algo sync with --simulate",
+        group="delays",
+    )
     straggler_devices: int = _field(
         0,
         "persistent stragglers: the last N devices run every operation --straggler-factor times slower, "

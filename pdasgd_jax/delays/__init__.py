@@ -10,6 +10,9 @@
   last devices persistently slower, whatever the delay model.
 * ``from_flops`` and ``stage_forward_flops`` (``flops``): costs from FLOP counts
   (``pdasgd_jax.calibration`` measures them instead).
+* ``parse_fleet`` and ``FleetTimeline`` (``fleet``): ``--fleet``, devices that slow down, leave,
+  rejoin or crash during a run, and what that makes of a device's speed and presence at a
+  virtual time.
 * ``rng_for`` (``streams``): one independent random stream per (seed, purpose, worker), so
   that the same seed gives bitwise the same delays in the simulator and in the runtime.
 
@@ -25,6 +28,7 @@ Example::
 from pdasgd_jax.choices import DELAY_MODELS, DELAY_PER
 from pdasgd_jax.delays.comm import CommModel, PyTree, tree_nbytes
 from pdasgd_jax.delays.delay_model import DelayModel
+from pdasgd_jax.delays.fleet import FleetError, FleetSpec, FleetTimeline, parse_fleet
 from pdasgd_jax.delays.flops import from_flops, stage_forward_flops
 from pdasgd_jax.delays.stragglers import straggler_factors, with_stragglers
 from pdasgd_jax.delays.streams import rng_for
@@ -35,9 +39,13 @@ __all__ = [
     "DELAY_PER",
     "CommModel",
     "DelayModel",
+    "FleetError",
+    "FleetSpec",
+    "FleetTimeline",
     "PyTree",
     "TimingModel",
     "from_flops",
+    "parse_fleet",
     "rng_for",
     "stage_forward_flops",
     "straggler_factors",

@@ -292,6 +292,13 @@ class Config:
         LOCAL_STEPS,
         group="averaging",
     )
+    fragments: int = _field(
+        1,
+        "streaming merges (local, dasgd, --replication replicas, async-local): the model's stages grouped "
+        "into K contiguous fragments (1 <= K <= stages), fragment p averaged at step floor(p H / K) of "
+        "each period (docs/algorithms.md §4); 1: the whole model at once",
+        group="averaging",
+    )
     # Recipes: learning-rate schedule, data augmentation, optimizer-state averaging.
     lr_schedule: str = _field(
         "constant",

@@ -200,6 +200,7 @@ def _check_outer(config: Any) -> None:
                 ("outer-optimizer", config.outer_optimizer, "none"),
                 ("merge", config.merge, "correct"),
                 ("delay-steps", config.delay_steps, None),
+                ("fragments", config.fragments, 1),
             )
             if value != default
         ]
@@ -218,6 +219,29 @@ def _check_outer(config: Any) -> None:
         raise ValueError(
             f"--local-steps {config.local_steps} sizes async-local's rounds by each replica's speed; "
             f"--algo {config.algo} runs --period steps per round: use --local-steps fixed"
+        )
+    _check_fragments(config)
+
+
+def _check_fragments(config: Any) -> None:
+    """``--fragments K`` (streaming merges): an integer >= 1 (at most the model's stages, which
+    the runners check once the model exists), where the way of running supports it."""
+    k = config.fragments
+    if not (isinstance(k, int) and k >= 1):
+        raise ValueError(f"--fragments {k!r} must be an integer >= 1 (and at most the model's number of stages)")
+    if k == 1:
+        return
+    if config.replication == "replicas" and not config.simulate:
+        raise ValueError(
+            f"--fragments {k} with --replication replicas runs on the simulator only: the threaded runtime "
+            "averages the whole model per round; add --simulate or drop the flag"
+        )
+    if config.replication == "replicas" and config.event_log:
+        raise ValueError(f"--fragments {k} with --replication replicas writes no event log yet; drop --event-log")
+    if config.algo == ASYNC_LOCAL and not config.simulate:
+        raise ValueError(
+            f"--fragments {k} with --algo {ASYNC_LOCAL} runs on the simulator only: the threaded replicas "
+            "exchange the whole model per round; add --simulate or drop the flag"
         )
 
 

@@ -139,7 +139,7 @@ def _averaging_times(params: tuple, states: tuple, repeats: int) -> tuple[list[f
 
 
 def round_averaging_time(kernels: StageKernels, ts: TrainState, x: Any, y: Any, repeats: int) -> float:
-    """The SPMD round's averaging on one worker's device, as ``spmd.make_round`` computes it
+    """The SPMD round's averaging on one worker's device, as ``local_rounds.make_round`` computes it
     inside the round program: the snapshot's ``pmean`` over the workers' axis (here mapped over
     one worker: the cross-device reduction is the network's, priced by ``CommModel``) and the
     ``correct`` merge of parameters and non-trainable states.

@@ -128,6 +128,9 @@ class GroupRounds:
         multi-process run averages with the other processes' groups even with one store.
       num_groups: the groups every mean is over (default: one per store), every process's
         in a multi-process run: ``W`` of an ``eager`` merge.
+      stages: the ``(first, end)`` stages it averages (default: all of them); a streaming
+        fragment's (algorithms.md §4) runs with ``offset``: it snapshots at ``c_g = kH + offset``
+        and merges ``d`` jobs later. Its snapshots and means hold those stages only.
 
     ``on_merge``, if set, is called as ``on_merge(g, k)`` right after group ``g`` merged round
     ``k`` (in the merging thread, under the caller's lock): tests read the stores there.
@@ -148,11 +151,15 @@ class GroupRounds:
         *,
         averaged: bool | None = None,
         num_groups: int | None = None,
+        stages: tuple[int, int] | None = None,
+        offset: int = 0,
     ):
         if rule.outer is not None:
             raise ValueError("replicated runs take no outer optimizer yet")
         self.stores = list(stores)
         self.rule = rule
+        self.stages = (0, self.stores[0].num_stages) if stages is None else stages
+        self.offset = offset
         self.num_groups = len(self.stores) if num_groups is None else num_groups
         self._start_allreduce = start_allreduce
         self._mean = mean
@@ -203,7 +210,8 @@ class GroupRounds:
     def _book(self, g: int, count: int) -> None:
         """Queues what falls due at ``count`` completed jobs (the rule's order) and does it."""
         h, d = self.rule.period, self.rule.delay
-        snapshot = [("snapshot", count // h)] if count % h == 0 else []
+        count -= self.offset
+        snapshot = [("snapshot", count // h)] if count >= 0 and count % h == 0 else []
         merge = [("merge", (count - d) // h)] if count >= d and (count - d) % h == 0 else []
         self._due[g].extend(snapshot + merge if d == 0 else merge + snapshot)
         self._work(g)
@@ -247,7 +255,7 @@ class GroupRounds:
 
     def _snapshot(self, g: int, k: int) -> None:
         params, states = round_events.snapshot_stages(
-            self.stores[g], states=True, log=self.log, replica=g, round=k, clock=self._clock
+            self.stores[g], states=True, log=self.log, replica=g, round=k, clock=self._clock, stages=self.stages
         )
         rnd = self._round(k)
         rnd.snapshots[g] = (params, states)
@@ -285,8 +293,7 @@ class GroupRounds:
 
     def _merge(self, g: int, k: int) -> None:
         """Group ``g`` merges round ``k``: at once, or as device work (``charge_merge``)."""
-        store = self.stores[g]
-        writes = [functools.partial(self._merge_stage, g, k, m) for m in range(store.num_stages)]
+        writes = [functools.partial(self._merge_stage, g, k, m) for m in range(*self.stages)]
         if self.charge_merge is None:
             for write in writes:
                 write()
@@ -307,11 +314,12 @@ class GroupRounds:
         now, not when the merge began: a resumed run loads them while a charged merge runs."""
         rnd = self._rounds[k]
         (snap_params, snap_states), (mean_params, mean_states) = rnd.snapshots[g], rnd.means[g]
+        i = m - self.stages[0]  # the stage's place in this fragment's snapshots and means
         carry = []
 
         def merged(p: PyTree, o: PyTree, _v: int) -> tuple[PyTree, PyTree]:
             params, held_back = merge_stage(
-                self.rule, p, snap_params[m], mean_params[m], self.num_groups, self.abstract
+                self.rule, p, snap_params[i], mean_params[i], self.num_groups, self.abstract
             )
             carry.append(held_back)
             return params, o
@@ -320,10 +328,10 @@ class GroupRounds:
         where = dict(replica=g, stage=m, round=k)
         store.update_with(m, merged, round_events.merge_commit(self.log, EventKind.MERGE, self._clock, **where))
         if self.rule.carries:  # the stage's snapshot is spent: its slot keeps the carry
-            rnd.snapshots[g] = (tuple(carry[0] if i == m else x for i, x in enumerate(snap_params)), snap_states)
-        if jax.tree.leaves(mean_states[m]):
+            rnd.snapshots[g] = (tuple(carry[0] if j == i else x for j, x in enumerate(snap_params)), snap_states)
+        if jax.tree.leaves(mean_states[i]):
             store.write_state(
-                m, mean_states[m], round_events.merge_commit(self.log, EventKind.MERGE_STATE, self._clock, **where)
+                m, mean_states[i], round_events.merge_commit(self.log, EventKind.MERGE_STATE, self._clock, **where)
             )
 
     def _merged_round(self, g: int, k: int) -> None:

@@ -27,11 +27,13 @@ def snapshot_stages(
     replica: int = -1,
     round: int = -1,
     clock: Clock | None = None,
+    stages: tuple[int, int] | None = None,
 ) -> tuple[tuple[PyTree, ...], tuple[PyTree, ...]]:
     """Every stage's current parameters of ``store`` (a ``ParameterStore``) and, with
-    ``states``, its non-trainable states (else ``()``); logs one ``snapshot`` per stage."""
+    ``states``, its non-trainable states (else ``()``); logs one ``snapshot`` per stage.
+    ``stages``: only those ``(first, end)`` stages (a streaming fragment's)."""
     params, kept_states = [], []
-    for m in range(store.num_stages):
+    for m in range(*((0, store.num_stages) if stages is None else stages)):
         read = store.read_params(m)
         params.append(read.value[0])
         state_version = -1

@@ -7,7 +7,7 @@ before the (replicated) optimizer step. On a one-device mesh this is plain minib
 ``local`` / ``dasgd`` (algorithms.md §4): D workers, each with its own parameters, states
 and optimizer states (a leading worker axis on every leaf), run local steps on their own
 data and average on the schedule of ``optim.AveragingRule``. One round of H steps is one
-compiled program (``make_round_program``); the per-worker round is written once with an
+compiled program (``make_round_program``); the per-worker round (``local_rounds.make_round``) is written once with an
 ``axis_name`` and runs either under ``jax.vmap`` on one device or under ``jax.shard_map``
 with the worker axis sharded over a mesh (``worker_mesh`` decides which).
 """
@@ -15,17 +15,17 @@ with the worker axis sharded over a mesh (``worker_mesh`` decides which).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
-from pdasgd_jax.optim import AveragingRule, AxisName, OuterState
+from pdasgd_jax.local_rounds import WorkerState, first_worker_state, make_round
+from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.stages import StagedModel, Variables
 
 DATA_AXIS = "data"
@@ -132,93 +132,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-class WorkerState(NamedTuple):
-    """What a worker carries from round to round (stacked: a leading worker axis on every leaf).
-
-    Attributes:
-      train: the worker's parameters, non-trainable states and optimizer states.
-      outer: the outer optimizer's ``OuterState`` (the same on every worker), or ``()``.
-      carry: with an ``eager`` merge and ``d > 0``, what the worker's last merge held back
-        (``AveragingRule.carry``; a ``TrainState`` whose ``opt_states`` is ``()`` unless
-        ``average_opt_state``), added to its next snapshot's part of the average; else ``()``.
-    """
-
-    train: TrainState
-    outer: OuterState | tuple
-    carry: TrainState | tuple = ()
-
-
-def make_round(
-    model: StagedModel,
-    tx: optax.GradientTransformation,
-    rule: AveragingRule,
-    axis_name: AxisName,
-    *,
-    whole_model: bool = False,
-) -> Callable:
-    """One worker's round of ``H = rule.period`` local steps (unjitted, per worker).
-
-    ``(WorkerState, x_HxB..., y_HxB) -> (WorkerState, loss_H)``, to be mapped over the
-    workers with ``axis_name`` (``vmap`` or ``shard_map``). Round ``k`` covers local steps
-    ``kH .. kH+H-1``; row ``i`` of the inputs is the worker's batch ``kH + i`` of its own
-    stream. The snapshot is the state at the round's start and its average (parameters,
-    non-trainable states and, with ``rule.average_opt_state``, optimizer states) is issued
-    there; rows ``0 .. d-1`` feed the steps that run while the average is in flight; then
-    the merge; rows ``d .. H-1`` feed the remaining steps (none when ``d = H``: the merge
-    ends the round). Written as two scans with the ``pmean`` before the first, the
-    collective's result is needed only after ``d`` steps, so XLA can overlap it with them.
-    An ``eager`` merge (``W`` = the size of ``axis_name``) keeps its carry in the
-    ``WorkerState`` until the next round's snapshot adds it to the average.
-
-    A model that draws randomness (Dropout) takes two more arguments, the run's key and the
-    round's first step ``kH``, and worker ``w``'s local step ``s`` draws from
-    ``fold_in(fold_in(key, w), s)``.
-    """
-    local_step = make_train_step(model, tx, whole_model=whole_model)
-    d = rule.delay
-    carried = _carried(rule)
-
-    def local_steps(ts: TrainState, inputs: tuple) -> tuple[TrainState, jax.Array]:
-        return jax.lax.scan(lambda ts, row: local_step(ts, *row), ts, inputs)
-
-    def round_fn(
-        ws: WorkerState, x_HxB: jax.Array, y_HxB: jax.Array, *randomness: jax.Array
-    ) -> tuple[WorkerState, jax.Array]:
-        inputs = (x_HxB, y_HxB)
-        if randomness:
-            key, first_step = randomness
-            worker_key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
-            inputs = (
-                *inputs,
-                jax.vmap(lambda i: jax.random.fold_in(worker_key, first_step + i))(jnp.arange(len(x_HxB))),
-            )
-        # The optimizer states travel with the average only when asked (``average_opt_state``).
-        snapshot = TrainState(ws.train.params, ws.train.states, ws.train.opt_states if rule.average_opt_state else ())
-        average = rule.average(rule.contribution(snapshot, ws.carry), axis_name)
-        workers = rule.worker_count(axis_name) if rule.carries else None
-        train, loss_in_flight = local_steps(ws.train, tuple(a[:d] for a in inputs))
-        carry = ()
-        if carried:  # from the model before the merge: what the merge holds back of its progress
-            moved = train._replace(opt_states=train.opt_states if rule.average_opt_state else ())
-            carry = rule.carry(moved, snapshot, workers)
-        params, outer = rule.merge_params(train.params, snapshot.params, average.params, ws.outer, workers)
-        states = rule.merge_tree(train.states, snapshot.states, average.states, workers)
-        opt_states = train.opt_states
-        if rule.average_opt_state:
-            opt_states = rule.merge_tree(opt_states, snapshot.opt_states, average.opt_states, workers)
-        merged = TrainState(params, states, opt_states)
-        train, loss_after = local_steps(merged, tuple(a[d:] for a in inputs))
-        return WorkerState(train, outer, carry), jnp.concatenate([loss_in_flight, loss_after])
-
-    return round_fn
-
-
-def _carried(rule: AveragingRule) -> bool:
-    """Whether the workers keep an ``eager`` merge's carry from round to round: not with
-    ``d = 0``, where each merge follows its snapshot with no step between (a zero carry)."""
-    return rule.carries and rule.delay > 0
-
-
 def worker_mesh(num_workers: int, num_devices: int | None = None) -> Mesh | None:
     """Where ``num_workers`` workers run: a mesh to shard them over, or ``None`` for vmap.
 
@@ -308,12 +221,7 @@ def init_workers(
     params = jax.device_get(variables.params)
     opt_states = init_opt_states(tx, params, whole_model=whole_model)
     train = TrainState(params, jax.device_get(variables.states), jax.device_get(opt_states))
-    carry = ()
-    if _carried(rule):  # nothing is held back before the first merge
-        carry = jax.tree.map(
-            np.zeros_like, train._replace(opt_states=train.opt_states if rule.average_opt_state else ())
-        )
-    one = WorkerState(train, jax.device_get(rule.init_outer(params)), carry)
+    one = first_worker_state(rule, train)
     # From host arrays every process can place its own workers (multi-process meshes).
     return jax.tree.map(lambda x: jax.device_put(np.broadcast_to(x, (num_workers, *np.shape(x))), sharding), one)
 

@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
         (
             "ground: pure kernels, optimizers, store and small utilities",
             "errors version choices cache interrupts affinity placement collectives schedules optim stages store "
-            "stage_update model_steps kernels spmd rundir divergence distributed deprecation delays.fleet",
+            "stage_update model_steps kernels local_rounds spmd rundir divergence distributed deprecation delays.fleet",
         ),
         ("data and models", "data models"),
         ("configuration", "config config_checks presets layout"),

@@ -63,7 +63,7 @@ class TimingModel:
         runtime's ``allreduce_mean`` of parameters and non-trainable state); the network's
         ``comm.allreduce_time`` comes on top. None: no device time.
       round_average: the SPMD round program's averaging on one worker's device
-        (``spmd.make_round``: the snapshot's ``pmean`` and the merge of parameters and
+        (``local_rounds.make_round``: the snapshot's ``pmean`` and the merge of parameters and
         non-trainable states, compiled into the round, so no launch of their own): what a
         ``local`` or ``dasgd`` worker's device computes per round besides its steps. None:
         ``average_time() + sum(merge_time(m))``, the threaded runtime's separately launched

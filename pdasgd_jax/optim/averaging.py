@@ -87,6 +87,11 @@ class AveragingRule:
         as none.
       average_opt_state: also snapshot, average and merge the workers' optimizer states
         (momentum, Adam moments; counts are equal on every worker), as the parameters.
+      fragments: ``K >= 1``, streaming merges (algorithms.md §4, "Streaming merges"): the
+        stages are grouped into ``K`` contiguous fragments (``fragment_stages``) and fragment
+        ``p`` runs this schedule shifted by its offset ``floor(p H / K)``
+        (``fragment_offsets``), with an outer optimizer state of its own. ``1``: the whole
+        model at once.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -113,9 +118,12 @@ class AveragingRule:
     merge: str = "correct"
     outer: optax.GradientTransformation | None = None
     average_opt_state: bool = False
+    fragments: int = 1
 
     def __post_init__(self):
         period, delay = self.period, self.delay
+        if not (isinstance(self.fragments, int) and self.fragments >= 1):
+            raise ValueError(f"fragments {self.fragments!r} must be an integer >= 1")
         if is_concrete(period) and not (isinstance(period, int) and period >= 1):
             raise ValueError(f"period {period!r} must be an integer >= 1")
         if is_concrete(delay) and not (
@@ -130,8 +138,21 @@ class AveragingRule:
             raise ValueError("merge='overwrite' with delay == period discards every local step; lower the delay")
 
     def init_outer(self, params: PyTree) -> OuterState | tuple:
-        """The outer optimizer's state (``()`` without one); all workers start from ``params``."""
-        return () if self.outer is None else OuterState(params, self.outer.init(params))
+        """The outer optimizer's state (``()`` without one); all workers start from ``params``
+        (one tree per stage). With ``fragments > 1``, a tuple of one ``OuterState`` per fragment
+        over that fragment's stages."""
+        if self.outer is None:
+            return ()
+        if self.fragments == 1:
+            return OuterState(params, self.outer.init(params))
+        pieces = [tuple(params[lo:hi]) for lo, hi in fragment_stages(len(params), self.fragments)]
+        return tuple(OuterState(piece, self.outer.init(piece)) for piece in pieces)
+
+    def fragment_offsets(self) -> tuple[int, ...]:
+        """Each fragment's snapshot step within a period, ``floor(p H / K)``: fragment ``p``
+        snapshots after ``t`` local steps when ``t % H == offset_p`` and merges ``d`` steps
+        later. One fragment: ``(0,)``, the whole model's schedule."""
+        return tuple(p * self.period // self.fragments for p in range(self.fragments))
 
     @staticmethod
     def average(tree: PyTree, axis_name: AxisName) -> PyTree:
@@ -227,6 +248,33 @@ class AveragingRule:
     def is_merge(self, t: jax.Array) -> jax.Array:
         """Whether an average is merged after ``t`` local steps."""
         return (t >= self.delay) & ((t - self.delay) % self.period == 0)
+
+
+def fragment_stages(num_stages: int, fragments: int) -> tuple[tuple[int, int], ...]:
+    """The stages of each of ``fragments`` streaming fragments: fragment ``p`` holds stages
+    ``[floor(p M / K), floor((p + 1) M / K))`` of ``M = num_stages``, contiguous and as even as
+    possible.
+
+    Args:
+      num_stages: ``M``, the model's stages.
+      fragments: ``K``, ``1 <= K <= M``.
+
+    Returns:
+      ``K`` half-open ``(first, end)`` stage ranges covering ``0 .. M - 1`` in order.
+
+    Raises:
+      ValueError: ``K`` outside ``[1, M]``.
+
+    Examples:
+        >>> fragment_stages(5, 2)
+        ((0, 2), (2, 5))
+    """
+    if not (isinstance(fragments, int) and 1 <= fragments <= num_stages):
+        raise ValueError(
+            f"--fragments {fragments!r} must be an integer in [1, {num_stages}]: the model has {num_stages} "
+            f"stage(s), and a fragment holds at least one"
+        )
+    return tuple((p * num_stages // fragments, (p + 1) * num_stages // fragments) for p in range(fragments))
 
 
 def _own_share(moved: jax.Array, num_workers: int) -> jax.Array:

@@ -42,7 +42,7 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.rundir import METRICS_FILE
-from pdasgd_jax.runners.averaging import outer_optimizer
+from pdasgd_jax.runners.averaging import fragments, outer_optimizer
 
 PyTree = Any
 # Float rounding must not cost an equally fast replica a step: v_r / max v is 1 up to it.
@@ -112,7 +112,12 @@ def init_server(exp: Experiment, outer: optax.GradientTransformation | None) -> 
         server = init_server(exp, async_local_outer(exp))
     """
     v = exp.variables
-    return ServerState(v.params, v.states, () if outer is None else outer.init(v.params))
+    if outer is None:
+        return ServerState(v.params, v.states, ())
+    if exp.config.fragments == 1:
+        return ServerState(v.params, v.states, outer.init(v.params))
+    # Streaming fragments: one outer state per fragment, over its stages.
+    return ServerState(v.params, v.states, tuple(outer.init(v.params[lo:hi]) for lo, hi in fragments(exp)))
 
 
 def init_replica(exp: Experiment) -> TrainState:
@@ -136,7 +141,7 @@ def make_local_phase(model: Any, tx: optax.GradientTransformation, *, whole_mode
     """A round's local steps as one jitted program, ``(TrainState, x_HxB, y_HxB[, key, first])
     -> (TrainState, loss_H)``: row ``i`` of the inputs feeds step ``i``.
 
-    Written as local SGD's round (``spmd.make_round``): the same step under ``vmap`` over a
+    Written as local SGD's round (``local_rounds.make_round``): the same step under ``vmap`` over a
     worker axis, here of one replica, so a replica's steps compute what a local SGD worker's
     do. A model that draws randomness takes the replica's key and its first local step
     ``k``; step ``i`` draws from ``fold_in(replica_key, k + i)``, as local SGD's worker does
@@ -342,10 +347,11 @@ class ArrivalReport:
         """Replica ``replica`` started a round of ``steps`` local steps."""
         self._steps[replica].append(steps)
 
-    def arrived(self, replica: int, *, staleness: int) -> None:
-        """The server applied an arrival of ``replica``'s (its steps were counted at its start)."""
+    def arrived(self, replica: int, *, staleness: int, stages: tuple[int, int] | None = None) -> None:
+        """The server applied an arrival of ``replica``'s (its steps were counted at its start)
+        to ``stages`` (``(first, end)``; default: every stage)."""
         self._staleness[replica].append(staleness)
-        for m in range(self._num_stages):
+        for m in range(*((0, self._num_stages) if stages is None else stages)):
             self.staleness.add(m, staleness)
 
     @property
@@ -402,6 +408,7 @@ def check_run(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointe
             "in flight would have to be saved); start the run over with --overwrite"
         )
     c = exp.config
+    fragments(exp)  # --fragments against the model's stages
     first = exp.layout.replicas * c.period * c.batch_size
     if first > exp.total_examples:
         most = max(1, exp.total_examples // (exp.layout.replicas * c.batch_size))

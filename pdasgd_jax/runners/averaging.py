@@ -12,6 +12,7 @@ checkpointer (if any) the workers' state when it says a checkpoint is due.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +23,12 @@ from jax.sharding import Mesh, Sharding
 from pdasgd_jax import spmd
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.choices import OUTER_OPTIMIZERS
+from pdasgd_jax.delays import tree_nbytes
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule, delayed_nesterov
+from pdasgd_jax.optim.averaging import fragment_stages
 from pdasgd_jax.runners.result import RunResult
 
 # DiLoCo's outer Nesterov momentum.
@@ -63,6 +66,60 @@ def outer_optimizer(name: str, lr: float, *, momentum_every: int = 1) -> optax.G
     raise ValueError(f"unknown outer optimizer {name!r}; choose one of {', '.join(OUTER_OPTIMIZERS)}")
 
 
+def fragments(exp: Experiment) -> tuple[tuple[int, int], ...]:
+    """The stages of each of the run's ``--fragments`` (``optim.averaging.fragment_stages``),
+    checked against the model before any work.
+
+    Args:
+      exp: the experiment (``--fragments`` K and the model's stages M).
+
+    Returns:
+      ``K`` ``(first, end)`` stage ranges.
+
+    Raises:
+      ConfigError: ``K`` outside ``[1, M]``.
+    """
+    try:
+        return fragment_stages(exp.model.num_stages, exp.config.fragments)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def fragment_nbytes(exp: Experiment) -> list[int]:
+    """Bytes each fragment's all-reduce (or transfer) carries.
+
+    Args:
+      exp: the experiment.
+
+    Returns:
+      Per fragment (``fragments``), the bytes of its stages' parameters and non-trainable states.
+    """
+    v = exp.variables
+    return [tree_nbytes(v.params[lo:hi]) + tree_nbytes(v.states[lo:hi]) for lo, hi in fragments(exp)]
+
+
+def network_summary(nbytes: list[int], peak_in_flight: float | None = None) -> dict[str, Any]:
+    """What a run's summary says of its streaming merges.
+
+    Args:
+      nbytes: each fragment's bytes (``fragment_nbytes``).
+      peak_in_flight: the most bytes in flight on the network at once, as the clock saw it
+        (``None``: a real run, which reports its largest single message).
+
+    Returns:
+      ``fragments``, ``fragment_bytes`` and ``peak_network_bytes``.
+
+    Examples:
+        >>> network_summary([40, 60])
+        {'fragments': 2, 'fragment_bytes': [40, 60], 'peak_network_bytes': 60}
+    """
+    return {
+        "fragments": len(nbytes),
+        "fragment_bytes": list(nbytes),
+        "peak_network_bytes": max(nbytes) if peak_in_flight is None else peak_in_flight,
+    }
+
+
 def run_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
     """Local SGD: DaSGD with no delay, the average merged as soon as it is taken."""
     return run_rounds(exp, metrics, checkpointer, delay=0, mesh=_layout_mesh(exp))
@@ -91,7 +148,10 @@ def run_rounds(
     cfg = exp.config
     num_workers = exp.layout.replicas
     outer = outer_optimizer(cfg.outer_optimizer, cfg.outer_lr)
-    rule = AveragingRule(cfg.period, delay, cfg.merge, outer, average_opt_state=cfg.average_opt_state)
+    fragments(exp)  # before any work
+    rule = AveragingRule(
+        cfg.period, delay, cfg.merge, outer, average_opt_state=cfg.average_opt_state, fragments=cfg.fragments
+    )
     sharding = spmd.worker_sharding(mesh)
     whole = exp.whole_model_updates
     program = spmd.make_round_program(exp.model, exp.tx, rule, mesh, whole_model=whole)
@@ -134,6 +194,8 @@ def run_rounds(
         "effective_algorithm": "dasgd" if delay else "local",
         "delay_steps": delay,
     }
+    if cfg.fragments > 1:
+        extra.update(network_summary(fragment_nbytes(exp)))
     return RunResult(params, states, step, examples, extra)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -42,8 +43,10 @@ from pdasgd_jax.runners.async_local import (
     run_stream,
     whole_model,
 )
+from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.async_local_clock import Schedule, plan_rounds
+from pdasgd_jax.simulate.averaging_clock import peak_in_flight
 from pdasgd_jax.simulate.configured_timing import configured_timing
 
 
@@ -120,6 +123,7 @@ def run_async_local_simulated(
         total_examples=exp.total_examples,
         model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states),
         seed=config.seed,
+        fragment_nbytes=None if config.fragments == 1 else tuple(fragment_nbytes(exp)),
     )
     run = simulate_rounds(exp, metrics, schedule)
     examples = run.steps * config.batch_size
@@ -141,6 +145,7 @@ def run_async_local_simulated(
         "staleness": run.report.staleness.summary(),
         "utilisation": utilisation,
         "timing": timing.to_dict(),
+        **network_summary(list(schedule.fragment_bytes), _peak(schedule, run)),
         "async_local": {
             **_settings(exp),
             "transfer_time": schedule.transfer,
@@ -178,8 +183,8 @@ def simulate_rounds(exp: Experiment, metrics: MetricsLog, schedule: Schedule) ->
     num_replicas = exp.layout.replicas
     outer = async_local_outer(exp)
     phase = make_local_phase(exp.model, exp.tx, whole_model=whole_model(exp))
-    update = make_server_update(outer, num_replicas)
     server = init_server(exp, outer)
+    exchange = _Exchange(make_server_update(outer, num_replicas), fragments(exp))
     replicas = [init_replica(exp)] * num_replicas
     pulled = [(server.params, server.states)] * num_replicas  # the model each replica's round started from
     done_steps = [0] * num_replicas  # each replica's local steps so far: its randomness' step index
@@ -197,18 +202,21 @@ def simulate_rounds(exp: Experiment, metrics: MetricsLog, schedule: Schedule) ->
             if rnd.pull_version != order:
                 raise RuntimeError(f"round {launched} pulled version {rnd.pull_version}, not {order}: out of order")
             r = rnd.replica
-            ts = TrainState(server.params, server.states, replicas[r].opt_states)
-            pulled[r] = (server.params, server.states)
+            ts, pulled[r] = exchange.pull(server, replicas[r], pulled[r], rnd.pulled)
             randomness = () if key is None else (jax.random.fold_in(key, r), done_steps[r])
-            in_flight[launched] = phase(ts, *batches.stacked(rnd.positions), *randomness)
-            report.started(r, rnd.steps)
+            if rnd.steps:
+                in_flight[launched] = phase(ts, *batches.stacked(rnd.positions), *randomness)
+            else:  # a stretch of no steps between two exchanges at one point of the round
+                in_flight[launched] = ts, ()
+            if rnd.opens:
+                report.started(r, rnd.opens)
             done_steps[r] += rnd.steps
             launched += 1
         rnd = rounds[i]
         ts_end, losses = in_flight.pop(i)
         replicas[rnd.replica] = ts_end
-        server = update(server, pulled[rnd.replica], (ts_end.params, ts_end.states))
-        report.arrived(rnd.replica, staleness=rnd.staleness)
+        server = exchange.push(server, rnd.fragment, pulled[rnd.replica], (ts_end.params, ts_end.states))
+        report.arrived(rnd.replica, staleness=rnd.staleness, stages=exchange.stages(rnd.fragment))
         for j in range(rnd.steps):
             metrics.add_loss(steps + j + 1, losses[j])
         steps += rnd.steps
@@ -219,6 +227,66 @@ def simulate_rounds(exp: Experiment, metrics: MetricsLog, schedule: Schedule) ->
         if metrics.stop_due:
             break
     return AsyncLocalRun(server, replicas, steps, now, applied, report)
+
+
+class _Exchange:
+    """The server's side of the rounds' exchanges, of the whole model or (streaming fragments)
+    of one fragment's stages: what a replica's stretch starts from, and an arrival's update.
+
+    Args:
+      update: ``make_server_update``'s step.
+      bounds: each fragment's ``(first, end)`` stages (one: the whole model).
+    """
+
+    def __init__(self, update: Callable, bounds: tuple[tuple[int, int], ...]):
+        self._update, self._bounds = update, bounds
+        self._whole = len(bounds) == 1
+
+    def stages(self, fragment: int) -> tuple[int, int]:
+        """The stages an arrival of ``fragment`` updates."""
+        return self._bounds[fragment]
+
+    def pull(
+        self, server: ServerState, replica: TrainState, start: tuple[Any, Any], fragment: int
+    ) -> tuple[TrainState, tuple[Any, Any]]:
+        """The state a replica's stretch starts from and the ``(params, states)`` it measures its
+        pseudo-gradients from: the server's model (the whole model's exchange), or the
+        replica's own with ``fragment``'s stages pulled (``-1``: none, its first stretch)."""
+        if self._whole:
+            return TrainState(server.params, server.states, replica.opt_states), (server.params, server.states)
+        if fragment < 0:
+            return replica, start
+        lo, hi = self._bounds[fragment]
+        params, states = _put(replica.params, server.params, lo, hi), _put(replica.states, server.states, lo, hi)
+        return TrainState(params, states, replica.opt_states), (
+            _put(start[0], params, lo, hi),
+            _put(start[1], states, lo, hi),
+        )
+
+    def push(self, server: ServerState, fragment: int, start: tuple[Any, Any], end: tuple[Any, Any]) -> ServerState:
+        """The server after an arrival of ``fragment`` (pseudo-gradient ``start - end`` of its stages)."""
+        if self._whole:
+            return self._update(server, start, end)
+        lo, hi = self._bounds[fragment]
+        part = ServerState(server.params[lo:hi], server.states[lo:hi], server.outer[fragment] if server.outer else ())
+        sliced = lambda pair: (pair[0][lo:hi], pair[1][lo:hi])
+        new = self._update(part, sliced(start), sliced(end))
+        outer = server.outer
+        if outer:
+            outer = (*outer[:fragment], new.outer, *outer[fragment + 1 :])
+        return ServerState(_put(server.params, new.params, lo, hi), _put(server.states, new.states, lo, hi), outer)
+
+
+def _put(stages: Any, source: Any, lo: int, hi: int) -> tuple:
+    """``stages`` (one tree per stage) with stages ``lo .. hi - 1`` taken from ``source``,
+    indexed as the whole model's or, when shorter, as those stages alone."""
+    piece = tuple(source[lo:hi]) if len(source) == len(stages) else tuple(source)
+    return (*stages[:lo], *piece, *stages[hi:])
+
+
+def _peak(schedule: Schedule, run: AsyncLocalRun) -> int:
+    """The most bytes in flight on the network at once, up to the last arrival applied."""
+    return peak_in_flight([t for t in schedule.network if t[0] <= run.now])
 
 
 def _calibrated_timing(exp: Experiment) -> TimingModel:
@@ -252,6 +320,11 @@ def _utilisation(schedule: Schedule, run: AsyncLocalRun) -> dict[str, Any]:
     busy = [0.0] * len(run.replicas)
     for i in schedule.arrivals[: run.applied]:
         busy[schedule.rounds[i].replica] += schedule.rounds[i].compute
-    server = run.applied * schedule.apply_cost / total
+    if len(schedule.fragment_bytes) > 1:
+        server = (
+            sum(schedule.apply_costs[schedule.rounds[i].fragment] for i in schedule.arrivals[: run.applied]) / total
+        )
+    else:
+        server = run.applied * schedule.apply_cost / total
     workers = {f"r{r}": b / total for r, b in enumerate(busy)}
     return {"workers": {**workers, "server": server}, "devices": [*workers.values(), server]}

@@ -31,6 +31,16 @@ is computed first (``plan_rounds``) and the local phases then run as compiled pr
   round runs ``H``.
 
 All replicas start at time 0 from the initial model (no pull), as local SGD's workers do.
+
+With streaming fragments (``fragment_nbytes``: K of them, algorithms.md §4) a round of ``H_r``
+steps is cut at ``floor(p H_r / K)``, ``p = 1 .. K - 1``: the replica exchanges fragment ``p``
+(push, the server's update of those stages, pull, each sized and costed by the fragment's
+bytes) after its first ``floor(p H_r / K)`` steps, and fragment 0 at the round's end, as the
+whole model is exchanged with one fragment. Each stretch of steps between two exchanges is a
+``Round`` of its own here (``fragment``: the one exchanged at its end; ``opens``: the first of
+its round), and DyLU measures a replica's speed over its whole round. A replica done (the
+budget handed out) first sends every other fragment, with no steps between, so that no local
+step it took is left off the server's model.
 """
 
 from __future__ import annotations
@@ -60,6 +70,9 @@ class Round(NamedTuple):
       pull_version: server updates applied before the model it started from was read.
       order: server updates applied before its own (its arrival's place in the server's order).
       compute: its device's busy time (the steps' compute, without host time or idle time).
+      fragment: the streaming fragment it sends (0: the whole model, with one fragment).
+      pulled: the fragment whose pull it started from (``-1``: none, the replica's first).
+      opens: ``H_r`` if it opens a round of the replica (always, with one fragment), else 0.
     """
 
     replica: int
@@ -71,6 +84,9 @@ class Round(NamedTuple):
     pull_version: int
     order: int
     compute: float
+    fragment: int = 0
+    pulled: int = -1
+    opens: int = 0
 
     @property
     def staleness(self) -> int:
@@ -84,14 +100,20 @@ class Schedule(NamedTuple):
     Attributes:
       rounds: every round, in start order (replicas starting together in replica order).
       arrivals: indices into ``rounds`` in the server's order.
-      apply_cost: the server's seconds per arrival.
+      apply_cost: the server's seconds per arrival (of the whole model).
       transfer: seconds of one model transfer (a push or a pull).
+      fragment_bytes: each streaming fragment's bytes (one: the whole model's).
+      network: every push and pull, ``(start, end, bytes)``.
+      apply_costs: the server's seconds per arrival of each fragment.
     """
 
     rounds: list[Round]
     arrivals: list[int]
     apply_cost: float
     transfer: float
+    fragment_bytes: tuple[int, ...] = ()
+    network: tuple[tuple[float, float, int], ...] = ()
+    apply_costs: tuple[float, ...] = ()
 
 
 def plan_rounds(
@@ -105,6 +127,7 @@ def plan_rounds(
     total_examples: int,
     model_nbytes: int,
     seed: int,
+    fragment_nbytes: tuple[int, ...] | None = None,
 ) -> Schedule:
     """The schedule of a whole async-local run (see the module docstring).
 
@@ -118,6 +141,8 @@ def plan_rounds(
       total_examples: the budget: rounds start while fewer examples were handed out.
       model_nbytes: bytes of one push or pull (parameters and non-trainable states).
       seed: the delay streams' seed.
+      fragment_nbytes: each streaming fragment's bytes (``None``: one, the whole model of
+        ``model_nbytes``); a fragment's transfers and server update cost its share.
 
     Returns:
       The ``Schedule``.
@@ -131,6 +156,17 @@ def plan_rounds(
     """
     transfer = timing.comm.transfer_time(model_nbytes)
     apply_cost = timing.update_all_time(num_replicas)
+    sizes = (model_nbytes,) if fragment_nbytes is None else tuple(fragment_nbytes)
+    k = len(sizes)
+    total = sum(sizes)
+    transfers = [transfer] if k == 1 else [timing.comm.transfer_time(n) for n in sizes]
+    apply_costs = [apply_cost] if k == 1 else [apply_cost * (n / total if total else 1.0) for n in sizes]
+    network: list[tuple[float, float, int]] = []
+    ahead: list[list[tuple[int, int]]] = [[] for _ in range(num_replicas)]  # the rest of each replica's round
+    opened = [0.0] * num_replicas  # when each replica's round began, and its steps
+    round_steps = [0] * num_replicas
+    last = [-1] * num_replicas  # the fragment each replica exchanged last
+    flush: list[list[int] | None] = [None] * num_replicas  # the fragments a done replica has still to send
     rngs = [rng_for(seed, "step-delays", r) for r in range(num_replicas)]
     compute = [timing.train_step_time(r) for r in range(num_replicas)]
     rounds: list[Round] = []
@@ -145,33 +181,78 @@ def plan_rounds(
     while events:
         t, kind, r, i = heapq.heappop(events)
         if kind == _END:
-            speeds[r] = rounds[i].steps / max(t - rounds[i].start, 1e-300)
-            heapq.heappush(events, (t + transfer, _ARRIVE, r, i))
+            p = rounds[i].fragment
+            if not ahead[r]:  # the round's last stretch: its speed is known
+                rnd = rounds[i]
+                steps, began = (rnd.steps, rnd.start) if k == 1 else (round_steps[r], opened[r])
+                speeds[r] = steps / max(t - began, 1e-300)
+            network.append((t, t + transfers[p], sizes[p]))
+            heapq.heappush(events, (t + transfers[p], _ARRIVE, r, i))
         elif kind == _ARRIVE:
             begin = max(t, server_free)
-            server_free = begin + apply_cost
+            server_free = begin + apply_costs[rounds[i].fragment]
             rounds[i] = rounds[i]._replace(applied=server_free, order=len(ends))
             ends.append(server_free)
             arrivals.append(i)
             heapq.heappush(events, (server_free, _PULL, r, i))
         elif kind == _PULL:
             pulled[r] = bisect.bisect_right(ends, t)
-            heapq.heappush(events, (t + transfer, _START, r, -1))
+            p = rounds[i].fragment
+            last[r] = p
+            network.append((t, t + transfers[p], sizes[p]))
+            heapq.heappush(events, (t + transfers[p], _START, r, -1))
         else:
             group = [r]
             while events and events[0][0] == t and events[0][1] == _START:
                 group.append(heapq.heappop(events)[2])
-            if handed * batch_size >= total_examples:
-                continue  # the budget is handed out: these replicas are done
             group.sort()
-            steps = [_steps(r, speeds, period, dynamic) for r in group]
-            for r, n, positions in zip(group, steps, deal(handed, steps)):
+            if handed * batch_size >= total_examples:  # the budget is handed out: these replicas are done
+                for r in group:  # once each has sent the stages it moved since their last exchange
+                    if flush[r] is None:
+                        flush[r] = [(last[r] + j) % k for j in range(1, k)] if last[r] >= 0 else []
+                    if flush[r]:
+                        p = flush[r].pop(0)
+                        rounds.append(Round(r, 0, (), t, t, float("nan"), pulled[r], -1, 0.0, p, last[r], 0))
+                        heapq.heappush(events, (t, _END, r, len(rounds) - 1))
+                continue
+            opens = [0] * len(group)
+            for j, r in enumerate(group):
+                if not ahead[r]:
+                    opens[j] = _steps(r, speeds, period, dynamic)
+                    ahead[r] = stretches(opens[j], k)
+                    opened[r], round_steps[r] = t, opens[j]
+            stretch = [ahead[r].pop(0) for r in group]
+            steps = [n for n, _ in stretch]
+            for j, (r, (n, p), positions) in enumerate(zip(group, stretch, deal(handed, steps))):
                 costs = [timing.host_step + compute[r] + delays.idle_time(rngs[r], compute[r]) for _ in range(n)]
                 end = t + sum(costs)
-                rounds.append(Round(r, n, tuple(positions), t, end, float("nan"), pulled[r], -1, n * compute[r]))
+                rnd = Round(
+                    r, n, tuple(positions), t, end, float("nan"), pulled[r], -1, n * compute[r], p, last[r], opens[j]
+                )
+                rounds.append(rnd)
                 heapq.heappush(events, (end, _END, r, len(rounds) - 1))
             handed += sum(steps)
-    return Schedule(rounds, arrivals, apply_cost, transfer)
+    return Schedule(rounds, arrivals, apply_cost, transfer, sizes, tuple(network), tuple(apply_costs))
+
+
+def stretches(steps: int, fragments: int) -> list[tuple[int, int]]:
+    """A round of ``steps`` local steps cut for ``fragments`` streaming fragments: ``(steps,
+    fragment)`` per stretch, the fragment exchanged at its end (module docstring).
+
+    Args:
+      steps: ``H_r``.
+      fragments: ``K``.
+
+    Returns:
+      ``K`` stretches; fragment 0's last (one fragment: the whole round).
+
+    Examples:
+        >>> stretches(8, 3)
+        [(2, 1), (3, 2), (3, 0)]
+    """
+    cuts = [p * steps // fragments for p in range(1, fragments)] + [steps]
+    starts = [0, *cuts[:-1]]
+    return [(end - start, p % fragments) for p, (start, end) in enumerate(zip(starts, cuts), start=1)]
 
 
 def _steps(replica: int, speeds: dict[int, float], period: int, dynamic: bool) -> int:

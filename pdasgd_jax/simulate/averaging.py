@@ -7,7 +7,9 @@ ends: each worker's compute at its speed plus its injected delays, the model all
 ``alpha + bytes/beta`` started at every snapshot and waited for at its merge ``d`` steps
 later, and the device work of the mean's program and of the merge on every worker's clock.
 Every local update applies to the worker's current model (staleness 0); the merged average
-is ``d`` steps old, reported as ``average_delay_steps``. Every ``--merge`` is the round
+is ``d`` steps old, reported as ``average_delay_steps``. With ``--fragments K`` each fragment's
+all-reduce is charged on its own (its bytes, at its offset) and the summary reports
+``peak_network_bytes``, the most bytes in flight on the network at once. Every ``--merge`` is the round
 program's own, ``eager``'s carries included (``optim.AveragingRule``), so a simulated run
 trains exactly the model a real one does.
 """
@@ -19,13 +21,14 @@ from typing import Any
 
 from pdasgd_jax import spmd
 from pdasgd_jax.checkpoint import RunCheckpointer
-from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
+from pdasgd_jax.delays import DelayModel, TimingModel
 from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.runners.averaging import run_rounds
+from pdasgd_jax.optim import AveragingRule
+from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary, run_rounds
 from pdasgd_jax.runners.result import RunResult
-from pdasgd_jax.simulate.averaging_clock import averaging_step_end_times, averaging_work
+from pdasgd_jax.simulate.averaging_clock import Fragment, averaging_schedule, averaging_work, peak_in_flight
 from pdasgd_jax.simulate.sync import VirtualTimeMetrics, busy_fractions, fresh_updates
 
 
@@ -43,34 +46,50 @@ def run_averaging(
     """
     config = exp.config
     delay_steps = config.averaging_delay
-    v = exp.variables
     rounds = math.ceil(exp.total_examples / (num_workers * config.batch_size * config.period))
-    ends = averaging_step_end_times(
+    fragments = _fragments(exp)
+    schedule = averaging_schedule(
         timing,
         delay,
         num_workers=num_workers,
         steps=rounds * config.period,
         period=config.period,
         delay=delay_steps,
-        model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states),
+        model_nbytes=sum(f.nbytes for f in fragments),
         seed=config.seed,
+        fragments=fragments,
     )
+    ends = schedule.ends
     # The real round program, placed wherever it runs fastest here (the devices are virtual).
     result = run_rounds(
         exp, VirtualTimeMetrics(metrics, ends), checkpointer, delay=delay_steps, mesh=spmd.worker_mesh(num_workers)
     )
     now = float(ends[result.step - 1])
-    # Every round (one per H steps) also runs the mean's program and the merge on each worker's device.
-    average, merge = averaging_work(timing, num_workers)
+    # Every round (one per H steps) also runs each fragment's mean program and merge on each worker's device.
+    work = [averaging_work(timing, num_workers, f.stages, f.share) for f in fragments]
+    average, merge = sum(a for a, _ in work), sum(m for _, m in work)
     rounds_run = math.ceil(result.step / config.period)
     busy = [
         b + rounds_run * (a + m) / now
         for b, a, m in zip(busy_fractions(timing, result.step, now, num_workers), average, merge)
     ]
     result.extra["average_delay_steps"] = delay_steps
+    sent = [t for t in schedule.transfers if t[0] <= now]
+    result.extra.update(network_summary([f.nbytes for f in fragments], peak_in_flight(sent)))
     return (
         result,
         now,
         {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy},
-        fresh_updates(len(v.params), result.step * num_workers),
+        fresh_updates(len(exp.variables.params), result.step * num_workers),
     )  # every worker updates each step
+
+
+def _fragments(exp: Experiment) -> list[Fragment]:
+    """The run's streaming fragments on the clock: offsets, stages and bytes."""
+    nbytes = fragment_nbytes(exp)
+    rule = AveragingRule(exp.config.period, fragments=exp.config.fragments)
+    total = sum(nbytes)
+    return [
+        Fragment(offset, stages, n, n / total if total else 1.0)
+        for offset, stages, n in zip(rule.fragment_offsets(), fragments(exp), nbytes, strict=True)
+    ]

@@ -22,7 +22,7 @@ worker runs per step, scaled by its speed factor) plus injected idle time. Then:
   the all-reduce, no wait at all, but the mean's and the merge's device work always
   lengthen the round: only communication can be hidden.
 
-The SPMD round program (``spmd.make_round``) runs the ``pmean`` of the snapshot and the merge
+The SPMD round program (``local_rounds.make_round``) runs the ``pmean`` of the snapshot and the merge
 inside the round's one compiled program, so they are device work in the step stream without
 launches of their own: a calibration times exactly that arithmetic on one worker's device
 (``TimingModel.round_average``), charged at the merge step. A timing without it charges the
@@ -32,6 +32,7 @@ per-stage ``merge`` at the merge), and one without those (hand-built) charges no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -126,6 +127,135 @@ def backup_sync_schedule(
     return BackupSchedule(ends, kept, computed)
 
 
+class Fragment(NamedTuple):
+    """One streaming fragment of ``local``/``dasgd`` on the clock (algorithms.md §4).
+
+    Attributes:
+      offset: the step within each period at which its snapshot is taken.
+      stages: its ``(first, end)`` stages, whose merges it charges.
+      nbytes: bytes its all-reduce carries.
+      share: its part of the model's bytes, the part of the whole-model averaging programs it
+        charges.
+    """
+
+    offset: int
+    stages: tuple[int, int]
+    nbytes: int
+    share: float = 1.0
+
+
+class AveragingSchedule(NamedTuple):
+    """``averaging_schedule``'s answer.
+
+    Attributes:
+      ends: ``(steps,)`` virtual end times of the local steps (the slowest worker's).
+      transfers: every all-reduce's network time and size, ``(start, end, bytes)``.
+    """
+
+    ends: np.ndarray
+    transfers: list[tuple[float, float, int]]
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes in flight on the network at once (``peak_in_flight``)."""
+        return peak_in_flight(self.transfers)
+
+
+def peak_in_flight(transfers: list[tuple[float, float, int]]) -> int:
+    """The largest sum of the bytes of transfers in flight at one instant: a transfer is in
+    flight over ``[start, end)``, one of no duration (a free network) at its instant.
+
+    Args:
+      transfers: ``(start, end, bytes)`` of each all-reduce or transfer.
+
+    Returns:
+      The peak, in bytes (0 without transfers).
+
+    Examples:
+        >>> peak_in_flight([(0.0, 2.0, 10), (1.0, 3.0, 5), (2.0, 2.0, 7)])
+        15
+    """
+    # At one instant: the transfers ending leave, then those starting join (the peak is read
+    # as each joins), then those of no duration leave again.
+    events = []
+    for start, end, nbytes in transfers:
+        events += [(start, 1, nbytes), (end, 0, -nbytes)] if end > start else [(start, 1, nbytes), (start, 2, -nbytes)]
+    load = peak = 0
+    for _, kind, nbytes in sorted(events):
+        load += nbytes
+        if kind == 1:
+            peak = max(peak, load)
+    return peak
+
+
+def averaging_schedule(
+    timing: TimingModel,
+    delays: DelayModel,
+    *,
+    num_workers: int,
+    steps: int,
+    period: int,
+    delay: int,
+    model_nbytes: int,
+    seed: int,
+    fragments: Sequence[Fragment] | None = None,
+) -> AveragingSchedule:
+    """When each local step of ``local``/``dasgd`` ends, and the all-reduces on the network.
+
+    Args:
+      timing: the clock's costs.
+      delays: injected idle time per local step.
+      num_workers: ``W``.
+      steps: local steps to time.
+      period: ``H``, steps between snapshots (snapshots at steps ``0, H, 2H, ...``).
+      delay: ``d``, steps between a snapshot and its merge (``0 <= d <= H``).
+      model_nbytes: bytes all-reduced per average (parameters and non-trainable state).
+      seed: the delay streams' seed.
+      fragments: streaming fragments (``None``: the whole model, one fragment at offset 0):
+        fragment ``p``'s snapshot is taken at steps ``t`` with ``t % H == offset``, its
+        all-reduce of ``nbytes`` is charged on its own, and it merges ``d`` steps later.
+
+    Returns:
+      The ``AveragingSchedule``.
+    """
+    if not 0 <= delay <= period:
+        raise ValueError(f"delay {delay} must be in [0, period={period}]")
+    if fragments is None:
+        fragments = [Fragment(0, (0, timing.num_stages), model_nbytes)]
+    costs = _step_costs(timing, delays, num_workers, steps, seed)
+    allreduce = [timing.comm.allreduce_time(f.nbytes, num_workers) for f in fragments]
+    work = [averaging_work(timing, num_workers, f.stages, f.share) for f in fragments]
+    snapshot_first = delay == 0
+    clock = np.zeros(num_workers)
+    ends = np.empty(steps)
+    average_done: list[float | None] = [None] * len(fragments)
+    transfers: list[tuple[float, float, int]] = []
+
+    def merge(clock: np.ndarray, p: int) -> np.ndarray:
+        return np.maximum(clock, average_done[p]) + work[p][1]
+
+    for t in range(steps):
+        for first in (snapshot_first, not snapshot_first):
+            for p, f in enumerate(fragments):
+                if first and t % period == f.offset:
+                    clock = clock + work[p][0]
+                    start = clock.max()
+                    average_done[p] = start + allreduce[p]
+                    transfers.append((float(start), float(average_done[p]), f.nbytes))
+                elif not first and t >= f.offset + delay and (t - f.offset - delay) % period == 0:
+                    clock = merge(clock, p)
+        clock = clock + costs[t]
+        ends[t] = clock.max()
+    if steps % period == 0:  # a merge at a round's last step ends the round program
+        closing = clock
+        for p, f in enumerate(fragments):
+            if f.offset + delay == period:
+                closing = merge(closing, p)
+        if closing is not clock:
+            ends[-1] = closing.max()
+    return AveragingSchedule(ends, transfers)
+
+
 def averaging_step_end_times(
     timing: TimingModel,
     delays: DelayModel,
@@ -136,45 +266,43 @@ def averaging_step_end_times(
     delay: int,
     model_nbytes: int,
     seed: int,
+    fragments: Sequence[Fragment] | None = None,
 ) -> np.ndarray:
-    """Virtual time at which each local step of ``local``/``dasgd`` ends (the slowest worker's).
+    """Virtual time at which each local step of ``local``/``dasgd`` ends (the slowest worker's):
+    ``averaging_schedule``'s ``ends``.
 
     Args:
       period: ``H``, steps between snapshots (snapshots at steps ``0, H, 2H, ...``).
       delay: ``d``, steps between a snapshot and its merge (``0 <= d <= H``).
       model_nbytes: bytes all-reduced per average (parameters and non-trainable state).
+      fragments: streaming fragments, as ``averaging_schedule``'s.
     """
-    if not 0 <= delay <= period:
-        raise ValueError(f"delay {delay} must be in [0, period={period}]")
-    costs = _step_costs(timing, delays, num_workers, steps, seed)
-    allreduce = timing.comm.allreduce_time(model_nbytes, num_workers)
-    average, merge = averaging_work(timing, num_workers)
-    clock = np.zeros(num_workers)
-    ends = np.empty(steps)
-    average_done = None
-    for t in range(steps):
-        if t % period == 0:
-            if delay == period and average_done is not None:
-                clock = np.maximum(clock, average_done) + merge  # d = H: the merge closes the previous round
-            clock = clock + average
-            average_done = clock.max() + allreduce
-        if delay < period and t % period == delay:
-            clock = np.maximum(clock, average_done) + merge
-        clock = clock + costs[t]
-        ends[t] = clock.max()
-    if delay == period and steps % period == 0:
-        ends[-1] = (np.maximum(clock, average_done) + merge).max()
-    return ends
+    return averaging_schedule(
+        timing,
+        delays,
+        num_workers=num_workers,
+        steps=steps,
+        period=period,
+        delay=delay,
+        model_nbytes=model_nbytes,
+        seed=seed,
+        fragments=fragments,
+    ).ends
 
 
-def averaging_work(timing: TimingModel, num_workers: int) -> tuple[np.ndarray, np.ndarray]:
+def averaging_work(
+    timing: TimingModel, num_workers: int, stages: tuple[int, int] | None = None, share: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Per worker, the device seconds a round of ``local``/``dasgd`` charges at its snapshot step
     and at its merge step: the calibrated in-program averaging (``round_average``: the mean and
     the merge as the round program computes them) all at the merge, or else the threaded
-    runtime's programs, the mean's (``average``) at the snapshot and every stage's merge then."""
+    runtime's programs, the mean's (``average``) at the snapshot and every stage's merge then.
+    A streaming fragment charges its ``stages``' merges and its ``share`` of the whole-model
+    programs (default: every stage, all of it)."""
     workers = range(num_workers)
+    lo, hi = (0, timing.num_stages) if stages is None else stages
     if timing.round_average is not None:
-        return np.zeros(num_workers), np.array([timing.round_average_time(w) for w in workers])
-    average = np.array([timing.average_time(w) for w in workers])
-    merge = np.array([sum(timing.merge_time(m, w) for m in range(timing.num_stages)) for w in workers])
+        return np.zeros(num_workers), np.array([timing.round_average_time(w) * share for w in workers])
+    average = np.array([timing.average_time(w) * share for w in workers])
+    merge = np.array([sum(timing.merge_time(m, w) for m in range(lo, hi)) for w in workers])
     return average, merge

@@ -30,6 +30,7 @@ With one group nothing is averaged: the run is shared-store ASGD or PD-ASGD on o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -43,8 +44,10 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.placement import Placement
 from pdasgd_jax.replication import GroupRounds
+from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate import policies, resume
+from pdasgd_jax.simulate.averaging_clock import peak_in_flight
 from pdasgd_jax.simulate.device_groups import run_device_groups
 from pdasgd_jax.simulate.lpp import merge_bookings, replica_asgd_worker
 from pdasgd_jax.simulate.scheduler import END, Get, Kernel, Process, Put, Scheduler, Worker
@@ -75,65 +78,197 @@ def group_rounds(
     *,
     charged: bool = False,
     trace: Trace | None = None,
+    network: Network | None = None,
 ) -> GroupRounds:
     """``GroupRounds`` on the virtual clock: the mean arrives ``allreduce_time`` (network time)
     after the last snapshot, or with ``charged`` after each group's device has also run the
     all-reduce's program; a waiting group's simulation is paused. With ``charged`` merges are
-    device work under the stage locks (module docstring); ``trace`` sees their spans."""
+    device work under the stage locks (module docstring); ``trace`` sees their spans;
+    ``network``, if given, records every all-reduce's time on the network."""
+    return _fragment_rounds(scheduler, sims, rule, [_Part(None, 0, allreduce_time)], charged, trace, network)
 
-    def arrive_after_network(k: int) -> None:
-        scheduler.call_at(scheduler.now + allreduce_time, END, rounds.arrive, k)
 
-    charges = _DeviceCharges(scheduler, sims, arrive_after_network, trace) if charged else None
-    rounds = GroupRounds(
-        [sim.executor.store for sim in sims],
-        rule,
-        start_allreduce=charges.allreduce if charges else arrive_after_network,
-        mean=lambda snapshots: [lpp.mean_of(snapshots)] * len(snapshots),
-        pause=lambda g: sims[g].pause(),
-        unpause=lambda g: sims[g].unpause(),
-        clock=lambda: scheduler.now,
-    )
-    if charges is not None:
-        rounds.charge_merge = charges.merge
-    return rounds
+class _Part(NamedTuple):
+    """A streaming fragment's schedule on the clock: its stages (``None``: all), offset,
+    all-reduce time on the network, bytes, and share of the whole-model mean program."""
+
+    stages: tuple[int, int] | None
+    offset: int
+    allreduce_time: float
+    nbytes: int = 0
+    share: float = 1.0
+
+
+class Network(list):
+    """Every all-reduce's ``(start, end, bytes)`` on the network, in start order."""
+
+
+def _fragment_rounds(
+    scheduler: Scheduler,
+    sims: list[Simulation],
+    rule: AveragingRule,
+    parts: list[_Part],
+    charged: bool,
+    trace: Trace | None,
+    network: Network | None,
+) -> Any:
+    """One ``GroupRounds`` per part, or with several parts a ``FragmentRounds`` of them."""
+    charges = _DeviceCharges(scheduler, sims, trace) if charged else None
+    several = len(parts) > 1
+    joint = FragmentRounds(sims) if several else None
+    members = []
+    for part in parts:
+
+        def arrive_after_network(k: int, part: _Part = part, rounds: list = members, i: int = len(members)) -> None:
+            end = scheduler.now + part.allreduce_time
+            if network is not None:
+                network.append((scheduler.now, end, part.nbytes))
+            scheduler.call_at(end, END, rounds[i].arrive, k)
+
+        rounds = GroupRounds(
+            [sim.executor.store for sim in sims],
+            rule,
+            start_allreduce=(
+                functools.partial(charges.allreduce, arrive=arrive_after_network, share=part.share)
+                if charges
+                else arrive_after_network
+            ),
+            mean=lambda snapshots: [lpp.mean_of(snapshots)] * len(snapshots),
+            pause=joint.pause if several else (lambda g: sims[g].pause()),
+            unpause=joint.unpause if several else (lambda g: sims[g].unpause()),
+            clock=lambda: scheduler.now,
+            stages=part.stages,
+            offset=part.offset,
+        )
+        if charges is not None:
+            rounds.charge_merge = functools.partial(charges.merge, first=rounds.stages[0])
+        members.append(rounds)
+    if not several:
+        return members[0]
+    joint.members = members
+    return joint
+
+
+class FragmentRounds:
+    """The ``GroupRounds`` of every streaming fragment of a replicated run (algorithms.md §4),
+    driven as one: each group's jobs are counted by every fragment, a group is paused while
+    any fragment holds it, and the summary, rounds in flight and event log span them all.
+
+    Args:
+      sims: each group's simulation (what ``pause`` and ``unpause`` stop and restart).
+    """
+
+    def __init__(self, sims: list[Simulation]):
+        self.sims = sims
+        self.members: list[GroupRounds] = []
+        self._holds = [0] * len(sims)
+
+    def pause(self, g: int) -> None:
+        """A fragment holds group ``g`` (waiting for a mean, or merging)."""
+        self._holds[g] += 1
+        if self._holds[g] == 1:
+            self.sims[g].pause()
+
+    def unpause(self, g: int) -> None:
+        """A fragment lets group ``g`` go; it starts jobs again once none holds it."""
+        self._holds[g] -= 1
+        if not self._holds[g]:
+            self.sims[g].unpause()
+
+    def start(self) -> None:
+        """Every fragment's first due actions (the snapshots at offset 0)."""
+        for rounds in self.members:
+            rounds.start()
+
+    def applied(self, group: int) -> None:
+        """One more job of ``group`` is complete: every fragment counts it."""
+        for rounds in self.members:
+            rounds.applied(group)
+
+    @property
+    def abstract(self) -> bool:
+        """Whether the means and merges are evaluated by shape only (``GroupRounds.abstract``)."""
+        return self.members[0].abstract
+
+    @abstract.setter
+    def abstract(self, value: bool) -> None:
+        for rounds in self.members:
+            rounds.abstract = value
+
+    @property
+    def log(self) -> Any:
+        """The run's event log (``GroupRounds.log``)."""
+        return self.members[0].log
+
+    @log.setter
+    def log(self, value: Any) -> None:
+        for rounds in self.members:
+            rounds.log = value
+
+    def summary(self) -> dict[str, Any]:
+        """``GroupRounds.summary`` over the fragments: ``averaging_rounds`` is the rounds every
+        fragment has merged, ``fragment_rounds`` each one's, and the waits are summed."""
+        parts = [rounds.summary() for rounds in self.members]
+        return {
+            **parts[0],
+            "averaging_rounds": min(p["averaging_rounds"] for p in parts),
+            "fragment_rounds": [p["averaging_rounds"] for p in parts],
+            "merge_wait": {
+                "per_group": [sum(w) for w in zip(*(p["merge_wait"]["per_group"] for p in parts), strict=True)],
+                "waits": sum(p["merge_wait"]["waits"] for p in parts),
+            },
+        }
+
+    def values(self) -> list[tuple[int, list[Any], Any]]:
+        """Every fragment's rounds in flight, fragment after fragment (``GroupRounds.values``)."""
+        return [v for rounds in self.members for v in rounds.values()]
+
+    def load(self, values: list[tuple[int, list[Any], Any]]) -> None:
+        """Loads ``values`` of ``values()``'s structure back into the fragments."""
+        for rounds in self.members:
+            n = len(rounds.values())
+            rounds.load(values[:n])
+            values = values[n:]
 
 
 class _DeviceCharges:
     """The averaging's device work on the clock (``group_rounds`` with ``charged``), charged
     to one account per group, ``d{g}/averaging``, which the run's utilisation lists."""
 
-    def __init__(
-        self, scheduler: Scheduler, sims: list[Simulation], arrive: Callable[[int], None], trace: Trace | None
-    ):
-        self.scheduler, self.sims, self._arrive, self._trace = scheduler, sims, arrive, trace
+    def __init__(self, scheduler: Scheduler, sims: list[Simulation], trace: Trace | None):
+        self.scheduler, self.sims, self._trace = scheduler, sims, trace
         self.accounts = [Process(f"d{g}/averaging", iter(())) for g in range(len(sims))]
         scheduler.processes.extend(self.accounts)
 
-    def allreduce(self, k: int) -> None:
-        """Round ``k``'s all-reduce: its program on every group's device, then the network."""
+    def allreduce(self, k: int, *, arrive: Callable[[int], None], share: float = 1.0) -> None:
+        """Round ``k``'s all-reduce: its program on every group's device (``share`` of the
+        whole model's: a streaming fragment's), then the network (``arrive(k)``)."""
         pending = [len(self.sims)]
 
         def part(g: int) -> Worker:
             start: list[float] = []
-            yield Kernel(self.sims[g].devices[0], self.sims[g].timing.average_time(), self._started(start))
+            yield Kernel(self.sims[g].devices[0], self.sims[g].timing.average_time() * share, self._started(start))
             self._span("average", g, -1, k, start)
             pending[0] -= 1
             if not pending[0]:  # every device's part is done: the network's share follows
-                self._arrive(k)
+                arrive(k)
 
         for g in range(len(self.sims)):
             self._run(g, part(g))
 
-    def merge(self, g: int, k: int, writes: list[Callable[[], None]], done: Callable[[], None]) -> None:
-        """Group ``g``'s merge of round ``k``: each stage's write (``writes[m]``) at the end of
-        its merge program on the group's device, under the stage's lock; then ``done()``."""
+    def merge(
+        self, g: int, k: int, writes: list[Callable[[], None]], done: Callable[[], None], *, first: int = 0
+    ) -> None:
+        """Group ``g``'s merge of round ``k``: each stage's write (``writes[i]``, of stage
+        ``first + i``) at the end of its merge program on the group's device, under the stage's
+        lock; then ``done()``."""
         sim = self.sims[g]
+        stages = range(first, first + len(writes))
 
         def merging() -> Worker:
-            booked, ticket = merge_bookings(sim)
-            for m, write in enumerate(writes):
-                booking = booked[m] if booked else sim.bookings.book(m, None)  # in order with its updates
+            booked, ticket = _merge_bookings(sim, stages)
+            for m, write in zip(stages, writes, strict=True):
+                booking = booked[m - first] if booked else sim.bookings.book(m, None)  # in order with its updates
                 yield Get(sim.stage_locks[m] if booking.held is None else booking.held)
                 start: list[float] = []
                 yield Kernel(sim.devices[0], sim.timing.merge_time(m), self._started(start), ticket)
@@ -155,6 +290,14 @@ class _DeviceCharges:
     def _span(self, what: str, g: int, m: int, k: int, start: list[float]) -> None:
         if self._trace is not None:
             self._trace(g, AveragingSpan(what, g, m, k, start[0], self.scheduler.now))
+
+
+def _merge_bookings(sim: Simulation, stages: range) -> tuple[list[Any], int | None]:
+    """``lpp.merge_bookings`` for a merge of ``stages`` only (a streaming fragment's)."""
+    if len(stages) == sim.num_stages or not policies.reads_at_dispatch(sim):
+        return merge_bookings(sim)
+    ticket = sim.scheduler.ticket()
+    return [sim.bookings.reserve(m, ticket, sim.stage_locks[m]) for m in stages], ticket
 
 
 def run_replicated(
@@ -182,9 +325,17 @@ def run_replicated(
     uninterrupted run ends.
     """
     config = exp.config
-    rule = AveragingRule(config.period, config.averaging_delay, config.merge)
+    rule = AveragingRule(config.period, config.averaging_delay, config.merge, fragments=config.fragments)
     nbytes = tree_nbytes(exp.variables.params) + tree_nbytes(exp.variables.states)
     allreduce_time = timing.comm.allreduce_time(nbytes, devices)
+    parts = [_Part(None, 0, allreduce_time, nbytes)]
+    if config.fragments > 1:
+        sizes = fragment_nbytes(exp)  # checks K against the model first
+        parts = [
+            _Part(stages, offset, timing.comm.allreduce_time(n, devices), n, n / nbytes if nbytes else 1.0)
+            for stages, offset, n in zip(fragments(exp), rule.fragment_offsets(), sizes, strict=True)
+        ]
+    network = Network()
 
     placement = Placement(devices, replicas, exp.model.num_stages)
 
@@ -198,13 +349,13 @@ def run_replicated(
             else:
                 policies.spawn_configured(sim, config, replica_ids=list(ids))
 
-    averaging: list[GroupRounds] = []
+    averaging: list[Any] = []
 
     replaying = checkpointer is not None and checkpointer.latest_step() is not None
 
-    def make_averaging(scheduler: Scheduler, sims: list[Simulation]) -> GroupRounds:
+    def make_averaging(scheduler: Scheduler, sims: list[Simulation]) -> Any:
         charged = timing.merge is not None or timing.average is not None
-        averaging.append(group_rounds(scheduler, sims, rule, allreduce_time, charged=charged, trace=trace))
+        averaging.append(_fragment_rounds(scheduler, sims, rule, parts, charged, trace, network))
         averaging[0].abstract = replaying
         averaging[0].log = log
         averaging[0].start()
@@ -230,6 +381,12 @@ def run_replicated(
         log=log,
     )
     result.extra.update(
-        {"replication": "replicas", "replicas": replicas, "allreduce_time": allreduce_time, **averaging[0].summary()}
+        {
+            "replication": "replicas",
+            "replicas": replicas,
+            "allreduce_time": allreduce_time,
+            **averaging[0].summary(),
+            **network_summary([p.nbytes for p in parts], peak_in_flight(network)),
+        }
     )
     return result, now, utilisation, staleness

@@ -40,6 +40,10 @@ STUDIES: dict[str, str] = {
     "claims": "the papers' claims part by part (staleness at depth, speedups at depth, DaSGD, bias) "
     "on resnet1d and mnist1d-large; hours on two CPU cores, benchmarks/scripts/claims_part.py runs one part "
     "cell by cell",
+    "preregistered": "the headline cells docs/preregistration.md fixes (5.95x over sync, 2.14x over comparable ASGD): "
+    "resnet1d M = 16, W = 16, cells A and B on the serial device, the what-if curves and a committed accelerator "
+    "curve (judged only on that), 5 reported seeds; needs the committed calibration (python -m "
+    "benchmarks.preregistered --calibrate); not yet run: an estimated two days on two CPU cores",
 }
 
 

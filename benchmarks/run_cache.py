@@ -70,7 +70,7 @@ import numpy as np
 from pdasgd_jax.reporting import write_json_atomic
 
 # The benchmarks whose runs go through ``delays.time_to_target`` (the others ignore a cache).
-BENCHMARKS = ("delays", "delays-network", "claims", "concurrency-map")
+BENCHMARKS = ("delays", "delays-network", "claims", "concurrency-map", "preregistered")
 FORMAT = 2  # bumped when what an entry holds or how it is keyed changes
 # Libraries whose versions change a run's numerics or its generated data (mnist1d, sklearn's digits).
 LIBRARIES = ("jax", "jaxlib", "flax", "optax", "numpy", "scikit-learn", "mnist1d")

@@ -338,6 +338,7 @@ _STUDY_PROTOCOLS = (
     "stability",
     "concurrency-map",
     "claims",
+    "preregistered",
 )
 
 

@@ -46,7 +46,8 @@ EXPECTED_RAW: dict[str, tuple[str, str]] = {
     "sim-speed": (SIM_SPEED, "python -m pdasgd_jax bench sim-speed --out bench_results/sim-speed"),
     "pre-registered headline cells": (
         "bench_results/preregistered/preregistered.json",
-        "not written yet: its runner follows docs/preregistration.md, which fixes it before any run",
+        "python -m benchmarks preregistered --out bench_results/preregistered (after its --calibrate and, on an "
+        "accelerator, --measure-curve are committed)",
     ),
 }
 

@@ -132,8 +132,9 @@ class Config:
         "event",
         "simulator: how shared-store asgd, pdasgd and pdasgd-block compute: event (each job's kernels "
         "as the clock reaches them) or compiled (the schedule first, then the numerics as compiled "
-        "loops between evaluations: bitwise the same run, without checkpoints); a run the compiled "
-        "path does not cover runs event by event, and the summary's numerics says which ran and why",
+        "loops between evaluations and checkpoints: bitwise the same run on dense models, within float32 "
+        "rounding with convolutions; its checkpoints resume compiled); a run the compiled path does not "
+        "cover runs event by event, and the summary's numerics says which ran and why",
         NUMERICS,
         group="async",
     )

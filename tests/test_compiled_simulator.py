@@ -1,5 +1,6 @@
-"""The compiled simulator (schedule first, numerics as ``lax.scan`` segments) against the
-event-by-event one: the same schedule, bitwise the same parameters, the same staleness."""
+"""The compiled simulator (schedule first, numerics as ``lax.fori_loop`` segments) against the
+event-by-event one: the same schedule, bitwise the same parameters, the same staleness
+(``live`` backwards: test_compiled_live.py; checkpoints: test_compiled_checkpoints.py)."""
 
 import dataclasses
 import json
@@ -16,7 +17,8 @@ from pdasgd_jax.executor import EventLog
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate import run_simulated
-from pdasgd_jax.simulate.compiled import RingBudgetError, run_compiled, simulate_compiled
+from pdasgd_jax.simulate.compiled import RingBudgetError, run_compiled
+from pdasgd_jax.simulate.compiled_run import simulate_compiled
 from pdasgd_jax.simulate.schedule_plan import plan_steps, record_schedule, schedule_from_log
 
 TIMING = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5)
@@ -144,7 +146,6 @@ def test_rings_over_the_memory_limit_are_refused(base):
 @pytest.mark.parametrize(
     "changes",
     [
-        {"algo": "pdasgd", "backward_weights": "live"},
         {"algo": "pdasgd", "replicas": 2, "replication": "replicas", "period": 2},
         {"algo": "lpp", "replicas": 2, "devices": 1},
         {"algo": "sync"},
@@ -176,7 +177,7 @@ def test_train_simulate_with_compiled_numerics_is_the_event_run(tmp_path):
     event-by-event run, and the summary says which path ran."""
     event = _summary_run(tmp_path, "event")
     compiled = _summary_run(tmp_path, "compiled", numerics="compiled")
-    assert compiled["numerics"] == {"path": "compiled", "checkpoints": "none"} and "numerics" not in event
+    assert compiled["numerics"] == {"path": "compiled", "checkpoints": "compiled"} and "numerics" not in event
     rows = [(tmp_path / n / "metrics.jsonl").read_text().splitlines() for n in ("event", "compiled")]
     strip = lambda line: {k: v for k, v in json.loads(line).items() if k not in ("wall_time",)}
     assert [strip(r) for r in rows[0]] == [strip(r) for r in rows[1]]
@@ -187,7 +188,6 @@ def test_train_simulate_with_compiled_numerics_is_the_event_run(tmp_path):
 @pytest.mark.parametrize(
     ("changes", "why"),
     [
-        (dict(backward_weights="live"), "stashed weights"),
         (dict(event_log=True), "event log"),
         (dict(algo="lpp", period=2), "one shared store"),
         (dict(algo="sync", replicas=0, devices=2), "does not run --algo sync"),

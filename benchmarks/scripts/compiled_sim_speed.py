@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -91,6 +92,7 @@ def measure(config: Config, repeats: int) -> dict[str, Any]:
     start = time.perf_counter()
     _repeat(exp, sgd, timing)
     warm_up_s = time.perf_counter() - start
+    load_before = os.getloadavg()
     runs = [_repeat(exp, sgd, timing) for _ in range(repeats)]
     median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     for name in ("event", "compiled", "compiled+schedule"):
@@ -103,6 +105,8 @@ def measure(config: Config, repeats: int) -> dict[str, Any]:
         "warm_up_s": warm_up_s,
         "median": median,
         "runs": runs,
+        # The machine's 1, 5 and 15-minute load averages before and after the timed repeats.
+        "loadavg": {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()},
     }
 
 
@@ -111,6 +115,7 @@ def main() -> None:
     parser.add_argument("--algo", default="pdasgd", choices=("asgd", "pdasgd", "pdasgd-block"))
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--delay-model", default="exponential")
+    parser.add_argument("--backward-weights", default="stashed", choices=("stashed", "live"))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
     parser.add_argument("--epochs", type=float, nargs="+", default=[20.0, 80.0], help="per batch size")
     parser.add_argument("--repeats", type=int, default=3)
@@ -124,24 +129,30 @@ def main() -> None:
             replicas=args.replicas,
             delay_model=args.delay_model,
             delay_mean=1.0 if args.delay_model != "none" else 0.0,
+            backward_weights=args.backward_weights,
             batch_size=batch,
             epochs=epochs,
             progress=False,
         ).validate()
         results.append(measure(config, args.repeats))
-    print(f"{args.algo}, {args.replicas} replicas, {args.delay_model} delays, digits; medians of {args.repeats}")
+    print(
+        f"{args.algo}, {args.replicas} replicas, {args.delay_model} delays, {args.backward_weights} weights, "
+        f"digits; medians of {args.repeats}"
+    )
     print(
         "| batch | epochs | sgd ex/s | event ex/s | compiled ex/s | compiled+schedule ex/s | schedule s | "
-        "steps/job | event/sgd | compiled/sgd | compiled+schedule/sgd | compiled/event | compiled+schedule/event |"
+        "steps/job | event/sgd | compiled/sgd | compiled+schedule/sgd | compiled/event | compiled+schedule/event | "
+        "load (1 min, before/after) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         m = r["median"]
         print(
             f"| {r['batch_size']} | {r['epochs']:g} | {m['sgd']:.0f} | {m['event']:.0f} | {m['compiled']:.0f} | "
             f"{m['compiled+schedule']:.0f} | {m['schedule_s']:.3f} | {m['steps_per_job']:.2f} | "
             f"{m['event/sgd']:.2f}x | {m['compiled/sgd']:.2f}x | {m['compiled+schedule/sgd']:.2f}x | "
-            f"{m['compiled/event']:.2f}x | {m['compiled+schedule/event']:.2f}x |"
+            f"{m['compiled/event']:.2f}x | {m['compiled+schedule/event']:.2f}x | "
+            f"{r['loadavg']['before'][0]:.2f}/{r['loadavg']['after'][0]:.2f} |"
         )
     if args.json:
         with open(args.json, "w") as f:

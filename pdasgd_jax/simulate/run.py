@@ -171,7 +171,7 @@ def run_simulated(
                 )
             else:
                 compiled = None
-                if config.numerics == "compiled":
+                if config.numerics == "compiled" or _resumes_compiled(checkpointer):
                     compiled, numerics = _compiled(exp, metrics, checkpointer, log, given_timing, drain_at_evaluations)
                 result, now, utilisation, staleness = compiled or _run_asynchronous(
                     exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
@@ -211,27 +211,51 @@ def _compiled(
     log: EventLog | None,
     timing: TimingModel,
     drain_at_evaluations: bool,
-) -> tuple[tuple[RunResult, float, dict[str, Any], StalenessStats] | None, dict[str, str]]:
-    """The run on the compiled path (``simulate.compiled``), or None where it does not cover it;
-    and what the summary says of it: ``{"path": "compiled"}``, or ``"event"`` and why."""
-    from pdasgd_jax.simulate import compiled, schedule_plan  # only a run that asks for it compiles them
+) -> tuple[tuple[RunResult, float, dict[str, Any], StalenessStats] | None, dict[str, Any]]:
+    """The run on the compiled path (``simulate.compiled_run``), or None where it does not
+    cover it; and what the summary says of it: ``{"path": "compiled", "checkpoints": ...}``
+    (``"resumed_from"``: the step of the compiled checkpoint it resumed), or ``"event"`` and why.
+
+    Raises:
+      ValueError: the run resumes a compiled checkpoint, which the event path cannot load,
+        and the compiled path does not cover it.
+    """
+    from pdasgd_jax.simulate import compiled, compiled_run, schedule_plan  # only a run that asks for it compiles them
 
     why = None
     try:
         schedule_plan.check_supported(exp)
     except ValueError as e:
         why = str(e)
-    if checkpointer is not None and checkpointer.latest_step() is not None:
-        why = "a resumed run replays its schedule event by event"
-    elif log is not None:
+    resumes = checkpointer is not None and checkpointer.latest_step() is not None
+    resumes_compiled = resumes and compiled_run.is_compiled_checkpoint(checkpointer)
+    if why is None and resumes and not resumes_compiled:
+        why = "the checkpoint it resumes was written by the event-by-event path"
+    elif why is None and log is not None:
         why = "the event log is written by the event-by-event path"
     if why is None:
         try:
-            run = compiled.simulate_compiled(exp, metrics, timing, drain_at_evaluations=drain_at_evaluations)
-            return run, {"path": "compiled", "checkpoints": "none"}
+            run = compiled_run.simulate_compiled(
+                exp, metrics, timing, checkpointer=checkpointer, drain_at_evaluations=drain_at_evaluations
+            )
+            summary = {"path": "compiled", "checkpoints": "compiled" if checkpointer is not None else "none"}
+            if resumes_compiled:
+                summary["resumed_from"] = metrics.resumed_from_step
+            return run, summary
         except compiled.RingBudgetError as e:
             why = str(e)
+    if resumes_compiled:
+        raise ValueError(f"the run resumes a checkpoint of the compiled path, which cannot run it now: {why}")
     return None, {"path": "event", "why": why}
+
+
+def _resumes_compiled(checkpointer: RunCheckpointer | None) -> bool:
+    """Whether the run resumes a checkpoint of the compiled path (which only it loads)."""
+    if checkpointer is None or checkpointer.latest_step() is None:
+        return False
+    from pdasgd_jax.simulate import compiled_run
+
+    return compiled_run.is_compiled_checkpoint(checkpointer)
 
 
 def _run_asynchronous(

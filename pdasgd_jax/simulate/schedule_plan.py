@@ -22,15 +22,16 @@ Stage ``m``'s versions live in a ring of ``K_m = max lag + 1`` slots (version ``
 ``v % K_m``, one more slot as scratch for a step without an update of ``m``), where a lag
 is the versions written between a read and the step that uses it (at most the largest
 staleness); gradients wait for their updates in ``G`` slots (one more as scratch).
+
+A schedule of ``live`` backwards (each re-reads its stage's current version) splits a job
+into its forward, each stage's backward and each stage's update: ``live_plan``.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -42,6 +43,7 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.simulate import policies
 from pdasgd_jax.simulate.configured_timing import configured_timing
+from pdasgd_jax.simulate.plan_slots import FreeSteps, interval_slots
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, num_jobs, paused_collector
 from pdasgd_jax.store import ParameterStore
@@ -62,6 +64,8 @@ class Schedule:
       staleness: every update's staleness, per stage, in the order applied.
       utilisation: the workers' and devices' busy fractions (empty from a log).
       started: jobs started.
+      stops: per done count the run may stop at (``record_schedule``'s ``stops_at``), the
+        ``(utilisation, started)`` of a run stopped there.
     """
 
     events: list[Event]
@@ -71,6 +75,7 @@ class Schedule:
     staleness: StalenessStats
     utilisation: dict[str, Any]
     started: int
+    stops: dict[int, tuple[dict[str, Any], int]] = dataclasses.field(default_factory=dict)
 
     @property
     def virtual_time(self) -> float:
@@ -80,20 +85,25 @@ class Schedule:
 
 def check_supported(exp: Experiment) -> None:
     """Raises ``ValueError`` unless the compiled path covers ``exp``: shared-store ``asgd``,
-    ``pdasgd`` or ``pdasgd-block`` with ``stashed`` weights on a model without non-trainable state."""
+    ``pdasgd`` or ``pdasgd-block``, with ``stashed`` or ``live`` weights (``stashed`` only on
+    a model with non-trainable state)."""
     config = exp.config
     if config.algo not in COMPILED_ALGOS or config.replication != "shared":
         raise ValueError(f"the compiled simulator runs shared-store {', '.join(COMPILED_ALGOS)}, not {config.algo}")
-    if config.algo != "asgd" and config.backward_weights != "stashed":
-        raise ValueError("the compiled simulator computes gradients at the stashed weights, not the live ones")
-    if jax.tree.leaves(exp.variables.states):
-        raise ValueError("the compiled simulator runs models without non-trainable state (no BatchNorm)")
+    live = config.algo != "asgd" and config.backward_weights == "live"
+    if live and jax.tree.leaves(exp.variables.states):
+        raise ValueError(
+            "the compiled simulator runs a model with non-trainable state (BatchNorm) with stashed weights, "
+            "not live ones"
+        )
 
 
 class NoNumerics:
-    """The kernels a simulation of fused jobs calls (``FusedJobExecutor``: a job's gradients,
-    a stage's update), computing nothing: the schedule needs no value, not even a shape. No
-    key is drawn either (``draws_randomness``): the schedule does not depend on the masks."""
+    """The kernels a simulation of fused jobs (``FusedJobExecutor``: a job's gradients, a
+    stage's update), of ``live`` backwards (``LiveExecutor``: a stage's forward, the loss, a
+    stage's backward) or of a model with state (``StashedExecutor``) calls, computing
+    nothing: the schedule needs no value, not even a shape. No key is drawn either
+    (``draws_randomness``): the schedule does not depend on the masks."""
 
     draws_randomness = False
 
@@ -103,21 +113,48 @@ class NoNumerics:
     def job_gradients(self, params: Any, states: Any, x: Any, labels: Any, rng: Any = None) -> tuple[None, tuple]:
         return None, (None,) * self.num_stages
 
+    def forward(self, m: int) -> Callable[..., tuple[None, None]]:
+        return _nothing
+
+    def backward_live(self, m: int) -> Callable[..., tuple[None, None]]:
+        return _nothing
+
+    def loss_grad(self, x: Any, labels: Any) -> tuple[None, None]:
+        return None, None
+
+    def forward_stashed(self, m: int) -> Callable[..., tuple[None, None, None]]:
+        return _nothing_stashed
+
+    def backward_stashed(self, m: int) -> Callable[..., tuple[None, None]]:
+        return _nothing
+
     def apply_update(
         self, m: int, params: Any, opt_state: Any, grads: Any, staleness: int = 0, old_params: Any = None
     ) -> tuple[Any, Any]:
         return params, opt_state
 
 
-def record_schedule(exp: Experiment, timing: TimingModel, *, drain_at: Sequence[int] = ()) -> Schedule:
+def _nothing(*args: Any) -> tuple[None, None]:
+    return None, None
+
+
+def _nothing_stashed(*args: Any) -> tuple[None, None, None]:
+    return None, None, None
+
+
+def record_schedule(
+    exp: Experiment, timing: TimingModel, *, drain_at: Sequence[int] = (), stops_at: Sequence[int] = ()
+) -> Schedule:
     """Runs ``exp`` on the virtual clock with kernels that compute nothing: the schedule
     ``run_simulated`` follows with the same ``timing`` (stragglers and ``--device-concurrency``
     applied alike), without its numerics.
 
     Args:
-      exp: a shared-store ``asgd``, ``pdasgd`` or ``pdasgd-block`` experiment (``check_supported``).
+      exp: a shared-store ``asgd``, ``pdasgd`` or ``pdasgd-block`` experiment (``check_supported``);
+        its backwards read the weights ``simulate.run.backward_weights`` says, as the run's do.
       timing: the timing model, as ``run_simulated`` takes it.
       drain_at: job counts where the run drains (``run_simulated(drain_at_evaluations=True)``).
+      stops_at: done counts where the run may stop (its evaluations): ``Schedule.stops``.
     """
     check_supported(exp)
     config = exp.config
@@ -128,13 +165,24 @@ def record_schedule(exp: Experiment, timing: TimingModel, *, drain_at: Sequence[
     v = exp.variables
     scheduler, log = Scheduler(), EventLog()
     store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), kernels.apply_update)
-    executor = StageExecutor(kernels, store, log=log, clock=lambda: scheduler.now, fuse_jobs=True, seed=config.seed)
+    executor = StageExecutor(
+        kernels,
+        store,
+        log=log,
+        clock=lambda: scheduler.now,
+        backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
+        fuse_jobs=True,
+        seed=config.seed,
+    )
     done: list[tuple[int, int]] = []
     times: list[float] = []
+    stops, stop_counts = {}, set(stops_at)
 
     def on_job_done(job: Job) -> None:
         done.append((job.id, len(log)))
         times.append(scheduler.now)
+        if len(done) in stop_counts:
+            stops[len(done)] = (_utilisation(scheduler, sim.devices, scheduler.now), sim.started)
 
     with paused_collector():  # nothing computed, no cycle made: see ``paused_collector``
         sim = Simulation(
@@ -155,20 +203,25 @@ def record_schedule(exp: Experiment, timing: TimingModel, *, drain_at: Sequence[
         else:
             policies.spawn_configured(sim, config)
         scheduler.run()
-    total = max(times[-1] if times else 0.0, 1e-30)
-    utilisation = {
-        "workers": {p.name: p.busy / total for p in scheduler.processes},
-        "devices": [d.busy / total for d in sim.devices],
-    }
     return Schedule(
         log.events,
         store.num_stages,
         np.asarray(done, np.int64).reshape(-1, 2),
         np.asarray(times),
         executor.staleness,
-        utilisation,
+        _utilisation(scheduler, sim.devices, times[-1] if times else 0.0),
         sim.started,
+        stops,
     )
+
+
+def _utilisation(scheduler: Scheduler, devices: Sequence[Any], now: float) -> dict[str, Any]:
+    """The workers' and devices' busy fractions of ``now`` (``simulation.final_evaluation``'s)."""
+    total = max(now, 1e-30)
+    return {
+        "workers": {p.name: p.busy / total for p in scheduler.processes},
+        "devices": [d.busy / total for d in devices],
+    }
 
 
 def schedule_from_log(events: Sequence[Event], num_stages: int) -> Schedule:
@@ -231,20 +284,24 @@ class Plan:
     def steps(self) -> int:
         return len(self.has_grad)
 
+    def needed_batches(self, first: int) -> np.ndarray:
+        """The batch ids the steps from ``first`` on compute with."""
+        return self.batch[first:][self.has_grad[first:]]
+
 
 def plan_steps(schedule: Schedule, cuts: Sequence[int] = ()) -> Plan:
     """Packs ``schedule`` into steps, with a segment boundary after each done count in ``cuts``
     (and at the end).
 
     Raises:
-      ValueError: the log holds what the compiled path does not run (live backwards,
-        non-trainable state, averaging, several stores), or writes out of version order.
+      ValueError: the log holds what the compiled path does not run (live backwards:
+        ``live_plan.plan_live_steps``; non-trainable state, averaging, several stores), or
+        writes out of version order.
     """
     M, events = schedule.num_stages, schedule.events
-    cuts = sorted({c for c in cuts if 0 < c < len(schedule.done)} | {len(schedule.done)})
-    positions = [int(schedule.done[c - 1, 1]) for c in cuts]
+    cuts, positions = segment_cuts(schedule, cuts)
     version_step: list[list[int]] = [[-1] for _ in range(M)]  # the step writing version v (v = 0: before any)
-    last_update, floor, top, free = [-1] * M, 0, -1, _FreeSteps()
+    last_update, floor, top, free = [-1] * M, 0, -1, FreeSteps()
     reads: dict[int, list[int]] = {}
     batch_of: dict[int, int] = {}
     release: dict[int, int] = {}  # a computed job's first step that holds every version it read
@@ -285,76 +342,43 @@ def plan_steps(schedule: Schedule, cuts: Sequence[int] = ()) -> Plan:
     return _arrays(schedule, cuts, bounds, versions, grads, updates, grad_step, version_step)
 
 
+def segment_cuts(schedule: Schedule, cuts: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The done counts where segments end (``cuts`` within the run, and its end) and the
+    position in the event log of each."""
+    cuts = sorted({c for c in cuts if 0 < c < len(schedule.done)} | {len(schedule.done)})
+    return cuts, [int(schedule.done[c - 1, 1]) for c in cuts]
+
+
 _JOB_KINDS = frozenset({EventKind.START, EventKind.FORWARD, EventKind.LOSS, EventKind.BACKWARD, EventKind.UPDATE})
-
-
-class _FreeSteps:
-    """The steps that compute no gradient yet."""
-
-    def __init__(self):
-        self._next: dict[int, int] = {}  # a booked step -> a later step to look at next
-
-    def first(self, step: int) -> int:
-        """The first free step at or after ``step``."""
-        path = []
-        while step in self._next:
-            path.append(step)
-            step = self._next[step]
-        for booked in path:  # every step from it up to ``step`` is booked
-            self._next[booked] = step
-        return step
-
-    def book(self, release: int, deadline: int) -> int:
-        """Books the latest free step in ``[release, deadline]`` (earlier ones stay free for
-        gradients needed sooner), else the first free one after it."""
-        step = self.first(release)
-        if step <= deadline:
-            step = next(s for s in range(deadline, step - 1, -1) if s not in self._next)
-        self._next[step] = step + 1
-        return step
-
-
-def _grad_slots(steps: np.ndarray, last_use: np.ndarray) -> tuple[np.ndarray, int]:
-    """A slot per gradient such that none is written while an earlier one in it still awaits
-    an update (its ``last_use`` step, inclusive), and the number of slots."""
-    slots, free, busy = np.zeros(len(steps), np.int32), [], []
-    count = 0
-    for i in np.argsort(steps, kind="stable"):
-        while busy and busy[0][0] < steps[i]:
-            heapq.heappush(free, heapq.heappop(busy)[1])
-        slot = heapq.heappop(free) if free else count
-        count = max(count, slot + 1)
-        slots[i] = slot
-        heapq.heappush(busy, (int(last_use[i]), slot))
-    return slots, max(count, 1)
 
 
 def _arrays(schedule, cuts, bounds, versions, grads, updates, grad_step, version_step) -> Plan:
     """The step arrays of the placed ops: ring sizes from the largest lag of every read."""
     M, S = schedule.num_stages, bounds[-1]
+    g_step = np.asarray([s for s, _, _ in grads], np.int64)
+    g_reads = np.asarray([r for _, _, r in grads], np.int64).reshape(-1, M)
+    u_step, u_stage, u_job, u_replaced, u_tau = np.asarray(updates, np.int64).reshape(-1, 5).T
     lags = np.zeros(M, np.int64)
-    for s, _, r in grads:  # a read's lag: versions written before its step, minus the one it read
-        for m in range(M):
-            lags[m] = max(lags[m], bisect.bisect_left(version_step[m], s) - 1 - r[m])
-    for _, m, _, _, tau in updates:
-        lags[m] = max(lags[m], tau)
+    for m in range(M):  # a read's lag: versions written before its step, minus the one it read
+        written = np.searchsorted(np.asarray(version_step[m]), g_step, side="left") - 1
+        lags[m] = max(0, (written - g_reads[:, m]).max(initial=0), u_tau[u_stage == m].max(initial=0))
     K = tuple(int(lag) + 1 for lag in lags)
     index = {job: i for i, job in enumerate(grad_step)}  # gradients in the log's order
+    u_grad = np.asarray([index[int(j)] for j in u_job], np.int64)
     last_use = np.asarray([grad_step[j] for j in grad_step], np.int64)
-    for s, _, job, _, _ in updates:
-        last_use[index[job]] = max(last_use[index[job]], s)
-    slots, G = _grad_slots(np.asarray([s for s, _, _ in grads], np.int64), last_use)
+    np.maximum.at(last_use, u_grad, u_step)
+    slots, G = interval_slots(g_step, last_use)
     has_grad, batch = np.zeros(S, bool), np.zeros(S, np.int64)
     grad_slot, read_slot = np.full(S, G, np.int32), np.zeros((S, M), np.int32)
-    for i, (s, b, r) in enumerate(grads):
-        has_grad[s], batch[s], grad_slot[s] = True, b, slots[i]
-        read_slot[s] = [r[m] % K[m] for m in range(M)]
+    Ks = np.asarray(K, np.int64)
+    has_grad[g_step], batch[g_step], grad_slot[g_step] = True, [b for _, b, _ in grads], slots
+    read_slot[g_step] = g_reads % Ks
     has_update = np.zeros((S, M), bool)
     src, old, tau_of, ugs = (np.zeros((S, M), np.int32) for _ in range(4))
     dst = np.tile(np.asarray(K, np.int32), (S, 1))
-    for s, m, job, k, tau in updates:
-        has_update[s, m], tau_of[s, m], ugs[s, m] = True, tau, slots[index[job]]
-        src[s, m], old[s, m], dst[s, m] = k % K[m], (k - tau) % K[m], (k + 1) % K[m]
+    at, size = (u_step, u_stage), Ks[u_stage]
+    has_update[at], tau_of[at], ugs[at] = True, u_tau, slots[u_grad]
+    src[at], old[at], dst[at] = u_replaced % size, (u_replaced - u_tau) % size, (u_replaced + 1) % size
     loss_step = np.asarray([grad_step[int(j)] for j, _ in schedule.done], np.int64)
     return Plan(
         K,

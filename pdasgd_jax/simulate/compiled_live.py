@@ -1,0 +1,178 @@
+"""The compiled step of a ``live`` plan (``live_plan.LivePlan``): the kernels the event path's
+``LiveExecutor`` runs, in the plan's order.
+
+A step runs at most one job's forward (``kernels.forward(m)`` of every stage at the
+versions it read, then ``kernels.loss_grad``: each stage's input and the loss's cotangent
+go to the job's activation slot), then per stage, from ``M-1`` down to 0, at most one
+backward (``kernels.backward_live(m)`` at the stage's live version, on its job's kept
+input and the cotangent the stage above left: the gradient goes to a gradient slot of
+the stage, the cotangent for the stage below to the job's slot), then each stage's
+update (``compiled_steps.apply_updates``). Operations a step does not run write to the
+scratch slots and keep the optimizer state.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pdasgd_jax.delays import tree_nbytes
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import StageKernels, init_opt_states
+from pdasgd_jax.simulate.compiled_steps import (
+    Batches,
+    Numerics,
+    apply_updates,
+    batch_keys,
+    padder,
+    ring_at,
+    ring_bytes,
+    ring_put,
+    stacked,
+    zeros_like_output,
+)
+from pdasgd_jax.simulate.live_plan import LivePlan
+
+PyTree = Any
+
+
+class LiveCarry(NamedTuple):
+    """What the loop carries: per stage its ring of versions, its optimizer state, its ring of
+    gradients waiting for their updates, and per activation slot each stage's input (``acts``)
+    and the cotangent of its output (``deltas``)."""
+
+    rings: tuple[PyTree, ...]
+    opt_states: tuple[PyTree, ...]
+    grads: tuple[PyTree, ...]
+    acts: tuple[PyTree, ...]
+    deltas: tuple[PyTree, ...]
+
+
+class LiveInputs(NamedTuple):
+    """One step's inputs (``LivePlan``'s arrays for the step, its forward's batch and keys)."""
+
+    x: Any
+    labels: Any
+    key: Any
+    has_forward: Any
+    act_slot: Any
+    read_slot: Any
+    backward_key: Any
+    has_backward: Any
+    live_slot: Any
+    backward_act_slot: Any
+    backward_grad_slot: Any
+    has_update: Any
+    src_slot: Any
+    old_slot: Any
+    dst_slot: Any
+    update_grad_slot: Any
+    tau: Any
+
+
+def _live_step(kernels: StageKernels, states: tuple, carry: LiveCarry, inp: LiveInputs) -> tuple[LiveCarry, jax.Array]:
+    """One step: a job's forward, then each stage's backward (``M-1 .. 0``), then each stage's update."""
+    M = len(carry.rings)
+    read = tuple(ring_at(carry.rings[m], inp.read_slot[m]) for m in range(M))
+
+    def forward() -> tuple[jax.Array, tuple[PyTree, ...], PyTree]:
+        x, inputs = inp.x, []
+        for m in range(M):
+            inputs.append(x)
+            x, _ = kernels.forward(m)(read[m], states[m], x, inp.key)
+        loss, delta = kernels.loss_grad(x, inp.labels)
+        return loss, tuple(inputs), delta
+
+    loss, inputs, delta = jax.lax.cond(inp.has_forward, forward, functools.partial(zeros_like_output, forward))
+    acts = tuple(ring_put(a, x, inp.act_slot) for a, x in zip(carry.acts, inputs))
+    deltas = list(carry.deltas)
+    deltas[M - 1] = ring_put(deltas[M - 1], delta, inp.act_slot)
+    grads = list(carry.grads)
+    for m in reversed(range(M)):
+        slot = inp.backward_act_slot[m]
+        backward = functools.partial(
+            kernels.backward_live(m),
+            ring_at(carry.rings[m], inp.live_slot[m]),
+            states[m],
+            ring_at(acts[m], slot),
+            ring_at(deltas[m], slot),
+            None if inp.backward_key is None else inp.backward_key[m],
+        )
+        g, delta_in = jax.lax.cond(inp.has_backward[m], backward, functools.partial(zeros_like_output, backward))
+        grads[m] = ring_put(grads[m], g, inp.backward_grad_slot[m])
+        if m > 0:
+            deltas[m - 1] = ring_put(deltas[m - 1], delta_in, slot)
+    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, tuple(grads), inp)
+    return LiveCarry(rings, opt_states, tuple(grads), acts, tuple(deltas)), loss
+
+
+def _activations(exp: Experiment) -> tuple[tuple[jax.ShapeDtypeStruct, ...], tuple[jax.ShapeDtypeStruct, ...]]:
+    """Shapes of each stage's input and of its output's cotangent, for one batch."""
+    kernels, v = exp.kernels, exp.variables
+    x, labels = next(exp.train_stream(exp.config.batch_size))
+    key = jax.random.key(0) if kernels.draws_randomness else None
+
+    def forward(x: Any, labels: Any, key: Any) -> tuple[tuple, tuple]:
+        inputs, outputs = [], []
+        for m in range(kernels.num_stages):
+            inputs.append(x)
+            x, _ = kernels.forward(m)(v.params[m], v.states[m], x, key)
+            outputs.append(x)
+        return tuple(inputs), (*outputs[:-1], kernels.loss_grad(x, labels)[1])
+
+    return jax.eval_shape(forward, x, labels, key)
+
+
+def _init_carry(exp: Experiment, plan: LivePlan) -> LiveCarry:
+    """Version 0 in every slot of every ring; zero gradients, activations and cotangents."""
+    params = exp.variables.params
+    inputs, deltas = _activations(exp)
+
+    def zeros(shape: jax.ShapeDtypeStruct) -> jax.Array:
+        return jnp.zeros((plan.act_slots + 1, *shape.shape), shape.dtype)
+
+    return LiveCarry(
+        tuple(stacked(p, k + 1) for p, k in zip(params, plan.ring_sizes)),
+        tuple(init_opt_states(exp.tx, params)),
+        tuple(stacked(p, plan.grad_slots + 1, jnp.zeros_like) for p in params),
+        tuple(jax.tree.map(zeros, a) for a in inputs),
+        tuple(jax.tree.map(zeros, d) for d in deltas),
+    )
+
+
+def _carry_bytes(exp: Experiment, plan: LivePlan) -> int:
+    """Device memory of the plan's rings and its activation slots."""
+    per_slot = sum(tree_nbytes(a) for a in jax.tree.leaves(_activations(exp)))
+    return ring_bytes(plan, exp.variables.params) + (plan.act_slots + 1) * per_slot
+
+
+def _inputs(plan: LivePlan, lo: int, hi: int, length: int, batches: Batches, key: jax.Array | None) -> LiveInputs:
+    """Steps ``lo:hi`` of ``plan``, padded to ``length`` with steps the program does not run."""
+    x, labels = batches.stacked(plan.batch[lo:hi], plan.has_forward[lo:hi], length)
+    padded = padder(lo, hi, length)
+    return LiveInputs(
+        x,
+        labels,
+        batch_keys(key, padded(plan.batch, 0)),
+        padded(plan.has_forward, False),
+        padded(plan.act_slot, plan.act_slots),
+        padded(plan.read_slot, 0),
+        batch_keys(key, padded(plan.backward_batch, 0)),
+        padded(plan.has_backward, False),
+        padded(plan.live_slot, 0),
+        padded(plan.backward_act_slot, plan.act_slots),
+        padded(plan.backward_grad_slot, plan.grad_slots),
+        padded(plan.has_update, False),
+        padded(plan.src_slot, 0),
+        padded(plan.old_slot, 0),
+        padded(plan.dst_slot, np.asarray(plan.ring_sizes, np.int32)),
+        padded(plan.update_grad_slot, 0),
+        padded(plan.tau, 0),
+    )
+
+
+LIVE = Numerics(_live_step, _init_carry, _inputs, _carry_bytes)

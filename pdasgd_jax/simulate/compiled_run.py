@@ -1,0 +1,218 @@
+"""A simulated run on the compiled path (``simulate.compiled``) as ``run_simulated`` reports it:
+segments ending at every evaluation and checkpoint, the metrics rows, early stopping at a
+target, checkpoints, and a resume that goes on compiled.
+
+A compiled checkpoint holds what the compiled loop carries at a segment's end (each
+stage's ring of versions, its optimizer state and its ring of gradients waiting for their
+updates) and the losses already computed of jobs done later, with a digest of the plan.
+The schedule never depends on values, so a resumed run records it again (on the timing
+the run started with), plans the same steps, checks the digest, loads the carry and runs
+the segments after the checkpoint's: bitwise the run it resumes, and so the event-by-event
+run. Its metadata says ``"numerics": "compiled"``; an event-by-event checkpoint
+(``simulate.resume``) holds the store and the in-flight jobs instead, and resumes event by event.
+
+Example::
+
+    result, now, utilisation, staleness = simulate_compiled(exp, metrics, timing, checkpointer=ckpt)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import jax
+import numpy as np
+
+from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.delays import TimingModel
+from pdasgd_jax.executor import EventKind, StalenessStats
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.runners.result import RunResult
+from pdasgd_jax.simulate.compiled import DEFAULT_MEMORY_LIMIT_BYTES, CompiledRun, SegmentEnd, Segments
+from pdasgd_jax.simulate.compiled_steps import Carry
+from pdasgd_jax.simulate.schedule_plan import Schedule, record_schedule
+from pdasgd_jax.simulate.simulation import num_jobs
+
+# The checkpoint metadata's mark of a compiled checkpoint.
+NUMERICS_KEY, COMPILED = "numerics", "compiled"
+EARLY_LOSSES_KEY = "early_losses"
+
+
+def compiled_meta(end: SegmentEnd) -> dict[str, Any]:
+    """What a compiled checkpoint's metadata holds besides the metrics' position: its mark
+    and the losses already computed of jobs done later (floats: exact in JSON)."""
+    return {NUMERICS_KEY: COMPILED, EARLY_LOSSES_KEY: [float(x) for x in end.early_losses]}
+
+
+def is_compiled_checkpoint(checkpointer: RunCheckpointer | None) -> bool:
+    """Whether ``checkpointer``'s newest checkpoint was written by the compiled path."""
+    meta = checkpointer.latest_meta() if checkpointer is not None else None
+    return meta is not None and meta.get(NUMERICS_KEY) == COMPILED
+
+
+def evaluation_jobs(metrics: MetricsLog, batch_size: int, max_jobs: int) -> list[int]:
+    """The done counts at which ``metrics`` evaluates a run of ``max_jobs`` jobs of
+    ``batch_size``, from the run's start."""
+    cuts, next_eval = [], metrics.eval_every
+    for done in range(1, max_jobs + 1):
+        examples = done * batch_size
+        if examples >= next_eval or examples >= metrics.total_examples:
+            cuts.append(done)
+            while next_eval <= examples:
+                next_eval += metrics.eval_every
+    return cuts
+
+
+def checkpoint_jobs(every: int, batch_size: int, max_jobs: int) -> list[int]:
+    """The done counts at which a checkpointer saving every ``every`` examples (0: at
+    evaluations only) is due (``RunCheckpointer.due``), from the run's start."""
+    if not every:
+        return []
+    return sorted({-(-k * every // batch_size) for k in range(1, max_jobs * batch_size // every + 1)})
+
+
+def _digest(segments: Segments, k: int, leaves: list[Any]) -> np.ndarray:
+    """SHA-256 of the plan, the segment ``k`` and the shapes of the values saved there."""
+    plan, digest = segments.plan, hashlib.sha256()
+    digest.update(repr((plan.ring_sizes, plan.grad_slots, k)).encode())
+    for a in (plan.bounds, plan.cuts, plan.batch, plan.read_slot, plan.src_slot, plan.tau, plan.loss_step):
+        digest.update(np.ascontiguousarray(a).tobytes())
+    digest.update(np.asarray(segments.schedule.done_times, np.float64).tobytes())
+    digest.update(repr([(np.shape(l), str(l.dtype)) for l in leaves]).encode())
+    return np.frombuffer(digest.digest(), np.uint8)
+
+
+def capture(segments: Segments, end: SegmentEnd) -> dict[str, Any]:
+    """The checkpoint of a compiled run at segment end ``end``: the carry and a digest (the
+    losses already computed of jobs done later go into its metadata: ``meta``)."""
+    leaves = jax.tree.leaves(end.carry)
+    return {"schedule": _digest(segments, end.index, leaves), "leaves": leaves}
+
+
+def restore(
+    segments: Segments, checkpointer: RunCheckpointer, metrics: MetricsLog
+) -> tuple[int, Carry, np.ndarray] | None:
+    """Loads ``checkpointer``'s newest checkpoint (a compiled one) and rewinds ``metrics`` to
+    it: ``(segment index, carry, early losses)``, or ``None`` when none is left to resume.
+
+    Raises:
+      RuntimeError: the checkpoint is not one of this plan's (another config or timing).
+    """
+    step = checkpointer.latest_step()
+    try:
+        k = segments.segment_of(step)
+    except ValueError as e:
+        raise _diverged(str(e)) from e
+    carry = segments.initial_carry()
+    leaves, treedef = jax.tree.flatten(carry)
+    digest = _digest(segments, k, leaves)
+    like = {
+        "schedule": np.zeros_like(digest),
+        "leaves": [np.zeros(np.shape(l), l.dtype) for l in leaves],
+    }
+    try:
+        restored = checkpointer.resume(like=like, metrics=metrics)
+    except ValueError as e:  # orbax: the saved values do not fit this plan's carry
+        raise _diverged(str(e)) from e
+    if restored is None:
+        return None
+    saved, meta = restored
+    losses = np.asarray(meta.get(EARLY_LOSSES_KEY, ()), np.float32)
+    if not np.array_equal(saved["schedule"], digest) or len(losses) != len(segments.early_losses(k)):
+        raise _diverged("its plan's digest differs")
+    carry = jax.tree.unflatten(treedef, jax.device_put(list(saved["leaves"])))
+    return k, carry, losses
+
+
+def _diverged(why: str) -> RuntimeError:
+    return RuntimeError(
+        f"the compiled checkpoint does not fit the schedule replayed for this run ({why}): resume with the "
+        "same config and timing model (a calibrated one is cached per machine; pass the run's own timing)"
+    )
+
+
+def simulate_compiled(
+    exp: Experiment,
+    metrics: MetricsLog,
+    timing: TimingModel,
+    *,
+    checkpointer: RunCheckpointer | None = None,
+    drain_at_evaluations: bool = False,
+    memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+    schedule: Schedule | None = None,
+) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
+    """``run_simulated``'s asynchronous part (``simulate.run._run_asynchronous``) on the
+    compiled path: the schedule first, then the numerics in segments ending at ``metrics``'s
+    evaluations and ``checkpointer``'s checkpoints, reported and saved as the event-by-event
+    run reports and saves them; resumed, compiled, from ``checkpointer``'s newest checkpoint
+    when it holds one (a compiled one: ``is_compiled_checkpoint``).
+
+    Args:
+      exp: a run the compiled path covers (``schedule_plan.check_supported``).
+      metrics: the run's metrics log.
+      timing: the timing model, as ``run_simulated`` takes it.
+      checkpointer: saves the run when it says a checkpoint is due, and resumes it from its
+        newest checkpoint (``None``: neither).
+      drain_at_evaluations: the run drains at every evaluation.
+      memory_limit_bytes: the most the rings may take (``compiled.ring_bytes``).
+      schedule: the run's schedule, recorded already (``record_schedule(exp, timing,
+        drain_at=...)``); default: recorded here.
+
+    Returns:
+      ``(result, virtual_time, utilisation, staleness)``, as ``_run_asynchronous`` returns them.
+
+    Raises:
+      RingBudgetError: the rings would need more than ``memory_limit_bytes``.
+    """
+    config = exp.config
+    batch = config.batch_size
+    max_jobs = num_jobs(exp.total_examples, batch)
+    evaluations = evaluation_jobs(metrics, batch, max_jobs)
+    every = checkpointer.every if checkpointer is not None else 0
+    if schedule is None:
+        drain_at = evaluations if drain_at_evaluations else ()
+        schedule = record_schedule(exp, timing, drain_at=drain_at, stops_at=evaluations)
+    segments = Segments(
+        exp,
+        schedule,
+        cuts=sorted(set(evaluations) | set(checkpoint_jobs(every, batch, max_jobs))),
+        memory_limit_bytes=memory_limit_bytes,
+    )
+
+    def report(end: SegmentEnd) -> bool:
+        for i, loss in enumerate(end.losses, start=end.done - len(end.losses) + 1):
+            metrics.add_loss(i, loss)
+        examples = end.done * batch
+        evaluated = metrics.observe(
+            step=end.done, examples=examples, params=end.params, states=end.states, virtual_time=end.virtual_time
+        )
+        if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
+            meta = {**metrics.position(end.done, examples), **compiled_meta(end)}
+            checkpointer.save(end.done, capture(segments, end), meta)
+        return not metrics.stop_due
+
+    resumed = restore(segments, checkpointer, metrics) if is_compiled_checkpoint(checkpointer) else None
+    if resumed is None:
+        run = segments.run(segments.initial_carry(), on_segment=report)
+    elif metrics.stop_due:  # the checkpoint was the run's last: stopped at its target
+        k, carry, _ = resumed
+        params, states = segments.current(carry, k), segments.current_states(carry, k)
+        run = CompiledRun(params, states, carry.opt_states, int(segments.plan.cuts[k]), [], segments.plan)
+    else:
+        k, carry, losses = resumed
+        run = segments.run(carry, after=k, losses=losses, on_segment=report)
+    now = float(schedule.done_times[run.done - 1]) if run.done else 0.0
+    examples = run.done * batch
+    if not metrics.rows or metrics.rows[-1]["examples"] != examples:
+        metrics.evaluate(step=run.done, examples=examples, params=run.params, states=run.states, virtual_time=now)
+    staleness, utilisation, started = schedule.staleness, schedule.utilisation, schedule.started
+    if run.done < len(schedule.done):  # stopped early: the updates logged until then, the clock's state then
+        staleness = StalenessStats(schedule.num_stages)
+        for e in schedule.events[: int(schedule.done[run.done - 1, 1])]:
+            if e.kind == EventKind.UPDATE:
+                staleness.add(e.stage, e.staleness)
+        utilisation, started = schedule.stops.get(run.done, (utilisation, started))
+    result = RunResult(run.params, run.states, run.done, examples, {"jobs_started": started})
+    return result, now, utilisation, staleness

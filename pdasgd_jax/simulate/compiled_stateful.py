@@ -1,0 +1,147 @@
+"""The compiled step of a plan with non-trainable state (``stateful_plan.StatefulPlan``): the
+kernels the event path's ``StashedExecutor`` runs for a job, chained in one step.
+
+A step runs at most one job: every stage's ``kernels.forward_stashed(m)`` at the params and
+state versions it read (from the rings of params and of states), ``kernels.loss_grad``, and
+every stage's ``kernels.backward_stashed(m)`` on the forward's VJP; its gradients go to a
+gradient slot, each stateful stage's new state to the slot of the state version it
+commits. Then each stage's update (``compiled_steps.apply_updates``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pdasgd_jax.delays import tree_nbytes
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import StageKernels, init_opt_states
+from pdasgd_jax.simulate.compiled_steps import (
+    Batches,
+    Numerics,
+    apply_updates,
+    batch_keys,
+    padder,
+    ring_at,
+    ring_bytes,
+    ring_put,
+    stacked,
+    zeros_like_output,
+)
+from pdasgd_jax.simulate.stateful_plan import StatefulPlan
+
+PyTree = Any
+
+
+class StatefulCarry(NamedTuple):
+    """What the loop carries: per stage its ring of versions, its optimizer state, its ring of
+    gradients waiting for their updates, and its ring of state versions."""
+
+    rings: tuple[PyTree, ...]
+    opt_states: tuple[PyTree, ...]
+    grads: tuple[PyTree, ...]
+    state_rings: tuple[PyTree, ...]
+
+
+class StatefulInputs(NamedTuple):
+    """One step's inputs (``StatefulPlan``'s arrays for the step, and its job's batch and key)."""
+
+    x: Any
+    labels: Any
+    key: Any
+    has_grad: Any
+    read_slot: Any
+    state_read_slot: Any
+    state_dst_slot: Any
+    grad_slot: Any
+    has_update: Any
+    src_slot: Any
+    old_slot: Any
+    dst_slot: Any
+    update_grad_slot: Any
+    tau: Any
+
+
+def _stateful_step(
+    kernels: StageKernels, states: tuple, carry: StatefulCarry, inp: StatefulInputs
+) -> tuple[StatefulCarry, jax.Array]:
+    """One step: a job's forward, loss and backward chain (to its gradient slot and its new
+    states' slots), then each stage's update. ``states`` is unused: they are in the carry."""
+    M = len(carry.rings)
+    read = tuple(ring_at(carry.rings[m], inp.read_slot[m]) for m in range(M))
+    read_states = tuple(ring_at(carry.state_rings[m], inp.state_read_slot[m]) for m in range(M))
+
+    def job() -> tuple[jax.Array, tuple[PyTree, ...], tuple[PyTree, ...]]:
+        x, vjps, new_states = inp.x, [], []
+        barrier = jax.lax.optimization_barrier
+        for m in range(M):
+            x, new_state, vjp = barrier(kernels.forward_stashed(m)(*barrier((read[m], read_states[m], x)), inp.key))
+            vjps.append(vjp)
+            new_states.append(new_state)
+        loss, delta = barrier(kernels.loss_grad(*barrier((x, inp.labels))))
+        grads = [None] * M
+        for m in reversed(range(M)):
+            grads[m], delta = barrier(kernels.backward_stashed(m)(*barrier((vjps[m], delta))))
+        return loss, tuple(grads), tuple(new_states)
+
+    loss, grads, new_states = jax.lax.cond(inp.has_grad, job, functools.partial(zeros_like_output, job))
+    grad_rings = tuple(ring_put(b, g, inp.grad_slot) for b, g in zip(carry.grads, grads))
+    state_rings = tuple(
+        ring_put(r, s, inp.state_dst_slot[m]) for m, (r, s) in enumerate(zip(carry.state_rings, new_states))
+    )
+    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp)
+    return StatefulCarry(rings, opt_states, grad_rings, state_rings), loss
+
+
+def _init_carry(exp: Experiment, plan: StatefulPlan) -> StatefulCarry:
+    """Version 0 in every slot of every ring of params and of states; zero gradients."""
+    v = exp.variables
+    return StatefulCarry(
+        tuple(stacked(p, k + 1) for p, k in zip(v.params, plan.ring_sizes)),
+        tuple(init_opt_states(exp.tx, v.params)),
+        tuple(stacked(p, plan.grad_slots + 1, jnp.zeros_like) for p in v.params),
+        tuple(stacked(s, k + 1) for s, k in zip(v.states, plan.state_ring_sizes)),
+    )
+
+
+def _carry_bytes(exp: Experiment, plan: StatefulPlan) -> int:
+    """Device memory of the plan's rings of params, gradients and states."""
+    states = sum((k + 1) * tree_nbytes(s) for k, s in zip(plan.state_ring_sizes, exp.variables.states))
+    return ring_bytes(plan, exp.variables.params) + states
+
+
+def _current_states(exp: Experiment, plan: StatefulPlan, carry: StatefulCarry, k: int) -> tuple[PyTree, ...]:
+    """Every stage's current state at the end of segment ``k``."""
+    counts, sizes = plan.state_versions[k], plan.state_ring_sizes
+    return tuple(ring_at(r, int(n) % size) for r, n, size in zip(carry.state_rings, counts, sizes))
+
+
+def _inputs(
+    plan: StatefulPlan, lo: int, hi: int, length: int, batches: Batches, key: jax.Array | None
+) -> StatefulInputs:
+    """Steps ``lo:hi`` of ``plan``, padded to ``length`` with steps the program does not run."""
+    x, labels = batches.stacked(plan.batch[lo:hi], plan.has_grad[lo:hi], length)
+    padded = padder(lo, hi, length)
+    return StatefulInputs(
+        x,
+        labels,
+        batch_keys(key, padded(plan.batch, 0)),
+        padded(plan.has_grad, False),
+        padded(plan.read_slot, 0),
+        padded(plan.state_read_slot, 0),
+        padded(plan.state_dst_slot, np.asarray(plan.state_ring_sizes, np.int32)),
+        padded(plan.grad_slot, plan.grad_slots),
+        padded(plan.has_update, False),
+        padded(plan.src_slot, 0),
+        padded(plan.old_slot, 0),
+        padded(plan.dst_slot, np.asarray(plan.ring_sizes, np.int32)),
+        padded(plan.update_grad_slot, 0),
+        padded(plan.tau, 0),
+    )
+
+
+STATEFUL = Numerics(_stateful_step, _init_carry, _inputs, _carry_bytes, _current_states)

@@ -1,0 +1,211 @@
+"""The compiled loop of a simulated run's numerics (``simulate.compiled``): what it carries,
+the step of a ``stashed`` plan (``schedule_plan.Plan``: a job's gradient as one program,
+then each stage's update), and what every kind of plan's step shares (rings of versions,
+updates, the loop, batches and keys). ``compiled_live`` has the step of a ``live`` plan."""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pdasgd_jax.delays import tree_nbytes
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import StageKernels, init_opt_states
+from pdasgd_jax.simulate.schedule_plan import Plan
+
+PyTree = Any
+
+
+class Carry(NamedTuple):
+    """What the scan carries: per stage its ring of versions, its optimizer state, and its
+    ring of gradients waiting for their updates."""
+
+    rings: tuple[PyTree, ...]
+    opt_states: tuple[PyTree, ...]
+    grads: tuple[PyTree, ...]
+
+
+class StepInputs(NamedTuple):
+    """One step's inputs (``Plan``'s arrays for the step, and its job's batch and key)."""
+
+    x: Any
+    labels: Any
+    key: Any
+    has_grad: Any
+    read_slot: Any
+    grad_slot: Any
+    has_update: Any
+    src_slot: Any
+    old_slot: Any
+    dst_slot: Any
+    update_grad_slot: Any
+    tau: Any
+
+
+def ring_bytes(plan: Plan, params: Sequence[PyTree]) -> int:
+    """Device memory of the plan's rings: ``K_m + 1`` versions per stage, ``G + 1`` gradients."""
+    sizes = [tree_nbytes(p) for p in params]
+    return sum((k + 1) * b for k, b in zip(plan.ring_sizes, sizes)) + (plan.grad_slots + 1) * sum(sizes)
+
+
+def ring_at(ring: PyTree, slot: Any) -> PyTree:
+    return jax.tree.map(lambda r: jax.lax.dynamic_index_in_dim(r, slot, 0, keepdims=False), ring)
+
+
+def ring_put(ring: PyTree, value: PyTree, slot: Any) -> PyTree:
+    return jax.tree.map(lambda r, v: jax.lax.dynamic_update_index_in_dim(r, v, slot, 0), ring, value)
+
+
+def _step(kernels: StageKernels, states: tuple, carry: Carry, inp: StepInputs) -> tuple[Carry, jax.Array]:
+    """One step: the job's gradient (to its gradient slot), then each stage's update."""
+    M = len(carry.rings)
+    read = tuple(ring_at(carry.rings[m], inp.read_slot[m]) for m in range(M))
+    # A step without a gradient (the schedule's gradients come at most one a step) skips it.
+    job = functools.partial(kernels.job_gradients, read, states, inp.x, inp.labels, inp.key)
+    loss, grads = jax.lax.cond(inp.has_grad, job, functools.partial(zeros_like_output, job))
+    grad_rings = tuple(ring_put(b, g, inp.grad_slot) for b, g in zip(carry.grads, grads))
+    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp)
+    return Carry(rings, opt_states, grad_rings), loss
+
+
+def zeros_like_output(fn: Callable[[], PyTree]) -> PyTree:
+    """Zeros shaped like ``fn()``'s output: what a step that skips ``fn`` puts in its place."""
+    return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(fn))
+
+
+def apply_updates(
+    kernels: StageKernels, rings: tuple, opt_states: tuple, grad_rings: tuple, inp: Any
+) -> tuple[tuple, tuple]:
+    """Each stage's update of a step (``inp``'s ``has_update``, ``src_slot``, ``old_slot``,
+    ``dst_slot``, ``update_grad_slot``, ``tau``): ``(rings, opt_states)`` after it; where the
+    step updates no such stage, its result goes to the scratch slot and the optimizer state is kept."""
+    new_rings, new_states = [], []
+    for m in range(len(rings)):
+        params, opt_state = kernels.update(m)(
+            ring_at(rings[m], inp.src_slot[m]),
+            opt_states[m],
+            ring_at(grad_rings[m], inp.update_grad_slot[m]),
+            inp.tau[m],
+            ring_at(rings[m], inp.old_slot[m]),
+        )
+        new_rings.append(ring_put(rings[m], params, inp.dst_slot[m]))
+        keep = functools.partial(jnp.where, inp.has_update[m])
+        new_states.append(jax.tree.map(keep, opt_state, opt_states[m]))
+    return tuple(new_rings), tuple(new_states)
+
+
+def loop_program(kernels: StageKernels, step: Callable) -> Callable[[tuple, Any, Any, Any], tuple[Any, jax.Array]]:
+    """The compiled loop of ``step`` over the first ``n`` of a chunk's steps, ``(states, carry,
+    inputs, n) -> (carry, losses)``: one program per chunk capacity, whatever ``n``; cached
+    per kernels and step."""
+    programs = _PROGRAMS.setdefault(kernels, {})
+    if step not in programs:
+
+        def run(states: tuple, carry: Any, inputs: Any, n: jax.Array) -> tuple[Any, jax.Array]:
+            def body(i: jax.Array, state: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
+                carry, losses = state
+                inp = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, 0, keepdims=False), inputs)
+                carry, loss = step(kernels, states, carry, inp)
+                return carry, losses.at[i].set(loss.astype(losses.dtype))
+
+            losses = jnp.zeros(len(inputs.tau), jnp.float32)
+            return jax.lax.fori_loop(0, n, body, (carry, losses))
+
+        programs[step] = jax.jit(run, donate_argnums=1)
+    return programs[step]
+
+
+_PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def stacked(tree: PyTree, n: int, fill: Callable = lambda a: a) -> PyTree:
+    """``n`` copies of ``tree``'s leaves (``fill`` applied), stacked on a new first axis."""
+    return jax.tree.map(lambda leaf: jnp.array(fill(jnp.broadcast_to(leaf, (n, *jnp.shape(leaf))))), tree)
+
+
+def _init_carry(exp: Experiment, plan: Plan) -> Carry:
+    """Version 0 in every slot of every ring; zero gradients."""
+    params = exp.variables.params
+    rings = tuple(stacked(p, k + 1) for p, k in zip(params, plan.ring_sizes))
+    grads = tuple(stacked(p, plan.grad_slots + 1, jnp.zeros_like) for p in params)
+    return Carry(rings, tuple(init_opt_states(exp.tx, params)), grads)
+
+
+class Batches:
+    """The run's training batches by batch id, from its stream (``Simulation.next_job``'s),
+    keeping only the ``needed`` ones (a resumed run's steps take none of the earlier ones)."""
+
+    def __init__(self, stream: Iterator[tuple[Any, Any]], needed: np.ndarray):
+        first = next(stream)
+        self._needed = {int(b) for b in needed}
+        self._stream, self._next, self._kept = stream, 1, {0: first} if 0 in self._needed else {}
+        self.blank = jax.tree.map(np.zeros_like, first)  # the batch of a step without a gradient
+
+    def take(self, batch_id: int) -> tuple[Any, Any]:
+        while self._next <= batch_id:
+            batch = next(self._stream)
+            if self._next in self._needed:
+                self._kept[self._next] = batch
+            self._next += 1
+        return self._kept.pop(batch_id)
+
+    def stacked(self, ids: np.ndarray, used: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, labels)`` of the batches ``ids`` where ``used`` (blank elsewhere), padded to ``length``."""
+        taken = [self.take(int(b)) if u else self.blank for b, u in zip(ids, used)]
+        return tuple(np.stack(a) for a in zip(*taken, *[self.blank] * (length - len(ids))))
+
+
+def padder(lo: int, hi: int, length: int) -> Callable[[np.ndarray, Any], np.ndarray]:
+    """``(a, fill) ->`` steps ``lo:hi`` of ``a``, padded to ``length`` with ``fill``."""
+    pad = length - (hi - lo)
+    return lambda a, fill: np.concatenate([a[lo:hi], np.broadcast_to(fill, (pad, *a.shape[1:]))])
+
+
+def batch_keys(key: jax.Array | None, batch_ids: np.ndarray) -> jax.Array | None:
+    """Each job's key, ``fold_in(key, batch_id)`` (``StageExecutor``'s), shaped as the ids."""
+    if key is None:
+        return None
+    flat = jnp.asarray(batch_ids.reshape(-1), jnp.uint32)
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, flat).reshape(batch_ids.shape)
+
+
+def _stashed_inputs(plan: Plan, lo: int, hi: int, length: int, batches: Batches, key: jax.Array | None) -> StepInputs:
+    """Steps ``lo:hi`` of ``plan``, padded to ``length`` with steps the program does not run."""
+    x, labels = batches.stacked(plan.batch[lo:hi], plan.has_grad[lo:hi], length)
+    padded = padder(lo, hi, length)
+    return StepInputs(
+        x,
+        labels,
+        batch_keys(key, padded(plan.batch, 0)),
+        padded(plan.has_grad, False),
+        padded(plan.read_slot, 0),
+        padded(plan.grad_slot, plan.grad_slots),
+        padded(plan.has_update, False),
+        padded(plan.src_slot, 0),
+        padded(plan.old_slot, 0),
+        padded(plan.dst_slot, np.asarray(plan.ring_sizes, np.int32)),
+        padded(plan.update_grad_slot, 0),
+        padded(plan.tau, 0),
+    )
+
+
+class Numerics(NamedTuple):
+    """What runs a kind of plan: its ``step``, its initial carry (``init_carry(exp, plan)``),
+    its steps' inputs (``inputs(plan, lo, hi, length, batches, key)``), the memory its carry
+    takes (``carry_bytes(exp, plan)``) and the non-trainable states at a segment's end
+    (``current_states(exp, plan, carry, k)``)."""
+
+    step: Callable
+    init_carry: Callable
+    inputs: Callable
+    carry_bytes: Callable
+    current_states: Callable = lambda exp, plan, carry, k: tuple(exp.variables.states)
+
+
+STASHED = Numerics(_step, _init_carry, _stashed_inputs, lambda exp, plan: ring_bytes(plan, exp.variables.params))

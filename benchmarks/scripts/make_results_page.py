@@ -19,7 +19,7 @@ import pathlib
 import re
 import sys
 
-from benchmarks.scripts import results_accuracy, results_cells, results_runtime
+from benchmarks.scripts import results_accuracy, results_cells, results_runtime, results_simulator
 from benchmarks.scripts.results_common import CLAIM_VS_ASYNC, CLAIM_VS_SYNC, Sources, table
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -194,13 +194,22 @@ def render(root: pathlib.Path = REPO) -> str:
     )
     throughput = results_runtime.throughput_table(root, sources)
     sim_speed = results_runtime.sim_speed_table(root, sources)
+    compiled_speed = results_simulator.compiled_speed_table(root, sources)
+    planner = results_simulator.planner_speed_table(root, sources)
     parts.append(
         _section(
             "Overheads: runtime throughput and simulator speed",
             "",
-            (throughput or "Runtime throughput: no raw file.")
-            + "\n\n"
-            + (sim_speed or "Simulator speed (`sim-speed`): no raw file in `bench_results/` yet."),
+            "\n\n".join(
+                text
+                for text in (
+                    throughput or "Runtime throughput: no raw file.",
+                    compiled_speed,
+                    sim_speed or ("" if compiled_speed else "Simulator speed: no raw file in `bench_results/` yet."),
+                    planner,
+                )
+                if text
+            ),
             "",
         )
     )

@@ -317,7 +317,7 @@ def has_raw(root: pathlib.Path, name: str) -> bool:
 def missing_table(root: pathlib.Path) -> str:
     """The protocols and claims parts whose raw file is not in ``bench_results/``."""
     rows = [
-        {"protocol": name, "command": f"`{command}`", "raw file it writes": f"`{path}`"}
+        {"protocol": name, "command (it writes its raw file under `--out`)": f"`{command}`"}
         for name, (path, command) in EXPECTED_RAW.items()
         if not has_raw(root, name)
     ]

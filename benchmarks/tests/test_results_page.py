@@ -39,7 +39,7 @@ def test_the_committed_page_is_what_the_raw_files_make(page):
 
 
 def test_the_page_is_short_and_cites_every_source_it_lists(page):
-    assert len(page.encode()) <= 32 * 1024
+    assert len(page.encode()) <= 34 * 1024
     tables, sources = page.split("## Sources")
     listed = []
     for first, last in re.findall(r"^\| (S\d+)(?:-(S\d+))? \|", sources, flags=re.MULTILINE):
@@ -95,7 +95,7 @@ def test_an_accelerator_check_and_a_sim_speed_file_get_their_rows(raw_copy, page
     }
     (check / "device_check.json").write_text(json.dumps(report))
     sim = raw_copy / "bench_results" / "sim-speed"
-    sim.mkdir()
+    sim.mkdir(exist_ok=True)
     rate = {"median": 100.0, "min": 90.0, "max": 110.0}
     fast = {"median": 300.0, "min": 250.0, "max": 320.0}
     (sim / "sim-speed.json").write_text(
@@ -245,3 +245,22 @@ def test_the_docs_link_to_sections_the_page_has(page):
         links = re.findall(r"BENCHMARKS\.md#([\w-]+)", (REPO / doc).read_text())
         assert links, doc
         assert set(links) <= anchors, (doc, set(links) - anchors)
+
+
+def test_the_simulator_speed_tables_judge_every_round_against_the_target(raw_copy):
+    folder = raw_copy / "bench_results" / "sim-speed" / "2030-01-01-compiled"
+    folder.mkdir(parents=True)
+    runs = [{"sgd": 100.0, "event": 50.0, "compiled": c, "compiled+schedule": 60.0} for c in (130.0, 110.0, 120.0)]
+    result = {"batch_size": 256, "runs": runs, "loadavg": {"before": [1.5]}}
+    (folder / "asgd.json").write_text(json.dumps({"args": {"algo": "asgd", "repeats": 3}, "results": [result]}))
+    planner = raw_copy / "bench_results" / "schedule-speed" / "2030-01-01"
+    planner.mkdir(parents=True)
+    point = {"algo": "pdasgd", "devices": 16, "runs": [{"jobs_per_minute": j} for j in (0.9e6, 1.2e6, 1.1e6)]}
+    (planner / "schedule_speed.json").write_text(json.dumps({"repeats": 3, "points": [point]}))
+    new = make_results_page.render(raw_copy)
+    # compiled / sgd per round: 1.3, 1.1, 1.2: every round at or above 1.2 is not the case
+    assert (
+        "| asgd | 256 | 3 | 0.50x [0.50, 0.50] | 1.20x [1.10, 1.30] | 0.60x [0.60, 0.60] | >= 1.2x: not settled |"
+        in new
+    )
+    assert "| 1.10 [0.90, 1.20] | not settled |" in new and "after: M jobs/min" in new

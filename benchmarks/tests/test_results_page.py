@@ -258,9 +258,7 @@ def test_the_simulator_speed_tables_judge_every_round_against_the_target(raw_cop
     point = {"algo": "pdasgd", "devices": 16, "runs": [{"jobs_per_minute": j} for j in (0.9e6, 1.2e6, 1.1e6)]}
     (planner / "schedule_speed.json").write_text(json.dumps({"repeats": 3, "points": [point]}))
     new = make_results_page.render(raw_copy)
-    # compiled / sgd per round: 1.3, 1.1, 1.2: every round at or above 1.2 is not the case
-    assert (
-        "| asgd | 256 | 3 | 0.50x [0.50, 0.50] | 1.20x [1.10, 1.30] | 0.60x [0.60, 0.60] | >= 1.2x: not settled |"
-        in new
-    )
+    # compiled / sgd per round: 1.3, 1.1, 1.2, so not every round reaches 1.2
+    row = "| asgd | 256 | 0.50x [0.50, 0.50] | 1.20x [1.10, 1.30] | 0.60x [0.60, 0.60] | >= 1.2x: not settled |"
+    assert row in new
     assert "| 1.10 [0.90, 1.20] | not settled |" in new and "after: M jobs/min" in new

@@ -34,9 +34,21 @@ times do not move with W, k or g3; the report labels it so where its times are t
 gain.
 
 **Serial reference.** Beside every cell the same rows run on the serial device (curve ``(1,)``,
-the ``delays`` protocol's own runs, rates tuned from the protocol's grid as the first gain is),
-labelled ``SERIAL_LABEL``: it is not a point of the gain axis, since it books a stage's update
-when its backward ends where every point of the axis books it at dispatch (review finding 38).
+as the ``delays`` protocol runs them: its grid, seeds, budget and calibration, rates tuned from
+the protocol's grid as the first gain is), labelled ``SERIAL_LABEL``: it is not a point of the
+gain axis, since it books a stage's update when its backward ends where every point of the axis
+books it at dispatch (review finding 38). ``reference.compare`` says per algorithm whether the
+row is the protocol's committed runs (same calibration, rate and times) or what differs (the
+protocol tunes the replicated variants' ``(H, d)``; per-job PD-ASGD is its ``pdasgd-job-delay``).
+
+**Calibration** (``calibrations``). Outside ``--quick`` the map runs only on a calibration already
+in the calibration cache: for the digits cells the ``delays`` protocol's committed one
+(``XDG_CACHE_HOME=bench_results/delays/cache``), for resnet1d the claims' (``bench_results/cache``).
+Before any run it checks each model's fingerprint is cached, and while it runs any measurement
+raises ``MissingCalibration``, naming the fingerprint and the committed ``XDG_CACHE_HOME`` that
+holds it: a calibration measured afresh on a loaded machine moves every time and the meaning of
+k. Every cell records the calibration it ran on (``calibration``: fingerprint, cache, step
+compute, which is the delay unit, and the delay unit in synchronous steps).
 
 **The gain axis and the curve.** The axis is ``g3``, the throughput of three concurrent
 programs: PD-ASGD keeps up to F + B = 3 programs per device, and the MFU figures speak of that
@@ -77,14 +89,29 @@ which the speedup is at least 1 at every grid gain, the gain between ``g_(j-1)``
 where the line through their log speedups crosses 0; "≤ 1.00" when PD-ASGD is at least as fast
 at every gain, "> 2.00" when it is slower at the largest and the speedup rises with the gain (it
 never falls from one grid gain to the next and its intervals at the first and last gains do not
-overlap); without that rise "no crossing on the grid; no trend in g3", and an interpolated
-crossing is marked "(no trend in g3)". Its interval applies the same rule to the interval's
+overlap); without that rise "no crossing on the grid", and an interpolated crossing is marked
+"(not rising)". Its interval applies the same rule to the interval's
 upper edge (its lower end) and lower edge (its upper end): above the upper end PD-ASGD is
 settled faster at every grid gain, and the grid gains whose interval contains 1 are listed; an
-interval from at or below the first gain to above the last is "undetermined". It inverts
+interval from at or below the first gain to above the last is "undetermined", one above the grid
+while grid gains are unsettled "not determined (1 inside the interval at ...)". It inverts
 pointwise intervals: not a simultaneous interval, and no finer than the grid.
 A censored speedup (either side missed the target on a reported seed) is not interpolated and
 counts as unsettled.
+
+**Labels** (``trend``). The gains of a cell share its seeds, so PD-ASGD's time is fitted per seed
+as ``T = a + b / g3`` (``a``: the part the gain does not shrink) and the speedup's change from the
+first gain to the last is tested per seed (paired). Each cell and PD-ASGD row gets one label:
+"inconclusive with N seeds" where PD-ASGD's tuned rate changes over the grid on near-ties
+(``trend.NEAR_TIE``) or the comparison with the best baseline changes side once one seed is left
+out; "rises slowly, no crossing: the part that does not shrink with the gain (a) already exceeds
+the best baseline's time" where it is slower at the last gain and every seed's ``a`` exceeds the
+best baseline's largest mean time on the grid ("does not rise" where the paired change is not
+above 0); otherwise the break-even's wording. The report also states, computed from the rows,
+that only PD-ASGD's programs overlap on this clock (``caveats``), that PD-ASGD is bound by
+waiting and its serial row against its largest gain, the scope, why the intervals are
+unreliable, and the only measured device curve (``cpu_curve``: this machine's CPU, raw file
+``cpu-curve.json`` beside the map's).
 
 **The MFU arithmetic.** The paper's figures as quoted for this study are about 53 % MFU for
 PD-ASGD against 35 % for comparable ASGD (``curves.PAPER_MFU``; the paper's tables were not
@@ -104,13 +131,18 @@ kernels filling a GPU better; reads in place), and that g3 = 1 is not the serial
 
 **Provenance.** The raw JSON records the command (``command``: ``sys.argv`` and the arguments
 parsed), what was requested (``requested``: the cells, gains and shape as given), each cell's
-replica schedules, seeds and starting rates, and its ``run_record``.
+calibration, replica schedules, seeds and starting rates, and its ``run_record``. Its derived
+fields (break-evens, labels, the serial row's comparison) and the markdown are recomputed from
+the raw rows by ``python -m benchmarks.concurrency_map.regenerate --dir DIR``.
 
 Usage::
 
     python -m benchmarks.concurrency_map --out bench_out/concurrency-map --quick
-    python -m benchmarks.concurrency_map --out bench_out/concurrency-map --cells digits
-    python -m benchmarks.concurrency_map --out bench_out/concurrency-map --cells digits:4:0 digits:16:4:job
+    XDG_CACHE_HOME=bench_results/delays/cache \
+        python -m benchmarks.concurrency_map --out bench_out/concurrency-map --cells digits
+    XDG_CACHE_HOME=bench_results/delays/cache \
+        python -m benchmarks.concurrency_map --out bench_out/concurrency-map --cells digits:4:0 digits:16:4:job
+    python -m benchmarks.concurrency_map.cpu_curve --out bench_out/concurrency-map/cpu-curve.json --repeats 4
 
 ``--quick``: the digits MLP at W = 4, k = 1, gains 1.0, 1.5 and 2.0 and the serial row, each
 algorithm at one rate (no tuning), seeds 0 and 1, 3 epochs. ``run`` is the ``STUDIES`` entry
@@ -118,16 +150,23 @@ point (``python -m benchmarks concurrency-map``), the full map or its quick form
 
 Modules: ``curves`` (the gain as a curve, the protocol on it, the MFU arithmetic),
 ``breakeven`` (speedups, crossings, the break-even, the verdict at a gain and their wording),
-``cells`` (a cell at every gain and on the serial device, ``run_cell``), ``report`` (the
-markdown) and ``__main__`` (the command).
+``cells`` (a cell at every gain and on the serial device, ``run_cell``), ``calibrations`` (the
+committed calibrations only), ``trend`` (the per-seed fit, the paired trend and the labels),
+``reference`` (the serial row against the ``delays`` protocol's runs), ``caveats`` (what the
+report states beside the numbers), ``report`` (the markdown), ``regenerate`` (derived fields and
+markdown from the raw rows), ``cpu_curve`` (this machine's measured curve) and ``__main__``
+(the command). resnet1d cells and digits cells need different ``XDG_CACHE_HOME`` values, so they
+run in separate commands.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.concurrency_map import calibrations
 from benchmarks.concurrency_map.breakeven import (
     band_at,
     break_even,
@@ -145,6 +184,7 @@ from benchmarks.concurrency_map.cells import (
     cells_arg,
     default_cells,
     run_cell,
+    setting,
 )
 from benchmarks.concurrency_map.curves import (
     GAINS,
@@ -157,7 +197,7 @@ from benchmarks.concurrency_map.curves import (
     implied_gain,
     with_curve,
 )
-from benchmarks.concurrency_map.report import markdown
+from benchmarks.concurrency_map.report import annotate, markdown
 from pdasgd_jax.bench import json_ready
 
 NAME = "concurrency-map"
@@ -178,8 +218,13 @@ def run_map(
     they share and what was requested (``requested``: the cells, gains and shape as given);
     ``on_cell`` is called with each finished cell (the command appends it to its JSONL).
 
+    Outside ``quick`` the runs use only calibrations already in the calibration cache
+    (``calibrations``); a quick run, a smoke test of the command, measures one if it must.
+
     Raises:
       ValueError: a gain the shape does not allow, before any run.
+      MissingCalibration: outside ``quick``, a cell's calibration is not in the cache, before any
+        run (its message names the fingerprint and the committed ``XDG_CACHE_HOME`` holding it).
     """
     requested = {"cells": [str(s) for s in specs], "gains": list(gains), "shape": shape}
     gains = sorted(gains)
@@ -199,21 +244,30 @@ def run_map(
         "mfu": {"paper": PAPER_MFU, "implied_g3": implied_gain()},
         "cells": [],
     }
-    for spec in specs:
-        result = run_cell(spec, gains, shape, quick=quick, baselines=baselines, tune_schedules=tune_schedules)
-        results["cells"].append(result)
-        if on_cell is not None:
-            on_cell(result)
+    if not quick:  # before any run: every cell's calibration must be a committed one
+        results["calibrations"] = {m: calibrations.check(setting(m, 4, quick=False).protocol) for m in models(specs)}
+    with contextlib.nullcontext() if quick else calibrations.refuse_measuring():
+        for spec in specs:
+            result = run_cell(spec, gains, shape, quick=quick, baselines=baselines, tune_schedules=tune_schedules)
+            results["cells"].append(result)
+            if on_cell is not None:
+                on_cell(result)
     return results
+
+
+def models(specs: list[CellSpec]) -> list[str]:
+    """The models of ``specs``, each once, in their order."""
+    return list(dict.fromkeys(s.model for s in specs))
 
 
 def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     """The ``STUDIES`` entry: the whole map (``quick``: ``QUICK_CELLS`` at ``QUICK_GAINS``)."""
     del out_dir
     specs, gains = (list(QUICK_CELLS), list(QUICK_GAINS)) if quick else (default_cells(), list(GAINS))
-    results = run_map(specs, gains, quick=quick)
+    results = annotate(run_map(specs, gains, quick=quick))
     results["command"] = {"sys_argv": list(sys.argv)}
-    return json_ready(results), markdown(results)
+    raw = json_ready(results)
+    return raw, markdown(raw)
 
 
 __all__ = [

@@ -27,16 +27,16 @@ from benchmarks.concurrency_map import (
     cells_arg,
     curve,
     default_cells,
-    markdown,
     run_map,
 )
 from benchmarks.concurrency_map.breakeven import break_even_text
-from benchmarks.concurrency_map.report import cell_name
+from benchmarks.concurrency_map.calibrations import MissingCalibration
+from benchmarks.concurrency_map.regenerate import CPU_CURVE, write
+from benchmarks.concurrency_map.report import annotate, cell_name
 from benchmarks.delays.protocol import ASYNC_BASELINES
 from pdasgd_jax.bench import json_ready, progress
 from pdasgd_jax.bench.provenance import load_average, run_record
 from pdasgd_jax.config_checks import device_concurrency_curve
-from pdasgd_jax.reporting import write_json_atomic
 
 
 def measured_device(text: str) -> tuple[str, tuple[float, ...]]:
@@ -103,7 +103,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             curve(gain, args.shape)
     except ValueError as e:
         parser.error(str(e))
-    devices = {name: points[min(2, len(points) - 1)] for name, points in args.measured}
     os.makedirs(args.out, exist_ok=True)
     jsonl = os.path.join(args.out, f"{NAME}.jsonl")
 
@@ -114,24 +113,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{cell_name(cell)}: break-even g3 pdasgd {pd}; pdasgd-rep {rep}", flush=True)
 
     load_before, start = load_average(), time.perf_counter()
-    with run_cache.active(run_cache.directory_from_args(args, args.out)), progress.bar(NAME, enabled=args.progress):
-        results = run_map(
-            specs,
-            gains,
-            args.shape,
-            quick=args.quick,
-            baselines=tuple(args.baselines),
-            tune_schedules=args.tune_schedules,
-            on_cell=keep,
-        )
+    try:
+        with run_cache.active(run_cache.directory_from_args(args, args.out)), progress.bar(NAME, enabled=args.progress):
+            results = run_map(
+                specs,
+                gains,
+                args.shape,
+                quick=args.quick,
+                baselines=tuple(args.baselines),
+                tune_schedules=args.tune_schedules,
+                on_cell=keep,
+            )
+    except MissingCalibration as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
     results["command"] = command
     results["measured_devices"] = {name: list(points) for name, points in args.measured}
-    text = markdown(results, devices)
-    record = run_record(__file__, elapsed_s=time.perf_counter() - start, load_before=load_before)
-    write_json_atomic(os.path.join(args.out, f"{NAME}.json"), {**json_ready(results), "run_record": record})
-    with open(os.path.join(args.out, f"{NAME}.md"), "w") as f:
-        f.write(text + "\n")
-    print(text)
+    curve_path, measured_curve = os.path.join(args.out, CPU_CURVE), None
+    if os.path.exists(curve_path):
+        with open(curve_path) as f:
+            measured_curve = json.load(f)
+    annotate(results, measured_curve)
+    results["run_record"] = run_record(__file__, elapsed_s=time.perf_counter() - start, load_before=load_before)
+    print(write(args.out, results))
     return 0
 
 

@@ -15,10 +15,11 @@ Definitions (the package docstring gives the reasons):
   (settled slower). It inverts pointwise 95 % intervals, so it is not a simultaneous interval, and
   it is no finer than the grid.
 * rising: the point speedup never falls from one grid gain to the next and its intervals at the
-  grid's first and last gains do not overlap; otherwise the map shows no trend in g3, and a
-  speedup below 1 at the last gain is "no crossing on the grid; no trend in g3", not a
-  break-even above the grid. A break-even interval from at or below the first gain to above the
-  last is "undetermined".
+  grid's first and last gains do not overlap (unpaired intervals: a trend over seeds the gains
+  share is ``trend.paired_trend``'s); a speedup below 1 at the last gain without that rise is
+  "no crossing on the grid", not a break-even above the grid. A break-even interval from at or
+  below the first gain to above the last is "undetermined"; one that would start above the grid
+  while some grid gains' intervals contain 1 is "not determined (1 inside the interval at ...)".
 * a verdict at a gain (``verdict``) that is the same at every grid gain is printed as holding
   "at every gain on the grid" (``verdict_text``): the gain then does not decide it.
 """
@@ -34,7 +35,7 @@ from benchmarks import log_ratio_ci95
 
 # How a gain relates to the grid: inside it, at or below its first gain, above its last.
 AT, AT_OR_BELOW, ABOVE = "=", "<=", ">"
-NO_TREND = "no crossing on the grid; no trend in g3"
+NO_CROSSING = "no crossing on the grid"
 UNDETERMINED = "undetermined"
 EVERY_GAIN = "at every gain on the grid"
 
@@ -121,17 +122,21 @@ def gain_text(c: dict[str, Any]) -> str:
 
 
 def break_even_text(be: dict[str, Any]) -> str:
-    """A ``break_even`` as the report prints it, ``point [low, high]``: ``NO_TREND`` in place of
-    "> g_n" where the speedup is not ``rising``, "(no trend in g3)" after an interpolated gain
-    where it is not, and ``UNDETERMINED`` for an interval covering the whole axis."""
+    """A ``break_even`` as the report prints it, ``point [low, high]``: ``NO_CROSSING`` in place
+    of "> g_n" where the speedup is not ``rising``, "(not rising)" after an interpolated gain
+    where it is not, ``UNDETERMINED`` for an interval covering the whole axis, and "not
+    determined (1 inside the interval at ...)" for one above the grid while grid gains are unsettled."""
     rising = be.get("rising", False)
     c, (low, high) = be["gain"], be["ci95"]
     if c["bound"] == ABOVE and not rising:
-        point = NO_TREND
+        point = NO_CROSSING
     else:
-        point = gain_text(c) + ("" if rising or c["bound"] != AT else " (no trend in g3)")
+        point = gain_text(c) + ("" if rising or c["bound"] != AT else " (not rising)")
+    unsettled = be.get("unsettled_gains") or []
     if low["bound"] == AT_OR_BELOW and high["bound"] == ABOVE:
         interval = UNDETERMINED
+    elif low["bound"] == ABOVE and unsettled:
+        interval = f"not determined (1 inside the interval at g3 = {', '.join(f'{g:g}' for g in unsettled)})"
     elif low["bound"] == ABOVE and not rising:
         interval = "none on the grid"
     else:

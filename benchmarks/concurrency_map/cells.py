@@ -11,6 +11,7 @@ from typing import Any
 
 from benchmarks import delays
 from benchmarks.claims import common, speedups
+from benchmarks.concurrency_map import calibrations
 from benchmarks.concurrency_map.breakeven import break_even, speedup
 from benchmarks.concurrency_map.curves import curve, curve_spec, with_curve
 from benchmarks.delays.protocol import Protocol
@@ -222,7 +223,9 @@ def run_cell(
         rows.append({"gain": gain, **row})
     serial = {"label": SERIAL_LABEL, **point(spec, s, (1.0,), baselines, s.lrs, schedules)}
     grid = [r["gain"] for r in rows]
-    timing = delays.calibration(s.protocol.base, s.protocol.batch_size).timing
+    calibration = calibrations.record(s.protocol, spec.k)
+    for row in (*rows, serial):
+        row["calibration_fingerprint"] = calibration["fingerprint"]
     return {
         "model": spec.model,
         "workers": spec.workers,
@@ -237,8 +240,9 @@ def run_cell(
         "max_widenings": s.max_widenings,
         "replica_schedules": {a: [list(h) for h in schedules.get(a, own[a])] for a in replicated},
         "replica_schedules_tuned": bool(schedules),
-        "delay_unit_s": timing.step_compute_time(),
-        "k_in_sync_steps": spec.k * delays.delay_in_sync_steps(timing),
+        "calibration": calibration,
+        "delay_unit_s": calibration["delay_unit_s"],
+        "k_in_sync_steps": calibration["k_in_sync_steps"],
         "gains": rows,
         "serial": serial,
         "break_even": break_even(grid, [r["speedup_best"] for r in rows]),

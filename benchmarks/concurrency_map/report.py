@@ -7,7 +7,8 @@ import math
 from typing import Any
 
 from benchmarks import delays
-from benchmarks.concurrency_map.breakeven import NO_TREND, break_even_text, verdict_text
+from benchmarks.concurrency_map import caveats, reference, trend
+from benchmarks.concurrency_map.breakeven import NO_CROSSING, break_even, break_even_text, verdict_text
 from benchmarks.concurrency_map.cells import PD_ROWS, PDASGD, PDASGD_REP
 from benchmarks.concurrency_map.curves import PAPER_MFU, implied_gain
 from pdasgd_jax.compare import markdown_table
@@ -48,7 +49,7 @@ def gain_invariant(c: dict[str, Any]) -> list[str]:
         return []
     return [
         a
-        for a in rows[0]["algos"]
+        for a in sorted(rows[0]["algos"])  # one order, whatever the JSON's
         if a not in PD_ROWS and all(r["algos"][a]["times"] == rows[0]["algos"][a]["times"] for r in rows)
     ]
 
@@ -60,7 +61,7 @@ def algo_label(c: dict[str, Any], algo: str) -> str:
 
 def _point_row(c: dict[str, Any], r: dict[str, Any], gain: str, baselines: tuple[str, ...]) -> dict[str, Any]:
     row = {"cell": cell_name(c), "gain g3": gain, "curve": r["device_concurrency"]}
-    row.update({f"{a} (ms)": delays._fmt(x) for a, x in r["algos"].items()})
+    row.update({f"{a} (ms)": delays._fmt(r["algos"][a]) for a in (*PD_ROWS, *baselines)})
     row["best async"] = r["best_async"]
     for pd in PD_ROWS:
         each, best = (r[key] for key in KEYS[pd][:2])
@@ -86,10 +87,14 @@ def break_even_row(c: dict[str, Any], pd: str, baselines: tuple[str, ...], devic
     grid = [r["gain"] for r in c["gains"]]
     best = [r[KEYS[pd][1]] for r in c["gains"]]
     be, be_vs = c[KEYS[pd][2]], c[KEYS[pd][3]]
+    found = trend.label(c, pd, best)
     row = {
         "cell": cell_name(c),
         "pd-asgd": PD_TEXT[pd],
         "k in sync steps": f"{c['k_in_sync_steps']:.1f}",
+        "label": found["text"] or break_even_text(be),
+        "fit T = a + b/g3 (ms, mean [95 % CI] over seeds)": fit_text(found["fit"]),
+        "paired trend of the speedup, first to last gain": trend_text(found["trend"]),
         "break-even g3 [95 % CI]": break_even_text(be),
         "unsettled at": ", ".join(f"{g:g}" for g in be["unsettled_gains"]) or "-",
         "monotone": "yes" if be["monotone"] else "no",
@@ -102,6 +107,27 @@ def break_even_row(c: dict[str, Any], pd: str, baselines: tuple[str, ...], devic
     return row
 
 
+def fit_text(f: dict[str, Any] | None) -> str:
+    """``trend.fit``'s result as ``a = 16.3 [-3.7, 36.3], b = 9.3 [..]; residual <= 0.3``."""
+    if f is None:
+        return "-"
+
+    def one(x: dict[str, Any]) -> str:
+        lo, hi = x["ci95"]
+        return f"{x['mean'] * 1e3:.1f} [{lo * 1e3:.1f}, {hi * 1e3:.1f}]"
+
+    return f"a = {one(f['a'])}, b = {one(f['b'])}; residual ≤ {f['max_residual'] * 1e3:.2f}"
+
+
+def trend_text(t: dict[str, Any] | None) -> str:
+    """``trend.paired_trend``'s result as a percentage change with its interval and direction."""
+    if t is None:
+        return "-"
+    lo, hi = (100 * (math.exp(x) - 1) for x in t["ci95"])
+    way = "rising" if t["rising"] else "falling" if t["falling"] else "not settled"
+    return f"{100 * (math.exp(t['mean']) - 1):+.0f} % [{lo:+.0f}, {hi:+.0f}] ({way})"
+
+
 def scope_text() -> str:
     """What the map cannot say: one curve for every kernel, reads at dispatch, and gain 1."""
     return (
@@ -110,9 +136,10 @@ def scope_text() -> str:
         "paper's mechanism (small per-layer kernels filling a GPU better than whole-model ones, and reads in "
         "place while a backward updates), which one curve for all kernels cannot express. g3 = 1 is the curve "
         "1,1,1 (three programs at once sharing one program's throughput, read at dispatch), not the serial "
-        "device: the serial reference row of each cell is the delays protocol's own runs on the serial "
-        "device, which books updates as backwards end (review finding 38), with the same rates tuning, shown "
-        "beside the cell and not a point of the gain axis."
+        "device: the serial reference row of each cell runs every algorithm on the serial device as the delays "
+        "protocol does (same grid, seeds, budget and calibration), which books updates as backwards end (review "
+        "finding 38); it is shown beside the cell, not a point of the gain axis, and the notes say per cell which "
+        "of its rows are the delays protocol's committed runs."
     )
 
 
@@ -160,16 +187,51 @@ def header(results: dict[str, Any]) -> str:
         f"intervals; the break-even g3 is where the speedup last rises to 1 on the grid (interpolated on its log), "
         f"its interval where the interval's upper and lower edges do (≤: at or below the grid's first gain, "
         f">: above its last; 'undetermined': from the first gain to above the last); 'rising': the speedup never "
-        f"falls from one gain to the next and its intervals at the first and last gains do not overlap; without "
-        f"a rise a speedup below 1 at the last gain is '{NO_TREND}', not a break-even above the grid; "
-        f"'unsettled at': grid gains whose interval contains 1."
+        f"falls from one gain to the next and its unpaired intervals at the first and last gains do not overlap; "
+        f"without that rise a speedup below 1 at the last gain is '{NO_CROSSING}', not a break-even above the "
+        f"grid; 'unsettled at': grid gains whose interval contains 1. The label of each cell and PD-ASGD row: "
+        f"'{trend.INCONCLUSIVE.format(n='N')}' where PD-ASGD's tuned rate changes over the grid on near-ties "
+        f"(another rate within {trend.NEAR_TIE:.0%} of the pick's tuning time) or the comparison with the best "
+        f"baseline changes side once one seed is left out; 'no crossing: the part that does not shrink with the "
+        f"gain (a) already exceeds the best baseline's time' where PD-ASGD is slower at the last gain and, fitting "
+        f"its time per seed as T = a + b/g3 over the gains (which share seeds), every seed's a exceeds the best "
+        f"baseline's largest mean time on the grid ('rises slowly' where the per-seed change of the log speedup "
+        f"from the first gain to the last has its 95 % interval above 0); otherwise the break-even."
     )
 
 
+def annotate(results: dict[str, Any], cpu_curve: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``results`` (``run_map``'s, or its JSON) with every derived field recomputed from the raw
+    rows, and ``cpu_curve`` (``cpu_curve.measure``'s file) where given; changes ``results``."""
+    baselines = tuple(results["baselines"])
+    for c in results["cells"]:
+        grid = [r["gain"] for r in c["gains"]]
+        if grid:
+            for each, best, be, be_vs in KEYS.values():
+                c[be] = break_even(grid, [r[best] for r in c["gains"]])
+                c[be_vs] = {b: break_even(grid, [r[each][b] for r in c["gains"]]) for b in baselines}
+            c["labels"] = {pd: trend.label(c, pd, [r[KEYS[pd][1]] for r in c["gains"]]) for pd in KEYS}
+        c["serial_reference"] = reference.compare(c)
+    if cpu_curve is not None:
+        results["cpu_curve"] = cpu_curve
+    return results
+
+
 def notes(results: dict[str, Any]) -> list[str]:
-    """A line per cell whose baselines' times do not move with the gain."""
+    """A line per cell on its calibration and its serial row, and per baseline whose times do not
+    move with the gain."""
     out = []
     for c in results["cells"]:
+        cal = c.get("calibration")
+        if cal:
+            out.append(
+                f"- {cell_name(c)}: calibration {cal['fingerprint'][:24]} (XDG_CACHE_HOME={cal['cache']}), step "
+                f"compute (the delay unit) {cal['step_compute_s'] * 1e3:.4f} ms, {cal['delay_unit_in_sync_steps']:.2f} "
+                f"sync steps per unit of k."
+            )
+        if "serial_reference" in c:
+            order = (*PD_ROWS, *results["baselines"])
+            out.append(f"- {cell_name(c)}: serial row: {reference.text(c['serial_reference'], order)}.")
         for algo in gain_invariant(c):
             why = CHAINED if algo == ASGD_3T else "its times do not move with the gain"
             out.append(f"- {cell_name(c)}: {algo}: {why} (the same times at every gain of the grid).")
@@ -189,13 +251,16 @@ def markdown(results: dict[str, Any], devices: dict[str, float] | None = None) -
     parts = [
         header(results),
         scope_text(),
-        mfu_text() + " " + measured,
-        markdown_table(be_rows, list(be_rows[0]) if be_rows else ["cell"]),
+        mfu_text() + " " + measured + " " + caveats.cpu_curve_text(results.get("cpu_curve")),
     ]
+    if results["cells"]:
+        parts += [caveats.scope_text(results), caveats.overlap_text(results), caveats.waiting_text(results)]
+        parts.append(caveats.intervals_text(results))
+    parts.append(markdown_table(be_rows, list(be_rows[0]) if be_rows else ["cell"]))
     for c in results["cells"]:
         rows = gain_rows(c, baselines)
         columns = list(rows[0])
-        rename = {f"{a} (ms)": f"{algo_label(c, a)} (ms)" for a in c["gains"][0]["algos"]} if c["gains"] else {}
+        rename = {f"{a} (ms)": f"{algo_label(c, a)} (ms)" for a in baselines} if c["gains"] else {}
         parts.append(
             markdown_table(
                 [{rename.get(k, k): v for k, v in r.items()} for r in rows], [rename.get(k, k) for k in columns]

@@ -49,17 +49,17 @@ def test_break_even_wording_on_flat_and_rising_series():
     flat = [{"ratio": v, "ci95": [v * 0.8, v / 0.8]} for v in (0.7, 0.72, 0.69, 0.71, 0.7)]
     be = cmap.break_even(GAINS, flat)
     assert be["gain"]["bound"] == breakeven.ABOVE and not be["rising"]
-    assert cmap.break_even_text(be) == f"{breakeven.NO_TREND} [none on the grid]"
-    # a steady rise inside overlapping intervals is no trend either
+    assert cmap.break_even_text(be) == f"{breakeven.NO_CROSSING} [none on the grid]"
+    # a steady rise inside overlapping intervals is not "rising" either
     slight = [{"ratio": v, "ci95": [v * 0.8, v / 0.8]} for v in (0.7, 0.71, 0.72, 0.73, 0.74)]
     assert cmap.break_even(GAINS, slight)["monotone"] and not cmap.break_even(GAINS, slight)["rising"]
-    assert cmap.break_even_text(cmap.break_even(GAINS, slight)).startswith(breakeven.NO_TREND)
+    assert cmap.break_even_text(cmap.break_even(GAINS, slight)).startswith(breakeven.NO_CROSSING)
     rising = cmap.break_even(GAINS, _loglinear(3.0, half=0.1))  # below 1 everywhere, rising out of its noise
     assert rising["rising"] and cmap.break_even_text(rising) == "> 2.00 [> 2.00, > 2.00]"
     crossing = cmap.break_even(GAINS, _loglinear(1.3))
     assert crossing["rising"] and cmap.break_even_text(crossing) == "1.30 [1.10, 1.50]"
     noisy = cmap.break_even(GAINS, [{"ratio": v, "ci95": [v / 2, v * 2]} for v in (1.2, 0.8, 1.1, 1.3, 1.4)])
-    assert cmap.break_even_text(noisy).startswith("1.") and "(no trend in g3)" in cmap.break_even_text(noisy)
+    assert cmap.break_even_text(noisy).startswith("1.") and "(not rising)" in cmap.break_even_text(noisy)
     wide = cmap.break_even(GAINS, [{"ratio": 1.1, "ci95": [0.5, 2.0]} for _ in GAINS])
     assert cmap.break_even_text(wide) == f"≤ 1.00 [{breakeven.UNDETERMINED}]"
 
@@ -204,9 +204,12 @@ def test_rates_are_warm_started_from_the_previous_gain_on_the_grid_lattice(monke
 
     monkeypatch.setattr(delays, "cell", fake)
     timing = types.SimpleNamespace(step_compute_time=lambda: 2e-3, train_step_time=lambda: 1e-3)
-    monkeypatch.setattr(delays, "calibration", lambda base, batch_size: types.SimpleNamespace(timing=timing))
+    cal = types.SimpleNamespace(timing=timing, fingerprint="f" * 64, host="cpu")
+    monkeypatch.setattr(delays, "calibration", lambda base, batch_size: cal)
     result = cells.run_cell(cmap.CellSpec("digits", 4, 1.0, "job"), [1.5, 1.0], "linear", quick=False)
     assert result["k_in_sync_steps"] == pytest.approx(2.0) and result["cell"] == "digits:4:1:job"
+    assert result["calibration"]["fingerprint"] == "f" * 64 and result["calibration"]["step_compute_s"] == 2e-3
+    assert all(r["calibration_fingerprint"] == "f" * 64 for r in (*result["gains"], result["serial"]))
     assert [r["gain"] for r in result["gains"]] == [1.0, 1.5]
     n = len(algos)
     first, second, serial = calls[:n], calls[n : 2 * n], calls[2 * n :]

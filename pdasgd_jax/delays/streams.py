@@ -1,13 +1,16 @@
 """``rng_for``: one independent random stream per (seed, purpose, worker), so that the same
 seed gives bitwise the same delays in the simulator and in the runtime; ``LazyStream``: the
-same stream, its generator made on its first draw."""
+same stream, its generator made on its first draw; ``StreamFamily``: many such streams (one
+per worker of a simulation), their seeds derived together."""
 
 from __future__ import annotations
 
+import functools
 import zlib
 from typing import Any
 
 import numpy as np
+from numpy.random.bit_generator import ISeedSequence
 
 
 def _spawn_key(seed: int, stream_ids: tuple[int | str, ...]) -> tuple[int, ...]:
@@ -45,19 +48,165 @@ class LazyStream:
         rng.exponential(1.0)  # equals rng_for(seed, "delay", "d3/forward0").exponential(1.0)
     """
 
-    __slots__ = ("_generator", "_key", "_seed")
+    # An instance dict besides the slots: each attribute forwarded once is kept there, so a
+    # worker's later draws find it without ``__getattr__`` (one per job of every worker).
+    __slots__ = ("__dict__", "_family", "_generator", "_key", "_seed", "_state")
 
     def __init__(self, seed: int, *stream_ids: int | str):
         self._seed = seed
         self._key = _spawn_key(seed, stream_ids)
         self._generator: np.random.Generator | None = None
+        self._family: StreamFamily | None = None  # derives this stream's seed with its others'
+        self._state: np.ndarray | None = None  # the seed's words, once its family derived them
 
     @property
     def generator(self) -> np.random.Generator:
         """The stream's generator (made on the first call)."""
         if self._generator is None:
-            self._generator = np.random.default_rng(np.random.SeedSequence(self._seed, spawn_key=self._key))
+            if self._state is None and self._family is not None:
+                self._family.derive()
+            if self._state is not None:
+                self._generator = np.random.Generator(np.random.PCG64(_Derived(self._state)))
+            else:
+                self._generator = np.random.default_rng(np.random.SeedSequence(self._seed, spawn_key=self._key))
         return self._generator
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.generator, name)
+        value = getattr(self.generator, name)
+        self.__dict__[name] = value  # a generator's methods and attributes never change
+        return value
+
+
+class StreamFamily:
+    """The streams ``rng_for(seed, *prefix, name)`` of many names (each worker's of a
+    simulation): ``stream(name)`` is a ``LazyStream``, drawing bitwise what ``rng_for``'s
+    generator draws. The first draw of any derives the seed of every stream made so far at
+    once (NumPy's ``SeedSequence`` hashing, vectorised over the streams, checked against
+    ``SeedSequence`` itself), so a worker's first draw costs a generator's construction
+    without its seed's hashing: what a simulation of many thousands of workers pays most in
+    its first jobs.
+
+    Args:
+      seed: the root seed (>= 0).
+      *prefix: the stream ids before the name (e.g. ``"delay"``).
+
+    Example::
+
+        streams = StreamFamily(seed, "delay")
+        rng = streams.stream("d3/forward0")  # draws as rng_for(seed, "delay", "d3/forward0")
+    """
+
+    def __init__(self, seed: int, *prefix: int | str):
+        self._seed = seed
+        self._prefix = prefix
+        _spawn_key(seed, prefix)  # checked at once
+        self._pending: list[LazyStream] = []
+
+    def stream(self, name: int | str) -> LazyStream:
+        """``rng_for(seed, *prefix, name)``'s stream, its generator made on its first draw."""
+        stream = LazyStream(self._seed, *self._prefix, name)
+        stream._family = self
+        self._pending.append(stream)
+        return stream
+
+    def derive(self) -> None:
+        """Derives the seeds of the streams made since the last call (their ``SeedSequence``
+        states): grouped by the length of their keys in 32-bit words, one vectorised pass each."""
+        pending, self._pending = self._pending, []
+        groups: dict[int, tuple[list[LazyStream], list[list[int]]]] = {}
+        for stream in pending:
+            if stream._generator is None and stream._state is None:
+                words = _key_words(stream._key)
+                streams, keys = groups.setdefault(len(words), ([], []))
+                streams.append(stream)
+                keys.append(words)
+        for streams, keys in groups.values():
+            states = _seed_states(self._seed, np.array(keys, np.uint32))
+            first = streams[0]
+            expected = np.random.SeedSequence(self._seed, spawn_key=first._key).generate_state(4, np.uint64)
+            if not np.array_equal(states[0], expected):  # a NumPy whose hashing differs: derive each alone
+                return
+            for stream, state in zip(streams, states, strict=True):
+                stream._state = state
+
+
+class _Derived(ISeedSequence):
+    """A seed sequence whose state is already derived: what ``PCG64`` asks of its seed."""
+
+    def __init__(self, state: np.ndarray):
+        self._state = state
+
+    def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
+        if n_words != 4 or np.dtype(dtype) != np.uint64:
+            raise ValueError(f"a derived seed holds 4 uint64 words, not {n_words} of {np.dtype(dtype)}")
+        return self._state.copy()
+
+
+# NumPy's SeedSequence hashing (numpy/random/bit_generator.pyx), on 32-bit words.
+_MASK = 0xFFFFFFFF
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+
+
+def _words(value: int) -> list[int]:
+    """``value``'s 32-bit words, least significant first (0: one word)."""
+    out = [value & _MASK]
+    while value := value >> 32:
+        out.append(value & _MASK)
+    return out
+
+
+def _key_words(key: tuple[int, ...]) -> list[int]:
+    if max(key) <= _MASK:  # one word each (a CRC-32 always)
+        return list(key)
+    return [w for k in key for w in _words(k)]
+
+
+@functools.lru_cache(maxsize=16)
+def _pool_after_seed(seed: int) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
+    """The pool and hash constant after ``seed``'s first 4 words (padded with zeros, as
+    before a spawn key), and its words beyond them: alike for every stream of one seed."""
+    run = _words(seed)
+    run += [0] * (4 - len(run))
+    h, pool = _INIT_A, []
+    for word in run[:4]:
+        value, h = _hashmix(word, h)
+        pool.append(value)
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                value, h = _hashmix(pool[src], h)
+                pool[dst] = _mix(pool[dst], value)
+    return tuple(pool), h, tuple(run[4:])
+
+
+def _hashmix(value: Any, h: int) -> tuple[Any, int]:
+    value = value ^ h
+    h = (h * _MULT_A) & _MASK
+    value = (value * h) & _MASK
+    return value ^ (value >> 16), h
+
+
+def _mix(x: Any, y: Any) -> Any:
+    result = (_MIX_L * x - _MIX_R * y) & _MASK
+    return result ^ (result >> 16)
+
+
+def _seed_states(seed: int, keys: np.ndarray) -> np.ndarray:
+    """``SeedSequence(seed, spawn_key=key).generate_state(4, np.uint64)`` for each row of
+    ``keys`` (the keys' 32-bit words, all of one length): an ``(n, 4)`` uint64 array."""
+    start, h, extra = _pool_after_seed(seed)
+    keys = keys.astype(np.uint64)  # 64-bit lanes: a 32-bit product never overflows them
+    pool = [np.full(len(keys), word, np.uint64) for word in start]
+    columns = [np.full(len(keys), word, np.uint64) for word in extra] + list(keys.T)
+    for column in columns:
+        for dst in range(4):
+            value, h = _hashmix(column, h)
+            pool[dst] = _mix(pool[dst], value)
+    out, h = [], _INIT_B
+    for i in range(8):
+        value = pool[i % 4] ^ h
+        h = (h * _MULT_B) & _MASK
+        value = (value * h) & _MASK
+        out.append(value ^ (value >> 16))
+    return np.stack([out[2 * i] | (out[2 * i + 1] << np.uint64(32)) for i in range(4)], axis=1)

@@ -107,7 +107,9 @@ class Bookings:
         """The gates of the versions ``job`` pulled (of ``stage`` only, when given) that no
         kernel of it has waited for yet: its next kernel's ``after`` (the kernel that runs on
         them); forgets them."""
-        waits = self._waits.pop(job.id, [])
+        if job.id not in self._waits:
+            return ()
+        waits = self._waits.pop(job.id)
         if stage is not None:
             if rest := [(m, gate) for m, gate in waits if m != stage]:
                 self._waits[job.id] = rest

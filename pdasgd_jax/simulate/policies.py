@@ -67,7 +67,7 @@ a backward, an ASGD job) its worker holds the simulation's one host for that lon
 Worker group ``g`` (ASGD worker or PD-ASGD replica) runs on ``sim.group_devices[g]``;
 its workers are named ``w{g}`` and ``d{g}/forward{i}``, ``d{g}/backward{i}``, as in the
 threaded runtime, so both draw the same delays. An update's device time is charged to
-the worker that pushed it.
+the worker that pushed it. The pushes and the updates they launch are ``pushes``'.
 """
 
 from __future__ import annotations
@@ -77,15 +77,16 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from pdasgd_jax.executor import Job
+from pdasgd_jax.simulate import pushes
 from pdasgd_jax.simulate.bookings import Booking
-from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Kernel, Launch, Put, Sleep, Worker, tokens
-from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
+from pdasgd_jax.simulate.scheduler import Channel, Countdown, Device, Get, Kernel, Put, Sleep, Worker, tokens
+from pdasgd_jax.simulate.simulation import Simulation
 
 
 def reads_at_dispatch(sim: Simulation) -> bool:
     """Whether ``sim``'s workers read and book at dispatch (a device may run several programs
     at once; see the module docstring)."""
-    return sim.timing.device_slots > 1
+    return sim.device_slots > 1
 
 
 def dispatch(
@@ -115,18 +116,17 @@ def dispatch(
     return booked
 
 
-def _fetch(sim: Simulation, job: Job, m: int, device: Device, worker: str, *, backward: bool = False) -> Worker:
-    """Brings stage ``m``'s weights to ``device`` before a kernel reads them there: nothing
-    when it is the stage's home; else the pull's transfer, the read at its start, or, where
-    reads are taken at dispatch (``dispatch`` read it), the transfer alone."""
+def _fetch(sim: Simulation, job: Job, m: int, device: Device, worker: str, *, backward: bool = False) -> Sleep | None:
+    """What brings stage ``m``'s weights to ``device`` before a kernel reads them there (the
+    request to yield; None: nothing to wait for): nothing when it is the stage's home; else
+    the pull's transfer, the read at its start, or, where reads are taken at dispatch
+    (``dispatch`` read it), the transfer alone."""
     if sim.homes[m] is device:
-        return
+        return None
     transfer = sim.costs[device.index].transfer[m]
     if reads_at_dispatch(sim):
-        if transfer:
-            yield Sleep(transfer)
-        return
-    yield Sleep(transfer, functools.partial(sim.bookings.pull, job, m, backward=backward, worker=worker))
+        return Sleep(transfer) if transfer else None
+    return Sleep(transfer, functools.partial(sim.bookings.pull, job, m, backward=backward, worker=worker))
 
 
 def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Worker:
@@ -146,7 +146,8 @@ def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Work
     if ticket is None:
         ticket = sim.scheduler.ticket()
     for m in range(sim.num_stages):
-        yield from _fetch(sim, job, m, device, worker)  # a remote read, also when communication is free
+        if (pull := _fetch(sim, job, m, device, worker)) is not None:  # a remote read, also when it is free
+            yield pull
         yield Kernel(
             device,
             c.forward[m],
@@ -166,7 +167,7 @@ def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, lay
     dispatch, every update is booked (and a ``live`` backward's every read taken) then."""
     ex, c = sim.executor, sim.costs[device.index]
     stages = range(sim.num_stages - 1, -1, -1)
-    applied = Channel(sim.num_stages)
+    applied = Countdown(sim.num_stages, sim.scheduler)
     ticket = sim.scheduler.ticket()
     booked: dict[int, Booking] = {}
     if reads_at_dispatch(sim):
@@ -174,102 +175,21 @@ def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, lay
         booked = yield from dispatch(sim, job, worker, ticket, reads=reads, books=stages, backward=True)
     for m in stages:
         if layerwise and not ex.live and sim.homes[m] is device:
-            yield from _backward_and_update(sim, job, m, device, worker, ticket, booked.get(m))
-            yield Put(applied, m)
+            yield from pushes.backward_and_update(sim, job, m, device, worker, ticket, booked.get(m))
+            applied.arrive()
             continue
-        if ex.live:  # re-linearises at the current weights: pull them if remote
-            yield from _fetch(sim, job, m, device, worker, backward=True)
+        if ex.live and (pull := _fetch(sim, job, m, device, worker, backward=True)) is not None:
+            yield pull  # a live backward re-linearises at the current weights: pulled if remote
         backward = functools.partial(ex.backward_stage, job, m, worker=worker)
         yield Kernel(device, c.backward[m], backward, ticket, sim.bookings.gates(job, m))
         if layerwise:
-            yield from _push(sim, job, m, c.transfer[m], worker, applied, ticket, booked.get(m))
+            yield pushes.push(sim, job, m, c.transfer[m], worker, applied, ticket, booked.get(m))
+            if c.transfer[m]:
+                yield Sleep(c.transfer[m])
     if not layerwise:
-        yield from _push_all(sim, job, c.transfer, worker, ticket, booked)
+        yield from pushes.push_all(sim, job, c.transfer, worker, ticket, booked)
         return
-    for _ in stages:
-        yield Get(applied)
-
-
-def _push_all(
-    sim: Simulation, job: Job, transfer: tuple[float, ...], worker: str, ticket: int, booked: dict[int, Booking]
-) -> Worker:
-    """Pushes every stage's gradient (``M-1..0``) and returns once every update is applied;
-    the updates were dispatched with ``ticket`` (and booked then: ``booked``, where reads are
-    taken at dispatch)."""
-    applied = Channel(sim.num_stages)
-    stages = range(sim.num_stages - 1, -1, -1)
-    for m in stages:
-        yield from _push(sim, job, m, transfer[m], worker, applied, ticket, booked.get(m))
-    for _ in stages:
-        yield Get(applied)
-
-
-def _push(
-    sim: Simulation,
-    job: Job,
-    m: int,
-    transfer: float,
-    worker: str,
-    applied: Channel,
-    ticket: int,
-    booking: Booking | None = None,
-) -> Worker:
-    """Dispatches the job's update of stage ``m`` (its version is booked now, as the runtime
-    books it when it dispatches the update, unless it was at the job's dispatch:
-    ``booking``) and sends ``g_m`` to the stage's home; the update runs there once the
-    gradient has arrived."""
-    if booking is None:
-        booking = sim.bookings.book(m, ticket)
-    yield Launch(_update(sim, job, m, worker, applied, ticket, booking, sim.scheduler.now + transfer))
-    if transfer:
-        yield Sleep(transfer)
-
-
-def _backward_and_update(
-    sim: Simulation, job: Job, m: int, device: Device, worker: str, ticket: int, booking: Booking | None = None
-) -> Worker:
-    """Stage ``m``'s stashed backward and its update as one program on ``device``, the
-    stage's home, once the stage's earlier bookings are written: the runtime's layer-wise
-    backward worker runs a local stage so (``kernels.backward_update_stashed`` under the
-    stage's lock). Its version is booked now (or was, ``booking``, at the job's dispatch),
-    written at the program's end."""
-    lock = sim.stage_locks[m]
-    if booking is None:
-        booking = sim.bookings.book(m, ticket)
-    yield Get(lock if booking.held is None else booking.held)
-    start: list[float] = []
-
-    def backward() -> None:
-        start.append(sim.scheduler.now)
-        sim.executor.backward_stage(job, m, worker=worker)
-
-    yield Kernel(device, sim.costs[device.index].backward_update[m], backward, ticket)
-    sim.executor.update_stage(job, m, worker=worker)
-    sim.bookings.write(booking)
-    if sim.on_update is not None:
-        sim.on_update(UpdateSpan(m, device.index, job.id, start[0], sim.scheduler.now))
-    yield Put(lock, None)
-
-
-def _update(
-    sim: Simulation, job: Job, m: int, worker: str, applied: Channel, ticket: int, booking: Booking, arrival: float
-) -> Worker:
-    """Stage ``m``'s ``booking``: the update of ``job`` on its home device, once the updates
-    booked before it are written (the stage's lock, taken in booking order) and its gradient
-    has arrived (at ``arrival``); tells ``applied`` when written."""
-    home, lock = sim.homes[m], sim.stage_locks[m]
-    yield Get(lock if booking.held is None else booking.held)
-    if arrival > sim.scheduler.now:
-        yield Sleep(arrival - sim.scheduler.now)
-    start: list[float] = []
-    at_start = None if sim.on_update is None else lambda: start.append(sim.scheduler.now)
-    yield Kernel(home, sim.update_costs[m], at_start, ticket)
-    sim.executor.update_stage(job, m, worker=worker)
-    sim.bookings.write(booking)
-    if sim.on_update is not None:
-        sim.on_update(UpdateSpan(m, home.index, job.id, start[0], sim.scheduler.now))
-    yield Put(lock, None)
-    yield Put(applied, m)
+    yield applied
 
 
 def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
@@ -285,7 +205,7 @@ def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
             stages = range(sim.num_stages)
             booked = yield from dispatch(sim, job, name, ticket, reads=stages, books=stages[::-1])
         yield from gradient_program(sim, job, device, name, ticket)
-        yield from _push_all(sim, job, sim.costs[device.index].transfer, name, ticket, booked)
+        yield from pushes.push_all(sim, job, sim.costs[device.index].transfer, name, ticket, booked)
         sim.job_done(job)
         yield sim.idle(rng, compute)
 
@@ -310,7 +230,8 @@ def fused_forward(
     ex = sim.executor
     stages = range(sim.num_stages)
     for m in stages:
-        yield from _fetch(sim, job, m, device, worker)  # a remote read, also when communication is free
+        if (pull := _fetch(sim, job, m, device, worker)) is not None:  # a remote read, also when it is free
+            yield pull
 
     def read_and_compute() -> None:
         for m in stages:
@@ -331,8 +252,9 @@ def forward_worker(
     it before its read, not after (algorithms.md §7)."""
     rng = sim.delay_rng(name)
     compute, share = _pipeline_part(sim, device, 0, layerwise)
+    take_slot = Get(slots)
     while (job := (yield from sim.take_job(name))) is not None:
-        yield Get(slots)
+        yield take_slot
         yield from sim.host_work()
         yield from forward_pass(sim, job, device, name)
         idle = sim.idle(rng, compute, share, job)  # drawn before the job goes on: it carries the draw
@@ -347,9 +269,10 @@ def backward_worker(
     updates; runs until no job will come (it then stays blocked and the simulation ends)."""
     rng = sim.delay_rng(name)
     compute, share = _pipeline_part(sim, device, 1, layerwise)
+    take_job, free_slot = Get(channel), Put(slots, None)
     while True:
-        job = yield Get(channel)
-        yield Put(slots, None)
+        job = yield take_job
+        yield free_slot
         yield from sim.host_work()
         yield from backward_pass(sim, job, device, name, layerwise=layerwise)
         sim.job_done(job)

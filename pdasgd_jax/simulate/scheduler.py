@@ -1,8 +1,8 @@
 """A deterministic discrete-event scheduler on a virtual clock.
 
 Simulated workers are generators that yield requests to the scheduler: device work
-(``Kernel``, here) or idle time, channel operations and launches (``Sleep``, ``Put``,
-``Get``, ``Launch``: ``worker_requests``).
+(``Kernel``) or idle time, channel operations and launches (``Sleep``, ``Put``, ``Get``,
+``Launch``: ``worker_requests``), or a ``Countdown`` (here) to wait for.
 
 ``Kernel(device, work, at_start, dispatched, after)`` is ``work`` seconds of device work.
 The device starts it when a slot is free, every kernel dispatched before it has started
@@ -23,7 +23,9 @@ write of the instant, and a merge that lands at that instant, which every read o
 instant sees); within a phase, events run in the order they were scheduled. (A device running
 one kernel at a time starts a kernel requested while it is idle at once, inside the
 current event, when no other event is scheduled at that instant: the start event would
-have been the next and only one, so the order is the same.)
+have been the next and only one, so the order is the same. Likewise a zero-length ``Sleep``
+with a read at its start resumes its worker right after the read when no write is queued at
+that instant: its wake-up would have been the next event.)
 
 Example::
 
@@ -40,252 +42,66 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 from collections.abc import Callable
 from heapq import heappush
-from typing import Any, NamedTuple
+from typing import Any
 
-from pdasgd_jax.delays import TimingModel
+from pdasgd_jax.simulate.device import AVERAGE as AVERAGE
+from pdasgd_jax.simulate.device import END as END
+from pdasgd_jax.simulate.device import START as START
+from pdasgd_jax.simulate.device import Device as Device
+from pdasgd_jax.simulate.device import Gate as Gate
+from pdasgd_jax.simulate.device import Kernel as Kernel
 from pdasgd_jax.simulate.worker_requests import Channel, Get, Launch, Process, Put, Sleep, Worker
 from pdasgd_jax.simulate.worker_requests import mutex as mutex
 from pdasgd_jax.simulate.worker_requests import tokens as tokens
 
-# Event phases: at one instant, writes, then the averaging's snapshots and instant merges, then reads.
-END, AVERAGE, START = 0, 1, 2
-
-
-class Kernel(NamedTuple):
-    """Device work of ``work`` seconds (at full speed); see the module docstring.
-
-    ``dispatched``: the ticket (``Scheduler.ticket()``) of the moment the kernel was
-    dispatched to the device. A worker that dispatches several programs at once (a job's
-    backward and its updates, as the threaded runtime does: JAX returns from each call at
-    once) requests them one after another on the clock, each when the previous ends, but
-    gives them all the ticket of the burst, so no kernel dispatched later runs between
-    them. None: dispatched when requested.
-
-    ``after``: gates that must be open before it starts; it counts as dispatched no
-    earlier than each gate's ``key`` (what it waits for was dispatched before it).
-    """
-
-    device: Device
-    work: float
-    at_start: Callable[[], Any] | None = None
-    dispatched: int | None = None
-    after: tuple[Gate, ...] = ()
-
-
-class Gate:
-    """A one-shot condition kernels can wait for (``Kernel.after``), opened by
-    ``Scheduler.open``: a stage version booked when its update was dispatched and written at
-    its kernel's end. ``key``: the dispatch ticket of what opens it; a kernel waiting for it
-    is ordered after that (so waits always point back in dispatch order and cannot form a
-    cycle).
-    """
-
-    __slots__ = ("devices", "is_open", "key")
-
-    def __init__(self, key: int):
-        self.key = key
-        self.is_open = False
-        # Devices whose next kernel waits for it, in the order they came to wait (a dict as an
-        # ordered set: thousands of devices may wait for one version of a busy stage).
-        self.devices: dict[Device, None] = {}
-
-
-class _Running:
-    __slots__ = ("proc", "remaining", "started", "work")
-
-    def __init__(self, work: float, proc: Process, started: float):
-        self.remaining = work
-        self.work = work
-        self.proc = proc
-        self.started = started
-
-
-class Device:
-    """A device that runs up to ``timing.device_slots`` kernels at once.
-
-    Running kernels share it: each progresses at ``timing.kernel_rate(n)`` of its solo speed
-    while ``n`` run (``g_n / n`` of the concurrency curve). With the default
-    concurrency 1 the device runs one kernel at a time and the others wait. Waiting
-    kernels start in dispatch order (``Kernel.dispatched``, then first come first served),
-    as a real device runs what its host threads enqueued: no kernel overtakes one dispatched
-    before it. So a read at a kernel's start sees exactly the writes of the kernels
-    dispatched before it, which is what the threaded runtime's read at dispatch gets (its
-    versions are booked at dispatch, and the device computes them in that order;
-    algorithms.md §5).
-    """
-
-    def __init__(self, scheduler: Scheduler, index: int, timing: TimingModel):
-        self.scheduler = scheduler
-        self.index = index
-        self.slots = timing.device_slots
-        self._rate = timing.kernel_rate
-        self._waiting: list[tuple[float, int, Process, Kernel]] = []
-        self._running: list[_Running] = []
-        self._last = 0.0
-        self._generation = 0
-        self._admit_pending = False
-        self._solo_busy = False
-        self.busy = 0.0  # virtual time with at least one kernel running
-        scheduler.devices.append(self)
-        if self.slots == 1:
-            # One kernel at a time (the default): each runs to its end at full speed, so the
-            # shared-rate bookkeeping below reduces to one end event per kernel; this path
-            # computes the same times with much less bookkeeping per kernel.
-            self._admit, self.request = self._admit_solo, self._request_solo
-
-    def request(self, proc: Process, kernel: Kernel) -> None:
-        self._enqueue(proc, kernel)
-        if not self._admit_pending and len(self._running) < self.slots:
-            self._admit_pending = True
-            self.scheduler.call(START, self._admit)
-
-    def _request_solo(self, proc: Process, kernel: Kernel) -> None:
-        sched = self.scheduler
-        heap = sched._heap
-        if (
-            not (self._solo_busy or self._admit_pending or self._waiting)
-            and not sched._stopped
-            and (not heap or heap[0][0] > sched.now)  # ``alone_at_now``, inlined: it runs per kernel
-            and (not kernel.after or _ready(kernel))
-        ):
-            # Nothing else happens at this instant (no write still to come, no other read
-            # first), so starting now is what the admission event would do next.
-            self._start_solo(proc, kernel)
-            return
-        self._enqueue(proc, kernel)
-        if not self._admit_pending and not self._solo_busy:
-            self._admit_pending = True
-            heappush(heap, (sched.now, START, next(sched._seq), self._admit, ()))
-
-    def _enqueue(self, proc: Process, kernel: Kernel) -> None:
-        seq = next(self.scheduler._seq)
-        ticket = seq if kernel.dispatched is None else kernel.dispatched
-        for gate in kernel.after:
-            # What it waits for was dispatched before it: it queues after every kernel of
-            # the writer's burst (the writer's kernel has the gate's ticket and may join the
-            # queue later, behind its stage lock and its gradient's transfer; a waiter with
-            # the same ticket ahead of it could wait for it forever).
-            if gate.key >= ticket:
-                ticket = gate.key + 0.5
-        heapq.heappush(self._waiting, (ticket, seq, proc, kernel))
-
-    def _admit_solo(self) -> None:
-        self._admit_pending = False
-        if self._solo_busy or not self._waiting or (self._waiting[0][3].after and self._blocked()):
-            return
-        _, _, proc, kernel = heapq.heappop(self._waiting)
-        self._start_solo(proc, kernel)
-
-    def _start_solo(self, proc: Process, kernel: Kernel) -> None:
-        if kernel.at_start is not None:
-            kernel.at_start()
-        self._solo_busy = True
-        sched = self.scheduler
-        now = sched.now
-        heappush(sched._heap, (now + kernel.work, END, next(sched._seq), self._finish_solo, (proc, now)))
-
-    def _finish_solo(self, proc: Process, started: float) -> None:
-        self._solo_busy = False
-        sched = self.scheduler
-        elapsed = sched.now - started
-        self.busy += elapsed
-        if self._waiting and not self._admit_pending:
-            self._admit_pending = True
-            heappush(sched._heap, (sched.now, START, next(sched._seq), self._admit, ()))
-        proc.account.busy += elapsed
-        sched.resume(proc)
-
-    def _blocked(self) -> bool:
-        """Whether the next kernel in dispatch order waits for a closed gate; if so the device
-        is woken when it opens. Nothing behind it starts meanwhile: a real device's stream
-        runs its kernels in order and stalls at one whose input is not ready."""
-        for gate in self._waiting[0][3].after:
-            if not gate.is_open:
-                gate.devices[self] = None  # (a device already waiting keeps its place)
-                return True
-        return False
-
-    def wake(self) -> None:
-        """A gate opened: admits the next waiting kernel, in this instant's start phase."""
-        if self._waiting and not self._admit_pending and not self._solo_busy:
-            self._admit_pending = True
-            self.scheduler.call(START, self._admit)
-
-    def _advance(self) -> None:
-        """Charges the work done since the last change of the running set."""
-        now = self.scheduler.now
-        dt = now - self._last
-        if self._running and dt > 0:
-            progress = dt * self._rate(len(self._running))
-            for r in self._running:
-                r.remaining -= progress
-            self.busy += dt
-        self._last = now
-
-    def _reschedule(self) -> None:
-        self._generation += 1  # invalidates the previously scheduled end
-        if self._running:
-            first = min(r.remaining for r in self._running)
-            end = self.scheduler.now + max(first, 0.0) / self._rate(len(self._running))
-            self.scheduler.call_at(end, END, self._finish, self._generation)
-
-    def _admit(self) -> None:
-        self._admit_pending = False
-        self._advance()
-        while self._waiting and len(self._running) < self.slots and not self._blocked():
-            _, _, proc, kernel = heapq.heappop(self._waiting)
-            if kernel.at_start is not None:
-                kernel.at_start()
-            self._running.append(_Running(kernel.work, proc, self.scheduler.now))
-        self._reschedule()
-
-    def _finish(self, generation: int) -> None:
-        if generation != self._generation:
-            return
-        self._advance()
-        first = min(r.remaining for r in self._running)
-        done = [r for r in self._running if r.remaining <= first + 1e-9 * r.work]
-        self._running = [r for r in self._running if r not in done]
-        self._reschedule()
-        if self._waiting and not self._admit_pending:
-            self._admit_pending = True
-            self.scheduler.call(START, self._admit)
-        for r in done:
-            r.proc.account.busy += self.scheduler.now - r.started
-            self.scheduler.resume(r.proc)
-
-
-def _ready(kernel: Kernel) -> bool:
-    return all(gate.is_open for gate in kernel.after)
-
 
 class Scheduler:
-    """The virtual clock and its event heap; drives worker generators (see module docstring)."""
+    """The virtual clock and its events; drives worker generators (see module docstring).
+
+    Events of a later instant wait in a heap ordered by ``(time, phase, sequence number)``.
+    Those of the current instant wait in one first-in first-out queue per phase: the clock
+    moves every event of an instant from the heap to its phase's queue (in heap order) when it
+    reaches that instant, and an event scheduled at the current instant joins its phase's
+    queue behind them, as its sequence number would order it. Most events are scheduled at
+    the instant they run at (wake-ups, admissions, hand-overs), so they cost no heap operation.
+    """
 
     def __init__(self):
         self.now = 0.0
         self.processes: list[Process] = []
         self.devices: list[Device] = []
         self._heap: list[tuple[float, int, int, Callable, tuple]] = []
+        # The current instant's events, per phase, in the order they run: (fn, args).
+        self._ends: collections.deque[tuple[Callable, tuple]] = collections.deque()
+        self._averages: collections.deque[tuple[Callable, tuple]] = collections.deque()
+        self._starts: collections.deque[tuple[Callable, tuple]] = collections.deque()
+        self._queues = (self._ends, self._averages, self._starts)  # indexed by phase
         self._seq = itertools.count()
         self._stopped = False
 
     def call_at(self, time: float, phase: int, fn: Callable, *args: Any) -> None:
-        heappush(self._heap, (time, phase, next(self._seq), fn, args))
+        """Runs ``fn(*args)`` at virtual time ``time`` (not before ``now``), in ``phase``."""
+        if time > self.now:
+            heappush(self._heap, (time, phase, next(self._seq), fn, args))
+        else:
+            self._queues[phase].append((fn, args))
 
     def call(self, phase: int, fn: Callable, *args: Any) -> None:
-        heappush(self._heap, (self.now, phase, next(self._seq), fn, args))
+        """Runs ``fn(*args)`` at the current instant, in ``phase``, after the events already there."""
+        self._queues[phase].append((fn, args))
 
     def open(self, gate: Gate) -> None:
         """Opens ``gate``: the devices whose next kernel waited for it may start it now."""
         gate.is_open = True
-        devices, gate.devices = gate.devices, {}
-        for device in devices:
-            device.wake()
+        devices, gate.devices = gate.devices, None
+        if devices:
+            for device in devices:
+                device.wake()
 
     def ticket(self) -> int:
         """A dispatch ticket for ``Kernel.dispatched``: later than every kernel requested so far."""
@@ -293,13 +109,13 @@ class Scheduler:
 
     def alone_at_now(self) -> bool:
         """Whether the run goes on and no other event is scheduled at the current instant."""
-        return not self._stopped and (not self._heap or self._heap[0][0] > self.now)
+        return not (self._stopped or self._ends or self._averages or self._starts)
 
     def spawn(self, name: str, gen: Worker) -> Process:
         """Starts a worker at the current virtual time."""
         proc = Process(name, gen)
         self.processes.append(proc)
-        self.call(END, self.resume, proc)
+        self._ends.append((self.resume, (proc,)))
         return proc
 
     def stop(self) -> None:
@@ -312,8 +128,25 @@ class Scheduler:
         Returns the virtual time of the last event.
         """
         heap, pop = self._heap, heapq.heappop
-        while heap and not self._stopped:
-            self.now, _, _, fn, args = pop(heap)
+        ends, averages, starts = queues = self._queues
+        while not self._stopped:
+            if ends:
+                fn, args = ends.popleft()
+            elif averages:
+                fn, args = averages.popleft()
+            elif starts:
+                fn, args = starts.popleft()
+            elif heap:
+                self.now, phase, _, fn, args = pop(heap)
+                now = self.now
+                if heap and heap[0][0] == now:  # more at this instant: all to their queues, in order
+                    queues[phase].append((fn, args))
+                    while heap and heap[0][0] == now:
+                        _, phase, _, fn, args = pop(heap)
+                        queues[phase].append((fn, args))
+                    continue
+            else:
+                break
             fn(*args)
         if not self._stopped:
             stuck = [d.index for d in self.devices if d._waiting]
@@ -327,14 +160,14 @@ class Scheduler:
             self._wake(getter)
 
     def _wake(self, proc: Process, value: Any = None) -> None:
-        heappush(self._heap, (self.now, END, next(self._seq), self.resume, (proc, value)))
+        self._ends.append((self.resume, (proc, value)))
 
     def resume(self, proc: Process, value: Any = None) -> None:
         """Advances ``proc`` until it waits: on a device, a sleep or a channel.
 
         Requests are told apart by their exact type (a subclass is handled as its base): this
         loop runs once per request of every worker, the simulator's innermost one."""
-        send, heap, seq = proc.gen.send, self._heap, self._seq
+        send, ends = proc.gen.send, self._ends
         while True:
             try:
                 req = send(value)
@@ -349,10 +182,10 @@ class Scheduler:
                 return
             if kind is Sleep:
                 if req.at_start is not None:
-                    heappush(heap, (self.now, START, next(seq), self._start_sleep, (proc, req)))
+                    self._starts.append((self._start_sleep, (proc, req)))
                     return
                 if req.duration > 0:
-                    heappush(heap, (self.now + req.duration, END, next(seq), self.resume, (proc,)))
+                    self.call_at(self.now + req.duration, END, self.resume, proc)
                     return
             elif kind is Get:
                 ch = req.channel
@@ -361,24 +194,70 @@ class Scheduler:
                     return
                 value, putter = ch.take()
                 if putter is not None:
-                    heappush(heap, (self.now, END, next(seq), self.resume, (putter, None)))
+                    ends.append((self.resume, (putter, None)))
             elif kind is Put:
                 ch = req.channel
                 getter = ch.next_getter()
                 if getter is not None:
-                    heappush(heap, (self.now, END, next(seq), self.resume, (getter, req.item)))
+                    ends.append((self.resume, (getter, req.item)))
                 elif not ch.offer(req.item):
                     ch.wait_put(proc, req.item)
+                    return
+            elif kind is Countdown:
+                if req.left:
+                    req.waiter = proc
                     return
             else:  # Launch
                 self.resume(Process(proc.name, req.worker, proc.account))
 
     def _start_sleep(self, proc: Process, sleep: Sleep) -> None:
         sleep.at_start()
-        heappush(self._heap, (self.now + sleep.duration, END, next(self._seq), self.resume, (proc,)))
+        if sleep.duration > 0 or self._ends or self._stopped:
+            self.call_at(self.now + sleep.duration, END, self.resume, proc)
+        else:  # its wake-up, at this instant's writes, would be the next event: run it now
+            self.resume(proc)
 
 
-_REQUEST_TYPES = (Kernel, Sleep, Get, Put, Launch)
+class Countdown:
+    """``n`` arrivals that one worker waits for: ``yield countdown`` goes on once ``arrive``
+    has been called ``n`` times (at once if it has been), as a worker waits for the updates of
+    its job.
+
+    Its schedule is, event for event, that of a channel each arrival puts an item into and
+    the worker takes ``n`` items from: an arrival while the worker waits queues a check at
+    this instant's writes (a channel's wake-up of its getter), later arrivals before that
+    check runs queue nothing (a channel stores their items), and the check resumes the
+    worker once none is left to come (else it waits on, as a getter that found the channel
+    empty again). Only the checks that leave the worker waiting cost less: no worker resumes.
+
+    Args:
+      n: the arrivals to wait for.
+      scheduler: the clock whose events run the checks.
+    """
+
+    __slots__ = ("_checking", "_scheduler", "left", "waiter")
+
+    def __init__(self, n: int, scheduler: Scheduler):
+        self.left = n
+        self._scheduler = scheduler
+        self.waiter: Process | None = None  # set by the scheduler when the worker waits
+        self._checking = False
+
+    def arrive(self) -> None:
+        """One arrival (an update of the job written)."""
+        self.left -= 1
+        if self.waiter is not None and not self._checking:
+            self._checking = True
+            self._scheduler.call(END, self._check)  # a wake-up, among the instant's writes
+
+    def _check(self) -> None:
+        self._checking = False
+        if not self.left:
+            proc, self.waiter = self.waiter, None
+            self._scheduler.resume(proc)
+
+
+_REQUEST_TYPES = (Kernel, Sleep, Get, Put, Countdown, Launch)
 _REQUESTS = frozenset(_REQUEST_TYPES)
 
 
@@ -387,4 +266,4 @@ def _request_kind(proc: Process, req: Any) -> type:
     for kind in _REQUEST_TYPES:
         if isinstance(req, kind):
             return kind
-    raise TypeError(f"worker {proc.name} yielded {req!r}, not a Kernel, Sleep, Put, Get or Launch")
+    raise TypeError(f"worker {proc.name} yielded {req!r}, not a Kernel, Sleep, Put, Get, Countdown or Launch")

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
-from pdasgd_jax.delays.streams import LazyStream
+from pdasgd_jax.delays.streams import LazyStream, StreamFamily
 from pdasgd_jax.executor import Job, StageExecutor
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.placement import Placement
@@ -101,8 +101,10 @@ class Simulation:
         self.scheduler = scheduler
         self.executor = executor
         self.timing = timing
+        self.device_slots = timing.device_slots  # read per job part (``policies.reads_at_dispatch``)
         self.delay = delay
         self.seed = seed
+        self._delay_streams = StreamFamily(seed, "delay")  # see ``delay_rng``
         self.max_jobs = max_jobs
         self.num_stages = executor.store.num_stages
         self.devices = [Device(scheduler, d, timing) for d in range(num_devices)]
@@ -112,6 +114,8 @@ class Simulation:
         self.homes = [self.devices[home] for home in self.placement.homes()]
         self.update_costs = tuple(timing.update_time(m, home.index) for m, home in enumerate(self.homes))
         self.stage_locks: list[Channel] = [mutex() for _ in range(self.num_stages)]
+        # Each stage lock's ``Get`` and ``Put`` (taken and given back once per update).
+        self.lock_requests = [(Get(lock), Put(lock, None)) for lock in self.stage_locks]
         # The process's one host (timing.host_dispatch): its workers' host time, one at a time.
         self.host = mutex()
         # Versions booked at an update's dispatch, written at its end (reads get the booked ones).
@@ -263,8 +267,9 @@ class Simulation:
 
     def delay_rng(self, worker: str) -> LazyStream:
         """``worker``'s delay stream, ``rng_for(seed, "delay", worker)``, made on its first draw
-        (most workers of a simulation of many devices never get a job)."""
-        return LazyStream(self.seed, "delay", worker)
+        (most workers of a simulation of many devices never get a job), its seed derived with
+        those of the workers' streams made before it (``StreamFamily``)."""
+        return self._delay_streams.stream(worker)
 
     def idle(
         self, rng: np.random.Generator | LazyStream, compute: float, share: float = 1.0, job: Job | None = None

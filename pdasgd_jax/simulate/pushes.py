@@ -1,0 +1,98 @@
+"""A worker's updates of the shared store: pushing a gradient to its stage's home device,
+the update that runs there, and a local stage's backward and update as one program.
+
+The rules (algorithms.md §3, §5; ``policies``' module docstring): an update's version is
+booked when it is dispatched (``sim.bookings``) and written at its kernel's end; it takes
+its stage's lock right after booking and holds it until the write, so a stage's updates are
+written in booking order, one at a time, on the stage's home device; a pushing worker does
+not wait for its update kernel, and a job is done once all of its updates are written (its
+``Countdown``).
+"""
+
+from __future__ import annotations
+
+from pdasgd_jax.executor import Job
+from pdasgd_jax.simulate.bookings import Booking
+from pdasgd_jax.simulate.scheduler import Countdown, Device, Get, Kernel, Launch, Sleep, Worker
+from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
+
+
+def push_all(
+    sim: Simulation, job: Job, transfer: tuple[float, ...], worker: str, ticket: int, booked: dict[int, Booking]
+) -> Worker:
+    """Pushes every stage's gradient (``M-1..0``) and returns once every update is applied;
+    the updates were dispatched with ``ticket`` (and booked then: ``booked``, where reads are
+    taken at dispatch)."""
+    applied = Countdown(sim.num_stages, sim.scheduler)
+    for m in range(sim.num_stages - 1, -1, -1):
+        yield push(sim, job, m, transfer[m], worker, applied, ticket, booked.get(m))
+        if transfer[m]:
+            yield Sleep(transfer[m])
+    yield applied
+
+
+def push(
+    sim: Simulation,
+    job: Job,
+    m: int,
+    transfer: float,
+    worker: str,
+    applied: Countdown,
+    ticket: int,
+    booking: Booking | None = None,
+) -> Launch:
+    """Dispatches the job's update of stage ``m`` (its version is booked now, as the runtime
+    books it when it dispatches the update, unless it was at the job's dispatch:
+    ``booking``), to run on the stage's home once ``g_m`` has arrived there, ``transfer``
+    seconds from now: the request to yield, before the worker sends ``g_m`` (a ``Sleep`` of
+    ``transfer``, when not 0)."""
+    if booking is None:
+        booking = sim.bookings.book(m, ticket)
+    return Launch(_update(sim, job, m, worker, applied, ticket, booking, sim.scheduler.now + transfer))
+
+
+def backward_and_update(
+    sim: Simulation, job: Job, m: int, device: Device, worker: str, ticket: int, booking: Booking | None = None
+) -> Worker:
+    """Stage ``m``'s stashed backward and its update as one program on ``device``, the
+    stage's home, once the stage's earlier bookings are written: the runtime's layer-wise
+    backward worker runs a local stage so (``kernels.backward_update_stashed`` under the
+    stage's lock). Its version is booked now (or was, ``booking``, at the job's dispatch),
+    written at the program's end."""
+    acquire, release = sim.lock_requests[m]
+    if booking is None:
+        booking = sim.bookings.book(m, ticket)
+    yield acquire if booking.held is None else Get(booking.held)
+    start: list[float] = []
+
+    def backward() -> None:
+        start.append(sim.scheduler.now)
+        sim.executor.backward_stage(job, m, worker=worker)
+
+    yield Kernel(device, sim.costs[device.index].backward_update[m], backward, ticket)
+    sim.executor.update_stage(job, m, worker=worker)
+    sim.bookings.write(booking)
+    if sim.on_update is not None:
+        sim.on_update(UpdateSpan(m, device.index, job.id, start[0], sim.scheduler.now))
+    yield release
+
+
+def _update(
+    sim: Simulation, job: Job, m: int, worker: str, applied: Countdown, ticket: int, booking: Booking, arrival: float
+) -> Worker:
+    """Stage ``m``'s ``booking``: the update of ``job`` on its home device, once the updates
+    booked before it are written (the stage's lock, taken in booking order) and its gradient
+    has arrived (at ``arrival``); tells ``applied`` when written."""
+    home, (acquire, release) = sim.homes[m], sim.lock_requests[m]
+    yield acquire if booking.held is None else Get(booking.held)
+    if arrival > sim.scheduler.now:
+        yield Sleep(arrival - sim.scheduler.now)
+    start: list[float] = []
+    at_start = None if sim.on_update is None else lambda: start.append(sim.scheduler.now)
+    yield Kernel(home, sim.update_costs[m], at_start, ticket)
+    sim.executor.update_stage(job, m, worker=worker)
+    sim.bookings.write(booking)
+    if sim.on_update is not None:
+        sim.on_update(UpdateSpan(m, home.index, job.id, start[0], sim.scheduler.now))
+    yield release
+    applied.arrive()

@@ -206,15 +206,16 @@ class Config:
     )
     quorum: int = _field(
         0,
-        "--algo sync with --simulate: a step proceeds once K of its devices' gradients have arrived; the "
-        "late ones are dropped and counted (0 < K <= devices; 0: every device's)",
+        "--algo sync or local with --simulate: a step proceeds once K of its devices' gradients have arrived, "
+        "the late ones dropped and counted (local: an average closes with the K earliest replicas, a late one "
+        "merging into the next) (0 < K <= devices; 0: all)",
         group="delays",
     )
     deadline: str = _field(
         "none",
-        "--algo sync with --simulate: adaptive closes each step at the median plus 3 x 1.4826 median "
-        "absolute deviations (Hampel's rule: about 3 standard deviations) of the last 20 steps' gradient "
-        "arrival times, dropping and counting the later ones",
+        "--algo sync or local with --simulate: adaptive closes each step (local: each average) at the median "
+        "plus 3 x 1.4826 median absolute deviations (Hampel's rule: about 3 standard deviations) of the last 20 "
+        "arrival times; sync drops the later gradients, local merges late replicas into the next average",
         ("none", "adaptive"),
         group="delays",
     )
@@ -222,7 +223,7 @@ class Config:
         None,
         "fleet events at fractions of the run, e.g. slow:2x4@0.2-0.4,leave:3@0.3,join:3@0.6,crash:5@0.5, "
         "or a seeded churn model, churn:leave=0.1,join=0.5,slow=0.2x3,seed=7 (docs/algorithms.md, Fleet "
-        "events); --algo sync with --simulate",
+        "events); --algo sync or local with --simulate, async-local crash events",
         group="delays",
     )
     straggler_devices: int = _field(

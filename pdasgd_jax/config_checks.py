@@ -139,10 +139,11 @@ def check(config: Any) -> None:
     _check_outer(config)
     if config.algo == ASYNC_LOCAL:
         _check_async_local(config)
-    if config.event_log and config.algo not in EVENT_LOG_ALGOS:
+    if config.event_log and config.algo not in (*EVENT_LOG_ALGOS, ASYNC_LOCAL):
         raise ValueError(
             f"--event-log records the reads and updates of versioned parameter stores: "
-            f"{', '.join(EVENT_LOG_ALGOS)} have one, --algo {config.algo} does not"
+            f"{', '.join(EVENT_LOG_ALGOS)} have one (and {ASYNC_LOCAL} logs its server's arrivals), "
+            f"--algo {config.algo} does not"
         )
     if config.event_log and not config.out:
         raise ValueError("--event-log writes events.jsonl into the run directory: give --out DIR")
@@ -248,14 +249,6 @@ def _check_fragments(config: Any) -> None:
 def _check_async_local(config: Any) -> None:
     """What ``--algo async-local`` does not take yet, or does not take at all (each flag it
     would otherwise ignore is refused, naming what to do instead)."""
-    if config.checkpoint_every:
-        raise ValueError(
-            f"--checkpoint-every {config.checkpoint_every}: --algo async-local writes no checkpoints yet "
-            "(every replica's model and inner state and the rounds in flight would have to be saved); "
-            "drop the flag"
-        )
-    if config.event_log:
-        raise ValueError("--event-log is not supported by --algo async-local yet; drop the flag")
     if config.delay_steps is not None:
         raise ValueError(
             f"--delay-steps {config.delay_steps} applies to --algo dasgd; async-local's replicas send their "
@@ -289,6 +282,28 @@ def _check_async_local(config: Any) -> None:
         )
 
 
+def _check_async_local_fleet(config: Any, given: list[str]) -> None:
+    """``--fleet`` for ``--algo async-local`` (threads and clock): ``crash`` events only, each
+    on a replica; ``--quorum`` and ``--deadline`` have no step to act on."""
+    if config.quorum or config.deadline != "none":
+        raise ValueError(
+            f"{', '.join(given)}: --quorum and --deadline size a synchronous step; async-local's server applies "
+            "each arrival as it comes: drop them"
+        )
+    from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
+
+    spec = parse_fleet(config.fleet)
+    others = [f"slow:{w.device}x{w.factor:g}@{w.start:g}-{w.end:g}" for w in spec.slow]
+    others += [f"{e.kind}:{e.device}@{e.at:g}" for e in spec.presence if e.kind != "crash"]
+    if spec.churn is not None or others:
+        named = "churn" if spec.churn is not None else ", ".join(others)
+        raise ValueError(
+            f"--fleet {config.fleet}: --algo {ASYNC_LOCAL} takes crash:R@POS events only so far (a replica that "
+            f"stops mid-round), not {named}"
+        )
+    spec.events(config.replicas or config.devices or 1)
+
+
 # What a field's declared type accepts: integers of any kind (Python or NumPy) for ``int``, any
 # real number for ``float``, never a bool for either.
 _KINDS = {"int": (numbers.Integral, "an integer"), "float": (numbers.Real, "a number"), "str": (str, "a string")}
@@ -311,7 +326,7 @@ def _check_type(name: str, declared: str, value: Any) -> None:
 # Where --fleet, --quorum and --deadline are not implemented yet: the event-driven clock (its
 # devices would stretch a kernel by the slow windows it crosses), the averaging clocks, and every
 # real run (real sync is one SPMD program whose all-reduce waits for every device).
-FLEET_NOT_YET = "sgd, asgd, pdasgd, pdasgd-block, local, dasgd, lpp, async-local, and every run without --simulate"
+FLEET_NOT_YET = "sgd, asgd, pdasgd, pdasgd-block, dasgd, lpp, every run without --simulate (async-local: crash only)"
 
 
 def _check_fleet_and_quorum(config: Any) -> None:
@@ -331,15 +346,23 @@ def _check_fleet_and_quorum(config: Any) -> None:
     ]
     if not given:
         return
-    if config.algo != "sync" or not config.simulate:
+    if config.algo == ASYNC_LOCAL:
+        _check_async_local_fleet(config, given)
+        return
+    if config.algo not in ("sync", "local") or not config.simulate:
         run = f"--algo {config.algo}" + ("" if config.simulate else " without --simulate")
         if config.algo == "sync":
             run += ", whose real steps are one SPMD program with an all-reduce that waits for every device"
         raise ValueError(
             f"{', '.join(given)}: implemented for --algo sync --simulate only so far, not for {run} "
-            f"(not yet: {FLEET_NOT_YET})"
+            f"(--algo local --simulate takes them too; not yet: {FLEET_NOT_YET})"
         )
-    devices = config.devices or 1
+    if config.algo == "local" and (config.fragments > 1 or config.outer_optimizer != "none"):
+        raise ValueError(
+            f"{', '.join(given)}: local SGD under a fleet or a straggler policy takes one fragment and no outer "
+            f"optimizer so far, not --fragments {config.fragments} --outer-optimizer {config.outer_optimizer}"
+        )
+    devices = (config.replicas or config.devices or 1) if config.algo == "local" else (config.devices or 1)
     if config.fleet:
         from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
 

@@ -13,6 +13,11 @@ A line is an ``executor.Event`` with the fields its kind does not set (-1, ``""`
     {"seq": 1, "kind": "forward", "job": 0, "stage": 0, "params_version": 0, "state_version": 0, ...}
     {"seq": 9, "kind": "update", "job": 0, "stage": 2, "replaced_version": 0, ...}
 
+An ``--algo async-local`` run logs the server's arrivals instead, one ``Arrival`` per line
+(``ArrivalLogFile``, read back by ``read_arrivals``)::
+
+    {"kind": "arrival", "seq": 0, "replica": 1, "round": 0, "steps": 4, "positions": [1, 3, 5, 7], ...}
+
 The writer holds a lock while it numbers and writes an event, so the file's order is the
 ``seq`` order. It writes through a buffer, flushed at least every ``FLUSH_EVERY_S`` seconds
 and when it is closed (at the end of the run, also when it fails or is interrupted):
@@ -31,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 import jax
 import numpy as np
@@ -181,3 +186,97 @@ def load_final_variables(out: str) -> dict[str, np.ndarray] | None:
         return None
     with np.load(path) as f:
         return {k: f[k] for k in f.files}
+
+
+ARRIVAL = "arrival"  # the one kind of line in an async-local run's log
+
+
+class Arrival(NamedTuple):
+    """One line of an ``--algo async-local`` run's log: an arrival the server applied.
+
+    The server's version ``n`` is its model after ``n`` arrivals (version 0: the initial
+    model), so the ``n``-th line (``seq`` ``n``) produces version ``n + 1``.
+
+    Attributes:
+      seq: its place in the server's order.
+      replica: the replica ``r`` that sent it.
+      round: the replica's round it ends (0: its first), counted by the rounds it opened.
+      steps: local steps of the stretch it ends (the whole round with one fragment).
+      positions: the stream positions of those steps' batches, one per step.
+      first_step: the replica's local steps before the stretch (its randomness' step index).
+      pulled: the server version the stretch started from.
+      version: the server version it produced (``seq + 1``).
+      fragment: the streaming fragment it sends (0: the whole model, with one fragment).
+      pulled_fragment: the fragment whose pull the stretch started from (``-1``: none, the
+        replica's first stretch; with one fragment, ``0`` after its first round).
+      opens: ``H_r`` if the stretch opens a round of the replica, else 0.
+      time: the run's clock when it was applied (virtual seconds on the clock).
+    """
+
+    seq: int
+    replica: int
+    round: int
+    steps: int
+    positions: tuple[int, ...]
+    first_step: int
+    pulled: int
+    version: int
+    fragment: int = 0
+    pulled_fragment: int = -1
+    opens: int = 0
+    time: float = 0.0
+
+
+class ArrivalLogFile(EventLogFile):
+    """An async-local run's ``events.jsonl``: one ``Arrival`` per line, in the server's order
+    (``record_arrival``), buffered and flushed as ``EventLogFile`` is.
+
+    Example::
+
+        with ArrivalLogFile("runs/a/events.jsonl") as log:
+            log.record_arrival(Arrival(0, replica=1, round=0, steps=4, positions=(1, 3, 5, 7),
+                                       first_step=0, pulled=0, version=1, opens=4))
+    """
+
+    def record_arrival(self, arrival: Arrival) -> None:
+        """Writes ``arrival`` as the next line; its ``seq`` must be the lines written so far."""
+        fields = {"kind": ARRIVAL, **arrival._asdict()}
+        fields["positions"] = list(arrival.positions)
+        with self._lock:
+            if arrival.seq != self._count:
+                raise ValueError(f"arrival seq {arrival.seq} logged as line {self._count}: out of the server's order")
+            self._file.write(_ENCODER.encode(fields) + "\n")
+            self._count += 1
+            now = time.monotonic()
+            if now - self._flushed_at >= self._flush_every_s:
+                self._file.flush()
+                self._flushed_at = now
+
+
+def read_arrivals(path: str) -> tuple[list[Arrival], str | None]:
+    """An async-local run's log: its arrivals in ``seq`` order, and the start of a last line
+    cut short (a run killed mid-write), or None.
+
+    Raises:
+      ValueError: a line other than the last is not an arrival, or the ``seq`` numbers are
+        not 0, 1, 2, ..., naming the line.
+    """
+    arrivals: list[Arrival] = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.endswith("\n"):
+                return arrivals, line[:80]
+            try:
+                fields = json.loads(line)
+                if not isinstance(fields, dict) or fields.pop("kind") != ARRIVAL:
+                    raise ValueError(f"not an {ARRIVAL!r} line")
+                arrival = Arrival(**{**fields, "positions": tuple(fields["positions"])})
+            except (ValueError, TypeError, KeyError) as e:
+                raise ValueError(f"{path} line {number} is not an arrival ({e}): {line[:80]!r}") from None
+            if arrival.seq != len(arrivals) or arrival.version != arrival.seq + 1:
+                raise ValueError(
+                    f"{path} line {number} has seq {arrival.seq} and version {arrival.version}, "
+                    f"expected {len(arrivals)} and {len(arrivals) + 1}"
+                )
+            arrivals.append(arrival)
+    return arrivals, None

@@ -28,7 +28,7 @@ from pdasgd_jax.runners.result import Runner
 from pdasgd_jax.stages import StagedModel, Variables
 
 # Algorithms whose runs write no checkpoints, so ``--resume`` is refused before any work.
-NOT_RESUMABLE = ("lpp", "async-local")
+NOT_RESUMABLE = ("lpp",)
 # What the summary's config records for a model or optimizer the caller supplied.
 OWN = "own"
 # A simulated run's evaluations come fast, and a save competes with the simulator for the host:

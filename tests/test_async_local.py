@@ -256,8 +256,6 @@ def test_the_registry_runs_async_local_on_threads_and_on_the_clock():
         (dict(algo="async-local", outer_optimizer="delayed-nesterov", outer_momentum_every=0), ">= 1"),
         (dict(algo="local", outer_optimizer="delayed-nesterov"), "nesterov"),
         (dict(algo="dasgd", local_steps="dynamic"), "fixed"),
-        (dict(algo="async-local", checkpoint_every=100), "no checkpoints"),
-        (dict(algo="async-local", event_log=True, out="x"), "not supported"),
         (dict(algo="async-local", delay_steps=2), "dasgd"),
         (dict(algo="async-local", merge="eager"), "outer-optimizer"),
         (dict(algo="async-local", lr_schedule="cosine"), "constant"),
@@ -272,23 +270,10 @@ def test_config_refuses_what_async_local_does_not_take(flags, message):
         Config(**flags).validate()
 
 
-def test_runs_refuse_several_processes_a_resume_and_rounds_past_the_budget(tmp_path, monkeypatch):
+def test_runs_refuse_several_processes_and_rounds_past_the_budget(monkeypatch):
     exp = _experiment(algo="async-local", replicas=2)
     with pytest.raises(ConfigError, match="--period 64"):
         check_run(exp.with_config(period=64), LossLog(exp), None)
-
-    class Saved:
-        def latest_step(self):
-            return 10
-
-    with pytest.raises(ConfigError, match="cannot resume"):
-        check_run(exp, LossLog(exp), Saved())
-    out = tmp_path / "run"
-    config = Config(**{**COMMON, "algo": "async-local", "replicas": 2, "out": str(out)})
-    train_and_evaluate(config)
-    with pytest.raises(ConfigError, match="cannot be resumed"):  # refused before any work
-        train_and_evaluate(config, resume=True)
-    assert (out / "metrics.jsonl").read_text()  # the earlier run's rows are kept
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     with pytest.raises(ConfigError, match="one host"):
         check_run(exp, LossLog(exp), None)

@@ -84,9 +84,10 @@ def test_the_churn_is_deterministic_from_its_seed_and_always_possible():
     assert churn_events(Churn(seed=7), 4) == ((), ())
 
 
-def test_the_flags_are_taken_by_simulated_sync_only_and_refused_elsewhere_by_name():
+def test_the_flags_are_taken_by_simulated_sync_and_local_and_refused_elsewhere_by_name():
     Config(algo="sync", simulate=True, devices=4, fleet="slow:1x3@0.1-0.5", quorum=3, deadline="adaptive").validate()
-    for algo in ("pdasgd", "asgd", "local", "dasgd", "lpp"):
+    Config(algo="local", simulate=True, replicas=4, fleet="slow:1x3@0.1-0.5", quorum=3).validate()
+    for algo in ("pdasgd", "asgd", "dasgd", "lpp"):
         with pytest.raises(ConfigError, match=f"--algo sync --simulate only so far, not for --algo {algo}"):
             Config(algo=algo, simulate=True, fleet="slow:0x3@0.1-0.5").validate()
     with pytest.raises(ConfigError, match="without --simulate, whose real steps are one SPMD program"):

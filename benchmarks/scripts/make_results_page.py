@@ -19,7 +19,13 @@ import pathlib
 import re
 import sys
 
-from benchmarks.scripts import results_accuracy, results_cells, results_runtime, results_simulator
+from benchmarks.scripts import (
+    results_accuracy,
+    results_cells,
+    results_concurrency,
+    results_runtime,
+    results_simulator,
+)
 from benchmarks.scripts.results_common import CLAIM_VS_ASYNC, CLAIM_VS_SYNC, Sources, table
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -119,6 +125,9 @@ def render(root: pathlib.Path = REPO) -> str:
         )
     )
     speedups = "\n\n".join(f"### {g.name}\n\n{g.description}.\n\n{results_cells.speedup_table(g)}" for g in grids)
+    concurrency = results_concurrency.concurrency_table(root, sources)
+    if concurrency:
+        speedups += "\n\n### device concurrency\n\n" + concurrency
     parts.append(
         _section(
             "Speedup of PD-ASGD (time to target)",

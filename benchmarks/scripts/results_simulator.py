@@ -92,8 +92,8 @@ def planner_speed_table(root: pathlib.Path, sources: Sources) -> str:
     notes = []
     for raw in raws:
         data = json.loads(raw.read_text())
-        if not isinstance(data.get("points"), list):
-            continue
+        if not (isinstance(data.get("points"), list) and any("runs" in p for p in data["points"])):
+            continue  # not a schedule_speed file (a scale run, an interleaved comparison)
         label = raw.stem.replace("schedule_speed", "").strip("_") or "after"
         src = sources.cite(raw, f"python -m benchmarks.scripts.schedule_speed {sources.rel(raw.parent)}")
         start, end = data.get("machine_at_start") or {}, data.get("machine_at_end") or {}
@@ -112,7 +112,8 @@ def planner_speed_table(root: pathlib.Path, sources: Sources) -> str:
             peak = (point.get("median") or {}).get("peak_rss_mb")
             if peak is not None:
                 row[f"{label}: peak MiB"] = f"{peak:.0f}"
-    if not rows:
+    extra = [line for raw in raws for line in (_interleaved(raw, sources), _whole_process(raw, sources)) if line]
+    if not rows and not extra:
         return ""
     columns = list(dict.fromkeys(c for row in rows.values() for c in row))
     ordered = [{c: row.get(c, "-") for c in columns} for _, row in sorted(rows.items())]
@@ -121,5 +122,52 @@ def planner_speed_table(root: pathlib.Path, sources: Sources) -> str:
         "median [min, max] over repeats each in a fresh process, and its peak memory; "
         + "; ".join(notes)
         + ".\n\n"
-        + table(ordered)
+        + (table(ordered) if ordered else "")
+        + "".join(f"\n\n{line}" for line in extra)
+    )
+
+
+def _interleaved(raw: pathlib.Path, sources: Sources) -> str:
+    """A before/after file (``rows`` of two trees run one after the other under the same load):
+    each point's jobs per minute before and after, and their ratio."""
+    data = json.loads(raw.read_text())
+    if not (isinstance(data.get("rows"), list) and {r.get("tree") for r in data["rows"]} >= {"before", "after"}):
+        return ""
+    commits = data.get("commits") or {}
+    command = (
+        f"python -m benchmarks.scripts.schedule_speed_ab {commits.get('before', '?')[:7]} "
+        f"{commits.get('after', '?')[:7]} {sources.rel(raw)} --rounds 2 --largest"
+    )
+    src = sources.cite(raw, command, (data.get("run_record") or {}).get("commit"))
+    per: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for r in data["rows"]:
+        per.setdefault((r["algo"], r["devices"]), {}).setdefault(r["tree"], []).append(r["jobs_per_minute"])
+    parts = []
+    for (algo, w), trees in sorted(per.items()):
+        b, a = statistics.median(trees.get("before", [0])), statistics.median(trees.get("after", [0]))
+        parts.append(f"{algo} W = {w}: {b / 1e6:.2f}M to {a / 1e6:.2f}M ({a / b:.2f}x)" if b else "")
+    loads = [r.get("load") for r in data["rows"] if r.get("load") is not None]
+    load = f", load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    return (
+        f"The planner before and after its speed-up, run back to back under the same load ({src}{load}; "
+        f"median over rounds): " + "; ".join(p for p in parts if p) + "."
+    )
+
+
+def _whole_process(raw: pathlib.Path, sources: Sources) -> str:
+    """A ``scale_run`` file: each W's whole ``train --simulate`` process, set-up and peak memory."""
+    data = json.loads(raw.read_text())
+    if "wall_ratio_to_first" not in data:
+        return ""
+    src = sources.cite(raw, f"python -m benchmarks.scripts.scale_run {sources.rel(raw.parent)}")
+    ratios = data["wall_ratio_to_first"]
+    first = data["points"][0]["devices"]
+    parts = [
+        f"W = {p['devices']}: {p['wall_s']:.1f} s ({ratios[str(p['devices'])]:.2f}x W = {first}), set-up "
+        f"{p['setup_s']:.2f} s, peak {p['peak_rss_mb']:.0f} MiB"
+        for p in data["points"]
+    ]
+    return (
+        f"A whole `train --simulate --algo {data.get('algo')}` process of {data.get('epochs'):g} epoch(s) per W "
+        f"({src}, one run, load {_load(data.get('machine_at_start') or {})}): " + "; ".join(parts) + "."
     )

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -41,7 +40,6 @@ from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.rundir import METRICS_FILE
 from pdasgd_jax.runners.averaging import fragments, outer_optimizer
 
 PyTree = Any
@@ -297,6 +295,7 @@ class RoundBatches:
 
     Args:
       stream: the batches in order.
+      start: the first position asked for (those before are read and dropped: a resumed run's).
 
     Examples:
         >>> batches = RoundBatches(iter([(1, 10), (2, 20), (3, 30)]))
@@ -304,9 +303,11 @@ class RoundBatches:
         (array([2, 1]), array([20, 10]))
     """
 
-    def __init__(self, stream: Iterator[tuple[np.ndarray, np.ndarray]]):
+    def __init__(self, stream: Iterator[tuple[np.ndarray, np.ndarray]], *, start: int = 0):
         self._stream = stream
-        self._next = 0
+        for _ in itertools.islice(stream, start):
+            pass
+        self._next = start
         self._held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
 
@@ -380,9 +381,43 @@ class ArrivalReport:
         return {"arrivals": self.arrivals, "per_replica": per_replica}
 
 
+def crash_summary(
+    crashes: dict[int, float], dropped: Sequence[tuple[int, int]], batch_size: int
+) -> list[dict[str, Any]]:
+    """What the summary says of each replica that crashed (``--fleet crash:R@POS``): when (in
+    virtual seconds on the clock, in examples handed out on threads) and its rounds in flight
+    then, dropped with their batches.
+
+    Args:
+      crashes: replica -> when it crashed.
+      dropped: ``(replica, local steps)`` of each round dropped.
+      batch_size: examples per local step.
+
+    Returns:
+      One entry per crashed replica: ``replica``, ``at``, ``dropped_rounds``,
+      ``dropped_local_steps`` and ``dropped_examples``.
+
+    Examples:
+        >>> crash_summary({1: 5.0}, [(1, 3)], batch_size=32)
+        [{'replica': 1, 'at': 5.0, 'dropped_rounds': 1, 'dropped_local_steps': 3, 'dropped_examples': 96}]
+    """
+    out = []
+    for r, at in sorted(crashes.items()):
+        steps = [n for replica, n in dropped if replica == r]
+        out.append(
+            {
+                "replica": r,
+                "at": at,
+                "dropped_rounds": len(steps),
+                "dropped_local_steps": sum(steps),
+                "dropped_examples": sum(steps) * batch_size,
+            }
+        )
+    return out
+
+
 def check_run(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> None:
-    """Refuses, before any work, what async-local cannot do yet: a multi-process run, a resume
-    (a checkpoint to resume, or a metrics log that continues an earlier attempt's), or first
+    """Refuses, before any work, what async-local cannot do yet: a multi-process run, or first
     rounds longer than the budget.
 
     Args:
@@ -397,15 +432,11 @@ def check_run(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointe
 
         check_run(exp, metrics, checkpointer)  # before any thread or program exists
     """
+    del metrics, checkpointer  # both ways of running save checkpoints and resume
     if jax.process_count() > 1:
         raise ConfigError(
             f"--algo async-local runs on one host for now; this run has {jax.process_count()} processes "
             "(--num-processes, JAX_NUM_PROCESSES): run it as one process"
-        )
-    if (checkpointer is not None and checkpointer.latest_step() is not None) or _continues_a_log(metrics):
-        raise ConfigError(
-            "--algo async-local cannot resume a run yet: it writes no checkpoints (every replica and the rounds "
-            "in flight would have to be saved); start the run over with --overwrite"
         )
     c = exp.config
     fragments(exp)  # --fragments against the model's stages
@@ -416,12 +447,3 @@ def check_run(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointe
             f"--period {c.period} makes the {exp.layout.replicas} replicas' first rounds {first} examples, more "
             f"than the budget of {exp.total_examples} (--epochs {c.epochs}); use --period <= {most} or train longer"
         )
-
-
-def _continues_a_log(metrics: MetricsLog) -> bool:
-    """Whether ``metrics`` was opened to resume an earlier attempt: a fresh log empties its
-    ``metrics.jsonl``, a resumed one keeps the earlier rows there until the run goes on."""
-    if not metrics.out_dir or metrics.rows:
-        return False
-    path = os.path.join(metrics.out_dir, METRICS_FILE)
-    return os.path.exists(path) and os.path.getsize(path) > 0

@@ -14,6 +14,11 @@ a job's whole forward and backward as one (``FusedJobExecutor``), while the repl
 per-stage kernels one operation at a time; XLA may associate the same sums differently in
 the two. A leaf matches when ``|replayed - saved| <= atol + rtol * |saved|`` everywhere.
 
+An ``--algo async-local`` run's log holds its arrivals (``eventlog.Arrival``), not stage
+operations: ``simulate.async_local.replay_arrivals`` re-executes them in the logged order with
+the run's own compiled programs (a round's local phase, the server's step), so its replay
+lands on the final variables bitwise (the report says ``bitwise equal``).
+
 A log without final variables (the run crashed or was killed; its last line may be cut
 short) is replayed as far as it goes, which still checks every logged version, but is
 reported as incomplete (not a match): the variables the run held when it stopped were not
@@ -34,7 +39,7 @@ import optax
 
 from pdasgd_jax import round_replay
 from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.eventlog import EventFile, flat_variables
+from pdasgd_jax.eventlog import EventFile, flat_variables, read_arrivals
 from pdasgd_jax.executor import ReplayDiverged, last_reads, replay
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
@@ -44,6 +49,7 @@ from pdasgd_jax.runtime.feed import numbered_batches
 from pdasgd_jax.stages import StagedModel, Variables
 from pdasgd_jax.train import load_run_config
 
+ASYNC_LOCAL = "async-local"
 RTOL = 1e-4
 ATOL = 1e-6
 # How a zip archive (a ``.npz``) starts: a file's local header, or the end record of an empty one.
@@ -181,6 +187,8 @@ def replay_run(
     final_path = os.path.join(run_dir, FINAL_VARIABLES)
     final = _load_final(final_path)  # before the replay: damage is refused at once
     exp = Experiment.from_config(config, model=model, optimizer=optimizer)
+    if config.algo == ASYNC_LOCAL:
+        return _replay_async_local(exp, path, final, final_path, rtol, atol)
     events = EventFile(path)
     try:
         reads = last_reads(events)
@@ -208,6 +216,34 @@ def replay_run(
         f"as logged, but there are no final variables to compare with",
         events.count,
     )
+
+
+def _replay_async_local(
+    exp: Experiment, path: str, final: dict[str, np.ndarray] | None, final_path: str, rtol: float, atol: float
+) -> ReplayReport:
+    """An async-local run's replay: its arrivals re-executed in the logged order with the
+    run's own programs (``simulate.async_local.replay_arrivals``), so a match is bitwise."""
+    from pdasgd_jax.simulate.async_local import replay_arrivals  # loads the clock only for this algorithm
+
+    try:
+        arrivals, cut_short = read_arrivals(path)
+        run = replay_arrivals(exp, arrivals)
+    except ValueError as e:
+        raise ConfigError(f"{path} is damaged: {e}") from None
+    count = len(arrivals)
+    if cut_short is not None and final is not None:
+        raise ConfigError(
+            f"{path} is damaged: line {count + 1} is cut short ({cut_short!r}) although the run finished "
+            f"({final_path} is written once the log is closed)"
+        )
+    if final is None:
+        return ReplayReport(
+            False,
+            f"replay incomplete: the run did not finish (there is no {final_path}); its {count} complete "
+            f"arrivals replay, but there are no final variables to compare with",
+            count,
+        )
+    return _compare(flat_variables(run.server.params, run.server.states), final, run.applied, count, rtol, atol)
 
 
 def _load_final(path: str) -> dict[str, np.ndarray] | None:

@@ -23,15 +23,27 @@ target accuracy, a non-finite loss and Ctrl-C all end the run through one shutdo
 ``--straggler-devices``: a replica on a device of factor ``F`` sleeps ``(F - 1)`` times each
 phase's measured time after it (booked busy), as ``runtime.workers`` does. Injected delays:
 after its phase, each of its steps' idle time from ``DelayModel.idle_time`` (stream
-``rng_for(seed, "step-delays", r)``, the clock's). Not yet: several processes, checkpoints,
-event logs (refused before any work).
+``rng_for(seed, "step-delays", r)``, the clock's).
+
+``--event-log``: the server writes each arrival to ``events.jsonl`` as it applies it
+(``eventlog.Arrival``: replica, round, steps and batches, the version it pulled and the one
+it produced), so ``simulate.async_local.replay_arrivals`` re-executes the run's arrival
+order, whichever it was, and lands on its model bitwise.
+
+Checkpoints are taken while the server pauses after an arrival (at an evaluation, or every
+``--checkpoint-every`` examples); ``_resume`` says what a resume restores. ``--fleet
+crash:R@POS``: replica ``R`` crashes in the first round it takes once ``POS`` of the examples
+budget is handed out; that round is dropped with its batches, and the run goes on without it.
+Not yet: several processes (refused before any work).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -41,6 +53,9 @@ import numpy as np
 from pdasgd_jax import delays
 from pdasgd_jax.affinity import resolve_host_cpus
 from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.delays.fleet import parse_fleet
+from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.eventlog import Arrival, ArrivalLogFile
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState
 from pdasgd_jax.metrics import MetricsLog
@@ -49,6 +64,7 @@ from pdasgd_jax.runners.async_local import (
     RoundBatches,
     async_local_outer,
     check_run,
+    crash_summary,
     dylu_steps,
     init_replica,
     init_server,
@@ -65,6 +81,7 @@ from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed
 
 PyTree = Any
 _OPEN, _SHUT = 1, 0  # the gate's limits: Gate.wait_for(0) passes while it is open
+_META = "async_local"  # the checkpoint metadata's entry of the counts
 
 
 class _Arrival(NamedTuple):
@@ -74,6 +91,10 @@ class _Arrival(NamedTuple):
     losses: jax.Array
     steps: int
     pulled: int  # server updates applied before the model its round started from
+    round: int  # the replica's rounds before this one
+    positions: Sequence[int]  # its batches' stream positions
+    first_step: int  # the replica's local steps before this round
+    opt_states: PyTree  # the replica's inner optimizer state at the round's end
 
 
 class _Pulled(NamedTuple):
@@ -97,6 +118,7 @@ class AsyncLocalThreads:
     Args:
       exp: the experiment.
       metrics: its metrics log, whose training clock the threads time their work on.
+      log: the run's event log: the server writes each arrival it applies.
 
     Example::
 
@@ -105,9 +127,17 @@ class AsyncLocalThreads:
         result = AsyncLocalThreads(exp, metrics).run(metrics)
     """
 
-    def __init__(self, exp: Experiment, metrics: MetricsLog):
+    def __init__(
+        self,
+        exp: Experiment,
+        metrics: MetricsLog,
+        log: ArrivalLogFile | None = None,
+        checkpointer: RunCheckpointer | None = None,
+    ):
         config = exp.config
         self.exp = exp
+        self.log = log
+        self.checkpointer = checkpointer
         self.num_replicas = exp.layout.replicas
         self.devices = tuple(jax.devices()[: exp.layout.devices])
         with metrics.clock.paused():  # a delay given in steps times this machine's kernels first
@@ -131,13 +161,25 @@ class AsyncLocalThreads:
             host_cpus=resolve_host_cpus(config.host_cpus, self.devices[0].platform),
             now=lambda: metrics.clock.elapsed,
         )
-        self.pause_at = metrics.next_eval  # examples at which the server pauses for an evaluation
         self.speeds: dict[int, float] = {}
         self.busy = [0.0] * (self.num_replicas + 1)  # each replica's, then the server's
         self.applied = 0
         self._handed_out = 0  # stream positions taken
         self._examples = 0  # examples of the arrivals applied (the server's count)
         self._lock = threading.Lock()
+        # Per replica, as of its last arrival applied: its inner optimizer state, local steps
+        # and rounds; and the positions of its round taken but not applied yet.
+        self.opt_states = [init_replica(exp).opt_states] * self.num_replicas
+        self.done = [0] * self.num_replicas
+        self.rounds = [0] * self.num_replicas
+        self._unapplied: list[Sequence[int]] = [()] * self.num_replicas
+        self._retake: list[int] = []  # a resumed run's positions of the rounds dropped at its checkpoint
+        self.crash_at = _crash_examples(exp)  # replica -> examples handed out at which it crashes
+        self.crashed: dict[int, tuple[int, int]] = {}  # replica -> (examples handed out, steps dropped)
+        self.resumed_steps = 0
+        if checkpointer is not None and checkpointer.latest_step() is not None:
+            self._resume(checkpointer, metrics)
+        self.pause_at = self._next_pause(metrics)  # examples at which the server pauses
         self._programs: dict[tuple, Callable] = {}
         self.threads = [
             threading.Thread(target=self._guarded, args=(f"r{r}", self._replica, r), daemon=True)
@@ -205,15 +247,16 @@ class AsyncLocalThreads:
         device = self.device(r)
         factor = self.factors[self.devices.index(device)]
         rng = delays.rng_for(exp.config.seed, "step-delays", r)
-        ts = jax.device_put(init_replica(exp), device)
+        server = self.handed[r]
+        ts = jax.device_put(TrainState(*server, self.opt_states[r]), device)
         key = self._replica_key(r, device) if exp.model.draws_randomness else None
-        version = done = 0
-        while not control.stopped:
+        version, done, rounds = self.applied, self.done[r], self.rounds[r]
+        while not control.stopped and r not in self.crashed:
             self.gate.wait_for(0)
-            steps = self._round_steps(r)
-            positions = self._take(steps)
-            if positions is None:
-                return  # the budget is handed out
+            positions = self._take(r, self._round_steps(r))
+            if positions is None or r in self.crashed:
+                return  # the budget is handed out, or the replica crashed in this round
+            steps = len(positions)
             x, y = jax.device_put(self.batches.stacked(positions), device)
             self.report.started(r, steps)
             randomness = (key, jnp.int32(done)) if exp.model.draws_randomness else ()
@@ -230,8 +273,12 @@ class AsyncLocalThreads:
             control.sleep(sum(self.delay.idle_time(rng, per_step) for _ in range(steps)))
             with self._lock:
                 self.speeds[r] = steps / max(time.perf_counter() - began, 1e-9)
-            done += steps
-            self.arrivals.put(_Arrival(r, ts_end.params, ts_end.states, losses, steps, version))
+            self.arrivals.put(
+                _Arrival(
+                    r, ts_end.params, ts_end.states, losses, steps, version, rounds, positions, done, ts_end.opt_states
+                )
+            )
+            done, rounds = done + steps, rounds + 1
             pulled = self.replies[r].get()
             params, states = jax.device_put((pulled.params, pulled.states), device)
             ts, version = TrainState(params, states, ts_end.opt_states), pulled.version
@@ -270,13 +317,29 @@ class AsyncLocalThreads:
                 return period
             return dylu_steps(self.speeds[r], max(self.speeds.values()), period)
 
-    def _take(self, steps: int) -> range | None:
-        """The next ``steps`` stream positions, or None once the budget is handed out."""
+    def _take(self, r: int, steps: int) -> Sequence[int] | None:
+        """Replica ``r``'s next round's stream positions: up to ``steps`` of those a resumed run
+        dropped at its checkpoint, else the next ``steps``; None once the budget is handed out.
+        A replica whose crash is due (``--fleet crash:R@POS``: ``POS`` of the budget handed out)
+        takes its round's positions and crashes in it: the round is dropped, its batches lost."""
+        batch_size = self.exp.config.batch_size
         with self._lock:
-            if self._handed_out * self.exp.config.batch_size >= self.exp.total_examples:
+            handed = self._handed_out * batch_size
+            if self._retake:
+                positions: Sequence[int] = self._retake[:steps]
+                del self._retake[:steps]
+            elif handed >= self.exp.total_examples:
                 return None
-            first, self._handed_out = self._handed_out, self._handed_out + steps
-            return range(first, first + steps)
+            else:
+                first, self._handed_out = self._handed_out, self._handed_out + steps
+                positions = range(first, first + steps)
+            crash = self.crash_at.get(r)
+            if crash is not None and handed >= crash:
+                self.crashed[r] = (handed, len(positions))
+                self.speeds.pop(r, None)  # DyLU sizes rounds against the replicas still running
+            else:
+                self._unapplied[r] = positions
+            return positions
 
     def _serve(self) -> None:
         control, batch_size = self.control, self.exp.config.batch_size
@@ -289,9 +352,16 @@ class AsyncLocalThreads:
             booked = control.now()
             self.server = update(self.server, self.handed[r], end)
             staleness, self.applied = self.applied - arrival.pulled, self.applied + 1
+            if self.log is not None:
+                self.log.record_arrival(_logged(arrival, self.applied, control.now()))
             self.handed[r] = (self.server.params, self.server.states)
             jax.block_until_ready(self.server.params)
             self.busy[-1] += max(0.0, control.now() - booked)
+            with self._lock:
+                self._unapplied[r] = ()
+                self.opt_states[r] = arrival.opt_states
+                self.done[r] += arrival.steps
+                self.rounds[r] += 1
             self._examples += arrival.steps * batch_size
             if self._examples >= self.pause_at:  # shut before the reply: the replica waits too
                 self.gate.open_until(_SHUT)
@@ -303,7 +373,9 @@ class AsyncLocalThreads:
         """Feeds the metrics log each arrival's losses, evaluates where the server paused and
         lets it go on; returns the local steps applied when every thread is done or the run
         should stop."""
-        steps, batch_size = 0, self.exp.config.batch_size
+        steps, batch_size = self.resumed_steps, self.exp.config.batch_size
+        if metrics.stop_due:  # resumed from the checkpoint the run stopped at
+            return steps
         while True:
             records, exited = self.control.wait(POLL_S)
             self.control.raise_failure()
@@ -316,14 +388,66 @@ class AsyncLocalThreads:
                 if examples < self.pause_at:
                     continue
                 # The server paused after this arrival: its model is the one to evaluate.
-                if metrics.eval_due(examples):
+                evaluated = metrics.eval_due(examples)
+                if evaluated:
                     metrics.evaluate(step=steps, examples=examples, params=record.params, states=record.states)
+                if self.checkpointer is not None and self.checkpointer.due(examples, evaluated=evaluated):
+                    self._save(metrics, steps, examples)
                 if metrics.stop_due:
                     return steps
-                self.pause_at = metrics.next_eval
+                self.pause_at = self._next_pause(metrics)
                 self.gate.open_until(_OPEN)
             if exited:
                 return steps
+
+    def _next_pause(self, metrics: MetricsLog) -> float:
+        """The examples at which the server pauses next: an evaluation or a checkpoint due."""
+        due = self.checkpointer.next_due if self.checkpointer is not None else None
+        return min(metrics.next_eval, due or math.inf)
+
+    def _save(self, metrics: MetricsLog, steps: int, examples: int) -> None:
+        """Checkpoints the server while it is paused after an arrival (``_resume`` says what)."""
+        with self._lock:
+            dropped = sorted([*self._retake, *(p for positions in self._unapplied for p in positions)])
+            counts = {
+                "applied": self.applied,
+                "examples": self._examples,
+                "handed_out": self._handed_out,
+                "retake": dropped,
+                "done": list(self.done),
+                "rounds": list(self.rounds),
+                "speeds": {str(r): v for r, v in self.speeds.items()},
+                "crashed": {str(r): list(v) for r, v in self.crashed.items()},
+            }
+            arrays = (self.server, list(self.opt_states))
+        meta = {**metrics.position(steps, examples), _META: counts}
+        self.checkpointer.save(self.applied, {"leaves": jax.tree.leaves(arrays)}, meta)
+
+    def _resume(self, checkpointer: RunCheckpointer, metrics: MetricsLog) -> None:
+        """Continues from the newest checkpoint: the server's model and outer state as saved;
+        every replica starts a round from that model with its inner optimizer state, local
+        steps and rounds as of its last arrival applied before it; the rounds in flight then
+        are dropped and their batches handed out again first, so every batch of the budget is
+        applied once. DyLU starts from the speeds measured before it."""
+        counts = (checkpointer.latest_meta() or {}).get(_META)
+        if counts is None:
+            raise ConfigError(f"{checkpointer.directory} holds no async-local checkpoint: start the run over")
+        leaves, treedef = jax.tree.flatten((self.server, self.opt_states))
+        like = {"leaves": [np.zeros(np.shape(x), np.asarray(x).dtype) for x in leaves]}
+        restored = checkpointer.resume(like=like, metrics=metrics)
+        if restored is None:
+            return
+        saved, meta = restored
+        server, opt_states = jax.tree.unflatten(treedef, list(saved["leaves"]))
+        self.server = jax.device_put(server, self.devices[0])
+        self.handed = [(self.server.params, self.server.states)] * self.num_replicas
+        self.opt_states = list(opt_states)
+        self.applied, self._examples = counts["applied"], counts["examples"]
+        self._handed_out, self._retake = counts["handed_out"], list(counts["retake"])
+        self.done, self.rounds = list(counts["done"]), list(counts["rounds"])
+        self.speeds = {int(r): v for r, v in counts["speeds"].items()}
+        self.crashed = {int(r): tuple(v) for r, v in counts["crashed"].items()}
+        self.resumed_steps = meta["step"]
 
     def _shutdown(self) -> list[str]:
         """Stops and joins every thread; returns the names of those still alive after the timeout."""
@@ -361,8 +485,42 @@ class AsyncLocalThreads:
                 "period": c.period,
                 "server": {"updates": self.applied, "busy": self.busy[-1] / total},
                 **self.report.summary(),
+                **({"crashes": self._crashes()} if self.crash_at else {}),
             },
         }
+
+    def _crashes(self) -> list[dict[str, Any]]:
+        """The summary's crashes: each crashed replica's examples handed out when it crashed
+        and its round dropped then (a replica whose crash point the run never reached: none)."""
+        at = {r: examples for r, (examples, _) in self.crashed.items()}
+        return crash_summary(at, [(r, steps) for r, (_, steps) in self.crashed.items()], self.exp.config.batch_size)
+
+
+def _crash_examples(exp: Experiment) -> dict[int, float]:
+    """``--fleet``'s crashes on threads: replica -> the examples handed out at which it
+    crashes, position ``p`` being ``p`` times the training examples budget."""
+    if not exp.config.fleet:
+        return {}
+    _, presence = parse_fleet(exp.config.fleet).events(exp.layout.replicas)
+    return {e.device: e.at * exp.total_examples for e in presence if e.kind == "crash"}
+
+
+def _logged(arrival: _Arrival, version: int, now: float) -> Arrival:
+    """The log's line of ``arrival``, which produced the server's ``version``."""
+    return Arrival(
+        version - 1,
+        arrival.replica,
+        arrival.round,
+        arrival.steps,
+        tuple(arrival.positions),
+        arrival.first_step,
+        arrival.pulled,
+        version,
+        0,
+        0 if arrival.round else -1,
+        arrival.steps,
+        now,
+    )
 
 
 def run_async_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
@@ -387,4 +545,6 @@ def run_async_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheck
         summary["async_local"]["per_replica"][0]["staleness"]
     """
     check_run(exp, metrics, checkpointer)
-    return AsyncLocalThreads(exp, metrics).run(metrics)
+    path = exp.event_log_path
+    with ArrivalLogFile(path) if path else contextlib.nullcontext() as log:
+        return AsyncLocalThreads(exp, metrics, log, checkpointer).run(metrics)

@@ -9,23 +9,38 @@ implies, whatever this machine's speed. The server's model is evaluated at the r
 evaluation cadence (by examples), each row at the virtual time its last arrival was
 applied; a run that reaches ``--target-accuracy`` stops there.
 
-Not yet: checkpoints and resume, event logs and replay, several processes (all refused
-before any work: ``config_checks``, ``runners.async_local.check_run``).
+With ``--event-log`` each arrival is written to ``events.jsonl`` as it is applied
+(``eventlog.Arrival``); ``replay_arrivals`` re-executes such a log, of the clock or of the
+threads, with the same programs, and lands on the run's model bitwise.
+
+Checkpoints (``--checkpoint-every``, or at evaluations) are taken after an arrival and hold
+values only (``_Progress``): a resume plans the schedule again with the run's ``timing.json``
+and continues from the next arrival, bitwise equal to the uninterrupted run.
+
+Not yet: several processes (refused before any work: ``runners.async_local.check_run``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import hashlib
+import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
 from pdasgd_jax import calibration
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import CommModel, TimingModel, tree_nbytes
+from pdasgd_jax.delays.fleet import FleetTimeline, parse_fleet
+from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.eventlog import Arrival, ArrivalLogFile
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState
 from pdasgd_jax.metrics import MetricsLog
@@ -36,6 +51,7 @@ from pdasgd_jax.runners.async_local import (
     ServerState,
     async_local_outer,
     check_run,
+    crash_summary,
     init_replica,
     init_server,
     make_local_phase,
@@ -45,7 +61,7 @@ from pdasgd_jax.runners.async_local import (
 )
 from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary
 from pdasgd_jax.runners.result import RunResult
-from pdasgd_jax.simulate.async_local_clock import Schedule, plan_rounds
+from pdasgd_jax.simulate.async_local_clock import Round, Schedule, plan_rounds
 from pdasgd_jax.simulate.averaging_clock import peak_in_flight
 from pdasgd_jax.simulate.configured_timing import configured_timing
 
@@ -82,7 +98,9 @@ def run_async_local_simulated(
     Args:
       exp: the experiment (``--replicas`` W, each on a simulated device of its own).
       metrics: the run's metrics log; every row carries its ``virtual_time``.
-      checkpointer: only checked: a checkpoint to resume is refused (none is written yet).
+      checkpointer: saves the run's progress after an arrival when due (every
+        ``--checkpoint-every`` examples, or at evaluations); a run with a checkpoint continues
+        from it, bitwise as if it had not stopped.
       timing: the clock's costs; default: this machine's calibration (``--timing``'s file)
         with ``--comm-latency`` and ``--comm-bandwidth``, saved as ``--out``'s ``timing.json``.
         ``--straggler-devices`` is applied on top either way.
@@ -93,8 +111,8 @@ def run_async_local_simulated(
       round, staleness; the server's updates and busy fraction).
 
     Raises:
-      ConfigError: several processes, a checkpoint to resume, or first rounds longer than
-        the budget (``check_run``).
+      ConfigError: several processes or first rounds longer than the budget (``check_run``),
+        or a checkpoint of another schedule.
 
     Example::
 
@@ -110,10 +128,13 @@ def run_async_local_simulated(
     config = exp.config
     if timing is None:
         with metrics.clock.paused():  # timing this machine's kernels is not training
-            timing = _calibrated_timing(exp)
+            timing = _calibrated_timing(
+                exp, resuming=checkpointer is not None and checkpointer.latest_step() is not None
+            )
     timing = configured_timing(exp, timing)
     v = exp.variables
-    schedule = plan_rounds(
+    plan = functools.partial(
+        plan_rounds,
         timing,
         exp.delay_model(timing.step_compute_time()),
         num_replicas=exp.layout.replicas,
@@ -125,13 +146,20 @@ def run_async_local_simulated(
         seed=config.seed,
         fragment_nbytes=None if config.fragments == 1 else tuple(fragment_nbytes(exp)),
     )
-    run = simulate_rounds(exp, metrics, schedule)
+    schedule = plan()
+    crashes = _crash_times(exp, schedule)
+    if crashes:
+        schedule = plan(crashes=crashes)
+    path = exp.event_log_path
+    with ArrivalLogFile(path) if path else contextlib.nullcontext() as log:
+        run = simulate_rounds(exp, metrics, schedule, log=log, checkpointer=checkpointer)
     examples = run.steps * config.batch_size
     if not metrics.rows or metrics.rows[-1]["examples"] != examples:
         server = run.server
         metrics.evaluate(
             step=run.steps, examples=examples, params=server.params, states=server.states, virtual_time=run.now
         )
+    dropped = [(rnd.replica, rnd.steps) for rnd in schedule.dropped]
     target = config.target_accuracy
     at_target = next((r for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None)
     utilisation = _utilisation(schedule, run)
@@ -155,12 +183,32 @@ def run_async_local_simulated(
                 "busy": utilisation["workers"]["server"],
             },
             **run.report.summary(),
+            **({"crashes": crash_summary(crashes, dropped, config.batch_size)} if crashes else {}),
         },
     }
     return RunResult(run.server.params, run.server.states, run.steps, examples, extra)
 
 
-def simulate_rounds(exp: Experiment, metrics: MetricsLog, schedule: Schedule) -> AsyncLocalRun:
+def _crash_times(exp: Experiment, schedule: Schedule) -> dict[int, float]:
+    """``--fleet``'s crashes: replica -> virtual time, position ``p`` being ``p`` times the
+    virtual length of ``schedule`` (the same run without fleet events)."""
+    if not exp.config.fleet:
+        return {}
+    w = exp.layout.replicas
+    horizon = max((rnd.applied for rnd in schedule.rounds), default=0.0) or 1.0
+    fleet = FleetTimeline(parse_fleet(exp.config.fleet), w, horizon)
+    times = {r: fleet.crash_in(r, -math.inf, math.inf) for r in range(w)}
+    return {r: t for r, t in times.items() if t is not None}
+
+
+def simulate_rounds(
+    exp: Experiment,
+    metrics: MetricsLog | None,
+    schedule: Schedule,
+    *,
+    log: ArrivalLogFile | None = None,
+    checkpointer: RunCheckpointer | None = None,
+) -> AsyncLocalRun:
     """The numerics of ``schedule``: each round's phase from the server model it pulled, each
     arrival applied in the server's order, the metrics fed after each arrival (its steps'
     losses; an evaluation of the server's model when one is due). Stops early when
@@ -168,11 +216,17 @@ def simulate_rounds(exp: Experiment, metrics: MetricsLog, schedule: Schedule) ->
 
     Args:
       exp: the experiment.
-      metrics: the run's metrics log.
-      schedule: ``plan_rounds``'s schedule for ``exp``.
+      metrics: the run's metrics log (``None``: none is fed, as in a replay).
+      schedule: ``plan_rounds``'s schedule for ``exp`` (or ``schedule_of``'s, of a log).
+      log: the run's event log: each arrival is written to it as it is applied.
+      checkpointer: saves after an arrival when one is due (``_Progress.save``), and the run
+        continues from its newest checkpoint if there is one.
 
     Returns:
       An ``AsyncLocalRun``.
+
+    Raises:
+      ConfigError: the checkpoint to resume is of another schedule (another config or timing).
 
     Example::
 
@@ -183,50 +237,264 @@ def simulate_rounds(exp: Experiment, metrics: MetricsLog, schedule: Schedule) ->
     num_replicas = exp.layout.replicas
     outer = async_local_outer(exp)
     phase = make_local_phase(exp.model, exp.tx, whole_model=whole_model(exp))
-    server = init_server(exp, outer)
     exchange = _Exchange(make_server_update(outer, num_replicas), fragments(exp))
-    replicas = [init_replica(exp)] * num_replicas
-    pulled = [(server.params, server.states)] * num_replicas  # the model each replica's round started from
-    done_steps = [0] * num_replicas  # each replica's local steps so far: its randomness' step index
-    batches = RoundBatches(run_stream(exp, num_replicas))
-    key = jax.random.key(config.seed) if exp.model.draws_randomness else None
-    report = ArrivalReport(num_replicas, exp.model.num_stages)
+    at = _Progress.initial(exp, init_server(exp, outer))
+    if checkpointer is not None and metrics is not None and checkpointer.latest_step() is not None:
+        at = _Progress.resume(exp, at, schedule, checkpointer, metrics)
     rounds = schedule.rounds
-    in_flight: dict[int, tuple[TrainState, jax.Array]] = {}
-    launched = steps = applied = 0
-    now = 0.0
-    for order, i in enumerate(schedule.arrivals):
+    report = at.report(exp, schedule)
+    batches = RoundBatches(run_stream(exp, num_replicas), start=at.first_unread(rounds))
+    key = jax.random.key(config.seed) if exp.model.draws_randomness else None
+    if metrics is not None and metrics.stop_due:  # resumed from the checkpoint the run stopped at
+        return at.result(report)
+    for order in range(at.applied, len(schedule.arrivals)):
+        i = schedule.arrivals[order]
         # Every round that pulled the model after `order` updates starts from it now.
-        while launched < len(rounds) and rounds[launched].pull_version <= order:
-            rnd = rounds[launched]
+        while at.launched < len(rounds) and rounds[at.launched].pull_version <= order:
+            rnd = rounds[at.launched]
             if rnd.pull_version != order:
-                raise RuntimeError(f"round {launched} pulled version {rnd.pull_version}, not {order}: out of order")
+                raise RuntimeError(f"round {at.launched} pulled version {rnd.pull_version}, not {order}: out of order")
             r = rnd.replica
-            ts, pulled[r] = exchange.pull(server, replicas[r], pulled[r], rnd.pulled)
-            randomness = () if key is None else (jax.random.fold_in(key, r), done_steps[r])
+            ts, at.pulled[r] = exchange.pull(at.server, at.replicas[r], at.pulled[r], rnd.pulled)
+            randomness = () if key is None else (jax.random.fold_in(key, r), at.done_steps[r])
             if rnd.steps:
-                in_flight[launched] = phase(ts, *batches.stacked(rnd.positions), *randomness)
+                at.in_flight[at.launched] = phase(ts, *batches.stacked(rnd.positions), *randomness)
             else:  # a stretch of no steps between two exchanges at one point of the round
-                in_flight[launched] = ts, ()
+                at.in_flight[at.launched] = ts, ()
             if rnd.opens:
                 report.started(r, rnd.opens)
-            done_steps[r] += rnd.steps
-            launched += 1
+                at.opened[r] += 1
+            at.started[at.launched] = at.opened[r] - 1, at.done_steps[r]
+            at.done_steps[r] += rnd.steps
+            at.launched += 1
         rnd = rounds[i]
-        ts_end, losses = in_flight.pop(i)
-        replicas[rnd.replica] = ts_end
-        server = exchange.push(server, rnd.fragment, pulled[rnd.replica], (ts_end.params, ts_end.states))
+        ts_end, losses = at.in_flight.pop(i)
+        at.replicas[rnd.replica] = ts_end
+        at.server = exchange.push(at.server, rnd.fragment, at.pulled[rnd.replica], (ts_end.params, ts_end.states))
         report.arrived(rnd.replica, staleness=rnd.staleness, stages=exchange.stages(rnd.fragment))
+        started = at.started.pop(i)
+        if log is not None:
+            log.record_arrival(_arrival(order, rnd, *started))
+        at.steps += rnd.steps
+        at.applied += 1
+        at.now = rnd.applied
+        if metrics is None:
+            continue
         for j in range(rnd.steps):
-            metrics.add_loss(steps + j + 1, losses[j])
-        steps += rnd.steps
-        applied += 1
-        now = rnd.applied
-        examples = steps * config.batch_size
-        metrics.observe(step=steps, examples=examples, params=server.params, states=server.states, virtual_time=now)
+            metrics.add_loss(at.steps - rnd.steps + j + 1, losses[j])
+        examples = at.steps * config.batch_size
+        server = at.server
+        evaluated = metrics.observe(
+            step=at.steps, examples=examples, params=server.params, states=server.states, virtual_time=at.now
+        )
+        if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
+            at.save(checkpointer, metrics, schedule, examples)
         if metrics.stop_due:
             break
-    return AsyncLocalRun(server, replicas, steps, now, applied, report)
+    return at.result(report)
+
+
+@dataclasses.dataclass
+class _Progress:
+    """Where ``simulate_rounds`` is: the server, every replica, the rounds launched and in
+    flight, and the counts; what a checkpoint holds.
+
+    A checkpoint after an arrival saves its arrays (the server's model and outer state, each
+    replica's model and inner state, the model each replica's stretch measures from, and each
+    round in flight's end state and losses, computed when it was launched) and, in its
+    metadata, the counts and a digest of the schedule so far. The schedule itself is not
+    saved: a resume plans it again from the same config and ``timing.json``, checks the digest
+    and goes on from the next arrival, so a resumed run is the uninterrupted one, bitwise.
+    """
+
+    server: ServerState
+    replicas: list[TrainState]
+    pulled: list[tuple[Any, Any]]  # the model each replica's stretch started from
+    in_flight: dict[int, tuple[TrainState, Any]]  # launched rounds not applied yet: (end, losses)
+    done_steps: list[int]  # each replica's local steps so far: its randomness' step index
+    opened: list[int]  # rounds each replica opened
+    started: dict[int, tuple[int, int]]  # each round in flight's (replica's round, first step)
+    launched: int = 0
+    steps: int = 0
+    applied: int = 0
+    now: float = 0.0
+
+    @classmethod
+    def initial(cls, exp: Experiment, server: ServerState) -> _Progress:
+        w = exp.layout.replicas
+        pulled = [(server.params, server.states)] * w
+        return cls(server, [init_replica(exp)] * w, pulled, {}, [0] * w, [0] * w, {})
+
+    def result(self, report: ArrivalReport) -> AsyncLocalRun:
+        return AsyncLocalRun(self.server, self.replicas, self.steps, self.now, self.applied, report)
+
+    def report(self, exp: Experiment, schedule: Schedule) -> ArrivalReport:
+        """The summary's bookkeeping of the rounds launched and applied so far."""
+        report = ArrivalReport(exp.layout.replicas, exp.model.num_stages)
+        bounds = fragments(exp)
+        for rnd in schedule.rounds[: self.launched]:
+            if rnd.opens:
+                report.started(rnd.replica, rnd.opens)
+        for i in schedule.arrivals[: self.applied]:
+            rnd = schedule.rounds[i]
+            report.arrived(rnd.replica, staleness=rnd.staleness, stages=bounds[rnd.fragment])
+        return report
+
+    def first_unread(self, rounds: list[Round]) -> int:
+        """The first stream position a round not launched yet takes (its batches are read
+        from there on; those before belong to rounds computed already)."""
+        return min((p for rnd in rounds[self.launched :] for p in rnd.positions), default=0)
+
+    def _arrays(self) -> tuple:
+        return self.server, self.replicas, self.pulled, [self.in_flight[i] for i in sorted(self.in_flight)]
+
+    def save(self, checkpointer: RunCheckpointer, metrics: MetricsLog, schedule: Schedule, examples: int) -> None:
+        """Saves this point as checkpoint ``applied`` (see the class docstring)."""
+        counts = {
+            "launched": self.launched,
+            "steps": self.steps,
+            "applied": self.applied,
+            "now": self.now,
+            "done_steps": self.done_steps,
+            "opened": self.opened,
+            "in_flight": [[i, schedule.rounds[i].steps, *self.started[i]] for i in sorted(self.in_flight)],
+            "schedule": _digest(schedule, self.launched, self.applied),
+        }
+        meta = {**metrics.position(self.steps, examples), _META: counts}
+        checkpointer.save(self.applied, {"leaves": jax.tree.leaves(self._arrays())}, meta)
+
+    @classmethod
+    def resume(
+        cls, exp: Experiment, fresh: _Progress, schedule: Schedule, checkpointer: RunCheckpointer, metrics: MetricsLog
+    ) -> _Progress:
+        """The newest checkpoint's point (``fresh``: the run's start, which shapes it), with
+        ``metrics`` and ``checkpointer`` rewound to it; ``fresh`` when none can be restored."""
+        counts = (checkpointer.latest_meta() or {}).get(_META)
+        if counts is None:
+            raise ConfigError(f"{checkpointer.directory} holds no async-local checkpoint: start the run over")
+        shapes = {i: (fresh.replicas[0], np.zeros(n, np.float32) if n else ()) for i, n, *_ in counts["in_flight"]}
+        at = dataclasses.replace(fresh, in_flight=shapes)
+        leaves, treedef = jax.tree.flatten(at._arrays())
+        like = {"leaves": [np.zeros(np.shape(x), np.asarray(x).dtype) for x in leaves]}
+        restored = checkpointer.resume(like=like, metrics=metrics)
+        if restored is None:
+            return fresh
+        saved, _ = restored
+        if _digest(schedule, counts["launched"], counts["applied"]) != counts["schedule"]:
+            raise ConfigError(
+                f"the checkpoint in {checkpointer.directory} was taken on another schedule than this run plans "
+                f"(another config, or a timing other than the run's {TIMING_FILE}): start the run over"
+            )
+        server, replicas, pulled, in_flight = jax.tree.unflatten(treedef, jax.device_put(list(saved["leaves"])))
+        return cls(
+            server,
+            list(replicas),
+            list(pulled),
+            {i: tuple(v) for (i, *_), v in zip(counts["in_flight"], in_flight, strict=True)},
+            list(counts["done_steps"]),
+            list(counts["opened"]),
+            {i: (k, first) for i, _, k, first in counts["in_flight"]},
+            counts["launched"],
+            counts["steps"],
+            counts["applied"],
+            counts["now"],
+        )
+
+
+_META = "async_local"  # the checkpoint metadata's entry of the counts
+
+
+def _digest(schedule: Schedule, launched: int, applied: int) -> str:
+    """A digest of the rounds launched and the arrivals applied so far: which replica, steps,
+    batches, pulled version and fragment, in which order."""
+    rows = [
+        (r.replica, r.steps, list(r.positions), r.pull_version, r.fragment, r.pulled)
+        for r in schedule.rounds[:launched]
+    ]
+    body = json.dumps([rows, schedule.arrivals[:applied]])
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def replay_arrivals(exp: Experiment, arrivals: Sequence[Arrival]) -> AsyncLocalRun:
+    """Re-executes an async-local run's log (clock or threads) from ``exp``'s initial model:
+    each stretch's phase from the server version it pulled, with its logged batches, its
+    replica's inner state and randomness, each arrival applied in the logged order, all with
+    the run's own compiled programs, so the server's model is the run's, bitwise.
+
+    Args:
+      exp: the run's experiment (its config, model, optimizer and data).
+      arrivals: the log's arrivals (``eventlog.read_arrivals``), in ``seq`` order.
+
+    Returns:
+      An ``AsyncLocalRun`` (its ``now`` the last arrival's logged time).
+
+    Raises:
+      ValueError: a stretch pulls a version its replica had not reached, or a replica's
+        stretches do not follow each other, naming the line.
+
+    Example::
+
+        run = replay_arrivals(exp, read_arrivals("runs/a/events.jsonl")[0])
+        run.server.params  # the run's final_variables, bitwise
+    """
+    return simulate_rounds(exp, None, schedule_of(arrivals, exp.layout.replicas))
+
+
+def schedule_of(arrivals: Sequence[Arrival], num_replicas: int) -> Schedule:
+    """The ``Schedule`` a log's arrivals imply: its rounds in the order of the versions they
+    pulled (a replica's stretches in its own order), applied in the logged order.
+
+    Args:
+      arrivals: the log's arrivals, in ``seq`` order.
+      num_replicas: ``W``.
+
+    Returns:
+      A ``Schedule`` that ``simulate_rounds`` runs.
+
+    Raises:
+      ValueError: an arrival names a replica outside ``0 .. W - 1``, a stretch pulls a version
+        not yet produced or older than its replica's last arrival, or a replica's first step
+        does not follow its previous stretch's.
+    """
+    last: dict[int, Arrival] = {}
+    for a in arrivals:
+        before = last.get(a.replica)
+        reached = 0 if before is None else before.version
+        first = 0 if before is None else before.first_step + before.steps
+        if not (0 <= a.replica < num_replicas and reached <= a.pulled <= a.seq and a.first_step == first):
+            raise ValueError(
+                f"arrival seq {a.seq} (replica {a.replica}) pulled version {a.pulled} at local step {a.first_step}; "
+                f"the log implies a version in {reached} .. {a.seq} at step {first}, for a replica in "
+                f"0 .. {num_replicas - 1}"
+            )
+        last[a.replica] = a
+    order = sorted(range(len(arrivals)), key=lambda s: (arrivals[s].pulled, s))
+    place = {s: j for j, s in enumerate(order)}
+    rounds = [
+        Round(a.replica, a.steps, a.positions, 0.0, 0.0, a.time, a.pulled, a.seq, 0.0)._replace(
+            fragment=a.fragment, pulled=a.pulled_fragment, opens=a.opens
+        )
+        for a in (arrivals[s] for s in order)
+    ]
+    return Schedule(rounds, [place[s] for s in range(len(arrivals))], 0.0, 0.0)
+
+
+def _arrival(order: int, rnd: Round, round_index: int, first_step: int) -> Arrival:
+    """The log's line of the arrival ``rnd`` the server applied ``order``-th."""
+    return Arrival(
+        order,
+        rnd.replica,
+        round_index,
+        rnd.steps,
+        rnd.positions,
+        first_step,
+        rnd.pull_version,
+        order + 1,
+        rnd.fragment,
+        rnd.pulled,
+        rnd.opens,
+        rnd.applied,
+    )
 
 
 class _Exchange:
@@ -289,15 +557,19 @@ def _peak(schedule: Schedule, run: AsyncLocalRun) -> int:
     return peak_in_flight([t for t in schedule.network if t[0] <= run.now])
 
 
-def _calibrated_timing(exp: Experiment) -> TimingModel:
+def _calibrated_timing(exp: Experiment, *, resuming: bool) -> TimingModel:
     """This machine's calibration of the replica's step (or ``--timing``'s) with the config's
-    network, saved in ``--out`` as ``timing.json``."""
+    network, saved in ``--out`` as ``timing.json``; a resumed run takes the one saved there,
+    so that it plans the schedule it started with."""
     config = exp.config
+    path = os.path.join(config.out, TIMING_FILE) if config.out else None
+    if resuming and path and os.path.exists(path):
+        return calibration.load(path).timing
     measured = exp.calibration(config.batch_size)
     comm = CommModel(config.comm_latency, config.comm_bandwidth or math.inf)
     measured = dataclasses.replace(measured, timing=dataclasses.replace(measured.timing, comm=comm))
-    if config.out:
-        calibration.save(measured, os.path.join(config.out, TIMING_FILE))
+    if path:
+        calibration.save(measured, path)
     return measured.timing
 
 

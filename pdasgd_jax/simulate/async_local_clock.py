@@ -105,6 +105,7 @@ class Schedule(NamedTuple):
       fragment_bytes: each streaming fragment's bytes (one: the whole model's).
       network: every push and pull, ``(start, end, bytes)``.
       apply_costs: the server's seconds per arrival of each fragment.
+      dropped: the rounds of crashed replicas whose arrivals never reached the server.
     """
 
     rounds: list[Round]
@@ -114,6 +115,7 @@ class Schedule(NamedTuple):
     fragment_bytes: tuple[int, ...] = ()
     network: tuple[tuple[float, float, int], ...] = ()
     apply_costs: tuple[float, ...] = ()
+    dropped: tuple[Round, ...] = ()
 
 
 def plan_rounds(
@@ -128,6 +130,7 @@ def plan_rounds(
     model_nbytes: int,
     seed: int,
     fragment_nbytes: tuple[int, ...] | None = None,
+    crashes: dict[int, float] | None = None,
 ) -> Schedule:
     """The schedule of a whole async-local run (see the module docstring).
 
@@ -143,6 +146,9 @@ def plan_rounds(
       seed: the delay streams' seed.
       fragment_nbytes: each streaming fragment's bytes (``None``: one, the whole model of
         ``model_nbytes``); a fragment's transfers and server update cost its share.
+      crashes: replica -> the virtual time it crashes (``--fleet crash:R@POS``): from then on
+        it does nothing; a round of its whose arrival has not reached the server by then is
+        dropped (its batches are lost), and every other replica goes on.
 
     Returns:
       The ``Schedule``.
@@ -178,8 +184,14 @@ def plan_rounds(
     heapq.heapify(events)
     handed = 0  # stream positions handed out
     server_free = 0.0
+    crashes = crashes or {}
+    dropped: list[int] = []
     while events:
         t, kind, r, i = heapq.heappop(events)
+        if r in crashes and t >= crashes[r]:  # an event at the crash has not happened
+            if kind in (_END, _ARRIVE):
+                dropped.append(i)
+            continue
         if kind == _END:
             p = rounds[i].fragment
             if not ahead[r]:  # the round's last stretch: its speed is known
@@ -205,7 +217,7 @@ def plan_rounds(
             group = [r]
             while events and events[0][0] == t and events[0][1] == _START:
                 group.append(heapq.heappop(events)[2])
-            group.sort()
+            group = sorted(g for g in group if not (g in crashes and t >= crashes[g]))
             if handed * batch_size >= total_examples:  # the budget is handed out: these replicas are done
                 for r in group:  # once each has sent the stages it moved since their last exchange
                     if flush[r] is None:
@@ -232,7 +244,19 @@ def plan_rounds(
                 rounds.append(rnd)
                 heapq.heappush(events, (end, _END, r, len(rounds) - 1))
             handed += sum(steps)
-    return Schedule(rounds, arrivals, apply_cost, transfer, sizes, tuple(network), tuple(apply_costs))
+    lost = set(dropped)
+    kept = [j for j in range(len(rounds)) if j not in lost]
+    place = {j: n for n, j in enumerate(kept)}
+    return Schedule(
+        [rounds[j] for j in kept],
+        [place[j] for j in arrivals],
+        apply_cost,
+        transfer,
+        sizes,
+        tuple(network),
+        tuple(apply_costs),
+        tuple(rounds[j] for j in dropped),
+    )
 
 
 def stretches(steps: int, fragments: int) -> list[tuple[int, int]]:

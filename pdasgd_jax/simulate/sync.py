@@ -34,14 +34,7 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.sync import run_synchronous_loop
 from pdasgd_jax.simulate.averaging_clock import backup_sync_schedule
 from pdasgd_jax.simulate.simulation import num_jobs
-
-# --deadline adaptive: a step closes at median + DEADLINE_MADS * MAD of the arrival times (from
-# their step's start) of the gradients that arrived in the last DEADLINE_WINDOW steps. 3 x 1.4826
-# MADs is Hampel's outlier rule: 1.4826 MAD estimates a normal distribution's standard deviation,
-# so on-time arrivals spread normally pass 3 standard deviations out, while a device several
-# times slower than the others is dropped from its first late step on.
-DEADLINE_MADS = 3 * 1.4826
-DEADLINE_WINDOW = 20
+from pdasgd_jax.simulate.straggler_policy import DEADLINE_MADS, DEADLINE_WINDOW, adaptive_deadline
 
 
 class VirtualTimeMetrics:
@@ -191,7 +184,7 @@ def sync_schedule(
         need = policy.needed(len(runs))
         close = arrived[need - 1][0] if len(arrived) >= need else max(arrived[-1][0], *crashes)
         if policy.adaptive:
-            close = min(close, max(_deadline(history, start), arrived[0][0]))
+            close = min(close, max(adaptive_deadline(history, start), arrived[0][0]))
         for _, w in [(a, w) for a, w in arrived if a <= close][:need]:
             kept[s, w] = True
         arrivals, up = [], len(here)
@@ -236,18 +229,6 @@ def _next_member(fleet: FleetTimeline | None, t: float, transfer: float, step: i
     if not ready:
         raise ValueError(f"--fleet leaves no device to run step {step + 1} from virtual time {t:g} on")
     return min(ready)
-
-
-def _deadline(history: collections.deque[list[tuple[float, float]]], start: float) -> float:
-    """The adaptive deadline of a step published at ``start``: the median plus ``DEADLINE_MADS``
-    median absolute deviations of the arrival times (from their step's start) of the recent
-    steps' gradients that have arrived by ``start``; no deadline before any has."""
-    durations = np.array([d for step in history for arrived, d in step if arrived <= start])
-    if not durations.size:
-        return math.inf
-    median = float(np.median(durations))
-    mad = float(np.median(np.abs(durations - median)))
-    return start + (median + DEADLINE_MADS * mad) * (1 + 1e-9)  # equal arrivals stay within it
 
 
 def plan_sync(

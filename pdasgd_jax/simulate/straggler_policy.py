@@ -1,0 +1,267 @@
+"""Which arrivals a round or a step waits for on the virtual clock: the adaptive deadline rule
+shared by simulated sync and local SGD, and local SGD's rounds under ``--fleet``,
+``--quorum K`` and ``--deadline adaptive`` (algorithms.md §4 and §5a).
+
+``local_rounds_schedule`` says, round by round, which replicas start a unit of work from which
+average, whose work lands in which average, and what a leave or a crash drops; the arithmetic
+(``simulate.averaging.run_local_rounds``) follows it.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import numpy as np
+
+from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
+from pdasgd_jax.delays.fleet import FleetSpec, FleetTimeline
+
+# --deadline adaptive: a step or a round closes at median + DEADLINE_MADS * MAD of the arrival
+# times (from their step's or round's start) of what arrived in the last DEADLINE_WINDOW steps or
+# rounds. 3 x 1.4826 MADs is Hampel's outlier rule: 1.4826 MAD estimates a normal distribution's
+# standard deviation, so on-time arrivals spread normally pass 3 standard deviations out, while a
+# device several times slower than the others is left out from its first late arrival on.
+DEADLINE_MADS = 3 * 1.4826
+DEADLINE_WINDOW = 20
+
+History = collections.deque  # of lists of (arrival time, arrival - its start)
+
+
+def adaptive_deadline(history: Iterable[list[tuple[float, float]]], start: float) -> float:
+    """The adaptive deadline of a step or round published at ``start``: the median plus
+    ``DEADLINE_MADS`` median absolute deviations of the durations (arrival minus its own start)
+    of the recent arrivals that happened by ``start``; no deadline (infinity) before any has.
+
+    Args:
+      history: per recent step or round, its ``(arrival time, duration)`` pairs.
+      start: when the step or round is published.
+
+    Returns:
+      The deadline, in virtual seconds.
+
+    Examples:
+        >>> adaptive_deadline([[(1.0, 1.0), (2.0, 1.0)], [(3.0, 1.0)]], 3.0) == 3.0 + 1.0 * (1 + 1e-9)
+        True
+    """
+    durations = np.array([d for step in history for arrived, d in step if arrived <= start])
+    if not durations.size:
+        return math.inf
+    median = float(np.median(durations))
+    mad = float(np.median(np.abs(durations - median)))
+    return start + (median + DEADLINE_MADS * mad) * (1 + 1e-9)  # equal arrivals stay within it
+
+
+class Unit(NamedTuple):
+    """One replica's round of work: ``H`` local steps from an average.
+
+    Attributes:
+      worker: the replica.
+      base: the index of the average it starts from (0: the initial model).
+      start: virtual time its first step begins.
+      arrival: when its work is ready to be averaged (its steps and its share of the mean's
+        program done); for a dropped unit, when it was dropped.
+      steps: local steps it computed on the clock (``H``, or fewer for a dropped unit).
+      dropped: ``"leave"`` or ``"crash"`` when a departure dropped it; ``None`` otherwise.
+    """
+
+    worker: int
+    base: int
+    start: float
+    arrival: float
+    steps: int
+    dropped: str | None = None
+
+
+class LocalRoundsSchedule(NamedTuple):
+    """``local_rounds_schedule``'s answer, over averages ``1 .. R``.
+
+    Attributes:
+      starts: per round ``j`` (index ``j - 1``), the units begun from average ``j - 1``.
+      lands: per round ``j``, the units averaged into average ``j`` (on time or late).
+      closes: ``(R,)`` when each average's all-reduce started.
+      ends: ``(R,)`` when each average was complete on the replicas that merge it.
+      unmerged: units still in flight after the last average (their steps counted, not merged).
+      busy: ``(W,)`` device seconds each replica computed.
+    """
+
+    starts: list[list[Unit]]
+    lands: list[list[Unit]]
+    closes: np.ndarray
+    ends: np.ndarray
+    unmerged: list[Unit]
+    busy: np.ndarray
+
+    def dropped(self) -> list[Unit]:
+        """Every unit a leave or a crash dropped."""
+        return [u for units in self.starts for u in units if u.dropped]
+
+
+def local_rounds_schedule(
+    timing: TimingModel,
+    delays: DelayModel,
+    *,
+    num_workers: int,
+    rounds: int,
+    period: int,
+    model_nbytes: int,
+    seed: int,
+    quorum: int = 0,
+    adaptive: bool = False,
+    fleet: FleetTimeline | None = None,
+    spec: FleetSpec | None = None,
+    state_transfer: float = 0.0,
+    average_work: np.ndarray | None = None,
+    merge_work: np.ndarray | None = None,
+) -> LocalRoundsSchedule:
+    """Local SGD's ``rounds`` averages under a straggler policy and a fleet (algorithms.md §5a).
+
+    A replica's unit of work is ``H = period`` local steps from the last average it merged,
+    each step its host batch transfer, its compute stretched by the slow windows it crosses
+    (``FleetTimeline.elapsed``) and its injected idle time (the same draws as without a fleet,
+    one per step it computes), then its share of the mean's program. Average ``j`` closes at the
+    ``K``-th arrival among the units in flight (``quorum`` K, 0: all of them), or at the adaptive
+    deadline (never before its first arrival); every unit arrived by then (K or more, with ties)
+    lands in it: ``A_j = A_{j-1} + mean(unit's model - its base average)``. Its all-reduce runs
+    over them; a landed replica that crashes before it completes is taken out and the all-reduce
+    starts again over the others at the crash; a landed replica that leaves then still counts
+    but does not merge. The replicas that merge start their next unit from ``A_j``. A late unit
+    is not dropped: its replica waits, and it lands in the first average closing after its arrival.
+
+    A replica that leaves or crashes before its unit lands drops the unit (the steps it computed
+    by then are counted). One that joins at ``t`` receives the state (``state_transfer``
+    seconds) and starts a unit from the first average complete at or after ``t + transfer``
+    (the initial model if none is yet).
+
+    Args:
+      timing: the clock's costs.
+      delays: injected idle time per local step.
+      num_workers: W replicas.
+      rounds: R, averages to take.
+      period: H local steps per unit.
+      model_nbytes: bytes all-reduced per average.
+      seed: the delay streams' seed.
+      quorum: K (0: every unit in flight).
+      adaptive: close at the adaptive deadline too.
+      fleet: the fleet's events in virtual seconds (None: every replica, at full speed).
+      spec: the parsed specification ``fleet`` was built from (its departures).
+      state_transfer: seconds a joining replica takes to receive the state.
+      average_work: per replica, device seconds of the mean's program per unit (default 0).
+      merge_work: per replica, device seconds of a merge (default 0).
+
+    Returns:
+      The ``LocalRoundsSchedule``.
+    """
+    w_all = range(num_workers)
+    zeros = np.zeros(num_workers)
+    average_work = zeros if average_work is None else average_work
+    merge_work = zeros if merge_work is None else merge_work
+    host = timing.host_step
+    compute = [timing.train_step_time(w) for w in w_all]
+    draws = []
+    for w in w_all:
+        rng = rng_for(seed, "step-delays", w)
+        draws.append(iter([delays.idle_time(rng, compute[w]) for _ in range(rounds * period)]))
+    departures: list[list[tuple[float, str]]] = [[] for _ in w_all]
+    if fleet is not None and spec is not None:
+        for e in spec.events(num_workers)[1]:
+            if e.kind != "join":
+                departures[e.device].append((e.at * fleet.horizon, e.kind))
+    for d in departures:
+        d.sort()
+    busy = np.zeros(num_workers)
+
+    def departure(w: int, after: float, until: float) -> tuple[float, str] | None:
+        return next(((t, k) for t, k in departures[w] if after < t <= until), None)
+
+    def begin(w: int, base: int, start: float) -> Unit:
+        t = start
+        for i in range(period):
+            c = compute[w] if fleet is None else fleet.elapsed(w, t + host, compute[w])
+            step_end = t + host + c + next(draws[w])
+            gone = departure(w, t, step_end)
+            if gone is not None:
+                busy[w] += min(c, max(0.0, gone[0] - t - host))
+                return Unit(w, base, start, gone[0], i, gone[1])
+            busy[w] += c
+            t = step_end
+        arrive = t + average_work[w]
+        busy[w] += average_work[w]
+        return Unit(w, base, start, arrive, period)
+
+    initial = timing.host_start
+    in_flight: dict[int, Unit] = {}
+    starts: list[list[Unit]] = []
+    lands: list[list[Unit]] = []
+    closes, ends = np.empty(rounds), np.empty(rounds)
+    history: History = collections.deque(maxlen=DEADLINE_WINDOW)
+    waiting = set(w_all)  # present replicas with no unit: they start from the last average
+    published = initial
+
+    def drop(u: Unit, kind: str) -> None:
+        """``u`` never lands: its replica left or crashed first."""
+        in_flight.pop(u.worker, None)
+        starts[u.base] = [v._replace(dropped=kind) if v is u else v for v in starts[u.base]]
+
+    joins = sorted(t + state_transfer for w in w_all for t in (fleet.join_times(w) if fleet is not None else ()))
+    for j in range(1, rounds + 1):
+        while True:
+            for w in w_all:  # absent replicas that have joined and received the state by now
+                if w not in waiting and w not in in_flight and fleet is not None and fleet.present(w, published):
+                    joined = fleet.joined_at(w, published)
+                    if joined is not None and joined + state_transfer <= published:
+                        waiting.add(w)
+            if waiting or in_flight:
+                break
+            later = [t for t in joins if t > published]
+            if not later:
+                raise ValueError(f"--fleet leaves no replica to take average {j} from virtual time {published:g} on")
+            published = later[0]  # nobody is left: the next joiner starts from the last average
+        begun = []
+        for w in sorted(waiting):
+            if fleet is None or fleet.present(w, published):
+                unit = begin(w, j - 1, published + (merge_work[w] if j > 1 else 0.0))
+                begun.append(unit)
+                if not unit.dropped:
+                    in_flight[w] = unit
+        waiting.clear()
+        starts.append(begun)
+        if not in_flight:
+            raise ValueError(f"--fleet leaves no replica to take average {j} from virtual time {published:g} on")
+        while True:
+            arrived = sorted((u.arrival, w) for w, u in in_flight.items())
+            need = min(quorum, len(arrived)) if quorum else len(arrived)
+            close = arrived[need - 1][0]
+            if adaptive:
+                close = min(close, max(adaptive_deadline(history, published), arrived[0][0]))
+            landing = [in_flight[w] for a, w in arrived if a <= close]
+            # A unit whose replica departs after it arrived but before the close never lands.
+            gone = [(u, g) for u in landing if (g := departure(u.worker, u.arrival, close)) is not None]
+            if not gone:
+                break
+            for u, g in gone:
+                drop(u, g[1])
+            if not in_flight:
+                raise ValueError(f"--fleet leaves no replica to take average {j} from virtual time {published:g} on")
+        end = close + timing.comm.allreduce_time(model_nbytes, len(landing))
+        merged = list(landing)
+        while True:  # a landed replica crashing before the all-reduce completes: it starts again without it
+            crashed = [(g[0], u) for u in merged if (g := departure(u.worker, close, end)) and g[1] == "crash"]
+            if not crashed:
+                break
+            for _, u in crashed:
+                merged.remove(u)
+                drop(u, "crash")
+            end = max(t for t, _ in crashed) + timing.comm.allreduce_time(model_nbytes, max(len(merged), 1))
+        for u in merged:
+            del in_flight[u.worker]
+        history.append([(u.arrival, u.arrival - u.start) for u in merged])
+        lands.append(merged)
+        closes[j - 1], ends[j - 1] = close, end
+        for u in merged:
+            if fleet is None or departure(u.worker, u.arrival, end) is None:
+                waiting.add(u.worker)
+        published = end
+    return LocalRoundsSchedule(starts, lands, closes, ends, list(in_flight.values()), busy)

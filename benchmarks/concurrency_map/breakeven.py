@@ -18,10 +18,12 @@ Definitions (the package docstring gives the reasons):
   grid's first and last gains do not overlap (unpaired intervals: a trend over seeds the gains
   share is ``trend.paired_trend``'s); a speedup below 1 at the last gain without that rise is
   "no crossing on the grid", not a break-even above the grid. A break-even interval from at or
-  below the first gain to above the last is "undetermined"; one that would start above the grid
-  while some grid gains' intervals contain 1 is "not determined (1 inside the interval at ...)".
+  below the first gain to above the last is "undetermined"; one that would start above the grid,
+  or above a grid gain whose interval contains 1, while some grid gains' intervals contain 1 is
+  "not determined (1 inside the interval at ...)".
 * a verdict at a gain (``verdict``) that is the same at every grid gain is printed as holding
-  "at every gain on the grid" (``verdict_text``): the gain then does not decide it.
+  "at every gain on the grid" ("at any gain on the grid" for "does not pay"; ``verdict_text``):
+  the gain then does not decide it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ AT, AT_OR_BELOW, ABOVE = "=", "<=", ">"
 NO_CROSSING = "no crossing on the grid"
 UNDETERMINED = "undetermined"
 EVERY_GAIN = "at every gain on the grid"
+ANY_GAIN = "at any gain on the grid"  # after "does not pay"
 
 
 def speedup(ref: dict[str, Any], pd: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +128,8 @@ def break_even_text(be: dict[str, Any]) -> str:
     """A ``break_even`` as the report prints it, ``point [low, high]``: ``NO_CROSSING`` in place
     of "> g_n" where the speedup is not ``rising``, "(not rising)" after an interpolated gain
     where it is not, ``UNDETERMINED`` for an interval covering the whole axis, and "not
-    determined (1 inside the interval at ...)" for one above the grid while grid gains are unsettled."""
+    determined (1 inside the interval at ...)" for one that starts above the grid or above an
+    unsettled grid gain."""
     rising = be.get("rising", False)
     c, (low, high) = be["gain"], be["ci95"]
     if c["bound"] == ABOVE and not rising:
@@ -135,7 +139,7 @@ def break_even_text(be: dict[str, Any]) -> str:
     unsettled = be.get("unsettled_gains") or []
     if low["bound"] == AT_OR_BELOW and high["bound"] == ABOVE:
         interval = UNDETERMINED
-    elif low["bound"] == ABOVE and unsettled:
+    elif unsettled and (low["bound"] == ABOVE or min(unsettled) < low["gain"]):
         interval = f"not determined (1 inside the interval at g3 = {', '.join(f'{g:g}' for g in unsettled)})"
     elif low["bound"] == ABOVE and not rising:
         interval = "none on the grid"
@@ -181,9 +185,10 @@ def verdict(gains: list[float], speedups: list[dict[str, Any]], gain: float) -> 
 
 
 def verdict_text(gains: list[float], speedups: list[dict[str, Any]], gain: float) -> str:
-    """``verdict`` at ``gain``, or it followed by ``EVERY_GAIN`` where it is the verdict at every
-    grid gain (then it holds between them too: the edges are interpolated on their logs)."""
+    """``verdict`` at ``gain``, or it followed by ``EVERY_GAIN`` (``ANY_GAIN`` after "does not
+    pay") where it is the verdict at every grid gain (then it holds between them too: the edges
+    are interpolated on their logs)."""
     here = verdict(gains, speedups, gain)
     if len(gains) > 1 and all(verdict(gains, speedups, g) == here for g in gains):
-        return f"{here} {EVERY_GAIN}"
+        return f"{here} {ANY_GAIN if here == 'does not pay' else EVERY_GAIN}"
     return here

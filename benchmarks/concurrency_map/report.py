@@ -32,6 +32,7 @@ KEYS = {
     PDASGD_REP: ("speedup_rep", "speedup_rep_best", "break_even_rep", "break_even_rep_vs"),
 }
 ASGD_3T = "asgd-3t"
+RISING = "rising (unpaired intervals)"
 CHAINED = "shared store, chained under reads at dispatch: sequential SGD, independent of W, k and g3"
 
 
@@ -82,8 +83,8 @@ def gain_rows(c: dict[str, Any], baselines: tuple[str, ...]) -> list[dict[str, A
 def break_even_row(c: dict[str, Any], pd: str, baselines: tuple[str, ...], devices: dict[str, float]) -> dict[str, Any]:
     """Cell ``c``'s break-even gains for PD-ASGD row ``pd``, and whether it pays at the paper's
     implied gain and at each of ``devices``' (name -> measured ``g3``), judged on the best
-    baseline's interval there (``verdict_text``: "at every gain on the grid" where the gain does
-    not decide it)."""
+    baseline's interval there (``verdict_text``: "at every gain on the grid", or "at any gain" after
+    "does not pay", where the gain does not decide it)."""
     grid = [r["gain"] for r in c["gains"]]
     best = [r[KEYS[pd][1]] for r in c["gains"]]
     be, be_vs = c[KEYS[pd][2]], c[KEYS[pd][3]]
@@ -98,7 +99,7 @@ def break_even_row(c: dict[str, Any], pd: str, baselines: tuple[str, ...], devic
         "break-even g3 [95 % CI]": break_even_text(be),
         "unsettled at": ", ".join(f"{g:g}" for g in be["unsettled_gains"]) or "-",
         "monotone": "yes" if be["monotone"] else "no",
-        "rising": "yes" if be.get("rising") else "no",
+        RISING: "yes" if be.get("rising") else "no",
         **{f"vs {b}": break_even_text(be_vs[b]) for b in baselines},
         f"at g3 = {implied_gain():.2f} (paper's MFU)": verdict_text(grid, best, implied_gain()),
     }
@@ -186,7 +187,8 @@ def header(results: dict[str, Any]) -> str:
         f"baseline's mean time over PD-ASGD's (above 1: PD-ASGD faster) with 95 % log-scale delta-method "
         f"intervals; the break-even g3 is where the speedup last rises to 1 on the grid (interpolated on its log), "
         f"its interval where the interval's upper and lower edges do (≤: at or below the grid's first gain, "
-        f">: above its last; 'undetermined': from the first gain to above the last); 'rising': the speedup never "
+        f">: above its last; 'undetermined': from the first gain to above the last; 'not determined': above the "
+        f"grid or above a gain whose interval contains 1); '{RISING}': the speedup never "
         f"falls from one gain to the next and its unpaired intervals at the first and last gains do not overlap; "
         f"without that rise a speedup below 1 at the last gain is '{NO_CROSSING}', not a break-even above the "
         f"grid; 'unsettled at': grid gains whose interval contains 1. The label of each cell and PD-ASGD row: "
@@ -248,14 +250,16 @@ def markdown(results: dict[str, Any], devices: dict[str, float] | None = None) -
         else "No measured device curve was given (`--measured NAME=1,g2,g3`), so the report judges none."
     )
     be_rows = [break_even_row(c, pd, baselines, devices) for c in results["cells"] for pd in PD_ROWS]
-    parts = [
-        header(results),
+    parts = [header(results)]
+    if caveats.provenance_text(results):
+        parts.append(caveats.provenance_text(results))
+    parts += [
         scope_text(),
         mfu_text() + " " + measured + " " + caveats.cpu_curve_text(results.get("cpu_curve")),
     ]
     if results["cells"]:
         parts += [caveats.scope_text(results), caveats.overlap_text(results), caveats.waiting_text(results)]
-        parts.append(caveats.intervals_text(results))
+        parts.append(" ".join(t for t in (caveats.intervals_text(results), caveats.baseline_ties_text(results)) if t))
     parts.append(markdown_table(be_rows, list(be_rows[0]) if be_rows else ["cell"]))
     for c in results["cells"]:
         rows = gain_rows(c, baselines)

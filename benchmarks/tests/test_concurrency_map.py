@@ -66,7 +66,7 @@ def test_break_even_wording_on_flat_and_rising_series():
 
 def test_a_verdict_that_holds_at_every_gain_says_so():
     flat = [{"ratio": 0.7, "ci95": [0.6, 0.8]} for _ in GAINS]
-    assert cmap.verdict_text(GAINS, flat, 1.51) == f"does not pay {breakeven.EVERY_GAIN}"
+    assert cmap.verdict_text(GAINS, flat, 1.51) == "does not pay at any gain on the grid"
     ahead = _loglinear(0.0)
     assert cmap.verdict_text(GAINS, ahead, 1.51) == f"pays {breakeven.EVERY_GAIN}"
     assert cmap.verdict_text(GAINS, _loglinear(1.3), 1.6) == "pays"  # not at 1.0

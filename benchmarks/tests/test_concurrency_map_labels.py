@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import concurrency_map as cmap
 from benchmarks import delays
-from benchmarks.concurrency_map import breakeven, calibrations, regenerate, report, trend
+from benchmarks.concurrency_map import breakeven, calibrations, caveats, regenerate, report, trend
 from benchmarks.concurrency_map.__main__ import main
 from pdasgd_jax import calibration as calibration_lib
 from pdasgd_jax import kernels
@@ -110,6 +110,95 @@ def test_unsettled_gains_beside_no_crossing_read_not_determined():
     assert breakeven.break_even_text(be) == (
         f"{breakeven.NO_CROSSING} [not determined (1 inside the interval at g3 = 1, 1.5)]"
     )
+
+
+def test_an_unsettled_gain_below_the_interval_reads_not_determined():
+    # 1 inside the interval at 1.0 and at 2.0, below it at 1.5: the edges cross at 2.0 only
+    values = [(0.8, 0.5, 1.2), (0.7, 0.6, 0.9), (0.9, 0.8, 1.05)]
+    be = cmap.break_even(GAINS, [{"ratio": r, "ci95": [lo, hi]} for r, lo, hi in values])
+    assert be["unsettled_gains"] == [1.0, 2.0] and be["ci95"][0]["bound"] == breakeven.AT
+    assert breakeven.break_even_text(be) == (
+        f"{breakeven.NO_CROSSING} [not determined (1 inside the interval at g3 = 1, 2)]"
+    )
+
+
+def _chained(results: dict) -> dict:
+    """``results`` with every baseline's staleness 0 and examples to target recorded."""
+    for r in results["cells"][0]["gains"]:
+        for a in r["algos"].values():
+            a.update(staleness=[0.0] * 3, examples_to_target=[100.0, 120.0, 110.0])
+    return results
+
+
+def test_the_report_states_ties_falling_baselines_and_the_rising_column():
+    base = {g: [0.004 / g**0.1, 0.005, 0.0045] for g in GAINS}  # lpp's seed 0 falls with the gain
+    pd = _inverse([0.010, 0.010, 0.011], [0.008, 0.008, 0.010])  # seeds 0 and 1 tie at every gain
+    results = _chained(_results(_cell(pd, base)))
+    text = report.markdown(results)
+    assert "| rising (unpaired intervals) |" in text and "| rising |" not in text
+    assert "does not pay at any gain on the grid" in text and "at every gain on the grid" not in text
+    assert "the baselines' updates are chained (staleness 0.00)" in text
+    # every baseline's mean falls by 2 % from g3 = 1 to 2, at equal examples
+    assert "only asgd-3t's times still fall, 2 % at equal examples; lpp's times still fall, 2 %" in text
+    assert "W=4 k=0 pdasgd seeds 0 and 1 give identical times, so its 3 seeds are effectively 2" in text
+    assert "one program at a time per device at every g3" not in text
+    assert "**Provenance.**" not in text  # no run_record: nothing to say
+
+
+def test_a_baseline_near_tie_is_stated_with_its_rate_check():
+    base = {g: [0.004, 0.005, 0.0045] for g in GAINS}
+    results = _results(_cell(_inverse([0.010, 0.012, 0.011], [0.008, 0.009, 0.010]), base))
+    rows = results["cells"][0]["gains"]
+    rows[1]["algos"]["lpp"].update(lr=0.8, tuning={"0.8": 0.00400, "0.2": 0.00404})  # 1 % apart
+    rows[2]["algos"]["lpp"].update(lr=0.2, tuning={"0.8": 0.00430, "0.2": 0.00420})
+    text = caveats.baseline_ties_text(results)
+    assert text.startswith("The inconclusive rule counts near-ties of PD-ASGD's rate only; ")
+    assert "lpp's 0.0125/0.8 near-tie" not in text  # 1 -> 1.5: no near-tie at 1
+    assert "lpp's 0.8/0.2 near-tie at g3 = 1.5-2 (not run at 0.8 on the reported seeds at g3 = 2)" in text
+    results["rate_checks"] = [{"cell": "digits:4:0", "algo": "lpp", "gain": 2.0, "lr": 0.8, "times": [0.003] * 3}]
+    assert (
+        "lpp's 0.8/0.2 near-tie at g3 = 1.5-2 makes the g3 = 2 baseline slower (4.5 vs 3.0 ms at 0.8), "
+        "which favours PD-ASGD" in caveats.baseline_ties_text(results)
+    )
+    assert caveats.baseline_ties_text(_results(_cell(_inverse([0.01] * 3, [0.008] * 3), base))) == ""
+
+
+def test_the_cpu_curve_sentence_gives_the_load_and_g2():
+    raw = {"cpu_count": 2, "g3_range": [0.88, 1.16], "run_record": {"load_average": {"before": 1.69, "after": 1.96}}}
+    raw["repeats"] = [
+        {"curve": [1.0, g2, g3], "load_before": 1.96, "load_after": 1.96} for g2, g3 in ((0.742, 0.88), (1.0004, 1.16))
+    ]
+    text = caveats.cpu_curve_text(raw)
+    assert "4 repeats" not in text and "2 repeats, load 1.7-2.0;" in text
+    assert "gave g3 0.88-1.16 < 1.51; its g2 is below 1 (0.74-1.00); no accelerator" in text
+
+
+def test_the_provenance_note_only_where_no_commit_is_recorded(tmp_path):
+    cell = _cell(_inverse([0.010, 0.012, 0.011], [0.008, 0.009, 0.010]), {g: [0.004, 0.005, 0.0045] for g in GAINS})
+    raw = json.loads(json.dumps(delays.json_ready(_results(cell))))
+    raw["run_record"] = {"commit": None}
+    (tmp_path / "concurrency-map.json").write_text(json.dumps(raw))
+    note = {"tree": "library near abc1234", "rerun_commit": "def5678", "rerun_gains": [1, 2], "rerun_rows": 6}
+    check = "digits:4:0,lpp,2,0.8=0.003,0.003,0.003"
+    argv = ["--dir", str(tmp_path), "--provenance-note", json.dumps(note), "--rate-check", check]
+    assert regenerate.main(argv) == 0
+    again = json.loads((tmp_path / "concurrency-map.json").read_text())
+    assert again["provenance_note"] == note and again["rate_checks"][0]["times"] == [0.003] * 3
+    text = (tmp_path / "concurrency-map.md").read_text()
+    assert (
+        "**Provenance.** Run from an uncommitted working tree (library near abc1234); run_record.commit is null. "
+        "Every reported time at the chosen rates was rerun at def5678 for g3 = 1 and 2 (6 rows x 3 seeds) and "
+        "matches exactly; the rate tuning was not rerun." in text
+    )
+    # a later regeneration without the arguments keeps them; a recorded commit drops the paragraph
+    assert regenerate.main(["--dir", str(tmp_path)]) == 0
+    assert "**Provenance.**" in (tmp_path / "concurrency-map.md").read_text()
+    again["run_record"] = {"commit": "0123abc"}
+    assert "**Provenance.**" not in report.markdown(again)
+    with pytest.raises(SystemExit):
+        regenerate.main(["--dir", str(tmp_path), "--provenance-note", '{"commit": "x"}'])
+    with pytest.raises(SystemExit):
+        regenerate.main(["--dir", str(tmp_path), "--rate-check", "digits:4:0,lpp,2=0.1"])
 
 
 def test_columns_follow_the_pd_rows_then_the_baselines_whatever_the_json_order(tmp_path):

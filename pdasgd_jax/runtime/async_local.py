@@ -26,14 +26,11 @@ after its phase, each of its steps' idle time from ``DelayModel.idle_time`` (str
 ``rng_for(seed, "step-delays", r)``, the clock's).
 
 ``--event-log``: the server writes each arrival to ``events.jsonl`` as it applies it
-(``eventlog.Arrival``: replica, round, steps and batches, the version it pulled and the one
-it produced), so ``simulate.async_local.replay_arrivals`` re-executes the run's arrival
-order, whichever it was, and lands on its model bitwise.
+(``runtime.async_local_messages.arrival_line``), for ``simulate.async_local.replay_arrivals``.
 
 Checkpoints are taken while the server pauses after an arrival (at an evaluation, or every
-``--checkpoint-every`` examples); ``_resume`` says what a resume restores. ``--fleet
-crash:R@POS``: replica ``R`` crashes in the first round it takes once ``POS`` of the examples
-budget is handed out; that round is dropped with its batches, and the run goes on without it.
+``--checkpoint-every`` examples). What a resume restores, how the batches are handed out and
+how ``--fleet crash:R@POS`` drops a replica's round: ``runtime.async_local_ledger``.
 Not yet: several processes (refused before any work).
 """
 
@@ -43,8 +40,8 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -53,9 +50,7 @@ import numpy as np
 from pdasgd_jax import delays
 from pdasgd_jax.affinity import resolve_host_cpus
 from pdasgd_jax.checkpoint import RunCheckpointer
-from pdasgd_jax.delays.fleet import parse_fleet
-from pdasgd_jax.errors import ConfigError
-from pdasgd_jax.eventlog import Arrival, ArrivalLogFile
+from pdasgd_jax.eventlog import ArrivalLogFile
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState
 from pdasgd_jax.metrics import MetricsLog
@@ -64,8 +59,6 @@ from pdasgd_jax.runners.async_local import (
     RoundBatches,
     async_local_outer,
     check_run,
-    crash_summary,
-    dylu_steps,
     init_replica,
     init_server,
     make_local_phase,
@@ -74,42 +67,14 @@ from pdasgd_jax.runners.async_local import (
     whole_model,
 )
 from pdasgd_jax.runners.result import RunResult
+from pdasgd_jax.runtime.async_local_ledger import Ledger
+from pdasgd_jax.runtime.async_local_messages import Applied, Pulled, RoundEnd, arrival_line
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.feed import Gate
 from pdasgd_jax.runtime.lifecycle import JOIN_TIMEOUT_S, POLL_S
 from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed
 
-PyTree = Any
 _OPEN, _SHUT = 1, 0  # the gate's limits: Gate.wait_for(0) passes while it is open
-_META = "async_local"  # the checkpoint metadata's entry of the counts
-
-
-class _Arrival(NamedTuple):
-    replica: int
-    params: PyTree
-    states: PyTree
-    losses: jax.Array
-    steps: int
-    pulled: int  # server updates applied before the model its round started from
-    round: int  # the replica's rounds before this one
-    positions: Sequence[int]  # its batches' stream positions
-    first_step: int  # the replica's local steps before this round
-    opt_states: PyTree  # the replica's inner optimizer state at the round's end
-
-
-class _Pulled(NamedTuple):
-    params: PyTree
-    states: PyTree
-    version: int
-
-
-class _Applied(NamedTuple):
-    """What the supervisor hears of each applied arrival."""
-
-    steps: int
-    losses: jax.Array
-    params: PyTree
-    states: PyTree
 
 
 class AsyncLocalThreads:
@@ -153,29 +118,19 @@ class AsyncLocalThreads:
         self.handed = [(self.server.params, self.server.states)] * self.num_replicas
         self.batches = RoundBatches(run_stream(exp, self.num_replicas))
         self.report = ArrivalReport(self.num_replicas, exp.model.num_stages)
-        self.arrivals: BoundedQueue[_Arrival] = BoundedQueue(self.num_replicas, producers=self.num_replicas)
-        self.replies: list[BoundedQueue[_Pulled]] = [BoundedQueue(1) for _ in range(self.num_replicas)]
+        self.arrivals: BoundedQueue[RoundEnd] = BoundedQueue(self.num_replicas, producers=self.num_replicas)
+        self.replies: list[BoundedQueue[Pulled]] = [BoundedQueue(1) for _ in range(self.num_replicas)]
         self.gate = Gate(_OPEN)
         self.control = Control(
             [self.gate, self.arrivals, *self.replies],
             host_cpus=resolve_host_cpus(config.host_cpus, self.devices[0].platform),
             now=lambda: metrics.clock.elapsed,
         )
-        self.speeds: dict[int, float] = {}
         self.busy = [0.0] * (self.num_replicas + 1)  # each replica's, then the server's
         self.applied = 0
-        self._handed_out = 0  # stream positions taken
         self._examples = 0  # examples of the arrivals applied (the server's count)
         self._lock = threading.Lock()
-        # Per replica, as of its last arrival applied: its inner optimizer state, local steps
-        # and rounds; and the positions of its round taken but not applied yet.
-        self.opt_states = [init_replica(exp).opt_states] * self.num_replicas
-        self.done = [0] * self.num_replicas
-        self.rounds = [0] * self.num_replicas
-        self._unapplied: list[Sequence[int]] = [()] * self.num_replicas
-        self._retake: list[int] = []  # a resumed run's positions of the rounds dropped at its checkpoint
-        self.crash_at = _crash_examples(exp)  # replica -> examples handed out at which it crashes
-        self.crashed: dict[int, tuple[int, int]] = {}  # replica -> (examples handed out, steps dropped)
+        self.ledger = Ledger(exp, init_replica(exp).opt_states)
         self.resumed_steps = 0
         if checkpointer is not None and checkpointer.latest_step() is not None:
             self._resume(checkpointer, metrics)
@@ -243,18 +198,18 @@ class AsyncLocalThreads:
             self.arrivals.producer_done()  # the server ends once every replica is done
 
     def _replica_rounds(self, r: int) -> None:
-        exp, control = self.exp, self.control
+        exp, control, ledger = self.exp, self.control, self.ledger
         device = self.device(r)
         factor = self.factors[self.devices.index(device)]
         rng = delays.rng_for(exp.config.seed, "step-delays", r)
         server = self.handed[r]
-        ts = jax.device_put(TrainState(*server, self.opt_states[r]), device)
+        ts = jax.device_put(TrainState(*server, ledger.opt_states[r]), device)
         key = self._replica_key(r, device) if exp.model.draws_randomness else None
-        version, done, rounds = self.applied, self.done[r], self.rounds[r]
-        while not control.stopped and r not in self.crashed:
+        version, done, rounds = self.applied, ledger.done[r], ledger.rounds[r]
+        while not control.stopped and r not in ledger.crashed:
             self.gate.wait_for(0)
-            positions = self._take(r, self._round_steps(r))
-            if positions is None or r in self.crashed:
+            positions = ledger.take(r, ledger.round_steps(r))
+            if positions is None or r in ledger.crashed:
                 return  # the budget is handed out, or the replica crashed in this round
             steps = len(positions)
             x, y = jax.device_put(self.batches.stacked(positions), device)
@@ -271,10 +226,9 @@ class AsyncLocalThreads:
             self.busy[r] += max(0.0, control.now() - booked)
             per_step = busy * factor / steps
             control.sleep(sum(self.delay.idle_time(rng, per_step) for _ in range(steps)))
-            with self._lock:
-                self.speeds[r] = steps / max(time.perf_counter() - began, 1e-9)
+            ledger.measured(r, steps, began)
             self.arrivals.put(
-                _Arrival(
+                RoundEnd(
                     r, ts_end.params, ts_end.states, losses, steps, version, rounds, positions, done, ts_end.opt_states
                 )
             )
@@ -309,38 +263,6 @@ class AsyncLocalThreads:
                 self._programs.setdefault(key, program)
         return program
 
-    def _round_steps(self, r: int) -> int:
-        """``H_r``: ``--period``, or DyLU's share of it (``H`` before the replica's first speed)."""
-        period = self.exp.config.period
-        with self._lock:
-            if self.exp.config.local_steps != "dynamic" or r not in self.speeds:
-                return period
-            return dylu_steps(self.speeds[r], max(self.speeds.values()), period)
-
-    def _take(self, r: int, steps: int) -> Sequence[int] | None:
-        """Replica ``r``'s next round's stream positions: up to ``steps`` of those a resumed run
-        dropped at its checkpoint, else the next ``steps``; None once the budget is handed out.
-        A replica whose crash is due (``--fleet crash:R@POS``: ``POS`` of the budget handed out)
-        takes its round's positions and crashes in it: the round is dropped, its batches lost."""
-        batch_size = self.exp.config.batch_size
-        with self._lock:
-            handed = self._handed_out * batch_size
-            if self._retake:
-                positions: Sequence[int] = self._retake[:steps]
-                del self._retake[:steps]
-            elif handed >= self.exp.total_examples:
-                return None
-            else:
-                first, self._handed_out = self._handed_out, self._handed_out + steps
-                positions = range(first, first + steps)
-            crash = self.crash_at.get(r)
-            if crash is not None and handed >= crash:
-                self.crashed[r] = (handed, len(positions))
-                self.speeds.pop(r, None)  # DyLU sizes rounds against the replicas still running
-            else:
-                self._unapplied[r] = positions
-            return positions
-
     def _serve(self) -> None:
         control, batch_size = self.control, self.exp.config.batch_size
         while True:
@@ -353,21 +275,17 @@ class AsyncLocalThreads:
             self.server = update(self.server, self.handed[r], end)
             staleness, self.applied = self.applied - arrival.pulled, self.applied + 1
             if self.log is not None:
-                self.log.record_arrival(_logged(arrival, self.applied, control.now()))
+                self.log.record_arrival(arrival_line(arrival, self.applied, control.now()))
             self.handed[r] = (self.server.params, self.server.states)
             jax.block_until_ready(self.server.params)
             self.busy[-1] += max(0.0, control.now() - booked)
-            with self._lock:
-                self._unapplied[r] = ()
-                self.opt_states[r] = arrival.opt_states
-                self.done[r] += arrival.steps
-                self.rounds[r] += 1
+            self.ledger.book(r, arrival.opt_states, arrival.steps)
             self._examples += arrival.steps * batch_size
             if self._examples >= self.pause_at:  # shut before the reply: the replica waits too
                 self.gate.open_until(_SHUT)
-            self.replies[r].put(_Pulled(self.server.params, self.server.states, self.applied))
+            self.replies[r].put(Pulled(self.server.params, self.server.states, self.applied))
             self.report.arrived(r, staleness=staleness)
-            control.job_finished(_Applied(arrival.steps, arrival.losses, self.server.params, self.server.states))
+            control.job_finished(Applied(arrival.steps, arrival.losses, self.server.params, self.server.states))
 
     def _supervise(self, metrics: MetricsLog) -> int:
         """Feeds the metrics log each arrival's losses, evaluates where the server paused and
@@ -406,48 +324,19 @@ class AsyncLocalThreads:
         return min(metrics.next_eval, due or math.inf)
 
     def _save(self, metrics: MetricsLog, steps: int, examples: int) -> None:
-        """Checkpoints the server while it is paused after an arrival (``_resume`` says what)."""
-        with self._lock:
-            dropped = sorted([*self._retake, *(p for positions in self._unapplied for p in positions)])
-            counts = {
-                "applied": self.applied,
-                "examples": self._examples,
-                "handed_out": self._handed_out,
-                "retake": dropped,
-                "done": list(self.done),
-                "rounds": list(self.rounds),
-                "speeds": {str(r): v for r, v in self.speeds.items()},
-                "crashed": {str(r): list(v) for r, v in self.crashed.items()},
-            }
-            arrays = (self.server, list(self.opt_states))
-        meta = {**metrics.position(steps, examples), _META: counts}
-        self.checkpointer.save(self.applied, {"leaves": jax.tree.leaves(arrays)}, meta)
+        """Checkpoints the run while the server is paused after an arrival (``Ledger.save``)."""
+        self.ledger.save(
+            self.checkpointer, metrics, self.server, self.applied, self._examples, steps=steps, examples=examples
+        )
 
     def _resume(self, checkpointer: RunCheckpointer, metrics: MetricsLog) -> None:
-        """Continues from the newest checkpoint: the server's model and outer state as saved;
-        every replica starts a round from that model with its inner optimizer state, local
-        steps and rounds as of its last arrival applied before it; the rounds in flight then
-        are dropped and their batches handed out again first, so every batch of the budget is
-        applied once. DyLU starts from the speeds measured before it."""
-        counts = (checkpointer.latest_meta() or {}).get(_META)
-        if counts is None:
-            raise ConfigError(f"{checkpointer.directory} holds no async-local checkpoint: start the run over")
-        leaves, treedef = jax.tree.flatten((self.server, self.opt_states))
-        like = {"leaves": [np.zeros(np.shape(x), np.asarray(x).dtype) for x in leaves]}
-        restored = checkpointer.resume(like=like, metrics=metrics)
+        """Continues from the newest checkpoint (``Ledger.resume`` says what it restores)."""
+        restored = self.ledger.resume(checkpointer, metrics, self.server)
         if restored is None:
             return
-        saved, meta = restored
-        server, opt_states = jax.tree.unflatten(treedef, list(saved["leaves"]))
+        server, self.applied, self._examples, self.resumed_steps = restored
         self.server = jax.device_put(server, self.devices[0])
         self.handed = [(self.server.params, self.server.states)] * self.num_replicas
-        self.opt_states = list(opt_states)
-        self.applied, self._examples = counts["applied"], counts["examples"]
-        self._handed_out, self._retake = counts["handed_out"], list(counts["retake"])
-        self.done, self.rounds = list(counts["done"]), list(counts["rounds"])
-        self.speeds = {int(r): v for r, v in counts["speeds"].items()}
-        self.crashed = {int(r): tuple(v) for r, v in counts["crashed"].items()}
-        self.resumed_steps = meta["step"]
 
     def _shutdown(self) -> list[str]:
         """Stops and joins every thread; returns the names of those still alive after the timeout."""
@@ -485,42 +374,9 @@ class AsyncLocalThreads:
                 "period": c.period,
                 "server": {"updates": self.applied, "busy": self.busy[-1] / total},
                 **self.report.summary(),
-                **({"crashes": self._crashes()} if self.crash_at else {}),
+                **({"crashes": self.ledger.crashes()} if self.ledger.crash_at else {}),
             },
         }
-
-    def _crashes(self) -> list[dict[str, Any]]:
-        """The summary's crashes: each crashed replica's examples handed out when it crashed
-        and its round dropped then (a replica whose crash point the run never reached: none)."""
-        at = {r: examples for r, (examples, _) in self.crashed.items()}
-        return crash_summary(at, [(r, steps) for r, (_, steps) in self.crashed.items()], self.exp.config.batch_size)
-
-
-def _crash_examples(exp: Experiment) -> dict[int, float]:
-    """``--fleet``'s crashes on threads: replica -> the examples handed out at which it
-    crashes, position ``p`` being ``p`` times the training examples budget."""
-    if not exp.config.fleet:
-        return {}
-    _, presence = parse_fleet(exp.config.fleet).events(exp.layout.replicas)
-    return {e.device: e.at * exp.total_examples for e in presence if e.kind == "crash"}
-
-
-def _logged(arrival: _Arrival, version: int, now: float) -> Arrival:
-    """The log's line of ``arrival``, which produced the server's ``version``."""
-    return Arrival(
-        version - 1,
-        arrival.replica,
-        arrival.round,
-        arrival.steps,
-        tuple(arrival.positions),
-        arrival.first_step,
-        arrival.pulled,
-        version,
-        0,
-        0 if arrival.round else -1,
-        arrival.steps,
-        now,
-    )
 
 
 def run_async_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
@@ -529,14 +385,14 @@ def run_async_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheck
     Args:
       exp: the experiment.
       metrics: receives the losses and evaluations; its target accuracy stops the run early.
-      checkpointer: only checked: a checkpoint to resume is refused (none is written yet).
+      checkpointer: where the server's checkpoints go, and the one a resumed run starts from.
 
     Returns:
       The ``RunResult``: the server's final model; ``extra`` as the module docstring says.
 
     Raises:
-      ConfigError: several processes, a checkpoint to resume, or first rounds longer than
-        the budget (``runners.async_local.check_run``), before any work.
+      ConfigError: several processes, or first rounds longer than the budget
+        (``runners.async_local.check_run``), before any work.
       WorkerError: a thread raised.
 
     Example::

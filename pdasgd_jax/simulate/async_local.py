@@ -10,12 +10,14 @@ evaluation cadence (by examples), each row at the virtual time its last arrival 
 applied; a run that reaches ``--target-accuracy`` stops there.
 
 With ``--event-log`` each arrival is written to ``events.jsonl`` as it is applied
-(``eventlog.Arrival``); ``replay_arrivals`` re-executes such a log, of the clock or of the
-threads, with the same programs, and lands on the run's model bitwise.
+(``async_local_eventlog.arrival_line``); ``replay_arrivals`` re-executes such a log, of the
+clock or of the threads, with the same programs, and lands on the run's model bitwise.
 
-Checkpoints (``--checkpoint-every``, or at evaluations) are taken after an arrival and hold
-values only (``_Progress``): a resume plans the schedule again with the run's ``timing.json``
-and continues from the next arrival, bitwise equal to the uninterrupted run.
+Checkpoints (``--checkpoint-every``, or at evaluations) are taken after an arrival
+(``async_local_checkpoints.Progress``): a resume plans the schedule again with the run's
+``timing.json`` and continues from the next arrival, bitwise equal to the uninterrupted run.
+``--fleet crash:R@POS`` (``runners.async_local_fleet.crash_times``) plans the schedule again
+with the crashes.
 
 Not yet: several processes (refused before any work: ``runners.async_local.check_run``).
 """
@@ -25,21 +27,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
-import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 
 from pdasgd_jax import calibration
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import CommModel, TimingModel, tree_nbytes
-from pdasgd_jax.delays.fleet import FleetTimeline, parse_fleet
-from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.eventlog import Arrival, ArrivalLogFile
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState
@@ -52,16 +49,19 @@ from pdasgd_jax.runners.async_local import (
     async_local_outer,
     check_run,
     crash_summary,
-    init_replica,
     init_server,
     make_local_phase,
     make_server_update,
     run_stream,
     whole_model,
 )
+from pdasgd_jax.runners.async_local_fleet import crash_times
 from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary
 from pdasgd_jax.runners.result import RunResult
-from pdasgd_jax.simulate.async_local_clock import Round, Schedule, plan_rounds
+from pdasgd_jax.simulate.async_local_checkpoints import Progress
+from pdasgd_jax.simulate.async_local_clock import Schedule, plan_rounds
+from pdasgd_jax.simulate.async_local_eventlog import arrival_line, schedule_of
+from pdasgd_jax.simulate.async_local_exchange import Exchange
 from pdasgd_jax.simulate.averaging_clock import peak_in_flight
 from pdasgd_jax.simulate.configured_timing import configured_timing
 
@@ -147,7 +147,7 @@ def run_async_local_simulated(
         fragment_nbytes=None if config.fragments == 1 else tuple(fragment_nbytes(exp)),
     )
     schedule = plan()
-    crashes = _crash_times(exp, schedule)
+    crashes = crash_times(exp, max((rnd.applied for rnd in schedule.rounds), default=0.0))
     if crashes:
         schedule = plan(crashes=crashes)
     path = exp.event_log_path
@@ -189,18 +189,6 @@ def run_async_local_simulated(
     return RunResult(run.server.params, run.server.states, run.steps, examples, extra)
 
 
-def _crash_times(exp: Experiment, schedule: Schedule) -> dict[int, float]:
-    """``--fleet``'s crashes: replica -> virtual time, position ``p`` being ``p`` times the
-    virtual length of ``schedule`` (the same run without fleet events)."""
-    if not exp.config.fleet:
-        return {}
-    w = exp.layout.replicas
-    horizon = max((rnd.applied for rnd in schedule.rounds), default=0.0) or 1.0
-    fleet = FleetTimeline(parse_fleet(exp.config.fleet), w, horizon)
-    times = {r: fleet.crash_in(r, -math.inf, math.inf) for r in range(w)}
-    return {r: t for r, t in times.items() if t is not None}
-
-
 def simulate_rounds(
     exp: Experiment,
     metrics: MetricsLog | None,
@@ -219,7 +207,7 @@ def simulate_rounds(
       metrics: the run's metrics log (``None``: none is fed, as in a replay).
       schedule: ``plan_rounds``'s schedule for ``exp`` (or ``schedule_of``'s, of a log).
       log: the run's event log: each arrival is written to it as it is applied.
-      checkpointer: saves after an arrival when one is due (``_Progress.save``), and the run
+      checkpointer: saves after an arrival when one is due (``Progress.save``), and the run
         continues from its newest checkpoint if there is one.
 
     Returns:
@@ -237,16 +225,16 @@ def simulate_rounds(
     num_replicas = exp.layout.replicas
     outer = async_local_outer(exp)
     phase = make_local_phase(exp.model, exp.tx, whole_model=whole_model(exp))
-    exchange = _Exchange(make_server_update(outer, num_replicas), fragments(exp))
-    at = _Progress.initial(exp, init_server(exp, outer))
+    exchange = Exchange(make_server_update(outer, num_replicas), fragments(exp))
+    at = Progress.initial(exp, init_server(exp, outer))
     if checkpointer is not None and metrics is not None and checkpointer.latest_step() is not None:
-        at = _Progress.resume(exp, at, schedule, checkpointer, metrics)
+        at = Progress.resume(at, schedule, checkpointer, metrics)
     rounds = schedule.rounds
     report = at.report(exp, schedule)
     batches = RoundBatches(run_stream(exp, num_replicas), start=at.first_unread(rounds))
     key = jax.random.key(config.seed) if exp.model.draws_randomness else None
     if metrics is not None and metrics.stop_due:  # resumed from the checkpoint the run stopped at
-        return at.result(report)
+        return _finished(at, report)
     for order in range(at.applied, len(schedule.arrivals)):
         i = schedule.arrivals[order]
         # Every round that pulled the model after `order` updates starts from it now.
@@ -274,7 +262,7 @@ def simulate_rounds(
         report.arrived(rnd.replica, staleness=rnd.staleness, stages=exchange.stages(rnd.fragment))
         started = at.started.pop(i)
         if log is not None:
-            log.record_arrival(_arrival(order, rnd, *started))
+            log.record_arrival(arrival_line(order, rnd, *started))
         at.steps += rnd.steps
         at.applied += 1
         at.now = rnd.applied
@@ -291,128 +279,12 @@ def simulate_rounds(
             at.save(checkpointer, metrics, schedule, examples)
         if metrics.stop_due:
             break
-    return at.result(report)
+    return _finished(at, report)
 
 
-@dataclasses.dataclass
-class _Progress:
-    """Where ``simulate_rounds`` is: the server, every replica, the rounds launched and in
-    flight, and the counts; what a checkpoint holds.
-
-    A checkpoint after an arrival saves its arrays (the server's model and outer state, each
-    replica's model and inner state, the model each replica's stretch measures from, and each
-    round in flight's end state and losses, computed when it was launched) and, in its
-    metadata, the counts and a digest of the schedule so far. The schedule itself is not
-    saved: a resume plans it again from the same config and ``timing.json``, checks the digest
-    and goes on from the next arrival, so a resumed run is the uninterrupted one, bitwise.
-    """
-
-    server: ServerState
-    replicas: list[TrainState]
-    pulled: list[tuple[Any, Any]]  # the model each replica's stretch started from
-    in_flight: dict[int, tuple[TrainState, Any]]  # launched rounds not applied yet: (end, losses)
-    done_steps: list[int]  # each replica's local steps so far: its randomness' step index
-    opened: list[int]  # rounds each replica opened
-    started: dict[int, tuple[int, int]]  # each round in flight's (replica's round, first step)
-    launched: int = 0
-    steps: int = 0
-    applied: int = 0
-    now: float = 0.0
-
-    @classmethod
-    def initial(cls, exp: Experiment, server: ServerState) -> _Progress:
-        w = exp.layout.replicas
-        pulled = [(server.params, server.states)] * w
-        return cls(server, [init_replica(exp)] * w, pulled, {}, [0] * w, [0] * w, {})
-
-    def result(self, report: ArrivalReport) -> AsyncLocalRun:
-        return AsyncLocalRun(self.server, self.replicas, self.steps, self.now, self.applied, report)
-
-    def report(self, exp: Experiment, schedule: Schedule) -> ArrivalReport:
-        """The summary's bookkeeping of the rounds launched and applied so far."""
-        report = ArrivalReport(exp.layout.replicas, exp.model.num_stages)
-        bounds = fragments(exp)
-        for rnd in schedule.rounds[: self.launched]:
-            if rnd.opens:
-                report.started(rnd.replica, rnd.opens)
-        for i in schedule.arrivals[: self.applied]:
-            rnd = schedule.rounds[i]
-            report.arrived(rnd.replica, staleness=rnd.staleness, stages=bounds[rnd.fragment])
-        return report
-
-    def first_unread(self, rounds: list[Round]) -> int:
-        """The first stream position a round not launched yet takes (its batches are read
-        from there on; those before belong to rounds computed already)."""
-        return min((p for rnd in rounds[self.launched :] for p in rnd.positions), default=0)
-
-    def _arrays(self) -> tuple:
-        return self.server, self.replicas, self.pulled, [self.in_flight[i] for i in sorted(self.in_flight)]
-
-    def save(self, checkpointer: RunCheckpointer, metrics: MetricsLog, schedule: Schedule, examples: int) -> None:
-        """Saves this point as checkpoint ``applied`` (see the class docstring)."""
-        counts = {
-            "launched": self.launched,
-            "steps": self.steps,
-            "applied": self.applied,
-            "now": self.now,
-            "done_steps": self.done_steps,
-            "opened": self.opened,
-            "in_flight": [[i, schedule.rounds[i].steps, *self.started[i]] for i in sorted(self.in_flight)],
-            "schedule": _digest(schedule, self.launched, self.applied),
-        }
-        meta = {**metrics.position(self.steps, examples), _META: counts}
-        checkpointer.save(self.applied, {"leaves": jax.tree.leaves(self._arrays())}, meta)
-
-    @classmethod
-    def resume(
-        cls, exp: Experiment, fresh: _Progress, schedule: Schedule, checkpointer: RunCheckpointer, metrics: MetricsLog
-    ) -> _Progress:
-        """The newest checkpoint's point (``fresh``: the run's start, which shapes it), with
-        ``metrics`` and ``checkpointer`` rewound to it; ``fresh`` when none can be restored."""
-        counts = (checkpointer.latest_meta() or {}).get(_META)
-        if counts is None:
-            raise ConfigError(f"{checkpointer.directory} holds no async-local checkpoint: start the run over")
-        shapes = {i: (fresh.replicas[0], np.zeros(n, np.float32) if n else ()) for i, n, *_ in counts["in_flight"]}
-        at = dataclasses.replace(fresh, in_flight=shapes)
-        leaves, treedef = jax.tree.flatten(at._arrays())
-        like = {"leaves": [np.zeros(np.shape(x), np.asarray(x).dtype) for x in leaves]}
-        restored = checkpointer.resume(like=like, metrics=metrics)
-        if restored is None:
-            return fresh
-        saved, _ = restored
-        if _digest(schedule, counts["launched"], counts["applied"]) != counts["schedule"]:
-            raise ConfigError(
-                f"the checkpoint in {checkpointer.directory} was taken on another schedule than this run plans "
-                f"(another config, or a timing other than the run's {TIMING_FILE}): start the run over"
-            )
-        server, replicas, pulled, in_flight = jax.tree.unflatten(treedef, jax.device_put(list(saved["leaves"])))
-        return cls(
-            server,
-            list(replicas),
-            list(pulled),
-            {i: tuple(v) for (i, *_), v in zip(counts["in_flight"], in_flight, strict=True)},
-            list(counts["done_steps"]),
-            list(counts["opened"]),
-            {i: (k, first) for i, _, k, first in counts["in_flight"]},
-            counts["launched"],
-            counts["steps"],
-            counts["applied"],
-            counts["now"],
-        )
-
-
-_META = "async_local"  # the checkpoint metadata's entry of the counts
-
-
-def _digest(schedule: Schedule, launched: int, applied: int) -> str:
-    """A digest of the rounds launched and the arrivals applied so far: which replica, steps,
-    batches, pulled version and fragment, in which order."""
-    rows = [
-        (r.replica, r.steps, list(r.positions), r.pull_version, r.fragment, r.pulled)
-        for r in schedule.rounds[:launched]
-    ]
-    body = json.dumps([rows, schedule.arrivals[:applied]])
-    return hashlib.sha256(body.encode()).hexdigest()
+def _finished(at: Progress, report: ArrivalReport) -> AsyncLocalRun:
+    """What ``simulate_rounds`` ends with at ``at``."""
+    return AsyncLocalRun(at.server, at.replicas, at.steps, at.now, at.applied, report)
 
 
 def replay_arrivals(exp: Experiment, arrivals: Sequence[Arrival]) -> AsyncLocalRun:
@@ -438,118 +310,6 @@ def replay_arrivals(exp: Experiment, arrivals: Sequence[Arrival]) -> AsyncLocalR
         run.server.params  # the run's final_variables, bitwise
     """
     return simulate_rounds(exp, None, schedule_of(arrivals, exp.layout.replicas))
-
-
-def schedule_of(arrivals: Sequence[Arrival], num_replicas: int) -> Schedule:
-    """The ``Schedule`` a log's arrivals imply: its rounds in the order of the versions they
-    pulled (a replica's stretches in its own order), applied in the logged order.
-
-    Args:
-      arrivals: the log's arrivals, in ``seq`` order.
-      num_replicas: ``W``.
-
-    Returns:
-      A ``Schedule`` that ``simulate_rounds`` runs.
-
-    Raises:
-      ValueError: an arrival names a replica outside ``0 .. W - 1``, a stretch pulls a version
-        not yet produced or older than its replica's last arrival, or a replica's first step
-        does not follow its previous stretch's.
-    """
-    last: dict[int, Arrival] = {}
-    for a in arrivals:
-        before = last.get(a.replica)
-        reached = 0 if before is None else before.version
-        first = 0 if before is None else before.first_step + before.steps
-        if not (0 <= a.replica < num_replicas and reached <= a.pulled <= a.seq and a.first_step == first):
-            raise ValueError(
-                f"arrival seq {a.seq} (replica {a.replica}) pulled version {a.pulled} at local step {a.first_step}; "
-                f"the log implies a version in {reached} .. {a.seq} at step {first}, for a replica in "
-                f"0 .. {num_replicas - 1}"
-            )
-        last[a.replica] = a
-    order = sorted(range(len(arrivals)), key=lambda s: (arrivals[s].pulled, s))
-    place = {s: j for j, s in enumerate(order)}
-    rounds = [
-        Round(a.replica, a.steps, a.positions, 0.0, 0.0, a.time, a.pulled, a.seq, 0.0)._replace(
-            fragment=a.fragment, pulled=a.pulled_fragment, opens=a.opens
-        )
-        for a in (arrivals[s] for s in order)
-    ]
-    return Schedule(rounds, [place[s] for s in range(len(arrivals))], 0.0, 0.0)
-
-
-def _arrival(order: int, rnd: Round, round_index: int, first_step: int) -> Arrival:
-    """The log's line of the arrival ``rnd`` the server applied ``order``-th."""
-    return Arrival(
-        order,
-        rnd.replica,
-        round_index,
-        rnd.steps,
-        rnd.positions,
-        first_step,
-        rnd.pull_version,
-        order + 1,
-        rnd.fragment,
-        rnd.pulled,
-        rnd.opens,
-        rnd.applied,
-    )
-
-
-class _Exchange:
-    """The server's side of the rounds' exchanges, of the whole model or (streaming fragments)
-    of one fragment's stages: what a replica's stretch starts from, and an arrival's update.
-
-    Args:
-      update: ``make_server_update``'s step.
-      bounds: each fragment's ``(first, end)`` stages (one: the whole model).
-    """
-
-    def __init__(self, update: Callable, bounds: tuple[tuple[int, int], ...]):
-        self._update, self._bounds = update, bounds
-        self._whole = len(bounds) == 1
-
-    def stages(self, fragment: int) -> tuple[int, int]:
-        """The stages an arrival of ``fragment`` updates."""
-        return self._bounds[fragment]
-
-    def pull(
-        self, server: ServerState, replica: TrainState, start: tuple[Any, Any], fragment: int
-    ) -> tuple[TrainState, tuple[Any, Any]]:
-        """The state a replica's stretch starts from and the ``(params, states)`` it measures its
-        pseudo-gradients from: the server's model (the whole model's exchange), or the
-        replica's own with ``fragment``'s stages pulled (``-1``: none, its first stretch)."""
-        if self._whole:
-            return TrainState(server.params, server.states, replica.opt_states), (server.params, server.states)
-        if fragment < 0:
-            return replica, start
-        lo, hi = self._bounds[fragment]
-        params, states = _put(replica.params, server.params, lo, hi), _put(replica.states, server.states, lo, hi)
-        return TrainState(params, states, replica.opt_states), (
-            _put(start[0], params, lo, hi),
-            _put(start[1], states, lo, hi),
-        )
-
-    def push(self, server: ServerState, fragment: int, start: tuple[Any, Any], end: tuple[Any, Any]) -> ServerState:
-        """The server after an arrival of ``fragment`` (pseudo-gradient ``start - end`` of its stages)."""
-        if self._whole:
-            return self._update(server, start, end)
-        lo, hi = self._bounds[fragment]
-        part = ServerState(server.params[lo:hi], server.states[lo:hi], server.outer[fragment] if server.outer else ())
-        sliced = lambda pair: (pair[0][lo:hi], pair[1][lo:hi])
-        new = self._update(part, sliced(start), sliced(end))
-        outer = server.outer
-        if outer:
-            outer = (*outer[:fragment], new.outer, *outer[fragment + 1 :])
-        return ServerState(_put(server.params, new.params, lo, hi), _put(server.states, new.states, lo, hi), outer)
-
-
-def _put(stages: Any, source: Any, lo: int, hi: int) -> tuple:
-    """``stages`` (one tree per stage) with stages ``lo .. hi - 1`` taken from ``source``,
-    indexed as the whole model's or, when shorter, as those stages alone."""
-    piece = tuple(source[lo:hi]) if len(source) == len(stages) else tuple(source)
-    return (*stages[:lo], *piece, *stages[hi:])
 
 
 def _peak(schedule: Schedule, run: AsyncLocalRun) -> int:

@@ -28,20 +28,20 @@ _PROCESS_START = time.perf_counter()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from typing import Any  # noqa: E402
 
+from benchmarks.scripts.schedule_speed import machine_record, simulated_config  # noqa: E402
+
 DEVICES = (1, 4096, 65536)
-BATCH = 32
 
 
 def measure_point(algo: str, devices: int, epochs: float) -> dict[str, Any]:
     """One whole ``train --simulate`` run of ``algo`` on ``devices`` devices, in this process."""
-    from pdasgd_jax import Config, train_and_evaluate
+    from pdasgd_jax import train_and_evaluate
     from pdasgd_jax.simulate import scheduler, simulation
 
     marks: dict[str, float] = {}
@@ -60,18 +60,7 @@ def measure_point(algo: str, devices: int, epochs: float) -> dict[str, Any]:
 
     simulation.Simulation.__init__, scheduler.Scheduler.run = timed_init, timed_run
     with tempfile.TemporaryDirectory() as out:
-        config = Config(
-            algo=algo,
-            simulate=True,
-            devices=devices,
-            epochs=epochs,
-            batch_size=BATCH,
-            delay_model="exponential",
-            delay_mean=1.0,
-            progress=False,
-            out=out,
-        )
-        result = train_and_evaluate(config)
+        result = train_and_evaluate(simulated_config(algo, devices, epochs, out=out))
     end = time.perf_counter()
     return {
         "algo": algo,
@@ -96,10 +85,6 @@ def _fresh_process(algo: str, devices: int, epochs: float) -> dict[str, Any]:
     return {**point, "wall_s": time.perf_counter() - start}
 
 
-def _machine() -> dict[str, Any]:
-    return {"cores": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", nargs="?", help="directory for scale_run.json")
@@ -117,7 +102,7 @@ def main() -> None:
     if args.epochs <= 0 or any(w < 1 for w in args.devices):
         parser.error(f"--epochs {args.epochs} must be > 0 and --devices {args.devices} each >= 1")
     os.makedirs(args.out_dir, exist_ok=True)
-    started, points = _machine(), []
+    started, points = machine_record(), []
     for devices in args.devices:
         point = _fresh_process(args.algo, devices, args.epochs)
         points.append(point)
@@ -133,7 +118,7 @@ def main() -> None:
         "algo": args.algo,
         "epochs": args.epochs,
         "machine_at_start": started,
-        "machine_at_end": _machine(),
+        "machine_at_end": machine_record(),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "points": points,
         "wall_ratio_to_first": {str(p["devices"]): p["wall_s"] / first for p in points},

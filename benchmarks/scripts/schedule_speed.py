@@ -38,15 +38,12 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_point(algo: str, devices: int, jobs: int) -> dict[str, Any]:
-    """One plan of ``jobs`` jobs of ``algo`` on ``devices`` devices, in this process."""
+def simulated_config(algo: str, devices: int, epochs: float, **extra: Any) -> Any:
+    """The measured run's ``Config``: ``algo`` simulated on ``devices`` devices (one replica each)
+    for ``epochs``, the digits MLP at batch ``BATCH``, exponential delays of mean one step."""
     from pdasgd_jax import Config
-    from pdasgd_jax.experiment import Experiment
-    from pdasgd_jax.simulate import plan_schedule
 
-    probe = Experiment.from_config(Config(algo=algo, simulate=True, progress=False))
-    epochs = jobs * BATCH / len(probe.dataset.train)
-    config = Config(
+    return Config(
         algo=algo,
         simulate=True,
         devices=devices,
@@ -55,8 +52,19 @@ def measure_point(algo: str, devices: int, jobs: int) -> dict[str, Any]:
         delay_model="exponential",
         delay_mean=1.0,
         progress=False,
+        **extra,
     )
-    exp = Experiment.from_config(config)
+
+
+def measure_point(algo: str, devices: int, jobs: int) -> dict[str, Any]:
+    """One plan of ``jobs`` jobs of ``algo`` on ``devices`` devices, in this process."""
+    from pdasgd_jax import Config
+    from pdasgd_jax.experiment import Experiment
+    from pdasgd_jax.simulate import plan_schedule
+
+    probe = Experiment.from_config(Config(algo=algo, simulate=True, progress=False))
+    epochs = jobs * BATCH / len(probe.dataset.train)
+    exp = Experiment.from_config(simulated_config(algo, devices, epochs))
     _ = exp.variables, exp.layout  # the model's initial variables are not the planner's work
     rss_before = _rss_mb()
     plan = plan_schedule(exp)
@@ -84,7 +92,8 @@ def _fresh_process(algo: str, devices: int, jobs: int) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _machine() -> dict[str, Any]:
+def machine_record() -> dict[str, Any]:
+    """The machine's core count, load averages and Python version, now."""
     return {
         "cores": os.cpu_count(),
         "load_average": os.getloadavg(),
@@ -110,7 +119,7 @@ def main() -> None:
     if not args.out_dir:
         parser.error("OUT_DIR is required")
     os.makedirs(args.out_dir, exist_ok=True)
-    started, points = _machine(), []
+    started, points = machine_record(), []
     for algo in args.algos:
         for devices in args.devices:
             jobs = max(args.jobs, args.jobs_per_device * devices)
@@ -129,7 +138,7 @@ def main() -> None:
         "what": "plan_schedule (train --simulate --schedule-only): jobs/min of its clock, set-up, peak RSS",
         "repeats": args.repeats,
         "machine_at_start": started,
-        "machine_at_end": _machine(),
+        "machine_at_end": machine_record(),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "points": points,
     }

@@ -10,8 +10,8 @@ import os
 from typing import Any
 
 from pdasgd_jax.choices import ASYNCHRONOUS, DELAY_MODELS, EVENT_LOG_ALGOS, REPLICATED
+from pdasgd_jax.fleet_checks import ASYNC_LOCAL, check_fleet_and_quorum
 
-ASYNC_LOCAL = "async-local"
 # Those whose threaded runs slow a --straggler-devices device's workers (runtime.workers, and
 # runtime.async_local's replicas).
 THREADED_STRAGGLERS = (*ASYNCHRONOUS, ASYNC_LOCAL)
@@ -108,7 +108,7 @@ def check(config: Any) -> None:
             f"--backup-workers {b} needs --simulate: real sync is one SPMD program whose all-reduce waits "
             f"for every device, so it cannot drop the slowest gradients"
         )
-    _check_fleet_and_quorum(config)
+    check_fleet_and_quorum(config)
     if device_concurrency_curve(config.device_concurrency) != (1.0,) and not config.simulate:
         raise ValueError(
             f"--device-concurrency {config.device_concurrency} models the simulator's devices: it needs "
@@ -282,28 +282,6 @@ def _check_async_local(config: Any) -> None:
         )
 
 
-def _check_async_local_fleet(config: Any, given: list[str]) -> None:
-    """``--fleet`` for ``--algo async-local`` (threads and clock): ``crash`` events only, each
-    on a replica; ``--quorum`` and ``--deadline`` have no step to act on."""
-    if config.quorum or config.deadline != "none":
-        raise ValueError(
-            f"{', '.join(given)}: --quorum and --deadline size a synchronous step; async-local's server applies "
-            "each arrival as it comes: drop them"
-        )
-    from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
-
-    spec = parse_fleet(config.fleet)
-    others = [f"slow:{w.device}x{w.factor:g}@{w.start:g}-{w.end:g}" for w in spec.slow]
-    others += [f"{e.kind}:{e.device}@{e.at:g}" for e in spec.presence if e.kind != "crash"]
-    if spec.churn is not None or others:
-        named = "churn" if spec.churn is not None else ", ".join(others)
-        raise ValueError(
-            f"--fleet {config.fleet}: --algo {ASYNC_LOCAL} takes crash:R@POS events only so far (a replica that "
-            f"stops mid-round), not {named}"
-        )
-    spec.events(config.replicas or config.devices or 1)
-
-
 # What a field's declared type accepts: integers of any kind (Python or NumPy) for ``int``, any
 # real number for ``float``, never a bool for either.
 _KINDS = {"int": (numbers.Integral, "an integer"), "float": (numbers.Real, "a number"), "str": (str, "a string")}
@@ -321,59 +299,6 @@ def _check_type(name: str, declared: str, value: Any) -> None:
     kind, noun = _KINDS[kinds[0]]
     if not isinstance(value, kind) or isinstance(value, bool):
         raise ValueError(f"--{_flag(name)} {value!r} must be {noun}" + (" or None" if "None" in kinds else ""))
-
-
-# Where --fleet, --quorum and --deadline are not implemented yet: the event-driven clock (its
-# devices would stretch a kernel by the slow windows it crosses), the averaging clocks, and every
-# real run (real sync is one SPMD program whose all-reduce waits for every device).
-FLEET_NOT_YET = "sgd, asgd, pdasgd, pdasgd-block, dasgd, lpp, every run without --simulate (async-local: crash only)"
-
-
-def _check_fleet_and_quorum(config: Any) -> None:
-    """``--fleet``, ``--quorum`` and ``--deadline`` against the algorithm and the path, and
-    ``--fleet``'s grammar and device indices against the run's devices (``delays.fleet``)."""
-    k = config.quorum
-    if not (isinstance(k, int) and k >= 0):
-        raise ValueError(f"--quorum {k!r} must be an integer >= 0 (0: every device's gradient)")
-    given = [
-        flag
-        for flag, on in (
-            (f"--fleet {config.fleet}", config.fleet),
-            (f"--quorum {k}", k),
-            (f"--deadline {config.deadline}", config.deadline != "none"),
-        )
-        if on
-    ]
-    if not given:
-        return
-    if config.algo == ASYNC_LOCAL:
-        _check_async_local_fleet(config, given)
-        return
-    if config.algo not in ("sync", "local") or not config.simulate:
-        run = f"--algo {config.algo}" + ("" if config.simulate else " without --simulate")
-        if config.algo == "sync":
-            run += ", whose real steps are one SPMD program with an all-reduce that waits for every device"
-        raise ValueError(
-            f"{', '.join(given)}: implemented for --algo sync --simulate only so far, not for {run} "
-            f"(--algo local --simulate takes them too; not yet: {FLEET_NOT_YET})"
-        )
-    if config.algo == "local" and (config.fragments > 1 or config.outer_optimizer != "none"):
-        raise ValueError(
-            f"{', '.join(given)}: local SGD under a fleet or a straggler policy takes one fragment and no outer "
-            f"optimizer so far, not --fragments {config.fragments} --outer-optimizer {config.outer_optimizer}"
-        )
-    devices = (config.replicas or config.devices or 1) if config.algo == "local" else (config.devices or 1)
-    if config.fleet:
-        from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
-
-        parse_fleet(config.fleet).events(devices)
-    if k > devices:
-        raise ValueError(f"--quorum {k} exceeds the run's {devices} device(s): use 1..{devices}, or 0 for all")
-    if k and config.backup_workers:
-        raise ValueError(
-            f"--quorum {k} and --backup-workers {config.backup_workers} both size a step's quorum; give one "
-            f"(--quorum K is --backup-workers devices - K, and follows the devices present under --fleet)"
-        )
 
 
 def _check_replicated(config: Any) -> None:

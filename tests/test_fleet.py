@@ -88,9 +88,9 @@ def test_the_flags_are_taken_by_simulated_sync_and_local_and_refused_elsewhere_b
     Config(algo="sync", simulate=True, devices=4, fleet="slow:1x3@0.1-0.5", quorum=3, deadline="adaptive").validate()
     Config(algo="local", simulate=True, replicas=4, fleet="slow:1x3@0.1-0.5", quorum=3).validate()
     for algo in ("pdasgd", "asgd", "dasgd", "lpp"):
-        with pytest.raises(ConfigError, match=f"--algo sync --simulate only so far, not for --algo {algo}"):
+        with pytest.raises(ConfigError, match=f"not implemented for --algo {algo} --simulate; implemented so far"):
             Config(algo=algo, simulate=True, fleet="slow:0x3@0.1-0.5").validate()
-    with pytest.raises(ConfigError, match="without --simulate, whose real steps are one SPMD program"):
+    with pytest.raises(ConfigError, match="--algo sync on threads, whose real steps are one SPMD program"):
         Config(algo="sync", devices=4, fleet="leave:1@0.5").validate()
 
 

@@ -189,10 +189,10 @@ def test_an_adaptive_deadline_leaves_out_a_replica_slow_from_round_three():
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (dict(algo="dasgd", fleet="leave:1@0.5"), "local --simulate takes them too"),
+        (dict(algo="dasgd", fleet="leave:1@0.5"), "implemented so far for .*--algo local --simulate"),
         (dict(quorum=3, fragments=2), "one fragment and no outer optimizer"),
         (dict(deadline="adaptive", outer_optimizer="nesterov"), "one fragment and no outer optimizer"),
-        (dict(quorum=3, simulate=False), "without --simulate"),
+        (dict(quorum=3, simulate=False), "not implemented for --algo local on threads"),
     ],
 )
 def test_what_local_sgd_does_not_cover_yet_is_refused_by_name(overrides, match):

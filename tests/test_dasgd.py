@@ -52,14 +52,17 @@ def run_program(model, variables, tx, rule, x, y, mesh=None):
 def reference(model, variables, tx, rule, x, y):
     """§4 transcribed step by step, workers in a Python loop, averages with numpy.
 
-    Returns the final workers (list of ``TrainState``) and, per worker, the sum of its local
-    steps' displacements (``-lr * sum of gradients`` for plain SGD).
+    Every ``--merge`` rule: ``correct`` and ``overwrite``, and ``eager``, whose worker carries
+    what its merge dropped into its next snapshot. Returns the final workers (list of
+    ``TrainState``), per worker the sum of its local steps' displacements (``-lr * sum of
+    gradients`` for plain SGD), and per worker its carry (zero but for ``eager``).
     """
     num_workers, steps = x.shape[:2]
-    H, d = rule.period, rule.delay
+    H, d, W = rule.period, rule.delay, num_workers
     step = jax.jit(make_train_step(model, tx))
-    workers = [TrainState(variables.params, variables.states, init_opt_states(tx, variables.params))] * num_workers
-    moved = [jax.tree.map(jnp.zeros_like, variables.params)] * num_workers
+    workers = [TrainState(variables.params, variables.states, init_opt_states(tx, variables.params))] * W
+    moved = [jax.tree.map(jnp.zeros_like, variables.params)] * W
+    carries = [jax.tree.map(jnp.zeros_like, (variables.params, variables.states))] * W
     mean = lambda trees: jax.tree.map(lambda *leaves: np.mean(np.stack(leaves), 0), *trees)
     global_params = variables.params
     outer_state = rule.outer.init(global_params) if rule.outer else None
@@ -72,13 +75,16 @@ def reference(model, variables, tx, rule, x, y):
             delta = jax.tree.map(lambda g, a: g - a, global_params, average[0])
             updates, outer_state = rule.outer.update(delta, outer_state, global_params)
             global_params = target = optax.apply_updates(global_params, updates)
-        for w, (s_params, s_states) in enumerate(snapshots):
+        for w, snapshot in enumerate(snapshots):
             ts = workers[w]
-            if rule.merge == "correct":
-                params = jax.tree.map(lambda a, p, s: a + (p - s), target, ts.params, s_params)
-                states = jax.tree.map(lambda a, p, s: a + (p - s), average[1], ts.states, s_states)
-            else:
-                params, states = target, average[1]
+            since = jax.tree.map(lambda p, s: p - s, (ts.params, ts.states), snapshot)
+            if rule.merge == "eager":
+                carries[w] = jax.tree.map(lambda m: m - m / W, since)
+                since = jax.tree.map(lambda m: m / W, since)
+            elif rule.merge == "overwrite":
+                since = jax.tree.map(jnp.zeros_like, since)
+            params = jax.tree.map(jnp.add, target, since[0])
+            states = jax.tree.map(jnp.add, average[1], since[1])
             workers[w] = ts._replace(params=params, states=states)
 
     for t in range(steps + 1):
@@ -88,14 +94,14 @@ def reference(model, variables, tx, rule, x, y):
             break
         if t % H == 0:
             snapshots = [(ts.params, ts.states) for ts in workers]
-            average = mean([s[0] for s in snapshots]), mean([s[1] for s in snapshots])
+            average = mean([jax.tree.map(jnp.add, s, c) for s, c in zip(snapshots, carries, strict=True)])
             if d == 0:
                 merge()
-        for w in range(num_workers):
+        for w in range(W):
             before = workers[w].params
             workers[w], _ = step(workers[w], x[w, t], y[w, t])
             moved[w] = jax.tree.map(lambda m, a, b: m + (a - b), moved[w], workers[w].params, before)
-    return workers, moved
+    return workers, moved, carries
 
 
 def assert_trees_close(a, b, rtol=2e-5, atol=2e-6):
@@ -126,7 +132,7 @@ def test_round_program_matches_step_by_step_reference(period, delay, merge, oute
     rule = AveragingRule(period, delay, merge, outer)
     x, y = random_data(4, 2 * period)
     ws = run_program(model, variables, tx, rule, x, y)
-    workers, _ = reference(model, variables, tx, rule, x, y)
+    workers, _, _ = reference(model, variables, tx, rule, x, y)
     assert_trees_close(ws.train, stack(workers))
 
 
@@ -140,7 +146,7 @@ def test_correct_merge_keeps_the_worker_mean_on_the_sgd_path(merge):
     tx, rule = optax.sgd(0.2), AveragingRule(4, 2, merge)
     x, y = random_data(4, 8)
     ws = run_program(model, variables, tx, rule, x, y)
-    workers, moved = reference(model, variables, tx, rule, x, y)
+    workers, moved, _ = reference(model, variables, tx, rule, x, y)
     assert_trees_close(ws.train, stack(workers))
     worker_mean = jax.tree.map(lambda p: p.mean(0), ws.train.params)
     sgd_path = jax.tree.map(lambda p0, m: p0 + m.mean(0), variables.params, stack(moved))

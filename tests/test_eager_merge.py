@@ -11,13 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_dasgd import random_data, run_program, tiny_bn_model
+from test_dasgd import random_data, reference, run_program, tiny_bn_model
 
 from pdasgd_jax import Config
 from pdasgd_jax.choices import MERGES
 from pdasgd_jax.delays import CommModel, TimingModel
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule, delayed_averaging
 from pdasgd_jax.simulate import run_simulated
@@ -123,53 +122,6 @@ def test_the_round_program_is_correct_bitwise_with_d0_and_with_one_worker(outer)
         _assert_bitwise((runs[0].train, runs[0].outer), (runs[1].train, runs[1].outer))
 
 
-def _reference(model, variables, tx, rule, x, y):
-    """The eager rule transcribed step by step (workers in a Python loop, numpy means): every
-    worker's ``TrainState`` and carry at the end, and the workers' mean of their local steps'
-    displacements (``-lr * sum of gradients`` for plain SGD)."""
-    num_workers, steps = x.shape[:2]
-    H, d, W = rule.period, rule.delay, num_workers
-    step = jax.jit(make_train_step(model, tx))
-    workers = [TrainState(variables.params, variables.states, init_opt_states(tx, variables.params))] * W
-    carries = [jax.tree.map(jnp.zeros_like, (variables.params, variables.states))] * W
-    moved_by_steps = jax.tree.map(jnp.zeros_like, variables.params)
-    mean = lambda trees: jax.tree.map(lambda *leaves: np.mean(np.stack(leaves), 0), *trees)
-    global_params = variables.params
-    outer_state = rule.outer.init(global_params) if rule.outer else None
-    snapshots = average = None
-
-    def merge():
-        nonlocal global_params, outer_state
-        target = average[0]
-        if rule.outer:
-            delta = jax.tree.map(lambda g, a: g - a, global_params, average[0])
-            updates, outer_state = rule.outer.update(delta, outer_state, global_params)
-            global_params = target = optax.apply_updates(global_params, updates)
-        for w, snapshot in enumerate(snapshots):
-            ts = workers[w]
-            moved = jax.tree.map(lambda p, s: p - s, (ts.params, ts.states), snapshot)
-            carries[w] = jax.tree.map(lambda m: m - m / W, moved)
-            params = jax.tree.map(lambda a, m: a + m / W, target, moved[0])
-            states = jax.tree.map(lambda a, m: a + m / W, average[1], moved[1])
-            workers[w] = ts._replace(params=params, states=states)
-
-    for t in range(steps + 1):
-        if d > 0 and t >= d and (t - d) % H == 0:
-            merge()
-        if t == steps:
-            break
-        if t % H == 0:
-            snapshots = [(ts.params, ts.states) for ts in workers]
-            average = mean([jax.tree.map(jnp.add, s, c) for s, c in zip(snapshots, carries, strict=True)])
-            if d == 0:
-                merge()
-        for w in range(W):
-            before = workers[w].params
-            workers[w], _ = step(workers[w], x[w, t], y[w, t])
-            moved_by_steps = jax.tree.map(lambda m, a, b: m + (a - b) / W, moved_by_steps, workers[w].params, before)
-    return workers, carries, moved_by_steps
-
-
 @pytest.mark.parametrize(
     "period, delay, outer",
     [(4, 2, None), (3, 3, None), (4, 1, optax.sgd(0.7, momentum=0.9, nesterov=True))],
@@ -181,7 +133,7 @@ def test_the_round_program_matches_the_rule_step_by_step(period, delay, outer):
     rule = AveragingRule(period, delay, "eager", outer)
     x, y = random_data(4, 2 * period)
     ws = run_program(model, variables, tx, rule, x, y)
-    workers, carries, _ = _reference(model, variables, tx, rule, x, y)
+    workers, _, carries = reference(model, variables, tx, rule, x, y)
     stack = lambda trees: jax.tree.map(lambda *leaves: np.stack(leaves), *trees)
     for ours, theirs in [(ws.train, stack(workers)), ((ws.carry.params, ws.carry.states), stack(carries))]:
         for u, v in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
@@ -198,7 +150,8 @@ def test_with_plain_sgd_the_mean_of_models_and_carries_stays_on_the_sgd_path():
     tx, rule = optax.sgd(0.2), AveragingRule(4, 2, "eager")
     x, y = random_data(4, 8)
     ws = run_program(model, variables, tx, rule, x, y)
-    _, _, moved = _reference(model, variables, tx, rule, x, y)
+    _, moved, _ = reference(model, variables, tx, rule, x, y)
+    moved = jax.tree.map(lambda *leaves: np.mean(np.stack(leaves), 0), *moved)
     mean = lambda tree: jax.tree.map(lambda p: p.mean(0), tree)
     ours = jax.tree.leaves(mean(jax.tree.map(jnp.add, ws.train.params, ws.carry.params)))
     sgd_path = jax.tree.leaves(jax.tree.map(jnp.add, variables.params, moved))

@@ -137,3 +137,12 @@ def test_the_measured_curve_starts_at_one_and_stays_in_range():
     curve = program_timing.measure_concurrency_curve(f, jnp.ones((64, 64)), programs=3, repeats=2)
     assert len(curve) == 3 and curve[0] == 1.0 and all(0 < g <= n for n, g in enumerate(curve, 1))
     TimingModel((1.0,), (1.0,), (0.0,), concurrency=curve)  # a curve the timing model takes
+
+
+def test_a_measured_curve_with_a_timing_that_has_none_is_refused_not_run_serial(exp):
+    """``--device-concurrency measure`` with a timing built elsewhere (a serial one) would
+    silently run serial devices: refused, naming the way out."""
+    with pytest.raises(ValueError, match="carries no measured curve"):
+        _run(exp, TIMING, algo="pdasgd", replicas=2, devices=1, device_concurrency="measure")
+    measured = dataclasses.replace(TIMING, concurrency=(1.0, 1.3, 1.4))
+    assert _run(exp, measured, algo="pdasgd", replicas=2, devices=1, device_concurrency="measure").extra["virtual_time"]

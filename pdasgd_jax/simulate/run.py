@@ -147,6 +147,13 @@ def run_simulated(
     if timing is None:
         with metrics.clock.paused():  # timing this machine's kernels is not training
             timing = _run_timing(exp, checkpointer, worker_batch)
+    elif config.device_concurrency == MEASURE_CONCURRENCY and timing.concurrency_curve == (1.0,):
+        # The curve is measured with the calibration; a timing built elsewhere would run serial.
+        raise ValueError(
+            f"--device-concurrency {MEASURE_CONCURRENCY}: the timing passed to run_simulated carries no measured "
+            f"curve (its devices are serial); pass one from simulate.run.calibrated(exp, batch), or state the "
+            f"curve (--device-concurrency 1,G2,G3)"
+        )
     given_timing = timing  # the compiled path's schedule configures it itself
     timing = configured_timing(exp, timing)
     concurrency = concurrency_report(timing, config.device_concurrency)

@@ -11,6 +11,7 @@ its log-scale interval.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import pathlib
@@ -289,20 +290,20 @@ def speedup_table(grid: Grid) -> str:
     return text
 
 
-def _staleness(grid: Grid, c: Cell) -> str:
-    """PD-ASGD's mean staleness marked against the best asynchronous baseline's, which follows it."""
+def _staleness(grid: Grid, c: Cell, compact: bool = False) -> str:
+    """PD-ASGD's mean staleness marked against the best asynchronous baseline's, which follows it;
+    ``compact``: their difference alone, with its interval and mark."""
     rival, _ = delays_report.pick(c.algos, grid.baselines)
     pd, other = c.algos["pdasgd"]["staleness"], c.algos[rival]["staleness"]
     difference = difference_ci95(pd, other)
-    verdict = direction(difference, "more stale", "less stale")
-    return (
-        f"{mean_ci95(pd)[0]:.2f} vs {rival} {mean_ci95(other)[0]:.2f}: {marked(fmt(difference, signed=True), verdict)}"
-    )
+    figure = marked(fmt(difference, signed=True), direction(difference, "more stale", "less stale"))
+    return figure if compact else f"{mean_ci95(pd)[0]:.2f} vs {rival} {mean_ci95(other)[0]:.2f}: {figure}"
 
 
-def staleness_table(grid: Grid) -> str:
-    """PD-ASGD's mean staleness against the best asynchronous baseline's in every cell."""
-    return _matrix(grid, None, [("PD-ASGD; best async", _staleness, None)])[0]
+def staleness_table(grid: Grid, compact: bool = False) -> str:
+    """PD-ASGD's mean staleness against the best asynchronous baseline's in every cell (``compact``:
+    the difference only)."""
+    return _matrix(grid, None, [("PD-ASGD; best async", functools.partial(_staleness, compact=compact), None)])[0]
 
 
 def dasgd_table(grid: Grid) -> str:

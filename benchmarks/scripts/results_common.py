@@ -231,10 +231,11 @@ class Sources:
                 found.setdefault(str(count), []).append(f"S{i}")
         return found
 
-    def markdown(self) -> str:
-        """The sources table: key, raw file, command, commit; sources that differ only in the
-        folder of their run (the same command into another ``--out``) share one row, the folder
-        written ``<run>`` (the citing table names each run)."""
+    def markdown(self, commands: bool = True) -> str:
+        """The sources table: key, raw file, command, commit (without ``commands``: key, raw file
+        under ``bench_results/``, commit);
+        sources that differ only in the folder of their run (the same command into another
+        ``--out``) share one row, the folder written ``<run>`` (the citing table names each run)."""
         groups: dict[tuple[str, str, str], list[int]] = {}
         for i, entry in enumerate(self.entries, 1):
             groups.setdefault(_run_template(*entry), []).append(i)
@@ -251,7 +252,18 @@ class Sources:
             name = f"S{keys[0]}-S{keys[-1]}" if contiguous else ", ".join(f"S{i}" for i in keys)
             rows.append({"source": name, "raw file": f"`{raw}`", "command": f"`{command}`", "commit": _short(commit)})
         rows.sort(key=lambda row: int(re.match(r"S(\d+)", row["source"]).group(1)))
-        return table(rows)
+        if commands:
+            return table(rows)
+        return table(
+            [
+                {
+                    "source": row["source"],
+                    "raw file (in `bench_results/`)": row["raw file"].replace("`bench_results/", "`"),
+                    "commit": row["commit"],
+                }
+                for row in rows
+            ]
+        )
 
 
 def _run_template(raw: str, command: str, commit: str) -> tuple[str, str, str]:

@@ -46,12 +46,13 @@ def _loads(curve: dict[str, Any]) -> str:
     return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unrecorded"
 
 
-def concurrency_table(root: pathlib.Path, sources: Sources) -> str:
-    """One row per cell and PD-ASGD variant: its speedup over the best asynchronous baseline at the
-    grid's first gain, at 1.5 and at its last, and the fit of its time ``a + b / g3``."""
+def _map(root: pathlib.Path, sources: Sources) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The raw map and one row per cell and PD-ASGD variant: its speedup over the best asynchronous
+    baseline at the grid's first gain, at 1.5 and at its last, and the fit of its time
+    ``a + b / g3``; no rows when the raw file is missing or holds no cell."""
     raw = root / MAP
     if not raw.exists():
-        return ""
+        return {}, []
     data = json.loads(raw.read_text())
     argv = " ".join((data.get("command") or {}).get("argv", []))
     argv = re.sub(r"--out \S+", f"--out {sources.rel(raw.parent)}", argv)  # where its files were committed
@@ -75,18 +76,32 @@ def concurrency_table(root: pathlib.Path, sources: Sources) -> str:
                     "source": src,
                 }
             )
-    if not rows:
-        return ""
+    return data, rows
+
+
+def _implied(data: dict[str, Any]) -> str:
+    """The g3 the paper's MFU implies against the range this CPU's curve gave."""
     curve = data.get("cpu_curve") or {}
     g3 = curve.get("g3_range") or [float("nan")] * 2
     mfu = (data.get("mfu") or {}).get("implied_g3", float("nan"))
     return (
+        f"The paper's MFU (53 % against 35 %) implies g3 of at least {mfu:.2f}; the only device "
+        f"measured, this 2-core CPU ({len(curve.get('repeats') or [])} repeats, load {_loads(curve)}), gave "
+        f"{g3[0]:.2f}-{g3[1]:.2f}; no accelerator was measured."
+    )
+
+
+def concurrency_table(root: pathlib.Path, sources: Sources) -> str:
+    """The device-concurrency map in full: its protocol, caveats and every row of ``_map``."""
+    data, rows = _map(root, sources)
+    if not rows:
+        return ""
+    raw = root / MAP
+    return (
         "Exploratory: PD-ASGD (F = 1, B = 2) against the best asynchronous baseline at 3 threads per device "
         "(asgd-3t, lpp, asgd-3t-rep, picked on the tuning seeds) on a clock whose devices run up to three programs "
         "at once with combined speed g3; PD-ASGD's time fitted per seed as a + b / g3, a the part no gain "
-        f"shrinks. The paper's MFU (53 % against 35 %) implies g3 of at least {mfu:.2f}; the only device "
-        f"measured, this 2-core CPU ({len(curve.get('repeats') or [])} repeats, load {_loads(curve)}), gave "
-        f"{g3[0]:.2f}-{g3[1]:.2f}; no accelerator was measured. On this clock the baselines' updates chain on "
+        f"shrinks. {_implied(data)} On this clock the baselines' updates chain on "
         "their store (staleness 0), so they gain little from g3; PD-ASGD is bound by waiting, not throughput; "
         f"only digits MLP cells ran. Every caveat, gain and baseline: `{sources.rel(raw.with_suffix('.md'))}`. "
         + (
@@ -96,4 +111,19 @@ def concurrency_table(root: pathlib.Path, sources: Sources) -> str:
             else "\n\n"
         )
         + table(rows)
+    )
+
+
+def concurrency_summary(root: pathlib.Path, sources: Sources) -> str:
+    """The map's rows at the grid's largest gain only (the most a concurrent device could give
+    PD-ASGD), for the results page; ``concurrency_table`` holds the rest."""
+    data, rows = _map(root, sources)
+    if not rows:
+        return ""
+    last = f"g3 = {data['gains'][-1]:g}"
+    return (
+        "Exploratory, digits MLP only: PD-ASGD (F = 1, B = 2) against the best asynchronous baseline at 3 "
+        "threads per device on a clock whose devices run up to three programs at once with combined speed g3, "
+        f"at the grid's largest, {last}. {_implied(data)}\n\n"
+        + table([{k: row[k] for k in ("cell", "PD-ASGD", last, "source")} for row in rows])
     )

@@ -1,7 +1,7 @@
 """The results page's wall-clock tables: the threaded runtime against sync and the simulator's
-prediction of it (``bench_results/runtime``), examples per second of the runtime's layouts and
-of the simulator (throughput, sim-speed), the accelerator check (``bench_results/device_check``),
-and the protocols with no raw file yet."""
+prediction of it (``bench_results/runtime``), the accelerator check (``bench_results/device_check``),
+and the protocols with no raw file yet (``results_overheads`` holds the examples-per-second
+tables)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from benchmarks.scripts.results_common import (
 RUNTIME = "bench_results/runtime"
 SIM_SPEED = "bench_results/sim-speed/sim-speed.json"
 DEVICE_CHECK = "bench_results/device_check"
-SIM_SPEED_MODES = ("event", "event_kernels", "fastpath")
 # Where each protocol's raw file lands when its command writes into bench_results/.
 EXPECTED_RAW: dict[str, tuple[str, str]] = {
     **{
@@ -59,7 +58,8 @@ def runtime_files(root: pathlib.Path) -> list[pathlib.Path]:
     return [*dated, base / "runtime.json"] if (base / "runtime.json").exists() else dated
 
 
-def _command(sources: Sources, raw: pathlib.Path) -> str:
+def runtime_command(sources: Sources, raw: pathlib.Path) -> str:
+    """The command that writes the runtime raw file ``raw`` (into its folder)."""
     return f"python -m benchmarks runtime --out {sources.rel(raw.parent)}"
 
 
@@ -76,14 +76,15 @@ def _measured(cell: dict[str, Any], algo: str) -> str:
     return fmt_speedup(s, algo, "sync", cell[algo]["measured_s"])
 
 
-def runtime_table(root: pathlib.Path, sources: Sources) -> str:
+def runtime_table(root: pathlib.Path, sources: Sources, staleness: bool = True) -> str:
     """The current run: each asynchronous layout's measured speedup over sync per delay factor,
-    the simulator's predicted speedup against that interval, and both staleness figures."""
+    the simulator's predicted speedup against that interval, and (``staleness``) both staleness
+    figures."""
     raw = root / RUNTIME / "runtime.json"
     if not raw.exists():
         return ""
     data = json.loads(raw.read_text())
-    src = sources.cite(raw, _command(sources, raw))
+    src = sources.cite(raw, runtime_command(sources, raw))
     rows = []
     for cell in data.get("time_to_target", []):
         for algo, r in cell.items():
@@ -101,10 +102,16 @@ def runtime_table(root: pathlib.Path, sources: Sources) -> str:
                     "verdict#1": speedup_verdict(s),
                     "simulated vs sync": "-" if predicted is None else f"{predicted:.2f}x",
                     "in the measured interval": "inside" if inside else "outside",
-                    "τ measured": fmt(mean_ci95(r.get("measured_staleness_per_seed", []))),
-                    "τ simulated": fmt(mean_ci95(r.get("simulated_staleness_per_seed", []))),
-                    "source": src,
                 }
+                | (
+                    {
+                        "τ measured": fmt(mean_ci95(r.get("measured_staleness_per_seed", []))),
+                        "τ simulated": fmt(mean_ci95(r.get("simulated_staleness_per_seed", []))),
+                    }
+                    if staleness
+                    else {}
+                )
+                | {"source": src}
             )
     return table(rows)
 
@@ -168,7 +175,7 @@ def runs_table(root: pathlib.Path, sources: Sources) -> str:
                 row[f"k = {k_text(cell['k'])}"] = marked(
                     _measured(cell, "pdasgd"), speedup_verdict(_speedup(cell, "pdasgd"))
                 )
-        rows.append(row | {"source": sources.cite(raw, _command(sources, raw))})
+        rows.append(row | {"source": sources.cite(raw, runtime_command(sources, raw))})
     if not rows:
         return ""
     per_k = _per_k(root)
@@ -190,89 +197,33 @@ def runs_table(root: pathlib.Path, sources: Sources) -> str:
     return text
 
 
-def _rate(r: dict[str, Any]) -> str:
-    return f"{r['median']:.0f} [{r['min']:.0f}, {r['max']:.0f}]"
-
-
-def _range_mark(r: dict[str, Any], base: dict[str, Any]) -> str:
-    """▲ where ``r``'s range lies above ``base``'s, ▼ below, nothing where they overlap."""
-    if r["min"] > base["max"]:
-        return " ▲"
-    return " ▼" if r["max"] < base["min"] else ""
-
-
-def _range_verdict(r: dict[str, Any], base: dict[str, Any]) -> str:
-    """faster, slower or "ranges overlap": ``r``'s range against ``base``'s."""
-    mark = _range_mark(r, base)
-    return {" ▲": "faster", " ▼": "slower"}.get(mark, "ranges overlap")
-
-
-def throughput_table(root: pathlib.Path, sources: Sources) -> str:
-    """Examples per second of the runtime's layouts against the sequential loop (no delays), one
-    row per layout and a column pair per batch: what the raw file keeps (median, min and max of
-    the interleaved runs; each layout's own ``vs_sequential``, which the page names as the raw
-    file's since it cannot recompute it)."""
-    raw = root / RUNTIME / "runtime.json"
-    if not raw.exists():
+def runs_summary(root: pathlib.Path, sources: Sources) -> str:
+    """One line for the results page: the spread of PD-ASGD's measured speedup over the kept runs
+    per delay factor (point estimates; ``runs_table`` gives each run's interval)."""
+    kept, _ = _kept_runs(root)
+    keys = [sources.cite(raw, runtime_command(sources, raw)) for raw, _ in kept]
+    spread = []
+    for k, per_run in _per_k(root).items():
+        values = [s[0] for _, s in per_run if math.isfinite(s[0]) and s[0] > 0]
+        spread.append(f"k = {k_text(k)}: {min(values):.2f}-{max(values):.2f}x" if values else f"k = {k_text(k)}: -")
+    if not keys:
         return ""
-    data = json.loads(raw.read_text())
-    src = sources.cite(raw, _command(sources, raw))
-    rows: dict[str, dict[str, Any]] = {}
-    places, batches = [], []
-    for config, layouts in data.get("throughput", {}).items():
-        base = layouts.get("sequential")
-        if base is None:
-            continue
-        place, _, batch = config.rpartition(", ")
-        places.append(place)
-        batches.append(batch)
-        for layout, r in layouts.items():
-            own = layout == "sequential"
-            row = rows.setdefault(layout, {"layout": layout})
-            row[f"{batch} ex/s"] = _rate(r) + ("" if own else _range_mark(r, base))
-            row[f"{batch} `vs_sequential`"] = "1.00x" if own else f"{r['vs_sequential']:.2f}x"
-    if not rows:
-        return ""
-    columns = [f"{b} {c}" for b in batches for c in ("ex/s", "`vs_sequential`")]
-    ordered = [{"layout": row["layout"]} | {c: row.get(c, "-") for c in columns} for row in rows.values()]
-    where = " / ".join(dict.fromkeys(places))
     return (
-        f"Runtime throughput ({src}) on {where} ({data.get('device')}), no delays: examples per second, median "
-        f"[min, max] of {data.get('repeats')} interleaved runs; the raw file keeps no per-run values, "
-        "so a range, not an interval: ▲ or ▼ where a layout's range lies wholly above or below the sequential "
-        "loop's, unmarked where they overlap. `vs_sequential` is the raw file's own summary field (each layout's "
-        "median of its per-round ratios to the sequential loop), not recomputable here without the per-round "
-        "values.\n\n" + table(ordered)
+        f"PD-ASGD's speedup over sync across the {len(keys)} runs of this protocol ({_keys(keys)}), point "
+        f"estimates: {'; '.join(spread)}."
     )
 
 
-def sim_speed_table(root: pathlib.Path, sources: Sources) -> str:
-    """The simulator's examples per second against the fused SGD loop, from ``bench sim-speed``'s
-    raw file (its ratio named as the raw file's own field: a median of per-round ratios the page
-    cannot recompute); a line saying there is none otherwise."""
-    raw = root / SIM_SPEED
-    if not raw.exists():
-        return ""
-    data = json.loads(raw.read_text())
-    src = sources.cite(raw, EXPECTED_RAW["sim-speed"][1])
-    rows = []
-    for batch, r in data.items():
-        if not (isinstance(r, dict) and "sgd" in r):
-            continue
-        for mode in SIM_SPEED_MODES:
-            if mode in r:
-                rows.append(
-                    {
-                        "batch": batch.removeprefix("batch_"),
-                        "mode": mode,
-                        "ex/s median [min, max] (no per-run values)": _rate(r[mode]),
-                        "sgd loop ex/s": _rate(r["sgd"]),
-                        "`<mode>_vs_sgd` (raw field)": f"{r.get(f'{mode}_vs_sgd', math.nan):.2f}x",
-                        "verdict": _range_verdict(r[mode], r["sgd"]),
-                        "source": src,
-                    }
-                )
-    return table(rows)
+def _keys(keys: list[str]) -> str:
+    """Source keys in order, a run of three or more consecutive ones written ``S16-S22``."""
+    numbers = sorted({int(k[1:]) for k in keys})
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"S{r[0]}-S{r[-1]}" if len(r) >= 3 else ", ".join(f"S{n}" for n in r) for r in runs)
 
 
 def device_check_table(root: pathlib.Path, sources: Sources) -> str:
@@ -314,12 +265,16 @@ def has_raw(root: pathlib.Path, name: str) -> bool:
     return (root / EXPECTED_RAW[name][0]).exists()
 
 
+def missing_names(root: pathlib.Path) -> list[str]:
+    """The protocols and claims parts of ``EXPECTED_RAW`` whose raw file is not in ``bench_results/``."""
+    return [name for name in EXPECTED_RAW if not has_raw(root, name)]
+
+
 def missing_table(root: pathlib.Path) -> str:
     """The protocols and claims parts whose raw file is not in ``bench_results/``."""
     rows = [
-        {"protocol": name, "command (it writes its raw file under `--out`)": f"`{command}`"}
-        for name, (path, command) in EXPECTED_RAW.items()
-        if not has_raw(root, name)
+        {"protocol": name, "command (it writes its raw file under `--out`)": f"`{EXPECTED_RAW[name][1]}`"}
+        for name in missing_names(root)
     ]
     return table(rows) if rows else ""
 

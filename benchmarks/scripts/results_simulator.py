@@ -33,9 +33,10 @@ def _target_verdict(r: tuple[float, float, float], target: float) -> str:
     return "missed" if r[2] < target else "not settled"
 
 
-def compiled_speed_table(root: pathlib.Path, sources: Sources) -> str:
+def _compiled(root: pathlib.Path, sources: Sources) -> tuple[list[dict[str, Any]], list[float], set[int]]:
     """One row per raw file and batch: the simulator's paths against the SGD loop (median
-    [min, max] of per-round ratios) and the compiled path's verdict against its target."""
+    [min, max] of per-round ratios) and the compiled path's verdict against its target; with the
+    load averages before the rounds and the round counts."""
     rows, loads, rounds = [], [], set()
     for raw in sorted((root / SIM_SPEED_DIR).glob("*/*.json")):
         data = json.loads(raw.read_text())
@@ -62,6 +63,12 @@ def compiled_speed_table(root: pathlib.Path, sources: Sources) -> str:
             loads.append(((result.get("loadavg") or {}).get("before") or [float("nan")])[0])
             rounds.add(len(runs))
             rows.append(row | {"source": src})
+    return rows, loads, rounds
+
+
+def compiled_speed_table(root: pathlib.Path, sources: Sources) -> str:
+    """``_compiled``'s rows with the protocol they were measured under."""
+    rows, loads, rounds = _compiled(root, sources)
     if not rows:
         return ""
     return (
@@ -71,6 +78,20 @@ def compiled_speed_table(root: pathlib.Path, sources: Sources) -> str:
         "rounds (a range, not an interval); a target is met when every round reaches it, missed when none does; "
         f"1-minute load average {min(loads):.1f}-{max(loads):.1f} before the rounds.\n\n" + table(rows)
     )
+
+
+def compiled_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str, str]]:
+    """``_compiled``'s rows as overhead rows of the results page: the compiled path's ratio with
+    the event path's beside it, and the compiled path's target verdict."""
+    return [
+        {
+            "overhead": f"compiled simulator / SGD loop, {row['algo']}, batch {row['batch']}",
+            "figure": f"{row['compiled / sgd']} (event path {row['event / sgd']})",
+            "verdict": row["target (compiled)"],
+            "source": row["source"],
+        }
+        for row in _compiled(root, sources)[0]
+    ]
 
 
 SCHEDULE_SPEED_DIR = "bench_results/schedule-speed"
@@ -83,14 +104,17 @@ def _load(machine: dict[str, Any]) -> str:
     return f"{load[0]:.1f}" if load else "unrecorded"
 
 
-def planner_speed_table(root: pathlib.Path, sources: Sources) -> str:
+def _planner(
+    root: pathlib.Path, sources: Sources
+) -> tuple[dict[tuple[str, int], dict[str, Any]], list[str], dict[str, list[tuple[str, int, float, str, str]]]]:
     """The planner's jobs per minute per algorithm and fleet size, each raw file of
-    ``schedule_speed`` a column group (``..._before.json``: the code before a change), with
-    its verdict against the target over the repeats (met where every repeat reaches it)."""
-    raws = sorted((root / SCHEDULE_SPEED_DIR).glob("*/*.json"))
+    ``schedule_speed`` a column group (``..._before.json``: the code before a change), with its
+    verdict against the target over the repeats (met where every repeat reaches it); the notes on
+    each file's machine, and per file label its points (algo, W, median, verdict, source)."""
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     notes = []
-    for raw in raws:
+    points: dict[str, list[tuple[str, int, float, str, str]]] = {}
+    for raw in sorted((root / SCHEDULE_SPEED_DIR).glob("*/*.json")):
         data = json.loads(raw.read_text())
         if not (isinstance(data.get("points"), list) and any("runs" in p for p in data["points"])):
             continue  # not a schedule_speed file (a scale run, an interleaved comparison)
@@ -106,12 +130,22 @@ def planner_speed_table(root: pathlib.Path, sources: Sources) -> str:
             if not runs:
                 continue
             r = (statistics.median(runs), min(runs), max(runs))
+            verdict = _target_verdict(r, PLANNER_TARGET)
+            points.setdefault(label, []).append((point["algo"], point["devices"], r[0], verdict, src))
             row = rows.setdefault((point["algo"], point["devices"]), {"algo": point["algo"], "W": point["devices"]})
             row[f"{label}: M jobs/min"] = f"{r[0] / 1e6:.2f} [{r[1] / 1e6:.2f}, {r[2] / 1e6:.2f}]"
-            row[f"{label}: >= 1M"] = _target_verdict(r, PLANNER_TARGET)
+            row[f"{label}: >= 1M"] = verdict
             peak = (point.get("median") or {}).get("peak_rss_mb")
             if peak is not None:
                 row[f"{label}: peak MiB"] = f"{peak:.0f}"
+    return rows, notes, points
+
+
+def planner_speed_table(root: pathlib.Path, sources: Sources) -> str:
+    """``_planner``'s table with its notes, then the interleaved before/after comparison and the
+    whole-process scale run where their raw files exist."""
+    raws = sorted((root / SCHEDULE_SPEED_DIR).glob("*/*.json"))
+    rows, notes, _ = _planner(root, sources)
     extra = [line for raw in raws for line in (_interleaved(raw, sources), _whole_process(raw, sources)) if line]
     if not rows and not extra:
         return ""
@@ -127,12 +161,48 @@ def planner_speed_table(root: pathlib.Path, sources: Sources) -> str:
     )
 
 
-def _interleaved(raw: pathlib.Path, sources: Sources) -> str:
+def planner_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str, str]]:
+    """Overhead rows of the results page: per algorithm, the spread of the planner's median jobs
+    per minute over the fleet sizes of each file, and where the current file's (``after``) meet
+    the target; then one row each for the before/after comparison and the whole-process scale run."""
+    _, _, points = _planner(root, sources)
+    current = "after" if "after" in points else next(iter(points), "")
+    rows = []
+    for algo in sorted({p[0] for found in points.values() for p in found}):
+        spreads, keys = [], []
+        for label, found in points.items():
+            medians = [p[2] / 1e6 for p in found if p[0] == algo]
+            if medians:
+                spreads.append(f"{label} {min(medians):.2f}-{max(medians):.2f}")
+                keys += [p[4] for p in found if p[0] == algo]
+        mine = sorted(p for p in points.get(current, []) if p[0] == algo)
+        verdicts: dict[str, list[str]] = {}
+        for _, w, _, verdict, _ in mine:
+            verdicts.setdefault(verdict, []).append(str(w))
+        rows.append(
+            {
+                "overhead": f"schedule planner, {algo}, W = {mine[0][1]} to {mine[-1][1]}" if mine else algo,
+                "figure": "; ".join(spreads) + " M jobs/min",
+                "verdict": f">= 1M ({current}): "
+                + "; ".join(f"{v} at W = {', '.join(ws)}" for v, ws in verdicts.items()),
+                "source": ", ".join(dict.fromkeys(keys)),
+            }
+        )
+    for raw in sorted((root / SCHEDULE_SPEED_DIR).glob("*/*.json")):
+        for parse in (_interleaved_data, _whole_process_data):
+            found = parse(raw, sources)
+            if found:
+                rows.append(found[1])
+    return rows
+
+
+def _interleaved_data(raw: pathlib.Path, sources: Sources) -> tuple[list[str], dict[str, str], str, str] | None:
     """A before/after file (``rows`` of two trees run one after the other under the same load):
-    each point's jobs per minute before and after, and their ratio."""
+    each point's jobs per minute before and after with their ratio, its overhead row, its key
+    and load range; None for another file."""
     data = json.loads(raw.read_text())
     if not (isinstance(data.get("rows"), list) and {r.get("tree") for r in data["rows"]} >= {"before", "after"}):
-        return ""
+        return None
     commits = data.get("commits") or {}
     command = (
         f"python -m benchmarks.scripts.schedule_speed_ab {commits.get('before', '?')[:7]} "
@@ -142,32 +212,64 @@ def _interleaved(raw: pathlib.Path, sources: Sources) -> str:
     per: dict[tuple[str, int], dict[str, list[float]]] = {}
     for r in data["rows"]:
         per.setdefault((r["algo"], r["devices"]), {}).setdefault(r["tree"], []).append(r["jobs_per_minute"])
-    parts = []
+    parts, ratios = [], []
     for (algo, w), trees in sorted(per.items()):
         b, a = statistics.median(trees.get("before", [0])), statistics.median(trees.get("after", [0]))
-        parts.append(f"{algo} W = {w}: {b / 1e6:.2f}M to {a / 1e6:.2f}M ({a / b:.2f}x)" if b else "")
+        if b:
+            parts.append(f"{algo} W = {w}: {b / 1e6:.2f}M to {a / 1e6:.2f}M ({a / b:.2f}x)")
+            ratios.append(a / b)
     loads = [r.get("load") for r in data["rows"] if r.get("load") is not None]
     load = f", load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    row = {
+        "overhead": "schedule planner after its speed-up against before, back to back",
+        "figure": f"{min(ratios):.2f}x-{max(ratios):.2f}x over {len(ratios)} points" if ratios else "-",
+        "verdict": "one comparison, no interval",
+        "source": src,
+    }
+    return parts, row, src, load
+
+
+def _interleaved(raw: pathlib.Path, sources: Sources) -> str:
+    """``_interleaved_data`` as a line of text; empty for another file."""
+    found = _interleaved_data(raw, sources)
+    if not found:
+        return ""
+    parts, _, src, load = found
     return (
         f"The planner before and after its speed-up, run back to back under the same load ({src}{load}; "
-        f"median over rounds): " + "; ".join(p for p in parts if p) + "."
+        f"median over rounds): " + "; ".join(parts) + "."
     )
 
 
-def _whole_process(raw: pathlib.Path, sources: Sources) -> str:
-    """A ``scale_run`` file: each W's whole ``train --simulate`` process, set-up and peak memory."""
+def _whole_process_data(raw: pathlib.Path, sources: Sources) -> tuple[str, dict[str, str]] | None:
+    """A ``scale_run`` file: each W's whole ``train --simulate`` process, set-up and peak memory, as
+    a line of text and an overhead row (the largest W against the first); None for another file."""
     data = json.loads(raw.read_text())
     if "wall_ratio_to_first" not in data:
-        return ""
+        return None
     src = sources.cite(raw, f"python -m benchmarks.scripts.scale_run {sources.rel(raw.parent)}")
     ratios = data["wall_ratio_to_first"]
-    first = data["points"][0]["devices"]
+    first, last = data["points"][0], data["points"][-1]
     parts = [
-        f"W = {p['devices']}: {p['wall_s']:.1f} s ({ratios[str(p['devices'])]:.2f}x W = {first}), set-up "
+        f"W = {p['devices']}: {p['wall_s']:.1f} s ({ratios[str(p['devices'])]:.2f}x W = {first['devices']}), set-up "
         f"{p['setup_s']:.2f} s, peak {p['peak_rss_mb']:.0f} MiB"
         for p in data["points"]
     ]
-    return (
+    text = (
         f"A whole `train --simulate --algo {data.get('algo')}` process of {data.get('epochs'):g} epoch(s) per W "
         f"({src}, one run, load {_load(data.get('machine_at_start') or {})}): " + "; ".join(parts) + "."
     )
+    row = {
+        "overhead": f"whole `train --simulate --algo {data.get('algo')}` process, W = {last['devices']} against "
+        f"W = {first['devices']}",
+        "figure": f"{ratios[str(last['devices'])]:.2f}x the wall time, peak {last['peak_rss_mb']:.0f} MiB",
+        "verdict": "one run, no interval",
+        "source": src,
+    }
+    return text, row
+
+
+def _whole_process(raw: pathlib.Path, sources: Sources) -> str:
+    """``_whole_process_data``'s line of text; empty for another file."""
+    found = _whole_process_data(raw, sources)
+    return found[0] if found else ""

@@ -1,6 +1,6 @@
-"""BENCHMARKS.md is what ``benchmarks/scripts/make_results_page.py`` makes of the raw files in
-``bench_results/``: a stale page, a hand-edited table or a raw number changed without
-regenerating fails here."""
+"""BENCHMARKS.md and its detail pages under docs/results/ are what
+``benchmarks/scripts/make_results_page.py`` makes of the raw files in ``bench_results/``: a stale
+page, a hand-edited table or a raw number changed without regenerating fails here."""
 
 import json
 import pathlib
@@ -15,8 +15,17 @@ REPO = make_results_page.REPO
 
 
 @pytest.fixture(scope="module")
-def page() -> str:
-    return make_results_page.render(REPO)
+def pages() -> dict[str, str]:
+    return make_results_page.render_pages(REPO)
+
+
+@pytest.fixture(scope="module")
+def page(pages) -> str:
+    return pages[make_results_page.PAGE]
+
+
+def _detail(pages: dict[str, str], name: str) -> str:
+    return pages[f"{make_results_page.DETAILS}/{name}"]
 
 
 @pytest.fixture
@@ -31,30 +40,72 @@ def raw_copy(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path
 
 
-def test_the_committed_page_is_what_the_raw_files_make(page):
-    committed = (REPO / make_results_page.PAGE).read_text()
-    assert committed == page, (
-        "BENCHMARKS.md is stale or hand-edited: run python -m benchmarks.scripts.make_results_page"
-    )
+def test_the_committed_pages_are_what_the_raw_files_make(pages):
+    for name, text in pages.items():
+        assert (REPO / name).read_text() == text, (
+            f"{name} is stale or hand-edited: run python -m benchmarks.scripts.make_results_page"
+        )
+    committed = {p.relative_to(REPO).as_posix() for p in (REPO / make_results_page.DETAILS).glob("*.md")}
+    assert committed == set(pages) - {make_results_page.PAGE}  # no detail page left behind
 
 
-def test_the_page_is_short_and_cites_every_source_it_lists(page):
-    assert len(page.encode()) <= 37 * 1024
-    tables, sources = page.split("## Sources")
+def _keys(text: str) -> set[str]:
+    """The source keys ``text`` cites, a run ``S16-S22`` standing for each key in it."""
+    keys = set()
+    for first, last in re.findall(r"\bS(\d+)(?:-S(\d+))?\b", text):
+        keys |= {f"S{i}" for i in range(int(first), int(last or first) + 1)}
+    return keys
+
+
+def _listed(sources: str) -> list[str]:
     listed = []
-    for first, last in re.findall(r"^\| (S\d+)(?:-(S\d+))? \|", sources, flags=re.MULTILINE):
-        listed += [f"S{i}" for i in range(int(first[1:]), int((last or first)[1:]) + 1)]
+    for first, last in re.findall(r"^\| S(\d+)(?:-S(\d+))? \|", sources, flags=re.MULTILINE):
+        listed += [f"S{i}" for i in range(int(first), int(last or first) + 1)]
+    return listed
+
+
+def test_the_page_is_short_and_cites_every_source_it_lists(pages, page):
+    assert make_results_page.PAGE_LIMIT == 30 * 1000
+    assert len(page.encode()) <= make_results_page.PAGE_LIMIT
+    tables, sources = page.split("## Sources")
+    listed = _listed(sources)
     assert listed == [f"S{i}" for i in range(1, len(listed) + 1)]
-    assert set(re.findall(r"\bS\d+\b", tables)) == set(listed)
+    assert _keys(tables) == set(listed)
+    full = _detail(pages, "sources.md").split("## No raw file yet")[0]
+    assert _listed(full) == listed  # the detail page lists the same keys, with their commands
+    for name, text in pages.items():
+        assert _keys(text.split("## Sources")[0].split("## No raw file yet")[0]) <= set(listed), name
 
 
-def test_check_fails_on_a_hand_edited_table(tmp_path, page):
-    edited = tmp_path / "BENCHMARKS.md"
-    edited.write_text(page.replace("10.62x", "10.26x", 1))
-    assert edited.read_text() != page
-    assert make_results_page.main(["--check", "--out", str(edited)]) == 1
-    edited.write_text(page)
-    assert make_results_page.main(["--check", "--out", str(edited)]) == 0
+def _edit_a_number(text: str) -> str:
+    """``text`` with its first decimal figure after the title changed (a word where it has none)."""
+    title, _, body = text.partition("\n")
+    found = re.search(r"\d+\.\d+", body)
+    if found is None:
+        return title + "\n" + body.replace("the", "a", 1)
+    digits = found.group()
+    changed = digits[:-1] + ("1" if digits[-1] != "1" else "2")
+    return title + "\n" + body[: found.start()] + changed + body[found.end() :]
+
+
+def test_check_fails_on_a_hand_edited_page(tmp_path, pages, monkeypatch):
+    def write(edited: str = "") -> None:
+        for name, text in pages.items():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text(_edit_a_number(text) if name == edited else text)
+
+    write()
+    assert make_results_page.main(["--check", "--out", str(tmp_path)]) == 0
+    for name in pages:
+        write(name)
+        assert (tmp_path / name).read_text() != pages[name]
+        assert make_results_page.main(["--check", "--out", str(tmp_path)]) == 1, name
+    write()
+    (tmp_path / make_results_page.DETAILS / "overheads.md").unlink()
+    assert make_results_page.main(["--check", "--out", str(tmp_path)]) == 1
+    write()
+    monkeypatch.setattr(make_results_page, "PAGE_LIMIT", 1000)  # a page over the limit fails as a stale one
+    assert make_results_page.main(["--check", "--out", str(tmp_path)]) == 1
 
 
 def _changed_lines(before: str, after: str) -> list[str]:
@@ -101,13 +152,14 @@ def test_an_accelerator_check_and_a_sim_speed_file_get_their_rows(raw_copy, page
     (sim / "sim-speed.json").write_text(
         json.dumps({"batch_32": {"sgd": rate, "fastpath": fast, "fastpath_vs_sgd": 3.0}})
     )
-    new = make_results_page.render(raw_copy)
+    pages = make_results_page.render_pages(raw_copy)
+    new = pages[make_results_page.PAGE]
     assert "No accelerator run yet" not in new
     assert "| 1 x NVIDIA H200 | sgd: MFU 41.0% |" in new and "pdasgd: no datasheet peak" in new
-    assert "| 32 | fastpath | 300 [250, 320] | 100 [90, 110] | 3.00x | faster |" in new
-    assert (
-        "`bench_results/sim-speed/sim-speed.json` |" not in new.split("## Not on this page")[1].split("## Sources")[0]
-    )
+    assert "| 32 | fastpath | 300 [250, 320] | 100 [90, 110] | 3.00x | faster |" in _detail(pages, "overheads.md")
+    assert "| simulator fastpath / SGD loop, batch 32 (`bench sim-speed`) | 3.00x (raw field;" in new
+    assert "sim-speed" not in new.split("## Not on this page")[1].split("## Sources")[0]
+    assert "| sim-speed |" not in _detail(pages, "sources.md").split("## No raw file yet")[1]
 
 
 def _section(page: str, title: str) -> str:
@@ -118,8 +170,12 @@ def _runtime_file(root: pathlib.Path, run: str) -> pathlib.Path:
     return root / "bench_results" / "runtime" / run / "runtime.json"
 
 
-def test_runtime_runs_without_a_host_model_are_listed_as_left_out(raw_copy, page):
-    runtime = _section(page, "Threaded runtime (wall clock)")
+def _runs(root: pathlib.Path) -> str:
+    return _detail(make_results_page.render_pages(root), "runtime.md")
+
+
+def test_runtime_runs_without_a_host_model_are_listed_as_left_out(raw_copy, pages):
+    runtime = _detail(pages, "runtime.md")
     assert "| 2026-11-27-2044 | 30 |" in runtime
     for run in ("2026-11-27-1402", "2026-11-27-1416", "2026-11-27-1546"):
         assert "host_model" not in json.loads(_runtime_file(REPO, run).read_text())
@@ -128,14 +184,16 @@ def test_runtime_runs_without_a_host_model_are_listed_as_left_out(raw_copy, page
     data = json.loads(path.read_text())
     del data["host_model"]
     path.write_text(json.dumps(data))
-    new = _section(make_results_page.render(raw_copy), "Threaded runtime (wall clock)")
+    new = _runs(raw_copy)
     assert "| 2026-11-27-2044 |" not in new
     assert "2026-11-27-2044" in new.split("Left out")[1]
+    assert "across the 7 runs of this protocol" in _section(make_results_page.render(raw_copy), "Threaded runtime")
 
 
-def test_runtime_runs_apart_beyond_one_interval_are_said_so(raw_copy, page):
-    runtime = _section(page, "Threaded runtime (wall clock)")
-    assert "which differ beyond one run's interval at k = 0, 2" in runtime
+def test_runtime_runs_apart_beyond_one_interval_are_said_so(raw_copy, pages, page):
+    assert "which differ beyond one run's interval at k = 0, 2" in _section(page, "Threaded runtime (wall clock)")
+    assert "k = 0: 0.28-0.43x; k = 2: 0.93-1.65x; k = 10: 1.91-2.24x" in page
+    runtime = _detail(pages, "runtime.md")
     assert "k = 0: current 0.42x [0.38, 0.46] against 2026-11-27-2044 0.28x [0.26, 0.31]" in runtime
     assert "k = 10: every two overlap" in runtime
     assert "None of the 8 runs above records its commit" in runtime
@@ -143,22 +201,30 @@ def test_runtime_runs_apart_beyond_one_interval_are_said_so(raw_copy, page):
     for raw in (raw_copy / "bench_results" / "runtime").glob("*/runtime.json"):
         if "host_model" in json.loads(raw.read_text()):
             raw.write_text(current)  # every kept run the same: no two apart
-    new = _section(make_results_page.render(raw_copy), "Threaded runtime (wall clock)")
-    assert "differ beyond" not in new and "Every two runs' intervals overlap" in new
+    new = make_results_page.render_pages(raw_copy)
+    assert "differ beyond" not in _detail(new, "runtime.md") and "Every two runs' intervals overlap" in _detail(
+        new, "runtime.md"
+    )
+    assert "differ beyond" not in _section(new[make_results_page.PAGE], "Threaded runtime (wall clock)")
 
 
-def test_a_recorded_commit_and_core_count_reach_the_page(raw_copy, page):
+def test_a_recorded_commit_and_core_count_reach_the_page(raw_copy, pages, page):
     row = "`bench_results/runtime/runtime.json` | `python -m benchmarks runtime --out bench_results/runtime` |"
-    key = re.search(rf"\| (S\d+) \| {re.escape(row)} not recorded \|", page).group(1)
+    key = re.search(rf"\| (S\d+) \| {re.escape(row)} not recorded \|", _detail(pages, "sources.md")).group(1)
+    assert f"| {key} | `runtime/runtime.json` | not recorded |" in page
     assert not re.search(rf"cores \([^)]*\b{key}\b", page)
     path = _runtime_file(raw_copy, "")
     data = json.loads(path.read_text())
     data["run_record"] = {"commit": "0123456789abcdef0123456789abcdef01234567", "machine": {"cpu_count": 2}}
     path.write_text(json.dumps(data))
-    new = make_results_page.render(raw_copy)
-    assert f"| {key} | {row} 0123456789ab |" in new
-    assert re.search(rf"2 cores \([^)]*\b{key}\b[^)]*\), not recorded in the other raw files", new)
-    assert "7 of the 8 runs above records its commit" not in new and "1 of the 8 runs above records its commit" in new
+    new = make_results_page.render_pages(raw_copy)
+    assert f"| {key} | {row} 0123456789ab |" in _detail(new, "sources.md")
+    assert f"| {key} | `runtime/runtime.json` | 0123456789ab |" in new[make_results_page.PAGE]
+    assert re.search(
+        rf"2 cores \([^)]*\b{key}\b[^)]*\), not recorded in the other raw files", new[make_results_page.PAGE]
+    )
+    runs = _detail(new, "runtime.md")
+    assert "7 of the 8 runs above records its commit" not in runs and "1 of the 8 runs above records its commit" in runs
 
 
 def test_stronger_sync_only_where_backup_workers_ran(raw_copy, page):
@@ -206,10 +272,14 @@ def test_the_protocols_are_read_from_the_raw_files(raw_copy, page):
     assert "(digits (mlp): lr 0.1, 10 epochs;" in make_results_page.render(raw_copy)
 
 
-def test_the_labels_name_raw_fields_and_statuses_plainly(page):
-    overheads = _section(page, "Overheads: runtime throughput and simulator speed")
+def test_the_labels_name_raw_fields_and_statuses_plainly(pages, page):
+    overheads = _detail(pages, "overheads.md")
     assert "| batch 32 `vs_sequential` |" in overheads and "median of its per-round ratios" in overheads
     assert "of 11 interleaved runs" in overheads  # the raw file's repeats
+    summary = _section(page, "Overheads: runtime throughput and simulator speed")
+    assert (
+        "| `vs_sequential` 0.55x-1.53x over 8 layouts | every range overlaps the sequential loop's | S15 |" in summary
+    )
     assert "not reproducible from the repository |" not in page
     assert "| every variant | no raw cell (`missing_cells`) |" in page
 
@@ -227,10 +297,10 @@ def test_the_open_findings_are_quoted_from_the_archive(raw_copy, page):
     assert " 35 (fixed): the calibration counts launches" in make_results_page.render(raw_copy)
 
 
-def test_every_figure_of_the_results_summary_is_on_the_page(page):
+def test_every_figure_of_the_results_summary_is_on_a_generated_page(pages):
     summary = (REPO / "docs" / "guide" / "results-summary.md").read_text()
     number = r"(?<![\w.])\d+\.\d+(?=x\b|[^\w.]|\.\s|$)"  # a decimal figure, bare or a factor (2.14x)
-    assert set(re.findall(number, summary)) - set(re.findall(number, page)) == set()
+    assert set(re.findall(number, summary)) - set(re.findall(number, "\n".join(pages.values()))) == set()
 
 
 def _slug(heading: str) -> str:
@@ -239,12 +309,50 @@ def _slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def test_the_docs_link_to_sections_the_page_has(page):
-    anchors = {_slug(line.lstrip("#")) for line in page.splitlines() if line.startswith("#")}
-    for doc in ("docs/claims.md", "docs/guide/results-summary.md"):
+def _anchors(text: str) -> set[str]:
+    return {_slug(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")}
+
+
+def test_the_docs_link_to_sections_the_page_has(pages, page):
+    anchors = _anchors(page)
+    details = [name for name in pages if name != make_results_page.PAGE]
+    for doc in ("docs/claims.md", "docs/guide/results-summary.md", *details):
         links = re.findall(r"BENCHMARKS\.md#([\w-]+)", (REPO / doc).read_text())
         assert links, doc
         assert set(links) <= anchors, (doc, set(links) - anchors)
+
+
+def test_the_page_links_each_detail_page_where_it_is(pages, page):
+    linked = re.findall(r"\]\((docs/results/[\w.-]+\.md)(?:#([\w-]+))?\)", page)
+    assert {name for name, _ in linked} == set(pages) - {make_results_page.PAGE}
+    for name, fragment in linked:
+        assert not fragment or fragment in _anchors(pages[name]), (name, fragment)
+    nav = (REPO / "mkdocs.yml").read_text()
+    for name in pages:
+        if name != make_results_page.PAGE:
+            assert name.removeprefix("docs/") in nav, name
+
+
+def test_a_fleet_section_follows_dasgd_only_when_the_fleet_report_gives_one(monkeypatch, page):
+    class Report:
+        text: str | None = None
+
+        def results_section(self, root: pathlib.Path) -> str | None:
+            assert root == REPO
+            return self.text
+
+    report = Report()
+    monkeypatch.setattr(make_results_page, "fleets_report", report)
+    assert make_results_page.render(REPO) == page
+    monkeypatch.setattr(make_results_page, "fleets_report", None)
+    assert make_results_page.render(REPO) == page
+    report.text = "| fleet | figure |\n|---|---|\n| 4 fast, 4 slow | 1.00x [0.90, 1.10] |\n"
+    monkeypatch.setattr(make_results_page, "fleets_report", report)
+    new = make_results_page.render(REPO)
+    headings = [line for line in new.splitlines() if line.startswith("## ")]
+    fleets = headings.index("## Heterogeneous and unreliable fleets")
+    assert headings[fleets - 1] == "## DaSGD"
+    assert report.text in _section(new, "Heterogeneous and unreliable fleets")
 
 
 def test_the_simulator_speed_tables_judge_every_round_against_the_target(raw_copy):
@@ -257,7 +365,7 @@ def test_the_simulator_speed_tables_judge_every_round_against_the_target(raw_cop
     planner.mkdir(parents=True)
     point = {"algo": "pdasgd", "devices": 16, "runs": [{"jobs_per_minute": j} for j in (0.9e6, 1.2e6, 1.1e6)]}
     (planner / "schedule_speed.json").write_text(json.dumps({"repeats": 3, "points": [point]}))
-    new = make_results_page.render(raw_copy)
+    new = _detail(make_results_page.render_pages(raw_copy), "overheads.md")
     # compiled / sgd per round: 1.3, 1.1, 1.2, so not every round reaches 1.2
     row = "| asgd | 256 | 0.50x [0.50, 0.50] | 1.20x [1.10, 1.30] | 0.60x [0.60, 0.60] | >= 1.2x: not settled |"
     assert row in new

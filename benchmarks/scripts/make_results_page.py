@@ -118,6 +118,13 @@ disagree with this page, the page holds.
 - **Machine**: {results_runtime.machines(root, sources.cores())}. The virtual-clock tables
   (`delays`, `delays-network`, the claims' cells) are deterministic given their calibration and
   seed; the runtime and throughput tables are wall clock.
+- **Terms**: W devices; k the mean injected delay per step, in units of one step's compute
+  (exponential); M the model's stages; the *stronger sync* is sync with backup workers
+  (`sync-backup`: each step keeps the first W - b gradients, b = W / 4; `-w8`: W / 8; `-w2`:
+  W / 2), the best of them per cell on the tuning seeds; the *best async* is the fastest of
+  `asgd` (one thread per device), `asgd-3t` (PD-ASGD's F + B = 3 threads per device), `lpp`
+  and `asgd-3t-rep` (those threads with a replica per device and delayed averaging); H, d: an
+  averaging period and its merge delay, in steps; MFU: model FLOPs utilisation.
 - **Intervals**: 95 %, the delta method over the reported seeds, Student's t at the smaller
   sample's degrees of freedom; log scale for a ratio of means and the mean of a positive
   quantity (`benchmarks.log_ratio_ci95`, as `docs/preregistration.md` fixes), linear for a

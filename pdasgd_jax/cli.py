@@ -106,7 +106,7 @@ def build_parser(preset: str | None = None, *, defaults: bool = True) -> argpars
         type=float,
         default=300.0,
         metavar="S",
-        help="seconds to wait for every process to join; then exit 1 naming who is missing (default 300)",
+        help="seconds to wait for every process to join; then exit 1 naming who is missing",
     )
     bench = sub.add_parser(
         "bench",

@@ -179,7 +179,9 @@ class Config:
         group="async",
     )
     # Delay models.
-    delay_model: str = _field("none", "injected per-step delay distribution", DELAY_MODELS, group="delays")
+    delay_model: str = _field(
+        "none", "injected delay distribution, one draw per --delay-per unit", DELAY_MODELS, group="delays"
+    )
     delay_mean: float = _field(0.0, "mean injected delay, in multiples of one step's compute (>= 0)", group="delays")
     delay_per: str = _field(
         "operation",

@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
             "stage_update model_steps kernels local_rounds spmd rundir divergence distributed deprecation delays.fleet",
         ),
         ("data and models", "data models"),
-        ("configuration", "config config_checks presets layout"),
+        ("configuration", "config config_checks fleet_checks presets layout"),
         (
             "execution pieces: executor, timing, records",
             "executor round_events lpp replication round_replay delays program_timing calibration eventlog metrics "

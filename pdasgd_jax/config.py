@@ -208,16 +208,17 @@ class Config:
     )
     quorum: int = _field(
         0,
-        "--algo sync or local with --simulate: a step proceeds once K of its devices' gradients have arrived, "
-        "the late ones dropped and counted (local: an average closes with the K earliest replicas, a late one "
-        "merging into the next) (0 < K <= devices; 0: all)",
+        "--algo sync, local or dasgd with --simulate: a step proceeds once K of its devices' gradients have "
+        "arrived, the late ones dropped and counted (local, dasgd: an average closes with the K earliest "
+        "replicas, a late one merging into the next) (0 < K <= devices; 0: all)",
         group="delays",
     )
     deadline: str = _field(
         "none",
-        "--algo sync or local with --simulate: adaptive closes each step (local: each average) at the median "
-        "plus 3 x 1.4826 median absolute deviations (Hampel's rule: about 3 standard deviations) of the last 20 "
-        "arrival times; sync drops the later gradients, local merges late replicas into the next average",
+        "--algo sync, local or dasgd with --simulate: adaptive closes each step (local, dasgd: each average) at "
+        "the median plus 3 x 1.4826 median absolute deviations (Hampel's rule: about 3 standard deviations) of "
+        "the last 20 arrival times; sync drops the later gradients, local and dasgd merge late replicas into "
+        "the next average",
         ("none", "adaptive"),
         group="delays",
     )
@@ -225,7 +226,8 @@ class Config:
         None,
         "fleet events at fractions of the run, e.g. slow:2x4@0.2-0.4,leave:3@0.3,join:3@0.6,crash:5@0.5, "
         "or a seeded churn model, churn:leave=0.1,join=0.5,slow=0.2x3,seed=7 (docs/algorithms.md, Fleet "
-        "events); --algo sync or local with --simulate, async-local crash events",
+        "events); --algo sync, local, dasgd, async-local, asgd, pdasgd, pdasgd-block or lpp with --simulate (lpp and "
+        "--replication replicas: slow windows only), async-local on threads crash events only",
         group="delays",
     )
     straggler_devices: int = _field(

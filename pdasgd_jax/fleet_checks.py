@@ -42,46 +42,140 @@ def _check_sync_clock(config: Any, given: list[str]) -> None:
 
 
 def _check_local_clock(config: Any, given: list[str]) -> None:
-    """Simulated local SGD: every event, ``--quorum`` and ``--deadline``, one fragment and no
-    outer optimizer."""
-    if config.fragments > 1 or config.outer_optimizer != "none":
+    """Simulated local SGD: every event, ``--quorum`` and ``--deadline``, one fragment."""
+    if config.fragments > 1:
         raise ValueError(
-            f"{', '.join(given)}: local SGD under a fleet or a straggler policy takes one fragment and no outer "
-            f"optimizer so far, not --fragments {config.fragments} --outer-optimizer {config.outer_optimizer}"
+            f"{', '.join(given)}: local SGD under a fleet or a straggler policy takes one fragment so far, not "
+            f"--fragments {config.fragments}"
         )
     devices = config.replicas or config.devices or 1
     _fleet_events(config, devices)
     _quorum_within(config, devices)
 
 
-def _check_async_local(config: Any, given: list[str]) -> None:
-    """``--algo async-local`` (threads and clock): ``crash`` events only, each on a replica;
-    ``--quorum`` and ``--deadline`` have no step to act on."""
+def _check_dasgd_clock(config: Any, given: list[str]) -> None:
+    """Simulated DaSGD: local SGD's limits, and a ``correct`` or ``overwrite`` merge."""
+    _check_local_clock(config, given)
+    if config.merge == "eager":
+        raise ValueError(
+            f"{', '.join(given)}: DaSGD under a fleet or a straggler policy merges with --merge correct or "
+            f"overwrite so far, not --merge {config.merge}"
+        )
+
+
+def _no_step_policy(config: Any, given: list[str]) -> None:
     if config.quorum or config.deadline != "none":
         raise ValueError(
             f"{', '.join(given)}: --quorum and --deadline size a synchronous step; async-local's server applies "
             "each arrival as it comes: drop them"
         )
+
+
+def _check_async_local_clock(config: Any, given: list[str]) -> None:
+    """``--algo async-local --simulate``: every event, each on a replica (a join with one
+    fragment); ``--quorum`` and ``--deadline`` have no step to act on."""
+    _no_step_policy(config, given)
+    from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
+
+    replicas = config.replicas or config.devices or 1
+    _, presence = parse_fleet(config.fleet).events(replicas)
+    joins = [f"join:{e.device}@{e.at:g}" for e in presence if e.kind == "join"]
+    if joins and config.fragments > 1:
+        raise ValueError(
+            f"--fleet {config.fleet}: a replica that joins pulls the whole model, which --fragments "
+            f"{config.fragments}'s streamed exchanges do not do yet: drop {', '.join(joins)} or use --fragments 1"
+        )
+
+
+def _check_async_local(config: Any, given: list[str]) -> None:
+    """``--algo async-local`` on threads: ``crash`` events only, each on a replica; ``--quorum``
+    and ``--deadline`` have no step to act on."""
+    _no_step_policy(config, given)
     from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
 
     spec = parse_fleet(config.fleet)
-    others = [f"slow:{w.device}x{w.factor:g}@{w.start:g}-{w.end:g}" for w in spec.slow]
-    others += [f"{e.kind}:{e.device}@{e.at:g}" for e in spec.presence if e.kind != "crash"]
-    if spec.churn is not None or others:
-        named = "churn" if spec.churn is not None else ", ".join(others)
+    named = _not_crashes(spec)
+    if named:
         raise ValueError(
-            f"--fleet {config.fleet}: --algo {ASYNC_LOCAL} takes crash:R@POS events only so far (a replica that "
-            f"stops mid-round), not {named}"
+            f"--fleet {config.fleet}: --algo {ASYNC_LOCAL} on threads takes crash:R@POS events only so far (a "
+            f"replica that stops mid-round), not {named}; --simulate takes every event"
         )
     spec.events(config.replicas or config.devices or 1)
+
+
+def _check_event_clock(config: Any, given: list[str]) -> None:
+    """``asgd``, ``pdasgd``, ``pdasgd-block`` and ``lpp`` on the event-driven clock: ``--fleet``
+    only (every event on one shared store; slow windows alone for ``lpp`` and ``--replication
+    replicas``, whose averaging rounds count every replica); ``--quorum`` and ``--deadline``
+    have no synchronous step to act on."""
+    if config.quorum or config.deadline != "none":
+        raise ValueError(
+            f"{', '.join(given)}: --quorum and --deadline size a synchronous step; --algo {config.algo} applies "
+            "each update as it comes: drop them (--fleet alone is taken)"
+        )
+    from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
+
+    spec = parse_fleet(config.fleet)
+    if config.algo == "lpp" or config.replication == "replicas":
+        churns = spec.churn is not None and (spec.churn.leave or spec.churn.crash or spec.churn.join)
+        if spec.presence or churns:
+            presence = ", ".join(f"{e.kind}:{e.device}@{e.at:g}" for e in spec.presence)
+            named = "churn's leave, crash and join" if churns else presence
+            run = "--algo lpp" if config.algo == "lpp" else "--replication replicas"
+            raise ValueError(
+                f"--fleet {config.fleet}: {run} takes slow windows only so far, not {named} (its averaging "
+                "rounds would need to complete with the replicas present)"
+            )
+    if config.devices:
+        spec.events(config.devices)
+
+
+def _not_crashes(spec: Any) -> str:
+    """The events of a parsed ``--fleet`` other than crashes, named (``churn`` for a churn)."""
+    if spec.churn is not None:
+        return "churn"
+    others = [f"slow:{w.device}x{w.factor:g}@{w.start:g}-{w.end:g}" for w in spec.slow]
+    return ", ".join(others + [f"{e.kind}:{e.device}@{e.at:g}" for e in spec.presence if e.kind != "crash"])
+
+
+def _check_pdasgd_threads(config: Any, given: list[str]) -> None:
+    """``--algo pdasgd`` on threads: ``crash:G@POS`` events only, ``G`` a group (one per device)
+    of ``--replication replicas``, with a ``correct`` or ``overwrite`` merge and no event log;
+    ``--quorum`` and ``--deadline`` have no synchronous step to act on."""
+    if config.replication != "replicas" or config.quorum or config.deadline != "none":
+        raise ValueError(
+            f"{', '.join(given)}: --algo pdasgd on threads takes --fleet crash:G@POS with --replication replicas "
+            f"only so far (a device's group that stops; the rounds go on with the others), not --replication "
+            f"{config.replication}, --quorum or --deadline"
+        )
+    from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
+
+    spec = parse_fleet(config.fleet)
+    named = _not_crashes(spec)
+    if named:
+        raise ValueError(
+            f"--fleet {config.fleet}: --algo pdasgd on threads takes crash:G@POS events only so far, not {named}"
+        )
+    if config.merge == "eager" or config.event_log:
+        what = "--merge eager (its carries assume every group in every mean)" if config.merge == "eager" else ""
+        what = what or "--event-log (its replay would need the crash)"
+        raise ValueError(f"--fleet {config.fleet}: a replicated run with a crash takes no {what} yet")
+    # One group per device: at most one per replica (the run checks its real devices again).
+    spec.events(config.devices or config.replicas or 1)
 
 
 # (algo, simulate) -> the check of a path that takes --fleet, --quorum and --deadline.
 FLEET_PATHS: dict[tuple[str, bool], Callable[[Any, list[str]], None]] = {
     ("sync", True): _check_sync_clock,
     ("local", True): _check_local_clock,
-    (ASYNC_LOCAL, True): _check_async_local,
+    ("dasgd", True): _check_dasgd_clock,
+    (ASYNC_LOCAL, True): _check_async_local_clock,
     (ASYNC_LOCAL, False): _check_async_local,
+    ("pdasgd", False): _check_pdasgd_threads,
+    ("asgd", True): _check_event_clock,
+    ("pdasgd", True): _check_event_clock,
+    ("pdasgd-block", True): _check_event_clock,
+    ("lpp", True): _check_event_clock,
 }
 
 

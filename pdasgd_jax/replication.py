@@ -30,6 +30,12 @@ write under that stage's lock after the merge program's time on the group's devi
 calls ``done()`` at the end); the group is paused meanwhile and its due actions (a snapshot
 after a merge with d = H) wait for ``done``.
 
+A group that crashes (``crash(g)``, ``--fleet crash:G@POS`` on threads) snapshots and merges
+nothing more; every round whose all-reduce has not started averages the groups still up (its
+snapshot, if it took one, is left out: its device takes part in no collective after the
+crash), and starts at once if it waited only for the crashed group. Rounds averaged before
+keep what it gave them.
+
 With one group nothing is averaged and nothing waits. Not thread-safe: the runtime calls it
 under one lock. ``abstract`` (a simulated run replaying its schedule to a checkpoint)
 evaluates the means and merges by shape only; ``values`` and ``load`` are the rounds in
@@ -179,6 +185,7 @@ class GroupRounds:
         self._waiting_since: list[float | None] = [None] * groups
         self._merging = [False] * groups  # a charged merge of the group is running
         self._paused = [False] * groups
+        self.crashed: set[int] = set()
 
     def start(self) -> None:
         """Round 0: every group snapshots its starting store (before any job)."""
@@ -200,6 +207,7 @@ class GroupRounds:
             "averaging_rounds": self.rounds_merged,
             "jobs_per_group": list(self.counts),
             "merge_wait": {"per_group": list(self.merge_wait), "waits": self.waits},
+            **({"crashed_groups": sorted(self.crashed)} if self.crashed else {}),
         }
 
     @property
@@ -249,9 +257,38 @@ class GroupRounds:
             (self._pause if paused else self._unpause)(g)
 
     def _round(self, k: int) -> _Round:
-        if k not in self._rounds:
-            self._rounds[k] = _Round([None] * len(self.stores))
+        if k not in self._rounds:  # a crashed group merges no round: it counts as done with it
+            self._rounds[k] = _Round([None] * len(self.stores), merged=len(self.crashed))
         return self._rounds[k]
+
+    def _live(self) -> list[int]:
+        """The groups not crashed."""
+        return [g for g in range(len(self.stores)) if g not in self.crashed]
+
+    def _all_snapshotted(self, rnd: _Round) -> bool:
+        return all(rnd.snapshots[g] is not None for g in self._live())
+
+    def crash(self, g: int) -> None:
+        """Group ``g`` stops for good (the module docstring): the rounds go on without it."""
+        if self.rule.carries:
+            raise ValueError("a crashed group would change the W of an eager merge's carries: not supported")
+        self.crashed.add(g)
+        self._waiting_since[g] = None
+        pending = {k for action, k in self._due[g] if action == "merge"}
+        self._due[g].clear()
+        h, d = self.rule.period, self.rule.delay
+        for k, rnd in self._rounds.items():
+            if rnd.means is None:
+                rnd.snapshots[g] = None
+            if k in pending or rnd.means is None or self.counts[g] - self.offset < k * h + d:
+                rnd.merged += 1  # it will not merge this round
+        for k, rnd in sorted(self._rounds.items()):
+            if rnd.means is None and self._all_snapshotted(rnd) and any(s is not None for s in rnd.snapshots):
+                round_events.record(self.log, EventKind.ROUND, self._clock, round=k)
+                self._start_allreduce(k)
+        for k, rnd in sorted(self._rounds.items()):
+            if rnd.merged == len(self.stores):
+                self._finished_round(k)
 
     def _snapshot(self, g: int, k: int) -> None:
         params, states = round_events.snapshot_stages(
@@ -259,7 +296,7 @@ class GroupRounds:
         )
         rnd = self._round(k)
         rnd.snapshots[g] = (params, states)
-        if all(s is not None for s in rnd.snapshots):  # the last group: the all-reduce starts
+        if self._all_snapshotted(rnd):  # the last group: the all-reduce starts
             round_events.record(self.log, EventKind.ROUND, self._clock, round=k)
             self._start_allreduce(k)
 
@@ -282,7 +319,11 @@ class GroupRounds:
         rnd = self._round(k)
         if means is None:
             mean = functools.partial(jax.eval_shape, self._mean) if self.abstract else self._mean
-            means = mean(self.snapshots(k))
+            live, snapshots = self._live(), self.snapshots(k)
+            # Of the groups still up only: a crashed group's slot stays empty.
+            means = [None] * len(self.stores)
+            for g, copy in zip(live, mean([snapshots[g] for g in live]), strict=True):
+                means[g] = copy
         rnd.means = means
         if self.rule.carries and self._rounds.get(k - 1) is not None:
             del self._rounds[k - 1]  # its carries are in this mean now
@@ -340,9 +381,13 @@ class GroupRounds:
         if self.on_merge is not None:
             self.on_merge(g, k)
         if rnd.merged == len(self.stores):
-            if not self.rule.carries:  # carries stay until the next round's mean (``arrive``)
-                del self._rounds[k]  # every group has merged it: its snapshots can go
-            self.rounds_merged += 1
+            self._finished_round(k)
+
+    def _finished_round(self, k: int) -> None:
+        """Every group has merged round ``k`` (or crashed)."""
+        if not self.rule.carries:  # carries stay until the next round's mean (``arrive``)
+            del self._rounds[k]  # its snapshots can go
+        self.rounds_merged += 1
 
     def values(self) -> list[tuple[int, list[Snapshot | None], list[Snapshot] | None]]:
         """The rounds in flight, ``(k, snapshots so far, means or None)``: what a checkpoint

@@ -84,12 +84,16 @@ def test_the_churn_is_deterministic_from_its_seed_and_always_possible():
     assert churn_events(Churn(seed=7), 4) == ((), ())
 
 
-def test_the_flags_are_taken_by_simulated_sync_and_local_and_refused_elsewhere_by_name():
+def test_the_flags_are_taken_where_implemented_and_refused_elsewhere_by_name():
     Config(algo="sync", simulate=True, devices=4, fleet="slow:1x3@0.1-0.5", quorum=3, deadline="adaptive").validate()
     Config(algo="local", simulate=True, replicas=4, fleet="slow:1x3@0.1-0.5", quorum=3).validate()
-    for algo in ("pdasgd", "asgd", "dasgd", "lpp"):
-        with pytest.raises(ConfigError, match=f"not implemented for --algo {algo} --simulate; implemented so far"):
-            Config(algo=algo, simulate=True, fleet="slow:0x3@0.1-0.5").validate()
+    for algo in ("pdasgd", "pdasgd-block", "asgd", "dasgd", "lpp", "async-local"):
+        Config(algo=algo, simulate=True, devices=2, replicas=2, fleet="slow:0x3@0.1-0.5").validate()
+    with pytest.raises(ConfigError, match="not implemented for --algo sgd --simulate; implemented so far"):
+        Config(algo="sgd", simulate=True, fleet="slow:0x3@0.1-0.5").validate()
+    for algo in ("asgd", "local", "dasgd", "lpp"):
+        with pytest.raises(ConfigError, match=f"not implemented for --algo {algo} on threads; implemented so far"):
+            Config(algo=algo, devices=2, replicas=2, fleet="crash:1@0.5").validate()
     with pytest.raises(ConfigError, match="--algo sync on threads, whose real steps are one SPMD program"):
         Config(algo="sync", devices=4, fleet="leave:1@0.5").validate()
 

@@ -12,7 +12,7 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate import run_simulated
-from pdasgd_jax.simulate.averaging import plan_local_rounds
+from pdasgd_jax.simulate.fleet_rounds import plan_local_rounds
 from pdasgd_jax.simulate.straggler_policy import adaptive_deadline, local_rounds_schedule
 
 TIMING = TimingModel(forward=(0.25,), backward=(0.5,), update=(0.25,), train_step=1.0, comm=CommModel(alpha=0.01))
@@ -189,9 +189,9 @@ def test_an_adaptive_deadline_leaves_out_a_replica_slow_from_round_three():
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (dict(algo="dasgd", fleet="leave:1@0.5"), "implemented so far for .*--algo local --simulate"),
-        (dict(quorum=3, fragments=2), "one fragment and no outer optimizer"),
-        (dict(deadline="adaptive", outer_optimizer="nesterov"), "one fragment and no outer optimizer"),
+        (dict(algo="dasgd", quorum=3, simulate=False), "not implemented for --algo dasgd on threads"),
+        (dict(algo="dasgd", fleet="leave:1@0.5", merge="eager"), "--merge correct or overwrite"),
+        (dict(quorum=3, fragments=2), "takes one fragment so far, not --fragments 2"),
         (dict(quorum=3, simulate=False), "not implemented for --algo local on threads"),
     ],
 )

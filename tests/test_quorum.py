@@ -107,11 +107,10 @@ def test_the_flags_are_checked_before_any_work():
         Config(**(RUN | dict(quorum=5))).validate()
     with pytest.raises(ConfigError, match="both size a step's quorum"):
         Config(**(RUN | dict(quorum=3, backup_workers=1))).validate()
-    with pytest.raises(
-        ConfigError,
-        match="--deadline adaptive: not implemented for --algo pdasgd --simulate; implemented so far for --algo sync",
-    ):
+    with pytest.raises(ConfigError, match="--deadline adaptive: --quorum and --deadline size a synchronous step"):
         Config(algo="pdasgd", simulate=True, deadline="adaptive").validate()
+    with pytest.raises(ConfigError, match="--deadline adaptive: not implemented for --algo sgd --simulate"):
+        Config(algo="sgd", simulate=True, deadline="adaptive").validate()
     with pytest.raises(ConfigError, match="--quorum 2: not implemented for --algo sync on threads, whose real steps"):
         Config(algo="sync", devices=4, quorum=2).validate()
     with pytest.raises(ConfigError, match="--quorum -1 must be an integer >= 0"):

@@ -348,6 +348,11 @@ class ArrivalReport:
         """Replica ``replica`` started a round of ``steps`` local steps."""
         self._steps[replica].append(steps)
 
+    def dropped(self, replica: int) -> None:
+        """The round ``replica`` started last was dropped unapplied (it crashed with the round in
+        flight): it no longer counts, as the clock's schedule holds only the rounds it keeps."""
+        self._steps[replica].pop()
+
     def arrived(self, replica: int, *, staleness: int, stages: tuple[int, int] | None = None) -> None:
         """The server applied an arrival of ``replica``'s (its steps were counted at its start)
         to ``stages`` (``(first, end)``; default: every stage)."""

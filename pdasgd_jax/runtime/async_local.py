@@ -114,12 +114,16 @@ class AsyncLocalThreads:
         self.phase = make_local_phase(exp.model, exp.tx, whole_model=whole_model(exp))
         self.update = make_server_update(outer, self.num_replicas)
         self.server = jax.device_put(init_server(exp, outer), self.devices[0])
-        # The model the server sent each replica last (its own arrays: a reference, no copy).
-        self.handed = [(self.server.params, self.server.states)] * self.num_replicas
+        self.applied = 0
+        # What each replica pulled last: the model its round starts from (a reference, no
+        # copy) and that model's version, set together so that the log's ``pulled`` is the
+        # version the round really started from.
+        self.pulled = self._pulled_by_all()
         self.batches = RoundBatches(run_stream(exp, self.num_replicas))
         self.report = ArrivalReport(self.num_replicas, exp.model.num_stages)
         self.arrivals: BoundedQueue[RoundEnd] = BoundedQueue(self.num_replicas, producers=self.num_replicas)
-        self.replies: list[BoundedQueue[Pulled]] = [BoundedQueue(1) for _ in range(self.num_replicas)]
+        # None: the replica's round was dropped (it crashed), it stops.
+        self.replies: list[BoundedQueue[Pulled | None]] = [BoundedQueue(1) for _ in range(self.num_replicas)]
         self.gate = Gate(_OPEN)
         self.control = Control(
             [self.gate, self.arrivals, *self.replies],
@@ -127,7 +131,6 @@ class AsyncLocalThreads:
             now=lambda: metrics.clock.elapsed,
         )
         self.busy = [0.0] * (self.num_replicas + 1)  # each replica's, then the server's
-        self.applied = 0
         self._examples = 0  # examples of the arrivals applied (the server's count)
         self._lock = threading.Lock()
         self.ledger = Ledger(exp, init_replica(exp).opt_states)
@@ -202,15 +205,15 @@ class AsyncLocalThreads:
         device = self.device(r)
         factor = self.factors[self.devices.index(device)]
         rng = delays.rng_for(exp.config.seed, "step-delays", r)
-        server = self.handed[r]
-        ts = jax.device_put(TrainState(*server, ledger.opt_states[r]), device)
+        pulled = self.pulled[r]
+        ts = jax.device_put(TrainState(pulled.params, pulled.states, ledger.opt_states[r]), device)
         key = self._replica_key(r, device) if exp.model.draws_randomness else None
-        version, done, rounds = self.applied, ledger.done[r], ledger.rounds[r]
-        while not control.stopped and r not in ledger.crashed:
+        version, done, rounds = pulled.version, ledger.done[r], ledger.rounds[r]
+        while not control.stopped:
             self.gate.wait_for(0)
             positions = ledger.take(r, ledger.round_steps(r))
-            if positions is None or r in ledger.crashed:
-                return  # the budget is handed out, or the replica crashed in this round
+            if positions is None:
+                return  # the budget is handed out, or the replica crashed
             steps = len(positions)
             x, y = jax.device_put(self.batches.stacked(positions), device)
             self.report.started(r, steps)
@@ -234,6 +237,8 @@ class AsyncLocalThreads:
             )
             done, rounds = done + steps, rounds + 1
             pulled = self.replies[r].get()
+            if pulled is None:
+                return  # it crashed with this round in flight: the server dropped it
             params, states = jax.device_put((pulled.params, pulled.states), device)
             ts, version = TrainState(params, states, ts_end.opt_states), pulled.version
 
@@ -246,7 +251,8 @@ class AsyncLocalThreads:
             args = jax.device_put((init_replica(exp), x, y), device)
             randomness = (self._replica_key(0, device), jnp.int32(0)) if exp.model.draws_randomness else ()
             self._compiled(("phase", period, device.id), self.phase, *args, *randomness)
-        self._compiled(("update",), self.update, self.server, self.handed[0], self.handed[0])
+        start = self.pulled[0].params, self.pulled[0].states
+        self._compiled(("update",), self.update, self.server, start, start)
 
     def _replica_key(self, r: int, device: jax.Device) -> jax.Array:
         """Replica ``r``'s key on ``device``: local SGD's worker ``r``'s, ``fold_in(key(seed), r)``."""
@@ -269,21 +275,26 @@ class AsyncLocalThreads:
             arrival = self.arrivals.get()  # QueueClosed once every replica is done and it is drained
             self.gate.wait_for(0)
             r = arrival.replica
+            if not self.ledger.claim(r):  # its replica crashed with it in flight: never applied
+                self.report.dropped(r)
+                self.replies[r].put(None)
+                continue
             end = jax.device_put((arrival.params, arrival.states), self.devices[0])
-            update = self._compiled(("update",), self.update, self.server, self.handed[r], end)
+            start = self.pulled[r].params, self.pulled[r].states
+            update = self._compiled(("update",), self.update, self.server, start, end)
             booked = control.now()
-            self.server = update(self.server, self.handed[r], end)
+            self.server = update(self.server, start, end)
             staleness, self.applied = self.applied - arrival.pulled, self.applied + 1
             if self.log is not None:
                 self.log.record_arrival(arrival_line(arrival, self.applied, control.now()))
-            self.handed[r] = (self.server.params, self.server.states)
+            self.pulled[r] = Pulled(self.server.params, self.server.states, self.applied)
             jax.block_until_ready(self.server.params)
             self.busy[-1] += max(0.0, control.now() - booked)
             self.ledger.book(r, arrival.opt_states, arrival.steps)
             self._examples += arrival.steps * batch_size
             if self._examples >= self.pause_at:  # shut before the reply: the replica waits too
                 self.gate.open_until(_SHUT)
-            self.replies[r].put(Pulled(self.server.params, self.server.states, self.applied))
+            self.replies[r].put(self.pulled[r])
             self.report.arrived(r, staleness=staleness)
             control.job_finished(Applied(arrival.steps, arrival.losses, self.server.params, self.server.states))
 
@@ -336,7 +347,11 @@ class AsyncLocalThreads:
             return
         server, self.applied, self._examples, self.resumed_steps = restored
         self.server = jax.device_put(server, self.devices[0])
-        self.handed = [(self.server.params, self.server.states)] * self.num_replicas
+        self.pulled = self._pulled_by_all()
+
+    def _pulled_by_all(self) -> list[Pulled]:
+        """Every replica's first pull: the server's model now, at its version."""
+        return [Pulled(self.server.params, self.server.states, self.applied)] * self.num_replicas
 
     def _shutdown(self) -> list[str]:
         """Stops and joins every thread; returns the names of those still alive after the timeout."""

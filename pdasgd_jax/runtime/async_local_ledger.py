@@ -3,9 +3,15 @@
 The replicas' threads take their rounds' batches from the ledger (``Ledger.take``: the next
 positions of the run's stream, or first those a resumed run dropped), size their rounds from
 the speeds measured (``Ledger.round_steps``: ``--local-steps dynamic``), and the server books
-each arrival it applies (``Ledger.book``). ``--fleet crash:R@POS``: replica ``R`` crashes in
-the first round it takes once ``POS`` of the examples budget is handed out; that round is
-dropped with its batches, and the run goes on without it.
+each arrival it applies (``Ledger.claim`` before it applies it, ``Ledger.book`` after).
+
+``--fleet crash:R@POS``: replica ``R`` crashes at the take that brings the examples handed out
+to ``POS`` of the budget, whichever replica takes (``Ledger.take``). Its round in flight then
+(taken, its arrival not yet claimed by the server) is dropped with its batches: the server
+discards that arrival unapplied (``claim`` is False). A replica with none in flight (its
+arrival claimed, or its thread not yet at its first take) drops nothing. Crash and claim
+happen under the ledger's lock, so a round is either applied or dropped, never both; the
+replica takes nothing after it.
 
 Checkpoints are taken while the server pauses after an arrival (``Ledger.save``). A resume
 (``Ledger.resume``) restores the server's model and outer state as saved; every replica starts
@@ -46,7 +52,8 @@ class Ledger:
       rounds: each replica's rounds as of its last arrival applied.
       speeds: each running replica's local steps per second in its last round.
       crash_at: replica -> the examples handed out at which it crashes (``--fleet``).
-      crashed: replica -> (examples handed out, steps dropped) when it crashed.
+      crashed: replica -> (examples handed out, steps dropped) when it crashed (0 steps: it
+        had no round in flight).
     """
 
     def __init__(self, exp: Experiment, opt_states: Any):
@@ -58,7 +65,7 @@ class Ledger:
         self.opt_states = [opt_states] * n
         self.done = [0] * n
         self.rounds = [0] * n
-        self.unapplied: list[Sequence[int]] = [()] * n  # each replica's round taken, not applied yet
+        self.unapplied: list[Sequence[int]] = [()] * n  # each replica's round taken, not claimed yet
         self.retake: list[int] = []  # a resumed run's positions of the rounds dropped at its checkpoint
         self.crash_at = crash_examples(exp)
         self.crashed: dict[int, tuple[int, int]] = {}
@@ -73,48 +80,67 @@ class Ledger:
 
     def measured(self, r: int, steps: int, began: float) -> None:
         """Books replica ``r``'s speed: ``steps`` local steps in a round begun at ``began``
-        (``time.perf_counter``)."""
+        (``time.perf_counter``); a crashed replica's no longer counts."""
         with self.lock:
-            self.speeds[r] = steps / max(time.perf_counter() - began, 1e-9)
+            if r not in self.crashed:
+                self.speeds[r] = steps / max(time.perf_counter() - began, 1e-9)
 
     def take(self, r: int, steps: int) -> Sequence[int] | None:
         """Replica ``r``'s next round's stream positions: up to ``steps`` of those a resumed run
-        dropped at its checkpoint, else the next ``steps``; None once the budget is handed out.
-        A replica whose crash is due (``--fleet crash:R@POS``: ``POS`` of the budget handed out)
-        takes its round's positions and crashes in it: the round is dropped, its batches lost."""
+        dropped at its checkpoint, else the next ``steps``; None once the budget is handed out
+        or ``r`` crashed (the module docstring: a crash due before or after this round's
+        positions are handed out happens here, and drops this round if it is ``r``'s)."""
         batch_size = self.exp.config.batch_size
         with self.lock:
-            handed = self.handed_out * batch_size
-            if self.retake:
-                positions: Sequence[int] = self.retake[:steps]
-                del self.retake[:steps]
-            elif handed >= self.exp.total_examples:
+            self._crash_due()
+            positions: Sequence[int] | None = None
+            if r in self.crashed:
                 return None
-            else:
+            if self.retake:
+                positions = self.retake[:steps]
+                del self.retake[:steps]
+            elif self.handed_out * batch_size < self.exp.total_examples:
                 first, self.handed_out = self.handed_out, self.handed_out + steps
                 positions = range(first, first + steps)
-            crash = self.crash_at.get(r)
-            if crash is not None and handed >= crash:
-                self.crashed[r] = (handed, len(positions))
-                self.speeds.pop(r, None)  # DyLU sizes rounds against the replicas still running
-            else:
+            if positions is not None:
                 self.unapplied[r] = positions
-            return positions
+            self._crash_due()
+            return None if r in self.crashed else positions
+
+    def _crash_due(self) -> None:
+        """Crashes every replica whose point (``crash_at``) the examples handed out reached,
+        dropping its round in flight (under ``lock``)."""
+        handed = self.handed_out * self.exp.config.batch_size
+        for r, at in self.crash_at.items():
+            if r not in self.crashed and handed >= at:
+                self.crashed[r] = (handed, len(self.unapplied[r]))
+                self.unapplied[r] = ()
+                self.speeds.pop(r, None)  # DyLU sizes rounds against the replicas still running
+
+    def claim(self, r: int) -> bool:
+        """Whether the server may apply replica ``r``'s arrival: False when ``r``'s crash dropped
+        the round; True makes it the server's, which a later crash no longer drops."""
+        with self.lock:
+            if r in self.crashed:
+                return False
+            self.unapplied[r] = ()
+            return True
 
     def book(self, r: int, opt_states: Any, steps: int) -> None:
         """Books replica ``r``'s arrival the server applied: ``steps`` local steps ending at
         inner optimizer state ``opt_states``."""
         with self.lock:
-            self.unapplied[r] = ()
             self.opt_states[r] = opt_states
             self.done[r] += steps
             self.rounds[r] += 1
 
     def crashes(self) -> list[dict[str, Any]]:
         """The summary's crashes: each crashed replica's examples handed out when it crashed
-        and its round dropped then (a replica whose crash point the run never reached: none)."""
+        and its round dropped then, if it had one in flight (a replica whose crash point the
+        run never reached: none)."""
         at = {r: examples for r, (examples, _) in self.crashed.items()}
-        return crash_summary(at, [(r, steps) for r, (_, steps) in self.crashed.items()], self.exp.config.batch_size)
+        dropped = [(r, steps) for r, (_, steps) in self.crashed.items() if steps]
+        return crash_summary(at, dropped, self.exp.config.batch_size)
 
     def save(
         self,

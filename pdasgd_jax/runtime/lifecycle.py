@@ -253,17 +253,18 @@ class Runtime:
         pause = self._next_pause(metrics, checkpointer)
         self.feed.gate.open_until(pause)
         while True:
-            losses, exited = self.control.wait(POLL_S, jobs=pause - self.completed)
+            losses, exited = self.control.wait(POLL_S, jobs=pause - self.completed - self._dropped())
             self.control.raise_failure()
             for loss in losses:
                 self.completed += 1
                 metrics.add_loss(self.completed, loss)
             step, examples = self.completed, self.completed * bs
+            handled = step + self._dropped()  # batches handed out whose jobs are done with
             metrics.progress(examples)
-            if step < pause and not exited:
+            if handled < pause and not exited:
                 continue
-            # Paused: batches 0 .. step-1 are all applied and no job is in flight.
-            if step == last or exited:
+            # Paused: batches 0 .. handled-1 are all applied (or dropped) and no job is in flight.
+            if handled == last or exited:
                 # Workers report a job only once its updates are computed, so this waits for nothing
                 # unless a worker broke that rule: train_time never ends before the device does.
                 self._wait_for_updates()
@@ -275,10 +276,14 @@ class Runtime:
                 evaluated = True
             if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
                 self._save(checkpointer, step, metrics.position(step, examples))
-            if exited or step == last or metrics.stop_due:
+            if exited or handled == last or metrics.stop_due:
                 return
             pause = self._next_pause(metrics, checkpointer)
             self.feed.gate.open_until(pause)
+
+    def _dropped(self) -> int:
+        """Jobs handed out that never finish (a crashed group's under ``--fleet``): none here."""
+        return 0
 
     def _wait_for_updates(self) -> None:
         """Waits until the updates dispatched so far have run on the devices."""
@@ -287,8 +292,10 @@ class Runtime:
     def _next_pause(self, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> int:
         """Finished jobs at the next evaluation or checkpoint (or the last batch)."""
         due = [metrics.next_eval] + ([checkpointer.next_due] if checkpointer and checkpointer.next_due else [])
-        n = min(math.ceil(e / self.settings.batch_size) for e in due)
-        return min(max(n, self.completed + 1), self.settings.num_batches)
+        # Batch ids count the jobs dropped too: the examples applied reach e at batch n + dropped.
+        dropped = self._dropped()
+        n = min(math.ceil(e / self.settings.batch_size) for e in due) + dropped
+        return min(max(n, self.completed + dropped + 1), self.settings.num_batches)
 
     def _gather(self) -> tuple[Any, Any]:
         """The store's current params and states, on the first device (for evaluation)."""

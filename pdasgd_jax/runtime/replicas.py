@@ -29,6 +29,12 @@ Checkpoints are taken at the supervisor's pauses, where every group is between j
 group's store, the rounds in flight and the schedule (``runtime.group_checkpoints``), at batch
 ``step`` of the feed. A resumed run goes on from exactly that state (the threads' timing,
 hence the schedule after it, is not reproducible; the store versions restart from 0).
+``--fleet crash:G@POS`` (one process; ``runtime.groups.GroupCrashes``): device ``G``'s group
+stops at the take that brings the examples taken to ``POS`` of the budget (whichever group's);
+its jobs not yet finished are dropped and counted, the rounds average the groups still up,
+the evaluations and the result are their mean, and the supervisor counts the dropped jobs
+as done with, so the run ends once every batch of the budget is applied or dropped. Such a
+run writes no checkpoints (a resume is refused).
 Across processes each process checkpoints its own groups (``checkpoints/process{p}``), only
 at a round ``K`` every group of every process stops at (``runtime.round_checkpoints``): each
 group may take batches only up to ``K H`` jobs (``GroupGate.limit``), and the save waits until
@@ -53,12 +59,13 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.replication import GroupRounds
+from pdasgd_jax.runners.async_local_fleet import crash_examples
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.group_checkpoints import group_checkpoint, resume_groups, save_groups
-from pdasgd_jax.runtime.groups import GroupGate, LockedRounds
+from pdasgd_jax.runtime.groups import GroupControl, GroupCrashes, GroupGate, LockedRounds
 from pdasgd_jax.runtime.heartbeat import Heartbeat, exit_for_silent_peer
 from pdasgd_jax.runtime.lifecycle import POLL_S, WorkerPlace, run_runtime
-from pdasgd_jax.runtime.lpp import DeviceControl, DeviceStoresRuntime
+from pdasgd_jax.runtime.lpp import DeviceStoresRuntime
 from pdasgd_jax.runtime.processes import (
     PeerWatch,
     ProcessRounds,
@@ -101,7 +108,8 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             # array still being computed, which the merge's own dispatch waits for on the device.
             # Across processes one thread per process dispatches them, in round order.
             start_allreduce=lambda k: self.processes.start_round(k) if self.processes else self.rounds.arrive(k),
-            mean=lambda snapshots: allreduce_mean(snapshots, devices),
+            # Over the groups still up (all of them but after a crash).
+            mean=lambda snapshots: allreduce_mean(snapshots, tuple(devices[g] for g in self._live())),
             pause=lambda g: self.gates[g].pause(),
             unpause=lambda g: self.gates[g].unpause(),
             clock=lambda: time.perf_counter() - self._clock_start,
@@ -116,6 +124,7 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         self.rounds.log = self.log
         self.booking = LockedRounds(self.rounds)
         self.processes: ProcessRounds | None = None
+        placement = s.placement(self.executors[0].store.num_stages)
         if multi:
             self.processes = self._process_rounds()
         if not first_batch:  # a resumed run's rounds are restored (``_restore``)
@@ -127,8 +136,12 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             [*self.gates, *job_queues, *([self.processes] if self.processes else [])],
             batches=process_batches(self.exp, s.batch_size, start=first_batch) if multi else None,
         )
-        controls = [DeviceControl(self.control, self.booking, d) for d in range(len(devices))]
-        placement = s.placement(self.executors[0].store.num_stages)
+        crash_at = crash_examples(self.exp, len(devices))
+        self.crashes = None
+        if crash_at:
+            device_queues = [[job_queues[r] for r in placement.device_groups(d)] for d in range(len(devices))]
+            self.crashes = GroupCrashes(crash_at, s.batch_size, self.booking, self.gates, device_queues)
+        controls = [GroupControl(self.control, self.booking, d) for d in range(len(devices))]
         self.workers = []
         for r in range(s.groups):
             d = placement.group_device(r)
@@ -280,10 +293,20 @@ class ReplicatedRuntime(DeviceStoresRuntime):
 
     def _gather(self) -> tuple[Any, Any]:
         """The mean of every group's params and states: across processes once the rounds are
-        over (before: this process's groups only)."""
+        over (before: this process's groups only); after a crash, of the groups still up."""
         if self.processes is not None and self.processes.final is not None:
             return self.processes.final
-        return super()._gather()
+        if not self.rounds.crashed:
+            return super()._gather()
+        with self.merge_lock:
+            return lpp.mean_variables([self.stores[g] for g in self._live()], self.settings.devices[0])
+
+    def _live(self) -> list[int]:
+        """The groups not crashed."""
+        return [g for g in range(len(self.stores)) if g not in self.rounds.crashed]
+
+    def _dropped(self) -> int:
+        return self.crashes.dropped() if self.crashes is not None else 0
 
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
@@ -292,6 +315,8 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             group_devices=[str(d) for d in self.settings.devices],
             **self.rounds.summary(),
         )
+        if self.crashes is not None:
+            out["crashes"] = self.crashes.summary()
         if self.processes is not None:
             out.update(processes=self.processes.processes, rounds_joined_after_data=self.processes.joined)
         return out
@@ -315,4 +340,11 @@ def run_threads(
         settings = process_share(settings)
     if settings.replication != "replicas":
         return run_runtime(exp, metrics, checkpointer, settings)
+    if exp.config.fleet and checkpointer is not None:
+        if checkpointer.latest_step() is not None:
+            raise ConfigError(
+                f"--fleet {exp.config.fleet}: a replicated run with a crash cannot resume a run yet (its checkpoints "
+                "would need the crashed groups and the jobs they dropped); start it in a new --out"
+            )
+        checkpointer = None  # such a run writes none (see the module docstring)
     return ReplicatedRuntime(exp, settings).run(metrics, checkpointer)

@@ -16,8 +16,10 @@ clock or of the threads, with the same programs, and lands on the run's model bi
 Checkpoints (``--checkpoint-every``, or at evaluations) are taken after an arrival
 (``async_local_checkpoints.Progress``): a resume plans the schedule again with the run's
 ``timing.json`` and continues from the next arrival, bitwise equal to the uninterrupted run.
-``--fleet crash:R@POS`` (``runners.async_local_fleet.crash_times``) plans the schedule again
-with the crashes.
+``--fleet`` (``runners.async_local_fleet.fleet_timeline``) plans the schedule again with its
+slow windows, leaves, crashes and joins; a dropped round is never computed, so a replica that
+joins again starts from the server's model with the inner optimizer state of its last round
+the server applied (its initial one if none).
 
 Not yet: several processes (refused before any work: ``runners.async_local.check_run``).
 """
@@ -48,14 +50,13 @@ from pdasgd_jax.runners.async_local import (
     ServerState,
     async_local_outer,
     check_run,
-    crash_summary,
     init_server,
     make_local_phase,
     make_server_update,
     run_stream,
     whole_model,
 )
-from pdasgd_jax.runners.async_local_fleet import crash_times
+from pdasgd_jax.runners.async_local_fleet import departure_summary, fleet_timeline
 from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.async_local_checkpoints import Progress
@@ -147,9 +148,9 @@ def run_async_local_simulated(
         fragment_nbytes=None if config.fragments == 1 else tuple(fragment_nbytes(exp)),
     )
     schedule = plan()
-    crashes = crash_times(exp, max((rnd.applied for rnd in schedule.rounds), default=0.0))
-    if crashes:
-        schedule = plan(crashes=crashes)
+    fleet = fleet_timeline(exp, max((rnd.applied for rnd in schedule.rounds), default=0.0))
+    if fleet is not None:
+        schedule = plan(fleet=fleet[0], spec=fleet[1])
     path = exp.event_log_path
     with ArrivalLogFile(path) if path else contextlib.nullcontext() as log:
         run = simulate_rounds(exp, metrics, schedule, log=log, checkpointer=checkpointer)
@@ -159,7 +160,7 @@ def run_async_local_simulated(
         metrics.evaluate(
             step=run.steps, examples=examples, params=server.params, states=server.states, virtual_time=run.now
         )
-    dropped = [(rnd.replica, rnd.steps) for rnd in schedule.dropped]
+    dropped = [(rnd.replica, rnd.steps, by) for rnd, by in zip(schedule.dropped, schedule.dropped_by, strict=True)]
     target = config.target_accuracy
     at_target = next((r for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None)
     utilisation = _utilisation(schedule, run)
@@ -183,7 +184,7 @@ def run_async_local_simulated(
                 "busy": utilisation["workers"]["server"],
             },
             **run.report.summary(),
-            **({"crashes": crash_summary(crashes, dropped, config.batch_size)} if crashes else {}),
+            **({} if fleet is None else departure_summary(*fleet, dropped, config.batch_size)),
         },
     }
     return RunResult(run.server.params, run.server.states, run.steps, examples, extra)

@@ -41,6 +41,14 @@ whole model is exchanged with one fragment. Each stretch of steps between two ex
 its round), and DyLU measures a replica's speed over its whole round. A replica done (the
 budget handed out) first sends every other fragment, with no steps between, so that no local
 step it took is left off the server's model.
+
+Under ``--fleet`` (``fleet``: its ``FleetTimeline``; algorithms.md §5a) a slow window stretches
+the compute of each local step it overlaps (``FleetTimeline.elapsed``; the host time and the
+idle draw are not), so DyLU measures the slower speed. A replica that leaves or crashes at
+``t`` does nothing from ``t`` on: a stretch of its whose arrival has not reached the server by
+then is dropped with its batches (local SGD's rule: a unit that has not landed is dropped), and
+its pull in flight is void. One that joins at ``t`` pulls the server's model at ``t`` (the
+updates that ended by then, one transfer of the model) and starts a round from it.
 """
 
 from __future__ import annotations
@@ -50,11 +58,14 @@ import heapq
 from typing import NamedTuple
 
 from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
+from pdasgd_jax.delays.fleet import FleetSpec, FleetTimeline
 from pdasgd_jax.runners.async_local import deal, dylu_steps
 
-# Events at one instant, in this order: a round's steps end (its speed is known), an arrival
-# reaches the server, a replica pulls, replicas start rounds.
-_END, _ARRIVE, _PULL, _START = range(4)
+# Events at one instant, in this order: a replica departs (an event at its departure has not
+# happened), a replica joins, a round's steps end (its speed is known), an arrival reaches the
+# server, a replica pulls, replicas start rounds.
+_DEPART, _JOIN, _END, _ARRIVE, _PULL, _START = range(-2, 4)
+_DEPARTURES = ("leave", "crash")
 
 
 class Round(NamedTuple):
@@ -105,7 +116,8 @@ class Schedule(NamedTuple):
       fragment_bytes: each streaming fragment's bytes (one: the whole model's).
       network: every push and pull, ``(start, end, bytes)``.
       apply_costs: the server's seconds per arrival of each fragment.
-      dropped: the rounds of crashed replicas whose arrivals never reached the server.
+      dropped: the rounds of departed replicas whose arrivals never reached the server.
+      dropped_by: for each of ``dropped``, the ``(kind, time)`` of the departure that dropped it.
     """
 
     rounds: list[Round]
@@ -116,6 +128,7 @@ class Schedule(NamedTuple):
     network: tuple[tuple[float, float, int], ...] = ()
     apply_costs: tuple[float, ...] = ()
     dropped: tuple[Round, ...] = ()
+    dropped_by: tuple[tuple[str, float], ...] = ()
 
 
 def plan_rounds(
@@ -130,7 +143,8 @@ def plan_rounds(
     model_nbytes: int,
     seed: int,
     fragment_nbytes: tuple[int, ...] | None = None,
-    crashes: dict[int, float] | None = None,
+    fleet: FleetTimeline | None = None,
+    spec: FleetSpec | None = None,
 ) -> Schedule:
     """The schedule of a whole async-local run (see the module docstring).
 
@@ -146,9 +160,9 @@ def plan_rounds(
       seed: the delay streams' seed.
       fragment_nbytes: each streaming fragment's bytes (``None``: one, the whole model of
         ``model_nbytes``); a fragment's transfers and server update cost its share.
-      crashes: replica -> the virtual time it crashes (``--fleet crash:R@POS``): from then on
-        it does nothing; a round of its whose arrival has not reached the server by then is
-        dropped (its batches are lost), and every other replica goes on.
+      fleet: the fleet's events in virtual seconds (None: every replica, at full speed); a
+        join needs one fragment.
+      spec: the parsed specification ``fleet`` was built from (its leaves, crashes and joins).
 
     Returns:
       The ``Schedule``.
@@ -175,22 +189,39 @@ def plan_rounds(
     flush: list[list[int] | None] = [None] * num_replicas  # the fragments a done replica has still to send
     rngs = [rng_for(seed, "step-delays", r) for r in range(num_replicas)]
     compute = [timing.train_step_time(r) for r in range(num_replicas)]
+    host = timing.host_step
     rounds: list[Round] = []
     arrivals: list[int] = []
     ends: list[float] = []  # each update's end, in the server's order (non-decreasing)
     pulled = [0] * num_replicas  # the version each replica's next round starts from
     speeds: dict[int, float] = {}
-    events = [(0.0, _START, r, -1) for r in range(num_replicas)]
+    # Each event carries its replica's epoch when it was made; a departure starts a new one,
+    # so what the replica had under way is void.
+    events = [(0.0, _START, r, -1, 0) for r in range(num_replicas)]
+    departed: list[list[tuple[str, float]]] = [[] for _ in range(num_replicas)]  # per epoch ended
+    if fleet is not None and spec is not None:
+        for e in spec.events(num_replicas)[1]:
+            if e.kind == "join" and k > 1:
+                raise ValueError(f"--fleet join:{e.device}@{e.at:g} needs one fragment, not {k}")
+            departure = _DEPARTURES.index(e.kind) if e.kind in _DEPARTURES else -1
+            events.append((e.at * fleet.horizon, _JOIN if e.kind == "join" else _DEPART, e.device, departure, 0))
     heapq.heapify(events)
+    epoch = [0] * num_replicas
     handed = 0  # stream positions handed out
     server_free = 0.0
-    crashes = crashes or {}
-    dropped: list[int] = []
+    dropped: list[tuple[int, tuple[str, float]]] = []
     while events:
-        t, kind, r, i = heapq.heappop(events)
-        if r in crashes and t >= crashes[r]:  # an event at the crash has not happened
+        t, kind, r, i, e = heapq.heappop(events)
+        if kind == _DEPART:
+            departed[r].append((_DEPARTURES[i], t))
+            epoch[r] += 1
+            continue
+        if kind == _JOIN:  # it pulls the server's model now, as after an arrival
+            heapq.heappush(events, (t, _PULL, r, -1, epoch[r]))
+            continue
+        if e != epoch[r]:  # its replica departed since
             if kind in (_END, _ARRIVE):
-                dropped.append(i)
+                dropped.append((i, departed[r][e]))
             continue
         if kind == _END:
             p = rounds[i].fragment
@@ -199,25 +230,27 @@ def plan_rounds(
                 steps, began = (rnd.steps, rnd.start) if k == 1 else (round_steps[r], opened[r])
                 speeds[r] = steps / max(t - began, 1e-300)
             network.append((t, t + transfers[p], sizes[p]))
-            heapq.heappush(events, (t + transfers[p], _ARRIVE, r, i))
+            heapq.heappush(events, (t + transfers[p], _ARRIVE, r, i, e))
         elif kind == _ARRIVE:
             begin = max(t, server_free)
             server_free = begin + apply_costs[rounds[i].fragment]
             rounds[i] = rounds[i]._replace(applied=server_free, order=len(ends))
             ends.append(server_free)
             arrivals.append(i)
-            heapq.heappush(events, (server_free, _PULL, r, i))
+            heapq.heappush(events, (server_free, _PULL, r, i, e))
         elif kind == _PULL:
             pulled[r] = bisect.bisect_right(ends, t)
-            p = rounds[i].fragment
+            p = rounds[i].fragment if i >= 0 else 0  # a joiner pulls the whole model
             last[r] = p
             network.append((t, t + transfers[p], sizes[p]))
-            heapq.heappush(events, (t + transfers[p], _START, r, -1))
+            heapq.heappush(events, (t + transfers[p], _START, r, -1, e))
         else:
             group = [r]
             while events and events[0][0] == t and events[0][1] == _START:
-                group.append(heapq.heappop(events)[2])
-            group = sorted(g for g in group if not (g in crashes and t >= crashes[g]))
+                _, _, g, _, ge = heapq.heappop(events)
+                if ge == epoch[g]:
+                    group.append(g)
+            group.sort()
             if handed * batch_size >= total_examples:  # the budget is handed out: these replicas are done
                 for r in group:  # once each has sent the stages it moved since their last exchange
                     if flush[r] is None:
@@ -225,7 +258,7 @@ def plan_rounds(
                     if flush[r]:
                         p = flush[r].pop(0)
                         rounds.append(Round(r, 0, (), t, t, float("nan"), pulled[r], -1, 0.0, p, last[r], 0))
-                        heapq.heappush(events, (t, _END, r, len(rounds) - 1))
+                        heapq.heappush(events, (t, _END, r, len(rounds) - 1, epoch[r]))
                 continue
             opens = [0] * len(group)
             for j, r in enumerate(group):
@@ -236,15 +269,18 @@ def plan_rounds(
             stretch = [ahead[r].pop(0) for r in group]
             steps = [n for n, _ in stretch]
             for j, (r, (n, p), positions) in enumerate(zip(group, stretch, deal(handed, steps))):
-                costs = [timing.host_step + compute[r] + delays.idle_time(rngs[r], compute[r]) for _ in range(n)]
+                costs, busy = [], []
+                for _ in range(n):
+                    c = compute[r] if fleet is None else fleet.elapsed(r, t + sum(costs) + host, compute[r])
+                    costs.append(host + c + delays.idle_time(rngs[r], compute[r]))
+                    busy.append(c)
                 end = t + sum(costs)
-                rnd = Round(
-                    r, n, tuple(positions), t, end, float("nan"), pulled[r], -1, n * compute[r], p, last[r], opens[j]
-                )
+                work = n * compute[r] if fleet is None else sum(busy)
+                rnd = Round(r, n, tuple(positions), t, end, float("nan"), pulled[r], -1, work, p, last[r], opens[j])
                 rounds.append(rnd)
-                heapq.heappush(events, (end, _END, r, len(rounds) - 1))
+                heapq.heappush(events, (end, _END, r, len(rounds) - 1, epoch[r]))
             handed += sum(steps)
-    lost = set(dropped)
+    lost = dict(dropped)
     kept = [j for j in range(len(rounds)) if j not in lost]
     place = {j: n for n, j in enumerate(kept)}
     return Schedule(
@@ -255,7 +291,8 @@ def plan_rounds(
         sizes,
         tuple(network),
         tuple(apply_costs),
-        tuple(rounds[j] for j in dropped),
+        tuple(rounds[j] for j, _ in dropped),
+        tuple(by for _, by in dropped),
     )
 
 

@@ -59,6 +59,10 @@ class DeviceSimulation(Simulation):
         timing = dataclasses.replace(timing, worker_factors=(timing.worker_factor(device),))
         super().__init__(scheduler, executor, timing, delay, num_devices=1, groups=groups, **kwargs)
 
+    def fleet_index(self, d: int) -> int:
+        """Its device's index in ``--fleet``: the run's, not this one-device simulation's."""
+        return self.device_index
+
     @property
     def started(self) -> int:  # the run's jobs, read and bumped by ``Simulation.next_job``
         return self._budget.started
@@ -84,6 +88,7 @@ def run_device_groups(
     restore: Callable[[list[Simulation], StageKernelsProtocol], None] | None = None,
     trace: Callable[[int, Any], None] | None = None,
     log: Any = None,
+    fleet: Any = None,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """One store per device, averaged across devices: the clock, stores and data of LPP-SGD
     and of replicated ASGD/PD-ASGD (``simulate/replicas.py``).
@@ -100,7 +105,8 @@ def run_device_groups(
     that job, then ``restore(sims, real_kernels)`` loads the values and the run goes on with
     the real kernels, ending bitwise where the uninterrupted run ends (``simulate/resume.py``).
     ``trace(device, span)``, if given, sees each device's updates (``UpdateSpan``); ``log``, if
-    given, every device's operations (as ``ReplicaLog(log, device)``).
+    given, every device's operations (as ``ReplicaLog(log, device)``). ``fleet``: the run's
+    ``fleet_clock.FleetClock`` (its slow windows stretch each device's kernels), or None.
     """
     config = exp.config
     v = exp.variables
@@ -160,6 +166,7 @@ def run_device_groups(
             budget=budget,
             groups=replicas // devices,
             on_update=None if trace is None else functools.partial(trace, d),
+            fleet=fleet,
         )
         for d, store in enumerate(stores)
     ]

@@ -63,7 +63,7 @@ def replica_asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
     rng = sim.delay_rng(name)
     compute = sim.costs[device.index].job + sim.timing.update_all_time(device.index)
     stages = range(sim.num_stages)
-    while (job := (yield from sim.take_job(name))) is not None:
+    while (job := (yield from sim.take_job(name, device))) is not None:
         ticket = sim.scheduler.ticket()  # the runtime dispatches the job and its update at once
         booked = None
         if policies.reads_at_dispatch(sim):  # reads and the update's versions taken at dispatch
@@ -216,11 +216,13 @@ def run_lpp(
     devices: int,
     replicas: int,
     log: Any = None,
+    fleet: Any = None,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """LPP-SGD with ``replicas`` threads on ``devices`` simulated devices (``replicas / devices``
     each), ``--period`` H; returns ``(RunResult, virtual_time, utilisation, staleness)`` like the
     other simulated runners. ``RunResult.params`` is the mean of the device replicas. With
     ``log`` every replica's operations (``replica`` d) and the averaging go to that event log.
+    ``fleet``: a ``fleet_clock.FleetClock`` whose slow windows stretch the devices' kernels.
 
     It writes no checkpoints (``checkpointer`` is only checked for one to resume, which is
     refused): the replicas and a round in flight are not saved.
@@ -241,7 +243,7 @@ def run_lpp(
     def spawn(sims: list[Simulation]) -> None:
         for g, (d, _) in enumerate(lpp.threads(devices, replicas)):
             name = lpp.worker_name(g)
-            sims[d].scheduler.spawn(name, replica_asgd_worker(sims[d], sims[d].devices[0], name))
+            sims[d].spawn(name, replica_asgd_worker(sims[d], sims[d].devices[0], name), sims[d].devices[0])
 
     result, now, utilisation, staleness = run_device_groups(
         exp,
@@ -253,6 +255,7 @@ def run_lpp(
         make_averaging=make_averaging,
         spawn=spawn,
         log=log,
+        fleet=fleet,
     )
     rounds = averaging[0].rounds
     result.extra.update(

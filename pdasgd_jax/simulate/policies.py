@@ -79,6 +79,7 @@ from typing import Any
 from pdasgd_jax.executor import Job
 from pdasgd_jax.simulate import pushes
 from pdasgd_jax.simulate.bookings import Booking
+from pdasgd_jax.simulate.fleet_clock import JobDropped
 from pdasgd_jax.simulate.scheduler import Channel, Countdown, Device, Get, Kernel, Put, Sleep, Worker, tokens
 from pdasgd_jax.simulate.simulation import Simulation
 
@@ -197,15 +198,19 @@ def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
     taken at dispatch, the job's reads and its updates' bookings are taken then."""
     rng = sim.delay_rng(name)
     compute = sim.job_compute(device)
-    while (job := (yield from sim.take_job(name))) is not None:
-        yield from sim.host_work()
-        ticket = sim.scheduler.ticket()  # the runtime dispatches the job and its updates at once
-        booked: dict[int, Booking] = {}
-        if reads_at_dispatch(sim):
-            stages = range(sim.num_stages)
-            booked = yield from dispatch(sim, job, name, ticket, reads=stages, books=stages[::-1])
-        yield from gradient_program(sim, job, device, name, ticket)
-        yield from pushes.push_all(sim, job, sim.costs[device.index].transfer, name, ticket, booked)
+    while (job := (yield from sim.take_job(name, device))) is not None:
+        try:
+            yield from sim.host_work()
+            ticket = sim.scheduler.ticket()  # the runtime dispatches the job and its updates at once
+            booked: dict[int, Booking] = {}
+            if reads_at_dispatch(sim):
+                stages = range(sim.num_stages)
+                booked = yield from dispatch(sim, job, name, ticket, reads=stages, books=stages[::-1])
+            yield from gradient_program(sim, job, device, name, ticket)
+            yield from pushes.push_all(sim, job, sim.costs[device.index].transfer, name, ticket, booked)
+        except JobDropped:  # its device crashed (``fleet_clock``): the updates it dispatched land
+            sim.job_dropped(job, "jobs")
+            continue
         sim.job_done(job)
         yield sim.idle(rng, compute)
 
@@ -253,11 +258,17 @@ def forward_worker(
     rng = sim.delay_rng(name)
     compute, share = _pipeline_part(sim, device, 0, layerwise)
     take_slot = Get(slots)
-    while (job := (yield from sim.take_job(name))) is not None:
+    while (job := (yield from sim.take_job(name, device))) is not None:
         yield take_slot
-        yield from sim.host_work()
-        yield from forward_pass(sim, job, device, name)
+        try:
+            yield from sim.host_work()
+            yield from forward_pass(sim, job, device, name)
+        except JobDropped:  # its device crashed (``fleet_clock``): the job and its slot go
+            sim.job_dropped(job, "forward")
+            yield Put(slots, None)
+            continue
         idle = sim.idle(rng, compute, share, job)  # drawn before the job goes on: it carries the draw
+        sim.hold(None)  # the queue holds it now
         yield Put(channel, job)  # never blocks: the slot was reserved
         yield idle
 
@@ -272,9 +283,14 @@ def backward_worker(
     take_job, free_slot = Get(channel), Put(slots, None)
     while True:
         job = yield take_job
+        sim.hold(job)
         yield free_slot
-        yield from sim.host_work()
-        yield from backward_pass(sim, job, device, name, layerwise=layerwise)
+        try:
+            yield from sim.host_work()
+            yield from backward_pass(sim, job, device, name, layerwise=layerwise)
+        except JobDropped:  # its device crashed (``fleet_clock``): the stage updates it dispatched land
+            sim.job_dropped(job, "backward")
+            continue
         sim.job_done(job)
         yield sim.idle(rng, compute, share, job)
 
@@ -289,7 +305,7 @@ def spawn_asgd(sim: Simulation) -> None:
     """One ASGD worker per group (by default, per device)."""
     for g, device in enumerate(sim.group_devices):
         name = f"w{g}"
-        sim.scheduler.spawn(name, asgd_worker(sim, device, name))
+        sim.spawn(name, asgd_worker(sim, device, name), device)
 
 
 def spawn_pdasgd(
@@ -307,12 +323,13 @@ def spawn_pdasgd(
     ids = range(len(sim.group_devices)) if replica_ids is None else replica_ids
     for g, device in zip(ids, sim.group_devices, strict=True):
         channel, slots = Channel(queue), tokens(queue)
+        sim.add_queue(device, channel, slots)
         for i in range(forward_workers):
             name = f"d{g}/forward{i}"
-            sim.scheduler.spawn(name, forward_worker(sim, device, name, channel, slots, layerwise=layerwise))
+            sim.spawn(name, forward_worker(sim, device, name, channel, slots, layerwise=layerwise), device)
         for i in range(backward_workers):
             name = f"d{g}/backward{i}"
-            sim.scheduler.spawn(name, backward_worker(sim, device, name, channel, slots, layerwise=layerwise))
+            sim.spawn(name, backward_worker(sim, device, name, channel, slots, layerwise=layerwise), device)
 
 
 def spawn_configured(sim: Simulation, config: Any, replica_ids: Sequence[int] | None = None) -> None:

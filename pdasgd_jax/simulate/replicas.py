@@ -310,6 +310,7 @@ def run_replicated(
     replicas: int,
     trace: Trace | None = None,
     log: Any = None,
+    fleet: Any = None,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
     """``asgd``, ``pdasgd`` or ``pdasgd-block`` with ``--replication replicas``: ``replicas``
     replicas on ``devices`` groups, one store each (module docstring); returns
@@ -318,7 +319,8 @@ def run_replicated(
     when ``timing`` has merge or average costs (a calibration's); ``trace(group, span)`` sees
     every update (``UpdateSpan``) and averaging program (``AveragingSpan``); ``log``, if given,
     every group's operations (``replica`` g) and the averaging's snapshots, rounds, means,
-    merges and waits.
+    merges and waits. ``fleet``: a ``fleet_clock.FleetClock`` whose slow windows stretch each
+    group's kernels (its averaging's programs too).
 
     Checkpoints hold every group's store and in-flight jobs and the averaging rounds in
     flight; a resumed run replays its schedule to the checkpoint and ends bitwise where the
@@ -345,7 +347,7 @@ def run_replicated(
             if config.algo == "asgd":
                 for r in ids:
                     name = lpp.worker_name(r)
-                    sim.scheduler.spawn(name, replica_asgd_worker(sim, sim.devices[0], name))
+                    sim.spawn(name, replica_asgd_worker(sim, sim.devices[0], name), sim.devices[0])
             else:
                 policies.spawn_configured(sim, config, replica_ids=list(ids))
 
@@ -379,6 +381,7 @@ def run_replicated(
         restore=restore,
         trace=trace,
         log=log,
+        fleet=fleet,
     )
     result.extra.update(
         {

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 from typing import Any
 
-import jax
-
-from pdasgd_jax import calibration, program_timing
-from pdasgd_jax.affinity import resolve_host_cpus
+from pdasgd_jax import calibration
 from pdasgd_jax.checkpoint import RunCheckpointer
-from pdasgd_jax.config import ASYNCHRONOUS, Config
-from pdasgd_jax.config_checks import MEASURE_CONCURRENCY, device_concurrency_curve
-from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
+from pdasgd_jax.config import ASYNCHRONOUS
+from pdasgd_jax.config_checks import MEASURE_CONCURRENCY
+from pdasgd_jax.delays import DelayModel, TimingModel
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.eventlog import EventLogFile
 from pdasgd_jax.executor import EventLog, Job, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
@@ -26,8 +23,12 @@ from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate import policies, resume
 from pdasgd_jax.simulate.averaging import run_averaging
 from pdasgd_jax.simulate.configured_timing import configured_timing
+from pdasgd_jax.simulate.fleet_clock import FleetClock, fleet_clock
 from pdasgd_jax.simulate.lpp import run_lpp
 from pdasgd_jax.simulate.replicas import run_replicated
+from pdasgd_jax.simulate.run_timing import _measured_concurrency as _measured_concurrency
+from pdasgd_jax.simulate.run_timing import backward_weights, calibrated, concurrency_report
+from pdasgd_jax.simulate.run_timing import comm_model as comm_model
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, final_evaluation, num_jobs
 from pdasgd_jax.simulate.sync import run_sync
@@ -35,17 +36,6 @@ from pdasgd_jax.store import ParameterStore
 
 SYNCHRONOUS = ("sgd", "sync")
 AVERAGING = ("local", "dasgd")
-
-
-def comm_model(config: Config) -> CommModel:
-    """``--comm-latency`` and ``--comm-bandwidth`` (0: infinite) as a ``CommModel``."""
-    return CommModel(config.comm_latency, config.comm_bandwidth or math.inf)
-
-
-def backward_weights(config: Config) -> str:
-    """The weights a shared-store run's backwards use: ``--backward-weights``, for PD-ASGD (an
-    ASGD job's gradient is one program, at the weights it read)."""
-    return config.backward_weights if config.algo != "asgd" else "stashed"
 
 
 def _run_timing(exp: Experiment, checkpointer: RunCheckpointer | None, worker_batch: int) -> TimingModel:
@@ -60,37 +50,6 @@ def _run_timing(exp: Experiment, checkpointer: RunCheckpointer | None, worker_ba
     if path:
         calibration.save(measured, path)
     return measured.timing
-
-
-def calibrated(exp: Experiment, worker_batch: int) -> calibration.Calibration:
-    """The calibration of ``exp``'s kernels at ``worker_batch`` on this machine (or
-    ``--timing``'s file: ``Experiment.calibration``) with the config's communication cost and,
-    under ``--device-concurrency measure``, the measured curve: the timing a fresh simulated
-    run's clock starts from (``configured_timing`` then adds its stragglers)."""
-    measured = exp.calibration(worker_batch)
-    timing = dataclasses.replace(measured.timing, comm=comm_model(exp.config))
-    if exp.config.device_concurrency == MEASURE_CONCURRENCY:  # saved with the costs: a resume keeps it
-        timing = dataclasses.replace(timing, concurrency=_measured_concurrency(exp, worker_batch))
-    return dataclasses.replace(measured, timing=timing)
-
-
-def _measured_concurrency(exp: Experiment, batch_size: int) -> tuple[float, ...]:
-    """This machine's concurrency curve for 1, 2 and 3 concurrent calls of the model's job
-    program, dispatched from threads pinned as the threaded runtime pins its workers
-    (``--host-cpus``)."""
-    x, y = next(exp.train_stream(batch_size))
-    v = exp.variables
-    cpus = resolve_host_cpus(exp.config.host_cpus, jax.devices()[0].platform)
-    return program_timing.measure_concurrency_curve(exp.kernels.job_gradients, v.params, v.states, x, y, host_cpus=cpus)
-
-
-def concurrency_report(timing: TimingModel, spec: str) -> dict[str, Any]:
-    """What the summary says of the device concurrency: the curve the run used and its source."""
-    curve = device_concurrency_curve(spec)
-    source = {"measure": "measured"}.get(spec, "stated" if curve != (1.0,) else "timing model")
-    if source == "timing model" and timing.concurrency_curve == (1.0,):
-        source = "serial (default)"
-    return {"curve": list(timing.concurrency_curve), "source": source}
 
 
 def run_simulated(
@@ -170,19 +129,24 @@ def run_simulated(
             raise ValueError(
                 "an event log file covers a run from its initial variables: a resumed run cannot write one"
             )
+        fleet = _fleet_clock(exp, checkpointer, timing, delay)
         with EventLogFile(path) if path else contextlib.nullcontext(log) as log:
             if config.algo == "lpp" or config.replication == "replicas":
                 run = run_lpp if config.algo == "lpp" else run_replicated
                 result, now, utilisation, staleness = run(
-                    exp, metrics, checkpointer, timing, delay, devices, workers, log=log
+                    exp, metrics, checkpointer, timing, delay, devices, workers, log=log, fleet=fleet
                 )
             else:
                 compiled = None
-                if config.numerics == "compiled" or _resumes_compiled(checkpointer):
+                if fleet is not None and config.numerics == "compiled":
+                    numerics = {"path": "event", "why": "a run under --fleet runs on the event-by-event path"}
+                elif config.numerics == "compiled" or _resumes_compiled(checkpointer):
                     compiled, numerics = _compiled(exp, metrics, checkpointer, log, given_timing, drain_at_evaluations)
                 result, now, utilisation, staleness = compiled or _run_asynchronous(
-                    exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations
+                    exp, metrics, checkpointer, timing, delay, workers, devices, log, drain_at_evaluations, fleet
                 )
+            if fleet is not None:
+                result.extra["fleet"] = fleet.summary()
     if config.numerics != "event" and numerics is None:  # the algorithms it does not cover run event by event
         one_store_each = config.algo == "lpp" or config.replication == "replicas"
         numerics = {
@@ -275,8 +239,10 @@ def _run_asynchronous(
     devices: int,
     log: EventLog | None,
     drain_at_evaluations: bool = False,
+    fleet: FleetClock | None = None,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
-    """ASGD or PD-ASGD on the virtual clock; saved whenever ``checkpointer`` says a checkpoint is due.
+    """ASGD or PD-ASGD on the virtual clock; saved whenever ``checkpointer`` says a checkpoint is
+    due; under ``fleet``'s events (``fleet_clock``) when given.
 
     A resumed run replays its schedule on abstract kernels up to the checkpointed job, loads
     the checkpoint there and goes on with the real kernels (``simulate/resume.py``), so it
@@ -334,7 +300,10 @@ def _run_asynchronous(
         groups=workers,
         on_job_done=on_job_done,
         drain_at=_evaluation_jobs(metrics, config.batch_size, max_jobs) if drain_at_evaluations else (),
+        fleet=fleet,
     )
+    if fleet is not None:
+        fleet.attach(sim)
     if config.algo == "asgd":
         policies.spawn_asgd(sim)
     else:
@@ -352,6 +321,41 @@ def _run_asynchronous(
     )
     result = RunResult(params, states, done, examples, {"jobs_started": sim.started})
     return result, now, utilisation, executor.staleness
+
+
+def _fleet_clock(
+    exp: Experiment, checkpointer: RunCheckpointer | None, timing: TimingModel, delay: DelayModel
+) -> FleetClock | None:
+    """``--fleet``'s events on the event-driven clock (``fleet_clock.fleet_clock``; None without
+    any). Their horizon is the virtual length of the same run without them: shared store,
+    ``schedule_only.virtual_length``; lpp and replicated runs, the run itself, its metrics
+    discarded.
+
+    Raises:
+      ConfigError: the run resumes a checkpoint (a fleet run's schedule is not replayed).
+    """
+    config = exp.config
+    if config.fleet and checkpointer is not None and checkpointer.latest_step() is not None:
+        raise ConfigError(
+            f"--fleet {config.fleet}: a run under fleet events on the event-driven clock cannot resume a "
+            "checkpoint yet (its replay does not run the events): start it afresh"
+        )
+
+    def horizon() -> float:
+        if config.algo == "lpp" or config.replication == "replicas":
+            quiet = MetricsLog(
+                lambda params, states: {"test_loss": 0.0, "test_accuracy": 0.0},
+                total_examples=exp.total_examples,
+                eval_every=exp.total_examples + 1,
+                progress=False,
+            )
+            run = run_lpp if config.algo == "lpp" else run_replicated
+            return run(exp, quiet, None, timing, delay, exp.layout.devices, exp.layout.replicas)[1]
+        from pdasgd_jax.simulate.schedule_only import virtual_length  # plans without numerics
+
+        return virtual_length(exp, timing)
+
+    return fleet_clock(config, timing, exp.layout.devices, horizon)
 
 
 def _evaluation_jobs(metrics: MetricsLog, batch_size: int, max_jobs: int) -> list[int]:

@@ -10,7 +10,8 @@ utilisation: a fleet of any size planned in seconds, before (or instead of) trai
 
 Covered: ``asgd``, ``pdasgd`` and ``pdasgd-block`` on one shared store (``--replication
 shared``), stashed or live weights, any timing, delay model, stragglers, communication cost,
-host time and device concurrency. Not covered: ``sgd``, ``sync``, ``local``, ``dasgd``,
+host time and device concurrency, and ``--fleet`` (``fleet_clock``; its summary in
+``SchedulePlan.run["fleet"]``). Not covered: ``sgd``, ``sync``, ``local``, ``dasgd``,
 ``lpp`` and ``--replication replicas``, whose clocks run their numerics in their rounds.
 """
 
@@ -31,7 +32,8 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.simulate import policies
 from pdasgd_jax.simulate.configured_timing import configured_timing
-from pdasgd_jax.simulate.run import backward_weights, calibrated, concurrency_report
+from pdasgd_jax.simulate.fleet_clock import FleetClock, fleet_clock
+from pdasgd_jax.simulate.run_timing import backward_weights, calibrated, concurrency_report
 from pdasgd_jax.simulate.schedule_plan import NoNumerics
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, num_jobs, paused_collector
@@ -126,6 +128,7 @@ class SchedulePlan:
             f"budget: {r['epochs']:g} epochs = {self.examples} examples = {self.jobs} jobs",
             f"virtual time to the budget: {self.virtual_time:.6g} s",
             *(["(--target-accuracy needs the numerics: a plan runs to the budget)"] if r["target_accuracy"] else []),
+            *([_fleet_line(r["fleet"])] if "fleet" in r else []),
             "staleness per stage (mean, p50, p95, max over its updates):",
         ]
         lines += [
@@ -187,9 +190,10 @@ def plan_schedule(
     timing_s = time.perf_counter() - start
     timing = configured_timing(exp, timing)
     mode = _event_executor(exp)
+    fleet = fleet_clock(config, timing, exp.layout.devices, lambda: virtual_length(exp, timing))
     start = time.perf_counter()
     with paused_collector():
-        scheduler, sim, finished = _simulation(exp, timing, mode, trace)
+        scheduler, sim, finished = _simulation(exp, timing, mode, trace, fleet)
         setup_s = time.perf_counter() - start
         scheduler.run()
     run_s = time.perf_counter() - start - setup_s
@@ -211,6 +215,7 @@ def plan_schedule(
         "seed": config.seed,
         "target_accuracy": config.target_accuracy,
         "jobs_started": sim.started,
+        **({"fleet": fleet.summary()} if fleet is not None else {}),
     }
     timing_report = {
         **source,
@@ -234,6 +239,26 @@ def plan_schedule(
     )
 
 
+def _fleet_line(fleet: dict[str, Any]) -> str:
+    """What ``text`` says of a ``--fleet``'s costs (``FleetClock.summary``)."""
+    dropped = ", ".join(f"{n} {kind}" for kind, n in fleet["dropped"].items() if n) or "nothing"
+    return (
+        f"fleet {fleet['spec']}: slow windows added {sum(fleet['stretch']):.6g} device-s; {len(fleet['leaves'])} "
+        f"leave(s), {len(fleet['crashes'])} crash(es) dropping {dropped}; {len(fleet['joins'])} join(s), "
+        f"{fleet['transfer_time']:.6g} s of state transfer"
+    )
+
+
+def virtual_length(exp: Experiment, timing: TimingModel) -> float:
+    """The virtual time to the budget of ``exp``'s shared-store ASGD or PD-ASGD run on the
+    clock (``timing``: configured, as ``run_simulated`` runs it), planned without numerics:
+    the horizon of a ``--fleet`` (its positions are fractions of it)."""
+    with paused_collector():
+        scheduler, _, finished = _simulation(exp, timing, _event_executor(exp), False)
+        scheduler.run()
+    return finished[1]
+
+
 def _run_timing(exp: Experiment) -> tuple[TimingModel, dict[str, Any]]:
     """The timing a fresh ``train --simulate`` of ``exp`` starts from, and where it came from."""
     measured = calibrated(exp, exp.worker_batch_size)
@@ -244,11 +269,11 @@ def _run_timing(exp: Experiment) -> tuple[TimingModel, dict[str, Any]]:
 
 
 def _simulation(
-    exp: Experiment, timing: TimingModel, mode: StageExecutor, trace: bool
+    exp: Experiment, timing: TimingModel, mode: StageExecutor, trace: bool, fleet: FleetClock | None = None
 ) -> tuple[Scheduler, Simulation, list]:
     """The clock, the simulation and its workers, ready to run, on a ``VersionExecutor`` of
-    ``mode``'s; the last list holds the jobs done and the virtual time of the last, as the
-    run goes."""
+    ``mode``'s, under ``fleet``'s events if given; the last list holds the jobs done and the
+    virtual time of the last, as the run goes."""
     config = exp.config
     scheduler = Scheduler()
     executor = VersionExecutor(
@@ -271,7 +296,10 @@ def _simulation(
         num_devices=exp.layout.devices,
         groups=exp.layout.replicas,
         on_job_done=on_job_done,
+        fleet=fleet,
     )
+    if fleet is not None:
+        fleet.attach(sim)
     if config.algo == "asgd":
         policies.spawn_asgd(sim)
     else:

@@ -60,6 +60,8 @@ class Simulation:
       groups: worker groups (ASGD workers, PD-ASGD replicas; default: one per device).
         Groups beyond the device count queue for a shared device.
       on_update: called with an ``UpdateSpan`` as each update is applied (tests, tracing).
+      fleet: the run's ``fleet_clock.FleetClock`` under ``--fleet`` (its devices, bookings and
+        presence rules); None: no fleet event, the clock as without one.
 
     Stage ``m``'s updates run on ``homes[m]``, its home device, at ``update_costs[m]`` each,
     one at a time (``stage_locks[m]``), whichever worker pushed them; their versions are
@@ -88,6 +90,7 @@ class Simulation:
         groups: int | None = None,
         on_update: Callable[[UpdateSpan], None] | None = None,
         drain_at: Iterable[int] = (),
+        fleet: Any = None,
     ):
         # Stage homes avoid the devices slower than the fastest (--straggler-devices): the
         # runtime's rule, fed the same per-device factors.
@@ -107,7 +110,11 @@ class Simulation:
         self._delay_streams = StreamFamily(seed, "delay")  # see ``delay_rng``
         self.max_jobs = max_jobs
         self.num_stages = executor.store.num_stages
-        self.devices = [Device(scheduler, d, timing) for d in range(num_devices)]
+        self.fleet = fleet  # a ``fleet_clock.FleetClock``, or None: no fleet event
+        if fleet is None:
+            self.devices = [Device(scheduler, d, timing) for d in range(num_devices)]
+        else:
+            self.devices = [fleet.device(scheduler, d, timing, self.fleet_index(d)) for d in range(num_devices)]
         # The device of each worker group (one group per device by default).
         self.group_devices = [self.devices[self.placement.group_device(g)] for g in range(self.placement.groups)]
         # Each stage's home device runs its updates, one at a time.
@@ -119,7 +126,7 @@ class Simulation:
         # The process's one host (timing.host_dispatch): its workers' host time, one at a time.
         self.host = mutex()
         # Versions booked at an update's dispatch, written at its end (reads get the booked ones).
-        self.bookings = Bookings(scheduler, executor)
+        self.bookings = Bookings(scheduler, executor) if fleet is None else fleet.bookings(scheduler, executor)
         self.on_update = on_update
         self.started = 0
         self.in_flight: dict[int, Job] = {}
@@ -175,20 +182,34 @@ class Simulation:
         fused = self.executor.fused
         return self.timing.job_gradients_time(device) if fused else self.timing.stage_job_time(device)
 
-    def take_job(self, worker: str) -> Worker:
+    def take_job(self, worker: str, device: Device | None = None) -> Worker:
         """``next_job`` once the run is not draining (a generator: ``job = yield from ...``).
 
         At a drain point (``drain_at``) no job starts until every started one is done: the
         threaded runtime's pause at an evaluation or checkpoint, where its data feed stops
         until the jobs before it have finished. No job starts before ``timing.host_start``.
+        Under a fleet (``fleet_clock``) a worker on ``device`` takes no job while its device is
+        absent or receiving its state after a join, and none once it has left for good.
         """
         if self.scheduler.now < self.timing.host_start:  # the runtime's threads are starting
             yield Sleep(self.timing.host_start - self.scheduler.now)
-        while self._drain is not None and self.started >= self._drain and self.in_flight:
-            yield Get(self._drained)
-        if self.paused:  # (``gate`` yields nothing otherwise: no generator made per job for it)
-            yield from self.gate()
-        return self.next_job(worker)
+        while True:
+            while self._drain is not None and self.started >= self._drain and self.in_flight:
+                yield Get(self._drained)
+            if self.paused:  # (``gate`` yields nothing otherwise: no generator made per job for it)
+                yield from self.gate()
+            if self.fleet is None or device is None:
+                break
+            wait = self.fleet.ready_in(self.fleet_index(device.index), self.scheduler.now)
+            if wait is None:  # the device has left the fleet for good
+                return None
+            if not wait:
+                break
+            yield Sleep(wait)  # absent, or receiving its state after a join: then look again
+        job = self.next_job(worker)
+        if self.fleet is not None:
+            self.fleet.hold(job)
+        return job
 
     def host_work(self) -> Iterable[Any]:
         """A worker's host time before it dispatches a part of a job (``yield from
@@ -233,10 +254,50 @@ class Simulation:
     def job_done(self, job: Job) -> None:
         del self.in_flight[job.id]
         self._on_job_done(job)
+        if self.fleet is not None:
+            self.fleet.hold(None)
+        self._drained_check()
+
+    def retire(self, job: Job) -> None:
+        """``job`` will never be done (its device crashed, ``fleet_clock``): it leaves ``in_flight``."""
+        del self.in_flight[job.id]
+        self._drained_check()
+
+    def job_dropped(self, job: Job, kind: str) -> None:
+        """The running worker's ``job`` (a ``fleet_clock.DROP_KINDS`` kind) was dropped by a crash."""
+        self.fleet.dropped(job, kind, self.num_stages)
+        self.retire(job)
+
+    def hold(self, job: Job | None) -> None:
+        """The running worker now holds ``job`` (None: it handed it on); under a fleet only."""
+        if self.fleet is not None:
+            self.fleet.hold(job)
+
+    def spawn(self, name: str, gen: Worker, device: Device) -> None:
+        """Starts worker ``gen`` of ``device``; under a fleet whose devices leave, join or crash,
+        wrapped so that a crash can drop its job (``fleet_clock.WorkerProxy``)."""
+        if self.fleet is not None and self.fleet.changes_presence:
+            gen = self.fleet.proxy(gen, self.fleet_index(device.index), self.host)
+        self.scheduler.spawn(name, gen)
+
+    def add_queue(self, device: Device, channel: Channel, slots: Channel) -> None:
+        """A PD-ASGD replica's queue on ``device``: under a fleet, a crash loses what it holds."""
+        if self.fleet is not None:
+            self.fleet.add_queue(self.fleet_index(device.index), channel, slots)
+
+    def fleet_index(self, d: int) -> int:
+        """Device ``d``'s index in ``--fleet`` (a device simulation's is its run's)."""
+        return d
+
+    def _drained_check(self) -> None:
         if self._drain is not None and self.started >= self._drain and not self.in_flight:
             while self._drain is not None and self._drain <= self.started:
                 self._drain = next(self._drains, None)
             self.scheduler.wake_all(self._drained)
+
+    def home_bytes(self, d: int) -> int:
+        """Bytes of the parameters of the stages device ``d`` is home to."""
+        return sum(n for n, home in zip(self._stage_bytes, self.homes, strict=True) if home.index == d)
 
     def transfer_time(self, m: int, device: Device) -> float:
         """Moving stage ``m``'s parameters (or gradient) between ``device`` and its home device."""

@@ -4,7 +4,7 @@ shared by simulated sync and local SGD, and local SGD's rounds under ``--fleet``
 
 ``local_rounds_schedule`` says, round by round, which replicas start a unit of work from which
 average, whose work lands in which average, and what a leave or a crash drops; the arithmetic
-(``simulate.averaging.run_local_rounds``) follows it.
+(``simulate.fleet_rounds.run_local_rounds``) follows it.
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ class Unit(NamedTuple):
         program done); for a dropped unit, when it was dropped.
       steps: local steps it computed on the clock (``H``, or fewer for a dropped unit).
       dropped: ``"leave"`` or ``"crash"`` when a departure dropped it; ``None`` otherwise.
+      continues: DaSGD's unit of a replica that landed in its base average: it continues from its
+        own snapshot and merges the base average ``d`` steps in; ``False``: it starts from the
+        base average (local SGD's units, and DaSGD's late replicas and joiners).
     """
 
     worker: int
@@ -73,6 +76,7 @@ class Unit(NamedTuple):
     arrival: float
     steps: int
     dropped: str | None = None
+    continues: bool = False
 
 
 class LocalRoundsSchedule(NamedTuple):
@@ -115,6 +119,7 @@ def local_rounds_schedule(
     state_transfer: float = 0.0,
     average_work: np.ndarray | None = None,
     merge_work: np.ndarray | None = None,
+    delay: int | None = None,
 ) -> LocalRoundsSchedule:
     """Local SGD's ``rounds`` averages under a straggler policy and a fleet (algorithms.md §5a).
 
@@ -135,6 +140,13 @@ def local_rounds_schedule(
     seconds) and starts a unit from the first average complete at or after ``t + transfer``
     (the initial model if none is yet).
 
+    DaSGD (``delay`` d): the arrival of a unit is its replica's snapshot. A replica whose unit
+    lands in average ``j`` (on time or late) does not wait for it: its next unit (``continues``)
+    begins at its arrival, and after ``d`` of its steps it waits for average ``j``'s all-reduce
+    to complete and merges it (its merge work), then takes the other ``H - d`` steps; a
+    departure in that time drops the unit. Only a joiner starts from an average, as local SGD's
+    replicas do. After the last average no unit begins.
+
     Args:
       timing: the clock's costs.
       delays: injected idle time per local step.
@@ -150,6 +162,7 @@ def local_rounds_schedule(
       state_transfer: seconds a joining replica takes to receive the state.
       average_work: per replica, device seconds of the mean's program per unit (default 0).
       merge_work: per replica, device seconds of a merge (default 0).
+      delay: DaSGD's ``d`` (``0 <= d <= H``; None: local SGD).
 
     Returns:
       The ``LocalRoundsSchedule``.
@@ -176,20 +189,29 @@ def local_rounds_schedule(
     def departure(w: int, after: float, until: float) -> tuple[float, str] | None:
         return next(((t, k) for t, k in departures[w] if after < t <= until), None)
 
-    def begin(w: int, base: int, start: float) -> Unit:
+    def begin(w: int, base: int, start: float, merged: float | None = None) -> Unit:
+        """``w``'s unit from ``start``; ``merged``: it continues, merging the average complete
+        then after ``delay`` steps."""
         t = start
         for i in range(period):
+            if merged is not None and i == delay:
+                waited = max(t, merged) + merge_work[w]
+                if (gone := departure(w, t, waited)) is not None:
+                    return Unit(w, base, start, gone[0], i, gone[1], True)
+                t = waited
             c = compute[w] if fleet is None else fleet.elapsed(w, t + host, compute[w])
             step_end = t + host + c + next(draws[w])
             gone = departure(w, t, step_end)
             if gone is not None:
                 busy[w] += min(c, max(0.0, gone[0] - t - host))
-                return Unit(w, base, start, gone[0], i, gone[1])
+                return Unit(w, base, start, gone[0], i, gone[1], merged is not None)
             busy[w] += c
             t = step_end
+        if merged is not None and delay == period:
+            t = max(t, merged) + merge_work[w]
         arrive = t + average_work[w]
         busy[w] += average_work[w]
-        return Unit(w, base, start, arrive, period)
+        return Unit(w, base, start, arrive, period, None, merged is not None)
 
     initial = timing.host_start
     in_flight: dict[int, Unit] = {}
@@ -198,7 +220,8 @@ def local_rounds_schedule(
     closes, ends = np.empty(rounds), np.empty(rounds)
     history: History = collections.deque(maxlen=DEADLINE_WINDOW)
     waiting = set(w_all)  # present replicas with no unit: they start from the last average
-    published = initial
+    continuing: list[Unit] = []  # DaSGD: the units begun at the last average's snapshots
+    published = origin = initial  # origin: what the adaptive deadline is measured from
 
     def drop(u: Unit, kind: str) -> None:
         """``u`` never lands: its replica left or crashed first."""
@@ -208,25 +231,28 @@ def local_rounds_schedule(
     joins = sorted(t + state_transfer for w in w_all for t in (fleet.join_times(w) if fleet is not None else ()))
     for j in range(1, rounds + 1):
         while True:
+            occupied = {*waiting, *in_flight, *(u.worker for u in continuing if not u.dropped)}
             for w in w_all:  # absent replicas that have joined and received the state by now
-                if w not in waiting and w not in in_flight and fleet is not None and fleet.present(w, published):
+                if w not in occupied and fleet is not None and fleet.present(w, published):
                     joined = fleet.joined_at(w, published)
                     if joined is not None and joined + state_transfer <= published:
                         waiting.add(w)
-            if waiting or in_flight:
+            if waiting or in_flight or any(not u.dropped for u in continuing):
                 break
             later = [t for t in joins if t > published]
             if not later:
                 raise ValueError(f"--fleet leaves no replica to take average {j} from virtual time {published:g} on")
             published = later[0]  # nobody is left: the next joiner starts from the last average
-        begun = []
+        begun = list(continuing)
         for w in sorted(waiting):
             if fleet is None or fleet.present(w, published):
-                unit = begin(w, j - 1, published + (merge_work[w] if j > 1 else 0.0))
-                begun.append(unit)
-                if not unit.dropped:
-                    in_flight[w] = unit
+                begun.append(begin(w, j - 1, published + (merge_work[w] if j > 1 else 0.0)))
+        begun.sort(key=lambda u: u.worker)
+        for unit in begun:
+            if not unit.dropped:
+                in_flight[unit.worker] = unit
         waiting.clear()
+        continuing = []
         starts.append(begun)
         if not in_flight:
             raise ValueError(f"--fleet leaves no replica to take average {j} from virtual time {published:g} on")
@@ -235,7 +261,7 @@ def local_rounds_schedule(
             need = min(quorum, len(arrived)) if quorum else len(arrived)
             close = arrived[need - 1][0]
             if adaptive:
-                close = min(close, max(adaptive_deadline(history, published), arrived[0][0]))
+                close = min(close, max(adaptive_deadline(history, origin), arrived[0][0]))
             landing = [in_flight[w] for a, w in arrived if a <= close]
             # A unit whose replica departs after it arrived but before the close never lands.
             gone = [(u, g) for u in landing if (g := departure(u.worker, u.arrival, close)) is not None]
@@ -261,7 +287,11 @@ def local_rounds_schedule(
         lands.append(merged)
         closes[j - 1], ends[j - 1] = close, end
         for u in merged:
-            if fleet is None or departure(u.worker, u.arrival, end) is None:
+            if delay is not None:  # it goes on from its snapshot (its departure drops that unit)
+                if j < rounds:
+                    continuing.append(begin(u.worker, j, u.arrival, merged=end))
+            elif fleet is None or departure(u.worker, u.arrival, end) is None:
                 waiting.add(u.worker)
         published = end
+        origin = end if delay is None else close
     return LocalRoundsSchedule(starts, lands, closes, ends, list(in_flight.values()), busy)

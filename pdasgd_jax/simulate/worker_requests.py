@@ -88,6 +88,10 @@ class Channel:
         """Whether no item waits in the channel."""
         return not self._items
 
+    def size(self) -> int:
+        """How many items wait in the channel."""
+        return len(self._items) if self._items else 0
+
     def offer(self, item: Any) -> bool:
         """Appends ``item`` if the channel has room; whether it had."""
         if self._items is None:

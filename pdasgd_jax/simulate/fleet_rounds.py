@@ -1,0 +1,311 @@
+"""Local SGD and DaSGD on the virtual clock under ``--fleet``, ``--quorum K`` or ``--deadline
+adaptive`` (algorithms.md §5a): ``run_local_rounds`` runs each replica's unit of ``H`` steps
+and lands it in the average ``straggler_policy.local_rounds_schedule`` says (DaSGD's replicas go
+on from their snapshots and merge the average ``d`` steps later), with an outer optimizer's step
+on each landed mean.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
+from pdasgd_jax.delays.fleet import FleetTimeline, parse_fleet
+from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.executor import StalenessStats
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
+from pdasgd_jax.metrics import MetricsLog
+from pdasgd_jax.optim import AveragingRule
+from pdasgd_jax.runners.averaging import outer_optimizer
+from pdasgd_jax.runners.result import RunResult
+from pdasgd_jax.simulate.averaging_clock import averaging_work
+from pdasgd_jax.simulate.straggler_policy import (
+    DEADLINE_MADS,
+    DEADLINE_WINDOW,
+    LocalRoundsSchedule,
+    local_rounds_schedule,
+)
+from pdasgd_jax.simulate.sync import VirtualTimeMetrics, fresh_updates
+
+
+def plan_local_rounds(
+    exp: Experiment, timing: TimingModel, delay: DelayModel, num_workers: int
+) -> tuple[LocalRoundsSchedule, FleetTimeline | None]:
+    """The schedule of a ``local`` or ``dasgd`` run under its fleet and straggler policy, and the fleet's
+    timeline (None without events). Positions are fractions of the same run's virtual length
+    without fleet events; a joining replica receives its whole ``TrainState`` over the network
+    (``CommModel.transfer_time``).
+
+    Args:
+      exp: the experiment.
+      timing: the clock's costs.
+      delay: the injected delays.
+      num_workers: W replicas.
+
+    Returns:
+      ``(schedule, fleet timeline or None)``.
+    """
+    config = exp.config
+    dasgd = config.algo == "dasgd"
+    spec = parse_fleet(config.fleet)
+    spec.events(num_workers)  # a FleetError names a bad token, before any step
+    v = exp.variables
+    average, merge = averaging_work(timing, num_workers)
+    args = dict(
+        num_workers=num_workers,
+        rounds=math.ceil(exp.total_examples / (num_workers * config.batch_size * config.period)),
+        period=config.period,
+        model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states),
+        seed=config.seed,
+        quorum=config.quorum if config.quorum < num_workers else 0,
+        adaptive=config.deadline == "adaptive",
+        average_work=average,
+        merge_work=merge,
+        delay=config.averaging_delay if dasgd else None,
+    )
+    plain = local_rounds_schedule(timing, delay, **args)
+    if spec.empty:
+        return plain, None
+    fleet = FleetTimeline(spec, num_workers, float(plain.ends[-1]))
+    opt = init_opt_states(exp.tx, v.params, whole_model=exp.whole_model_updates)
+    transfer = timing.comm.transfer_time(tree_nbytes(TrainState(v.params, v.states, opt)))
+    return local_rounds_schedule(timing, delay, fleet=fleet, spec=spec, state_transfer=transfer, **args), fleet
+
+
+def _check_local_rounds(config: Any, checkpointer: RunCheckpointer | None) -> None:
+    """What ``run_local_rounds`` covers, each refusal naming the flag."""
+    given = f"--fleet {config.fleet!r} / --quorum {config.quorum} / --deadline {config.deadline}"
+    dasgd = config.algo == "dasgd"
+    refused = [
+        (config.algo not in ("local", "dasgd"), f"--algo {config.algo} (only --algo local and dasgd)"),
+        (dasgd and config.merge == "eager", "--merge eager (its carries ride on every snapshot: correct or overwrite)"),
+        (config.fragments > 1, f"--fragments {config.fragments} (one fragment only)"),
+    ]
+    for bad, what in refused:
+        if bad:
+            raise ConfigError(f"{given}: not implemented for {what}")
+    if checkpointer is not None and checkpointer.latest_step() is not None:
+        raise ConfigError(f"{given}: a local SGD run under a fleet or a straggler policy cannot resume")
+
+
+def _mean(trees: list[Any]) -> Any:
+    """The elementwise mean of ``trees`` (integer leaves: the first tree's)."""
+
+    def mean(*xs):
+        if not jnp.issubdtype(jnp.asarray(xs[0]).dtype, jnp.inexact):
+            return xs[0]
+        return (sum(xs[1:], xs[0]) / len(xs)).astype(xs[0].dtype)
+
+    return jax.tree.map(mean, *trees)
+
+
+def run_local_rounds(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None,
+    timing: TimingModel,
+    delay: DelayModel,
+    num_workers: int,
+) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
+    """Local SGD and DaSGD under ``--fleet``, ``--quorum`` or ``--deadline adaptive``
+    (algorithms.md §5a).
+
+    Each unit the schedule begins at round ``j`` runs ``H`` local steps on its replica's next
+    batches from ``A_{j-1}`` (parameters and non-trainable states) and the replica's optimizer
+    state, or (DaSGD, ``Unit.continues``) from the replica's own snapshot, merging ``A_{j-1}``
+    by ``--merge`` after ``d`` of them; a dropped unit runs nothing. The landed mean of average
+    ``j`` is ``A_{j-1}`` plus the mean, over the units landing in it, of their model minus the
+    average they began from; ``A_j`` is that mean, or with an ``--outer-optimizer`` the global
+    model its outer step makes of it. A replica that merges keeps its optimizer state (the
+    landed units' mean with ``--average-opt-state``); a replica that (re)joins takes the mean
+    optimizer state of the units of the last average any landed in. The run's model (and each
+    evaluation's) is the last landed mean. No checkpoint is written.
+
+    Args:
+      exp: the experiment.
+      metrics: the run's metrics log.
+      checkpointer: the run's checkpointer (a run to resume is refused).
+      timing: the clock's costs.
+      delay: the injected delays.
+      num_workers: W replicas.
+
+    Returns:
+      ``(RunResult, virtual_time, utilisation, staleness)`` like ``run_averaging``.
+    """
+    config = exp.config
+    _check_local_rounds(config, checkpointer)
+    schedule, fleet = plan_local_rounds(exp, timing, delay, num_workers)
+    h, batch = config.period, config.batch_size
+    v = exp.variables
+    params, states = jax.device_get(v.params), jax.device_get(v.states)
+    init_opt = jax.device_get(init_opt_states(exp.tx, params, whole_model=exp.whole_model_updates))
+    step_fn = make_train_step(exp.model, exp.tx, whole_model=exp.whole_model_updates)
+    units = jax.jit(jax.vmap(lambda ts, *rows: jax.lax.scan(lambda t, r: step_fn(t, *r), ts, rows)))
+    key = jax.random.key(config.seed) if exp.model.draws_randomness else None
+    streams = [exp.train_stream(batch, shard_index=w, num_shards=num_workers) for w in range(num_workers)]
+    averages = {0: (params, states)}
+    # The model evaluated: the landed mean, before the outer step the replicas merge (the round
+    # program evaluates the workers' mean likewise); without an outer optimizer, the average.
+    shown = averages[0]
+    opt = dict.fromkeys(range(num_workers), init_opt)
+    opt_mean = init_opt
+    running: dict[int, TrainState] = {}  # each unit in flight: its model after its H steps
+    snapshots: dict[int, TrainState] = {}  # DaSGD: each landed replica's state at its snapshot
+    opt_averages: dict[int, Any] = {}  # DaSGD with --average-opt-state: each average's landed opt mean
+    # DaSGD's units merge their base average after d steps: the steps run in two scans around it.
+    dasgd = config.algo == "dasgd"
+    first = config.averaging_delay if dasgd else h
+    rule = AveragingRule(h, first, config.merge, outer_optimizer(config.outer_optimizer, config.outer_lr))
+    outer = rule.init_outer(params)
+    # The outer step on the landed mean is the round program's (``overwrite``: the new global model).
+    outer_step = jax.jit(AveragingRule(h, 0, "overwrite", rule.outer).merge_params)
+    ends = np.repeat(schedule.ends, h)
+    timed = VirtualTimeMetrics(metrics, ends)
+    merged_before: set[int] = set()
+    step = examples = computed = rounds_run = 0
+    for j, (begun, landed) in enumerate(zip(schedule.starts, schedule.lands, strict=True), start=1):
+        run = [u for u in begun if not u.dropped]
+        if run:
+            base_p, base_s = averages[j - 1]
+            for u in run:  # a replica that did not merge the last average (re)joins from it
+                if u.worker not in merged_before and j > 1:
+                    opt[u.worker] = opt_mean
+            starts = [
+                snapshots.pop(u.worker) if u.continues else TrainState(base_p, base_s, opt[u.worker]) for u in run
+            ]
+            ts = jax.tree.map(lambda *xs: np.stack(xs), *starts)
+            rows = [[next(streams[u.worker]) for _ in range(h)] for u in run]
+            x = np.stack([np.stack([b[0] for b in r]) for r in rows])
+            y = np.stack([np.stack([b[1] for b in r]) for r in rows])
+            inputs = (x, y)
+            if key is not None:
+                keys = [
+                    jax.random.fold_in(jax.random.fold_in(key, u.worker), (j - 1) * h + i)
+                    for u in run
+                    for i in range(h)
+                ]
+                inputs = (x, y, jnp.stack(keys).reshape(len(run), h))
+            out, loss = units(ts, *(a[:, :first] for a in inputs))
+            if dasgd:
+                opts = opt_averages if config.average_opt_state else None
+                out = _merge_continuing(jax.device_get(out), run, starts, averages, rule, opts)
+            if first < h:
+                out, rest = units(out, *(a[:, first:] for a in inputs))
+                loss = rest if first == 0 else jnp.concatenate([loss, rest], axis=1)
+            out = jax.device_get(out)
+            for i, u in enumerate(run):
+                running[u.worker] = jax.tree.map(lambda a, i=i: a[i], out)
+            loss_h = jnp.mean(loss, axis=0)
+            for i in range(h):
+                metrics.add_loss(step + i + 1, loss_h[i])
+            computed += len(run) * h
+            examples += len(run) * h * batch
+        merged_before = set()
+        if landed:
+            moved = [
+                jax.tree.map(jnp.subtract, (running[u.worker].params, running[u.worker].states), averages[u.base])
+                for u in landed
+            ]
+            prev = averages[j - 1]
+            shown = jax.device_get(jax.tree.map(lambda a, d: (a + d).astype(a.dtype), prev, _mean(moved)))
+            averages[j] = shown
+            if rule.outer is not None:
+                global_p, outer = outer_step(shown[0], shown[0], shown[0], outer)
+                averages[j] = (jax.device_get(global_p), shown[1])
+            opt_mean = _mean([running[u.worker].opt_states for u in landed])
+            if dasgd and config.average_opt_state:
+                opt_averages[j] = opt_mean
+            for u in landed:
+                if fleet is None or fleet.present(u.worker, float(schedule.ends[j - 1])):
+                    opt[u.worker] = opt_mean if config.average_opt_state else running[u.worker].opt_states
+                    merged_before.add(u.worker)
+                if dasgd:
+                    snapshots[u.worker] = running[u.worker]
+                del running[u.worker]
+        else:
+            averages[j] = averages[j - 1]  # and ``shown`` stays
+        oldest = min([u.base for units in schedule.starts[:j] for u in units if u.worker in running] + [j])
+        for k in [k for k in averages if k < oldest]:  # no unit in flight began from them
+            del averages[k]
+            opt_averages.pop(k, None)
+        step, rounds_run = j * h, j
+        timed.observe(step=step, examples=examples, params=shown[0], states=shown[1])
+        if metrics.stop_due:
+            break
+    now = float(schedule.ends[rounds_run - 1])
+    busy = [float(b) / now for b in schedule.busy]
+    result = RunResult(
+        shown[0],
+        shown[1],
+        step,
+        examples,
+        {
+            "devices": 1,
+            "replicas": num_workers,
+            "placement": "vmap",
+            "effective_algorithm": "dasgd" if dasgd and first else "local",
+            "delay_steps": config.averaging_delay,
+            "average_delay_steps": config.averaging_delay,
+            "local_rounds": _rounds_report(schedule, rounds_run, h, config, fleet is not None),
+        },
+    )
+    utilisation = {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy}
+    return result, now, utilisation, fresh_updates(len(params), computed)
+
+
+def _merge_continuing(
+    out: TrainState,
+    run: list[Any],
+    starts: list[TrainState],
+    averages: dict[int, Any],
+    rule: AveragingRule,
+    opt_averages: dict[int, Any] | None,
+) -> TrainState:
+    """DaSGD's merge ``d`` steps into the stacked units ``out``: each continuing unit's model
+    (parameters and states) merges its base average by ``rule`` (``correct``: the average plus
+    its progress since its snapshot; ``overwrite``: the average), and with ``opt_averages``
+    (``--average-opt-state``) its optimizer state that average's landed mean alike; the other
+    units are left as they are."""
+    units = [jax.tree.map(lambda a, i=i: a[i], out) for i in range(len(run))]
+    for i, u in enumerate(run):
+        if u.continues:
+            now, snapshot = units[i], starts[i]
+            params, states = rule.merge_tree(
+                (now.params, now.states), (snapshot.params, snapshot.states), averages[u.base]
+            )
+            opt = now.opt_states
+            if opt_averages is not None:
+                opt = rule.merge_tree(opt, snapshot.opt_states, opt_averages[u.base])
+            units[i] = TrainState(params, states, opt)
+    return jax.tree.map(lambda *xs: np.stack(xs), *units)
+
+
+def _rounds_report(schedule: LocalRoundsSchedule, rounds: int, period: int, config: Any, fleet: bool) -> dict:
+    """What became of the units of the ``rounds`` averages run: merged (late ones among them),
+    dropped by leaves and crashes, in flight at the end, in local steps."""
+    begun = [u for units in schedule.starts[:rounds] for u in units]
+    landed = [(j, u) for j, units in enumerate(schedule.lands[:rounds], start=1) for u in units]
+    landed_workers = {(u.worker, u.base) for _, u in landed}
+    out: dict[str, Any] = {
+        "averages": rounds,
+        "merged_steps": sum(u.steps for _, u in landed),
+        "late_units": sum(j - u.base > 1 for j, u in landed),
+        "dropped_steps": {k: sum(u.steps for u in begun if u.dropped == k) for k in ("leave", "crash")},
+        "unmerged_steps_at_end": sum(
+            u.steps for u in begun if not u.dropped and (u.worker, u.base) not in landed_workers
+        ),
+    }
+    if config.quorum:
+        out["quorum"] = config.quorum
+    if config.deadline == "adaptive":
+        out["deadline"] = {"rule": "adaptive", "mads": DEADLINE_MADS, "window": DEADLINE_WINDOW}
+    if fleet:
+        out["fleet"] = config.fleet
+    return out

@@ -126,3 +126,20 @@ def test_a_run_with_a_fleet_counts_what_became_of_every_gradient():
     assert g["computed"] == g["kept"] + g["dropped_late"] + g["lost_in_crashes"]
     assert g["absent_shards"] > 0 and utilisation["fleet"].startswith("slow:0x4")
     assert churned.extra["virtual_time"] != plain.extra["virtual_time"]
+
+
+def test_a_late_gradient_lost_to_a_crash_after_its_step_closed_keeps_its_device_out_until_it_rejoins():
+    """Device 2 (10x slower) misses each quorum; the crash at 50 s falls inside a gradient whose
+    step closed without it. The steps before the crash go on without it (it computes a gradient
+    the crash will lose), none counts it after, and it takes part again once it rejoined."""
+    fleet = FleetTimeline(parse_fleet("slow:2x10@0-1,crash:2@0.5,join:2@0.8"), 3, 100.0)
+    schedule = sync_schedule(
+        TIMING, DelayModel(), StepPolicy(quorum=2), num_workers=3, steps=90, grad_nbytes=1, seed=0, fleet=fleet
+    )
+    starts = np.r_[0.0, schedule.ends[:-1]]
+    lost_step = np.flatnonzero(schedule.lost[:, 2])
+    assert len(lost_step) == 1 and starts[lost_step[0]] < 50.0
+    between = (starts > starts[lost_step[0]]) & (starts < 80.0)
+    assert between.any() and not schedule.members[between, 2].any() and not schedule.computed[between, 2].any()
+    assert schedule.members[starts >= 81.0, 2].any()
+    assert schedule.kept[:, :2].sum() >= 2 * len(starts) - 1 and not schedule.kept[:, 2].any()

@@ -124,7 +124,9 @@ def sync_schedule(
     A device that leaves finishes the gradient it is computing, and takes no new one; a device
     that crashes loses it, and a step that was waiting for a lost gradient closes once the
     crash is known (its time) with those that arrived; a step whose every gradient was lost
-    starts again with the devices left. The all-reduce runs over the members still up.
+    starts again with the devices left. A device still computing a late gradient that its
+    coming crash will lose takes no step until it rejoins. The all-reduce runs over the members
+    still up.
 
     Args:
       timing: the clock's costs.
@@ -154,15 +156,24 @@ def sync_schedule(
     free = [timing.host_start] * num_workers  # when each worker's current computation ends
     start = timing.host_start  # when the current step's parameters are published
     history: collections.deque[list[tuple[float, float]]] = collections.deque(maxlen=DEADLINE_WINDOW)
+    crashed_at = [math.inf] * num_workers  # when each worker's last lost gradient was lost
     s = 0
     while s < steps:
-        here = [w for w in range(num_workers) if _member(fleet, w, start, state_transfer)]
+        here, doomed = [], []
+        for w in range(num_workers):
+            if not _member(fleet, w, start, state_transfer):
+                continue
+            if math.isinf(free[w]):
+                joined = fleet.joined_at(w, start)
+                if joined is None or joined < crashed_at[w]:
+                    # A late gradient its coming crash loses: no step until the device rejoins.
+                    doomed.append(crashed_at[w])
+                    continue
+                free[w] = joined + state_transfer  # crashed, then rejoined: free once its state arrived
+            here.append(w)
         if not here:
-            start = _next_member(fleet, start, state_transfer, s)
+            start = min(doomed) if doomed else _next_member(fleet, start, state_transfer, s)
             continue
-        for w in here:
-            if math.isinf(free[w]):  # crashed, then rejoined: free once its state arrived
-                free[w] = fleet.joined_at(w, start) + state_transfer
         members[s, here] = True
         runs = {}  # worker: (begin, arrival, crash time or None, compute)
         for w in here:
@@ -178,7 +189,7 @@ def sync_schedule(
             for w, (begin, _, crash, c) in runs.items():
                 computed[s, w] = lost[s, w] = True
                 busy[s, w] += min(c, max(0.0, crash - begin - host))
-                free[w] = math.inf
+                free[w], crashed_at[w] = math.inf, crash
             start = max(crashes)
             continue
         need = policy.needed(len(runs))
@@ -199,7 +210,7 @@ def sync_schedule(
             else:
                 lost[s, w] = True
                 busy[s, w] += min(c, max(0.0, crash - begin - host))
-                free[w] = math.inf
+                free[w], crashed_at[w] = math.inf, crash
                 up -= 1
         history.append(arrivals)
         ends[s] = close + timing.comm.allreduce_time(grad_nbytes, max(up, 1))

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
 from benchmarks import STUDIES
+
+# Protocols with a command line of their own, ``benchmarks.NAME.__main__.main`` (``python -m benchmarks
+# NAME --help``).
+COMMANDS: dict[str, str] = {
+    "fleets": "time to target on heterogeneous, unreliable fleets: W in {16, 64}, a persistent 3x straggler "
+    "and random churn, the network priced, 12 algorithms (sized for about 40 minutes on two CPU cores; not yet "
+    "run in full)",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,9 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="The study behind BENCHMARKS.md: protocols of docs/algorithms.md §6 and the claims.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="protocols (durations of a full run on a 2-core CPU):\n"
-        + "\n".join(f"  {name:15} {text}" for name, text in STUDIES.items()),
+        + "\n".join(f"  {name:15} {text}" for name, text in {**STUDIES, **COMMANDS}.items()),
     )
-    parser.add_argument("name", choices=tuple(STUDIES), help="which protocol (see below)")
+    parser.add_argument("name", choices=(*STUDIES, *COMMANDS), help="which protocol (see below)")
     parser.add_argument("--out", default="bench_out", help="directory for <name>.json and <name>.md")
     parser.add_argument("--quick", action="store_true", help="a small, fast version (for tests and smoke checks)")
     parser.add_argument(
@@ -38,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks import run_cache, run_study
     from pdasgd_jax.errors import ConfigError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        return importlib.import_module(f"benchmarks.{argv[0]}.__main__").main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.run_cache is not None and args.name not in run_cache.BENCHMARKS:
         print(

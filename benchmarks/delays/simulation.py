@@ -26,6 +26,7 @@ from pdasgd_jax.delays import CommModel, TimingModel
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog, NonFiniteLossError
 from pdasgd_jax.simulate import run_simulated
+from pdasgd_jax.simulate.async_local import run_async_local_simulated
 
 
 class Outcome(NamedTuple):
@@ -168,7 +169,12 @@ def _simulate(
         give_up_after=give_up_after,
     )
     try:
-        extra = run_simulated(exp, metrics, timing=timing, staleness_warmup=warmup).extra
+        if config.algo == "async-local":  # its own clock, which has no staleness warm-up to leave out
+            if warmup:
+                raise ValueError(f"staleness_warmup {warmup}: --algo async-local's clock takes none (use 0)")
+            extra = run_async_local_simulated(exp, metrics, timing=timing).extra
+        else:
+            extra = run_simulated(exp, metrics, timing=timing, staleness_warmup=warmup).extra
     except NonFiniteLossError:
         return DIVERGED
     finally:

@@ -1,0 +1,253 @@
+"""The ``fleets`` benchmark's tables, verdicts and "which algorithm for which fleet" paragraph,
+from a raw file (``render``), and the results page's section from the newest one
+(``results_section``).
+
+Every interval is the results page's (``benchmarks.scripts.results_common``): a row's mean
+time with its log-scale 95 % interval over the reported seeds, and its ratio to the
+scenario's fastest row with the log-ratio interval. The fastest row of a scenario is picked
+on the tuning seeds (its mean time there at its chosen rate, as ``delays`` picks its best
+asynchronous baseline), among the rows that reached the target on every reported seed:
+picking the smallest of several noisy means on the reported seeds would favour it on them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Any
+
+from benchmarks.delays.cells import tuned_time
+from benchmarks.fleets.protocol import FLEETS, LABELS, NAME, ROWS, WORKERS
+from benchmarks.scripts.results_common import fmt, mean_ci95, missed, ratio_ci95, table
+from pdasgd_jax.delays.fleet import parse_fleet
+
+RAW_DIR = pathlib.Path("bench_results") / NAME
+FASTEST = "fastest"
+WITHIN = "within the interval of the fastest"
+SLOWER = "slower"
+FASTER = "faster on the reported seeds"
+NOT_SETTLED = "not settled"
+MISSED = "missed the target"
+REFUSED = "not supported yet"
+FAILED = "run failed"
+# The notes under the tables: each refusal (R) and failure (F) once.
+NOTE_PREFIX = {REFUSED: "R", FAILED: "F"}
+
+
+def _scenario_key(cell: dict[str, Any]) -> tuple[int, str]:
+    return cell["workers"], cell["fleet"]
+
+
+def _ran(cell: dict[str, Any]) -> bool:
+    return "refused" not in cell and "failed" not in cell
+
+
+def _reached(cell: dict[str, Any]) -> bool:
+    return _ran(cell) and not missed(cell["times"])
+
+
+def fastest(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The scenario's reference: of ``cells`` (one scenario's) that reached the target on every
+    reported seed, the fastest on the tuning seeds (ties: the reported mean); None if none did."""
+    reached = [c for c in cells if _reached(c)]
+    return min(reached, key=lambda c: (tuned_time(c), mean_ci95(c["times"])[0]), default=None)
+
+
+def verdict(cell: dict[str, Any], reference: dict[str, Any] | None) -> tuple[str, str]:
+    """``cell``'s verdict against its scenario's ``reference`` (``fastest``), as ``(kind, text)``:
+    kind one of ``FASTEST``, ``WITHIN``, ``SLOWER``, ``FASTER``, ``NOT_SETTLED`` (an interval
+    undefined with one seed), ``MISSED``, ``REFUSED`` or ``FAILED``."""
+    if "failed" in cell:
+        return FAILED, FAILED
+    if not _ran(cell):
+        return REFUSED, REFUSED
+    if not _reached(cell):
+        return MISSED, f"{MISSED} on {missed(cell['times'])} of {len(cell['times'])} seeds"
+    if reference is None:
+        return NOT_SETTLED, "no reference: no row reached the target on every seed"
+    if cell is reference:
+        return FASTEST, "fastest (picked on the tuning seeds)"
+    ratio = ratio_ci95(cell["times"], reference["times"])
+    _, lo, hi = ratio
+    figure = fmt(ratio, suffix="x")
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return NOT_SETTLED, f"{NOT_SETTLED}: {figure}"
+    if lo > 1:
+        return SLOWER, f"{SLOWER}: {figure}"
+    if hi < 1:
+        return FASTER, f"{FASTER}: {figure}"
+    return WITHIN, f"{WITHIN}: {figure}"
+
+
+def judged(results: dict[str, Any]) -> dict[tuple[int, str], list[tuple[dict[str, Any], str, str]]]:
+    """Each scenario's cells in row order with their verdicts: ``{(W, fleet): [(cell, kind, text)]}``."""
+    by_scenario: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for cell in results["cells"]:
+        by_scenario.setdefault(_scenario_key(cell), []).append(cell)
+    out = {}
+    for key, cells in by_scenario.items():
+        reference = fastest(cells)
+        out[key] = [(c, *verdict(c, reference)) for c in cells]
+    return out
+
+
+def _note_text(cell: dict[str, Any], kind: str) -> str:
+    """A refusal's or failure's message with the run's own fleet written FLEET, so one note serves
+    every scenario."""
+    key = "refused" if kind == REFUSED else "failed"
+    text, fleet = cell[key], cell.get(f"{key}_fleet")
+    return text.replace(fleet, "FLEET") if fleet else text
+
+
+def _time(cell: dict[str, Any]) -> str:
+    if not _ran(cell):
+        return "-"
+    value, lo, hi = mean_ci95(cell["times"])
+    rate = f"lr {cell['lr']:g}" + (", edge" if cell.get("edge") else "") + (", untuned" if cell.get("untuned") else "")
+    return f"{fmt((value * 1e3, lo * 1e3, hi * 1e3))} ({rate})" if _reached(cell) else f"- ({rate})"
+
+
+def tables(results: dict[str, Any]) -> str:
+    """One table per W: a row per algorithm, per fleet its time to the target in virtual ms
+    [95 %] with the rate it ran at, and its verdict; then the refusals and failures, each once."""
+    verdicts = judged(results)
+    notes: dict[str, list[str]] = {REFUSED: [], FAILED: []}
+    parts = []
+    for workers in sorted({w for w, _ in verdicts}):
+        fleets = [f for w, f in verdicts if w == workers]
+        rows: dict[str, dict[str, str]] = {}
+        for fleet in fleets:
+            for cell, kind, text in verdicts[workers, fleet]:
+                if kind in notes:
+                    note, listed = _note_text(cell, kind), notes[kind]
+                    if note not in listed:
+                        listed.append(note)
+                    text = f"{kind} ({NOTE_PREFIX[kind]}{listed.index(note) + 1})"
+                row = rows.setdefault(cell["row"], {"algorithm": LABELS.get(cell["row"], cell["row"])})
+                row[f"{fleet}: ms to target [95 %]"] = _time(cell)
+                row[f"{fleet}: verdict"] = text
+        parts.append(f"**W = {workers}**\n\n" + table(list(rows.values())))
+    for kind, title in ((REFUSED, "Refusals"), (FAILED, "Failed runs (defects to fix)")):
+        if notes[kind]:
+            parts.append(
+                f"{title} (the library's messages; FLEET is the run's `--fleet`):\n\n"
+                + "\n".join(f"- {NOTE_PREFIX[kind]}{i}: {note}" for i, note in enumerate(notes[kind], 1))
+            )
+    return "\n\n".join(parts)
+
+
+def fleet_text(fleet: str, settings: dict[str, Any]) -> str:
+    """How the paragraph names ``fleet``, the straggler's factor read from the raw file's own spec."""
+    if fleet == "straggler":
+        [window] = parse_fleet(settings["fleet_specs"]["straggler"]).slow
+        return f"a persistent {window.factor:g}x straggler"
+    return "random churn" if fleet == "churn" else fleet
+
+
+def _names(cells: list[dict[str, Any]]) -> str:
+    labels = [LABELS.get(c["row"], c["row"]) for c in cells]
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def which_algorithm(results: dict[str, Any]) -> str:
+    """The "which algorithm for which fleet" paragraph: one templated sentence per scenario from
+    its verdicts (fastest, those within its interval, those that missed, those not supported
+    yet), then, per fleet with more than one size judged, its fastest row at each size."""
+    verdicts = judged(results)
+    sentences = []
+    order = {f: i for i, f in enumerate(FLEETS)}
+    for (workers, fleet), entries in sorted(
+        verdicts.items(), key=lambda kv: (order.get(kv[0][1], len(order)), kv[0][0])
+    ):
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for cell, kind, _ in entries:
+            by_kind.setdefault(kind, []).append(cell)
+        where = f"Under {fleet_text(fleet, results['settings'])} at W = {workers}"
+        if FASTEST not in by_kind:
+            text = f"{where}, no row reached the target on every reported seed"
+        else:
+            text = f"{where}, {_names(by_kind[FASTEST])} is the fastest"
+            if WITHIN in by_kind or NOT_SETTLED in by_kind:
+                text += f", and {_names(by_kind.get(WITHIN, []) + by_kind.get(NOT_SETTLED, []))} cannot be told from it"
+            if FASTER in by_kind:
+                text += f" ({_names(by_kind[FASTER])} faster on the reported seeds)"
+        if MISSED in by_kind:
+            text += f"; {_names(by_kind[MISSED])} missed the target"
+        if REFUSED in by_kind:
+            text += f"; {_names(by_kind[REFUSED])} {'is' if len(by_kind[REFUSED]) == 1 else 'are'} not supported yet"
+        if FAILED in by_kind:
+            text += f"; {_names(by_kind[FAILED])} failed to run"
+        sentences.append(text + ".")
+    for fleet in sorted({f for _, f in verdicts}, key=lambda f: order.get(f, len(order))):
+        best = {
+            w: next(c for c, kind, _ in entries if kind == FASTEST)
+            for (w, f), entries in sorted(verdicts.items())
+            if f == fleet and any(kind == FASTEST for _, kind, _ in entries)
+        }
+        if len(best) < 2:
+            continue
+        named = fleet_text(fleet, results["settings"])
+        if len({c["row"] for c in best.values()}) == 1:
+            sentences.append(f"For {named}, {_names(list(best.values())[:1])} is the fastest at every size run.")
+        else:
+            by_size = ", ".join(f"{_names([c])} at W = {w}" for w, c in best.items())
+            sentences.append(f"For {named}, the fastest row changes with the fleet's size: {by_size}.")
+    return " ".join(sentences)
+
+
+def header(results: dict[str, Any], raw: str | None = None) -> str:
+    """What the tables measure and where they come from (command, commit, raw file)."""
+    settings = results["settings"]
+    record = results.get("run_record", {})
+    command = " ".join(results.get("command", {}).get("argv", [])) or "(not recorded)"
+    text = (
+        f"Virtual time to {settings['target']:.0%} test accuracy (digits MLP, network priced as `delays-network`), "
+        f"rates tuned on seeds {settings['tuning_seeds']}, reported seeds {settings['seeds']}, budget "
+        f"{settings['epochs']:g} epochs; fleets: straggler `{settings['fleet_specs']['straggler']}`, churn "
+        f"`{settings['fleet_specs']['churn']}` (seed = the run's). Command `python -m benchmarks {NAME} {command}`"
+        f", commit {record.get('commit') or 'not recorded'}" + (f", raw file `{raw}`" if raw else "") + "."
+    )
+    if settings.get("quick"):
+        text += " **Quick run: a tiny budget and one rate, a smoke check, not a result.**"
+    return text
+
+
+def render(results: dict[str, Any], raw: str | None = None) -> str:
+    """A raw file's section: its header, the tables and the paragraph."""
+    return "\n\n".join(
+        (header(results, raw), tables(results), "**Which algorithm for which fleet.** " + which_algorithm(results))
+    )
+
+
+def complete(results: dict[str, Any]) -> bool:
+    """Whether ``results`` is a whole run of the protocol: not quick, and a cell (run, refused or
+    failed) for every row, W and fleet; a partial run (``--only``, ``--workers``, ``--fleets``)
+    is a probe, rendered beside its raw file but never on the results page."""
+    if results.get("settings", {}).get("quick"):
+        return False
+    ran = {(c["workers"], c["fleet"], c["row"]) for c in results.get("cells", [])}
+    return ran >= {(w, f, r) for w in WORKERS for f in FLEETS for r in ROWS}
+
+
+def newest_raw(root: pathlib.Path) -> pathlib.Path | None:
+    """The newest raw file under ``root/bench_results/fleets`` (by its dated folder and time
+    stamp) of a whole run (``complete``); None when there is none."""
+    paths = sorted((root / RAW_DIR).glob("*/fleets-*.json"), key=lambda p: (p.parent.name, p.name))
+    return next((p for p in reversed(paths) if complete(json.loads(p.read_text()))), None)
+
+
+def results_section(root: pathlib.Path) -> str | None:
+    """The results page's fleets section (Markdown) from the newest raw file of a whole run under
+    ``root/bench_results/fleets/`` (``newest_raw``); None when there is none.
+
+    Args:
+      root: the repository root.
+
+    Returns:
+      The section's body (tables, refusals, paragraph), or None.
+    """
+    raw = newest_raw(root)
+    if raw is None:
+        return None
+    return render(json.loads(raw.read_text()), raw.relative_to(root).as_posix())

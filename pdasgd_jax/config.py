@@ -226,8 +226,15 @@ class Config:
         None,
         "fleet events at fractions of the run, e.g. slow:2x4@0.2-0.4,leave:3@0.3,join:3@0.6,crash:5@0.5, "
         "or a seeded churn model, churn:leave=0.1,join=0.5,slow=0.2x3,seed=7 (docs/algorithms.md, Fleet "
-        "events); --algo sync, local, dasgd, async-local, asgd, pdasgd, pdasgd-block or lpp with --simulate (lpp and "
-        "--replication replicas: slow windows only), async-local on threads crash events only",
+        "events); --algo sync, local, dasgd, async-local, asgd, pdasgd, pdasgd-block or lpp with --simulate; on "
+        "threads crash events only, for async-local and pdasgd --replication replicas",
+        group="delays",
+    )
+    fleet_horizon: float = _field(
+        0.0,
+        "virtual seconds that --fleet's position 1 stands for, the same for every run given it (so runs "
+        "of different lengths meet events at the same virtual times); 0: the run's own length without "
+        "fleet events (--simulate)",
         group="delays",
     )
     straggler_devices: int = _field(

@@ -8,6 +8,7 @@ missing from it refuses them, naming the pairs that do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -45,8 +46,8 @@ def _check_local_clock(config: Any, given: list[str]) -> None:
     """Simulated local SGD: every event, ``--quorum`` and ``--deadline``, one fragment."""
     if config.fragments > 1:
         raise ValueError(
-            f"{', '.join(given)}: local SGD under a fleet or a straggler policy takes one fragment so far, not "
-            f"--fragments {config.fragments}"
+            f"{', '.join(given)}: local SGD (and DaSGD) under a fleet or a straggler policy takes one fragment so "
+            f"far, not --fragments {config.fragments}"
         )
     devices = config.replicas or config.devices or 1
     _fleet_events(config, devices)
@@ -54,13 +55,9 @@ def _check_local_clock(config: Any, given: list[str]) -> None:
 
 
 def _check_dasgd_clock(config: Any, given: list[str]) -> None:
-    """Simulated DaSGD: local SGD's limits, and a ``correct`` or ``overwrite`` merge."""
+    """Simulated DaSGD: local SGD's limits, with every ``--merge`` (``eager``'s share over the
+    units landed in the average merged)."""
     _check_local_clock(config, given)
-    if config.merge == "eager":
-        raise ValueError(
-            f"{', '.join(given)}: DaSGD under a fleet or a straggler policy merges with --merge correct or "
-            f"overwrite so far, not --merge {config.merge}"
-        )
 
 
 def _no_step_policy(config: Any, given: list[str]) -> None:
@@ -105,9 +102,9 @@ def _check_async_local(config: Any, given: list[str]) -> None:
 
 def _check_event_clock(config: Any, given: list[str]) -> None:
     """``asgd``, ``pdasgd``, ``pdasgd-block`` and ``lpp`` on the event-driven clock: ``--fleet``
-    only (every event on one shared store; slow windows alone for ``lpp`` and ``--replication
-    replicas``, whose averaging rounds count every replica); ``--quorum`` and ``--deadline``
-    have no synchronous step to act on."""
+    only, every event (``lpp`` and ``--replication replicas``: a leave, crash or join takes a
+    store out of the averaging's rounds and back, with no ``--merge eager`` and no
+    ``--event-log``); ``--quorum`` and ``--deadline`` have no synchronous step to act on."""
     if config.quorum or config.deadline != "none":
         raise ValueError(
             f"{', '.join(given)}: --quorum and --deadline size a synchronous step; --algo {config.algo} applies "
@@ -118,14 +115,16 @@ def _check_event_clock(config: Any, given: list[str]) -> None:
     spec = parse_fleet(config.fleet)
     if config.algo == "lpp" or config.replication == "replicas":
         churns = spec.churn is not None and (spec.churn.leave or spec.churn.crash or spec.churn.join)
-        if spec.presence or churns:
+        eager = config.replication == "replicas" and config.merge == "eager"
+        if (spec.presence or churns) and (eager or config.event_log):
             presence = ", ".join(f"{e.kind}:{e.device}@{e.at:g}" for e in spec.presence)
             named = "churn's leave, crash and join" if churns else presence
-            run = "--algo lpp" if config.algo == "lpp" else "--replication replicas"
-            raise ValueError(
-                f"--fleet {config.fleet}: {run} takes slow windows only so far, not {named} (its averaging "
-                "rounds would need to complete with the replicas present)"
+            what = (
+                "--merge eager (its carries assume every group in every mean): use --merge correct or overwrite"
+                if eager
+                else "--event-log (its replay does not run a joining store's mean): drop it"
             )
+            raise ValueError(f"--fleet {config.fleet}: {named} takes no {what}, or keep slow windows only")
     if config.devices:
         spec.events(config.devices)
 
@@ -198,6 +197,14 @@ def check_fleet_and_quorum(config: Any) -> None:
         )
         if on
     ]
+    horizon = config.fleet_horizon
+    if not (isinstance(horizon, (int, float)) and math.isfinite(horizon) and horizon >= 0):
+        raise ValueError(f"--fleet-horizon {horizon!r} must be a finite number of virtual seconds >= 0 (0: the run's)")
+    if horizon and not (config.fleet and config.simulate):
+        raise ValueError(
+            f"--fleet-horizon {horizon:g} places --fleet's events on the simulator's clock: it needs --fleet and "
+            "--simulate"
+        )
     if not given:
         return
     check = FLEET_PATHS.get((config.algo, bool(config.simulate)))

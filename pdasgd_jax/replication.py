@@ -34,7 +34,13 @@ A group that crashes (``crash(g)``, ``--fleet crash:G@POS`` on threads) snapshot
 nothing more; every round whose all-reduce has not started averages the groups still up (its
 snapshot, if it took one, is left out: its device takes part in no collective after the
 crash), and starts at once if it waited only for the crashed group. Rounds averaged before
-keep what it gave them.
+keep what it gave them. A job of it that completes after the crash (a leave on the virtual
+clock lets its jobs in flight finish) is counted, and books nothing.
+
+A group that is back (``join(g)``, ``--fleet join:G@POS`` on the virtual clock) takes part from
+the first round past every group up's count of jobs and every round in flight: it snapshots it at
+once (its store holds what it received on joining) and merges it ``d`` jobs later; earlier
+rounds count it as done with them.
 
 With one group nothing is averaged and nothing waits. Not thread-safe: the runtime calls it
 under one lock. ``abstract`` (a simulated run replaying its schedule to a checkpoint)
@@ -116,6 +122,7 @@ class _Round:
     snapshots: list[Snapshot | None]
     means: list[Snapshot] | None = None
     merged: int = 0
+    started: bool = False  # its all-reduce has started: a crash no longer takes its snapshot out
 
 
 class GroupRounds:
@@ -186,6 +193,10 @@ class GroupRounds:
         self._merging = [False] * groups  # a charged merge of the group is running
         self._paused = [False] * groups
         self.crashed: set[int] = set()
+        # A joined group's position in the rounds' count beyond its jobs (``join``), and the
+        # first round it takes part in.
+        self._skew = [0] * groups
+        self._first = [0] * groups
 
     def start(self) -> None:
         """Round 0: every group snapshots its starting store (before any job)."""
@@ -196,8 +207,8 @@ class GroupRounds:
     def applied(self, group: int) -> None:
         """One more job of ``group`` is complete (all its updates applied)."""
         self.counts[group] += 1
-        if self.averaged:
-            self._book(group, self.counts[group])
+        if self.averaged and group not in self.crashed:
+            self._book(group, self.counts[group] + self._skew[group])
 
     def summary(self) -> dict[str, Any]:
         """What a run reports: rounds merged by every group, jobs per group, the waits."""
@@ -221,7 +232,8 @@ class GroupRounds:
         count -= self.offset
         snapshot = [("snapshot", count // h)] if count >= 0 and count % h == 0 else []
         merge = [("merge", (count - d) // h)] if count >= d and (count - d) % h == 0 else []
-        self._due[g].extend(snapshot + merge if d == 0 else merge + snapshot)
+        due = snapshot + merge if d == 0 else merge + snapshot
+        self._due[g].extend(a for a in due if a[1] >= self._first[g])
         self._work(g)
 
     def _work(self, g: int) -> None:
@@ -258,18 +270,23 @@ class GroupRounds:
 
     def _round(self, k: int) -> _Round:
         if k not in self._rounds:  # a crashed group merges no round: it counts as done with it
-            self._rounds[k] = _Round([None] * len(self.stores), merged=len(self.crashed))
+            self._rounds[k] = _Round([None] * len(self.stores), merged=len(self._out_of(k)))
         return self._rounds[k]
 
-    def _live(self) -> list[int]:
-        """The groups not crashed."""
+    def live(self) -> list[int]:
+        """The groups not crashed (nor left)."""
         return [g for g in range(len(self.stores)) if g not in self.crashed]
 
-    def _all_snapshotted(self, rnd: _Round) -> bool:
-        return all(rnd.snapshots[g] is not None for g in self._live())
+    def _out_of(self, k: int) -> list[int]:
+        """The groups that take no part in round ``k``: crashed or left, or joined after it."""
+        return [g for g in range(len(self.stores)) if g in self.crashed or self._first[g] > k]
+
+    def _all_snapshotted(self, k: int, rnd: _Round) -> bool:
+        out = self._out_of(k)
+        return all(rnd.snapshots[g] is not None for g in range(len(self.stores)) if g not in out)
 
     def crash(self, g: int) -> None:
-        """Group ``g`` stops for good (the module docstring): the rounds go on without it."""
+        """Group ``g`` stops, or leaves until a ``join`` (the module docstring): the rounds go on without it."""
         if self.rule.carries:
             raise ValueError("a crashed group would change the W of an eager merge's carries: not supported")
         self.crashed.add(g)
@@ -278,17 +295,35 @@ class GroupRounds:
         self._due[g].clear()
         h, d = self.rule.period, self.rule.delay
         for k, rnd in self._rounds.items():
-            if rnd.means is None:
+            if k < self._first[g]:  # it joined after this round: counted out of it already
+                continue
+            if not rnd.started:
                 rnd.snapshots[g] = None
-            if k in pending or rnd.means is None or self.counts[g] - self.offset < k * h + d:
+            if k in pending or rnd.means is None or self.counts[g] + self._skew[g] - self.offset < k * h + d:
                 rnd.merged += 1  # it will not merge this round
         for k, rnd in sorted(self._rounds.items()):
-            if rnd.means is None and self._all_snapshotted(rnd) and any(s is not None for s in rnd.snapshots):
-                round_events.record(self.log, EventKind.ROUND, self._clock, round=k)
-                self._start_allreduce(k)
+            if not rnd.started and self._all_snapshotted(k, rnd) and any(s is not None for s in rnd.snapshots):
+                self._start(k)
         for k, rnd in sorted(self._rounds.items()):
             if rnd.merged == len(self.stores):
                 self._finished_round(k)
+
+    def join(self, g: int) -> None:
+        """Group ``g``, crashed or left, is back (the module docstring): it snapshots, now, the
+        first round past every group up's count of jobs and every round in flight, and takes part
+        in the rounds from there; the rounds before it count it out."""
+        if g not in self.crashed:
+            raise ValueError(f"group {g} joins, but it is up: only a crashed or left group can join")
+        self.crashed.discard(g)
+        if not self.averaged:
+            return
+        h = self.rule.period
+        taken = [(self.counts[i] + self._skew[i] - self.offset) // h for i in self.live() if i != g]
+        k = max([t for t in taken if t >= 0] + list(self._rounds), default=-1) + 1  # no round it is counted out of
+        self._first[g] = k
+        self._skew[g] = k * h + self.offset - self.counts[g]
+        self._due[g].clear()
+        self._book(g, self.counts[g] + self._skew[g])
 
     def _snapshot(self, g: int, k: int) -> None:
         params, states = round_events.snapshot_stages(
@@ -296,9 +331,14 @@ class GroupRounds:
         )
         rnd = self._round(k)
         rnd.snapshots[g] = (params, states)
-        if self._all_snapshotted(rnd):  # the last group: the all-reduce starts
-            round_events.record(self.log, EventKind.ROUND, self._clock, round=k)
-            self._start_allreduce(k)
+        if self._all_snapshotted(k, rnd):  # the last group: the all-reduce starts
+            self._start(k)
+
+    def _start(self, k: int) -> None:
+        """Round ``k``'s all-reduce starts, over the snapshots it holds now."""
+        self._rounds[k].started = True
+        round_events.record(self.log, EventKind.ROUND, self._clock, round=k)
+        self._start_allreduce(k)
 
     def snapshots(self, k: int) -> list[Snapshot | None]:
         """What round ``k``'s mean averages so far: each group's snapshot (``None`` for a group
@@ -319,8 +359,9 @@ class GroupRounds:
         rnd = self._round(k)
         if means is None:
             mean = functools.partial(jax.eval_shape, self._mean) if self.abstract else self._mean
-            live, snapshots = self._live(), self.snapshots(k)
-            # Of the groups still up only: a crashed group's slot stays empty.
+            snapshots = self.snapshots(k)
+            # Of the groups up when it started only: a crashed group's slot stays empty.
+            live = [g for g, snapshot in enumerate(snapshots) if snapshot is not None]
             means = [None] * len(self.stores)
             for g, copy in zip(live, mean([snapshots[g] for g in live]), strict=True):
                 means[g] = copy

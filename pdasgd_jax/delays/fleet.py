@@ -315,7 +315,8 @@ class FleetTimeline:
         self.horizon = float(horizon)
         self._windows: list[list[tuple[float, float, float]]] = [[] for _ in range(num_devices)]
         for w in sorted(slow, key=lambda w: w.start):
-            self._windows[w.device].append((w.start * horizon, w.end * horizon, w.factor))
+            end = math.inf if w.end >= 1 else w.end * horizon  # to the end of the run, however long it gets
+            self._windows[w.device].append((w.start * horizon, end, w.factor))
         self._ends = [[end for _, end, _ in ws] for ws in self._windows]
         self._changes: list[list[tuple[float, str]]] = [[] for _ in range(num_devices)]
         for e in sorted(presence, key=lambda e: e.at):

@@ -32,7 +32,7 @@ def fleet_timeline(exp: Experiment, horizon: float) -> tuple[FleetTimeline, Flee
     spec = parse_fleet(exp.config.fleet)
     if spec.empty:
         return None
-    return FleetTimeline(spec, exp.layout.replicas, horizon or 1.0), spec
+    return FleetTimeline(spec, exp.layout.replicas, exp.config.fleet_horizon or horizon or 1.0), spec
 
 
 def departure_summary(

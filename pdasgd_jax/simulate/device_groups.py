@@ -1,6 +1,10 @@
 """One store per simulated device, averaged across devices: the clock, stores, data and job
 budget that LPP-SGD (``simulate/lpp.py``) and replicated ASGD and PD-ASGD
-(``simulate/replicas.py``) share; each brings its own workers and averaging."""
+(``simulate/replicas.py``) share; each brings its own workers and averaging.
+
+Under ``--fleet`` leaves, crashes and joins (``FleetClock.attach_groups``) the averaging takes
+a device's store out of its rounds and back (its ``crash(d)`` and ``join(d)``), and says which
+stores are up (``live()``): evaluations and the result are the mean of those."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 
 from pdasgd_jax import lpp
 from pdasgd_jax.checkpoint import RunCheckpointer
-from pdasgd_jax.delays import DelayModel, TimingModel
+from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
 from pdasgd_jax.executor import Job, ReplicaLog, StageExecutor, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernelsProtocol, init_opt_states
@@ -72,6 +76,17 @@ class DeviceSimulation(Simulation):
         self._budget.started = value
 
 
+def receive_mean(stores: list[ParameterStore], g: int, live: list[int]) -> None:
+    """Store ``g`` (a device that joins) takes the mean of the stores ``live``: their
+    parameters' and non-trainable states' mean, every stage written (its version bumped); its
+    optimizer state stays its own."""
+    params, states = lpp.mean_variables([stores[d] for d in live])
+    store = stores[g]
+    for m in range(store.num_stages):
+        store.update_with(m, lambda _p, opt_state, _v, m=m: (params[m], opt_state))
+        store.write_state(m, states[m])
+
+
 def run_device_groups(
     exp: Experiment,
     metrics: MetricsLog,
@@ -106,7 +121,8 @@ def run_device_groups(
     the real kernels, ending bitwise where the uninterrupted run ends (``simulate/resume.py``).
     ``trace(device, span)``, if given, sees each device's updates (``UpdateSpan``); ``log``, if
     given, every device's operations (as ``ReplicaLog(log, device)``). ``fleet``: the run's
-    ``fleet_clock.FleetClock`` (its slow windows stretch each device's kernels), or None.
+    ``fleet_clock.FleetClock`` (its slow windows stretch each device's kernels; its leaves,
+    crashes and joins go to the averaging: module docstring), or None.
     """
     config = exp.config
     v = exp.variables
@@ -133,7 +149,7 @@ def run_device_groups(
             return
         metrics.add_loss(done, job.loss)
         examples = done * config.batch_size
-        params, states = lpp.mean_variables(stores) if metrics.eval_due(examples) else (None, None)
+        params, states = lpp.mean_variables(up()) if metrics.eval_due(examples) else (None, None)
         evaluated = metrics.observe(
             step=done, examples=examples, params=params, states=states, virtual_time=scheduler.now
         )
@@ -171,6 +187,12 @@ def run_device_groups(
         for d, store in enumerate(stores)
     ]
     averaging = make_averaging(scheduler, sims)
+
+    def up() -> list[ParameterStore]:
+        return [stores[d] for d in averaging.live()]
+
+    if fleet is not None and fleet.changes_presence:
+        fleet.attach_groups(sims, averaging, tree_nbytes(v.params) + tree_nbytes(v.states))
     spawn(sims)
     scheduler.run()
     if done < resume_at:
@@ -179,7 +201,7 @@ def run_device_groups(
             f"{resume_at}: resume with the run's own config"
         )
     now = finished_at  # the workers' idle time after the last update is not training time
-    params, states = lpp.mean_variables(stores)
+    params, states = lpp.mean_variables(up())
     examples, utilisation = final_evaluation(
         metrics,
         scheduler,

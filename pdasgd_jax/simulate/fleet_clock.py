@@ -1,5 +1,5 @@
 """``--fleet`` on the event-driven clock: ``asgd``, ``pdasgd`` and ``pdasgd-block`` on one shared
-store (every event), ``lpp`` and ``--replication replicas`` (slow windows); algorithms.md §5a.
+store, ``lpp`` and ``--replication replicas`` (one store per device), every event; algorithms.md §5a.
 
 * **slow**: a ``FleetDevice`` runs each kernel of ``work`` seconds begun at ``t`` for
   ``FleetTimeline.elapsed(device, t, work)``: every kernel on the device is stretched (a
@@ -19,6 +19,13 @@ store (every event), ``lpp`` and ``--replication replicas`` (slow windows); algo
 
 A device that leaves or crashes keeps serving the stages it is home to: the store's stages are
 the parameter server's, not the worker's (their updates go on, stretched by its slow windows).
+
+With one store per device (``attach_groups``: lpp, replicated ASGD and PD-ASGD) the events
+above act on the device's workers as they do on a shared store's, and its store leaves the
+averaging's rounds at a leave or crash (``crash(d)``: rounds whose all-reduce has not started
+average the stores up) and is back at a join (``join(d)``: it takes the mean of the stores up
+at the join, its transfer ``CommModel.transfer_time`` of the whole model's bytes, and takes
+part from the next round).
 
 ``WorkerProxy`` wraps each worker generator of a run whose devices leave, join or crash: it
 knows the job its worker holds (``hold``), the versions it booked and has not written (a
@@ -59,7 +66,7 @@ def fleet_clock(config: Any, timing: TimingModel, devices: int, horizon: Callabl
             f"--device-concurrency {config.device_concurrency} ({timing.device_slots} at once): drop one of them"
         )
     spec.events(devices)  # a FleetError names a bad token
-    return FleetClock(FleetTimeline(spec, devices, horizon()), config.fleet)
+    return FleetClock(FleetTimeline(spec, devices, config.fleet_horizon or horizon()), config.fleet)
 
 
 DROP_KINDS = ("jobs", "forward", "backward", "queued")  # ASGD jobs, PD-ASGD forwards, backwards, queued activations
@@ -114,6 +121,29 @@ class FleetClock:
                 handle = self._leave if event.kind == "leave" else self._crash
                 sim.scheduler.call_at(at, AVERAGE, handle, sim, event.device, at)
 
+    def attach_groups(self, sims: list[Any], averaging: Any, nbytes: int) -> None:
+        """Schedules the leaves, crashes and joins of a run with one store per device
+        (``device_groups``: ``sims[d]`` is device ``d``'s simulation) on its clock; the store of
+        a device that leaves or crashes leaves ``averaging``'s rounds, one that joins receives
+        the mean of the stores up (``nbytes``: the whole model's bytes, its transfer)."""
+        self._join_transfer = lambda device: sims[0].timing.comm.transfer_time(nbytes)
+        self.num_stages = sims[0].num_stages
+        timeline = self.timeline
+        _, presence = parse_fleet(self.spec).events(timeline.num_devices)
+        for event in presence:  # at an event's instant, after its writes and before its reads
+            at = event.at * timeline.horizon
+            sim = sims[event.device]
+            sim.scheduler.call_at(at, AVERAGE, self._group_event, sim, averaging, event.kind, event.device, at)
+
+    def _group_event(self, sim: Any, averaging: Any, kind: str, d: int, at: float) -> None:
+        """Device ``d``'s ``kind`` event at ``at`` with one store per device (``attach_groups``)."""
+        if kind == "join":
+            self._join(d, at)
+            averaging.join(d)
+            return
+        (self._leave if kind == "leave" else self._crash)(sim, d, at)
+        averaging.crash(d)
+
     @property
     def changes_presence(self) -> bool:
         """Whether a device leaves, joins or crashes (workers need proxies)."""
@@ -145,6 +175,11 @@ class FleetClock:
             proxy.new_bookings.append(booking)
             if proxy.job is not None:
                 self._booked[proxy.job.id] = self._booked.get(proxy.job.id, 0) + 1
+
+    def dispatched_all(self, job: Job) -> None:
+        """Every stage update of ``job`` is dispatched as one program without booked versions
+        (a replica's ``update_all``): the job completes, crash or not."""
+        self._booked[job.id] = self.num_stages
 
     def written(self, booking: Booking) -> None:
         """A booked version was written: its worker no longer holds it."""
@@ -209,7 +244,7 @@ class FleetClock:
                 self._count(record, "queued", job, sim.num_stages)
                 sim.retire(job)
                 sim.scheduler.resume(Process("fleet/slot", _give_back(slots)))
-        sim.devices[d].crash()
+        next(device for device in sim.devices if device.fleet_index == d).crash()
 
     def dropped(self, job: Job, kind: str, num_stages: int) -> None:
         """The running worker's ``job`` (a ``kind`` of ``DROP_KINDS``) was dropped by its crash."""

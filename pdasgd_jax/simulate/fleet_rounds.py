@@ -73,7 +73,7 @@ def plan_local_rounds(
     plain = local_rounds_schedule(timing, delay, **args)
     if spec.empty:
         return plain, None
-    fleet = FleetTimeline(spec, num_workers, float(plain.ends[-1]))
+    fleet = FleetTimeline(spec, num_workers, config.fleet_horizon or float(plain.ends[-1]))
     opt = init_opt_states(exp.tx, v.params, whole_model=exp.whole_model_updates)
     transfer = timing.comm.transfer_time(tree_nbytes(TrainState(v.params, v.states, opt)))
     return local_rounds_schedule(timing, delay, fleet=fleet, spec=spec, state_transfer=transfer, **args), fleet
@@ -82,10 +82,8 @@ def plan_local_rounds(
 def _check_local_rounds(config: Any, checkpointer: RunCheckpointer | None) -> None:
     """What ``run_local_rounds`` covers, each refusal naming the flag."""
     given = f"--fleet {config.fleet!r} / --quorum {config.quorum} / --deadline {config.deadline}"
-    dasgd = config.algo == "dasgd"
     refused = [
         (config.algo not in ("local", "dasgd"), f"--algo {config.algo} (only --algo local and dasgd)"),
-        (dasgd and config.merge == "eager", "--merge eager (its carries ride on every snapshot: correct or overwrite)"),
         (config.fragments > 1, f"--fragments {config.fragments} (one fragment only)"),
     ]
     for bad, what in refused:
@@ -120,12 +118,14 @@ def run_local_rounds(
     Each unit the schedule begins at round ``j`` runs ``H`` local steps on its replica's next
     batches from ``A_{j-1}`` (parameters and non-trainable states) and the replica's optimizer
     state, or (DaSGD, ``Unit.continues``) from the replica's own snapshot, merging ``A_{j-1}``
-    by ``--merge`` after ``d`` of them; a dropped unit runs nothing. The landed mean of average
-    ``j`` is ``A_{j-1}`` plus the mean, over the units landing in it, of their model minus the
-    average they began from; ``A_j`` is that mean, or with an ``--outer-optimizer`` the global
-    model its outer step makes of it. A replica that merges keeps its optimizer state (the
-    landed units' mean with ``--average-opt-state``); a replica that (re)joins takes the mean
-    optimizer state of the units of the last average any landed in. The run's model (and each
+    by ``--merge`` after ``d`` of them (``eager``: its own share over the ``n`` units landed in
+    that average, holding back a carry its next snapshot gives where it lands); a dropped unit
+    runs nothing. The landed mean of average ``j`` is ``A_{j-1}`` plus the mean, over the units
+    landing in it, of their model (plus its carry) minus the average they began from; ``A_j``
+    is that mean, or with an ``--outer-optimizer`` the global model its outer step makes of it.
+    A replica that merges keeps its optimizer state (the landed units' mean with
+    ``--average-opt-state``); a replica that (re)joins takes the mean optimizer state of the
+    units of the last average any landed in. The run's model (and each
     evaluation's) is the last landed mean. No checkpoint is written.
 
     Args:
@@ -159,6 +159,7 @@ def run_local_rounds(
     running: dict[int, TrainState] = {}  # each unit in flight: its model after its H steps
     snapshots: dict[int, TrainState] = {}  # DaSGD: each landed replica's state at its snapshot
     opt_averages: dict[int, Any] = {}  # DaSGD with --average-opt-state: each average's landed opt mean
+    carries: dict[int, Any] = {}  # DaSGD --merge eager: each running unit's carry, given where it lands
     # DaSGD's units merge their base average after d steps: the steps run in two scans around it.
     dasgd = config.algo == "dasgd"
     first = config.averaging_delay if dasgd else h
@@ -195,7 +196,8 @@ def run_local_rounds(
             out, loss = units(ts, *(a[:, :first] for a in inputs))
             if dasgd:
                 opts = opt_averages if config.average_opt_state else None
-                out = _merge_continuing(jax.device_get(out), run, starts, averages, rule, opts)
+                out, held = _merge_continuing(jax.device_get(out), run, starts, averages, rule, opts, schedule.lands)
+                carries.update(held)
             if first < h:
                 out, rest = units(out, *(a[:, first:] for a in inputs))
                 loss = rest if first == 0 else jnp.concatenate([loss, rest], axis=1)
@@ -209,17 +211,16 @@ def run_local_rounds(
             examples += len(run) * h * batch
         merged_before = set()
         if landed:
-            moved = [
-                jax.tree.map(jnp.subtract, (running[u.worker].params, running[u.worker].states), averages[u.base])
-                for u in landed
-            ]
+            # What each landed unit gives: its model, plus (eager) what its merge held back.
+            given = {u.worker: _contribution(running[u.worker], carries.pop(u.worker, None), rule) for u in landed}
+            moved = [jax.tree.map(jnp.subtract, given[u.worker][:2], averages[u.base]) for u in landed]
             prev = averages[j - 1]
             shown = jax.device_get(jax.tree.map(lambda a, d: (a + d).astype(a.dtype), prev, _mean(moved)))
             averages[j] = shown
             if rule.outer is not None:
                 global_p, outer = outer_step(shown[0], shown[0], shown[0], outer)
                 averages[j] = (jax.device_get(global_p), shown[1])
-            opt_mean = _mean([running[u.worker].opt_states for u in landed])
+            opt_mean = _mean([given[u.worker].opt_states for u in landed])
             if dasgd and config.average_opt_state:
                 opt_averages[j] = opt_mean
             for u in landed:
@@ -267,24 +268,44 @@ def _merge_continuing(
     averages: dict[int, Any],
     rule: AveragingRule,
     opt_averages: dict[int, Any] | None,
-) -> TrainState:
+    lands: list[list[Any]],
+) -> tuple[TrainState, dict[int, TrainState]]:
     """DaSGD's merge ``d`` steps into the stacked units ``out``: each continuing unit's model
     (parameters and states) merges its base average by ``rule`` (``correct``: the average plus
-    its progress since its snapshot; ``overwrite``: the average), and with ``opt_averages``
-    (``--average-opt-state``) its optimizer state that average's landed mean alike; the other
-    units are left as they are."""
+    its progress since its snapshot; ``overwrite``: the average; ``eager``: the average plus
+    ``1 / n`` of that progress, ``n`` the units landed in that average, per ``lands``), and
+    with ``opt_averages`` (``--average-opt-state``) its optimizer state that average's landed
+    mean alike; the other units are left as they are. Also returns, for ``eager`` with
+    ``d > 0``, each merging unit's carry by replica (``AveragingRule.carry`` over ``n``: of its
+    parameters and states, and of its optimizer state with ``opt_averages``, else None), which
+    its next snapshot adds where it lands."""
     units = [jax.tree.map(lambda a, i=i: a[i], out) for i in range(len(run))]
+    held: dict[int, tuple[Any, Any]] = {}
     for i, u in enumerate(run):
         if u.continues:
             now, snapshot = units[i], starts[i]
+            n = len(lands[u.base - 1]) if rule.carries else None
+            if rule.carries and rule.delay > 0:  # d = 0 merges its snapshot as taken: nothing to hold back
+                opt = rule.carry(now.opt_states, snapshot.opt_states, n) if opt_averages is not None else None
+                held[u.worker] = (rule.carry(tuple(now[:2]), tuple(snapshot[:2]), n), opt)
             params, states = rule.merge_tree(
-                (now.params, now.states), (snapshot.params, snapshot.states), averages[u.base]
+                (now.params, now.states), (snapshot.params, snapshot.states), averages[u.base], n
             )
             opt = now.opt_states
             if opt_averages is not None:
-                opt = rule.merge_tree(opt, snapshot.opt_states, opt_averages[u.base])
+                opt = rule.merge_tree(opt, snapshot.opt_states, opt_averages[u.base], n)
             units[i] = TrainState(params, states, opt)
-    return jax.tree.map(lambda *xs: np.stack(xs), *units)
+    return jax.tree.map(lambda *xs: np.stack(xs), *units), held
+
+
+def _contribution(unit: TrainState, carry: tuple[Any, Any] | None, rule: AveragingRule) -> TrainState:
+    """What a landing unit gives its average: its state, plus its ``eager`` carry (None: none;
+    an optimizer-state carry of None: its optimizer state as it is)."""
+    if carry is None:
+        return unit
+    model, opt = carry
+    params, states = rule.contribution(tuple(unit[:2]), model)
+    return TrainState(params, states, unit.opt_states if opt is None else rule.contribution(unit.opt_states, opt))
 
 
 def _rounds_report(schedule: LocalRoundsSchedule, rounds: int, period: int, config: Any, fleet: bool) -> dict:

@@ -31,6 +31,11 @@ dispatches its job (``policies.dispatch``), and a correction books every stage o
 replica when it is dispatched (``merge_bookings``), as the runtime's averager dispatches
 them all at once (algorithms.md §5).
 
+Under ``--fleet`` a device that leaves or crashes takes its replica out of the rounds started
+after it (``Averaging.crash``: a round in flight keeps its snapshot in the mean, and does not
+correct it), and one that joins takes the mean of the replicas up and is in the next round
+(``Averaging.join``; algorithms.md §5a).
+
 No thread ever waits for the averaging, so the virtual time of a run does not depend on the
 communication cost; only how stale the merged mean is does (and, when charged, the device
 time the averaging takes from the threads).
@@ -50,7 +55,8 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate import policies
 from pdasgd_jax.simulate.bookings import Booking
-from pdasgd_jax.simulate.device_groups import run_device_groups
+from pdasgd_jax.simulate.device_groups import receive_mean, run_device_groups
+from pdasgd_jax.simulate.fleet_clock import JobDropped
 from pdasgd_jax.simulate.scheduler import AVERAGE, Device, Get, Kernel, Process, Put, Scheduler, Sleep, Worker
 from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
 from pdasgd_jax.store import ParameterStore
@@ -66,9 +72,15 @@ def replica_asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
     while (job := (yield from sim.take_job(name, device))) is not None:
         ticket = sim.scheduler.ticket()  # the runtime dispatches the job and its update at once
         booked = None
-        if policies.reads_at_dispatch(sim):  # reads and the update's versions taken at dispatch
-            booked = yield from policies.dispatch(sim, job, name, ticket, reads=stages, books=stages)
-        yield from policies.gradient_program(sim, job, device, name, ticket)
+        try:
+            if policies.reads_at_dispatch(sim):  # reads and the update's versions taken at dispatch
+                booked = yield from policies.dispatch(sim, job, name, ticket, reads=stages, books=stages)
+            yield from policies.gradient_program(sim, job, device, name, ticket)
+        except JobDropped:  # its device crashed (``fleet_clock``) before it dispatched its update
+            sim.job_dropped(job, "jobs")
+            continue
+        if sim.fleet is not None:  # its update is dispatched: a crash no longer drops the job
+            sim.fleet.dispatched_all(job)
         yield from update_all_program(sim, job, device, name, ticket, booked)
         sim.job_done(job)
         yield sim.idle(rng, compute)
@@ -133,6 +145,7 @@ class Averaging:
         self.stores = stores
         self.log = log
         self.rounds = lpp.Rounds(len(stores), period)
+        self.absent: set[int] = set()  # replicas out of the rounds (their device left or crashed)
         self.allreduce_time = allreduce_time
         # ``sims`` with a calibrated timing: the averaging is device work (module docstring).
         timing = sims[0].timing if sims else None
@@ -143,8 +156,23 @@ class Averaging:
 
     def applied(self, device: int) -> None:
         """A job's updates have all landed on ``device``'s replica."""
-        if self.rounds.applied(device):
+        if device not in self.absent and self.rounds.applied(device):
             self._start()
+
+    def live(self) -> list[int]:
+        """The replicas up: those the next round averages."""
+        return [d for d in range(len(self.stores)) if d not in self.absent]
+
+    def crash(self, device: int) -> None:
+        """``device`` left or crashed: no later round snapshots or corrects its replica; a round
+        in flight keeps its snapshot in the mean."""
+        self.absent.add(device)
+
+    def join(self, device: int) -> None:
+        """``device`` is back: its replica takes the mean of the replicas up
+        (``device_groups.receive_mean``) and takes part from the next round."""
+        receive_mean(self.stores, device, self.live())
+        self.absent.discard(device)
 
     def _start(self) -> None:
         self.rounds.in_flight = True  # no second round until this one's snapshots exist
@@ -156,33 +184,42 @@ class Averaging:
     def _snapshot(self) -> None:
         self.rounds.start()
         k = self.rounds.started - 1
-        snapshots = [
-            lpp.snapshot_params(store, self.log, replica=d, round=k, clock=self._clock)
-            for d, store in enumerate(self.stores)
-        ]
+        members = self.live()
+        snapshots = {
+            d: lpp.snapshot_params(self.stores[d], self.log, replica=d, round=k, clock=self._clock) for d in members
+        }
         round_events.record(self.log, EventKind.ROUND, self._clock, round=k)
-        mean = lpp.mean_of(snapshots)
+        mean = lpp.mean_of(list(snapshots.values()))
         if self._sims is None:
             # At the instant the mean arrives every replica is corrected after that instant's
             # writes and before its reads (§5), also when it arrives at once.
             self.scheduler.call_at(self.scheduler.now + self.allreduce_time, AVERAGE, self._merge, k, snapshots, mean)
             return
 
-        def averaging() -> Worker:  # the mean's program on the first device, then the network
-            yield Kernel(self._sims[0].devices[0], self._sims[0].timing.average_time())
+        def averaging() -> Worker:  # the mean's program on the first device up, then the network
+            first = self._sims[members[0]]
+            yield Kernel(first.devices[0], first.timing.average_time())
             yield Sleep(self.allreduce_time)
             self._merge(k, snapshots, mean)
 
-        self.scheduler.resume(Process(self._accounts[0].name, averaging(), self._accounts[0]))
+        account = self._accounts[members[0]]
+        self.scheduler.resume(Process(account.name, averaging(), account))
 
-    def _merge(self, k: int, snapshots: list[tuple[Any, ...]], mean: tuple[Any, ...]) -> None:
+    def _merge(self, k: int, snapshots: dict[int, tuple[Any, ...]], mean: tuple[Any, ...]) -> None:
+        """Round ``k``'s mean has arrived: every replica it averaged that is still up is corrected."""
         round_events.record(self.log, EventKind.MEAN, self._clock, round=k)
+        members = [d for d in snapshots if d not in self.absent]
         if self._sims is None:
-            for d, (store, snapshot) in enumerate(zip(self.stores, snapshots, strict=True)):
-                lpp.correct_in_place(store, mean, snapshot, self.log, replica=d, round=k, clock=self._clock)
+            for d in members:
+                lpp.correct_in_place(
+                    self.stores[d], mean, snapshots[d], self.log, replica=d, round=k, clock=self._clock
+                )
             self._end()
             return
-        pending = [len(self.stores)]
+        pending = [len(members)]
+        if not members:
+            self._end()
+            return
 
         def correcting(d: int) -> Worker:  # replica d's correction, stage by stage under the locks
             sim, store = self._sims[d], self.stores[d]
@@ -198,7 +235,7 @@ class Averaging:
             if not pending[0]:
                 self._end()
 
-        for d in range(len(self.stores)):
+        for d in members:
             self.scheduler.resume(Process(self._accounts[d].name, correcting(d), self._accounts[d]))
 
     def _end(self) -> None:
@@ -222,7 +259,8 @@ def run_lpp(
     each), ``--period`` H; returns ``(RunResult, virtual_time, utilisation, staleness)`` like the
     other simulated runners. ``RunResult.params`` is the mean of the device replicas. With
     ``log`` every replica's operations (``replica`` d) and the averaging go to that event log.
-    ``fleet``: a ``fleet_clock.FleetClock`` whose slow windows stretch the devices' kernels.
+    ``fleet``: a ``fleet_clock.FleetClock`` whose slow windows stretch the devices' kernels and
+    whose leaves, crashes and joins take a replica out of the rounds and back (``Averaging``).
 
     It writes no checkpoints (``checkpointer`` is only checked for one to resume, which is
     refused): the replicas and a round in flight are not saved.

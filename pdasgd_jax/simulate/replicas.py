@@ -142,6 +142,7 @@ def _fragment_rounds(
         )
         if charges is not None:
             rounds.charge_merge = functools.partial(charges.merge, first=rounds.stages[0])
+            charges.live = rounds.live  # every fragment's groups are up or not together
         members.append(rounds)
     if not several:
         return members[0]
@@ -184,6 +185,20 @@ class FragmentRounds:
         """One more job of ``group`` is complete: every fragment counts it."""
         for rounds in self.members:
             rounds.applied(group)
+
+    def crash(self, group: int) -> None:
+        """``group`` leaves every fragment's rounds (``GroupRounds.crash``)."""
+        for rounds in self.members:
+            rounds.crash(group)
+
+    def join(self, group: int) -> None:
+        """``group`` is back in every fragment's rounds (``GroupRounds.join``)."""
+        for rounds in self.members:
+            rounds.join(group)
+
+    def live(self) -> list[int]:
+        """The groups up (``GroupRounds.live``)."""
+        return self.members[0].live()
 
     @property
     def abstract(self) -> bool:
@@ -239,11 +254,13 @@ class _DeviceCharges:
         self.scheduler, self.sims, self._trace = scheduler, sims, trace
         self.accounts = [Process(f"d{g}/averaging", iter(())) for g in range(len(sims))]
         scheduler.processes.extend(self.accounts)
+        self.live: Callable[[], list[int]] = lambda: list(range(len(sims)))  # the groups up (``GroupRounds.live``)
 
     def allreduce(self, k: int, *, arrive: Callable[[int], None], share: float = 1.0) -> None:
-        """Round ``k``'s all-reduce: its program on every group's device (``share`` of the
-        whole model's: a streaming fragment's), then the network (``arrive(k)``)."""
-        pending = [len(self.sims)]
+        """Round ``k``'s all-reduce: its program on the device of every group up (``share`` of
+        the whole model's: a streaming fragment's), then the network (``arrive(k)``)."""
+        groups = self.live()
+        pending = [len(groups)]
 
         def part(g: int) -> Worker:
             start: list[float] = []
@@ -253,7 +270,7 @@ class _DeviceCharges:
             if not pending[0]:  # every device's part is done: the network's share follows
                 arrive(k)
 
-        for g in range(len(self.sims)):
+        for g in groups:
             self._run(g, part(g))
 
     def merge(
@@ -320,7 +337,8 @@ def run_replicated(
     every update (``UpdateSpan``) and averaging program (``AveragingSpan``); ``log``, if given,
     every group's operations (``replica`` g) and the averaging's snapshots, rounds, means,
     merges and waits. ``fleet``: a ``fleet_clock.FleetClock`` whose slow windows stretch each
-    group's kernels (its averaging's programs too).
+    group's kernels (its averaging's programs too) and whose leaves, crashes and joins take a
+    group out of the rounds and back (``GroupRounds.crash``, ``join``; algorithms.md §5a).
 
     Checkpoints hold every group's store and in-flight jobs and the averaging rounds in
     flight; a resumed run replays its schedule to the checkpoint and ends bitwise where the

@@ -253,10 +253,12 @@ def plan_sync(
     grad_nbytes: int,
     state_nbytes: int,
     seed: int,
+    horizon: float = 0.0,
 ) -> tuple[SyncSchedule, FleetTimeline | None]:
     """The schedule of a simulated sync run, and its fleet timeline (None without events).
 
-    The fleet's positions are fractions of the same run's virtual length without fleet events;
+    The fleet's positions are fractions of ``horizon`` virtual seconds, or (0) of the same run's
+    virtual length without fleet events;
     a joining device receives the whole training state (``state_nbytes``) over the network
     (``CommModel.transfer_time``). Plain sync and backup workers without a fleet run
     ``backup_sync_schedule``, to the last bit.
@@ -271,6 +273,7 @@ def plan_sync(
       grad_nbytes: bytes of one gradient.
       state_nbytes: bytes of the training state a joining device receives.
       seed: the run's seed.
+      horizon: virtual seconds of position 1 (``--fleet-horizon``; 0: the run's own).
 
     Returns:
       ``(schedule, fleet timeline or None)``.
@@ -283,7 +286,7 @@ def plan_sync(
         return SyncSchedule(b.ends, b.kept, b.computed, np.zeros(shape, bool), np.ones(shape, bool), busy), None
     if spec.empty:
         return sync_schedule(timing, delays, policy, **args), None
-    horizon = float(sync_schedule(timing, delays, policy, **args).ends[-1])
+    horizon = horizon or float(sync_schedule(timing, delays, policy, **args).ends[-1])
     fleet = FleetTimeline(spec, num_workers, horizon)
     transfer = timing.comm.transfer_time(state_nbytes)
     return sync_schedule(timing, delays, policy, fleet=fleet, state_transfer=transfer, **args), fleet
@@ -320,6 +323,7 @@ def run_sync(
         grad_nbytes=tree_nbytes(v.params),
         state_nbytes=tree_nbytes(ts),
         seed=config.seed,
+        horizon=config.fleet_horizon,
     )
     # A run that drops gradients averages those each step kept (weight 1) and not the others
     # (weight 0); one that keeps every gradient runs real sync's unweighted program.

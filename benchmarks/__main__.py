@@ -12,9 +12,9 @@ from benchmarks import STUDIES
 # Protocols with a command line of their own, ``benchmarks.NAME.__main__.main`` (``python -m benchmarks
 # NAME --help``).
 COMMANDS: dict[str, str] = {
-    "fleets": "time to target on heterogeneous, unreliable fleets: W in {16, 64}, a persistent 3x straggler "
-    "and random churn, the network priced, 12 algorithms (sized for about 40 minutes on two CPU cores; not yet "
-    "run in full)",
+    "fleets": "time to target on heterogeneous, unreliable fleets: W in {16, 64}, a 3x straggler for the whole "
+    "run and random churn on one horizon per W, the network priced, 13 rows (about 1.5-2 hours on two CPU "
+    "cores; not yet run in full)",
 }
 
 

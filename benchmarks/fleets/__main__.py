@@ -1,5 +1,8 @@
 """``python -m benchmarks fleets [--quick] [--out DIR] [--only ROW ...] [--workers W ...] [--fleets F ...]``:
-the fleets benchmark (``benchmarks.fleets.protocol``), its raw file written to
+the fleets benchmark (``benchmarks.fleets.protocol``), run as
+``XDG_CACHE_HOME=bench_results/delays/cache python -m benchmarks fleets ...`` so its runs use the
+``delays`` protocol's committed calibration (recorded: the effective ``XDG_CACHE_HOME`` and the
+calibration's fingerprint; a full run refuses another ``XDG_CACHE_HOME``), its raw file written to
 ``DIR/<YYYY-MM-DD>/fleets-<HHMMSS>.json`` (one per command: the command, commit, machine, load,
 per-seed values, tuning tables and refusals) with its Markdown beside it.
 """
@@ -16,20 +19,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks import run_cache
+from benchmarks.delays.protocol import calibration
 from benchmarks.fleets import report
 from benchmarks.fleets.cells import run_cell
 from benchmarks.fleets.protocol import (
-    CHURN,
+    CALIBRATION_CACHE,
+    CHURN_PER_S,
     FLEETS,
+    HORIZON_S,
     NAME,
     NETWORK,
+    ROW_NOTES,
     ROWS,
-    STRAGGLER,
     TARGET,
+    VARIANTS,
     WORKERS,
     Settings,
+    churn,
     fleet_spec,
     quick_settings,
+    straggler,
+    threads_text,
 )
 from pdasgd_jax.bench import json_ready, progress
 from pdasgd_jax.bench.provenance import load_average, run_record
@@ -76,20 +86,54 @@ def collect(settings: Settings) -> dict[str, Any]:
         "study": NAME,
         "settings": {
             "target": TARGET,
-            "epochs": settings.epochs,
+            "epochs": {str(w): settings.budget(w) for w in settings.workers},
+            "horizon_s": {str(w): HORIZON_S[w] for w in settings.workers},
             "seeds": list(settings.seeds),
             "tuning_seeds": list(settings.tuning_seeds),
             "max_widenings": settings.max_widenings,
             "workers": list(settings.workers),
             "fleets": list(settings.fleets),
             "rows": {row: dict(ROWS[row]) for row in settings.rows},
+            "variants": {row: list(VARIANTS[row]) for row in settings.rows if row in VARIANTS},
+            "row_notes": {row: ROW_NOTES[row] for row in settings.rows if row in ROW_NOTES},
+            "threads": {row: threads_text(row) for row in settings.rows},
             "lrs": {row: list(settings.lrs(row)) for row in settings.rows},
-            "fleet_specs": {"straggler": STRAGGLER, "churn": fleet_spec("churn", 0).rsplit(",seed=", 1)[0]},
-            "churn": dict(CHURN),
+            "fleet_specs": {
+                str(w): {"straggler": straggler(w), "churn": fleet_spec("churn", 0, w).rsplit(",seed=", 1)[0]}
+                for w in settings.workers
+            },
+            "churn": {str(w): churn(w) for w in settings.workers},
+            "churn_per_s": dict(CHURN_PER_S),
             "network": {"alpha_s": NETWORK.alpha, "beta_bytes_per_s": NETWORK.beta},
             "quick": settings.quick,
         },
+        "calibration": calibration_record(),
         "cells": cells,
+    }
+
+
+def committed_calibration() -> None:
+    """Refuses a full run whose ``XDG_CACHE_HOME`` is not ``CALIBRATION_CACHE``: its runs would be
+    timed with another calibration than the ``delays`` protocol's committed one.
+
+    Raises:
+      ValueError: naming the ``XDG_CACHE_HOME`` given and the one to use.
+    """
+    given = os.environ.get("XDG_CACHE_HOME")
+    if given is None or pathlib.Path(given).resolve() != pathlib.Path(CALIBRATION_CACHE).resolve():
+        raise ValueError(
+            f"XDG_CACHE_HOME={given}: the fleets runs are timed with the delays protocol's committed calibration; "
+            f"run from the repository root as XDG_CACHE_HOME={CALIBRATION_CACHE} python -m benchmarks {NAME} ..."
+        )
+
+
+def calibration_record() -> dict[str, Any]:
+    """The calibration the runs are timed with: the effective ``XDG_CACHE_HOME`` (None: unset),
+    the one the protocol asks for, and the calibration's fingerprint."""
+    return {
+        "xdg_cache_home": os.environ.get("XDG_CACHE_HOME"),
+        "expected_cache": CALIBRATION_CACHE,
+        "fingerprint": calibration().fingerprint,
     }
 
 
@@ -99,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = settings_from(args)
+        if not settings.quick:
+            committed_calibration()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -108,7 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before, start = load_average(), time.perf_counter()
     with run_cache.active(args.run_cache), progress.bar(NAME, enabled=args.progress):
         results = collect(settings)
-    results["command"] = {"argv": argv, "sys_argv": list(sys.argv)}
+    cache = os.environ.get("XDG_CACHE_HOME")
+    results["command"] = {
+        "argv": argv,
+        "sys_argv": list(sys.argv),
+        "prefix": f"XDG_CACHE_HOME={cache}" if cache else "",
+    }
     results["run_record"] = run_record(__file__, elapsed_s=time.perf_counter() - start, load_before=load_before)
     raw = folder / f"{NAME}-{now.strftime('%H%M%S')}.json"
     write_json_atomic(str(raw), json_ready(results))

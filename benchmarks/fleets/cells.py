@@ -1,15 +1,17 @@
-"""A cell of the ``fleets`` benchmark: one row in one scenario, its rate tuned on the tuning
-seeds, then its reported seeds at that rate (``run_cell``); or the refusal of its path."""
+"""A cell of the ``fleets`` benchmark: one row in one scenario, its rate (and, for a row with
+variants, its variant) tuned on the tuning seeds, then its reported seeds at that rate
+(``run_cell``); or the refusal of its config."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from benchmarks.delays.protocol import Protocol
+from benchmarks.delays.protocol import BATCH_SIZE, Protocol, _base_experiment, backup_workers
 from benchmarks.delays.simulation import Outcome, time_to_target
 from benchmarks.delays.tuning import tune
-from benchmarks.fleets.protocol import NETWORK, Scenario, Settings, fleet_spec, overrides
+from benchmarks.fleets.protocol import NETWORK, VARIANTS, Scenario, Settings, fleet_spec, overrides
+from pdasgd_jax.config import Config
 from pdasgd_jax.delays.fleet import parse_fleet
 
 
@@ -25,102 +27,196 @@ class Stopped(Exception):
 
 
 class Refused(Stopped):
-    """A row's path does not take its flags yet: the library's refusal, before any work."""
+    """``Config.validate`` refuses a row's config, before any work: the library's message."""
 
     kind = "refused"
 
 
 class Failed(Stopped):
-    """A run of a path that takes the flags stopped with an error: a defect to report."""
+    """A run whose config was taken stopped with an error once it started: a defect to report."""
 
     kind = "failed"
 
 
-def run_once(
-    row: str, scenario: Scenario, lr: float, seed: int, epochs: float, give_up_after: float | None = None
-) -> Outcome:
-    """One run of ``row`` in ``scenario`` to the target, as ``delays``' ``time_to_target`` runs
-    it (no injected delays, no ``--straggler-devices``: the fleet is the heterogeneity), the
-    network priced.
+def run_config(run: dict[str, Any], workers: int, lr: float, seed: int, epochs: float) -> Config:
+    """The ``Config`` ``delays``' ``time_to_target`` runs ``run`` (a row's overrides) under,
+    as far as its checks see it: its threads per device and backup share turned into
+    replicas and backup workers, and the simulator on ``workers`` devices."""
+    fields = dict(run)
+    threads = fields.pop("threads_per_device", 1)
+    share = fields.pop("backup_share", 0.0)
+    if share:
+        fields["backup_workers"] = backup_workers(workers, share)
+    sync = fields["algo"] == "sync"
+    return Config(
+        seed=seed,
+        lr=lr,
+        progress=False,
+        simulate=True,
+        devices=workers,
+        epochs=epochs,
+        batch_size=BATCH_SIZE * workers if sync else BATCH_SIZE,
+        **({} if sync else {"replicas": workers * threads}),
+        **fields,
+    )
+
+
+def check(row: str, scenario: Scenario, lr: float, seeds: tuple[int, ...], epochs: float, variant: str | None) -> None:
+    """``Config.validate`` on every run ``row`` would make with ``seeds`` (their fleets differ).
 
     Raises:
-      Refused: the run's config or path refuses it before any work (``Config.validate``, or a
-        simulator the harness cannot start for the algorithm), with that message.
-      Failed: the run stopped with another error.
+      Refused: the library's refusal, with its message.
     """
-    config = overrides(row, scenario, seed)
-    protocol = Protocol(algorithms={row: config})
+    for seed in seeds:
+        run = overrides(row, scenario, seed, variant)
+        try:
+            run_config(run, scenario.workers, lr, seed, epochs).validate()
+        except ValueError as e:
+            raise Refused(str(e), run["fleet"]) from e
+
+
+def run_once(
+    row: str,
+    scenario: Scenario,
+    lr: float,
+    seed: int,
+    epochs: float,
+    give_up_after: float | None = None,
+    variant: str | None = None,
+) -> Outcome:
+    """One run of ``row`` (``variant``: one of its ``VARIANTS``) in ``scenario`` to the target,
+    as ``delays``' ``time_to_target`` runs it (no injected delays, no ``--straggler-devices``:
+    the fleet is the heterogeneity), the network priced. Its config is checked first (``check``).
+
+    Raises:
+      Refused: ``Config.validate`` refuses the run's config, before any work.
+      Failed: the run stopped with an error once it started.
+    """
+    check(row, scenario, lr, (seed,), epochs, variant)
+    config = overrides(row, scenario, seed, variant)
+    name = variant or row
     try:
         return time_to_target(
-            row, scenario.workers, 0.0, False, lr, seed, epochs, NETWORK, protocol, give_up_after=give_up_after
+            name,
+            scenario.workers,
+            0.0,
+            False,
+            lr,
+            seed,
+            epochs,
+            NETWORK,
+            Protocol(algorithms={name: config}),
+            give_up_after=give_up_after,
         )
-    except ValueError as e:
-        # The project's input checks (ConfigError, FleetError) and the simulator's choice of
-        # algorithm raise ValueError before any step: the path refuses the row as given.
-        raise Refused(str(e), config["fleet"]) from e
-    except Exception as e:  # one cell's defect must not cost the rest of a long benchmark
+    except Exception as e:  # one run's defect must not cost the rest of a long benchmark
         raise Failed(f"{type(e).__name__}: {e} (lr {lr:g}, seed {seed})", config["fleet"]) from e
 
 
-def events(scenario: Scenario, seed: int) -> dict[str, int]:
-    """How many fleet events a run of ``scenario`` with ``seed`` has over its whole budget, by kind."""
-    slow, presence = parse_fleet(fleet_spec(scenario.fleet, seed)).events(scenario.workers)
-    counts = {"slow": len(slow)}
+def events(scenario: Scenario, seed: int, until: float = math.inf) -> dict[str, int]:
+    """The fleet events a run of ``scenario`` with ``seed`` meets before virtual time ``until``
+    (default: all of them), by kind (``slow``: windows opened)."""
+    slow, presence = parse_fleet(fleet_spec(scenario.fleet, seed, scenario.workers)).events(scenario.workers)
+    before = until / scenario.horizon
+    counts = {"slow": sum(1 for w in slow if w.start < before)}
     for kind in ("leave", "crash", "join"):
-        counts[kind] = sum(1 for e in presence if e.kind == kind)
+        counts[kind] = sum(1 for e in presence if e.kind == kind and e.at < before)
     return counts
 
 
+def train_size(seed: int, lr: float) -> int:
+    """The training split's examples (the runs' shared experiment, already built by their first run)."""
+    return len(_base_experiment(seed, lr).dataset.train)
+
+
 def run_cell(row: str, scenario: Scenario, settings: Settings) -> dict[str, Any]:
-    """``row`` in ``scenario``: the best rate of its grid on ``settings.tuning_seeds`` (mean time;
-    a rate that misses the target on a tuning seed is out; a tuning run stops once it cannot
-    win, as in ``delays``), then ``settings.seeds`` at that rate, each to its end.
+    """``row`` in ``scenario``: its configs checked for every seed (``check``), then the best
+    rate of its grid on ``settings.tuning_seeds`` (mean time; a rate that misses the target on a
+    tuning seed, or whose run failed, is out; a tuning run stops once it cannot win, as in
+    ``delays``), for a row with ``VARIANTS`` the best (variant, rate), then ``settings.seeds``
+    at that rate, each to its end.
 
     Returns:
-      ``{"row", "workers", "fleet", "refused": message, "refused_fleet": its --fleet}`` for a path
-      that refuses the flags (``"failed"``, ``"failed_fleet"`` for a run that stopped with an
-      error, with its rate and seed); else
-      also ``lr``, ``tuning`` (rate: mean tuning time, inf where out: missed, or ``cut_short``),
-      ``edge``, ``untuned`` (no rate reached the target on the tuning seeds: the grid's smallest ran),
-      ``seeds`` and per reported seed ``times`` (inf: missed), ``final_accuracy``,
-      ``examples_to_target``, ``fleet_specs`` and ``events``.
+      ``{"row", "workers", "fleet", "horizon_s", "epochs", "refused": message, "refused_fleet":
+      its --fleet}`` for a config ``Config.validate`` refuses (``"failed"``, ``"failed_fleet"``
+      for a reported run that stopped with an error); else also ``variant`` (None: the row's
+      own) and ``variants`` (each variant's tuning), ``lr``, ``tuning`` (rate: mean tuning time,
+      inf where out), ``rates_tried``, ``failed_rates`` (a tuning run that failed: its variant,
+      rate, seed and message; the other rates go on), ``edge``, ``cut_short``, ``untuned`` (no
+      rate reached the target on the tuning seeds: the grid's smallest ran), ``seeds`` and per
+      reported seed ``times`` (inf: missed), ``run_times`` (the virtual time the run lasted),
+      ``past_horizon`` (it ran past the fleet's horizon, after which churn has no event),
+      ``final_accuracy``, ``examples_to_target``, ``budget_share`` (those over the budget's
+      examples), ``fleet_specs``, ``events`` (over the horizon) and ``events_before_target``
+      (before the target, or before the run's end where it missed).
     """
-    out: dict[str, Any] = {"row": row, "workers": scenario.workers, "fleet": scenario.fleet}
+    epochs = settings.budget(scenario.workers)
+    out: dict[str, Any] = {
+        "row": row,
+        "workers": scenario.workers,
+        "fleet": scenario.fleet,
+        "horizon_s": scenario.horizon,
+        "epochs": epochs,
+    }
+    grid = settings.lrs(row)
+    variants: tuple[str | None, ...] = VARIANTS.get(row, (None,))
+    try:
+        for variant in variants:
+            check(row, scenario, grid[0], (*settings.tuning_seeds, *settings.seeds), epochs, variant)
+    except Refused as e:
+        return {**out, "refused": str(e), "refused_fleet": e.fleet}
     cut: list[dict[str, Any]] = []  # tuning runs stopped once they could no longer win
+    failed_rates: list[dict[str, Any]] = []
 
-    def mean_time(lr: float, bound: float) -> float:
+    def mean_time(variant: str | None, lr: float, bound: float) -> float:
         # As ``delays.cells.cell``: the mean can beat ``bound`` only while the seeds' times so far
         # stay within len(seeds) x bound; the margin keeps exact ties out of the cut.
         total = 0.0
         for seed in settings.tuning_seeds:
             left = (len(settings.tuning_seeds) * bound - total) * (1 + 1e-9) if math.isfinite(bound) else None
-            outcome = run_once(row, scenario, lr, seed, settings.epochs, left)
+            try:
+                outcome = run_once(row, scenario, lr, seed, epochs, left, variant)
+            except Failed as e:
+                failed_rates.append({"variant": variant, "lr": lr, "seed": seed, "failed": str(e)})
+                return math.inf
             if outcome.gave_up:
-                cut.append({"lr": lr, "seed": seed, "after_s": left})
+                cut.append({"variant": variant, "lr": lr, "seed": seed, "after_s": left})
             total += outcome.time
             if not math.isfinite(total):
                 return math.inf
         return total / len(settings.tuning_seeds)
 
-    try:
-        tuned = tune(mean_time, settings.lrs(row), settings.max_widenings)
-        outcomes: list[Outcome] = [
-            run_once(row, scenario, tuned["lr"], seed, settings.epochs) for seed in settings.seeds
-        ]
-    except Stopped as e:
-        return {**out, e.kind: str(e), f"{e.kind}_fleet": e.fleet}
-    return {
+    tuned = {v: tune(lambda lr, bound, v=v: mean_time(v, lr, bound), grid, settings.max_widenings) for v in variants}
+    variant = min(variants, key=lambda v: tuned[v]["tuning"][tuned[v]["lr"]])
+    best = tuned[variant]
+    recorded = {
         **out,
-        "lr": tuned["lr"],
-        "tuning": tuned["tuning"],
-        "edge": tuned["edge"],
+        "variant": variant,
+        "variants": {v: tuned[v]["tuning"] for v in variants} if variant is not None else {},
+        "lr": best["lr"],
+        "tuning": best["tuning"],
+        "rates_tried": sorted(best["tuning"]),
+        "failed_rates": failed_rates,
+        "edge": best["edge"],
         "cut_short": cut,
-        "untuned": not any(math.isfinite(v) for v in tuned["tuning"].values()),
+        "untuned": not any(math.isfinite(t) for v in variants for t in tuned[v]["tuning"].values()),
         "tuning_seeds": list(settings.tuning_seeds),
+    }
+    try:
+        outcomes = [run_once(row, scenario, best["lr"], seed, epochs, None, variant) for seed in settings.seeds]
+    except Failed as e:
+        return {**recorded, "failed": str(e), "failed_fleet": e.fleet}
+    examples = epochs * train_size(settings.seeds[0], best["lr"])
+    ends = [o.time if math.isfinite(o.time) else o.run_time for o in outcomes]
+    return {
+        **recorded,
         "seeds": list(settings.seeds),
         "times": [o.time for o in outcomes],
+        "run_times": [o.run_time for o in outcomes],
+        "past_horizon": [bool(o.run_time > scenario.horizon) for o in outcomes],
         "final_accuracy": [o.final_accuracy for o in outcomes],
         "examples_to_target": [o.examples_to_target for o in outcomes],
-        "fleet_specs": [overrides(row, scenario, s)["fleet"] for s in settings.seeds],
+        "budget_share": [o.examples_to_target / examples for o in outcomes],
+        "fleet_specs": [overrides(row, scenario, s, variant)["fleet"] for s in settings.seeds],
         "events": [events(scenario, s) for s in settings.seeds],
+        "events_before_target": [events(scenario, s, end) for s, end in zip(settings.seeds, ends, strict=True)],
     }

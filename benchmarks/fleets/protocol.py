@@ -1,44 +1,68 @@
 """The ``fleets`` protocol's settings: heterogeneous, unreliable fleets (``python -m benchmarks fleets``).
 
 Time to the ``delays`` target (90 % test accuracy, digits MLP, per-worker batch 16) on the
-virtual clock, with the network priced as ``delays-network`` prices it (10 GbE-class), on
-``W`` in ``WORKERS`` devices under two fleets (``--fleet``, docs/algorithms.md §5a):
+virtual clock, with the network priced as ``delays-network`` prices it (10 GbE-class) and the
+``delays`` protocol's committed calibration (the command runs with
+``XDG_CACHE_HOME=bench_results/delays/cache``), on ``W`` in ``WORKERS`` devices under two fleets
+(``--fleet``, docs/algorithms.md §5a):
 
-- ``straggler``: device 0 runs 3x slower over the whole run (``slow:0x3@0-1``), the ``delays``
-  straggler factor, as a fleet event rather than ``--straggler-devices``, so every path that
-  takes ``--fleet`` sees the same slow device.
-- ``churn``: a seeded churn (``CHURN``) with leaves, crashes, joins and slow episodes; its seed
+- ``straggler``: the last device runs 3x slower over the whole run (``slow:{W-1}x3@0-1``), the
+  ``delays`` straggler factor, as a fleet event rather than ``--straggler-devices``, so every
+  path that takes ``--fleet`` sees the same slow device; its window ends at 1, so it lasts to
+  the end of every run, however long. The last device, not device 0: LPP-SGD computes its
+  mean on device 0, which would make the straggler slow every round.
+- ``churn``: a seeded churn (``churn``) with leaves, crashes, joins and slow episodes; its seed
   is the run's seed, so each reported seed has its own fixed draw of events and the tuning
-  seeds never see a reported seed's events. Fleet positions are fractions of the run's
-  budget (``EPOCHS``), and a run stops at the target: on digits the fastest rows reach it
-  within the first tenth or so of the budget at W = 16 (the slower ones later), so the rates
-  are per device per budget high enough that a handful of events (three or so departures,
-  one or two returns, one or two slow episodes) fall before a fast row's target at W = 16;
-  a bigger fleet sees proportionally more (the rates are per device). A departed device
-  comes back after about a thirtieth of the budget, so a run sees devices return, not only
-  leave.
+  seeds never see a reported seed's events.
 
-Rows (``ROWS``): sync with backup workers (``delays``' W/4) and with an adaptive deadline;
-DaSGD with its correct and eager merges; local SGD with whole-model and streaming merges
-(``--fragments`` = the MLP's three stages); async-local with plain outer SGD, Delayed
-Nesterov (momentum every ``W`` arrivals, the paper's suggestion, outer rate 0.7 as in the
-guide), DyLU, and both; replicated PD-ASGD and LPP-SGD as ``delays`` runs them (three
-threads per device). Each row's rate is tuned on ``TUNING_SEEDS`` (``delays.tuning.tune``,
-the grid widened while its best sits on an edge) and then run on ``SEEDS``, which alone are
-reported. A row whose path refuses the flags is recorded with the refusal's message and
-runs as soon as the path takes them.
+**One horizon per W** (``HORIZON_S``, ``--fleet-horizon``): fleet positions are fractions of a
+stated number of virtual seconds, the same for every run of a (W, fleet) cell, so every row
+meets the same events at the same virtual times; with each run's own no-event length a slower
+row would meet fewer events per second. The horizon exceeds the longest row's run (a row that
+misses the target runs its whole budget, and the straggler stretches it), so no row runs past
+its last event: a replicated PD-ASGD run under the straggler lasts about 1.6 times its no-event
+length, the longest no-event length at each W, so the horizon is above 1.6 times it with a
+margin (W = 64 runs twice the epochs, so about twice as long). A run that still goes past it
+met no churn event after it; the raw file flags such a run (``past_horizon``), and so does the
+report.
+
+**Churn rates** (``CHURN_PER_S``, per device per virtual second; per device per horizon, as
+``--fleet`` takes them, is that times the horizon): the fastest rows reach the target in a few
+virtual milliseconds at W = 16 with no event, so a departure rate (leave and crash) of 48 per
+second gives about three departures, and a slow episode rate of 25 per second one or two
+episodes, before a fast row's target at W = 16; a departed device comes back after about
+1.3 ms (join rate 750 per second), so a run sees devices return, not only leave, and a
+device is absent about 6 % of the time; a slow episode (3x) lasts 2 ms on average. A slower
+row meets proportionally more events before its target, and a bigger fleet more (the rates
+are per device).
+
+Rows (``ROWS``): sync at its strongest (``sync-best``: plain sync or ``delays``' W/8, W/4 or
+W/2 backup workers, the variant tuned with the rate on the tuning seeds, ``SYNC_BEST``) and
+with an adaptive deadline; DaSGD with its correct and eager merges; local SGD with whole-model
+and streaming merges (``--fragments`` = the MLP's three stages) and async-local streaming;
+async-local with plain outer SGD, Delayed Nesterov (momentum every ``W`` arrivals, the paper's
+suggestion, outer rate 0.7 as in the guide, not tuned), DyLU, and both; replicated PD-ASGD
+(``delays``' default H = 4, d = 2, not tuned) and LPP-SGD as ``delays`` runs them (three
+threads per device). Async-local runs on W + 1 devices: its server never fails and its link is
+not shared (``ROW_NOTES``). Each row's rate is tuned on ``TUNING_SEEDS``
+(``delays.tuning.tune``, the grid widened while its best sits on an edge) and then run on
+``SEEDS``, which alone are reported. A row whose config ``Config.validate`` refuses is recorded
+with the refusal's message and runs as soon as the path takes it.
+
+Budget (``EPOCHS_BY_W``): twice the epochs at W = 64, where the slowest rows reach the target
+near the end of ``delays``' 30 epochs, so no row's target lies past about half the budget.
 
 Cost and size (the estimate this protocol is sized by): one run (one algorithm, one scenario,
-one seed) costs one to two seconds of wall time at W = 16 and one to four at W = 64 on the
-2-core development VM at light load (replicated PD-ASGD, LPP-SGD and async-local the dearest;
-a run that misses the target runs its whole budget), plus compiling for each new (seed,
-rate). A cell is its grid on two tuning seeds (a tuning run stops once it cannot win), up to
-two widenings, then the reported seeds: 12 to 20 runs, measured at 15 to 30 s per cell at W
-= 16 and 20 to 75 s at W = 64 beside other work (load 2 to 8). Five reported seeds give an
-interval of four degrees of freedom (three leave it too wide to tell rows apart); with 12
-rows, 2 fleets and 2 sizes (48 cells) the whole benchmark is about 24 x 25 s + 24 x 50 s,
-30 minutes on a quiet machine and 40 beside light load. The rows that run today (sync, DaSGD
-and local SGD) take about a third of it.
+one seed) costs about two seconds of wall time at W = 16 and two to eight at W = 64 on the
+2-core development VM at light load, LPP-SGD and replicated PD-ASGD the dearest (a run that
+misses the target runs its whole budget: at W = 64 these two take about 20 s each over 60
+epochs; with the horizon given no run plans a first no-event pass), plus compiling for each
+new (seed, rate). A cell is its grid on two tuning seeds (a tuning run stops once it cannot
+win), up to two widenings, then the reported seeds: 12 to 20 runs, ``sync-best`` four grids.
+Five reported seeds give an interval of four degrees of freedom (three leave it too wide to
+tell rows apart). With 13 rows, 2 fleets and 2 sizes (52 cells, about 550 runs per size) the
+whole benchmark is about 20 minutes at W = 16 and an hour or more at W = 64, one and a half
+to two hours in all on a quiet machine, more beside load.
 """
 
 from __future__ import annotations
@@ -48,12 +72,15 @@ from typing import Any
 
 from benchmarks.delays.protocol import (
     ALGORITHMS,
-    BACKUP_SHARE,
     EPOCHS,
     LRS,
     MAX_WIDENINGS,
+    REPLICA_DELAY,
+    REPLICA_PERIOD,
     STRAGGLER_FACTOR,
+    SYNC_VARIANTS,
     TARGET,
+    THREADS_PER_DEVICE,
     TUNING_SEEDS,
 )
 from benchmarks.delays_network import NETWORK
@@ -64,12 +91,14 @@ SEEDS = (0, 1, 2, 3, 4)  # reported
 QUICK_SEEDS = (0, 1)
 QUICK_EPOCHS = 2.0
 QUICK_WORKERS = (16,)
+# The calibration every run is timed with: the delays protocol's committed one.
+CALIBRATION_CACHE = "bench_results/delays/cache"
 
-# The straggler is the delays protocol's (3x), on device 0, for the whole run.
-STRAGGLER = f"slow:0x{STRAGGLER_FACTOR:g}@0-1"
-# Per device per budget: departures (leave and crash) at 3, a departed device back after
-# 1/30 of the budget, one slow episode of 3x lasting 1/20 of the budget (see the module docstring).
-CHURN = {"leave": 1.5, "crash": 1.5, "join": 30.0, "slow": f"1x{STRAGGLER_FACTOR:g}", "slowfor": 0.05}
+# Virtual seconds every run of a W's cells places its fleet events on (module docstring).
+HORIZON_S = {16: 0.25, 64: 0.4}
+EPOCHS_BY_W = {16: EPOCHS, 64: 2 * EPOCHS}
+# Per device per virtual second (module docstring); ``churn`` turns them into per horizon.
+CHURN_PER_S = {"leave": 24.0, "crash": 24.0, "join": 750.0, "slow": 25.0, "slowfor_s": 0.002}
 FLEETS = ("straggler", "churn")
 
 ASYNC_LOCAL_PERIOD = 4  # local steps per round, the period of the delays protocol's averaging rows
@@ -81,37 +110,59 @@ WORKERS_PER_MOMENTUM = "W"  # --outer-momentum-every: filled in with the run's W
 _ASYNC_LOCAL = {"algo": "async-local", "period": ASYNC_LOCAL_PERIOD}
 _DN = {"outer_optimizer": "delayed-nesterov", "outer_lr": DN_OUTER_LR, "outer_momentum_every": WORKERS_PER_MOMENTUM}
 _DYLU = {"local_steps": "dynamic"}
+_STREAMING = {"fragments": STREAMING_FRAGMENTS}
 
+SYNC_BEST = "sync-best"
 # Each row's Config overrides (``threads_per_device`` and ``backup_share`` as ``delays``'
-# ``time_to_target`` reads them) and what the page calls it.
+# ``time_to_target`` reads them) and what the page calls it. ``sync-best`` runs one of
+# ``VARIANTS[row]`` (``delays``' algorithms), the one tuned best.
 ROWS: dict[str, dict[str, Any]] = {
-    "sync-backup": ALGORITHMS["sync-backup"],
+    SYNC_BEST: ALGORITHMS["sync"],
     "sync-deadline": {"algo": "sync", "deadline": "adaptive"},
     "dasgd": ALGORITHMS["dasgd"],
     "dasgd-eager": {**ALGORITHMS["dasgd"], "merge": "eager"},
     "local": {"algo": "local", "period": LOCAL_PERIOD},
-    "local-streaming": {"algo": "local", "period": LOCAL_PERIOD, "fragments": STREAMING_FRAGMENTS},
+    "local-streaming": {"algo": "local", "period": LOCAL_PERIOD, **_STREAMING},
     "async-local": _ASYNC_LOCAL,
+    "async-local-streaming": {**_ASYNC_LOCAL, **_STREAMING},
     "async-local-dn": {**_ASYNC_LOCAL, **_DN},
     "async-local-dylu": {**_ASYNC_LOCAL, **_DYLU},
     "async-local-dn-dylu": {**_ASYNC_LOCAL, **_DN, **_DYLU},
     "pdasgd-rep": ALGORITHMS["pdasgd-rep"],
     "lpp": ALGORITHMS["lpp"],
 }
+VARIANTS: dict[str, tuple[str, ...]] = {SYNC_BEST: SYNC_VARIANTS}
 LABELS: dict[str, str] = {
-    "sync-backup": f"sync (W/{1 / BACKUP_SHARE:g} backup workers)",
+    SYNC_BEST: "sync (best b)",
     "sync-deadline": "sync (adaptive deadline)",
     "dasgd": "DaSGD",
     "dasgd-eager": "DaSGD (eager merge)",
     "local": "local SGD",
     "local-streaming": f"local SGD (streaming, {STREAMING_FRAGMENTS} fragments)",
     "async-local": "async-local",
+    "async-local-streaming": f"async-local (streaming, {STREAMING_FRAGMENTS} fragments)",
     "async-local-dn": "async-local + DN",
     "async-local-dylu": "async-local + DyLU",
     "async-local-dn-dylu": "async-local + DN + DyLU",
     "pdasgd-rep": "replicated PD-ASGD",
     "lpp": "LPP-SGD",
 }
+# What a row's figure leaves untuned or gives it that others lack, said beside it on the page.
+_SERVER = "W + 1 devices: the server never fails and its link is not shared"
+
+
+def _note(row: str) -> str:
+    config, parts = ROWS[row], []
+    if config["algo"] == "async-local":
+        parts.append(_SERVER)
+    if config.get("replication") == "replicas":
+        parts.append(f"H = {REPLICA_PERIOD}, d = {REPLICA_DELAY} (not tuned)")
+    if config.get("outer_optimizer") == "delayed-nesterov":
+        parts.append(f"outer lr {DN_OUTER_LR:g} (not tuned)")
+    return "; ".join(parts)
+
+
+ROW_NOTES: dict[str, str] = {row: note for row in ROWS if (note := _note(row))}
 # Rate grids: ``delays``' own where the row is one of its algorithms; local SGD's local steps are
 # DaSGD's plain SGD steps. Async-local with outer SGD applies each replica's whole progress at
 # every arrival, about W times local SGD's step per round, so its inner rates sit a step below the
@@ -121,13 +172,14 @@ LABELS: dict[str, str] = {
 _ASYNC_LOCAL_LRS = (LRS["asgd"][0] / 4, *LRS["asgd"][:3])
 _DN_LRS = LRS["dasgd"]
 LRS_BY_ROW: dict[str, tuple[float, ...]] = {
-    "sync-backup": LRS["sync-backup"],
+    SYNC_BEST: LRS["sync"],
     "sync-deadline": LRS["sync"],
     "dasgd": LRS["dasgd"],
     "dasgd-eager": LRS["dasgd"],
     "local": LRS["dasgd"],
     "local-streaming": LRS["dasgd"],
     "async-local": _ASYNC_LOCAL_LRS,
+    "async-local-streaming": _ASYNC_LOCAL_LRS,
     "async-local-dn": _DN_LRS,
     "async-local-dylu": _ASYNC_LOCAL_LRS,
     "async-local-dn-dylu": _DN_LRS,
@@ -136,9 +188,19 @@ LRS_BY_ROW: dict[str, tuple[float, ...]] = {
 }
 
 
+def threads_text(row: str) -> str:
+    """A row's workers per device (``threads_per_device``; PD-ASGD's own forward and backward
+    workers, which the baselines' three threads match), and async-local's server device."""
+    config = ROWS[row]
+    own = THREADS_PER_DEVICE if config["algo"] == "pdasgd" else 1
+    text = f"{config.get('threads_per_device', own)} per device"
+    return text + " + a server device" if config["algo"] == "async-local" else text
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """A fleet of ``workers`` devices under ``fleet`` (one of ``FLEETS``), the network priced."""
+    """A fleet of ``workers`` devices (one of ``WORKERS``) under ``fleet`` (one of ``FLEETS``),
+    the network priced, its events on ``horizon`` virtual seconds."""
 
     workers: int
     fleet: str
@@ -146,20 +208,26 @@ class Scenario:
     def __post_init__(self):
         if self.fleet not in FLEETS:
             raise ValueError(f"fleet {self.fleet!r} is not one of {', '.join(FLEETS)}")
-        if not (isinstance(self.workers, int) and self.workers >= 2):
-            raise ValueError(f"workers {self.workers!r} must be an integer >= 2")
+        if self.workers not in HORIZON_S:
+            raise ValueError(f"workers {self.workers!r}: choose among {', '.join(map(str, HORIZON_S))}")
 
     @property
     def name(self) -> str:
         """``W=16 straggler``."""
         return f"W={self.workers} {self.fleet}"
 
+    @property
+    def horizon(self) -> float:
+        """The ``--fleet-horizon`` of every run of this scenario."""
+        return HORIZON_S[self.workers]
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """How much of the protocol a command runs: the budget, seeds, grids and cells."""
+    """How much of the protocol a command runs: the budget (``epochs``; None: ``EPOCHS_BY_W``),
+    seeds, grids and cells."""
 
-    epochs: float = EPOCHS
+    epochs: float | None = None
     seeds: tuple[int, ...] = SEEDS
     tuning_seeds: tuple[int, ...] = TUNING_SEEDS
     max_widenings: int = MAX_WIDENINGS
@@ -173,6 +241,9 @@ class Settings:
             bad = [x for x in given if x not in allowed]
             if bad or not given:
                 raise ValueError(f"{kind}s {', '.join(bad) or '(none)'}: choose among {', '.join(allowed)}")
+        bad_w = [w for w in self.workers if w not in EPOCHS_BY_W]
+        if bad_w or not self.workers:
+            raise ValueError(f"workers {bad_w or '(none)'}: choose among {', '.join(map(str, EPOCHS_BY_W))}")
         if not (self.seeds and self.tuning_seeds):
             raise ValueError(
                 f"seeds {self.seeds} and tuning seeds {self.tuning_seeds}: each needs at least one (every rate is "
@@ -183,6 +254,10 @@ class Settings:
                 f"seeds {sorted(set(self.seeds) & set(self.tuning_seeds))} are both reported and tuning seeds: "
                 "a rate tuned on a reported seed would bias it"
             )
+
+    def budget(self, workers: int) -> float:
+        """The epochs a run on ``workers`` devices may take."""
+        return self.epochs if self.epochs is not None else EPOCHS_BY_W[workers]
 
     def lrs(self, row: str) -> tuple[float, ...]:
         """``row``'s rate grid (``quick``: its middle rate alone)."""
@@ -207,43 +282,76 @@ def quick_settings(**changes: Any) -> Settings:
     return Settings(**{**base, **changes})
 
 
-def fleet_spec(fleet: str, seed: int) -> str:
-    """The ``--fleet`` of a run of ``fleet`` with ``seed``: the churn is drawn from the run's seed."""
+def straggler(workers: int) -> str:
+    """The straggler fleet on ``workers`` devices: the last one, ``STRAGGLER_FACTOR`` times slower throughout."""
+    return f"slow:{workers - 1}x{STRAGGLER_FACTOR:g}@0-1"
+
+
+def churn(workers: int) -> dict[str, Any]:
+    """``CHURN_PER_S`` as ``--fleet``'s churn keys take them: per device per horizon of ``workers``."""
+    horizon = HORIZON_S[workers]
+    rates = {k: CHURN_PER_S[k] * horizon for k in ("leave", "crash", "join")}
+    return {
+        **rates,
+        "slow": f"{CHURN_PER_S['slow'] * horizon:g}x{STRAGGLER_FACTOR:g}",
+        "slowfor": CHURN_PER_S["slowfor_s"] / horizon,
+    }
+
+
+def fleet_spec(fleet: str, seed: int, workers: int) -> str:
+    """The ``--fleet`` of a run of ``fleet`` on ``workers`` devices with ``seed``: the churn is
+    drawn from the run's seed."""
     if fleet == "straggler":
-        return STRAGGLER
+        return straggler(workers)
     if fleet == "churn":
-        return (
-            "churn:"
-            + ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in CHURN.items())
-            + (f",seed={seed}")
-        )
+        keys = ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in churn(workers).items())
+        return f"churn:{keys},seed={seed}"
     raise ValueError(f"fleet {fleet!r} is not one of {', '.join(FLEETS)}")
 
 
-def overrides(row: str, scenario: Scenario, seed: int) -> dict[str, Any]:
-    """``row``'s ``Config`` overrides for one run of ``scenario`` with ``seed`` (its fleet and,
-    for Delayed Nesterov, momentum every ``W`` arrivals)."""
-    out = {**ROWS[row], "fleet": fleet_spec(scenario.fleet, seed)}
+def overrides(row: str, scenario: Scenario, seed: int, variant: str | None = None) -> dict[str, Any]:
+    """``row``'s ``Config`` overrides for one run of ``scenario`` with ``seed`` (its fleet on the
+    scenario's horizon and, for Delayed Nesterov, momentum every ``W`` arrivals); ``variant``:
+    one of ``VARIANTS[row]`` (``delays``' algorithm) in place of the row's own."""
+    if variant is not None and variant not in VARIANTS.get(row, ()):
+        raise ValueError(
+            f"variant {variant!r} of row {row!r}: choose among {', '.join(VARIANTS.get(row, ())) or 'none'}"
+        )
+    base = ALGORITHMS[variant] if variant is not None else ROWS[row]
+    out = {
+        **base,
+        "fleet": fleet_spec(scenario.fleet, seed, scenario.workers),
+        "fleet_horizon": scenario.horizon,
+    }
     if out.get("outer_momentum_every") == WORKERS_PER_MOMENTUM:
         out["outer_momentum_every"] = scenario.workers
     return out
 
 
 __all__ = [
-    "CHURN",
+    "CALIBRATION_CACHE",
+    "CHURN_PER_S",
+    "EPOCHS_BY_W",
     "FLEETS",
+    "HORIZON_S",
     "LABELS",
     "LRS_BY_ROW",
     "NAME",
     "NETWORK",
     "ROWS",
+    "ROW_NOTES",
     "SEEDS",
-    "STRAGGLER",
+    "SYNC_BEST",
     "TARGET",
+    "THREADS_PER_DEVICE",
+    "VARIANTS",
     "WORKERS",
     "Scenario",
     "Settings",
+    "churn",
     "fleet_spec",
     "overrides",
     "quick_settings",
+    "straggler",
+    "threads_text",
 ]

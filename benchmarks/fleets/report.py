@@ -4,10 +4,12 @@ from a raw file (``render``), and the results page's section from the newest one
 
 Every interval is the results page's (``benchmarks.scripts.results_common``): a row's mean
 time with its log-scale 95 % interval over the reported seeds, and its ratio to the
-scenario's fastest row with the log-ratio interval. The fastest row of a scenario is picked
-on the tuning seeds (its mean time there at its chosen rate, as ``delays`` picks its best
-asynchronous baseline), among the rows that reached the target on every reported seed:
-picking the smallest of several noisy means on the reported seeds would favour it on them.
+scenario's reference row with the log-ratio interval, each per row with no multiplicity
+correction. The reference of a scenario is picked on the tuning seeds (its mean time there at
+its chosen rate, as ``delays`` picks its best asynchronous baseline), among the rows that
+reached the target on every reported seed: picking the smallest of several noisy means on the
+reported seeds would favour it on them. Where a row is faster than it on the reported seeds,
+the paragraph names no single fastest.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import pathlib
 from typing import Any
 
 from benchmarks.delays.cells import tuned_time
-from benchmarks.fleets.protocol import FLEETS, LABELS, NAME, ROWS, WORKERS
+from benchmarks.delays.protocol import ALGORITHMS
+from benchmarks.fleets.protocol import FLEETS, LABELS, NAME, ROW_NOTES, ROWS, WORKERS, threads_text
 from benchmarks.scripts.results_common import fmt, mean_ci95, missed, ratio_ci95, table
 from pdasgd_jax.delays.fleet import parse_fleet
 
@@ -29,10 +32,12 @@ SLOWER = "slower"
 FASTER = "faster on the reported seeds"
 NOT_SETTLED = "not settled"
 MISSED = "missed the target"
+UNTUNED = "untuned: no rate of the grid reached the target"
 REFUSED = "not supported yet"
 FAILED = "run failed"
 # The notes under the tables: each refusal (R) and failure (F) once.
 NOTE_PREFIX = {REFUSED: "R", FAILED: "F"}
+NOTE_CHARS = 300
 
 
 def _scenario_key(cell: dict[str, Any]) -> tuple[int, str]:
@@ -63,11 +68,13 @@ def verdict(cell: dict[str, Any], reference: dict[str, Any] | None) -> tuple[str
     if not _ran(cell):
         return REFUSED, REFUSED
     if not _reached(cell):
+        if cell.get("untuned"):
+            return MISSED, f"{UNTUNED} on the tuning seeds"
         return MISSED, f"{MISSED} on {missed(cell['times'])} of {len(cell['times'])} seeds"
     if reference is None:
         return NOT_SETTLED, "no reference: no row reached the target on every seed"
     if cell is reference:
-        return FASTEST, "fastest (picked on the tuning seeds)"
+        return FASTEST, "reference (picked on the tuning seeds)"
     ratio = ratio_ci95(cell["times"], reference["times"])
     _, lo, hi = ratio
     figure = fmt(ratio, suffix="x")
@@ -97,14 +104,32 @@ def _note_text(cell: dict[str, Any], kind: str) -> str:
     every scenario."""
     key = "refused" if kind == REFUSED else "failed"
     text, fleet = cell[key], cell.get(f"{key}_fleet")
-    return text.replace(fleet, "FLEET") if fleet else text
+    text = text.replace(fleet, "FLEET") if fleet else text
+    # A message listing every drawn event of a churn would fill the page: the raw file keeps it whole.
+    return text if len(text) <= NOTE_CHARS else text[:NOTE_CHARS] + " ... (whole message in the raw file)"
+
+
+def variant_text(variant: str | None) -> str:
+    """A sync variant (``delays``' algorithm) as its backup workers: ``b = W/4``, ``b = 0``."""
+    if variant is None:
+        return ""
+    share = ALGORITHMS[variant].get("backup_share", 0.0)
+    return f"b = W/{1 / share:g}" if share else "b = 0"
 
 
 def _time(cell: dict[str, Any]) -> str:
     if not _ran(cell):
         return "-"
     value, lo, hi = mean_ci95(cell["times"])
-    rate = f"lr {cell['lr']:g}" + (", edge" if cell.get("edge") else "") + (", untuned" if cell.get("untuned") else "")
+    tried = ", ".join(f"{float(r):g}" for r in cell.get("rates_tried", cell.get("tuning", {})))
+    rate = f"lr {cell['lr']:g} of {tried}" + (", edge" if cell.get("edge") else "")
+    if cell.get("variant"):
+        rate += f", {variant_text(cell['variant'])} won"
+    if cell.get("failed_rates"):
+        rate += ", failed at lr " + ", ".join(sorted({f"{f['lr']:g}" for f in cell["failed_rates"]}))
+    past = sum(cell.get("past_horizon", []))
+    if past:
+        rate += f"; past the horizon on {past} seed{'s' if past > 1 else ''}: no churn after it"
     return f"{fmt((value * 1e3, lo * 1e3, hi * 1e3))} ({rate})" if _reached(cell) else f"- ({rate})"
 
 
@@ -124,10 +149,16 @@ def tables(results: dict[str, Any]) -> str:
                     if note not in listed:
                         listed.append(note)
                     text = f"{kind} ({NOTE_PREFIX[kind]}{listed.index(note) + 1})"
-                row = rows.setdefault(cell["row"], {"algorithm": LABELS.get(cell["row"], cell["row"])})
+                row = rows.setdefault(
+                    cell["row"],
+                    {"algorithm": LABELS.get(cell["row"], cell["row"]), "threads": threads_text(cell["row"])},
+                )
                 row[f"{fleet}: ms to target [95 %]"] = _time(cell)
                 row[f"{fleet}: verdict"] = text
         parts.append(f"**W = {workers}**\n\n" + table(list(rows.values())))
+    noted = [r for r in ROWS if r in ROW_NOTES and any(c["row"] == r for c in results["cells"])]
+    if noted:
+        parts.append("Rows: " + "; ".join(f"{LABELS[r]}: {ROW_NOTES[r]}" for r in noted) + ".")
     for kind, title in ((REFUSED, "Refusals"), (FAILED, "Failed runs (defects to fix)")):
         if notes[kind]:
             parts.append(
@@ -137,10 +168,10 @@ def tables(results: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def fleet_text(fleet: str, settings: dict[str, Any]) -> str:
+def fleet_text(fleet: str, settings: dict[str, Any], workers: int) -> str:
     """How the paragraph names ``fleet``, the straggler's factor read from the raw file's own spec."""
     if fleet == "straggler":
-        [window] = parse_fleet(settings["fleet_specs"]["straggler"]).slow
+        [window] = parse_fleet(settings["fleet_specs"][str(workers)]["straggler"]).slow
         return f"a persistent {window.factor:g}x straggler"
     return "random churn" if fleet == "churn" else fleet
 
@@ -151,9 +182,11 @@ def _names(cells: list[dict[str, Any]]) -> str:
 
 
 def which_algorithm(results: dict[str, Any]) -> str:
-    """The "which algorithm for which fleet" paragraph: one templated sentence per scenario from
-    its verdicts (fastest, those within its interval, those that missed, those not supported
-    yet), then, per fleet with more than one size judged, its fastest row at each size."""
+    """The "which algorithm for which fleet" paragraph, among the rows that ran: one templated
+    sentence per scenario from its verdicts (the reference picked on the tuning seeds, or no
+    single fastest where a row beat it on the reported seeds; those within its interval, those
+    that missed, those not supported yet or failed), then, per fleet, a claim across sizes only
+    where one row is the reference at every size judged and every other row is slower at each."""
     verdicts = judged(results)
     sentences = []
     order = {f: i for i, f in enumerate(FLEETS)}
@@ -163,15 +196,18 @@ def which_algorithm(results: dict[str, Any]) -> str:
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for cell, kind, _ in entries:
             by_kind.setdefault(kind, []).append(cell)
-        where = f"Under {fleet_text(fleet, results['settings'])} at W = {workers}"
+        where = f"Under {fleet_text(fleet, results['settings'], workers)} at W = {workers}, among the rows that ran"
         if FASTEST not in by_kind:
             text = f"{where}, no row reached the target on every reported seed"
+        elif FASTER in by_kind:
+            text = (
+                f"{where}, there is no single fastest: {_names(by_kind[FASTEST])} (picked on the tuning seeds) "
+                f"is beaten on the reported seeds by {_names(by_kind[FASTER])}"
+            )
         else:
-            text = f"{where}, {_names(by_kind[FASTEST])} is the fastest"
-            if WITHIN in by_kind or NOT_SETTLED in by_kind:
-                text += f", and {_names(by_kind.get(WITHIN, []) + by_kind.get(NOT_SETTLED, []))} cannot be told from it"
-            if FASTER in by_kind:
-                text += f" ({_names(by_kind[FASTER])} faster on the reported seeds)"
+            text = f"{where}, {_names(by_kind[FASTEST])} is the fastest (picked on the tuning seeds)"
+        if FASTEST in by_kind and (WITHIN in by_kind or NOT_SETTLED in by_kind):
+            text += f", and {_names(by_kind.get(WITHIN, []) + by_kind.get(NOT_SETTLED, []))} cannot be told from it"
         if MISSED in by_kind:
             text += f"; {_names(by_kind[MISSED])} missed the target"
         if REFUSED in by_kind:
@@ -180,33 +216,51 @@ def which_algorithm(results: dict[str, Any]) -> str:
             text += f"; {_names(by_kind[FAILED])} failed to run"
         sentences.append(text + ".")
     for fleet in sorted({f for _, f in verdicts}, key=lambda f: order.get(f, len(order))):
-        best = {
-            w: next(c for c, kind, _ in entries if kind == FASTEST)
-            for (w, f), entries in sorted(verdicts.items())
-            if f == fleet and any(kind == FASTEST for _, kind, _ in entries)
-        }
-        if len(best) < 2:
+        sizes = {w: entries for (w, f), entries in sorted(verdicts.items()) if f == fleet}
+        if len(sizes) < 2:
             continue
-        named = fleet_text(fleet, results["settings"])
-        if len({c["row"] for c in best.values()}) == 1:
-            sentences.append(f"For {named}, {_names(list(best.values())[:1])} is the fastest at every size run.")
-        else:
-            by_size = ", ".join(f"{_names([c])} at W = {w}" for w, c in best.items())
-            sentences.append(f"For {named}, the fastest row changes with the fleet's size: {by_size}.")
+        best = {w: next((c["row"] for c, kind, _ in entries if kind == FASTEST), None) for w, entries in sizes.items()}
+        rows = set(best.values())
+        # Every other row that ran, at every size, slower than the reference (or short of the target).
+        ran = [{c["row"] for c, kind, _ in entries if kind not in (REFUSED, FAILED)} for entries in sizes.values()]
+        others_slower = all(
+            kind in (SLOWER, MISSED)
+            for e in sizes.values()
+            for c, kind, _ in e
+            if c["row"] in ran[0] and c["row"] not in rows
+        )
+        ran_everywhere = all(r == ran[0] for r in ran)
+        if len(rows) == 1 and None not in rows and others_slower and ran_everywhere:
+            named = fleet_text(fleet, results["settings"], min(sizes))
+            label = LABELS.get(next(iter(rows)), next(iter(rows)))
+            sentences.append(
+                f"For {named}, {label} is the fastest at every size run, every other row that ran slower at each."
+            )
     return " ".join(sentences)
 
 
 def header(results: dict[str, Any], raw: str | None = None) -> str:
-    """What the tables measure and where they come from (command, commit, raw file)."""
+    """What the tables measure and where they come from (command with its calibration, commit, raw file)."""
     settings = results["settings"]
     record = results.get("run_record", {})
-    command = " ".join(results.get("command", {}).get("argv", [])) or "(not recorded)"
+    recorded = results.get("command", {})
+    command = " ".join(recorded.get("argv", [])) or "(not recorded)"
+    prefix = f"{recorded['prefix']} " if recorded.get("prefix") else ""
+    sizes = sorted(settings["fleet_specs"], key=int)
+    fleets = "; ".join(
+        f"W = {w}: {settings['epochs'][w]:g} epochs, horizon {settings['horizon_s'][w]:g} s, straggler "
+        f"`{settings['fleet_specs'][w]['straggler']}`, churn `{settings['fleet_specs'][w]['churn']}`"
+        for w in sizes
+    )
+    calibration = results.get("calibration", {})
     text = (
         f"Virtual time to {settings['target']:.0%} test accuracy (digits MLP, network priced as `delays-network`), "
-        f"rates tuned on seeds {settings['tuning_seeds']}, reported seeds {settings['seeds']}, budget "
-        f"{settings['epochs']:g} epochs; fleets: straggler `{settings['fleet_specs']['straggler']}`, churn "
-        f"`{settings['fleet_specs']['churn']}` (seed = the run's). Command `python -m benchmarks {NAME} {command}`"
-        f", commit {record.get('commit') or 'not recorded'}" + (f", raw file `{raw}`" if raw else "") + "."
+        f"rates tuned on seeds {settings['tuning_seeds']}, reported seeds {settings['seeds']}; {fleets} (churn seed "
+        "= the run's; every run of a cell places its fleet events on the same horizon). Intervals: per row, 95 %, "
+        f"no multiplicity correction. Command `{prefix}python -m benchmarks {NAME} {command}`, calibration "
+        f"{calibration.get('fingerprint', 'not recorded')[:24]}, commit {record.get('commit') or 'not recorded'}"
+        + (f", raw file `{raw}`" if raw else "")
+        + "."
     )
     if settings.get("quick"):
         text += " **Quick run: a tiny budget and one rate, a smoke check, not a result.**"

@@ -6,22 +6,24 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 
 import pytest
 
 from benchmarks import __main__ as bench_main
+from benchmarks.delays.protocol import SYNC_VARIANTS
 from benchmarks.delays.simulation import Outcome
 from benchmarks.delays_network import NETWORK
 from benchmarks.fleets import cells, protocol, report
 from benchmarks.fleets.__main__ import main
 from pdasgd_jax.delays.fleet import parse_fleet
-from pdasgd_jax.errors import ConfigError
 
 
 def test_the_protocol_cells_are_the_issues():
     assert protocol.WORKERS == (16, 64) and protocol.FLEETS == ("straggler", "churn")
-    assert protocol.STRAGGLER == "slow:0x3@0-1" and protocol.NETWORK is NETWORK
+    # the straggler on the last device: LPP-SGD's mean runs on device 0
+    assert protocol.straggler(16) == "slow:15x3@0-1" and protocol.NETWORK is NETWORK
     assert [(s.workers, s.fleet) for s in protocol.Settings().scenarios()] == [
         (16, "straggler"),
         (16, "churn"),
@@ -31,13 +33,14 @@ def test_the_protocol_cells_are_the_issues():
     rows = protocol.ROWS
     # The issue's rows, plus local SGD with whole-model merges as streaming's own comparator.
     assert set(rows) == {
-        "sync-backup",
+        "sync-best",
         "sync-deadline",
         "dasgd",
         "dasgd-eager",
         "local",
         "local-streaming",
         "async-local",
+        "async-local-streaming",
         "async-local-dn",
         "async-local-dylu",
         "async-local-dn-dylu",
@@ -45,30 +48,57 @@ def test_the_protocol_cells_are_the_issues():
         "lpp",
     }
     assert set(protocol.LABELS) == set(protocol.LRS_BY_ROW) == set(rows)
-    assert rows["sync-backup"]["backup_share"] > 0 and rows["sync-deadline"]["deadline"] == "adaptive"
+    assert protocol.VARIANTS == {"sync-best": SYNC_VARIANTS} and rows["sync-deadline"]["deadline"] == "adaptive"
+    assert rows["async-local-streaming"]["fragments"] == 3 and rows["async-local-streaming"]["algo"] == "async-local"
     assert rows["dasgd-eager"]["merge"] == "eager" and rows["dasgd"]["algo"] == "dasgd"
     assert rows["local-streaming"]["fragments"] > 1 and rows["local"].get("fragments", 1) == 1
     assert rows["pdasgd-rep"]["replication"] == "replicas" and rows["lpp"]["algo"] == "lpp"
     scenario = protocol.Scenario(64, "straggler")
-    for row in ("async-local", "async-local-dn", "async-local-dylu", "async-local-dn-dylu"):
+    for row in ("async-local", "async-local-dn", "async-local-dylu", "async-local-dn-dylu", "async-local-streaming"):
         o = protocol.overrides(row, scenario, 0)
         assert o["algo"] == "async-local"
         assert (o.get("outer_optimizer") == "delayed-nesterov") == ("dn" in row.split("-"))
         assert (o.get("local_steps") == "dynamic") == row.endswith("dylu")
         if "dn" in row.split("-"):
             assert o["outer_momentum_every"] == 64  # about W arrivals per momentum step
-    assert protocol.overrides("sync-backup", scenario, 3)["fleet"] == protocol.STRAGGLER
+        assert protocol.ROW_NOTES[row].startswith("W + 1 devices: the server never fails")
+        assert protocol.threads_text(row) == "1 per device + a server device"
+    assert protocol.ROW_NOTES["pdasgd-rep"] == "H = 4, d = 2 (not tuned)"
+    assert protocol.threads_text("lpp") == protocol.threads_text("pdasgd-rep") == "3 per device"
+    assert protocol.overrides("sync-best", scenario, 3)["fleet"] == protocol.straggler(64)
+    assert protocol.overrides("sync-best", scenario, 3, "sync-backup-w2")["backup_share"] == 0.5
+    with pytest.raises(ValueError, match="variant 'sync' of row 'local'"):
+        protocol.overrides("local", scenario, 3, "sync")
+
+
+def test_every_run_of_a_size_shares_one_horizon_past_its_longest_run():
+    for workers in protocol.WORKERS:
+        runs = [
+            protocol.overrides(r, protocol.Scenario(workers, f), s)
+            for r in protocol.ROWS
+            for f in protocol.FLEETS
+            for s in (*protocol.SEEDS, *protocol.TUNING_SEEDS)
+        ]
+        assert {o["fleet_horizon"] for o in runs} == {protocol.HORIZON_S[workers]}
+    # the no-event lengths measured at 30 epochs, up to 1.6x under the straggler, at each W's budget
+    assert protocol.HORIZON_S[16] > 1.6 * 0.111 * protocol.EPOCHS_BY_W[16] / 30
+    assert protocol.HORIZON_S[64] > 1.6 * 0.103 * protocol.EPOCHS_BY_W[64] / 30
+    assert protocol.EPOCHS_BY_W[64] >= 2 * 30  # no row's target past about half the budget
+    assert protocol.Settings().budget(64) == 60 and protocol.quick_settings().budget(16) == protocol.QUICK_EPOCHS
 
 
 def test_the_churn_is_drawn_from_the_run_seed_and_has_every_kind():
     churn = protocol.Scenario(16, "churn")
     specs = {s: protocol.overrides("local", churn, s)["fleet"] for s in (*protocol.SEEDS, 100)}
+    # a handful of events before a fast row's target (a few virtual ms) at W = 16, on every seed
+    early = [cells.events(churn, s, until=0.005) for s in protocol.SEEDS]
+    assert all(sum(c.values()) >= 2 for c in early) and sum(c["join"] for c in early) >= 1
     assert all(spec.endswith(f",seed={s}") for s, spec in specs.items())
     counts = [cells.events(churn, s) for s in protocol.SEEDS]
     for c in counts:
         assert c["leave"] + c["crash"] >= 1 and c["slow"] >= 1
     assert sum(c["join"] for c in counts) >= 1 and sum(c["crash"] for c in counts) >= 1
-    # Per device per budget: a fleet four times bigger draws more departures.
+    # Per device per second: a fleet four times bigger draws more departures.
     big = cells.events(protocol.Scenario(64, "churn"), 0)
     assert big["leave"] + big["crash"] > counts[0]["leave"] + counts[0]["crash"]
     assert parse_fleet(specs[0]).churn.seed == 0
@@ -81,64 +111,102 @@ def test_settings_refuse_bad_input():
         protocol.Settings(rows=("nope",))
     with pytest.raises(ValueError, match="fleet 'calm'"):
         protocol.Scenario(16, "calm")
-    assert protocol.quick_settings().lrs("sync-backup") == (0.2,)
+    with pytest.raises(ValueError, match="workers \\[8\\]"):
+        protocol.Settings(workers=(8,))
+    assert protocol.quick_settings().lrs("sync-best") == (0.2,)
 
 
-def _fake_runs(monkeypatch, refuse: set[str] = frozenset()):
-    """Replaces the simulator: a run's time says its seed and rate (seed + lr), so the reported
-    values show which seeds made them; the rows in ``refuse`` raise the library's refusal."""
+def _fake_runs(monkeypatch, fail=lambda algo, lr, seed: False):
+    """Replaces the simulator: a run's time (and length) says its seed and rate (seed + lr), so
+    the reported values show which seeds made them; a run where ``fail`` holds raises once started."""
     calls = []
 
     def fake(algo, workers, k, straggler, lr, seed, epochs, comm, protocol_, give_up_after=None):
-        calls.append((algo, seed, lr, protocol_.algorithms[algo]["fleet"]))
-        if algo in refuse:
-            raise ConfigError(f"--fleet {protocol_.algorithms[algo]['fleet']}: not implemented for --algo {algo}")
+        config = protocol_.algorithms[algo]
+        calls.append((algo, seed, lr, config["fleet"], config["fleet_horizon"], epochs))
+        if fail(algo, lr, seed):
+            raise ValueError("operands could not be broadcast")
         assert comm is NETWORK and k == 0.0 and not straggler
-        return Outcome(float(seed) + lr, 0.0, 1.0, 0.95, examples_to_target=100.0)
+        time = float(seed) + lr + (0.0 if config.get("backup_share") == 0.25 else 1.0) * (algo != "local")
+        return Outcome(time, 0.0, 1.0, 0.95, run_time=time, examples_to_target=100.0)
 
     monkeypatch.setattr(cells, "time_to_target", fake)
+    monkeypatch.setattr(cells, "train_size", lambda seed, lr: 1000)
     return calls
 
 
 def test_tuning_seeds_never_appear_in_the_reported_values(monkeypatch):
     calls = _fake_runs(monkeypatch)
-    settings = protocol.Settings(rows=("sync-backup",), workers=(16,))
-    c = cells.run_cell("sync-backup", protocol.Scenario(16, "churn"), settings)
+    settings = protocol.Settings(rows=("local",), workers=(16,))
+    scenario = protocol.Scenario(16, "churn")
+    c = cells.run_cell("local", scenario, settings)
     # time = seed + lr: the smallest rate wins, the grid widened down from its edge
-    assert c["lr"] == min(c["tuning"]) < min(protocol.LRS_BY_ROW["sync-backup"]) and c["edge"]
+    assert c["lr"] == min(c["tuning"]) < min(protocol.LRS_BY_ROW["local"]) and c["edge"]
+    assert c["rates_tried"] == sorted(c["tuning"]) and c["variant"] is None and not c["untuned"]
     assert c["seeds"] == list(protocol.SEEDS) and c["tuning_seeds"] == list(protocol.TUNING_SEEDS)
     assert c["times"] == [s + c["lr"] for s in protocol.SEEDS]
     assert not set(c["seeds"]) & set(c["tuning_seeds"])
     reported = [call for call in calls if call[1] in protocol.SEEDS]
     assert [call[1] for call in reported] == list(protocol.SEEDS) and calls[-len(reported) :] == reported
     assert {call[1] for call in calls[: -len(reported)]} == set(protocol.TUNING_SEEDS)
-    # each run's churn is drawn from its own seed
+    # each run's churn is drawn from its own seed, on the cell's one horizon, over W's budget
     assert all(call[3].endswith(f",seed={call[1]}") for call in calls)
-    assert c["fleet_specs"] == [protocol.fleet_spec("churn", s) for s in protocol.SEEDS]
+    assert {call[4] for call in calls} == {protocol.HORIZON_S[16]} and {call[5] for call in calls} == {30.0}
+    assert c["fleet_specs"] == [protocol.fleet_spec("churn", s, 16) for s in protocol.SEEDS]
+    # a run longer than the horizon met no churn event after it: flagged, per seed
+    assert c["past_horizon"] == [t > protocol.HORIZON_S[16] for t in c["times"]] == [False, True, True, True, True]
+    assert c["budget_share"] == [100.0 / (30 * 1000)] * len(protocol.SEEDS)
+    assert c["events_before_target"][0] == cells.events(scenario, 0, until=c["times"][0])
+    assert c["events_before_target"][1] == c["events"][1]  # seed 1 ran past the horizon: every event
 
 
-def test_a_refused_row_is_recorded_with_its_message(monkeypatch):
-    _fake_runs(monkeypatch, refuse={"lpp"})
-    settings = protocol.Settings(rows=("sync-backup", "lpp"), workers=(16,), fleets=("straggler",))
-    c = cells.run_cell("lpp", protocol.Scenario(16, "straggler"), settings)
-    assert c["refused"] == "--fleet slow:0x3@0-1: not implemented for --algo lpp"
-    assert c["refused_fleet"] == protocol.STRAGGLER and "times" not in c
-    results = {
-        "settings": _settings(),
-        "cells": [cells.run_cell("sync-backup", protocol.Scenario(16, "straggler"), settings), c],
-    }
+def test_sync_at_its_strongest_picks_its_backup_workers_on_the_tuning_seeds(monkeypatch):
+    calls = _fake_runs(monkeypatch)
+    settings = protocol.Settings(rows=("sync-best",), workers=(16,), max_widenings=0)
+    c = cells.run_cell("sync-best", protocol.Scenario(16, "straggler"), settings)
+    assert c["variant"] == "sync-backup" and set(c["variants"]) == set(SYNC_VARIANTS)
+    assert {call[0] for call in calls if call[1] in protocol.TUNING_SEEDS} == set(SYNC_VARIANTS)
+    assert {call[0] for call in calls if call[1] in protocol.SEEDS} == {"sync-backup"}
+    text = report.render({"settings": _settings(), "cells": [c]})
+    assert "b = W/4 won" in text and "sync (best b)" in text
+
+
+def test_a_refused_row_is_refused_by_validate_before_any_run(monkeypatch):
+    calls = _fake_runs(monkeypatch)
+    settings = protocol.Settings(rows=("local", "async-local-streaming"), workers=(16,))
+    c = cells.run_cell("async-local-streaming", protocol.Scenario(16, "churn"), settings)
+    assert "a replica that joins pulls the whole model" in c["refused"] and not calls
+    assert c["refused_fleet"].startswith("churn:") and "times" not in c
+    # under the straggler it runs
+    ran = cells.run_cell("async-local-streaming", protocol.Scenario(16, "straggler"), settings)
+    assert "refused" not in ran and len(ran["times"]) == len(protocol.SEEDS)
+    results = {"settings": _settings(), "cells": [cells.run_cell("local", protocol.Scenario(16, "churn"), settings), c]}
     text = report.render(results)
-    assert "not supported yet (R1)" in text and "R1: --fleet FLEET: not implemented for --algo lpp" in text
-    assert "LPP-SGD is not supported yet" in text
+    assert "not supported yet (R1)" in text and "R1: --fleet FLEET: a replica that joins" in text
+    assert "async-local (streaming, 3 fragments) is not supported yet" in text
+    assert "join:" in c["refused"] and "(whole message in the raw file)" in text
+
+
+def test_an_error_once_a_run_started_is_a_failure_of_that_rate_only(monkeypatch):
+    top = max(protocol.LRS_BY_ROW["local"])
+    _fake_runs(monkeypatch, fail=lambda algo, lr, seed: lr == top)
+    settings = protocol.Settings(rows=("local",), workers=(16,), fleets=("churn",))
+    c = cells.run_cell("local", protocol.Scenario(16, "churn"), settings)
+    assert "failed" not in c and "refused" not in c and len(c["times"]) == len(protocol.SEEDS)
+    [failure] = c["failed_rates"]
+    assert failure["lr"] == top and failure["failed"].startswith("ValueError: operands could not be broadcast")
+    assert c["tuning"][top] == math.inf
+    assert f"failed at lr {top:g}" in report.render({"settings": _settings(), "cells": [c]})
 
 
 def _settings() -> dict:
     return {
         "target": 0.9,
-        "epochs": 30.0,
+        "epochs": {"16": 30.0, "64": 60.0},
+        "horizon_s": {"16": 0.25, "64": 0.4},
         "seeds": [0, 1, 2],
         "tuning_seeds": [100, 101],
-        "fleet_specs": {"straggler": protocol.STRAGGLER, "churn": "churn:..."},
+        "fleet_specs": {str(w): {"straggler": protocol.straggler(w), "churn": "churn:..."} for w in (16, 64)},
     }
 
 
@@ -155,30 +223,47 @@ def _cell(row: str, times: list[float | None], tuned: float, fleet: str = "strag
 
 
 def test_verdicts_against_the_fastest_picked_on_the_tuning_seeds():
-    fast = _cell("sync-backup", [1.0, 1.1, 0.9], tuned=1.0)
+    fast = _cell("sync-best", [1.0, 1.1, 0.9], tuned=1.0)
     near = _cell("local", [1.0, 1.2, 0.8], tuned=2.0)
     slow = _cell("lpp", [3.0, 3.1, 2.9], tuned=3.0)
     # the best reported mean, but slower on the tuning seeds: not the reference
     lucky = _cell("dasgd", [0.5, 0.5, 0.6], tuned=9.0)
     miss = _cell("pdasgd-rep", [1.0, None, 1.0], tuned=0.5)
+    untuned = {**_cell("async-local-dn", [None, None, None], tuned=math.inf), "untuned": True}
     refused = {"row": "async-local", "workers": 16, "fleet": "straggler", "refused": "no", "refused_fleet": "x"}
-    results = {"settings": _settings(), "cells": [fast, near, slow, lucky, miss, refused]}
+    results = {"settings": _settings(), "cells": [fast, near, slow, lucky, miss, untuned, refused]}
     [(key, entries)] = report.judged(results).items()
     kinds = {c["row"]: kind for c, kind, _ in entries}
     assert key == (16, "straggler")
     assert kinds == {
-        "sync-backup": report.FASTEST,
+        "sync-best": report.FASTEST,
         "local": report.WITHIN,
         "lpp": report.SLOWER,
         "dasgd": report.FASTER,
         "pdasgd-rep": report.MISSED,
+        "async-local-dn": report.MISSED,
         "async-local": report.REFUSED,
     }
     texts = {c["row"]: text for c, _, text in entries}
     assert texts["lpp"].startswith("slower: 3.00x [") and texts["pdasgd-rep"] == "missed the target on 1 of 3 seeds"
+    assert texts["async-local-dn"] == "untuned: no rate of the grid reached the target on the tuning seeds"
     paragraph = report.which_algorithm(results)
-    assert paragraph.startswith("Under a persistent 3x straggler at W = 16, sync (W/4 backup workers) is the fastest")
-    assert "async-local is not supported yet" in paragraph and "replicated PD-ASGD missed the target" in paragraph
+    # DaSGD beat the reference on the reported seeds: no single fastest
+    assert paragraph.startswith(
+        "Under a persistent 3x straggler at W = 16, among the rows that ran, there is no single fastest: sync "
+        "(best b) (picked on the tuning seeds) is beaten on the reported seeds by DaSGD, and local SGD cannot be "
+        "told from it"
+    )
+    assert "async-local is not supported yet" in paragraph and "replicated PD-ASGD and" in paragraph
+    calm = report.which_algorithm({**results, "cells": [fast, near, slow]})
+    assert calm.startswith(
+        "Under a persistent 3x straggler at W = 16, among the rows that ran, sync (best b) is the fastest (picked on "
+        "the tuning seeds), and local SGD cannot be told from it."
+    )
+    text = report.render(results)
+    assert "| 3 per device |" in text and "1 per device + a server device" in text
+    assert "async-local + DN: W + 1 devices: the server never fails and its link is not shared; outer lr 0.7" in text
+    assert "per row, 95 %, no multiplicity correction" in text
 
 
 def test_no_raw_file_no_section(tmp_path):
@@ -188,7 +273,7 @@ def test_no_raw_file_no_section(tmp_path):
 @pytest.mark.timeout(240)
 def test_quick_command_writes_a_raw_file_whose_section_renders(tmp_path):
     out = tmp_path / report.RAW_DIR
-    argv = ["--quick", "--out", str(out), "--only", "sync-backup", "--no-progress"]
+    argv = ["--quick", "--out", str(out), "--only", "sync-best", "--no-progress"]
     assert bench_main.main(["fleets", *argv]) == 0
     [raw] = sorted(out.glob("*/fleets-*.json"))
     results = json.loads(raw.read_text())
@@ -196,19 +281,31 @@ def test_quick_command_writes_a_raw_file_whose_section_renders(tmp_path):
     record = results["run_record"]
     assert set(record) >= {"commit", "machine", "load_average", "elapsed_s"}
     assert [(c["workers"], c["fleet"], c["row"]) for c in results["cells"]] == [
-        (16, "straggler", "sync-backup"),
-        (16, "churn", "sync-backup"),
+        (16, "straggler", "sync-best"),
+        (16, "churn", "sync-best"),
     ]
+    assert (
+        results["calibration"]["fingerprint"] and results["calibration"]["expected_cache"] == protocol.CALIBRATION_CACHE
+    )
+    assert results["calibration"]["xdg_cache_home"] == os.environ.get("XDG_CACHE_HOME")
     for c in results["cells"]:
         assert "refused" not in c and len(c["times"]) == len(protocol.QUICK_SEEDS)
         assert c["tuning_seeds"] == [100] and set(c["tuning"]) == {"0.2"}
         assert all(t is None or (math.isfinite(t) and t > 0) for t in c["times"])
     section = report.render(results, raw.relative_to(tmp_path).as_posix())
-    assert "**W = 16**" in section and "Quick run" in section and "sync (W/4 backup workers)" in section
+    assert "**W = 16**" in section and "Quick run" in section and "sync (best b)" in section
     assert f"raw file `{raw.relative_to(tmp_path).as_posix()}`" in section
     assert "Which algorithm for which fleet" in section
     assert raw.with_suffix(".md").read_text().startswith("Virtual time to 90% test accuracy")
     assert report.results_section(tmp_path) is None  # a quick run is never the page's
+
+
+def test_a_full_run_refuses_another_calibration_than_the_committed_one(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["--out", str(tmp_path), "--only", "local", "--workers", "16"]) == 2
+    err = capsys.readouterr().err
+    assert f"XDG_CACHE_HOME={tmp_path}:" in err and "XDG_CACHE_HOME=bench_results/delays/cache python" in err
+    assert not list(tmp_path.iterdir())  # refused before any work
 
 
 def test_the_command_refuses_unknown_rows(capsys):
@@ -249,26 +346,31 @@ def test_a_failed_run_is_recorded_and_the_benchmark_goes_on(monkeypatch):
     settings = protocol.Settings(rows=("local",), workers=(16,), fleets=("churn",))
     c = cells.run_cell("local", protocol.Scenario(16, "churn"), settings)
     assert c["failed"].startswith("TypeError: unsupported operand (lr ") and c["failed_fleet"].startswith("churn:")
+    # every rate of the grid was tried and recorded before the reported runs failed too
+    assert {f["lr"] for f in c["failed_rates"]} == set(protocol.LRS_BY_ROW["local"]) and c["untuned"]
     text = report.render({"settings": _settings(), "cells": [c]})
     assert "run failed (F1)" in text and "F1: TypeError: unsupported operand" in text
     assert "local SGD failed to run" in text
 
 
 def test_the_paragraph_says_which_row_is_fastest_at_each_size():
-    def at(workers, row, tuned):
-        return {**_cell(row, [1.0, 1.1, 0.9], tuned), "workers": workers}
+    def at(workers, row, tuned, times=(1.0, 1.1, 0.9)):
+        return {**_cell(row, list(times), tuned), "workers": workers}
 
+    slow = (3.0, 3.1, 2.9)
     same = {
         "settings": _settings(),
-        "cells": [at(16, "lpp", 1), at(16, "local", 2), at(64, "lpp", 1), at(64, "local", 2)],
+        "cells": [at(16, "lpp", 1), at(16, "local", 2, slow), at(64, "lpp", 1), at(64, "local", 2, slow)],
     }
     assert report.which_algorithm(same).endswith(
-        "For a persistent 3x straggler, LPP-SGD is the fastest at every size run."
+        "For a persistent 3x straggler, LPP-SGD is the fastest at every size run, every other row that ran slower at "
+        "each."
     )
+    # a row within the reference's interval at one size: no claim across sizes
+    close = {**same, "cells": [*same["cells"][:3], at(64, "local", 2)]}
     changes = {
         "settings": _settings(),
-        "cells": [at(16, "lpp", 1), at(16, "local", 2), at(64, "lpp", 2), at(64, "local", 1)],
+        "cells": [at(16, "lpp", 1), at(16, "local", 2, slow), at(64, "lpp", 2, slow), at(64, "local", 1)],
     }
-    assert report.which_algorithm(changes).endswith(
-        "the fastest row changes with the fleet's size: LPP-SGD at W = 16, local SGD at W = 64."
-    )
+    for results in (close, changes):
+        assert "every size" not in report.which_algorithm(results)

@@ -183,7 +183,7 @@ class Device:
         """A gate opened: admits the next waiting kernel, in this instant's start phase."""
         if self._waiting and not self._admit_pending and not self._solo_busy:
             self._admit_pending = True
-            self.scheduler.call(START, self._admit)
+            self.scheduler._starts.append((self._admit, ()))  # ``call(START, ...)``: once per gate a device waited on
 
     def _advance(self) -> None:
         """Charges the work done since the last change of the running set."""

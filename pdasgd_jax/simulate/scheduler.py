@@ -185,7 +185,12 @@ class Scheduler:
                     self._starts.append((self._start_sleep, (proc, req)))
                     return
                 if req.duration > 0:
-                    self.call_at(self.now + req.duration, END, self.resume, proc)
+                    # ``call_at`` inlined: an idle time or a transfer ends most jobs' parts.
+                    wake = self.now + req.duration
+                    if wake > self.now:
+                        heappush(self._heap, (wake, END, next(self._seq), self.resume, (proc,)))
+                    else:
+                        ends.append((self.resume, (proc,)))
                     return
             elif kind is Get:
                 ch = req.channel
@@ -248,7 +253,7 @@ class Countdown:
         self.left -= 1
         if self.waiter is not None and not self._checking:
             self._checking = True
-            self._scheduler.call(END, self._check)  # a wake-up, among the instant's writes
+            self._scheduler._ends.append((self._check, ()))  # a wake-up, among the instant's writes (``call``)
 
     def _check(self) -> None:
         self._checking = False

@@ -91,6 +91,19 @@ class CompiledRun:
     plan: Plan
 
 
+def chunk_capacity(longest: int) -> int:
+    """The steps one compiled call holds for segments of at most ``longest`` steps: one
+    capacity for every chunk of a run (one compilation), shared by runs of similar segments.
+    A power of two up to 64 steps; above, one of 8 sizes per power of two, so that a chunk's
+    inputs (its batches, stacked on the host and copied to the device) are padded by at
+    most an eighth."""
+    longest = max(longest, 1)
+    if longest <= 64:
+        return 1 << (longest - 1).bit_length()
+    unit = 1 << (longest.bit_length() - 4)
+    return -(-longest // unit) * unit
+
+
 def make_plan(schedule: Schedule, cuts: Sequence[int] = ()) -> Plan | LivePlan | StatefulPlan:
     """``schedule`` packed into steps with segments ending at ``cuts``: a ``LivePlan`` where its
     backwards re-read their stage (``live_plan``), a ``StatefulPlan`` where its jobs commit
@@ -111,7 +124,7 @@ class Segments:
         the last ends when every job is done.
       memory_limit_bytes: the most the rings may take (``ring_bytes``).
       max_chunk: the most steps one compiled call runs; segments are run in chunks of at
-        most the longest segment's length rounded up to a power of two.
+        most the longest segment's length, rounded up (``chunk_capacity``).
 
     Raises:
       RingBudgetError: the rings would need more than ``memory_limit_bytes``.
@@ -137,10 +150,7 @@ class Segments:
                 f"gradients: {needed / 2**20:.1f} MiB of rings, over the limit of "
                 f"{memory_limit_bytes / 2**20:.1f} MiB; run it event by event (run_simulated)"
             )
-        # One capacity for every chunk of the run, a power of two: one compilation, shared by
-        # runs of similar segments.
-        longest = max(int(np.diff(plan.bounds).max(initial=1)), 1)
-        self.length = min(max_chunk, 1 << (longest - 1).bit_length())
+        self.length = min(max_chunk, chunk_capacity(int(np.diff(plan.bounds).max(initial=1))))
 
     def initial_carry(self) -> Carry:
         """The carry before the first step: ``exp``'s initial parameters and optimizer states."""

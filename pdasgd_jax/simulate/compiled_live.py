@@ -7,13 +7,12 @@ go to the job's activation slot), then per stage, from ``M-1`` down to 0, at mos
 backward (``kernels.backward_live(m)`` at the stage's live version, on its job's kept
 input and the cotangent the stage above left: the gradient goes to a gradient slot of
 the stage, the cotangent for the stage below to the job's slot), then each stage's
-update (``compiled_steps.apply_updates``). Operations a step does not run write to the
-scratch slots and keep the optimizer state.
+update (``compiled_steps.apply_updates``). An operation a step does not run is skipped
+(``lax.cond``), its buffers left as they are.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -28,12 +27,13 @@ from pdasgd_jax.simulate.compiled_steps import (
     Numerics,
     apply_updates,
     batch_keys,
+    kept,
     padder,
     ring_at,
     ring_bytes,
     ring_put,
+    skippable,
     stacked,
-    zeros_like_output,
 )
 from pdasgd_jax.simulate.live_plan import LivePlan
 
@@ -77,35 +77,38 @@ class LiveInputs(NamedTuple):
 def _live_step(kernels: StageKernels, states: tuple, carry: LiveCarry, inp: LiveInputs) -> tuple[LiveCarry, jax.Array]:
     """One step: a job's forward, then each stage's backward (``M-1 .. 0``), then each stage's update."""
     M = len(carry.rings)
-    read = tuple(ring_at(carry.rings[m], inp.read_slot[m]) for m in range(M))
 
-    def forward() -> tuple[jax.Array, tuple[PyTree, ...], PyTree]:
-        x, inputs = inp.x, []
+    def forward(buffers: tuple[tuple, PyTree]) -> tuple[jax.Array, tuple[tuple, PyTree]]:
+        acts, last_deltas = buffers
+        x = inp.x
         for m in range(M):
-            inputs.append(x)
-            x, _ = kernels.forward(m)(read[m], states[m], x, inp.key)
+            acts = (*acts[:m], ring_put(acts[m], x, inp.act_slot), *acts[m + 1 :])
+            x, _ = kernels.forward(m)(ring_at(carry.rings[m], inp.read_slot[m]), states[m], x, inp.key)
         loss, delta = kernels.loss_grad(x, inp.labels)
-        return loss, tuple(inputs), delta
+        return loss, (acts, ring_put(last_deltas, delta, inp.act_slot))
 
-    loss, inputs, delta = jax.lax.cond(inp.has_forward, forward, functools.partial(zeros_like_output, forward))
-    acts = tuple(ring_put(a, x, inp.act_slot) for a, x in zip(carry.acts, inputs))
-    deltas = list(carry.deltas)
-    deltas[M - 1] = ring_put(deltas[M - 1], delta, inp.act_slot)
+    loss, (acts, last_deltas) = skippable(inp.has_forward, forward, (carry.acts, carry.deltas[M - 1]))
+    deltas = [*carry.deltas[: M - 1], last_deltas]
     grads = list(carry.grads)
     for m in reversed(range(M)):
         slot = inp.backward_act_slot[m]
-        backward = functools.partial(
-            kernels.backward_live(m),
-            ring_at(carry.rings[m], inp.live_slot[m]),
-            states[m],
-            ring_at(acts[m], slot),
-            ring_at(deltas[m], slot),
-            None if inp.backward_key is None else inp.backward_key[m],
-        )
-        g, delta_in = jax.lax.cond(inp.has_backward[m], backward, functools.partial(zeros_like_output, backward))
-        grads[m] = ring_put(grads[m], g, inp.backward_grad_slot[m])
+
+        def backward(grad_ring: PyTree, below: PyTree, m: int = m, slot: jax.Array = slot) -> tuple[PyTree, PyTree]:
+            g, delta_in = kernels.backward_live(m)(
+                ring_at(carry.rings[m], inp.live_slot[m]),
+                states[m],
+                ring_at(acts[m], slot),
+                ring_at(deltas[m], slot),
+                None if inp.backward_key is None else inp.backward_key[m],
+            )
+            if m > 0:  # the cotangent for the stage below, into its job's slot
+                below = ring_put(below, delta_in, slot)
+            return ring_put(grad_ring, g, inp.backward_grad_slot[m]), below
+
+        below = deltas[m - 1] if m > 0 else None
+        grads[m], below = jax.lax.cond(inp.has_backward[m], backward, kept, grads[m], below)
         if m > 0:
-            deltas[m - 1] = ring_put(deltas[m - 1], delta_in, slot)
+            deltas[m - 1] = below
     rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, tuple(grads), inp)
     return LiveCarry(rings, opt_states, tuple(grads), acts, tuple(deltas)), loss
 

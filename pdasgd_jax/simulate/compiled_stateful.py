@@ -10,7 +10,6 @@ commits. Then each stage's update (``compiled_steps.apply_updates``).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -29,8 +28,8 @@ from pdasgd_jax.simulate.compiled_steps import (
     ring_at,
     ring_bytes,
     ring_put,
+    skippable,
     stacked,
-    zeros_like_output,
 )
 from pdasgd_jax.simulate.stateful_plan import StatefulPlan
 
@@ -72,10 +71,10 @@ def _stateful_step(
     """One step: a job's forward, loss and backward chain (to its gradient slot and its new
     states' slots), then each stage's update. ``states`` is unused: they are in the carry."""
     M = len(carry.rings)
-    read = tuple(ring_at(carry.rings[m], inp.read_slot[m]) for m in range(M))
-    read_states = tuple(ring_at(carry.state_rings[m], inp.state_read_slot[m]) for m in range(M))
 
-    def job() -> tuple[jax.Array, tuple[PyTree, ...], tuple[PyTree, ...]]:
+    def job(buffers: tuple[tuple, tuple]) -> tuple[jax.Array, tuple[tuple, tuple]]:
+        read = tuple(ring_at(carry.rings[m], inp.read_slot[m]) for m in range(M))
+        read_states = tuple(ring_at(carry.state_rings[m], inp.state_read_slot[m]) for m in range(M))
         x, vjps, new_states = inp.x, [], []
         barrier = jax.lax.optimization_barrier
         for m in range(M):
@@ -86,13 +85,13 @@ def _stateful_step(
         grads = [None] * M
         for m in reversed(range(M)):
             grads[m], delta = barrier(kernels.backward_stashed(m)(*barrier((vjps[m], delta))))
-        return loss, tuple(grads), tuple(new_states)
+        grad_rings, state_rings = buffers
+        return loss, (
+            tuple(ring_put(b, g, inp.grad_slot) for b, g in zip(grad_rings, grads)),
+            tuple(ring_put(r, s, inp.state_dst_slot[m]) for m, (r, s) in enumerate(zip(state_rings, new_states))),
+        )
 
-    loss, grads, new_states = jax.lax.cond(inp.has_grad, job, functools.partial(zeros_like_output, job))
-    grad_rings = tuple(ring_put(b, g, inp.grad_slot) for b, g in zip(carry.grads, grads))
-    state_rings = tuple(
-        ring_put(r, s, inp.state_dst_slot[m]) for m, (r, s) in enumerate(zip(carry.state_rings, new_states))
-    )
+    loss, (grad_rings, state_rings) = skippable(inp.has_grad, job, (carry.grads, carry.state_rings))
     rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp)
     return StatefulCarry(rings, opt_states, grad_rings, state_rings), loss
 

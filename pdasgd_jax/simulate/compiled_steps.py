@@ -1,11 +1,13 @@
 """The compiled loop of a simulated run's numerics (``simulate.compiled``): what it carries,
 the step of a ``stashed`` plan (``schedule_plan.Plan``: a job's gradient as one program,
 then each stage's update), and what every kind of plan's step shares (rings of versions,
-updates, the loop, batches and keys). ``compiled_live`` has the step of a ``live`` plan."""
+updates, the loop, batches and keys). ``compiled_live`` has the step of a ``live`` plan.
+
+An operation a step may not run (a job's gradient, a stage's update) runs under a
+``lax.cond`` that writes into the rings in place: a step that skips it costs nothing for it."""
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -65,39 +67,54 @@ def ring_put(ring: PyTree, value: PyTree, slot: Any) -> PyTree:
 def _step(kernels: StageKernels, states: tuple, carry: Carry, inp: StepInputs) -> tuple[Carry, jax.Array]:
     """One step: the job's gradient (to its gradient slot), then each stage's update."""
     M = len(carry.rings)
-    read = tuple(ring_at(carry.rings[m], inp.read_slot[m]) for m in range(M))
+
+    def job(grad_rings: tuple) -> tuple[jax.Array, tuple]:
+        read = tuple(ring_at(carry.rings[m], inp.read_slot[m]) for m in range(M))
+        loss, grads = kernels.job_gradients(read, states, inp.x, inp.labels, inp.key)
+        return loss, tuple(ring_put(b, g, inp.grad_slot) for b, g in zip(grad_rings, grads))
+
     # A step without a gradient (the schedule's gradients come at most one a step) skips it.
-    job = functools.partial(kernels.job_gradients, read, states, inp.x, inp.labels, inp.key)
-    loss, grads = jax.lax.cond(inp.has_grad, job, functools.partial(zeros_like_output, job))
-    grad_rings = tuple(ring_put(b, g, inp.grad_slot) for b, g in zip(carry.grads, grads))
+    loss, grad_rings = skippable(inp.has_grad, job, carry.grads)
     rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp)
     return Carry(rings, opt_states, grad_rings), loss
 
 
-def zeros_like_output(fn: Callable[[], PyTree]) -> PyTree:
-    """Zeros shaped like ``fn()``'s output: what a step that skips ``fn`` puts in its place."""
-    return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(fn))
+def skippable(run: jax.Array, fn: Callable[[PyTree], tuple[jax.Array, PyTree]], buffers: PyTree) -> tuple:
+    """``fn(buffers) -> (loss, buffers)`` where ``run``, else a zero loss and ``buffers`` as they
+    are. Under a ``cond`` a skipped operation costs nothing, and the buffers it writes into
+    (rings) are updated in place rather than computed anew and selected."""
+    loss = jax.eval_shape(fn, buffers)[0]
+    return jax.lax.cond(run, fn, lambda b: (jnp.zeros(loss.shape, loss.dtype), b), buffers)
 
 
 def apply_updates(
     kernels: StageKernels, rings: tuple, opt_states: tuple, grad_rings: tuple, inp: Any
 ) -> tuple[tuple, tuple]:
     """Each stage's update of a step (``inp``'s ``has_update``, ``src_slot``, ``old_slot``,
-    ``dst_slot``, ``update_grad_slot``, ``tau``): ``(rings, opt_states)`` after it; where the
-    step updates no such stage, its result goes to the scratch slot and the optimizer state is kept."""
+    ``dst_slot``, ``update_grad_slot``, ``tau``): ``(rings, opt_states)`` after it; a stage
+    the step does not update keeps its ring and optimizer state (the update is skipped)."""
     new_rings, new_states = [], []
     for m in range(len(rings)):
-        params, opt_state = kernels.update(m)(
-            ring_at(rings[m], inp.src_slot[m]),
-            opt_states[m],
-            ring_at(grad_rings[m], inp.update_grad_slot[m]),
-            inp.tau[m],
-            ring_at(rings[m], inp.old_slot[m]),
-        )
-        new_rings.append(ring_put(rings[m], params, inp.dst_slot[m]))
-        keep = functools.partial(jnp.where, inp.has_update[m])
-        new_states.append(jax.tree.map(keep, opt_state, opt_states[m]))
+
+        def update(ring: PyTree, opt_state: PyTree, m: int = m) -> tuple[PyTree, PyTree]:
+            params, opt_state = kernels.update(m)(
+                ring_at(ring, inp.src_slot[m]),
+                opt_state,
+                ring_at(grad_rings[m], inp.update_grad_slot[m]),
+                inp.tau[m],
+                ring_at(ring, inp.old_slot[m]),
+            )
+            return ring_put(ring, params, inp.dst_slot[m]), opt_state
+
+        ring, opt_state = jax.lax.cond(inp.has_update[m], update, kept, rings[m], opt_states[m])
+        new_rings.append(ring)
+        new_states.append(opt_state)
     return tuple(new_rings), tuple(new_states)
+
+
+def kept(*trees: PyTree) -> tuple[PyTree, ...]:
+    """The branch of a skipped operation: the buffers it would write, unchanged."""
+    return trees
 
 
 def loop_program(kernels: StageKernels, step: Callable) -> Callable[[tuple, Any, Any, Any], tuple[Any, jax.Array]]:

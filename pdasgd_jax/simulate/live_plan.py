@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import operator
 
 import numpy as np
 
@@ -91,7 +92,8 @@ class LivePlan:
 
 def has_live_backwards(schedule: Schedule) -> bool:
     """Whether ``schedule``'s backwards re-read their stage (``live``)."""
-    return any(e.kind == EventKind.BACKWARD and e.live_version >= 0 for e in schedule.events)
+    # Only a live backward sets ``live_version`` (``Event``): a scan at C speed finds it.
+    return max(map(operator.attrgetter("live_version"), schedule.events), default=-1) >= 0
 
 
 def plan_live_steps(schedule: Schedule, cuts: list[int] | tuple[int, ...] = ()) -> LivePlan:

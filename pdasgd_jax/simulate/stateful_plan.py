@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -78,7 +79,7 @@ class StatefulPlan:
 
 def has_state_commits(schedule: Schedule) -> bool:
     """Whether ``schedule``'s jobs commit non-trainable state (``state`` events)."""
-    return any(e.kind == EventKind.STATE for e in schedule.events)
+    return EventKind.STATE in set(map(operator.attrgetter("kind"), schedule.events))
 
 
 def plan_stateful_steps(schedule: Schedule, cuts: Sequence[int] = ()) -> StatefulPlan:

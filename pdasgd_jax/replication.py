@@ -35,7 +35,10 @@ nothing more; every round whose all-reduce has not started averages the groups s
 snapshot, if it took one, is left out: its device takes part in no collective after the
 crash), and starts at once if it waited only for the crashed group. Rounds averaged before
 keep what it gave them. A job of it that completes after the crash (a leave on the virtual
-clock lets its jobs in flight finish) is counted, and books nothing.
+clock lets its jobs in flight finish) is counted, and books nothing. A round whose every group
+is out before its mean arrives (those that snapshotted it left, the others joined after it) is
+skipped: its mean, if its all-reduce started, is dropped on arrival, no group merges it, and
+the summary counts it in ``skipped_rounds``, not in ``averaging_rounds``.
 
 A group that is back (``join(g)``, ``--fleet join:G@POS`` on the virtual clock) takes part from
 the first round past every group up's count of jobs and every round in flight: it snapshots it at
@@ -187,6 +190,7 @@ class GroupRounds:
         self.merge_wait = [0.0] * groups
         self.waits = 0  # merges that waited a positive time for their mean
         self.rounds_merged = 0
+        self.rounds_skipped = 0  # rounds every group was out of before their mean arrived
         self._rounds: dict[int, _Round] = {}
         self._due: list[collections.deque[tuple[str, int]]] = [collections.deque() for _ in range(groups)]
         self._waiting_since: list[float | None] = [None] * groups
@@ -219,6 +223,7 @@ class GroupRounds:
             "jobs_per_group": list(self.counts),
             "merge_wait": {"per_group": list(self.merge_wait), "waits": self.waits},
             **({"crashed_groups": sorted(self.crashed)} if self.crashed else {}),
+            **({"skipped_rounds": self.rounds_skipped} if self.rounds_skipped else {}),
         }
 
     @property
@@ -355,8 +360,12 @@ class GroupRounds:
 
     def arrive(self, k: int, means: list[Snapshot] | None = None) -> None:
         """Round ``k``'s mean has arrived: the groups waiting for it merge it. ``means`` (one
-        copy per group) if the caller computed it, else ``mean`` of ``snapshots(k)``."""
-        rnd = self._round(k)
+        copy per group) if the caller computed it, else ``mean`` of ``snapshots(k)``. A round
+        no longer in flight was skipped (every group out of it: module docstring): its mean is
+        dropped."""
+        if k not in self._rounds:
+            return
+        rnd = self._rounds[k]
         if means is None:
             mean = functools.partial(jax.eval_shape, self._mean) if self.abstract else self._mean
             snapshots = self.snapshots(k)
@@ -425,10 +434,15 @@ class GroupRounds:
             self._finished_round(k)
 
     def _finished_round(self, k: int) -> None:
-        """Every group has merged round ``k`` (or crashed)."""
-        if not self.rule.carries:  # carries stay until the next round's mean (``arrive``)
+        """Every group has merged round ``k`` (or crashed); with no mean yet, every group was out
+        of it first: it is skipped."""
+        skipped = self._rounds[k].means is None
+        if skipped or not self.rule.carries:  # carries stay until the next round's mean (``arrive``)
             del self._rounds[k]  # its snapshots can go
-        self.rounds_merged += 1
+        if skipped:
+            self.rounds_skipped += 1
+        else:
+            self.rounds_merged += 1
 
     def values(self) -> list[tuple[int, list[Snapshot | None], list[Snapshot] | None]]:
         """The rounds in flight, ``(k, snapshots so far, means or None)``: what a checkpoint
@@ -461,6 +475,7 @@ class GroupRounds:
             "merge_wait": list(self.merge_wait),
             "waits": self.waits,
             "rounds_merged": self.rounds_merged,
+            "rounds_skipped": self.rounds_skipped,
         }
         return schedule, [(list(r.snapshots), r.means) for _, r in in_flight]
 
@@ -477,5 +492,6 @@ class GroupRounds:
         }
         self.merge_wait, self.waits = list(schedule["merge_wait"]), schedule["waits"]
         self.rounds_merged = schedule["rounds_merged"]
+        self.rounds_skipped = schedule.get("rounds_skipped", 0)
         for g in range(len(self.stores)):
             self._work(g)

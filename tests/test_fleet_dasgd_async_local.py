@@ -2,20 +2,23 @@
 clock (with ``--quorum`` and ``--deadline adaptive``): per event what is dropped and what is kept,
 the run's final state, the empty fleet's bitwise identity and the replay of a clock run."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
 from pdasgd_jax import Config, train_and_evaluate
 from pdasgd_jax.checkpoint import RunCheckpointer
-from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
+from pdasgd_jax.delays import CommModel, DelayModel, TimingModel, from_flops
 from pdasgd_jax.delays.fleet import FleetSpec, FleetTimeline, churn_events, parse_fleet
 from pdasgd_jax.errors import ConfigError
+from pdasgd_jax.eventlog import read_arrivals
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.replay import replay_run
-from pdasgd_jax.simulate import run_simulated
+from pdasgd_jax.simulate import async_local, run_simulated
 from pdasgd_jax.simulate.async_local_clock import plan_rounds
 from pdasgd_jax.simulate.fleet_rounds import plan_local_rounds
 from pdasgd_jax.simulate.straggler_policy import local_rounds_schedule
@@ -183,6 +186,80 @@ def test_a_clock_run_with_a_fleet_resumes_bitwise(tmp_path, monkeypatch):
 def test_a_join_with_streamed_fragments_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"join:1@0\.5.*--fragments 1"):
         Config(**ASYNC_LOCAL, fragments=2, fleet="leave:1@0.2,join:1@0.5").validate()
+
+
+def _in_pull_order(schedule):
+    """The rounds go in the order of the versions they pulled, each replica's in its own order."""
+    versions = [rnd.pull_version for rnd in schedule.rounds]
+    assert versions == sorted(versions)
+    for r in {rnd.replica for rnd in schedule.rounds}:
+        starts = [rnd.start for rnd in _of(schedule, r)]
+        assert starts == sorted(starts)
+    assert sorted(schedule.arrivals) == list(range(len(schedule.rounds)))
+
+
+def test_streamed_fragments_under_a_slow_window_plan_their_rounds_in_pull_order():
+    # Fragments of 2 and 1 bytes on a 1 byte/s network: a pull of the small one, made after a
+    # pull of the big one, can start first; the slow window breaks the replicas' lockstep.
+    timing = dataclasses.replace(TIMING, comm=CommModel(alpha=0.05, beta=1.0))
+    parsed = parse_fleet("slow:0x3@0-1")
+    plan = dict(PLAN, num_replicas=4, period=4, total_examples=80, model_nbytes=3)
+    schedule = plan_rounds(
+        timing,
+        DelayModel(),
+        dynamic=False,
+        fragment_nbytes=(2, 1),
+        fleet=FleetTimeline(parsed, 4, HORIZON),
+        spec=parsed,
+        **plan,
+    )
+    _in_pull_order(schedule)
+    assert any(a.start > b.start for a, b in zip(schedule.rounds, schedule.rounds[1:])), "start order differs"
+    assert not schedule.dropped and len(_handed(schedule)) >= plan["total_examples"]
+
+
+def test_an_async_local_clock_run_with_fragments_under_a_slow_window_completes_and_replays_bitwise(
+    tmp_path, monkeypatch
+):
+    planned = []
+
+    def spy(*args, **kwargs):
+        planned.append(plan_rounds(*args, **kwargs))
+        return planned[-1]
+
+    monkeypatch.setattr(async_local, "plan_rounds", spy)
+    # 1 ms of compute per stage and step, stages of unequal bytes on a 1 MB/s network.
+    timing = dataclasses.replace(
+        from_flops([1e6] * 3, rate_flops_per_s=1e9, backward_factor=0.0), comm=CommModel(1e-4, 1e6)
+    )
+    (tmp_path / "run").mkdir()
+    config = Config(
+        algo="async-local",
+        simulate=True,
+        replicas=4,
+        period=4,
+        batch_size=8,
+        epochs=0.25,
+        seed=0,
+        fragments=3,
+        fleet="slow:0x3@0-1",
+        event_log=True,
+        out=str(tmp_path / "run"),
+        eval_every=10**9,
+        progress=False,
+    ).validate()
+    exp = Experiment.from_config(config)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every, progress=False)
+    result = async_local.run_async_local_simulated(exp, metrics, timing=timing)
+    schedule = planned[-1]
+    _in_pull_order(schedule)
+    assert any(a.start > b.start for a, b in zip(schedule.rounds, schedule.rounds[1:])), "start order differs"
+    assert result.step * config.batch_size >= exp.total_examples  # every round started is applied
+    arrivals, cut = read_arrivals(exp.event_log_path)
+    assert cut is None and len(arrivals) == len(schedule.arrivals)
+    replayed = async_local.replay_arrivals(Experiment.from_config(config), arrivals)
+    for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(replayed.server.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize("fleet", ["slow:1x2@0.1-0.3", "leave:1@0.5", "churn:leave=1"])

@@ -225,6 +225,35 @@ def test_a_joined_group_snapshots_the_next_round_at_once_and_merges_it():
     assert _value(stores[1]) == _value(stores[0])
 
 
+def test_a_round_every_group_left_before_its_mean_is_skipped():
+    started = []
+    stores, rounds = _group_rounds([0.0, 2.0], started)
+    rounds.crash(1)
+    rounds.arrive(0)
+    rounds.applied(0)  # group 0: merge 0, snapshot 1; round 1 is group 0's alone
+    assert started == [0, 1] and _value(stores[0]) == 1.0
+    receive_mean(stores, 1, [0])
+    rounds.join(1)  # group 1 is in from round 2 on
+    rounds.crash(0)  # round 1's only group leaves before its mean: every group is out of it
+    assert 1 not in rounds._rounds and started == [0, 1, 2]
+    before = [_value(store) for store in stores]
+    rounds.arrive(1)  # its mean arrives to no group: dropped, nothing merged
+    assert [_value(store) for store in stores] == before and 1 not in rounds._rounds
+    summary = rounds.summary()
+    assert summary["averaging_rounds"] == 1 and summary["skipped_rounds"] == 1
+    rounds.arrive(2)  # the rounds go on with group 1
+    rounds.applied(1)
+    assert rounds.summary()["averaging_rounds"] == 2 and 2 not in rounds._rounds
+
+
+def test_replicated_churn_with_every_group_out_of_a_round_runs_to_the_end():
+    # Two devices leaving and rejoining often: some round's groups all leave before its mean.
+    result = _simulate("pdasgd", "churn:leave=4,crash=4,join=40,seed=5")
+    assert result.extra["skipped_rounds"] >= 1 and result.extra["averaging_rounds"] >= 1
+    _applied_or_dropped(result)
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(result.params))
+
+
 @pytest.mark.parametrize("run", list(RUNS))
 def test_three_devices_with_charged_averaging_spend_the_whole_budget_through_leave_crash_and_join(run):
     # A group that rejoins while the others have rounds due but not snapshotted yet (their

@@ -109,7 +109,8 @@ class Schedule(NamedTuple):
     """A whole run's rounds.
 
     Attributes:
-      rounds: every round, in start order (replicas starting together in replica order).
+      rounds: every round, in the order of the server versions they pulled (``pull_version``;
+        those of one version in start order, replicas starting together in replica order).
       arrivals: indices into ``rounds`` in the server's order.
       apply_cost: the server's seconds per arrival (of the whole model).
       transfer: seconds of one model transfer (a push or a pull).
@@ -281,7 +282,10 @@ def plan_rounds(
                 heapq.heappush(events, (end, _END, r, len(rounds) - 1, epoch[r]))
             handed += sum(steps)
     lost = dict(dropped)
-    kept = [j for j in range(len(rounds)) if j not in lost]
+    # The numerics start each round from the server's version it pulled, so the rounds go in
+    # pull order. Start order is not that: a pull's transfer costs its fragment's bytes, so a
+    # later pull of a smaller fragment can start first (one fragment, or equal ones: the same).
+    kept = sorted((j for j in range(len(rounds)) if j not in lost), key=lambda j: rounds[j].pull_version)
     place = {j: n for n, j in enumerate(kept)}
     return Schedule(
         [rounds[j] for j in kept],

@@ -222,8 +222,11 @@ class FragmentRounds:
 
     def summary(self) -> dict[str, Any]:
         """``GroupRounds.summary`` over the fragments: ``averaging_rounds`` is the rounds every
-        fragment has merged, ``fragment_rounds`` each one's, and the waits are summed."""
+        fragment has merged, ``fragment_rounds`` each one's, and the waits are summed; rounds
+        skipped (every group out of them), if any: ``skipped_rounds``, the most any fragment
+        skipped, and ``fragment_skipped_rounds`` each one's."""
         parts = [rounds.summary() for rounds in self.members]
+        skipped = [p.get("skipped_rounds", 0) for p in parts]
         return {
             **parts[0],
             "averaging_rounds": min(p["averaging_rounds"] for p in parts),
@@ -232,6 +235,7 @@ class FragmentRounds:
                 "per_group": [sum(w) for w in zip(*(p["merge_wait"]["per_group"] for p in parts), strict=True)],
                 "waits": sum(p["merge_wait"]["waits"] for p in parts),
             },
+            **({"skipped_rounds": max(skipped), "fragment_skipped_rounds": skipped} if any(skipped) else {}),
         }
 
     def values(self) -> list[tuple[int, list[Any], Any]]:

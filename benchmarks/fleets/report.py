@@ -181,12 +181,13 @@ def _names(cells: list[dict[str, Any]]) -> str:
     return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
 
-def which_algorithm(results: dict[str, Any]) -> str:
+def which_algorithm(results: dict[str, Any], *, brief: bool = False) -> str:
     """The "which algorithm for which fleet" paragraph, among the rows that ran: one templated
     sentence per scenario from its verdicts (the reference picked on the tuning seeds, or no
     single fastest where a row beat it on the reported seeds; those within its interval, those
-    that missed, those not supported yet or failed), then, per fleet, a claim across sizes only
-    where one row is the reference at every size judged and every other row is slower at each."""
+    that missed, those not supported yet or failed, unless ``brief``: a table beside it shows
+    them), then, per fleet, a claim across sizes only where one row is the reference at every
+    size judged and every other row is slower at each."""
     verdicts = judged(results)
     sentences = []
     order = {f: i for i, f in enumerate(FLEETS)}
@@ -208,11 +209,11 @@ def which_algorithm(results: dict[str, Any]) -> str:
             text = f"{where}, {_names(by_kind[FASTEST])} is the fastest (picked on the tuning seeds)"
         if FASTEST in by_kind and (WITHIN in by_kind or NOT_SETTLED in by_kind):
             text += f", and {_names(by_kind.get(WITHIN, []) + by_kind.get(NOT_SETTLED, []))} cannot be told from it"
-        if MISSED in by_kind:
+        if MISSED in by_kind and not brief:
             text += f"; {_names(by_kind[MISSED])} missed the target"
-        if REFUSED in by_kind:
+        if REFUSED in by_kind and not brief:
             text += f"; {_names(by_kind[REFUSED])} {'is' if len(by_kind[REFUSED]) == 1 else 'are'} not supported yet"
-        if FAILED in by_kind:
+        if FAILED in by_kind and not brief:
             text += f"; {_names(by_kind[FAILED])} failed to run"
         sentences.append(text + ".")
     for fleet in sorted({f for _, f in verdicts}, key=lambda f: order.get(f, len(order))):
@@ -274,34 +275,94 @@ def render(results: dict[str, Any], raw: str | None = None) -> str:
     )
 
 
-def complete(results: dict[str, Any]) -> bool:
-    """Whether ``results`` is a whole run of the protocol: not quick, and a cell (run, refused or
-    failed) for every row, W and fleet; a partial run (``--only``, ``--workers``, ``--fleets``)
-    is a probe, rendered beside its raw file but never on the results page."""
+def covers(results: dict[str, Any], workers: int) -> bool:
+    """Whether ``results`` holds a cell (run, refused or failed) for every row and fleet at
+    ``workers`` devices, and is not a quick run: a run of that size a page may show."""
     if results.get("settings", {}).get("quick"):
         return False
     ran = {(c["workers"], c["fleet"], c["row"]) for c in results.get("cells", [])}
-    return ran >= {(w, f, r) for w in WORKERS for f in FLEETS for r in ROWS}
+    return ran >= {(workers, f, r) for f in FLEETS for r in ROWS}
 
 
-def newest_raw(root: pathlib.Path) -> pathlib.Path | None:
-    """The newest raw file under ``root/bench_results/fleets`` (by its dated folder and time
-    stamp) of a whole run (``complete``); None when there is none."""
+def complete(results: dict[str, Any]) -> bool:
+    """Whether ``results`` is a whole run of the protocol: every W (``covers``); a run of one
+    W (``--workers``) shows on the page for that W, other partial runs (``--only``,
+    ``--fleets``) never."""
+    return all(covers(results, w) for w in WORKERS)
+
+
+def newest_per_workers(root: pathlib.Path) -> dict[int, pathlib.Path]:
+    """For each W of the protocol, the newest raw file under ``root/bench_results/fleets`` (by
+    its dated folder and time stamp) that covers it (``covers``); a W no file covers is absent."""
     paths = sorted((root / RAW_DIR).glob("*/fleets-*.json"), key=lambda p: (p.parent.name, p.name))
-    return next((p for p in reversed(paths) if complete(json.loads(p.read_text()))), None)
+    loaded = [(p, json.loads(p.read_text())) for p in reversed(paths)]
+    return {w: next(p for p, r in loaded if covers(r, w)) for w in WORKERS if any(covers(r, w) for _, r in loaded)}
+
+
+def _only(results: dict[str, Any], workers: int) -> dict[str, Any]:
+    return results | {"cells": [c for c in results["cells"] if c["workers"] == workers]}
+
+
+def _summary_cell(cell: dict[str, Any], kind: str, text: str) -> str:
+    if kind == FASTEST:
+        return f"ref: {fmt(tuple(x * 1e3 for x in mean_ci95(cell['times'])))} ms"
+    if kind in (SLOWER, FASTER, WITHIN, NOT_SETTLED) and ": " in text:
+        mark = {SLOWER: " ▼", FASTER: " ▲", WITHIN: " ○"}.get(kind, "")
+        return text.split(": ", 1)[1] + mark
+    return {REFUSED: "not supported yet", FAILED: "failed", MISSED: "missed"}.get(kind, text)
+
+
+def summary(selected: dict[int, dict[str, Any]]) -> str:
+    """The results page's compact table: a row per algorithm, a column per (W, fleet) with the
+    reference's time or the row's ratio to it [95 %] and its mark."""
+    rows: dict[str, dict[str, str]] = {}
+    for workers, results in selected.items():
+        for (w, fleet), cells in judged(_only(results, workers)).items():
+            for cell, kind, text in cells:
+                threads = threads_text(cell["row"]).replace(" per device", "").replace(" a server device", " server")
+                row = rows.setdefault(
+                    cell["row"], {"algorithm": LABELS.get(cell["row"], cell["row"]), "threads": threads}
+                )
+                row[f"W = {w} {fleet}"] = _summary_cell(cell, kind, text)
+    return table(list(rows.values()))
 
 
 def results_section(root: pathlib.Path) -> str | None:
-    """The results page's fleets section (Markdown) from the newest raw file of a whole run under
-    ``root/bench_results/fleets/`` (``newest_raw``); None when there is none.
+    """The results page's fleets section (Markdown): for each W the newest raw file covering it
+    (``newest_per_workers``), one compact table and the "which algorithm for which fleet"
+    paragraph; None when no file covers any W.
 
     Args:
       root: the repository root.
 
     Returns:
-      The section's body (tables, refusals, paragraph), or None.
+      The section's body, or None.
     """
-    raw = newest_raw(root)
-    if raw is None:
+    files = newest_per_workers(root)
+    if not files:
         return None
-    return render(json.loads(raw.read_text()), raw.relative_to(root).as_posix())
+    selected = {w: json.loads(p.read_text()) for w, p in files.items()}
+    missing = [w for w in WORKERS if w not in files]
+    intro = (
+        "Time to target (digits MLP, network priced) under a 3x straggler and seeded churn, one fleet horizon "
+        "per W; each row's ratio [95 %] to the row picked fastest on the tuning seeds (ref), threads per device. "
+        "Settings, rates, refusals, failures: [docs/results/fleets.md](docs/results/fleets.md); raw: "
+        + ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in dict.fromkeys(files.values()))
+        + "."
+        + (f" Not run yet: W = {', '.join(map(str, missing))}." if missing else "")
+    )
+    first = next(iter(selected.values()))
+    merged = first | {"cells": [c for w, r in selected.items() for c in _only(r, w)["cells"]]}
+    paragraph = which_algorithm(merged, brief=True)
+    return "\n\n".join((intro, summary(selected), "**Which algorithm for which fleet.** " + paragraph))
+
+
+def detail_page(root: pathlib.Path) -> str | None:
+    """The detail page's body: each covered W's raw file rendered in full (``render``); None
+    when no file covers any W."""
+    files = newest_per_workers(root)
+    if not files:
+        return None
+    return "\n\n".join(
+        render(_only(json.loads(p.read_text()), w), p.relative_to(root).as_posix()) for w, p in files.items()
+    )

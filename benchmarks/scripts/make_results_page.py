@@ -60,6 +60,7 @@ DETAIL_PAGES = {
     "concurrency.md": ("Device concurrency in full", "device concurrency"),
     "staleness.md": ("Staleness in full", "Staleness"),
     "runtime.md": ("Threaded runtime: every run", "Threaded runtime (wall clock)"),
+    "fleets.md": ("Heterogeneous and unreliable fleets in full", "Heterogeneous and unreliable fleets"),
     "sources.md": ("Sources in full", "Sources"),
 }
 
@@ -118,13 +119,11 @@ disagree with this page, the page holds.
 - **Machine**: {results_runtime.machines(root, sources.cores())}. The virtual-clock tables
   (`delays`, `delays-network`, the claims' cells) are deterministic given their calibration and
   seed; the runtime and throughput tables are wall clock.
-- **Terms**: W devices; k the mean injected delay per step, in units of one step's compute
-  (exponential); M the model's stages; the *stronger sync* is sync with backup workers
-  (`sync-backup`: each step keeps the first W - b gradients, b = W / 4; `-w8`: W / 8; `-w2`:
-  W / 2), the best of them per cell on the tuning seeds; the *best async* is the fastest of
-  `asgd` (one thread per device), `asgd-3t` (PD-ASGD's F + B = 3 threads per device), `lpp`
-  and `asgd-3t-rep` (those threads with a replica per device and delayed averaging); H, d: an
-  averaging period and its merge delay, in steps; MFU: model FLOPs utilisation.
+- **Terms**: W devices; k the mean injected delay per step in steps' compute; M stages;
+  *stronger sync*: sync keeping the first W - b gradients (`sync-backup`: b = W/4, `-w8`,
+  `-w2`: W/8, W/2); *best async*: the fastest of `asgd`, `asgd-3t` (3 threads per device, as
+  PD-ASGD's F + B), `lpp`, `asgd-3t-rep` (with a replica per device); H, d: averaging period
+  and merge delay; MFU: model FLOPs utilisation.
 - **Intervals**: 95 %, the delta method over the reported seeds, Student's t at the smaller
   sample's degrees of freedom; log scale for a ratio of means and the mean of a positive
   quantity (`benchmarks.log_ratio_ci95`, as `docs/preregistration.md` fixes), linear for a
@@ -136,7 +135,8 @@ disagree with this page, the page holds.
   end is below it, *not settled* otherwise; over a grid, reproduced if any cell reproduces it,
   not reproduced if every cell does not, else not settled. These are `docs/preregistration.md`'s words, used
   here on exploratory grids (the serial clock, 3 seeds, baselines picked on tuning seeds).
-- **Open review findings** (`{FINDINGS}`) that bound these tables: {findings(root)}.
+- **Open review findings** (`{FINDINGS}`) {", ".join(BOUNDING_FINDINGS)} bound these tables: what each
+  says and bounds, {detail_link("index.md#open-review-findings", f"{DETAILS}/index.md")}.
 - **Sources**: a row's keys (S1, ...) name its raw file and the commit the raw file records, in
   the table at the end; the command that wrote each: {detail_link("sources.md")}.
 """
@@ -236,8 +236,14 @@ def _main_page(root: pathlib.Path, sources: Sources, grids: list[results_cells.G
         )
     )
     fleets = fleets_report.results_section(root) if fleets_report is not None else None
-    if fleets:
-        parts.append(_section("Heterogeneous and unreliable fleets", "", fleets.strip(), ""))
+    parts.append(
+        _section(
+            "Heterogeneous and unreliable fleets",
+            "",
+            (fleets or "").strip(),
+            f"No raw file covers a fleet size yet (`python -m benchmarks fleets`): {detail_link('fleets.md')}.",
+        )
+    )
     runtime = results_runtime.runtime_table(root, sources, staleness=False)
     apart = results_runtime.runs_apart(root)
     runs = results_runtime.runs_summary(root, sources)
@@ -333,7 +339,10 @@ def render_pages(root: pathlib.Path = REPO) -> dict[str, str]:
             f"- [{title}]({name}): the results page's [{section}]({PAGE_URL}#{anchor(section)}) in full."
             for name, (title, section) in DETAIL_PAGES.items()
             if section
-        ),
+        )
+        + f"\n\n## Open review findings\n\nThe findings of `{FINDINGS}` that bound the results page's tables: "
+        + findings(root)
+        + ".",
         "overheads.md": results_overheads.tables(root, sources),
         "concurrency.md": concurrency or "No raw file.",
         "staleness.md": "Mean staleness per applied update (versions) of PD-ASGD, then the cell's best "
@@ -345,6 +354,8 @@ def render_pages(root: pathlib.Path = REPO) -> dict[str, str]:
         + (results_runtime.runtime_table(root, sources) or "No raw file.")
         + "\n\n"
         + (runs or "No raw file."),
+        "fleets.md": (fleets_report.detail_page(root) if fleets_report is not None else None)
+        or "No raw file covers a fleet size yet (`python -m benchmarks fleets` writes one).",
         "sources.md": "Each key's raw file, the command that wrote it and the commit the raw file records.\n\n"
         + sources.markdown()
         + "\n\n## No raw file yet\n\nThe protocols whose raw file is not committed, with the command that "

@@ -315,7 +315,7 @@ def test_the_command_refuses_unknown_rows(capsys):
     assert "fleets" in bench_main.build_parser().format_help()
 
 
-def test_the_page_shows_the_newest_whole_run_only(tmp_path: pathlib.Path):
+def test_the_page_shows_the_newest_run_of_each_size_and_never_a_quick_or_partial_one(tmp_path: pathlib.Path):
     folder = tmp_path / report.RAW_DIR
     every = [
         {"workers": w, "fleet": f, "row": r, "refused": "not yet", "refused_fleet": "x"}
@@ -332,10 +332,19 @@ def test_the_page_shows_the_newest_whole_run_only(tmp_path: pathlib.Path):
         (folder / day).mkdir(parents=True, exist_ok=True)
         settings = {**_settings(), "quick": quick}
         (folder / day / f"fleets-{stamp}.json").write_text(json.dumps({"settings": settings, "cells": cells_}))
-    assert report.newest_raw(tmp_path) == folder / "2026-01-01" / "fleets-100000.json"
+    whole = folder / "2026-01-01" / "fleets-100000.json"
+    assert report.newest_per_workers(tmp_path) == dict.fromkeys(protocol.WORKERS, whole)
     section = report.results_section(tmp_path)
-    assert "raw file `bench_results/fleets/2026-01-01/fleets-100000.json`" in section
-    assert "**W = 16**" in section and "**W = 64**" in section and "R1: not yet" in section
+    assert "raw: `bench_results/fleets/2026-01-01/fleets-100000.json`." in section and "Not run yet" not in section
+    assert all(f"W = {w} {f}" in section for w in protocol.WORKERS for f in protocol.FLEETS)
+    detail = report.detail_page(tmp_path)
+    assert "**W = 16**" in detail and "**W = 64**" in detail and "R1: not yet" in detail
+    # A later run of one size replaces that size only.
+    one = [c for c in every if c["workers"] == protocol.WORKERS[0]]
+    (folder / "2026-01-03").mkdir()
+    later = folder / "2026-01-03" / "fleets-100000.json"
+    later.write_text(json.dumps({"settings": {**_settings(), "quick": False}, "cells": one}))
+    assert report.newest_per_workers(tmp_path) == {protocol.WORKERS[0]: later, protocol.WORKERS[1]: whole}
 
 
 def test_a_failed_run_is_recorded_and_the_benchmark_goes_on(monkeypatch):

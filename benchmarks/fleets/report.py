@@ -26,6 +26,10 @@ from benchmarks.scripts.results_common import fmt, mean_ci95, missed, ratio_ci95
 from pdasgd_jax.delays.fleet import parse_fleet
 
 RAW_DIR = pathlib.Path("bench_results") / NAME
+FINDINGS = pathlib.Path("docs/archive/review-findings.md")
+# The review finding the table waits for: while it is open, the page names the raw files and the
+# finding, and shows no verdict.
+REVIEW_FINDING = "39"
 FASTEST = "fastest"
 WITHIN = "within the interval of the fastest"
 SLOWER = "slower"
@@ -303,6 +307,37 @@ def _only(results: dict[str, Any], workers: int) -> dict[str, Any]:
     return results | {"cells": [c for c in results["cells"] if c["workers"] == workers]}
 
 
+def merged(selected: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One results object of each W's own file: its cells at that W, and the settings kept per
+    W (``fleet_specs``, ``epochs``, ``horizon_s``, keyed by ``str(W)``) from the file of that W."""
+    first = next(iter(selected.values()))
+    settings = dict(first["settings"])
+    for key, value in first["settings"].items():
+        if isinstance(value, dict):
+            settings[key] = {
+                k: v for w, r in selected.items() for k, v in r["settings"].get(key, {}).items() if k == str(w)
+            } or value
+    return first | {"settings": settings, "cells": [c for w, r in selected.items() for c in _only(r, w)["cells"]]}
+
+
+def open_review(root: pathlib.Path) -> str | None:
+    """``REVIEW_FINDING``'s text while ``FINDINGS`` has it open; None once it is not."""
+    path = root / FINDINGS
+    for line in path.read_text().splitlines() if path.exists() else []:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0] == REVIEW_FINDING and cells[3].startswith("open"):
+            return cells[2]
+    return None
+
+
+def _withheld(root: pathlib.Path, files: dict[int, pathlib.Path], finding: str) -> str:
+    raws = ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in dict.fromkeys(files.values()))
+    return (
+        f"The benchmark has run at W = {', '.join(map(str, files))} (raw: {raws}). Its table is withheld, with "
+        f"every verdict, until review finding {REVIEW_FINDING} (`{FINDINGS.as_posix()}`) is fixed: {finding}."
+    )
+
+
 def _summary_cell(cell: dict[str, Any], kind: str, text: str) -> str:
     if kind == FASTEST:
         return f"ref: {fmt(tuple(x * 1e3 for x in mean_ci95(cell['times'])))} ms"
@@ -341,6 +376,9 @@ def results_section(root: pathlib.Path) -> str | None:
     files = newest_per_workers(root)
     if not files:
         return None
+    finding = open_review(root)
+    if finding is not None:
+        return _withheld(root, files, finding)
     selected = {w: json.loads(p.read_text()) for w, p in files.items()}
     missing = [w for w in WORKERS if w not in files]
     intro = (
@@ -351,9 +389,7 @@ def results_section(root: pathlib.Path) -> str | None:
         + "."
         + (f" Not run yet: W = {', '.join(map(str, missing))}." if missing else "")
     )
-    first = next(iter(selected.values()))
-    merged = first | {"cells": [c for w, r in selected.items() for c in _only(r, w)["cells"]]}
-    paragraph = which_algorithm(merged, brief=True)
+    paragraph = which_algorithm(merged(selected), brief=True)
     return "\n\n".join((intro, summary(selected), "**Which algorithm for which fleet.** " + paragraph))
 
 
@@ -363,6 +399,9 @@ def detail_page(root: pathlib.Path) -> str | None:
     files = newest_per_workers(root)
     if not files:
         return None
+    finding = open_review(root)
+    if finding is not None:
+        return _withheld(root, files, finding)
     return "\n\n".join(
         render(_only(json.loads(p.read_text()), w), p.relative_to(root).as_posix()) for w, p in files.items()
     )

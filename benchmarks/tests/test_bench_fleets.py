@@ -383,3 +383,39 @@ def test_the_paragraph_says_which_row_is_fastest_at_each_size():
     }
     for results in (close, changes):
         assert "every size" not in report.which_algorithm(results)
+
+
+def _write_run(folder: pathlib.Path, day: str, workers: int) -> pathlib.Path:
+    """A whole run at ``workers`` devices only, its settings keyed by that W alone."""
+    settings = _settings()
+    for key in ("epochs", "horizon_s", "fleet_specs"):
+        settings[key] = {str(workers): settings[key][str(workers)]}
+    cells_ = [
+        {"workers": workers, "fleet": f, "row": r, "refused": "not yet", "refused_fleet": "x"}
+        for f in protocol.FLEETS
+        for r in protocol.ROWS
+    ]
+    (folder / day).mkdir(parents=True, exist_ok=True)
+    path = folder / day / f"fleets-{workers:06d}.json"
+    path.write_text(json.dumps({"settings": {**settings, "quick": False}, "cells": cells_}))
+    return path
+
+
+def test_one_file_per_size_renders_together_with_each_files_own_settings(tmp_path: pathlib.Path):
+    paths = {w: _write_run(tmp_path / report.RAW_DIR, "2026-01-01", w) for w in protocol.WORKERS}
+    assert report.newest_per_workers(tmp_path) == paths
+    section = report.results_section(tmp_path)
+    assert all(f"W = {w} {f}" in section for w in protocol.WORKERS for f in protocol.FLEETS)
+    assert all(p.relative_to(tmp_path).as_posix() in section for p in paths.values())
+
+
+def test_the_table_is_withheld_while_its_review_finding_is_open(tmp_path: pathlib.Path):
+    _write_run(tmp_path / report.RAW_DIR, "2026-01-01", protocol.WORKERS[0])
+    findings = tmp_path / report.FINDINGS
+    findings.parent.mkdir(parents=True)
+    row = f"| {report.REVIEW_FINDING} | fleets 2nd | the verdicts cannot be read yet | open | - |\n"
+    findings.write_text("| # | review | finding | status | commit |\n|---|---|---|---|---|\n" + row)
+    for text in (report.results_section(tmp_path), report.detail_page(tmp_path)):
+        assert "withheld" in text and "the verdicts cannot be read yet" in text and "R1" not in text
+    findings.write_text(findings.read_text().replace("| open |", "| fixed |"))
+    assert "withheld" not in report.results_section(tmp_path) and "R1: not yet" in report.detail_page(tmp_path)

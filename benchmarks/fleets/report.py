@@ -378,7 +378,7 @@ def results_section(root: pathlib.Path) -> str | None:
         return None
     finding = open_review(root)
     if finding is not None:
-        return _withheld(root, files, finding)
+        return _withheld(root, files, finding) + " Its page: [docs/results/fleets.md](docs/results/fleets.md)."
     selected = {w: json.loads(p.read_text()) for w, p in files.items()}
     missing = [w for w in WORKERS if w not in files]
     intro = (

@@ -10,9 +10,8 @@ from typing import Any
 from benchmarks.delays.protocol import BATCH_SIZE, Protocol, _base_experiment, backup_workers
 from benchmarks.delays.simulation import Outcome, time_to_target
 from benchmarks.delays.tuning import tune
-from benchmarks.fleets.protocol import NETWORK, VARIANTS, Scenario, Settings, fleet_spec, overrides
+from benchmarks.fleets.protocol import NETWORK, VARIANTS, Scenario, Settings, event_counts, fleet_spec, overrides
 from pdasgd_jax.config import Config
-from pdasgd_jax.delays.fleet import parse_fleet
 
 
 class Stopped(Exception):
@@ -114,13 +113,8 @@ def run_once(
 
 def events(scenario: Scenario, seed: int, until: float = math.inf) -> dict[str, int]:
     """The fleet events a run of ``scenario`` with ``seed`` meets before virtual time ``until``
-    (default: all of them), by kind (``slow``: windows opened)."""
-    slow, presence = parse_fleet(fleet_spec(scenario.fleet, seed, scenario.workers)).events(scenario.workers)
-    before = until / scenario.horizon
-    counts = {"slow": sum(1 for w in slow if w.start < before)}
-    for kind in ("leave", "crash", "join"):
-        counts[kind] = sum(1 for e in presence if e.kind == kind and e.at < before)
-    return counts
+    on its own clock (``event_counts``; default: all of them), by kind."""
+    return event_counts(fleet_spec(scenario.fleet, seed, scenario.workers), scenario.workers, scenario.horizon, until)
 
 
 def train_size(seed: int, lr: float) -> int:
@@ -147,7 +141,8 @@ def run_cell(row: str, scenario: Scenario, settings: Settings) -> dict[str, Any]
       ``past_horizon`` (it ran past the fleet's horizon, after which churn has no event),
       ``final_accuracy``, ``examples_to_target``, ``budget_share`` (those over the budget's
       examples), ``fleet_specs``, ``events`` (over the horizon) and ``events_before_target``
-      (before the target, or before the run's end where it missed).
+      (before the target on the run's own clock, without the model's assembly, or before the
+      run's end where it missed).
     """
     epochs = settings.budget(scenario.workers)
     out: dict[str, Any] = {
@@ -206,7 +201,8 @@ def run_cell(row: str, scenario: Scenario, settings: Settings) -> dict[str, Any]
     except Failed as e:
         return {**recorded, "failed": str(e), "failed_fleet": e.fleet}
     examples = epochs * train_size(settings.seeds[0], best["lr"])
-    ends = [o.time if math.isfinite(o.time) else o.run_time for o in outcomes]
+    # The run's own clock: assembling the evaluated model (LPP-SGD, replicated runs) is off the fleet's.
+    ends = [o.time - o.assembly if math.isfinite(o.time) else o.run_time for o in outcomes]
     return {
         **recorded,
         "seeds": list(settings.seeds),

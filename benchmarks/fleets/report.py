@@ -9,7 +9,20 @@ correction. The reference of a scenario is picked on the tuning seeds (its mean 
 its chosen rate, as ``delays`` picks its best asynchronous baseline), among the rows that
 reached the target on every reported seed: picking the smallest of several noisy means on the
 reported seeds would favour it on them. Where a row is faster than it on the reported seeds,
-the paragraph names no single fastest.
+the paragraph names no single fastest; elsewhere it names the reference and, apart, the rows
+slower than it at per-row 95 % with no multiplicity correction, never "the fastest" on its own.
+
+Rows evaluated at discrete points (local SGD and DaSGD at round ends) can reach the target at
+the same evaluation on every seed: zero spread, a degenerate interval. Such a time is shown as
+"every seed at one evaluation", and a ratio with such a side is judged (``verdict``) as if that
+side's true crossing lay anywhere after the evaluation before it; the raw file does not record
+the evaluation spacing, so the spacing is taken as the whole time (the crossing lies in
+``(0, t]``): a zero-spread row is never "slower" than the reference and a zero-spread reference
+never has a row "faster" than it, and a ratio that does not clear that bound is not settled.
+
+Fleet events before the target (the detail tables' median per row) are recomputed from the raw
+file's per-seed run times and fleet specs (``events_to_target``), on the run's own clock: a run
+that reached the target ends there, without the evaluated model's assembly.
 """
 
 from __future__ import annotations
@@ -17,12 +30,23 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import statistics
 from typing import Any
 
 from benchmarks.delays.cells import tuned_time
 from benchmarks.delays.protocol import ALGORITHMS
-from benchmarks.fleets.protocol import FLEETS, LABELS, NAME, ROW_NOTES, ROWS, WORKERS, threads_text
-from benchmarks.scripts.results_common import fmt, mean_ci95, missed, ratio_ci95, table
+from benchmarks.fleets.protocol import (
+    FLEETS,
+    LABELS,
+    NAME,
+    OPTIMISTIC_CRASHES,
+    ROW_NOTES,
+    ROWS,
+    WORKERS,
+    event_counts,
+    threads_text,
+)
+from benchmarks.scripts.results_common import finite, fmt, mean_ci95, missed, ratio_ci95, table
 from pdasgd_jax.delays.fleet import parse_fleet
 
 RAW_DIR = pathlib.Path("bench_results") / NAME
@@ -42,6 +66,9 @@ FAILED = "run failed"
 # The notes under the tables: each refusal (R) and failure (F) once.
 NOTE_PREFIX = {REFUSED: "R", FAILED: "F"}
 NOTE_CHARS = 300
+ONE_EVALUATION = "every seed at one evaluation"
+OPTIMISTIC = "optimistic crashes"
+SLOWER_UNCORRECTED = "slower than it at per-row 95 % with no multiplicity correction"
 
 
 def _scenario_key(cell: dict[str, Any]) -> tuple[int, str]:
@@ -63,10 +90,18 @@ def fastest(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
     return min(reached, key=lambda c: (tuned_time(c), mean_ci95(c["times"])[0]), default=None)
 
 
+def one_evaluation(times: list[float | None]) -> bool:
+    """Whether every seed of ``times`` (two or more reached the target) reached it at the same
+    virtual time: one evaluation of a row evaluated at discrete points, zero spread."""
+    xs = finite(times)
+    return len(xs) > 1 and min(xs) == max(xs)
+
+
 def verdict(cell: dict[str, Any], reference: dict[str, Any] | None) -> tuple[str, str]:
     """``cell``'s verdict against its scenario's ``reference`` (``fastest``), as ``(kind, text)``:
     kind one of ``FASTEST``, ``WITHIN``, ``SLOWER``, ``FASTER``, ``NOT_SETTLED`` (an interval
-    undefined with one seed), ``MISSED``, ``REFUSED`` or ``FAILED``."""
+    undefined with one seed, or a side at one evaluation whose bound the ratio does not clear:
+    module docstring), ``MISSED``, ``REFUSED`` or ``FAILED``."""
     if "failed" in cell:
         return FAILED, FAILED
     if not _ran(cell):
@@ -80,9 +115,16 @@ def verdict(cell: dict[str, Any], reference: dict[str, Any] | None) -> tuple[str
     if cell is reference:
         return FASTEST, "reference (picked on the tuning seeds)"
     ratio = ratio_ci95(cell["times"], reference["times"])
-    _, lo, hi = ratio
+    value, lo, hi = ratio
     figure = fmt(ratio, suffix="x")
-    if not (math.isfinite(lo) and math.isfinite(hi)):
+    flat, flat_reference = one_evaluation(cell["times"]), one_evaluation(reference["times"])
+    if flat or flat_reference:
+        # A side at one evaluation crossed the target somewhere in (0, t] (module docstring).
+        lo, hi = (0.0 if flat else lo), (math.inf if flat_reference else hi)
+        figure = f"{value:.2f}x (one evaluation)"
+        if not (lo > 1 or hi < 1):
+            return NOT_SETTLED, f"{NOT_SETTLED}: {figure}"
+    if not (math.isfinite(lo) and math.isfinite(hi)) and not (lo > 1 or hi < 1):
         return NOT_SETTLED, f"{NOT_SETTLED}: {figure}"
     if lo > 1:
         return SLOWER, f"{SLOWER}: {figure}"
@@ -134,12 +176,44 @@ def _time(cell: dict[str, Any]) -> str:
     past = sum(cell.get("past_horizon", []))
     if past:
         rate += f"; past the horizon on {past} seed{'s' if past > 1 else ''}: no churn after it"
-    return f"{fmt((value * 1e3, lo * 1e3, hi * 1e3))} ({rate})" if _reached(cell) else f"- ({rate})"
+    if not _reached(cell):
+        return f"- ({rate})"
+    if one_evaluation(cell["times"]):
+        return f"{value * 1e3:.2f} ({ONE_EVALUATION}; {rate})"
+    return f"{fmt((value * 1e3, lo * 1e3, hi * 1e3))} ({rate})"
+
+
+def events_to_target(cell: dict[str, Any]) -> dict[str, float] | None:
+    """The median over reported seeds of the fleet events each met before its target (before its
+    end where it missed), by kind, recomputed from the raw file's ``run_times`` and
+    ``fleet_specs`` (``event_counts``) on the run's own clock: a run that reached the target
+    ends at the earlier of its run time and its time to the target, which includes the evaluated
+    model's assembly. None where the file lacks them or no seed has a finite end."""
+    specs, times = cell.get("fleet_specs"), cell.get("times") or []
+    ends = [
+        min(t, r) if t is not None and math.isfinite(t) else r
+        for t, r in zip(times, cell.get("run_times") or [], strict=False)
+    ]
+    counts = [
+        event_counts(spec, cell["workers"], cell["horizon_s"], end)
+        for spec, end in zip(specs or [], ends, strict=False)
+        if end is not None and math.isfinite(end)
+    ]
+    if not counts or "horizon_s" not in cell:
+        return None
+    return {kind: statistics.median(c[kind] for c in counts) for kind in ("leave", "crash", "join", "slow")}
+
+
+def _events_text(cell: dict[str, Any]) -> str:
+    counts = events_to_target(cell) if _ran(cell) else None
+    return "-" if counts is None else ", ".join(f"{k} {v:g}" for k, v in counts.items())
 
 
 def tables(results: dict[str, Any]) -> str:
     """One table per W: a row per algorithm, per fleet its time to the target in virtual ms
-    [95 %] with the rate it ran at, and its verdict; then the refusals and failures, each once."""
+    [95 %] with the rate it ran at, and its verdict (under churn, marked where the row's crash
+    rule is optimistic, and the median events before the target, ``events_to_target``); then
+    the refusals and failures, each once."""
     verdicts = judged(results)
     notes: dict[str, list[str]] = {REFUSED: [], FAILED: []}
     parts = []
@@ -158,7 +232,11 @@ def tables(results: dict[str, Any]) -> str:
                     {"algorithm": LABELS.get(cell["row"], cell["row"]), "threads": threads_text(cell["row"])},
                 )
                 row[f"{fleet}: ms to target [95 %]"] = _time(cell)
+                if fleet == "churn" and cell["row"] in OPTIMISTIC_CRASHES:
+                    text += f" ({OPTIMISTIC}: Rows)"
                 row[f"{fleet}: verdict"] = text
+                if fleet == "churn":
+                    row[f"{fleet}: events to target (median)"] = _events_text(cell)
         parts.append(f"**W = {workers}**\n\n" + table(list(rows.values())))
     noted = [r for r in ROWS if r in ROW_NOTES and any(c["row"] == r for c in results["cells"])]
     if noted:
@@ -188,10 +266,11 @@ def _names(cells: list[dict[str, Any]]) -> str:
 def which_algorithm(results: dict[str, Any], *, brief: bool = False) -> str:
     """The "which algorithm for which fleet" paragraph, among the rows that ran: one templated
     sentence per scenario from its verdicts (the reference picked on the tuning seeds, or no
-    single fastest where a row beat it on the reported seeds; those within its interval, those
-    that missed, those not supported yet or failed, unless ``brief``: a table beside it shows
-    them), then, per fleet, a claim across sizes only where one row is the reference at every
-    size judged and every other row is slower at each."""
+    single fastest where a row beat it on the reported seeds; those slower at per-row 95 % with
+    no multiplicity correction, those that missed, those not supported yet or failed, unless
+    ``brief``: a table beside it shows them; those within its interval or not settled; under
+    churn, the rows whose crash rule is optimistic), then, per fleet, a claim across sizes only
+    where one row is the reference at every size judged and every other row is slower at each."""
     verdicts = judged(results)
     sentences = []
     order = {f: i for i, f in enumerate(FLEETS)}
@@ -201,7 +280,9 @@ def which_algorithm(results: dict[str, Any], *, brief: bool = False) -> str:
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for cell, kind, _ in entries:
             by_kind.setdefault(kind, []).append(cell)
-        where = f"Under {fleet_text(fleet, results['settings'], workers)} at W = {workers}, among the rows that ran"
+        where = f"Under {fleet_text(fleet, results['settings'], workers)} at W = {workers}" + (
+            "" if brief else ", among the rows that ran"
+        )
         if FASTEST not in by_kind:
             text = f"{where}, no row reached the target on every reported seed"
         elif FASTER in by_kind:
@@ -210,15 +291,20 @@ def which_algorithm(results: dict[str, Any], *, brief: bool = False) -> str:
                 f"is beaten on the reported seeds by {_names(by_kind[FASTER])}"
             )
         else:
-            text = f"{where}, {_names(by_kind[FASTEST])} is the fastest (picked on the tuning seeds)"
+            text = f"{where}, the reference is {_names(by_kind[FASTEST])} (picked on the tuning seeds)"
+            if SLOWER in by_kind and not brief:
+                text += f"; {SLOWER_UNCORRECTED}: {_names(by_kind[SLOWER])}"
         if FASTEST in by_kind and (WITHIN in by_kind or NOT_SETTLED in by_kind):
-            text += f", and {_names(by_kind.get(WITHIN, []) + by_kind.get(NOT_SETTLED, []))} cannot be told from it"
+            text += f"; {_names(by_kind.get(WITHIN, []) + by_kind.get(NOT_SETTLED, []))} cannot be told from it"
         if MISSED in by_kind and not brief:
             text += f"; {_names(by_kind[MISSED])} missed the target"
         if REFUSED in by_kind and not brief:
             text += f"; {_names(by_kind[REFUSED])} {'is' if len(by_kind[REFUSED]) == 1 else 'are'} not supported yet"
         if FAILED in by_kind and not brief:
             text += f"; {_names(by_kind[FAILED])} failed to run"
+        optimistic = [c for c, kind, _ in entries if c["row"] in OPTIMISTIC_CRASHES and kind not in (REFUSED, FAILED)]
+        if fleet == "churn" and optimistic:
+            text += f"; {_names(optimistic)} ran with {OPTIMISTIC} (docs/algorithms.md §5a)"
         sentences.append(text + ".")
     for fleet in sorted({f for _, f in verdicts}, key=lambda f: order.get(f, len(order))):
         sizes = {w: entries for (w, f), entries in sorted(verdicts.items()) if f == fleet}
@@ -239,7 +325,8 @@ def which_algorithm(results: dict[str, Any], *, brief: bool = False) -> str:
             named = fleet_text(fleet, results["settings"], min(sizes))
             label = LABELS.get(next(iter(rows)), next(iter(rows)))
             sentences.append(
-                f"For {named}, {label} is the fastest at every size run, every other row that ran slower at each."
+                f"For {named}, {label} is the reference at every size run, every other row that ran "
+                f"{SLOWER_UNCORRECTED.replace('than it', 'than it at each')}."
             )
     return " ".join(sentences)
 
@@ -338,28 +425,73 @@ def _withheld(root: pathlib.Path, files: dict[int, pathlib.Path], finding: str) 
     )
 
 
+def _tied(cell: dict[str, Any]) -> list[str]:
+    """The variants whose best tuning time equals the winner's exactly (``variants``: each
+    variant's tuning, rate: mean time or null)."""
+    variants = cell.get("variants") or {}
+    best = {v: min(finite(t.values()), default=math.inf) for v, t in variants.items()}
+    won = best.get(cell.get("variant"), math.inf)
+    return [v for v, t in best.items() if v != cell.get("variant") and math.isfinite(won) and t == won]
+
+
 def _summary_cell(cell: dict[str, Any], kind: str, text: str) -> str:
+    """A compact cell: the reference's time or the ratio with its mark, or why there is none;
+    then the winning b (and the variants tied with it), ‡k (past the horizon on k seeds) and F (a
+    tuning rate failed)."""
     if kind == FASTEST:
-        return f"ref: {fmt(tuple(x * 1e3 for x in mean_ci95(cell['times'])))} ms"
-    if kind in (SLOWER, FASTER, WITHIN, NOT_SETTLED) and ": " in text:
+        value, lo, hi = mean_ci95(cell["times"])
+        figure = (
+            f"{value * 1e3:.2f} (one evaluation)"
+            if one_evaluation(cell["times"])
+            else fmt((value * 1e3, lo * 1e3, hi * 1e3))
+        )
+        out = f"ref: {figure} ms"
+    elif kind in (SLOWER, FASTER, WITHIN, NOT_SETTLED) and ": " in text:
         mark = {SLOWER: " ▼", FASTER: " ▲", WITHIN: " ○"}.get(kind, "")
-        return text.split(": ", 1)[1] + mark
-    return {REFUSED: "not supported yet", FAILED: "failed", MISSED: "missed"}.get(kind, text)
+        out = text.split(": ", 1)[1] + mark
+    elif kind == MISSED:
+        out = "untuned" if cell.get("untuned") else f"missed ({missed(cell['times'])}/{len(cell['times'])})"
+    else:
+        out = {REFUSED: "not supported yet", FAILED: "failed"}.get(kind, text)
+    if kind in (REFUSED, FAILED):
+        return out
+    if cell.get("variant"):
+        tied = [variant_text(v).removeprefix("b = ") for v in _tied(cell)]
+        out += f"; {variant_text(cell['variant'])}" + (f" tied with {', '.join(tied)}" if tied else "")
+    past = sum(cell.get("past_horizon", []))
+    out += f" ‡{past}" if past else ""
+    return out + (" F" if cell.get("failed_rates") else "")
+
+
+def _note_parts(rows: list[str]) -> dict[str, int]:
+    """Each part of ``rows``' ``ROW_NOTES`` once, numbered from 1 in row order."""
+    parts: dict[str, int] = {}
+    for row in rows:
+        for part in ROW_NOTES[row].split("; ") if row in ROW_NOTES else ():
+            parts.setdefault(part, len(parts) + 1)
+    return parts
 
 
 def summary(selected: dict[int, dict[str, Any]]) -> str:
-    """The results page's compact table: a row per algorithm, a column per (W, fleet) with the
-    reference's time or the row's ratio to it [95 %] and its mark."""
+    """The results page's compact table: a row per algorithm (†n: the n-th note under the
+    table, from ``ROW_NOTES``), a column per (W, fleet) with the reference's time or the row's
+    ratio to it [95 %] and its mark, and the markers of ``_summary_cell``."""
+    cells = [
+        (w, fleet, entry)
+        for workers, results in selected.items()
+        for (w, fleet), entries in judged(_only(results, workers)).items()
+        for entry in entries
+    ]
+    parts = _note_parts(list(dict.fromkeys(cell["row"] for _, _, (cell, _, _) in cells)))
     rows: dict[str, dict[str, str]] = {}
-    for workers, results in selected.items():
-        for (w, fleet), cells in judged(_only(results, workers)).items():
-            for cell, kind, text in cells:
-                threads = threads_text(cell["row"]).replace(" per device", "").replace(" a server device", " server")
-                row = rows.setdefault(
-                    cell["row"], {"algorithm": LABELS.get(cell["row"], cell["row"]), "threads": threads}
-                )
-                row[f"W = {w} {fleet}"] = _summary_cell(cell, kind, text)
-    return table(list(rows.values()))
+    for w, fleet, (cell, kind, text) in cells:
+        threads = threads_text(cell["row"]).replace(" per device", "").replace(" a server device", " server")
+        marks = [str(parts[p]) for p in ROW_NOTES.get(cell["row"], "").split("; ") if p in parts]
+        label = LABELS.get(cell["row"], cell["row"]) + (f" †{','.join(marks)}" if marks else "")
+        row = rows.setdefault(cell["row"], {"algorithm": label, "threads": threads})
+        row[f"W = {w} {fleet}"] = _summary_cell(cell, kind, text)
+    notes = "; ".join(f"†{i} {part}" for part, i in parts.items())
+    return table(list(rows.values())) + (f"\n\nRows: {notes}." if parts else "")
 
 
 def results_section(root: pathlib.Path) -> str | None:
@@ -382,9 +514,11 @@ def results_section(root: pathlib.Path) -> str | None:
     selected = {w: json.loads(p.read_text()) for w, p in files.items()}
     missing = [w for w in WORKERS if w not in files]
     intro = (
-        "Time to target (digits MLP, network priced) under a 3x straggler and seeded churn, one fleet horizon "
-        "per W; each row's ratio [95 %] to the row picked fastest on the tuning seeds (ref), threads per device. "
-        "Settings, rates, refusals, failures: [docs/results/fleets.md](docs/results/fleets.md); raw: "
+        "Time to target (digits MLP, network priced), 3x straggler and seeded churn, one fleet horizon per W: "
+        "each row's ratio to the row picked fastest on the tuning seeds (ref), threads per device. Per-row 95 %, "
+        "no multiplicity correction; ▼ slower than ref, ○ cannot be told apart, ▲ faster, no mark: not settled "
+        "(one evaluation: every seed hit the target at the same one); ‡k past the horizon on k seeds; F a tuning "
+        "rate failed. Details: [docs/results/fleets.md](docs/results/fleets.md); raw: "
         + ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in dict.fromkeys(files.values()))
         + "."
         + (f" Not run yet: W = {', '.join(map(str, missing))}." if missing else "")

@@ -197,3 +197,11 @@ def test_an_adaptive_deadline_leaves_out_a_replica_slow_from_round_three():
 def test_what_local_sgd_does_not_cover_yet_is_refused_by_name(overrides, match):
     with pytest.raises(ValueError, match=match):
         Config(**(RUN | overrides)).validate()
+
+
+def test_a_dasgd_replica_that_leaves_and_rejoins_draws_idle_time_for_every_step_it_takes():
+    """A unit dropped by a leave or crash has taken its steps, and the replica that rejoins
+    takes new ones: under DaSGD more than rounds x period steps in all, each with its own idle
+    draw from the replica's stream (the draws ran out there once)."""
+    schedule = _schedule("churn:leave=2,crash=2,join=100,seed=2", 6, horizon=6 * 4.5, delay=2)
+    assert len(schedule.ends) == 6

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -103,6 +103,12 @@ class LocalRoundsSchedule(NamedTuple):
         return [u for units in self.starts for u in units if u.dropped]
 
 
+def _idle_draws(delays: DelayModel, rng: np.random.Generator, compute: float) -> Iterator[float]:
+    """A replica's injected idle times, one per local step, for as many steps as it takes."""
+    while True:
+        yield delays.idle_time(rng, compute)
+
+
 def local_rounds_schedule(
     timing: TimingModel,
     delays: DelayModel,
@@ -173,10 +179,10 @@ def local_rounds_schedule(
     merge_work = zeros if merge_work is None else merge_work
     host = timing.host_step
     compute = [timing.train_step_time(w) for w in w_all]
-    draws = []
-    for w in w_all:
-        rng = rng_for(seed, "step-delays", w)
-        draws.append(iter([delays.idle_time(rng, compute[w]) for _ in range(rounds * period)]))
+    # Each replica's idle times in step order from its own stream, drawn as its steps come: a
+    # replica whose unit is dropped by a leave or crash and that rejoins takes more than
+    # rounds x period steps.
+    draws = [_idle_draws(delays, rng_for(seed, "step-delays", w), compute[w]) for w in w_all]
     departures: list[list[tuple[float, str]]] = [[] for _ in w_all]
     if fleet is not None and spec is not None:
         for e in spec.events(num_workers)[1]:

@@ -103,14 +103,14 @@ def measure_curve(path: str = DEVICE_CURVE) -> dict[str, Any]:
     """
     import jax
 
-    from pdasgd_jax.simulate.run import _measured_concurrency
+    from pdasgd_jax.simulate.run_timing import measured_concurrency
 
     _refuse_existing(path, "measured device curve")
     if jax.default_backend() == "cpu":
         raise RuntimeError(
             "the judged curve must be measured on an accelerator; this process's default device is a CPU"
         )
-    curve = _measured_concurrency(_experiment(), settings.BATCH_SIZE)
+    curve = measured_concurrency(_experiment(), settings.BATCH_SIZE)
     record = {
         "curve": list(curve),
         "program": CURVE_PROGRAM,

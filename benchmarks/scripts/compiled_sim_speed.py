@@ -43,7 +43,7 @@ from pdasgd_jax.metrics import MetricsLog, TrainingClock
 from pdasgd_jax.runners import RUNNERS
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.compiled import run_compiled
-from pdasgd_jax.simulate.run import comm_model
+from pdasgd_jax.simulate.run_timing import comm_model
 from pdasgd_jax.simulate.schedule_plan import record_schedule
 
 

@@ -26,9 +26,7 @@ from pdasgd_jax.simulate.configured_timing import configured_timing
 from pdasgd_jax.simulate.fleet_clock import FleetClock, fleet_clock
 from pdasgd_jax.simulate.lpp import run_lpp
 from pdasgd_jax.simulate.replicas import run_replicated
-from pdasgd_jax.simulate.run_timing import _measured_concurrency as _measured_concurrency
 from pdasgd_jax.simulate.run_timing import backward_weights, calibrated, concurrency_report
-from pdasgd_jax.simulate.run_timing import comm_model as comm_model
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, final_evaluation, num_jobs
 from pdasgd_jax.simulate.sync import run_sync

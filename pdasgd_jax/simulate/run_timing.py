@@ -37,11 +37,11 @@ def calibrated(exp: Experiment, worker_batch: int) -> calibration.Calibration:
     measured = exp.calibration(worker_batch)
     timing = dataclasses.replace(measured.timing, comm=comm_model(exp.config))
     if exp.config.device_concurrency == MEASURE_CONCURRENCY:  # saved with the costs: a resume keeps it
-        timing = dataclasses.replace(timing, concurrency=_measured_concurrency(exp, worker_batch))
+        timing = dataclasses.replace(timing, concurrency=measured_concurrency(exp, worker_batch))
     return dataclasses.replace(measured, timing=timing)
 
 
-def _measured_concurrency(exp: Experiment, batch_size: int) -> tuple[float, ...]:
+def measured_concurrency(exp: Experiment, batch_size: int) -> tuple[float, ...]:
     """This machine's concurrency curve for 1, 2 and 3 concurrent calls of the model's job
     program, dispatched from threads pinned as the threaded runtime pins its workers
     (``--host-cpus``)."""

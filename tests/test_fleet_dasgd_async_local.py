@@ -3,6 +3,7 @@ clock (with ``--quorum`` and ``--deadline adaptive``): per event what is dropped
 the run's final state, the empty fleet's bitwise identity and the replay of a clock run."""
 
 import dataclasses
+import itertools
 
 import jax
 import numpy as np
@@ -98,6 +99,57 @@ def test_a_joiner_pulls_the_model_at_its_join_and_starts_one_transfer_later():
     applied = sorted(rnd.applied for rnd in back.rounds)
     assert first.pull_version == sum(t <= 50.0 for t in applied)
     assert not any(20.0 <= rnd.start < 50.0 for rnd in _of(back, 1))
+
+
+# A busy server: the three first arrivals (at 4.5) are applied at 7.5, 10.5 and 13.5, so replica
+# 2's waits in the server's queue while it leaves (at 5) and joins again (at 6).
+BUSY_SERVER = dataclasses.replace(TIMING, update_all=3.0)
+QUEUED_REJOIN = "leave:2@0.05,join:2@0.06"
+
+
+def _sequential(schedule):
+    """Each replica's rounds follow each other: a round pulls a version that holds the replica's
+    previous arrival, so no replica ever has two rounds in flight."""
+    for r in {rnd.replica for rnd in schedule.rounds}:
+        mine = sorted(_of(schedule, r), key=lambda rnd: rnd.start)
+        for before, after in itertools.pairwise(mine):
+            assert after.pull_version > before.order, (r, before, after)
+
+
+def test_a_joiner_whose_arrival_is_queued_at_the_server_pulls_once_it_is_applied():
+    parsed = parse_fleet(QUEUED_REJOIN)
+    back = plan_rounds(
+        BUSY_SERVER, DelayModel(), dynamic=False, fleet=FleetTimeline(parsed, 3, HORIZON), spec=parsed, **PLAN
+    )
+    assert not back.dropped  # its arrival reached the server before it left: applied, never recalled
+    first, second = _of(back, 2)[:2]
+    assert (first.order, first.applied) == (2, 13.5)
+    # It pulls when its own arrival has been applied (not at its join, 6), one transfer later it starts.
+    assert second.pull_version == 3 and second.start == 13.5 + TIMING.comm.transfer_time(0)
+    _sequential(back)
+
+
+def test_a_clock_run_whose_joiner_had_an_arrival_queued_measures_each_round_from_its_own_pull(tmp_path):
+    (tmp_path / "run").mkdir()
+    config = Config(
+        **{**ASYNC_LOCAL, "local_steps": "fixed", "period": 2, "batch_size": 8, "epochs": 0.1},
+        fleet=QUEUED_REJOIN,
+        fleet_horizon=HORIZON,
+        event_log=True,
+        out=str(tmp_path / "run"),
+        eval_every=10**9,
+    ).validate()
+    exp = Experiment.from_config(config)
+    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every, progress=False)
+    result = async_local.run_async_local_simulated(exp, metrics, timing=BUSY_SERVER)
+    arrivals, cut = read_arrivals(exp.event_log_path)
+    assert cut is None
+    mine = [a for a in arrivals if a.replica == 2]
+    assert (mine[0].version, mine[1].pulled) == (3, 3)  # its second round holds its first
+    # The replay checks that every round pulls a version holding its replica's last arrival.
+    replayed = async_local.replay_arrivals(Experiment.from_config(config), arrivals)
+    for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(replayed.server.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_churn_plans_as_its_drawn_events():

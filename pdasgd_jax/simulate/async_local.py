@@ -244,6 +244,12 @@ def simulate_rounds(
             if rnd.pull_version != order:
                 raise RuntimeError(f"round {at.launched} pulled version {rnd.pull_version}, not {order}: out of order")
             r = rnd.replica
+            # A replica's pseudo-gradient is measured from its last pull (``at.pulled``), so a
+            # second round of it launched before its first is applied would corrupt the first.
+            if any(rounds[j].replica == r for j in at.in_flight):
+                raise RuntimeError(
+                    f"round {at.launched} of replica {r} starts while another of its rounds is in flight"
+                )
             ts, at.pulled[r] = exchange.pull(at.server, at.replicas[r], at.pulled[r], rnd.pulled)
             randomness = () if key is None else (jax.random.fold_in(key, r), at.done_steps[r])
             if rnd.steps:

@@ -48,7 +48,10 @@ idle draw are not), so DyLU measures the slower speed. A replica that leaves or 
 ``t`` does nothing from ``t`` on: a stretch of its whose arrival has not reached the server by
 then is dropped with its batches (local SGD's rule: a unit that has not landed is dropped), and
 its pull in flight is void. One that joins at ``t`` pulls the server's model at ``t`` (the
-updates that ended by then, one transfer of the model) and starts a round from it.
+updates that ended by then, one transfer of the model) and starts a round from it; when its last
+arrival reached the server before its departure but is still queued there at ``t``, the pull
+waits until that arrival is applied, so a replica never has two rounds in flight and each of its
+rounds starts from a model that holds its previous one.
 """
 
 from __future__ import annotations
@@ -195,6 +198,9 @@ def plan_rounds(
     arrivals: list[int] = []
     ends: list[float] = []  # each update's end, in the server's order (non-decreasing)
     pulled = [0] * num_replicas  # the version each replica's next round starts from
+    # When the server finishes applying each replica's last arrival: a departure cannot recall an
+    # arrival that reached the server, so a replica that rejoins before it is applied pulls after it.
+    queued = [0.0] * num_replicas
     speeds: dict[int, float] = {}
     # Each event carries its replica's epoch when it was made; a departure starts a new one,
     # so what the replica had under way is void.
@@ -217,8 +223,8 @@ def plan_rounds(
             departed[r].append((_DEPARTURES[i], t))
             epoch[r] += 1
             continue
-        if kind == _JOIN:  # it pulls the server's model now, as after an arrival
-            heapq.heappush(events, (t, _PULL, r, -1, epoch[r]))
+        if kind == _JOIN:  # it pulls the server's model now (after its own arrival), as after an arrival
+            heapq.heappush(events, (max(t, queued[r]), _PULL, r, -1, epoch[r]))
             continue
         if e != epoch[r]:  # its replica departed since
             if kind in (_END, _ARRIVE):
@@ -235,6 +241,7 @@ def plan_rounds(
         elif kind == _ARRIVE:
             begin = max(t, server_free)
             server_free = begin + apply_costs[rounds[i].fragment]
+            queued[r] = server_free
             rounds[i] = rounds[i]._replace(applied=server_free, order=len(ends))
             ends.append(server_free)
             arrivals.append(i)

@@ -41,7 +41,10 @@ class Outcome(NamedTuple):
     when the target was not reached or a device holds the model), and the training examples
     whose jobs had finished at the evaluation that reached the target (``examples_to_target``:
     the work a run spent on it, so a slower run tells a slower pace from more work; nan when
-    the target was not reached)."""
+    the target was not reached), and what ``time`` would have been had the evaluation before
+    that one reached it (``previous_eval_time``: its virtual time plus the same assembly, 0
+    when none came before; nan when the target was not reached): a run evaluated at discrete
+    points crossed the target somewhere in ``(previous_eval_time, time]``."""
 
     time: float
     staleness: float
@@ -53,6 +56,7 @@ class Outcome(NamedTuple):
     merge_wait: float = math.nan
     assembly: float = 0.0
     examples_to_target: float = math.nan
+    previous_eval_time: float = 0.0
 
 
 DIVERGED = Outcome(math.inf, math.nan, math.nan)
@@ -181,6 +185,7 @@ def _simulate(
         progress.tick(label)
     reached = extra["virtual_time_to_target"]
     assembly = 0.0 if reached is None else assembly_cost(config, extra)
+    before = _previous_evaluation(metrics.rows, protocol.target)
     return Outcome(
         math.inf if reached is None else reached + assembly,
         mean_staleness(extra["staleness"]),
@@ -192,7 +197,19 @@ def _simulate(
         _merge_wait_share(extra),
         assembly,
         math.nan if reached is None else float(extra["examples_to_target"]),
+        math.nan if reached is None else before + assembly,
     )
+
+
+def _previous_evaluation(rows: list[dict[str, Any]], target: float) -> float:
+    """The virtual time of the evaluation before the first of ``rows`` at ``target`` or above
+    (0: none before it, the run's start)."""
+    previous = 0.0
+    for row in rows:
+        if row["test_accuracy"] >= target:
+            break
+        previous = row.get("virtual_time", previous)
+    return float(previous)
 
 
 def assembly_cost(config: Config, extra: dict[str, Any]) -> float:

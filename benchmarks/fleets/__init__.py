@@ -2,6 +2,8 @@
 
 Modules: ``protocol`` (the scenarios, rows, rate grids, seeds and budget, and why), ``cells``
 (one row in one scenario: its rate tuned, its reported seeds, or its path's refusal),
-``report`` (the verdicts, tables and "which algorithm for which fleet" paragraph, and the
-results page's section) and ``__main__`` (the command and its raw file).
+``verdicts`` (each row against its scenario's reference, in the results page's words),
+``report`` (the detail tables, the "which algorithm for which fleet" paragraph, the raw files a
+page shows and the detail page), ``compact`` (the results page's compact section) and
+``__main__`` (the command and its raw file).
 """

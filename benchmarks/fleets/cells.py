@@ -11,6 +11,7 @@ from benchmarks.delays.protocol import BATCH_SIZE, Protocol, _base_experiment, b
 from benchmarks.delays.simulation import Outcome, time_to_target
 from benchmarks.delays.tuning import tune
 from benchmarks.fleets.protocol import NETWORK, VARIANTS, Scenario, Settings, event_counts, fleet_spec, overrides
+from benchmarks.fleets.verdicts import no_rate_reached
 from pdasgd_jax.config import Config
 
 
@@ -113,7 +114,8 @@ def run_once(
 
 def events(scenario: Scenario, seed: int, until: float = math.inf) -> dict[str, int]:
     """The fleet events a run of ``scenario`` with ``seed`` meets before virtual time ``until``
-    on its own clock (``event_counts``; default: all of them), by kind."""
+    on its own clock, without the evaluated model's assembly (``event_counts``), by kind; by
+    default every event on the scenario's horizon."""
     return event_counts(fleet_spec(scenario.fleet, seed, scenario.workers), scenario.workers, scenario.horizon, until)
 
 
@@ -133,11 +135,15 @@ def run_cell(row: str, scenario: Scenario, settings: Settings) -> dict[str, Any]
       ``{"row", "workers", "fleet", "horizon_s", "epochs", "refused": message, "refused_fleet":
       its --fleet}`` for a config ``Config.validate`` refuses (``"failed"``, ``"failed_fleet"``
       for a reported run that stopped with an error); else also ``variant`` (None: the row's
-      own) and ``variants`` (each variant's tuning), ``lr``, ``tuning`` (rate: mean tuning time,
-      inf where out), ``rates_tried``, ``failed_rates`` (a tuning run that failed: its variant,
-      rate, seed and message; the other rates go on), ``edge``, ``cut_short``, ``untuned`` (no
-      rate reached the target on the tuning seeds: the grid's smallest ran), ``seeds`` and per
-      reported seed ``times`` (inf: missed), ``run_times`` (the virtual time the run lasted),
+      own) and ``variants`` (each variant's tuning), ``lr``, ``tuning`` (rate: mean tuning time;
+      inf, which the raw file writes as null, where the rate is out: it missed the target on a
+      tuning seed, was stopped once it could not win (``cut_short``) or failed),
+      ``rates_tried``, ``failed_rates`` (a tuning run that failed: its variant, rate, seed and
+      message; the other rates go on), ``edge``, ``cut_short``, ``untuned`` (no rate reached
+      the target on the tuning seeds, a failed rate not counted: ``no_rate_reached``), ``seeds``
+      and per reported seed ``times`` (inf: missed), ``previous_eval_times`` (what the time
+      would have been at the evaluation before the one that reached the target: the crossing
+      lies between the two; nan: missed), ``run_times`` (the virtual time the run lasted),
       ``past_horizon`` (it ran past the fleet's horizon, after which churn has no event),
       ``final_accuracy``, ``examples_to_target``, ``budget_share`` (those over the budget's
       examples), ``fleet_specs``, ``events`` (over the horizon) and ``events_before_target``
@@ -193,7 +199,7 @@ def run_cell(row: str, scenario: Scenario, settings: Settings) -> dict[str, Any]
         "failed_rates": failed_rates,
         "edge": best["edge"],
         "cut_short": cut,
-        "untuned": not any(math.isfinite(t) for v in variants for t in tuned[v]["tuning"].values()),
+        "untuned": no_rate_reached({v: tuned[v]["tuning"] for v in variants}, failed_rates),
         "tuning_seeds": list(settings.tuning_seeds),
     }
     try:
@@ -207,6 +213,7 @@ def run_cell(row: str, scenario: Scenario, settings: Settings) -> dict[str, Any]
         **recorded,
         "seeds": list(settings.seeds),
         "times": [o.time for o in outcomes],
+        "previous_eval_times": [o.previous_eval_time for o in outcomes],
         "run_times": [o.run_time for o in outcomes],
         "past_horizon": [bool(o.run_time > scenario.horizon) for o in outcomes],
         "final_accuracy": [o.final_accuracy for o in outcomes],

@@ -12,12 +12,13 @@ figure, interval (or range), verdict and source key, and stays under ``PAGE_LIMI
 does not fit goes in full to a detail page under ``docs/results/`` (the documentation site's
 Results), linked from its section: the overhead tables (``overheads.md``; the page keeps one row
 per question), the device-concurrency map (``concurrency.md``; the page keeps its largest gain),
-both staleness means per cell (``staleness.md``; the page keeps their difference), and the
-current runtime run's staleness with every run of its protocol (``runtime.md``; the page keeps
+the staleness tables (``staleness.md``; the page links them), and the current runtime run's
+staleness with every run of its protocol (``runtime.md``; the page keeps
 their spread). The page's Sources section lists each key with its raw file and commit only: the
 commands, long (environment, every flag), are on ``sources.md`` with those of the protocols that
-have no raw file yet, one link away. A fleet study's table (``benchmarks.fleets.report``), where
-that module exists and has a raw file, follows the DaSGD section.
+have no raw file yet, one link away. A fleet study's compact table (``benchmarks.fleets.compact``,
+its detail page ``benchmarks.fleets.report``), where that module exists and has a raw file,
+follows the DaSGD section, its rows citing the raw files as the other tables do.
 
 Usage::
 
@@ -41,10 +42,11 @@ from benchmarks.scripts import (
 )
 from benchmarks.scripts.results_common import CLAIM_VS_ASYNC, CLAIM_VS_SYNC, Sources, table
 
-try:  # the fleet study's table, where that module exists
+try:  # the fleet study's tables, where that module exists
+    from benchmarks.fleets import compact as fleets_compact
     from benchmarks.fleets import report as fleets_report
 except ImportError:
-    fleets_report = None
+    fleets_compact = fleets_report = None
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PAGE = "BENCHMARKS.md"
@@ -66,6 +68,12 @@ DETAIL_PAGES = {
 
 
 FINDINGS = "docs/archive/review-findings.md"
+ACCELERATOR = "Accelerator: MFU and device check"
+DEVICE_CHECK = "`make device-check` on a GPU or TPU machine (`bench_results/device_check/README.md`)"
+NO_ACCELERATOR = (
+    "No accelerator run yet: `bench_results/device_check/` holds no `device_check.json` (the MFU and device check, "
+    "`make device-check` on a GPU or TPU machine: `bench_results/device_check/README.md`)"
+)
 # The open review findings that bound the page's tables, and which tables each bounds.
 BOUNDING_FINDINGS = {
     "34": "the headline claims",
@@ -120,10 +128,10 @@ disagree with this page, the page holds.
   (`delays`, `delays-network`, the claims' cells) are deterministic given their calibration and
   seed; the runtime and throughput tables are wall clock.
 - **Terms**: W devices; k the mean injected delay per step in steps' compute; M stages;
-  *stronger sync*: sync keeping the first W - b gradients (`sync-backup`: b = W/4, `-w8`,
-  `-w2`: W/8, W/2); *best async*: the fastest of `asgd`, `asgd-3t` (3 threads per device, as
-  PD-ASGD's F + B), `lpp`, `asgd-3t-rep` (with a replica per device); H, d: averaging period
-  and merge delay; MFU: model FLOPs utilisation.
+  *stronger sync*: sync keeping the first W - b gradients, a cell naming its b (b=W/4:
+  `sync-backup`; b=W/8, b=W/2: `-w8`, `-w2`; b=0: plain sync); *best async*: the fastest of
+  `asgd`, `asgd-3t` (3 threads per device, as PD-ASGD's F + B), `lpp`, `asgd-3t-rep` (with a
+  replica per device); H, d: averaging period and merge delay; MFU: model FLOPs utilisation.
 - **Intervals**: 95 %, the delta method over the reported seeds, Student's t at the smaller
   sample's degrees of freedom; log scale for a ratio of means and the mean of a positive
   quantity (`benchmarks.log_ratio_ci95`, as `docs/preregistration.md` fixes), linear for a
@@ -137,8 +145,8 @@ disagree with this page, the page holds.
   here on exploratory grids (the serial clock, 3 seeds, baselines picked on tuning seeds).
 - **Open review findings** (`{FINDINGS}`) {", ".join(BOUNDING_FINDINGS)} bound these tables: what each
   says and bounds, {detail_link("index.md#open-review-findings", f"{DETAILS}/index.md")}.
-- **Sources**: a row's keys (S1, ...) name its raw file and the commit the raw file records, in
-  the table at the end; the command that wrote each: {detail_link("sources.md")}.
+- **Sources**: a row's keys (S1, ...) name its raw file and the commit the raw file records (-:
+  none), in the table at the end; the command that wrote each: {detail_link("sources.md")}.
 """
 
 
@@ -208,16 +216,14 @@ def _main_page(root: pathlib.Path, sources: Sources, grids: list[results_cells.G
             "No raw file.",
         )
     )
-    staleness = "\n\n".join(f"### {g.name}\n\n{results_cells.staleness_table(g, compact=True)}" for g in grids)
-    layer_block = results_accuracy.staleness_layer_vs_block(root, sources)
     parts.append(
         _section(
             "Staleness",
-            "PD-ASGD's mean staleness per applied update (versions) minus the cell's best asynchronous "
-            "baseline's, with its interval and mark; both means and the baseline of every cell: "
-            f"{detail_link('staleness.md')}.",
-            staleness + ("\n\n### layer-wise against block updates\n\n" + layer_block if layer_block else ""),
-            "No raw cells.",
+            "PD-ASGD's mean staleness per applied update (versions) against the cell's best asynchronous "
+            "baseline's, with both means, their difference, its interval and mark, per cell of every grid, "
+            f"and layer-wise against block updates: {detail_link('staleness.md')}.",
+            "",
+            "",
         )
     )
     dasgd = "\n\n".join(f"### {g.name}\n\n{t}" for g in grids if (t := results_cells.dasgd_table(g)))
@@ -235,7 +241,7 @@ def _main_page(root: pathlib.Path, sources: Sources, grids: list[results_cells.G
             "No raw cells.",
         )
     )
-    fleets = fleets_report.results_section(root) if fleets_report is not None else None
+    fleets = fleets_compact.results_section(root, sources) if fleets_compact is not None else None
     parts.append(
         _section(
             "Heterogeneous and unreliable fleets",
@@ -278,19 +284,14 @@ def _main_page(root: pathlib.Path, sources: Sources, grids: list[results_cells.G
             "No raw file.",
         )
     )
-    parts.append(
-        _section(
-            "Accelerator: MFU and device check",
-            "`make device-check` on a GPU or TPU machine (`bench_results/device_check/README.md`).",
-            results_runtime.device_check_table(root, sources),
-            "No accelerator run yet: `bench_results/device_check/` holds no `device_check.json`.",
-        )
-    )
+    accelerator = results_runtime.device_check_table(root, sources)
+    if accelerator:
+        parts.append(_section(ACCELERATOR, f"{DEVICE_CHECK}.", accelerator, ""))
     missing = results_runtime.missing_names(root)
     parts.append(
         _section(
             "Not on this page: no raw file yet",
-            "",
+            "" if accelerator else f"{NO_ACCELERATOR}.",
             (
                 "Protocols whose figures are not reproducible from the repository until their raw file is "
                 f"committed: {', '.join(missing)}; the command that writes each: "
@@ -331,6 +332,7 @@ def render_pages(root: pathlib.Path = REPO) -> dict[str, str]:
     staleness = "\n\n".join(f"## {g.name}\n\n{results_cells.staleness_table(g)}" for g in grids)
     concurrency = results_concurrency.concurrency_table(root, sources)
     runs = results_runtime.runs_table(root, sources)
+    layer_block = results_accuracy.staleness_layer_vs_block(root, sources)
     details = {
         "index.md": f"The [results page]({PAGE_URL}) (`{PAGE}`) holds one table per question; these pages, "
         f"generated by `{COMMAND}` from the same raw files with it, hold what does not fit there, each "
@@ -347,7 +349,8 @@ def render_pages(root: pathlib.Path = REPO) -> dict[str, str]:
         "concurrency.md": concurrency or "No raw file.",
         "staleness.md": "Mean staleness per applied update (versions) of PD-ASGD, then the cell's best "
         "asynchronous baseline's, then their difference with its interval and mark.\n\n"
-        + (staleness or "No raw cells."),
+        + (staleness or "No raw cells.")
+        + (f"\n\n## layer-wise against block updates\n\n{layer_block}" if layer_block else ""),
         "runtime.md": "The current run (`runtime.json`) with the mean staleness τ each layout measured and the "
         "simulator predicted, then PD-ASGD's measured speedup over sync in every run of the current protocol "
         "(those fitting a host model).\n\n"

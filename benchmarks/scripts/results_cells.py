@@ -11,7 +11,6 @@ its log-scale interval.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import pathlib
@@ -20,6 +19,7 @@ from typing import Any
 
 from benchmarks import delays
 from benchmarks.claims import speedups as claims_speedups
+from benchmarks.delays.protocol import SYNC_VARIANTS
 from benchmarks.scripts import delays_report
 from benchmarks.scripts.results_common import (
     CLAIM_VS_ASYNC,
@@ -211,6 +211,16 @@ def _claims_description(lines: list[dict[str, Any]]) -> str:
 # How the tables name the algorithm whose speedup a line gives.
 NAMES = {"pdasgd": "PD-ASGD", "dasgd": "DaSGD"}
 
+
+def short_name(algo: str) -> str:
+    """A comparator as a cell names it: a sync variant by its backup workers (``b=W/4``: the
+    page's terms), any other algorithm by its own name."""
+    if algo not in SYNC_VARIANTS:
+        return algo
+    share = delays.ALGORITHMS[algo].get("backup_share", 0.0)
+    return f"b=W/{1 / share:g}" if share else "b=0"
+
+
 Line = tuple[str, Callable[[Grid, Cell], str], Callable[[Grid, Cell], bool] | None]
 
 
@@ -263,7 +273,7 @@ def _speedup_line(subject: str, names: Callable[[Grid], tuple[str, ...]], backup
         s = delays_report.speedup(c.algos[ref], c.algos[subject])
         figure = fmt_speedup(s, NAMES.get(subject, subject), ref, c.algos[subject]["times"])
         named = len(pool) > 1 and math.isfinite(s[0]) and s[0] > 0  # a missed target names who missed it
-        out = marked(figure, speedup_verdict(s)) + (f" {ref}" if named else "")
+        out = marked(figure, speedup_verdict(s)) + (f" {short_name(ref)}" if named else "")
         if replaced:
             out += f" †{replaced}"
         if any(c.algos[a].get("untuned") or c.algos[a].get("edge") for a in (ref, subject)):
@@ -290,20 +300,19 @@ def speedup_table(grid: Grid) -> str:
     return text
 
 
-def _staleness(grid: Grid, c: Cell, compact: bool = False) -> str:
-    """PD-ASGD's mean staleness marked against the best asynchronous baseline's, which follows it;
-    ``compact``: their difference alone, with its interval and mark."""
+def _staleness(grid: Grid, c: Cell) -> str:
+    """PD-ASGD's mean staleness against the best asynchronous baseline's, which follows it, then
+    their difference with its interval and mark."""
     rival, _ = delays_report.pick(c.algos, grid.baselines)
     pd, other = c.algos["pdasgd"]["staleness"], c.algos[rival]["staleness"]
     difference = difference_ci95(pd, other)
     figure = marked(fmt(difference, signed=True), direction(difference, "more stale", "less stale"))
-    return figure if compact else f"{mean_ci95(pd)[0]:.2f} vs {rival} {mean_ci95(other)[0]:.2f}: {figure}"
+    return f"{mean_ci95(pd)[0]:.2f} vs {rival} {mean_ci95(other)[0]:.2f}: {figure}"
 
 
-def staleness_table(grid: Grid, compact: bool = False) -> str:
-    """PD-ASGD's mean staleness against the best asynchronous baseline's in every cell (``compact``:
-    the difference only)."""
-    return _matrix(grid, None, [("PD-ASGD; best async", functools.partial(_staleness, compact=compact), None)])[0]
+def staleness_table(grid: Grid) -> str:
+    """PD-ASGD's mean staleness against the best asynchronous baseline's in every cell."""
+    return _matrix(grid, None, [("PD-ASGD; best async", _staleness, None)])[0]
 
 
 def dasgd_table(grid: Grid) -> str:
@@ -371,7 +380,7 @@ def claims_rows(grids: list[Grid]) -> list[dict[str, Any]]:
                     "reference": label,
                     "best cell": f"W = {c.workers}, k = {k_text(c.k)}"
                     + ("" if c.straggler == "-" else f", {c.straggler} straggler")
-                    + f" ({ref}); best of {len(judged)} cells",
+                    + f" ({short_name(ref)}); best of {len(judged)} cells",
                     "PD-ASGD speedup": fmt_speedup(s, "PD-ASGD", ref),
                     "verdict over the cells": f"{grid_verdict(verdicts)} ({counts})",
                     "source": c.src,

@@ -233,7 +233,7 @@ class Sources:
 
     def markdown(self, commands: bool = True) -> str:
         """The sources table: key, raw file, command, commit (without ``commands``: key, raw file
-        under ``bench_results/``, commit);
+        under ``bench_results/``, commit, ``-`` where none is recorded);
         sources that differ only in the folder of their run (the same command into another
         ``--out``) share one row, the folder written ``<run>`` (the citing table names each run)."""
         groups: dict[tuple[str, str, str], list[int]] = {}
@@ -259,7 +259,7 @@ class Sources:
                 {
                     "source": row["source"],
                     "raw file (in `bench_results/`)": row["raw file"].replace("`bench_results/", "`"),
-                    "commit": row["commit"],
+                    "commit": "-" if row["commit"] == NOT_RECORDED else row["commit"],
                 }
                 for row in rows
             ]

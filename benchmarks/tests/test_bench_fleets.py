@@ -1,6 +1,7 @@
 """The fleets benchmark: its cells are the issue's, a refused row is recorded with its message,
-tuning seeds never reach the reported values, and a quick command writes a raw file whose
-results-page section renders."""
+tuning seeds never reach the reported values, its verdicts use the page's words (a side at one
+evaluation judged on its previous evaluation, a diverged row told from an untuned one), and a
+quick command writes a raw file whose results-page section renders with its source keys."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import pathlib
 import pytest
 
 from benchmarks import __main__ as bench_main
+from benchmarks.delays import simulation
 from benchmarks.delays.protocol import SYNC_VARIANTS
 from benchmarks.delays.simulation import Outcome
 from benchmarks.delays_network import NETWORK
-from benchmarks.fleets import cells, protocol, report
+from benchmarks.fleets import cells, compact, protocol, report, verdicts
 from benchmarks.fleets.__main__ import main
+from benchmarks.scripts.results_common import Sources, ratio_ci95
 from pdasgd_jax.delays.fleet import parse_fleet
 
 
@@ -61,7 +64,10 @@ def test_the_protocol_cells_are_the_issues():
         assert (o.get("local_steps") == "dynamic") == row.endswith("dylu")
         if "dn" in row.split("-"):
             assert o["outer_momentum_every"] == 64  # about W arrivals per momentum step
-        assert protocol.ROW_NOTES[row].startswith("W + 1 devices: the server never fails")
+        assert protocol.ROW_NOTES[row].startswith("W + 1 devices: one server applies every arrival serially")
+        # the inner optimizer runs at the row's own rate: nothing divides it by W
+        assert "inner rate: the row's tuned lr, not scaled with W" in protocol.ROW_NOTES[row]
+        assert ("outer SGD at rate 1" in protocol.ROW_NOTES[row]) == ("dn" not in row.split("-"))
         assert protocol.threads_text(row) == "1 per device + a server device"
     assert protocol.ROW_NOTES["pdasgd-rep"].startswith("H = 4, d = 2 (not tuned); optimistic crashes")
     assert protocol.threads_text("lpp") == protocol.threads_text("pdasgd-rep") == "3 per device"
@@ -128,7 +134,7 @@ def _fake_runs(monkeypatch, fail=lambda algo, lr, seed: False):
             raise ValueError("operands could not be broadcast")
         assert comm is NETWORK and k == 0.0 and not straggler
         time = float(seed) + lr + (0.0 if config.get("backup_share") == 0.25 else 1.0) * (algo != "local")
-        return Outcome(time, 0.0, 1.0, 0.95, run_time=time, examples_to_target=100.0)
+        return Outcome(time, 0.0, 1.0, 0.95, run_time=time, examples_to_target=100.0, previous_eval_time=time / 2)
 
     monkeypatch.setattr(cells, "time_to_target", fake)
     monkeypatch.setattr(cells, "train_size", lambda seed, lr: 1000)
@@ -145,6 +151,7 @@ def test_tuning_seeds_never_appear_in_the_reported_values(monkeypatch):
     assert c["rates_tried"] == sorted(c["tuning"]) and c["variant"] is None and not c["untuned"]
     assert c["seeds"] == list(protocol.SEEDS) and c["tuning_seeds"] == list(protocol.TUNING_SEEDS)
     assert c["times"] == [s + c["lr"] for s in protocol.SEEDS]
+    assert c["previous_eval_times"] == [t / 2 for t in c["times"]]  # each seed's evaluation before its target
     assert not set(c["seeds"]) & set(c["tuning_seeds"])
     reported = [call for call in calls if call[1] in protocol.SEEDS]
     assert [call[1] for call in reported] == list(protocol.SEEDS) and calls[-len(reported) :] == reported
@@ -222,7 +229,7 @@ def _cell(row: str, times: list[float | None], tuned: float, fleet: str = "strag
     }
 
 
-def test_verdicts_against_the_fastest_picked_on_the_tuning_seeds():
+def test_verdicts_against_the_reference_picked_on_the_tuning_seeds():
     fast = _cell("sync-best", [1.0, 1.1, 0.9], tuned=1.0)
     near = _cell("local", [1.0, 1.2, 0.8], tuned=2.0)
     slow = _cell("lpp", [3.0, 3.1, 2.9], tuned=3.0)
@@ -232,28 +239,30 @@ def test_verdicts_against_the_fastest_picked_on_the_tuning_seeds():
     untuned = {**_cell("async-local-dn", [None, None, None], tuned=math.inf), "untuned": True}
     refused = {"row": "async-local", "workers": 16, "fleet": "straggler", "refused": "no", "refused_fleet": "x"}
     results = {"settings": _settings(), "cells": [fast, near, slow, lucky, miss, untuned, refused]}
-    [(key, entries)] = report.judged(results).items()
+    [(key, entries)] = verdicts.judged(results).items()
     kinds = {c["row"]: kind for c, kind, _ in entries}
     assert key == (16, "straggler")
     assert kinds == {
-        "sync-best": report.FASTEST,
-        "local": report.WITHIN,
-        "lpp": report.SLOWER,
-        "dasgd": report.FASTER,
-        "pdasgd-rep": report.MISSED,
-        "async-local-dn": report.MISSED,
-        "async-local": report.REFUSED,
+        "sync-best": verdicts.REFERENCE,
+        "local": verdicts.NOT_SETTLED,
+        "lpp": verdicts.SLOWER,
+        "dasgd": verdicts.FASTER,
+        "pdasgd-rep": verdicts.MISSED,
+        "async-local-dn": verdicts.MISSED,
+        "async-local": verdicts.REFUSED,
     }
     texts = {c["row"]: text for c, _, text in entries}
     assert texts["lpp"].startswith("slower: 3.00x [") and texts["pdasgd-rep"] == "missed the target on 1 of 3 seeds"
     assert texts["async-local-dn"] == "untuned: no rate of the grid reached the target on the tuning seeds"
+    assert texts["local"].startswith("not settled: 1.00x [") and "fastest" not in " ".join(texts.values())
     paragraph = report.which_algorithm(results)
-    # DaSGD beat the reference on the reported seeds: no single fastest
+    # DaSGD beat the reference on the reported seeds: said so, no row called the fastest
     assert paragraph.startswith(
-        "Under a persistent 3x straggler at W = 16, among the rows that ran, there is no single fastest: sync "
-        "(best b) (picked on the tuning seeds) is beaten on the reported seeds by DaSGD; local SGD cannot be "
-        "told from it"
+        "Under a persistent 3x straggler at W = 16, among the rows that ran, the reference is sync (best b) (picked "
+        "on the tuning seeds), and DaSGD is faster than it on the reported seeds; slower than it at per-row 95 % "
+        "with no multiplicity correction: LPP-SGD; local SGD cannot be told from it"
     )
+    assert "fastest" not in paragraph
     assert "async-local is not supported yet" in paragraph and "replicated PD-ASGD and" in paragraph
     calm = report.which_algorithm({**results, "cells": [fast, near, slow]})
     # never "the fastest" on per-row intervals: the reference, and apart the rows slower at per-row 95 %
@@ -265,12 +274,16 @@ def test_verdicts_against_the_fastest_picked_on_the_tuning_seeds():
     assert "fastest" not in calm
     text = report.render(results)
     assert "| 3 per device |" in text and "1 per device + a server device" in text
-    assert "async-local + DN: W + 1 devices: the server never fails and its link is not shared; outer lr 0.7" in text
-    assert "per row, 95 %, no multiplicity correction" in text
+    assert (
+        "async-local + DN: W + 1 devices: one server applies every arrival serially, never fails, and its link is "
+        "not shared; inner rate: the row's tuned lr, not scaled with W; outer lr 0.7" in text
+    )
+    assert "per row, 95 %, no multiplicity correction" in text and "fastest" not in text
+    assert "Verdicts: the row's mean time over the reference's" in text  # the legend of the verdict words
 
 
 def test_no_raw_file_no_section(tmp_path):
-    assert report.results_section(tmp_path) is None
+    assert compact.results_section(tmp_path) is None
 
 
 @pytest.mark.timeout(240)
@@ -295,12 +308,17 @@ def test_quick_command_writes_a_raw_file_whose_section_renders(tmp_path):
         assert "refused" not in c and len(c["times"]) == len(protocol.QUICK_SEEDS)
         assert c["tuning_seeds"] == [100] and set(c["tuning"]) == {"0.2"}
         assert all(t is None or (math.isfinite(t) and t > 0) for t in c["times"])
+        # each seed's evaluation before its target came earlier (null where it missed)
+        assert all(
+            (t is None) == (p is None) and (t is None or 0 <= p < t)
+            for t, p in zip(c["times"], c["previous_eval_times"])
+        )
     section = report.render(results, raw.relative_to(tmp_path).as_posix())
     assert "**W = 16**" in section and "Quick run" in section and "sync (best b)" in section
     assert f"raw file `{raw.relative_to(tmp_path).as_posix()}`" in section
     assert "Which algorithm for which fleet" in section
     assert raw.with_suffix(".md").read_text().startswith("Virtual time to 90% test accuracy")
-    assert report.results_section(tmp_path) is None  # a quick run is never the page's
+    assert compact.results_section(tmp_path) is None  # a quick run is never the page's
 
 
 def test_a_full_run_refuses_another_calibration_than_the_committed_one(monkeypatch, capsys, tmp_path):
@@ -337,7 +355,7 @@ def test_the_page_shows_the_newest_run_of_each_size_and_never_a_quick_or_partial
         (folder / day / f"fleets-{stamp}.json").write_text(json.dumps({"settings": settings, "cells": cells_}))
     whole = folder / "2026-01-01" / "fleets-100000.json"
     assert report.newest_per_workers(tmp_path) == dict.fromkeys(protocol.WORKERS, whole)
-    section = report.results_section(tmp_path)
+    section = compact.results_section(tmp_path)
     assert "raw: `bench_results/fleets/2026-01-01/fleets-100000.json`." in section and "Not run yet" not in section
     assert all(f"W = {w} {f}" in section for w in protocol.WORKERS for f in protocol.FLEETS)
     detail = report.detail_page(tmp_path)
@@ -359,7 +377,8 @@ def test_a_failed_run_is_recorded_and_the_benchmark_goes_on(monkeypatch):
     c = cells.run_cell("local", protocol.Scenario(16, "churn"), settings)
     assert c["failed"].startswith("TypeError: unsupported operand (lr ") and c["failed_fleet"].startswith("churn:")
     # every rate of the grid was tried and recorded before the reported runs failed too
-    assert {f["lr"] for f in c["failed_rates"]} == set(protocol.LRS_BY_ROW["local"]) and c["untuned"]
+    assert {f["lr"] for f in c["failed_rates"]} == set(protocol.LRS_BY_ROW["local"])
+    assert not c["untuned"] and not verdicts.untuned(c)  # a grid that only failed is no untuned row
     text = report.render({"settings": _settings(), "cells": [c]})
     assert "run failed (F1)" in text and "F1: TypeError: unsupported operand" in text
     assert "local SGD failed to run" in text
@@ -407,7 +426,7 @@ def _write_run(folder: pathlib.Path, day: str, workers: int) -> pathlib.Path:
 def test_one_file_per_size_renders_together_with_each_files_own_settings(tmp_path: pathlib.Path):
     paths = {w: _write_run(tmp_path / report.RAW_DIR, "2026-01-01", w) for w in protocol.WORKERS}
     assert report.newest_per_workers(tmp_path) == paths
-    section = report.results_section(tmp_path)
+    section = compact.results_section(tmp_path)
     assert all(f"W = {w} {f}" in section for w in protocol.WORKERS for f in protocol.FLEETS)
     assert all(p.relative_to(tmp_path).as_posix() in section for p in paths.values())
 
@@ -418,10 +437,10 @@ def test_the_table_is_withheld_while_its_review_finding_is_open(tmp_path: pathli
     findings.parent.mkdir(parents=True)
     row = f"| {report.REVIEW_FINDING} | fleets 2nd | the verdicts cannot be read yet | open | - |\n"
     findings.write_text("| # | review | finding | status | commit |\n|---|---|---|---|---|\n" + row)
-    for text in (report.results_section(tmp_path), report.detail_page(tmp_path)):
+    for text in (compact.results_section(tmp_path), report.detail_page(tmp_path)):
         assert "withheld" in text and "the verdicts cannot be read yet" in text and "R1" not in text
     findings.write_text(findings.read_text().replace("| open |", "| fixed |"))
-    assert "withheld" not in report.results_section(tmp_path) and "R1: not yet" in report.detail_page(tmp_path)
+    assert "withheld" not in compact.results_section(tmp_path) and "R1: not yet" in report.detail_page(tmp_path)
 
 
 def test_lpp_and_replicated_pdasgd_are_noted_for_their_optimistic_crashes():
@@ -441,30 +460,63 @@ def test_lpp_and_replicated_pdasgd_are_noted_for_their_optimistic_crashes():
     assert churn.endswith("LPP-SGD ran with optimistic crashes (docs/algorithms.md §5a)")
 
 
-def test_a_row_at_one_evaluation_on_every_seed_is_not_settled_unless_it_clears_the_bound():
+def _kinds(*cells_: dict) -> dict[str, tuple[str, str]]:
+    return {c["row"]: (kind, text) for c, kind, text in verdicts.judged({"cells": list(cells_)})[16, "straggler"]}
+
+
+def test_a_row_at_one_evaluation_in_a_raw_file_without_its_previous_one_is_judged_on_the_whole_time():
     ref = _cell("lpp", [1.0, 1.1, 0.9], tuned=1.0)
     flat_slow = _cell("local", [3.0, 3.0, 3.0], tuned=2.0)
     flat_fast = _cell("dasgd", [0.5, 0.5, 0.5], tuned=3.0)
     spread = _cell("dasgd-eager", [3.0, 3.1, 2.9], tuned=4.0)
-    kinds = {
-        c["row"]: (kind, text)
-        for c, kind, text in report.judged({"cells": [ref, flat_slow, flat_fast, spread]})[16, "straggler"]
-    }
+    kinds = _kinds(ref, flat_slow, flat_fast, spread)
     # the crossing of a zero-spread row lies anywhere in (0, t]: never "slower", but "faster" when t clears it
-    assert kinds["local"] == (report.NOT_SETTLED, "not settled: 3.00x (one evaluation)")
-    assert kinds["dasgd"][0] == report.FASTER and kinds["dasgd-eager"][0] == report.SLOWER
+    assert kinds["local"][0] == verdicts.NOT_SETTLED
+    assert kinds["local"][1].startswith("not settled: 3.00x [0.00, ") and kinds["local"][1].endswith("(one evaluation)")
+    assert kinds["dasgd"][0] == verdicts.FASTER and kinds["dasgd-eager"][0] == verdicts.SLOWER
     # a zero-spread reference: a row is slower than it when it clears the reference's t, never faster
     flat_ref = _cell("lpp", [1.0, 1.0, 1.0], tuned=1.0)
     faster = _cell("local", [0.5, 0.6, 0.4], tuned=2.0)
-    kinds = {c["row"]: kind for c, kind, _ in report.judged({"cells": [flat_ref, faster, spread]})[16, "straggler"]}
-    assert kinds == {"lpp": report.FASTEST, "local": report.NOT_SETTLED, "dasgd-eager": report.SLOWER}
+    kinds = {row: kind for row, (kind, _) in _kinds(flat_ref, faster, spread).items()}
+    assert kinds == {"lpp": verdicts.REFERENCE, "local": verdicts.NOT_SETTLED, "dasgd-eager": verdicts.SLOWER}
+    assert _kinds(flat_ref, faster)["local"][1].endswith(", inf) (one evaluation)")
     text = report.render({"settings": _settings(), "cells": [ref, flat_slow]})
-    assert "3000.00 (every seed at one evaluation; lr 0.1" in text and "[3000.00, 3000.00]" not in text
-    assert report.one_evaluation([2.0, 2.0, None]) and not report.one_evaluation([2.0, None])
+    assert "3000.00 (every seed at one evaluation, previous evaluation not recorded; lr 0.1" in text
+    assert "[3000.00, 3000.00]" not in text
+    assert verdicts.one_evaluation([2.0, 2.0, None]) and not verdicts.one_evaluation([2.0, None])
+
+
+def test_a_row_at_one_evaluation_crossed_after_its_previous_evaluation():
+    ref = _cell("lpp", [1.0, 1.1, 0.9], tuned=1.0)
+    flat_slow = {**_cell("local", [3.0, 3.0, 3.0], tuned=2.0), "previous_eval_times": [2.0, 2.0, 2.0]}
+    # each seed crossed in (2, 3]: at least 2x the reference's mean, so clearly slower, no longer "not settled"
+    kind, text = _kinds(ref, flat_slow)["local"]
+    _, lo, hi = ratio_ci95(flat_slow["times"], ref["times"])
+    assert kind == verdicts.SLOWER and text == f"slower: 3.00x [{lo * 2 / 3:.2f}, {hi:.2f}] (one evaluation)"
+    # a previous evaluation too close to 0 for the bound to clear 1: not settled
+    near_zero = {**flat_slow, "previous_eval_times": [0.5, 0.5, 0.5]}
+    assert _kinds(ref, near_zero)["local"][0] == verdicts.NOT_SETTLED
+    # a seed without its previous evaluation: the whole time, (0, t]
+    partial = {**flat_slow, "previous_eval_times": [2.0, None, 2.0]}
+    assert verdicts.previous_evaluation(partial) == 0.0 and _kinds(ref, partial)["local"][0] == verdicts.NOT_SETTLED
+    # a zero-spread reference crossed in (0.8, 1]: a row below 0.8 of it on the reported seeds is faster
+    flat_ref = {**_cell("lpp", [1.0, 1.0, 1.0], tuned=1.0), "previous_eval_times": [0.8, 0.8, 0.8]}
+    faster = _cell("local", [0.3, 0.35, 0.25], tuned=2.0)
+    assert _kinds(flat_ref, faster)["local"][0] == verdicts.FASTER
+    assert _kinds({**flat_ref, "previous_eval_times": [0.0] * 3}, faster)["local"][0] == verdicts.NOT_SETTLED
+    text = report.render({"settings": _settings(), "cells": [ref, flat_slow]})
+    assert "3000.00 (every seed at one evaluation, crossed after 2000.00; lr 0.1" in text
+
+
+def test_the_outcome_records_the_evaluation_before_the_target():
+    rows = [{"test_accuracy": a, "virtual_time": t} for a, t in ((0.1, 0.0), (0.5, 1.0), (0.85, 2.0), (0.95, 3.0))]
+    assert simulation._previous_evaluation(rows, 0.9) == 2.0
+    assert simulation._previous_evaluation(rows[-1:], 0.9) == 0.0  # the first evaluation: the run's start
+    assert Outcome(1.0, 0.0, 1.0).previous_eval_time == 0.0  # older outcomes: (0, t]
 
 
 def _compact(cells_: list[dict]) -> str:
-    return report.summary({16: {"settings": _settings(), "cells": cells_}})
+    return compact.summary({"settings": _settings(), "cells": cells_})
 
 
 def test_the_compact_table_keeps_what_a_reader_needs():
@@ -483,13 +535,14 @@ def test_the_compact_table_keeps_what_a_reader_needs():
     cell = {parts[1].strip(): parts[3].strip() for line in text.splitlines() if len(parts := line.split("|")) > 3}
     assert cell["sync (best b)"].endswith("▼; b = W/8 tied with W/4 ‡2 F")
     assert cell["local SGD"] == "missed (2/3)" and cell["DaSGD"] == "untuned"
-    assert cell["LPP-SGD †1"].startswith("ref: 1000.00 [") and cell["async-local + DN †2,3"].endswith("▼")
+    assert cell["LPP-SGD †1"].startswith("ref: 1000.00 [") and cell["async-local + DN †2,3,4"].endswith("▼")
     # each note once, numbered in row order, under the table
     assert text.endswith(
         "Rows: †1 optimistic crashes: an all-reduce in flight keeps a crashed member's part, a rejoining store its "
-        "optimizer state; †2 W + 1 devices: the server never fails and its link is not shared; †3 outer lr 0.7 "
-        "(not tuned)."
+        "optimizer state; †2 W + 1 devices: one server applies every arrival serially, never fails, and its link is "
+        "not shared; †3 inner rate: the row's tuned lr, not scaled with W; †4 outer lr 0.7 (not tuned)."
     )
+    assert "| source |" not in text  # no keys without the page's sources
     assert "‡" not in cell["LPP-SGD †1"] and " F" not in cell["LPP-SGD †1"]
     # no exact tie: the winner alone
     sync["variants"]["sync-backup"] = {"0.1": 2.5}
@@ -500,16 +553,89 @@ def test_the_compact_section_states_its_intervals_and_marks(tmp_path: pathlib.Pa
     folder = tmp_path / report.RAW_DIR / "2026-01-01"
     folder.mkdir(parents=True)
     cells_ = [
-        {**_cell(r, [1.0 + i, 1.1 + i, 0.9 + i], tuned=1.0 + i, fleet=f), "workers": 16}
+        {**_cell(r, [1.0 + d, 1.1 + d, 0.9 + d], tuned=1.0 + i, fleet=f), "workers": 16}
         for f in protocol.FLEETS
         for i, r in enumerate(protocol.ROWS)
+        for d in [0.05 if i == 1 else i]  # the second row within the reference's interval
     ]
     (folder / "fleets-100000.json").write_text(
         json.dumps({"settings": {**_settings(), "quick": False}, "cells": cells_})
     )
-    section = report.results_section(tmp_path)
-    assert "Per-row 95 %, no multiplicity correction; ▼ slower than ref, ○ cannot be told apart, ▲ faster" in section
-    assert "fastest at" not in section and "is the fastest" not in section
+    section = compact.results_section(tmp_path)
+    assert (
+        "Per-row 95 %, no multiplicity correction; ▼ slower than ref, ▲ faster, ○ not settled (the interval" in section
+    )
+    assert "fastest" not in section
+    # ○ is "not settled" and nothing else: every ○ cell's ratio interval contains 1
+    ratios = [c for line in section.splitlines() if line.startswith("| ") for c in line.split("|") if "○" in c]
+    assert ratios and all(
+        float(c.split("[")[1].split(",")[0]) <= 1 <= float(c.split(", ")[1].split("]")[0]) for c in ratios
+    )
+
+
+def test_a_diverged_row_is_told_from_an_untuned_one_in_both_tables():
+    ref = _cell("lpp", [1.0, 1.1, 0.9], tuned=1.0)
+    # a reported seed not finite (a run stopped on divergence), one at chance: diverged on 2 of 3
+    blown = {**_cell("async-local", [None, None, 1.0], tuned=2.0), "final_accuracy": [None, 0.1, 0.95]}
+    # diverged, and its grid reached the target at no rate on the tuning seeds
+    both = {
+        **_cell("async-local-dylu", [None, None, None], tuned=math.inf),
+        "final_accuracy": [0.0974, 0.5, 0.6],
+        "untuned": True,
+    }
+    # short of the target with a sane accuracy: missed, not diverged
+    slow = {**_cell("local", [1.0, None, 2.0], tuned=3.0), "final_accuracy": [0.95, 0.85, 0.95]}
+    # every rate failed: neither untuned (the raw file's flag notwithstanding) nor diverged
+    broken = {
+        **_cell("dasgd", [None, None, None], tuned=math.inf),
+        "final_accuracy": [0.5, 0.5, 0.5],
+        "untuned": True,
+        "failed_rates": [{"variant": None, "lr": 0.1, "seed": 100, "failed": "boom"}],
+    }
+    kinds = _kinds(ref, blown, both, slow, broken)
+    assert kinds["async-local"] == (verdicts.DIVERGED, f"diverged on 2 of 3 seeds ({verdicts.DIVERGED_TEXT})")
+    assert kinds["async-local-dylu"][0] == verdicts.DIVERGED and kinds["async-local-dylu"][1].endswith(
+        "; untuned: no rate of the grid reached the target on the tuning seeds"
+    )
+    assert kinds["local"] == (verdicts.MISSED, "missed the target on 1 of 3 seeds")
+    assert kinds["dasgd"] == (verdicts.MISSED, "missed the target on 3 of 3 seeds") and not verdicts.untuned(broken)
+    text = _compact([ref, blown, both, slow, broken])
+    cell = {parts[1].strip(): parts[3].strip() for line in text.splitlines() if len(parts := line.split("|")) > 3}
+    assert (
+        cell["async-local †2,3,4"] == "diverged (2/3)"
+        and cell["async-local + DyLU †2,3,4"] == "diverged (1/3); untuned"
+    )
+    assert cell["local SGD"] == "missed (1/3)" and cell["DaSGD"] == "missed (3/3) F"
+    detail = report.render({"settings": _settings(), "cells": [ref, blown, both, slow, broken]})
+    assert f"diverged on 2 of 3 seeds ({verdicts.DIVERGED_TEXT})" in detail and verdicts.LEGEND in detail
+    paragraph = report.which_algorithm({"settings": _settings(), "cells": [ref, blown, both, slow]})
+    assert "async-local and async-local + DyLU diverged; local SGD missed the target" in paragraph
+
+
+def test_the_compact_rows_cite_their_raw_files_as_the_pages_other_tables_do(tmp_path: pathlib.Path):
+    paths = {w: _write_run(tmp_path / report.RAW_DIR, "2026-01-01", w) for w in protocol.WORKERS}
+    data = json.loads(paths[16].read_text())
+    data["command"] = {"argv": ["--workers", "16"], "prefix": "XDG_CACHE_HOME=c"}
+    data["run_record"] = {"commit": "0123456789abcdef0123456789abcdef01234567"}
+    paths[16].write_text(json.dumps(data))
+    sources = Sources(tmp_path)
+    section = compact.results_section(tmp_path, sources)
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "algorithm" not in line]
+    assert section.splitlines()[2].endswith("| source |") and all(line.endswith("| S1, S2 |") for line in rows)
+    assert sources.entries == [
+        (
+            paths[16].relative_to(tmp_path).as_posix(),
+            "XDG_CACHE_HOME=c python -m benchmarks fleets --workers 16",
+            "0123456789abcdef0123456789abcdef01234567",
+        ),
+        (paths[64].relative_to(tmp_path).as_posix(), "python -m benchmarks fleets", "not recorded"),
+    ]
+    # while the review finding is open, the raw files are named with their keys alone
+    findings = tmp_path / report.FINDINGS
+    findings.parent.mkdir(parents=True)
+    findings.write_text(f"| {report.REVIEW_FINDING} | fleets | not yet | open | - |\n")
+    withheld = compact.results_section(tmp_path, Sources(tmp_path))
+    assert f"`{paths[16].relative_to(tmp_path).as_posix()}` (S1)" in withheld and "| source |" not in withheld
 
 
 def test_events_before_the_target_are_counted_on_the_runs_own_clock(monkeypatch):
@@ -532,6 +658,6 @@ def test_events_before_the_target_are_counted_on_the_runs_own_clock(monkeypatch)
     assert medians == {k: sorted(e[k] for e in own)[len(own) // 2] for k in ("leave", "crash", "join", "slow")}
     text = report.render({"settings": _settings(), "cells": [older]})
     assert "churn: events to target (median)" in text
-    assert ", ".join(f"{k} {v:g}" for k, v in medians.items()) in text
+    assert ", ".join(f"{k} {v:g}" for k, v in medians.items()) + f" ({len(own)} seeds)" in text
     # a file without run times shows none
     assert report.events_to_target({k: v for k, v in c.items() if k != "run_times"}) is None

@@ -211,7 +211,7 @@ def test_runtime_runs_apart_beyond_one_interval_are_said_so(raw_copy, pages, pag
 def test_a_recorded_commit_and_core_count_reach_the_page(raw_copy, pages, page):
     row = "`bench_results/runtime/runtime.json` | `python -m benchmarks runtime --out bench_results/runtime` |"
     key = re.search(rf"\| (S\d+) \| {re.escape(row)} not recorded \|", _detail(pages, "sources.md")).group(1)
-    assert f"| {key} | `runtime/runtime.json` | not recorded |" in page
+    assert f"| {key} | `runtime/runtime.json` | - |" in page  # the page's "-": none recorded
     assert not re.search(rf"cores \([^)]*\b{key}\b", page)
     path = _runtime_file(raw_copy, "")
     data = json.loads(path.read_text())
@@ -277,8 +277,9 @@ def test_the_labels_name_raw_fields_and_statuses_plainly(pages, page):
     assert "| batch 32 `vs_sequential` |" in overheads and "median of its per-round ratios" in overheads
     assert "of 11 interleaved runs" in overheads  # the raw file's repeats
     summary = _section(page, "Overheads: runtime throughput and simulator speed")
-    assert (
-        "| `vs_sequential` 0.55x-1.53x over 8 layouts | every range overlaps the sequential loop's | S15 |" in summary
+    assert re.search(
+        r"\| `vs_sequential` 0\.55x-1\.53x over 8 layouts \| every range overlaps the sequential loop's \| S\d+ \|",
+        summary,
     )
     assert "not reproducible from the repository |" not in page
     assert "| every variant | no raw cell (`missing_cells`) |" in page
@@ -341,21 +342,24 @@ def test_the_fleet_section_follows_dasgd_with_the_fleet_reports_table_or_says_th
     class Report:
         text: str | None = None
 
-        def results_section(self, root: pathlib.Path) -> str | None:
-            assert root == REPO
+        def results_section(self, root: pathlib.Path, sources: results_common.Sources) -> str | None:
+            assert root == REPO and isinstance(sources, results_common.Sources)
             return self.text
 
         def detail_page(self, root: pathlib.Path) -> str | None:
             return self.text
 
     report = Report()
-    monkeypatch.setattr(make_results_page, "fleets_report", report)
+    for name in ("fleets_report", "fleets_compact"):
+        monkeypatch.setattr(make_results_page, name, report)
     without = make_results_page.render(REPO)
     assert "No raw file covers a fleet size yet" in _section(without, "Heterogeneous and unreliable fleets")
-    monkeypatch.setattr(make_results_page, "fleets_report", None)
+    for name in ("fleets_report", "fleets_compact"):
+        monkeypatch.setattr(make_results_page, name, None)
     assert make_results_page.render(REPO) == without
     report.text = "| fleet | figure |\n|---|---|\n| 4 fast, 4 slow | 1.00x [0.90, 1.10] |\n"
-    monkeypatch.setattr(make_results_page, "fleets_report", report)
+    for name in ("fleets_report", "fleets_compact"):
+        monkeypatch.setattr(make_results_page, name, report)
     new = make_results_page.render(REPO)
     headings = [line for line in new.splitlines() if line.startswith("## ")]
     fleets = headings.index("## Heterogeneous and unreliable fleets")
@@ -378,3 +382,30 @@ def test_the_simulator_speed_tables_judge_every_round_against_the_target(raw_cop
     row = "| asgd | 256 | 0.50x [0.50, 0.50] | 1.20x [1.10, 1.30] | 0.60x [0.60, 0.60] | >= 1.2x: not settled |"
     assert row in new
     assert "| 1.10 [0.90, 1.20] | not settled |" in new and "after: M jobs/min" in new
+
+
+def test_the_fleets_table_fits_the_page_with_its_sources_once_its_review_is_closed(raw_copy, page):
+    fleets = _section(page, "Heterogeneous and unreliable fleets")
+    assert "withheld" in fleets  # the committed page: its review finding open
+    raws = re.findall(r"`bench_results/(fleets/[\w/-]+\.json)` \((S\d+)\)", fleets)
+    sources = page.split("## Sources")[1]
+    assert raws and all(f"| {key} | `{raw}` |" in sources for raw, key in raws)
+    path = raw_copy / make_results_page.FINDINGS
+    path.write_text(re.sub(r"^(\| 39 \|.*\| )open[^|]*\|", r"\1fixed |", path.read_text(), flags=re.MULTILINE))
+    opened = make_results_page.render(raw_copy)
+    assert len(opened.encode()) <= make_results_page.PAGE_LIMIT
+    table = _section(opened, "Heterogeneous and unreliable fleets")
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| algorithm")]
+    keys = ", ".join(key for _, key in raws)
+    assert "withheld" not in table and rows and all(line.endswith(f"| {keys} |") for line in rows)
+
+
+def test_the_page_makes_room_the_staleness_tables_and_the_accelerator_on_their_own_pages(pages, page):
+    staleness = _section(page, "Staleness")
+    assert "|" not in staleness and "docs/results/staleness.md" in staleness
+    detail = _detail(pages, "staleness.md")
+    assert "## layer-wise against block updates" in detail and "| pdasgd / pdasgd-block |" in detail
+    assert "sync-backup-w" not in page.split("- **Intervals**")[1] and "▼ b=W/2" in page
+    assert "## Accelerator" not in page and "No accelerator run yet" in _section(
+        page, "Not on this page: no raw file yet"
+    )

@@ -5,51 +5,25 @@ compiled from its checkpoints too."""
 import dataclasses
 import json
 
-import jax
-import numpy as np
 import optax
 import pytest
+from test_compiled_simulator import TIMING, _assert_bitwise, _metrics, _simulated
 from test_dropout import dropout_model
 
 from pdasgd_jax import Config, data, train_and_evaluate
-from pdasgd_jax.delays import CommModel, TimingModel
-from pdasgd_jax.executor import EventKind, EventLog
+from pdasgd_jax.delays import CommModel
+from pdasgd_jax.executor import EventKind
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.compiled import make_plan, run_compiled
 from pdasgd_jax.simulate.compiled_run import simulate_compiled
 from pdasgd_jax.simulate.live_plan import LivePlan
 from pdasgd_jax.simulate.schedule_plan import record_schedule, schedule_from_log
-
-TIMING = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5)
 
 
 @pytest.fixture(scope="module")
 def base():
     config = Config(algo="pdasgd", simulate=True, epochs=0.5, batch_size=16, backward_weights="live", progress=False)
     return Experiment.from_config(config)
-
-
-def _metrics(exp, eval_every):
-    return MetricsLog(
-        exp.evaluate,
-        total_examples=exp.total_examples,
-        eval_every=eval_every,
-        progress=False,
-        target_accuracy=exp.config.target_accuracy,
-    )
-
-
-def _simulated(exp, timing=TIMING, eval_every=10**9):
-    metrics = _metrics(exp, eval_every)
-    log = EventLog()
-    return run_simulated(exp, metrics, timing=timing, log=log), log, metrics
-
-
-def _assert_bitwise(a, b):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def _fields(events):

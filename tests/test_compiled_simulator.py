@@ -13,13 +13,15 @@ from test_dropout import dropout_model
 
 from pdasgd_jax import Config, data, train_and_evaluate
 from pdasgd_jax.delays import CommModel, TimingModel
-from pdasgd_jax.executor import EventLog
+from pdasgd_jax.executor import EventKind, EventLog
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.compiled import RingBudgetError, run_compiled
 from pdasgd_jax.simulate.compiled_run import simulate_compiled
+from pdasgd_jax.simulate.live_plan import plan_live_steps
 from pdasgd_jax.simulate.schedule_plan import plan_steps, record_schedule, schedule_from_log
+from pdasgd_jax.simulate.stateful_plan import plan_stateful_steps
 
 TIMING = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5)
 
@@ -154,6 +156,29 @@ def test_rings_over_the_memory_limit_are_refused(base):
 def test_what_it_does_not_run_is_refused(base, changes):
     with pytest.raises(ValueError, match="compiled simulator"):
         record_schedule(base.with_config(**changes), TIMING)
+
+
+def test_each_planner_refuses_a_log_it_does_not_run(base):
+    """A planner of stashed backwards refuses a live log and the reverse; an update whose
+    logged staleness is not the versions written since its job read is refused by name."""
+    stashed = record_schedule(_exp(base, "pdasgd", 2, "none"), TIMING)
+    live = record_schedule(_exp(base, "pdasgd", 2, "none", backward_weights="live"), TIMING)
+    with pytest.raises(ValueError, match="one shared store, live"):
+        plan_live_steps(stashed)
+    for planner in (plan_steps, plan_stateful_steps):
+        with pytest.raises(ValueError, match="one shared store, stashed"):
+            planner(live)
+    i, update = next((i, e) for i, e in enumerate(stashed.events) if e.kind == EventKind.UPDATE)
+    events = [
+        *stashed.events[:i],
+        dataclasses.replace(update, staleness=update.staleness + 1),
+        *stashed.events[i + 1 :],
+    ]
+    for planner in (plan_steps, plan_stateful_steps):
+        with pytest.raises(
+            ValueError, match=f"event {update.seq}: update of stage {update.stage} out of version order"
+        ):
+            planner(dataclasses.replace(stashed, events=events))
 
 
 def _summary_run(tmp_path, name, **changes):

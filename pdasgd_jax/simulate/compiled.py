@@ -50,6 +50,7 @@ from pdasgd_jax.simulate.compiled_steps import STASHED, Batches, Carry, loop_pro
 from pdasgd_jax.simulate.live_plan import LivePlan, has_live_backwards, plan_live_steps
 from pdasgd_jax.simulate.schedule_plan import Plan, Schedule, plan_steps
 from pdasgd_jax.simulate.stateful_plan import StatefulPlan, has_state_commits, plan_stateful_steps
+from pdasgd_jax.simulate.step_plan import StepPlan
 
 PyTree = Any
 # The most memory the rings of versions and gradients may take, by default.
@@ -88,7 +89,7 @@ class CompiledRun:
     opt_states: tuple[PyTree, ...]
     done: int
     segments: list[SegmentEnd]
-    plan: Plan
+    plan: StepPlan
 
 
 def chunk_capacity(longest: int) -> int:
@@ -104,7 +105,7 @@ def chunk_capacity(longest: int) -> int:
     return -(-longest // unit) * unit
 
 
-def make_plan(schedule: Schedule, cuts: Sequence[int] = ()) -> Plan | LivePlan | StatefulPlan:
+def make_plan(schedule: Schedule, cuts: Sequence[int] = ()) -> StepPlan:
     """``schedule`` packed into steps with segments ending at ``cuts``: a ``LivePlan`` where its
     backwards re-read their stage (``live_plan``), a ``StatefulPlan`` where its jobs commit
     non-trainable state (``stateful_plan``), else a ``Plan`` (``schedule_plan``)."""

@@ -17,23 +17,24 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pdasgd_jax.delays import tree_nbytes
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import StageKernels, init_opt_states
+from pdasgd_jax.kernels import StageKernels
 from pdasgd_jax.simulate.compiled_steps import (
     Batches,
+    JobInputs,
     Numerics,
+    UpdateInputs,
     apply_updates,
     batch_keys,
+    chunk_inputs,
+    init_carry,
     kept,
-    padder,
     ring_at,
     ring_bytes,
     ring_put,
     skippable,
-    stacked,
 )
 from pdasgd_jax.simulate.live_plan import LivePlan
 
@@ -53,41 +54,33 @@ class LiveCarry(NamedTuple):
 
 
 class LiveInputs(NamedTuple):
-    """One step's inputs (``LivePlan``'s arrays for the step, its forward's batch and keys)."""
+    """One step's inputs (``LivePlan``'s arrays for the step, its forward's batch and keys):
+    the forward as ``job`` (``runs``: ``has_forward``, ``slot``: its activation slot), each
+    stage's backward, the updates."""
 
-    x: Any
-    labels: Any
-    key: Any
-    has_forward: Any
-    act_slot: Any
-    read_slot: Any
+    job: JobInputs
     backward_key: Any
     has_backward: Any
     live_slot: Any
     backward_act_slot: Any
     backward_grad_slot: Any
-    has_update: Any
-    src_slot: Any
-    old_slot: Any
-    dst_slot: Any
-    update_grad_slot: Any
-    tau: Any
+    updates: UpdateInputs
 
 
 def _live_step(kernels: StageKernels, states: tuple, carry: LiveCarry, inp: LiveInputs) -> tuple[LiveCarry, jax.Array]:
     """One step: a job's forward, then each stage's backward (``M-1 .. 0``), then each stage's update."""
-    M = len(carry.rings)
+    M, job = len(carry.rings), inp.job
 
     def forward(buffers: tuple[tuple, PyTree]) -> tuple[jax.Array, tuple[tuple, PyTree]]:
         acts, last_deltas = buffers
-        x = inp.x
+        x = job.x
         for m in range(M):
-            acts = (*acts[:m], ring_put(acts[m], x, inp.act_slot), *acts[m + 1 :])
-            x, _ = kernels.forward(m)(ring_at(carry.rings[m], inp.read_slot[m]), states[m], x, inp.key)
-        loss, delta = kernels.loss_grad(x, inp.labels)
-        return loss, (acts, ring_put(last_deltas, delta, inp.act_slot))
+            acts = (*acts[:m], ring_put(acts[m], x, job.slot), *acts[m + 1 :])
+            x, _ = kernels.forward(m)(ring_at(carry.rings[m], job.read_slot[m]), states[m], x, job.key)
+        loss, delta = kernels.loss_grad(x, job.labels)
+        return loss, (acts, ring_put(last_deltas, delta, job.slot))
 
-    loss, (acts, last_deltas) = skippable(inp.has_forward, forward, (carry.acts, carry.deltas[M - 1]))
+    loss, (acts, last_deltas) = skippable(job.runs, forward, (carry.acts, carry.deltas[M - 1]))
     deltas = [*carry.deltas[: M - 1], last_deltas]
     grads = list(carry.grads)
     for m in reversed(range(M)):
@@ -109,7 +102,7 @@ def _live_step(kernels: StageKernels, states: tuple, carry: LiveCarry, inp: Live
         grads[m], below = jax.lax.cond(inp.has_backward[m], backward, kept, grads[m], below)
         if m > 0:
             deltas[m - 1] = below
-    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, tuple(grads), inp)
+    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, tuple(grads), inp.updates)
     return LiveCarry(rings, opt_states, tuple(grads), acts, tuple(deltas)), loss
 
 
@@ -132,16 +125,13 @@ def _activations(exp: Experiment) -> tuple[tuple[jax.ShapeDtypeStruct, ...], tup
 
 def _init_carry(exp: Experiment, plan: LivePlan) -> LiveCarry:
     """Version 0 in every slot of every ring; zero gradients, activations and cotangents."""
-    params = exp.variables.params
     inputs, deltas = _activations(exp)
 
     def zeros(shape: jax.ShapeDtypeStruct) -> jax.Array:
         return jnp.zeros((plan.act_slots + 1, *shape.shape), shape.dtype)
 
     return LiveCarry(
-        tuple(stacked(p, k + 1) for p, k in zip(params, plan.ring_sizes)),
-        tuple(init_opt_states(exp.tx, params)),
-        tuple(stacked(p, plan.grad_slots + 1, jnp.zeros_like) for p in params),
+        *init_carry(exp, plan),
         tuple(jax.tree.map(zeros, a) for a in inputs),
         tuple(jax.tree.map(zeros, d) for d in deltas),
     )
@@ -155,26 +145,15 @@ def _carry_bytes(exp: Experiment, plan: LivePlan) -> int:
 
 def _inputs(plan: LivePlan, lo: int, hi: int, length: int, batches: Batches, key: jax.Array | None) -> LiveInputs:
     """Steps ``lo:hi`` of ``plan``, padded to ``length`` with steps the program does not run."""
-    x, labels = batches.stacked(plan.batch[lo:hi], plan.has_forward[lo:hi], length)
-    padded = padder(lo, hi, length)
+    job, updates, padded = chunk_inputs(plan, (plan.act_slot, plan.act_slots), lo, hi, length, batches, key)
     return LiveInputs(
-        x,
-        labels,
-        batch_keys(key, padded(plan.batch, 0)),
-        padded(plan.has_forward, False),
-        padded(plan.act_slot, plan.act_slots),
-        padded(plan.read_slot, 0),
+        job,
         batch_keys(key, padded(plan.backward_batch, 0)),
         padded(plan.has_backward, False),
         padded(plan.live_slot, 0),
         padded(plan.backward_act_slot, plan.act_slots),
         padded(plan.backward_grad_slot, plan.grad_slots),
-        padded(plan.has_update, False),
-        padded(plan.src_slot, 0),
-        padded(plan.old_slot, 0),
-        padded(plan.dst_slot, np.asarray(plan.ring_sizes, np.int32)),
-        padded(plan.update_grad_slot, 0),
-        padded(plan.tau, 0),
+        updates,
     )
 
 

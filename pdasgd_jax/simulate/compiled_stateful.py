@@ -13,21 +13,23 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from pdasgd_jax.delays import tree_nbytes
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import StageKernels, init_opt_states
+from pdasgd_jax.kernels import StageKernels
 from pdasgd_jax.simulate.compiled_steps import (
     Batches,
+    JobInputs,
     Numerics,
+    UpdateInputs,
     apply_updates,
-    batch_keys,
-    padder,
+    chunk_inputs,
+    init_carry,
     ring_at,
     ring_bytes,
     ring_put,
+    ring_reads,
     skippable,
     stacked,
 )
@@ -47,22 +49,13 @@ class StatefulCarry(NamedTuple):
 
 
 class StatefulInputs(NamedTuple):
-    """One step's inputs (``StatefulPlan``'s arrays for the step, and its job's batch and key)."""
+    """One step's inputs (``StatefulPlan``'s arrays for the step, and its job's batch and key):
+    a stashed step's, and the slots of the state versions its job reads and writes."""
 
-    x: Any
-    labels: Any
-    key: Any
-    has_grad: Any
-    read_slot: Any
+    job: JobInputs
     state_read_slot: Any
     state_dst_slot: Any
-    grad_slot: Any
-    has_update: Any
-    src_slot: Any
-    old_slot: Any
-    dst_slot: Any
-    update_grad_slot: Any
-    tau: Any
+    updates: UpdateInputs
 
 
 def _stateful_step(
@@ -70,40 +63,37 @@ def _stateful_step(
 ) -> tuple[StatefulCarry, jax.Array]:
     """One step: a job's forward, loss and backward chain (to its gradient slot and its new
     states' slots), then each stage's update. ``states`` is unused: they are in the carry."""
-    M = len(carry.rings)
+    M, job = len(carry.rings), inp.job
 
-    def job(buffers: tuple[tuple, tuple]) -> tuple[jax.Array, tuple[tuple, tuple]]:
-        read = tuple(ring_at(carry.rings[m], inp.read_slot[m]) for m in range(M))
-        read_states = tuple(ring_at(carry.state_rings[m], inp.state_read_slot[m]) for m in range(M))
-        x, vjps, new_states = inp.x, [], []
+    def gradients(buffers: tuple[tuple, tuple]) -> tuple[jax.Array, tuple[tuple, tuple]]:
+        read = ring_reads(carry.rings, job.read_slot)
+        read_states = ring_reads(carry.state_rings, inp.state_read_slot)
+        x, vjps, new_states = job.x, [], []
         barrier = jax.lax.optimization_barrier
         for m in range(M):
-            x, new_state, vjp = barrier(kernels.forward_stashed(m)(*barrier((read[m], read_states[m], x)), inp.key))
+            x, new_state, vjp = barrier(kernels.forward_stashed(m)(*barrier((read[m], read_states[m], x)), job.key))
             vjps.append(vjp)
             new_states.append(new_state)
-        loss, delta = barrier(kernels.loss_grad(*barrier((x, inp.labels))))
+        loss, delta = barrier(kernels.loss_grad(*barrier((x, job.labels))))
         grads = [None] * M
         for m in reversed(range(M)):
             grads[m], delta = barrier(kernels.backward_stashed(m)(*barrier((vjps[m], delta))))
         grad_rings, state_rings = buffers
         return loss, (
-            tuple(ring_put(b, g, inp.grad_slot) for b, g in zip(grad_rings, grads)),
+            tuple(ring_put(b, g, job.slot) for b, g in zip(grad_rings, grads)),
             tuple(ring_put(r, s, inp.state_dst_slot[m]) for m, (r, s) in enumerate(zip(state_rings, new_states))),
         )
 
-    loss, (grad_rings, state_rings) = skippable(inp.has_grad, job, (carry.grads, carry.state_rings))
-    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp)
+    loss, (grad_rings, state_rings) = skippable(job.runs, gradients, (carry.grads, carry.state_rings))
+    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp.updates)
     return StatefulCarry(rings, opt_states, grad_rings, state_rings), loss
 
 
 def _init_carry(exp: Experiment, plan: StatefulPlan) -> StatefulCarry:
     """Version 0 in every slot of every ring of params and of states; zero gradients."""
-    v = exp.variables
+    states = exp.variables.states
     return StatefulCarry(
-        tuple(stacked(p, k + 1) for p, k in zip(v.params, plan.ring_sizes)),
-        tuple(init_opt_states(exp.tx, v.params)),
-        tuple(stacked(p, plan.grad_slots + 1, jnp.zeros_like) for p in v.params),
-        tuple(stacked(s, k + 1) for s, k in zip(v.states, plan.state_ring_sizes)),
+        *init_carry(exp, plan), tuple(stacked(s, k + 1) for s, k in zip(states, plan.state_ring_sizes))
     )
 
 
@@ -123,23 +113,12 @@ def _inputs(
     plan: StatefulPlan, lo: int, hi: int, length: int, batches: Batches, key: jax.Array | None
 ) -> StatefulInputs:
     """Steps ``lo:hi`` of ``plan``, padded to ``length`` with steps the program does not run."""
-    x, labels = batches.stacked(plan.batch[lo:hi], plan.has_grad[lo:hi], length)
-    padded = padder(lo, hi, length)
+    job, updates, padded = chunk_inputs(plan, (plan.grad_slot, plan.grad_slots), lo, hi, length, batches, key)
     return StatefulInputs(
-        x,
-        labels,
-        batch_keys(key, padded(plan.batch, 0)),
-        padded(plan.has_grad, False),
-        padded(plan.read_slot, 0),
+        job,
         padded(plan.state_read_slot, 0),
         padded(plan.state_dst_slot, np.asarray(plan.state_ring_sizes, np.int32)),
-        padded(plan.grad_slot, plan.grad_slots),
-        padded(plan.has_update, False),
-        padded(plan.src_slot, 0),
-        padded(plan.old_slot, 0),
-        padded(plan.dst_slot, np.asarray(plan.ring_sizes, np.int32)),
-        padded(plan.update_grad_slot, 0),
-        padded(plan.tau, 0),
+        updates,
     )
 
 

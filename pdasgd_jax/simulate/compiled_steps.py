@@ -1,7 +1,9 @@
 """The compiled loop of a simulated run's numerics (``simulate.compiled``): what it carries,
 the step of a ``stashed`` plan (``schedule_plan.Plan``: a job's gradient as one program,
 then each stage's update), and what every kind of plan's step shares (rings of versions,
-updates, the loop, batches and keys). ``compiled_live`` has the step of a ``live`` plan.
+a step's job and updates as inputs, the updates, the loop, batches and keys).
+``compiled_live`` has the step of a ``live`` plan, ``compiled_stateful`` that of a plan
+with non-trainable state.
 
 An operation a step may not run (a job's gradient, a stage's update) runs under a
 ``lax.cond`` that writes into the rings in place: a step that skips it costs nothing for it."""
@@ -20,6 +22,7 @@ from pdasgd_jax.delays import tree_nbytes
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import StageKernels, init_opt_states
 from pdasgd_jax.simulate.schedule_plan import Plan
+from pdasgd_jax.simulate.step_plan import StepPlan
 
 PyTree = Any
 
@@ -33,15 +36,22 @@ class Carry(NamedTuple):
     grads: tuple[PyTree, ...]
 
 
-class StepInputs(NamedTuple):
-    """One step's inputs (``Plan``'s arrays for the step, and its job's batch and key)."""
+class JobInputs(NamedTuple):
+    """A step's job, as every kind of plan has one: its batch and key, whether it ``runs``
+    (a job's gradient; a live plan's forward), the ``slot`` it writes (its gradient slot; its
+    activation slot) and the ring slot of each stage's version it reads."""
 
     x: Any
     labels: Any
     key: Any
-    has_grad: Any
+    runs: Any
+    slot: Any
     read_slot: Any
-    grad_slot: Any
+
+
+class UpdateInputs(NamedTuple):
+    """A step's update of each stage (``StepPlan``'s ``has_update`` .. ``tau`` for the step)."""
+
     has_update: Any
     src_slot: Any
     old_slot: Any
@@ -50,8 +60,16 @@ class StepInputs(NamedTuple):
     tau: Any
 
 
-def ring_bytes(plan: Plan, params: Sequence[PyTree]) -> int:
-    """Device memory of the plan's rings: ``K_m + 1`` versions per stage, ``G + 1`` gradients."""
+class StepInputs(NamedTuple):
+    """One step's inputs (``Plan``'s arrays for the step, and its job's batch and key)."""
+
+    job: JobInputs
+    updates: UpdateInputs
+
+
+def ring_bytes(plan: StepPlan, params: Sequence[PyTree]) -> int:
+    """Device memory of the plan's rings: ``K_m + 1`` versions per stage, ``G + 1`` gradients
+    (the last slot of each allocated but never written: ``step_plan``)."""
     sizes = [tree_nbytes(p) for p in params]
     return sum((k + 1) * b for k, b in zip(plan.ring_sizes, sizes)) + (plan.grad_slots + 1) * sum(sizes)
 
@@ -64,18 +82,23 @@ def ring_put(ring: PyTree, value: PyTree, slot: Any) -> PyTree:
     return jax.tree.map(lambda r, v: jax.lax.dynamic_update_index_in_dim(r, v, slot, 0), ring, value)
 
 
+def ring_reads(rings: Sequence[PyTree], slots: Any) -> tuple[PyTree, ...]:
+    """Each stage's version at its ring slot ``slots[m]``."""
+    return tuple(ring_at(ring, slots[m]) for m, ring in enumerate(rings))
+
+
 def _step(kernels: StageKernels, states: tuple, carry: Carry, inp: StepInputs) -> tuple[Carry, jax.Array]:
     """One step: the job's gradient (to its gradient slot), then each stage's update."""
-    M = len(carry.rings)
+    job = inp.job
 
-    def job(grad_rings: tuple) -> tuple[jax.Array, tuple]:
-        read = tuple(ring_at(carry.rings[m], inp.read_slot[m]) for m in range(M))
-        loss, grads = kernels.job_gradients(read, states, inp.x, inp.labels, inp.key)
-        return loss, tuple(ring_put(b, g, inp.grad_slot) for b, g in zip(grad_rings, grads))
+    def gradients(grad_rings: tuple) -> tuple[jax.Array, tuple]:
+        read = ring_reads(carry.rings, job.read_slot)
+        loss, grads = kernels.job_gradients(read, states, job.x, job.labels, job.key)
+        return loss, tuple(ring_put(b, g, job.slot) for b, g in zip(grad_rings, grads))
 
     # A step without a gradient (the schedule's gradients come at most one a step) skips it.
-    loss, grad_rings = skippable(inp.has_grad, job, carry.grads)
-    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp)
+    loss, grad_rings = skippable(job.runs, gradients, carry.grads)
+    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp.updates)
     return Carry(rings, opt_states, grad_rings), loss
 
 
@@ -88,11 +111,10 @@ def skippable(run: jax.Array, fn: Callable[[PyTree], tuple[jax.Array, PyTree]], 
 
 
 def apply_updates(
-    kernels: StageKernels, rings: tuple, opt_states: tuple, grad_rings: tuple, inp: Any
+    kernels: StageKernels, rings: tuple, opt_states: tuple, grad_rings: tuple, inp: UpdateInputs
 ) -> tuple[tuple, tuple]:
-    """Each stage's update of a step (``inp``'s ``has_update``, ``src_slot``, ``old_slot``,
-    ``dst_slot``, ``update_grad_slot``, ``tau``): ``(rings, opt_states)`` after it; a stage
-    the step does not update keeps its ring and optimizer state (the update is skipped)."""
+    """Each stage's update of a step: ``(rings, opt_states)`` after it; a stage the step does
+    not update keeps its ring and optimizer state (the update is skipped)."""
     new_rings, new_states = [], []
     for m in range(len(rings)):
 
@@ -131,7 +153,7 @@ def loop_program(kernels: StageKernels, step: Callable) -> Callable[[tuple, Any,
                 carry, loss = step(kernels, states, carry, inp)
                 return carry, losses.at[i].set(loss.astype(losses.dtype))
 
-            losses = jnp.zeros(len(inputs.tau), jnp.float32)
+            losses = jnp.zeros(len(inputs.updates.tau), jnp.float32)
             return jax.lax.fori_loop(0, n, body, (carry, losses))
 
         programs[step] = jax.jit(run, donate_argnums=1)
@@ -146,8 +168,8 @@ def stacked(tree: PyTree, n: int, fill: Callable = lambda a: a) -> PyTree:
     return jax.tree.map(lambda leaf: jnp.array(fill(jnp.broadcast_to(leaf, (n, *jnp.shape(leaf))))), tree)
 
 
-def _init_carry(exp: Experiment, plan: Plan) -> Carry:
-    """Version 0 in every slot of every ring; zero gradients."""
+def init_carry(exp: Experiment, plan: StepPlan) -> Carry:
+    """Version 0 in every slot of every ring; zero gradients (what every plan's carry starts with)."""
     params = exp.variables.params
     rings = tuple(stacked(p, k + 1) for p, k in zip(params, plan.ring_sizes))
     grads = tuple(stacked(p, plan.grad_slots + 1, jnp.zeros_like) for p in params)
@@ -192,17 +214,29 @@ def batch_keys(key: jax.Array | None, batch_ids: np.ndarray) -> jax.Array | None
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, flat).reshape(batch_ids.shape)
 
 
-def _stashed_inputs(plan: Plan, lo: int, hi: int, length: int, batches: Batches, key: jax.Array | None) -> StepInputs:
-    """Steps ``lo:hi`` of ``plan``, padded to ``length`` with steps the program does not run."""
-    x, labels = batches.stacked(plan.batch[lo:hi], plan.has_grad[lo:hi], length)
+def chunk_inputs(
+    plan: StepPlan,
+    slot: tuple[np.ndarray, int],
+    lo: int,
+    hi: int,
+    length: int,
+    batches: Batches,
+    key: jax.Array | None,
+) -> tuple[JobInputs, UpdateInputs, Callable[[np.ndarray, Any], np.ndarray]]:
+    """Steps ``lo:hi`` of ``plan``'s jobs and updates, padded to ``length`` with steps the
+    program does not run, and the padder of the plan's own arrays (``padder``). ``slot``: the
+    plan's array of the slot each job writes, and the slot a padded step names."""
+    x, labels = batches.stacked(plan.batch[lo:hi], plan.batch_steps[lo:hi], length)
     padded = padder(lo, hi, length)
-    return StepInputs(
+    job = JobInputs(
         x,
         labels,
         batch_keys(key, padded(plan.batch, 0)),
-        padded(plan.has_grad, False),
+        padded(plan.batch_steps, False),
+        padded(*slot),
         padded(plan.read_slot, 0),
-        padded(plan.grad_slot, plan.grad_slots),
+    )
+    updates = UpdateInputs(
         padded(plan.has_update, False),
         padded(plan.src_slot, 0),
         padded(plan.old_slot, 0),
@@ -210,6 +244,13 @@ def _stashed_inputs(plan: Plan, lo: int, hi: int, length: int, batches: Batches,
         padded(plan.update_grad_slot, 0),
         padded(plan.tau, 0),
     )
+    return job, updates, padded
+
+
+def _stashed_inputs(plan: Plan, lo: int, hi: int, length: int, batches: Batches, key: jax.Array | None) -> StepInputs:
+    """Steps ``lo:hi`` of ``plan``, padded to ``length`` with steps the program does not run."""
+    job, updates, _ = chunk_inputs(plan, (plan.grad_slot, plan.grad_slots), lo, hi, length, batches, key)
+    return StepInputs(job, updates)
 
 
 class Numerics(NamedTuple):
@@ -225,4 +266,4 @@ class Numerics(NamedTuple):
     current_states: Callable = lambda exp, plan, carry, k: tuple(exp.variables.states)
 
 
-STASHED = Numerics(_step, _init_carry, _stashed_inputs, lambda exp, plan: ring_bytes(plan, exp.variables.params))
+STASHED = Numerics(_step, init_carry, _stashed_inputs, lambda exp, plan: ring_bytes(plan, exp.variables.params))

@@ -19,9 +19,9 @@ a barrier: nothing logged after it is placed before it, so the parameters at a s
 end are exactly those of the simulation when the boundary's job was done.
 
 Stage ``m``'s versions live in a ring of ``K_m = max lag + 1`` slots (version ``v`` in slot
-``v % K_m``, one more slot as scratch for a step without an update of ``m``), where a lag
-is the versions written between a read and the step that uses it (at most the largest
-staleness); gradients wait for their updates in ``G`` slots (one more as scratch).
+``v % K_m``), where a lag is the versions written between a read and the step that uses it
+(at most the largest staleness); gradients wait for their updates in ``G`` slots. What
+every kind of plan places alike (boundaries, updates, rings) is ``step_plan``'s.
 
 A schedule of ``live`` backwards (each re-reads its stage's current version) splits a job
 into its forward, each stage's backward and each stage's update: ``live_plan``.
@@ -43,9 +43,11 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.simulate import policies
 from pdasgd_jax.simulate.configured_timing import configured_timing
-from pdasgd_jax.simulate.plan_slots import FreeSteps, interval_slots
+from pdasgd_jax.simulate.plan_slots import FreeSteps
+from pdasgd_jax.simulate.run_timing import backward_weights
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, num_jobs, paused_collector
+from pdasgd_jax.simulate.step_plan import JOB_KINDS, StepPlacer, StepPlan
 from pdasgd_jax.store import ParameterStore
 
 COMPILED_ALGOS = ("asgd", "pdasgd", "pdasgd-block")
@@ -90,8 +92,7 @@ def check_supported(exp: Experiment) -> None:
     config = exp.config
     if config.algo not in COMPILED_ALGOS or config.replication != "shared":
         raise ValueError(f"the compiled simulator runs shared-store {', '.join(COMPILED_ALGOS)}, not {config.algo}")
-    live = config.algo != "asgd" and config.backward_weights == "live"
-    if live and jax.tree.leaves(exp.variables.states):
+    if backward_weights(config) == "live" and jax.tree.leaves(exp.variables.states):
         raise ValueError(
             "the compiled simulator runs a model with non-trainable state (BatchNorm) with stashed weights, "
             "not live ones"
@@ -170,7 +171,7 @@ def record_schedule(
         store,
         log=log,
         clock=lambda: scheduler.now,
-        backward_weights=config.backward_weights if config.algo != "asgd" else "stashed",
+        backward_weights=backward_weights(config),
         fuse_jobs=True,
         seed=config.seed,
     )
@@ -245,48 +246,21 @@ def schedule_from_log(events: Sequence[Event], num_stages: int) -> Schedule:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
-    """A schedule as compiled steps (see the module docstring); per-step arrays have the
-    steps as their first axis, per-stage ones the stages as their second.
+class Plan(StepPlan):
+    """A schedule as compiled steps (see the module docstring): ``StepPlan``'s fields and the
+    step's job.
 
     Attributes:
-      ring_sizes: ``K_m``, versions kept per stage (its scratch slot is index ``K_m``).
-      grad_slots: ``G``, gradients kept (its scratch slot is index ``G``).
-      bounds: step index of each segment's start, and the end of the last.
-      cuts: the done count at each segment's end.
-      versions: per segment end and stage, the number of updates applied (the current version).
-      has_grad, batch, grad_slot, read_slot: the step's gradient: whether it computes one, of
-        which batch, into which gradient slot, reading which ring slot of each stage.
-      has_update, src_slot, old_slot, dst_slot, update_grad_slot, tau: the step's update of
-        each stage: the slot of the version it replaces, of the version the job read (the
-        optimizer's ``old_params``), the slot it writes, its gradient's slot, its staleness.
-      loss_step: per done job, in done order, the step that computed its loss.
+      has_grad, grad_slot: whether the step computes a job's gradient (of ``batch``, from
+        the versions at ``read_slot``), and the gradient slot it writes.
     """
 
-    ring_sizes: tuple[int, ...]
-    grad_slots: int
-    bounds: np.ndarray
-    cuts: np.ndarray
-    versions: np.ndarray
     has_grad: np.ndarray
-    batch: np.ndarray
     grad_slot: np.ndarray
-    read_slot: np.ndarray
-    has_update: np.ndarray
-    src_slot: np.ndarray
-    old_slot: np.ndarray
-    dst_slot: np.ndarray
-    update_grad_slot: np.ndarray
-    tau: np.ndarray
-    loss_step: np.ndarray
 
     @property
-    def steps(self) -> int:
-        return len(self.has_grad)
-
-    def needed_batches(self, first: int) -> np.ndarray:
-        """The batch ids the steps from ``first`` on compute with."""
-        return self.batch[first:][self.has_grad[first:]]
+    def batch_steps(self) -> np.ndarray:
+        return self.has_grad
 
 
 def plan_steps(schedule: Schedule, cuts: Sequence[int] = ()) -> Plan:
@@ -298,103 +272,27 @@ def plan_steps(schedule: Schedule, cuts: Sequence[int] = ()) -> Plan:
         ``live_plan.plan_live_steps``; non-trainable state, averaging, several stores), or
         writes out of version order.
     """
-    M, events = schedule.num_stages, schedule.events
-    cuts, positions = segment_cuts(schedule, cuts)
-    version_step: list[list[int]] = [[-1] for _ in range(M)]  # the step writing version v (v = 0: before any)
-    last_update, floor, top, free = [-1] * M, 0, -1, FreeSteps()
-    reads: dict[int, list[int]] = {}
-    batch_of: dict[int, int] = {}
+    placer, free = StepPlacer(schedule, cuts), FreeSteps()
     release: dict[int, int] = {}  # a computed job's first step that holds every version it read
-    grad_step: dict[int, int] = {}
-    grads: list[tuple[int, int, list[int]]] = []  # (step, batch, reads)
-    updates: list[tuple[int, int, int, int, int]] = []  # (step, stage, job, replaced, tau)
-    bounds, versions, next_cut = [0], [], 0
-    for i, e in enumerate(events):
-        while next_cut < len(positions) and positions[next_cut] <= i:
-            floor = top + 1
-            bounds.append(floor)
-            versions.append([len(v) - 1 for v in version_step])
-            next_cut += 1
-        if e.replica >= 0 or e.kind not in _JOB_KINDS or (e.kind == EventKind.BACKWARD and e.live_version >= 0):
-            raise ValueError(f"event {e.seq} ({e.kind}): the compiled simulator runs one shared store, stashed")
-        if e.kind == EventKind.START:
-            batch_of[e.job], reads[e.job] = e.batch_id, [-1] * M
-        elif e.kind == EventKind.FORWARD:
-            reads[e.job][e.stage] = e.params_version
-        elif e.kind == EventKind.LOSS:  # placed at its first update, when its deadline is known
-            r = reads[e.job]
-            release[e.job] = max([0] + [version_step[m][r[m]] + 1 for m in range(M)])
+    grad_step: dict[int, int] = {}  # in the log's order
+    for e in placer.walk(JOB_KINDS, live=False):
+        if e.kind == EventKind.LOSS:  # placed at its first update, when its deadline is known
+            release[e.job] = placer.release(e.job)
         elif e.kind == EventKind.UPDATE:
-            m, k = e.stage, e.replaced_version
-            if k != len(version_step[m]) - 1 or e.staleness != k - reads[e.job][m]:
-                raise ValueError(f"event {e.seq}: update of stage {m} out of version order or with another staleness")
-            s = max(floor, last_update[m] + 1)
+            s = placer.earliest_update(e)
             if e.job not in grad_step:
                 grad_step[e.job] = free.book(release.pop(e.job), s)
-                grads.append((grad_step[e.job], batch_of[e.job], reads[e.job]))
-            s = max(s, grad_step[e.job])
-            version_step[m].append(s)
-            last_update[m], top = s, max(top, s)
-            updates.append((s, m, e.job, k, e.staleness))
-    while len(bounds) <= len(cuts):  # the final cut (and any at the log's very end)
-        bounds.append(top + 1)
-        versions.append([len(v) - 1 for v in version_step])
-    return _arrays(schedule, cuts, bounds, versions, grads, updates, grad_step, version_step)
+            placer.place_update(e, max(s, grad_step[e.job]))
+    return _arrays(placer, grad_step)
 
 
-def segment_cuts(schedule: Schedule, cuts: Sequence[int]) -> tuple[list[int], list[int]]:
-    """The done counts where segments end (``cuts`` within the run, and its end) and the
-    position in the event log of each."""
-    cuts = sorted({c for c in cuts if 0 < c < len(schedule.done)} | {len(schedule.done)})
-    return cuts, [int(schedule.done[c - 1, 1]) for c in cuts]
-
-
-_JOB_KINDS = frozenset({EventKind.START, EventKind.FORWARD, EventKind.LOSS, EventKind.BACKWARD, EventKind.UPDATE})
-
-
-def _arrays(schedule, cuts, bounds, versions, grads, updates, grad_step, version_step) -> Plan:
+def _arrays(placer: StepPlacer, grad_step: dict[int, int]) -> Plan:
     """The step arrays of the placed ops: ring sizes from the largest lag of every read."""
-    M, S = schedule.num_stages, bounds[-1]
-    g_step = np.asarray([s for s, _, _ in grads], np.int64)
-    g_reads = np.asarray([r for _, _, r in grads], np.int64).reshape(-1, M)
-    u_step, u_stage, u_job, u_replaced, u_tau = np.asarray(updates, np.int64).reshape(-1, 5).T
-    lags = np.zeros(M, np.int64)
-    for m in range(M):  # a read's lag: versions written before its step, minus the one it read
-        written = np.searchsorted(np.asarray(version_step[m]), g_step, side="left") - 1
-        lags[m] = max(0, (written - g_reads[:, m]).max(initial=0), u_tau[u_stage == m].max(initial=0))
-    K = tuple(int(lag) + 1 for lag in lags)
-    index = {job: i for i, job in enumerate(grad_step)}  # gradients in the log's order
-    u_grad = np.asarray([index[int(j)] for j in u_job], np.int64)
-    last_use = np.asarray([grad_step[j] for j in grad_step], np.int64)
-    np.maximum.at(last_use, u_grad, u_step)
-    slots, G = interval_slots(g_step, last_use)
-    has_grad, batch = np.zeros(S, bool), np.zeros(S, np.int64)
-    grad_slot, read_slot = np.full(S, G, np.int32), np.zeros((S, M), np.int32)
-    Ks = np.asarray(K, np.int64)
-    has_grad[g_step], batch[g_step], grad_slot[g_step] = True, [b for _, b, _ in grads], slots
-    read_slot[g_step] = g_reads % Ks
-    has_update = np.zeros((S, M), bool)
-    src, old, tau_of, ugs = (np.zeros((S, M), np.int32) for _ in range(4))
-    dst = np.tile(np.asarray(K, np.int32), (S, 1))
-    at, size = (u_step, u_stage), Ks[u_stage]
-    has_update[at], tau_of[at], ugs[at] = True, u_tau, slots[u_grad]
-    src[at], old[at], dst[at] = u_replaced % size, (u_replaced - u_tau) % size, (u_replaced + 1) % size
-    loss_step = np.asarray([grad_step[int(j)] for j, _ in schedule.done], np.int64)
-    return Plan(
-        K,
-        G,
-        np.asarray(bounds, np.int64),
-        np.asarray(cuts, np.int64),
-        np.asarray(versions, np.int64),
-        has_grad,
-        batch,
-        grad_slot,
-        read_slot,
-        has_update,
-        src,
-        old,
-        dst,
-        ugs,
-        tau_of,
-        loss_step,
-    )
+    steps = np.asarray(list(grad_step.values()), np.int64)
+    reads = np.asarray([placer.reads[j] for j in grad_step], np.int64).reshape(-1, placer.num_stages)
+    K = placer.ring_sizes([(steps, reads[:, m]) for m in range(placer.num_stages)])
+    slot_of, G = placer.job_slots(grad_step)
+    has_grad, batch, grad_slot, read_slot = placer.job_arrays([(s, j) for j, s in grad_step.items()], slot_of, K, G)
+    update_slots = [slot_of[job] for _, _, job, _, _ in placer.updates]
+    fields = placer.fields(K, G, batch, read_slot, update_slots, grad_step)
+    return Plan(**fields, has_grad=has_grad, grad_slot=grad_slot)

@@ -43,12 +43,8 @@ def _check_sync_clock(config: Any, given: list[str]) -> None:
 
 
 def _check_local_clock(config: Any, given: list[str]) -> None:
-    """Simulated local SGD: every event, ``--quorum`` and ``--deadline``, one fragment."""
-    if config.fragments > 1:
-        raise ValueError(
-            f"{', '.join(given)}: local SGD (and DaSGD) under a fleet or a straggler policy takes one fragment so "
-            f"far, not --fragments {config.fragments}"
-        )
+    """Simulated local SGD: every event, ``--quorum`` and ``--deadline``, every ``--fragments``
+    (each fragment's average closed by the same rules)."""
     devices = config.replicas or config.devices or 1
     _fleet_events(config, devices)
     _quorum_within(config, devices)
@@ -56,8 +52,15 @@ def _check_local_clock(config: Any, given: list[str]) -> None:
 
 def _check_dasgd_clock(config: Any, given: list[str]) -> None:
     """Simulated DaSGD: local SGD's limits, with every ``--merge`` (``eager``'s share over the
-    units landed in the average merged)."""
+    units landed in the average merged), except ``eager`` with ``--average-opt-state`` and
+    ``--fragments K > 1``."""
     _check_local_clock(config, given)
+    if config.fragments > 1 and config.merge == "eager" and config.average_opt_state:
+        raise ValueError(
+            f"{', '.join(given)}: --merge eager with --average-opt-state and --fragments {config.fragments} is not "
+            "implemented under a fleet or a straggler policy (its optimizer-state carries); use --merge correct, "
+            "drop --average-opt-state, or use --fragments 1"
+        )
 
 
 def _no_step_policy(config: Any, given: list[str]) -> None:

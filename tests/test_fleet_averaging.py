@@ -190,7 +190,10 @@ def test_an_adaptive_deadline_leaves_out_a_replica_slow_from_round_three():
     "overrides, match",
     [
         (dict(algo="dasgd", quorum=3, simulate=False), "not implemented for --algo dasgd on threads"),
-        (dict(quorum=3, fragments=2), "takes one fragment so far, not --fragments 2"),
+        (
+            dict(algo="dasgd", quorum=3, fragments=2, merge="eager", average_opt_state=True),
+            "--merge eager with --average-opt-state and --fragments 2",
+        ),
         (dict(quorum=3, simulate=False), "not implemented for --algo local on threads"),
     ],
 )

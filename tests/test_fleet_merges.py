@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from test_fleet_dasgd_async_local import STEP, _dasgd_run, _leaves
 
-from pdasgd_jax import Config
 from pdasgd_jax.delays import DelayModel
 from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.simulate.fleet_rounds import plan_local_rounds
@@ -159,10 +158,3 @@ def test_eager_under_a_fleet_differs_from_correct():
     spec = "slow:3x10@0-0.05"
     eager, correct = (_dasgd_run(fleet=spec, quorum=3, merge=m)[2] for m in ("eager", "correct"))
     assert any(not np.array_equal(a, b) for a, b in zip(_leaves(eager.params), _leaves(correct.params), strict=True))
-
-
-@pytest.mark.parametrize("algo", ["local", "dasgd"])
-def test_streamed_fragments_under_a_fleet_are_refused_by_name(algo):
-    config = Config(algo=algo, simulate=True, devices=4, period=4, fleet="leave:1@0.5", fragments=2)
-    with pytest.raises(ValueError, match="--fragments 2"):
-        config.validate()

@@ -2,7 +2,8 @@
 adaptive`` (algorithms.md §5a): ``run_local_rounds`` runs each replica's unit of ``H`` steps
 and lands it in the average ``straggler_policy.local_rounds_schedule`` says (DaSGD's replicas go
 on from their snapshots and merge the average ``d`` steps later), with an outer optimizer's step
-on each landed mean.
+on each landed mean. With ``--fragments K > 1`` it hands the run to
+``simulate.fleet_fragments.run_fragment_rounds`` (each fragment's averages on their own schedule).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.runners.averaging import outer_optimizer
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.averaging_clock import averaging_work
+from pdasgd_jax.simulate.fleet_fragments import run_fragment_rounds
 from pdasgd_jax.simulate.straggler_policy import (
     DEADLINE_MADS,
     DEADLINE_WINDOW,
@@ -52,31 +54,51 @@ def plan_local_rounds(
     Returns:
       ``(schedule, fleet timeline or None)``.
     """
-    config = exp.config
-    dasgd = config.algo == "dasgd"
-    spec = parse_fleet(config.fleet)
-    spec.events(num_workers)  # a FleetError names a bad token, before any step
     v = exp.variables
     average, merge = averaging_work(timing, num_workers)
-    args = dict(
+    args = policy_args(exp, num_workers) | dict(
+        model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states), average_work=average, merge_work=merge
+    )
+    plain = local_rounds_schedule(timing, delay, **args)
+    fleet = fleet_timeline(exp, num_workers, float(plain.ends[-1]))
+    if fleet is None:
+        return plain, None
+    transfer = timing.comm.transfer_time(state_nbytes(exp))
+    return local_rounds_schedule(timing, delay, **fleet, state_transfer=transfer, **args), fleet["fleet"]
+
+
+def policy_args(exp: Experiment, num_workers: int) -> dict[str, Any]:
+    """The schedule's arguments every ``local``/``dasgd`` run under a straggler policy shares:
+    W, R, H, the seed, the quorum (W: 0), the adaptive deadline and DaSGD's delay (local: None)."""
+    config = exp.config
+    return dict(
         num_workers=num_workers,
         rounds=math.ceil(exp.total_examples / (num_workers * config.batch_size * config.period)),
         period=config.period,
-        model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states),
         seed=config.seed,
         quorum=config.quorum if config.quorum < num_workers else 0,
         adaptive=config.deadline == "adaptive",
-        average_work=average,
-        merge_work=merge,
-        delay=config.averaging_delay if dasgd else None,
+        delay=config.averaging_delay if config.algo == "dasgd" else None,
     )
-    plain = local_rounds_schedule(timing, delay, **args)
+
+
+def fleet_timeline(exp: Experiment, num_workers: int, horizon: float) -> dict[str, Any] | None:
+    """``--fleet``'s events (checked before any step) as the schedule's ``fleet`` and ``spec``
+    arguments, positions over ``--fleet-horizon`` or else ``horizon`` (the run's length
+    without events); None without events."""
+    config = exp.config
+    spec = parse_fleet(config.fleet)
+    spec.events(num_workers)  # a FleetError names a bad token, before any step
     if spec.empty:
-        return plain, None
-    fleet = FleetTimeline(spec, num_workers, config.fleet_horizon or float(plain.ends[-1]))
+        return None
+    return dict(fleet=FleetTimeline(spec, num_workers, config.fleet_horizon or horizon), spec=spec)
+
+
+def state_nbytes(exp: Experiment) -> int:
+    """Bytes of the whole ``TrainState`` a joining replica receives."""
+    v = exp.variables
     opt = init_opt_states(exp.tx, v.params, whole_model=exp.whole_model_updates)
-    transfer = timing.comm.transfer_time(tree_nbytes(TrainState(v.params, v.states, opt)))
-    return local_rounds_schedule(timing, delay, fleet=fleet, spec=spec, state_transfer=transfer, **args), fleet
+    return tree_nbytes(TrainState(v.params, v.states, opt))
 
 
 def _check_local_rounds(config: Any, checkpointer: RunCheckpointer | None) -> None:
@@ -84,7 +106,6 @@ def _check_local_rounds(config: Any, checkpointer: RunCheckpointer | None) -> No
     given = f"--fleet {config.fleet!r} / --quorum {config.quorum} / --deadline {config.deadline}"
     refused = [
         (config.algo not in ("local", "dasgd"), f"--algo {config.algo} (only --algo local and dasgd)"),
-        (config.fragments > 1, f"--fragments {config.fragments} (one fragment only)"),
     ]
     for bad, what in refused:
         if bad:
@@ -141,6 +162,8 @@ def run_local_rounds(
     """
     config = exp.config
     _check_local_rounds(config, checkpointer)
+    if config.fragments > 1:
+        return run_fragment_rounds(exp, metrics, timing, delay, num_workers)
     schedule, fleet = plan_local_rounds(exp, timing, delay, num_workers)
     h, batch = config.period, config.batch_size
     v = exp.variables

@@ -4,15 +4,17 @@ shared by simulated sync and local SGD, and local SGD's rounds under ``--fleet``
 
 ``local_rounds_schedule`` says, round by round, which replicas start a unit of work from which
 average, whose work lands in which average, and what a leave or a crash drops; the arithmetic
-(``simulate.fleet_rounds.run_local_rounds``) follows it.
+(``simulate.fleet_rounds.run_local_rounds``) follows it. ``departures``, ``close_time`` and
+``allreduce_with_crashes`` are the rules it shares with the streaming merges' schedule
+(``simulate.fragment_schedule``).
 """
 
 from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -52,6 +54,69 @@ def adaptive_deadline(history: Iterable[list[tuple[float, float]]], start: float
     median = float(np.median(durations))
     mad = float(np.median(np.abs(durations - median)))
     return start + (median + DEADLINE_MADS * mad) * (1 + 1e-9)  # equal arrivals stay within it
+
+
+Departure = Callable[[int, float, float], "tuple[float, str] | None"]
+
+
+def departures(fleet: FleetTimeline | None, spec: FleetSpec | None, num_workers: int) -> Departure:
+    """``departure(w, after, until)``: replica ``w``'s first leave or crash in ``(after, until]``
+    as ``(time, kind)``, or None (always None without a fleet)."""
+    times: list[list[tuple[float, str]]] = [[] for _ in range(num_workers)]
+    if fleet is not None and spec is not None:
+        for e in spec.events(num_workers)[1]:
+            if e.kind != "join":
+                times[e.device].append((e.at * fleet.horizon, e.kind))
+    for d in times:
+        d.sort()
+
+    def departure(w: int, after: float, until: float) -> tuple[float, str] | None:
+        return next(((t, k) for t, k in times[w] if after < t <= until), None)
+
+    return departure
+
+
+def close_time(arrivals: list[float], quorum: int, adaptive: bool, history: History, origin: float) -> float:
+    """When an average closes: at the ``quorum``-th of the sorted ``arrivals`` (0: the last), or
+    with ``adaptive`` at the adaptive deadline measured from ``origin`` if sooner, never before
+    the first arrival."""
+    need = min(quorum, len(arrivals)) if quorum else len(arrivals)
+    close = arrivals[need - 1]
+    if adaptive:
+        close = min(close, max(adaptive_deadline(history, origin), arrivals[0]))
+    return close
+
+
+def allreduce_with_crashes(
+    landing: list[Any], close: float, allreduce: Callable[[int], float], departure: Departure
+) -> tuple[list[Any], list[tuple[float, float]]]:
+    """An average's all-reduce over the ``landing`` units (each with a ``worker``) from
+    ``close``: a landed replica that crashes before it completes is taken out, and it starts
+    again at the crash over the others.
+
+    Args:
+      landing: the units landed.
+      close: when it starts.
+      allreduce: its seconds over ``n`` members.
+      departure: the fleet's departures (``departures``).
+
+    Returns:
+      ``(merged, attempts)``: the units left, and each attempt's ``(start, end)`` on the network
+      (the last one's end completes the average).
+    """
+    end = close + allreduce(len(landing))
+    merged = list(landing)
+    attempts = [(close, end)]
+    while True:
+        crashed = [(g[0], u) for u in merged if (g := departure(u.worker, close, end)) and g[1] == "crash"]
+        if not crashed:
+            return merged, attempts
+        for _, u in crashed:
+            merged.remove(u)
+        start = max(t for t, _ in crashed)
+        attempts[-1] = (attempts[-1][0], start)
+        end = start + allreduce(max(len(merged), 1))
+        attempts.append((start, end))
 
 
 class Unit(NamedTuple):
@@ -103,8 +168,17 @@ class LocalRoundsSchedule(NamedTuple):
         return [u for units in self.starts for u in units if u.dropped]
 
 
-def _idle_draws(delays: DelayModel, rng: np.random.Generator, compute: float) -> Iterator[float]:
-    """A replica's injected idle times, one per local step, for as many steps as it takes."""
+def idle_draws(delays: DelayModel, rng: np.random.Generator, compute: float) -> Iterator[float]:
+    """A replica's injected idle times, one per local step, for as many steps as it takes.
+
+    Args:
+      delays: the injected delays.
+      rng: the replica's own stream (``rng_for(seed, "step-delays", w)``).
+      compute: its step's compute seconds.
+
+    Returns:
+      An endless iterator of idle seconds.
+    """
     while True:
         yield delays.idle_time(rng, compute)
 
@@ -182,18 +256,9 @@ def local_rounds_schedule(
     # Each replica's idle times in step order from its own stream, drawn as its steps come: a
     # replica whose unit is dropped by a leave or crash and that rejoins takes more than
     # rounds x period steps.
-    draws = [_idle_draws(delays, rng_for(seed, "step-delays", w), compute[w]) for w in w_all]
-    departures: list[list[tuple[float, str]]] = [[] for _ in w_all]
-    if fleet is not None and spec is not None:
-        for e in spec.events(num_workers)[1]:
-            if e.kind != "join":
-                departures[e.device].append((e.at * fleet.horizon, e.kind))
-    for d in departures:
-        d.sort()
+    draws = [idle_draws(delays, rng_for(seed, "step-delays", w), compute[w]) for w in w_all]
+    departure = departures(fleet, spec, num_workers)
     busy = np.zeros(num_workers)
-
-    def departure(w: int, after: float, until: float) -> tuple[float, str] | None:
-        return next(((t, k) for t, k in departures[w] if after < t <= until), None)
 
     def begin(w: int, base: int, start: float, merged: float | None = None) -> Unit:
         """``w``'s unit from ``start``; ``merged``: it continues, merging the average complete
@@ -264,10 +329,7 @@ def local_rounds_schedule(
             raise ValueError(f"--fleet leaves no replica to take average {j} from virtual time {published:g} on")
         while True:
             arrived = sorted((u.arrival, w) for w, u in in_flight.items())
-            need = min(quorum, len(arrived)) if quorum else len(arrived)
-            close = arrived[need - 1][0]
-            if adaptive:
-                close = min(close, max(adaptive_deadline(history, origin), arrived[0][0]))
+            close = close_time([a for a, _ in arrived], quorum, adaptive, history, origin)
             landing = [in_flight[w] for a, w in arrived if a <= close]
             # A unit whose replica departs after it arrived but before the close never lands.
             gone = [(u, g) for u in landing if (g := departure(u.worker, u.arrival, close)) is not None]
@@ -277,16 +339,13 @@ def local_rounds_schedule(
                 drop(u, g[1])
             if not in_flight:
                 raise ValueError(f"--fleet leaves no replica to take average {j} from virtual time {published:g} on")
-        end = close + timing.comm.allreduce_time(model_nbytes, len(landing))
-        merged = list(landing)
-        while True:  # a landed replica crashing before the all-reduce completes: it starts again without it
-            crashed = [(g[0], u) for u in merged if (g := departure(u.worker, close, end)) and g[1] == "crash"]
-            if not crashed:
-                break
-            for _, u in crashed:
-                merged.remove(u)
+        merged, attempts = allreduce_with_crashes(
+            landing, close, lambda n: timing.comm.allreduce_time(model_nbytes, n), departure
+        )
+        for u in landing:
+            if u not in merged:
                 drop(u, "crash")
-            end = max(t for t, _ in crashed) + timing.comm.allreduce_time(model_nbytes, max(len(merged), 1))
+        end = attempts[-1][1]
         for u in merged:
             del in_flight[u.worker]
         history.append([(u.arrival, u.arrival - u.start) for u in merged])

@@ -88,17 +88,17 @@ def _check_async_local_clock(config: Any, given: list[str]) -> None:
 
 
 def _check_async_local(config: Any, given: list[str]) -> None:
-    """``--algo async-local`` on threads: ``crash`` events only, each on a replica; ``--quorum``
-    and ``--deadline`` have no step to act on."""
+    """``--algo async-local`` on threads: ``slow``, ``leave``, ``crash`` and ``join`` events, each
+    on a replica at ``POS`` of the examples budget handed out (``churn``'s events are drawn on
+    the virtual clock: refused); ``--quorum`` and ``--deadline`` have no step to act on."""
     _no_step_policy(config, given)
     from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
 
     spec = parse_fleet(config.fleet)
-    named = _not_crashes(spec)
-    if named:
+    if spec.churn is not None:
         raise ValueError(
-            f"--fleet {config.fleet}: --algo {ASYNC_LOCAL} on threads takes crash:R@POS events only so far (a "
-            f"replica that stops mid-round), not {named}; --simulate takes every event"
+            f"--fleet {config.fleet}: --algo {ASYNC_LOCAL} on threads takes slow, leave, crash and join events, not "
+            "churn (its events are drawn on the virtual clock); give the events, or use --simulate"
         )
     spec.events(config.replicas or config.devices or 1)
 

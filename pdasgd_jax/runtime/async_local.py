@@ -21,16 +21,21 @@ the gate abort) and the supervisor re-raises its traceback (``WorkerError``); th
 target accuracy, a non-finite loss and Ctrl-C all end the run through one shutdown.
 
 ``--straggler-devices``: a replica on a device of factor ``F`` sleeps ``(F - 1)`` times each
-phase's measured time after it (booked busy), as ``runtime.workers`` does. Injected delays:
-after its phase, each of its steps' idle time from ``DelayModel.idle_time`` (stream
-``rng_for(seed, "step-delays", r)``, the clock's).
+phase's measured time after it (booked busy), as ``runtime.workers`` does; a round in a
+``--fleet slow`` window of factor ``F'`` sleeps ``(F F' - 1)`` times it (the summary's
+``slowed``: each such replica's rounds in its windows and the seconds they added). Injected
+delays: after its phase, each of its steps' idle time from ``DelayModel.idle_time`` (stream
+``rng_for(seed, "step-delays", r)``, the clock's), which a slow window does not stretch.
 
 ``--event-log``: the server writes each arrival to ``events.jsonl`` as it applies it
 (``runtime.async_local_messages.arrival_line``), for ``simulate.async_local.replay_arrivals``.
 
-Checkpoints are taken while the server pauses after an arrival (at an evaluation, or every
-``--checkpoint-every`` examples). What a resume restores, how the batches are handed out and
-how ``--fleet crash:R@POS`` drops a replica's round: ``runtime.async_local_ledger``.
+``--fleet`` (``slow``, ``leave``, ``crash``, ``join``; each at ``POS`` of the examples budget
+handed out, ``churn`` refused): a departed replica's thread waits for its join, then pulls the
+server's current model (``AsyncLocalThreads.latest``) and goes on. Checkpoints are taken while
+the server pauses after an arrival (at an evaluation, or every ``--checkpoint-every``
+examples). What a resume restores, how the batches are handed out and how a departure drops a
+replica's round and a join brings it back: ``runtime.async_local_ledger``.
 Not yet: several processes (refused before any work).
 """
 
@@ -117,8 +122,10 @@ class AsyncLocalThreads:
         self.applied = 0
         # What each replica pulled last: the model its round starts from (a reference, no
         # copy) and that model's version, set together so that the log's ``pulled`` is the
-        # version the round really started from.
+        # version the round really started from; ``latest``, the server's newest, is what a
+        # joining replica pulls (one assignment, so a reader sees a model with its version).
         self.pulled = self._pulled_by_all()
+        self.latest = self.pulled[0]
         self.batches = RoundBatches(run_stream(exp, self.num_replicas))
         self.report = ArrivalReport(self.num_replicas, exp.model.num_stages)
         self.arrivals: BoundedQueue[RoundEnd] = BoundedQueue(self.num_replicas, producers=self.num_replicas)
@@ -138,6 +145,7 @@ class AsyncLocalThreads:
         if checkpointer is not None and checkpointer.latest_step() is not None:
             self._resume(checkpointer, metrics)
         self.pause_at = self._next_pause(metrics)  # examples at which the server pauses
+        self.first_epochs = list(self.ledger.epoch)  # each replica's epoch as its thread starts
         self._programs: dict[tuple, Callable] = {}
         self.threads = [
             threading.Thread(target=self._guarded, args=(f"r{r}", self._replica, r), daemon=True)
@@ -205,15 +213,19 @@ class AsyncLocalThreads:
         device = self.device(r)
         factor = self.factors[self.devices.index(device)]
         rng = delays.rng_for(exp.config.seed, "step-delays", r)
-        pulled = self.pulled[r]
+        pulled, epoch = self.pulled[r], self.first_epochs[r]
         ts = jax.device_put(TrainState(pulled.params, pulled.states, ledger.opt_states[r]), device)
         key = self._replica_key(r, device) if exp.model.draws_randomness else None
         version, done, rounds = pulled.version, ledger.done[r], ledger.rounds[r]
         while not control.stopped:
             self.gate.wait_for(0)
-            positions = ledger.take(r, ledger.round_steps(r))
-            if positions is None:
-                return  # the budget is handed out, or the replica crashed
+            positions = ledger.take(r, ledger.round_steps(r), epoch)
+            if positions is None:  # the budget is handed out, or the replica departed
+                epoch = ledger.await_join(r, epoch, lambda: control.stopped)
+                if epoch is None:
+                    return
+                ts, version, done, rounds = self._join(r, device)
+                continue
             steps = len(positions)
             x, y = jax.device_put(self.batches.stacked(positions), device)
             self.report.started(r, steps)
@@ -225,22 +237,33 @@ class AsyncLocalThreads:
             ts_end, losses = phase(ts, x, y, *randomness)
             jax.block_until_ready((ts_end, losses))
             busy = time.perf_counter() - began
-            control.sleep(busy * (factor - 1.0))  # a straggling device computes F times as long
+            # A straggling device computes F times as long, and a slow window F' times that.
+            slow = ledger.slow_factor(r, positions)
+            windowed = busy * factor * (slow - 1.0)
+            control.sleep(busy * (factor - 1.0) + windowed)
+            if slow > 1.0:
+                ledger.book_slow(r, windowed)
             self.busy[r] += max(0.0, control.now() - booked)
-            per_step = busy * factor / steps
+            per_step = busy * factor / steps  # a slow window stretches no idle time, as on the clock
             control.sleep(sum(self.delay.idle_time(rng, per_step) for _ in range(steps)))
-            ledger.measured(r, steps, began)
-            self.arrivals.put(
-                RoundEnd(
-                    r, ts_end.params, ts_end.states, losses, steps, version, rounds, positions, done, ts_end.opt_states
-                )
-            )
+            ledger.measured(r, steps, began, epoch)
+            state = (ts_end.params, ts_end.states, losses, steps, version, rounds, positions, done, ts_end.opt_states)
+            self.arrivals.put(RoundEnd(r, *state, epoch))
             done, rounds = done + steps, rounds + 1
             pulled = self.replies[r].get()
             if pulled is None:
-                return  # it crashed with this round in flight: the server dropped it
+                continue  # it departed with this round in flight: the server dropped it
             params, states = jax.device_put((pulled.params, pulled.states), device)
             ts, version = TrainState(params, states, ts_end.opt_states), pulled.version
+
+    def _join(self, r: int, device: jax.Device) -> tuple[TrainState, int, int, int]:
+        """Replica ``r`` back after a departure, its last arrival applied or dropped: the server's
+        current model with the inner optimizer state, local steps and rounds of its last arrival
+        applied; returns its ``TrainState`` on ``device``, the model's version, its steps and rounds."""
+        pulled = self.pulled[r] = self.latest
+        opt_states, done, rounds = self.ledger.progress(r)
+        ts = jax.device_put(TrainState(pulled.params, pulled.states, opt_states), device)
+        return ts, pulled.version, done, rounds
 
     def _compile_first_programs(self) -> None:
         """The first rounds' phase on every replica device and the server's step, compiled
@@ -275,7 +298,7 @@ class AsyncLocalThreads:
             arrival = self.arrivals.get()  # QueueClosed once every replica is done and it is drained
             self.gate.wait_for(0)
             r = arrival.replica
-            if not self.ledger.claim(r):  # its replica crashed with it in flight: never applied
+            if not self.ledger.claim(r, arrival.epoch):  # its replica departed with it in flight: never applied
                 self.report.dropped(r)
                 self.replies[r].put(None)
                 continue
@@ -287,7 +310,7 @@ class AsyncLocalThreads:
             staleness, self.applied = self.applied - arrival.pulled, self.applied + 1
             if self.log is not None:
                 self.log.record_arrival(arrival_line(arrival, self.applied, control.now()))
-            self.pulled[r] = Pulled(self.server.params, self.server.states, self.applied)
+            self.pulled[r] = self.latest = Pulled(self.server.params, self.server.states, self.applied)
             jax.block_until_ready(self.server.params)
             self.busy[-1] += max(0.0, control.now() - booked)
             self.ledger.book(r, arrival.opt_states, arrival.steps)
@@ -348,6 +371,7 @@ class AsyncLocalThreads:
         server, self.applied, self._examples, self.resumed_steps = restored
         self.server = jax.device_put(server, self.devices[0])
         self.pulled = self._pulled_by_all()
+        self.latest = self.pulled[0]
 
     def _pulled_by_all(self) -> list[Pulled]:
         """Every replica's first pull: the server's model now, at its version."""
@@ -389,7 +413,7 @@ class AsyncLocalThreads:
                 "period": c.period,
                 "server": {"updates": self.applied, "busy": self.busy[-1] / total},
                 **self.report.summary(),
-                **({"crashes": self.ledger.crashes()} if self.ledger.crash_at else {}),
+                **self.ledger.fleet_summary(),
             },
         }
 

@@ -34,6 +34,7 @@ class RoundEnd(NamedTuple):
     positions: Sequence[int]  # its batches' stream positions
     first_step: int  # the replica's local steps before this round
     opt_states: PyTree  # the replica's inner optimizer state at the round's end
+    epoch: int  # the replica's presence changes before the round was taken (``Ledger.claim``)
 
 
 class Pulled(NamedTuple):

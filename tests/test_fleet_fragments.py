@@ -14,7 +14,8 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.averaging_clock import Fragment
 from pdasgd_jax.simulate.fleet_fragments import run_fragment_rounds
-from pdasgd_jax.simulate.fleet_rounds import run_local_rounds, state_nbytes
+from pdasgd_jax.simulate.fleet_round_inputs import state_nbytes
+from pdasgd_jax.simulate.fleet_rounds import run_local_rounds
 from pdasgd_jax.simulate.fragment_schedule import fragment_rounds_schedule
 from pdasgd_jax.simulate.straggler_policy import local_rounds_schedule
 

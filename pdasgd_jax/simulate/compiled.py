@@ -48,9 +48,9 @@ from pdasgd_jax.simulate.compiled_live import LIVE
 from pdasgd_jax.simulate.compiled_stateful import STATEFUL
 from pdasgd_jax.simulate.compiled_steps import STASHED, Batches, Carry, loop_program, ring_at
 from pdasgd_jax.simulate.live_plan import LivePlan, has_live_backwards, plan_live_steps
-from pdasgd_jax.simulate.schedule_plan import Plan, Schedule, plan_steps
+from pdasgd_jax.simulate.schedule_plan import Plan, plan_steps
 from pdasgd_jax.simulate.stateful_plan import StatefulPlan, has_state_commits, plan_stateful_steps
-from pdasgd_jax.simulate.step_plan import StepPlan
+from pdasgd_jax.simulate.step_plan import Schedule, StepPlan
 
 PyTree = Any
 # The most memory the rings of versions and gradients may take, by default.

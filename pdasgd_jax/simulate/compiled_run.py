@@ -32,8 +32,9 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.compiled import DEFAULT_MEMORY_LIMIT_BYTES, CompiledRun, SegmentEnd, Segments
 from pdasgd_jax.simulate.compiled_steps import Carry
-from pdasgd_jax.simulate.schedule_plan import Schedule, record_schedule
+from pdasgd_jax.simulate.schedule_plan import record_schedule
 from pdasgd_jax.simulate.simulation import num_jobs
+from pdasgd_jax.simulate.step_plan import Schedule
 
 # The checkpoint metadata's mark of a compiled checkpoint.
 NUMERICS_KEY, COMPILED = "numerics", "compiled"

@@ -23,6 +23,7 @@ from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary, outer_optimizer
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.averaging_clock import Fragment, averaging_work, peak_in_flight
+from pdasgd_jax.simulate.fleet_round_inputs import fleet_timeline, policy_args, state_nbytes
 from pdasgd_jax.simulate.fragment_schedule import FragmentSchedule, FragmentUnit, fragment_rounds_schedule
 from pdasgd_jax.simulate.straggler_policy import DEADLINE_MADS, DEADLINE_WINDOW
 from pdasgd_jax.simulate.sync import VirtualTimeMetrics, fresh_updates
@@ -62,8 +63,6 @@ def plan_fragment_rounds(
     Returns:
       ``(schedule, fleet timeline or None, fragments)``.
     """
-    from pdasgd_jax.simulate.fleet_rounds import fleet_timeline, policy_args, state_nbytes  # imports this module
-
     frags = fragment_plan(exp)
     args = policy_args(exp, num_workers) | dict(
         fragments=frags, work=[averaging_work(timing, num_workers, f.stages, f.share) for f in frags]

@@ -8,7 +8,6 @@ on each landed mean. With ``--fragments K > 1`` it hands the run to
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -17,7 +16,7 @@ import numpy as np
 
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import DelayModel, TimingModel, tree_nbytes
-from pdasgd_jax.delays.fleet import FleetTimeline, parse_fleet
+from pdasgd_jax.delays.fleet import FleetTimeline
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
@@ -28,6 +27,7 @@ from pdasgd_jax.runners.averaging import outer_optimizer
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.averaging_clock import averaging_work
 from pdasgd_jax.simulate.fleet_fragments import run_fragment_rounds
+from pdasgd_jax.simulate.fleet_round_inputs import fleet_timeline, policy_args, state_nbytes
 from pdasgd_jax.simulate.straggler_policy import (
     DEADLINE_MADS,
     DEADLINE_WINDOW,
@@ -65,40 +65,6 @@ def plan_local_rounds(
         return plain, None
     transfer = timing.comm.transfer_time(state_nbytes(exp))
     return local_rounds_schedule(timing, delay, **fleet, state_transfer=transfer, **args), fleet["fleet"]
-
-
-def policy_args(exp: Experiment, num_workers: int) -> dict[str, Any]:
-    """The schedule's arguments every ``local``/``dasgd`` run under a straggler policy shares:
-    W, R, H, the seed, the quorum (W: 0), the adaptive deadline and DaSGD's delay (local: None)."""
-    config = exp.config
-    return dict(
-        num_workers=num_workers,
-        rounds=math.ceil(exp.total_examples / (num_workers * config.batch_size * config.period)),
-        period=config.period,
-        seed=config.seed,
-        quorum=config.quorum if config.quorum < num_workers else 0,
-        adaptive=config.deadline == "adaptive",
-        delay=config.averaging_delay if config.algo == "dasgd" else None,
-    )
-
-
-def fleet_timeline(exp: Experiment, num_workers: int, horizon: float) -> dict[str, Any] | None:
-    """``--fleet``'s events (checked before any step) as the schedule's ``fleet`` and ``spec``
-    arguments, positions over ``--fleet-horizon`` or else ``horizon`` (the run's length
-    without events); None without events."""
-    config = exp.config
-    spec = parse_fleet(config.fleet)
-    spec.events(num_workers)  # a FleetError names a bad token, before any step
-    if spec.empty:
-        return None
-    return dict(fleet=FleetTimeline(spec, num_workers, config.fleet_horizon or horizon), spec=spec)
-
-
-def state_nbytes(exp: Experiment) -> int:
-    """Bytes of the whole ``TrainState`` a joining replica receives."""
-    v = exp.variables
-    opt = init_opt_states(exp.tx, v.params, whole_model=exp.whole_model_updates)
-    return tree_nbytes(TrainState(v.params, v.states, opt))
 
 
 def _check_local_rounds(config: Any, checkpointer: RunCheckpointer | None) -> None:

@@ -33,8 +33,7 @@ import numpy as np
 
 from pdasgd_jax.executor import EventKind
 from pdasgd_jax.simulate.plan_slots import FreeSteps, interval_slots
-from pdasgd_jax.simulate.schedule_plan import Schedule
-from pdasgd_jax.simulate.step_plan import JOB_KINDS, StepPlacer, StepPlan
+from pdasgd_jax.simulate.step_plan import JOB_KINDS, Schedule, StepPlacer, StepPlan
 
 
 @dataclasses.dataclass(frozen=True)

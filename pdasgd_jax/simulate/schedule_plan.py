@@ -47,42 +47,10 @@ from pdasgd_jax.simulate.plan_slots import FreeSteps
 from pdasgd_jax.simulate.run_timing import backward_weights
 from pdasgd_jax.simulate.scheduler import Scheduler
 from pdasgd_jax.simulate.simulation import Simulation, num_jobs, paused_collector
-from pdasgd_jax.simulate.step_plan import JOB_KINDS, StepPlacer, StepPlan
+from pdasgd_jax.simulate.step_plan import JOB_KINDS, Schedule, StepPlacer, StepPlan
 from pdasgd_jax.store import ParameterStore
 
 COMPILED_ALGOS = ("asgd", "pdasgd", "pdasgd-block")
-
-
-@dataclasses.dataclass(frozen=True)
-class Schedule:
-    """A simulated run's schedule.
-
-    Attributes:
-      events: the event log in ``seq`` order.
-      num_stages: the model's stages.
-      done: per finished job, in the order the run counted them: ``(job id, events logged
-        when it was done)``; the second is where an evaluation after it cuts the log.
-      done_times: the virtual time at which each was done.
-      staleness: every update's staleness, per stage, in the order applied.
-      utilisation: the workers' and devices' busy fractions (empty from a log).
-      started: jobs started.
-      stops: per done count the run may stop at (``record_schedule``'s ``stops_at``), the
-        ``(utilisation, started)`` of a run stopped there.
-    """
-
-    events: list[Event]
-    num_stages: int
-    done: np.ndarray
-    done_times: np.ndarray
-    staleness: StalenessStats
-    utilisation: dict[str, Any]
-    started: int
-    stops: dict[int, tuple[dict[str, Any], int]] = dataclasses.field(default_factory=dict)
-
-    @property
-    def virtual_time(self) -> float:
-        """The last job's end: the run's virtual time."""
-        return float(self.done_times[-1]) if len(self.done_times) else 0.0
 
 
 def check_supported(exp: Experiment) -> None:

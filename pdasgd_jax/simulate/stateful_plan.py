@@ -28,8 +28,8 @@ import numpy as np
 
 from pdasgd_jax.executor import EventKind
 from pdasgd_jax.simulate.plan_slots import FreeSteps
-from pdasgd_jax.simulate.schedule_plan import Plan, Schedule
-from pdasgd_jax.simulate.step_plan import JOB_KINDS, StepPlacer, ring_sizes
+from pdasgd_jax.simulate.schedule_plan import Plan
+from pdasgd_jax.simulate.step_plan import JOB_KINDS, Schedule, StepPlacer, ring_sizes
 
 
 @dataclasses.dataclass(frozen=True)

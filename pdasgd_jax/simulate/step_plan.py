@@ -1,6 +1,7 @@
-"""What every compiled plan (``schedule_plan.Plan``, ``live_plan.LivePlan``,
-``stateful_plan.StatefulPlan``) holds and places alike: segment boundaries, the versions each
-job read, and each stage's updates in the log's order.
+"""A simulated run's ``Schedule``, and what every compiled plan planned from it
+(``schedule_plan.Plan``, ``live_plan.LivePlan``, ``stateful_plan.StatefulPlan``) holds and
+places alike: segment boundaries, the versions each job read, and each stage's updates in the
+log's order.
 
 A plan's planner walks the event log with a ``StepPlacer``, which records every job's batch
 and reads and places every update (``earliest_update``, then ``place_update`` at a step no
@@ -20,18 +21,47 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from pdasgd_jax.executor import Event, EventKind
+from pdasgd_jax.executor import Event, EventKind, StalenessStats
 from pdasgd_jax.simulate.plan_slots import interval_slots
-
-if TYPE_CHECKING:
-    from pdasgd_jax.simulate.schedule_plan import Schedule
 
 # The events of a job on one shared store (``stateful_plan`` adds its state commits).
 JOB_KINDS = frozenset({EventKind.START, EventKind.FORWARD, EventKind.LOSS, EventKind.BACKWARD, EventKind.UPDATE})
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A simulated run's schedule.
+
+    Attributes:
+      events: the event log in ``seq`` order.
+      num_stages: the model's stages.
+      done: per finished job, in the order the run counted them: ``(job id, events logged
+        when it was done)``; the second is where an evaluation after it cuts the log.
+      done_times: the virtual time at which each was done.
+      staleness: every update's staleness, per stage, in the order applied.
+      utilisation: the workers' and devices' busy fractions (empty from a log).
+      started: jobs started.
+      stops: per done count the run may stop at (``record_schedule``'s ``stops_at``), the
+        ``(utilisation, started)`` of a run stopped there.
+    """
+
+    events: list[Event]
+    num_stages: int
+    done: np.ndarray
+    done_times: np.ndarray
+    staleness: StalenessStats
+    utilisation: dict[str, Any]
+    started: int
+    stops: dict[int, tuple[dict[str, Any], int]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def virtual_time(self) -> float:
+        """The last job's end: the run's virtual time."""
+        return float(self.done_times[-1]) if len(self.done_times) else 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -208,14 +208,15 @@ class Config:
     )
     quorum: int = _field(
         0,
-        "--algo sync, local or dasgd with --simulate: a step proceeds once K of its devices' gradients have "
-        "arrived, the late ones dropped and counted (local, dasgd: an average closes with the K earliest "
-        "replicas, a late one merging into the next) (0 < K <= devices; 0: all)",
+        "--algo sync, local or dasgd with --simulate, local and dasgd on threads: a step proceeds once K of its "
+        "devices' gradients have arrived, the late ones dropped and counted (local, dasgd: an average closes with "
+        "the K earliest replicas, a late one merging into the next) (0 < K <= devices; 0: all)",
         group="delays",
     )
     deadline: str = _field(
         "none",
-        "--algo sync, local or dasgd with --simulate: adaptive closes each step (local, dasgd: each average) at "
+        "--algo sync, local or dasgd with --simulate, local and dasgd on threads: adaptive closes each step "
+        "(local, dasgd: each average) at "
         "the median plus 3 x 1.4826 median absolute deviations (Hampel's rule: about 3 standard deviations) of "
         "the last 20 arrival times; sync drops the later gradients, local and dasgd merge late replicas into "
         "the next average",
@@ -227,7 +228,8 @@ class Config:
         "fleet events at fractions of the run, e.g. slow:2x4@0.2-0.4,leave:3@0.3,join:3@0.6,crash:5@0.5, "
         "or a seeded churn model, churn:leave=0.1,join=0.5,slow=0.2x3,seed=7 (docs/algorithms.md, Fleet "
         "events); --algo sync, local, dasgd, async-local, asgd, pdasgd, pdasgd-block or lpp with --simulate; on "
-        "threads crash events only, for async-local and pdasgd --replication replicas",
+        "threads (positions: fractions of the examples handed out) slow, leave, crash and join for async-local, "
+        "crash for local, dasgd and pdasgd --replication replicas",
         group="delays",
     )
     fleet_horizon: float = _field(

@@ -50,6 +50,40 @@ def _check_local_clock(config: Any, given: list[str]) -> None:
     _quorum_within(config, devices)
 
 
+def _check_local_threads(config: Any, given: list[str]) -> None:
+    """``--algo local`` and ``dasgd`` on threads (``runtime.local_rounds_threads``): ``--quorum``,
+    ``--deadline`` and ``crash`` events only, each on a replica; one fragment, no
+    ``--average-opt-state``, no ``--merge eager`` and no ``--checkpoint-every`` (its rounds write
+    no checkpoint yet)."""
+    refused = [
+        (config.fragments > 1, f"--fragments {config.fragments} (one fragment only)"),
+        (config.average_opt_state, "--average-opt-state (each replica keeps its own optimizer state)"),
+        (config.algo == "dasgd" and config.merge == "eager", "--merge eager (its carries)"),
+        (config.checkpoint_every, f"--checkpoint-every {config.checkpoint_every} (its rounds write no checkpoint)"),
+    ]
+    for bad, what in refused:
+        if bad:
+            raise ValueError(
+                f"{', '.join(given)}: --algo {config.algo} on threads takes no {what} yet; --simulate does"
+            )
+    from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
+
+    spec = parse_fleet(config.fleet)
+    named = _not_crashes(spec)
+    if named:
+        raise ValueError(
+            f"--fleet {config.fleet}: --algo {config.algo} on threads takes crash:R@POS events only so far (a replica "
+            f"that stops mid-unit), not {named}; --simulate takes every event"
+        )
+    replicas = config.replicas or config.devices  # 0: every device, which only the run knows
+    if replicas:
+        spec.events(replicas)
+        if config.quorum > replicas:
+            raise ValueError(
+                f"--quorum {config.quorum} exceeds the run's {replicas} replica(s): use 1..{replicas}, or 0 for all"
+            )
+
+
 def _check_dasgd_clock(config: Any, given: list[str]) -> None:
     """Simulated DaSGD: local SGD's limits, with every ``--merge`` (``eager``'s share over the
     units landed in the average merged), except ``eager`` with ``--average-opt-state`` and
@@ -170,6 +204,8 @@ def _check_pdasgd_threads(config: Any, given: list[str]) -> None:
 FLEET_PATHS: dict[tuple[str, bool], Callable[[Any, list[str]], None]] = {
     ("sync", True): _check_sync_clock,
     ("local", True): _check_local_clock,
+    ("local", False): _check_local_threads,
+    ("dasgd", False): _check_local_threads,
     ("dasgd", True): _check_dasgd_clock,
     (ASYNC_LOCAL, True): _check_async_local_clock,
     (ASYNC_LOCAL, False): _check_async_local,

@@ -91,7 +91,7 @@ def test_the_flags_are_taken_where_implemented_and_refused_elsewhere_by_name():
         Config(algo=algo, simulate=True, devices=2, replicas=2, fleet="slow:0x3@0.1-0.5").validate()
     with pytest.raises(ConfigError, match="not implemented for --algo sgd --simulate; implemented so far"):
         Config(algo="sgd", simulate=True, fleet="slow:0x3@0.1-0.5").validate()
-    for algo in ("asgd", "local", "dasgd", "lpp"):
+    for algo in ("asgd", "lpp"):
         with pytest.raises(ConfigError, match=f"not implemented for --algo {algo} on threads; implemented so far"):
             Config(algo=algo, devices=2, replicas=2, fleet="crash:1@0.5").validate()
     with pytest.raises(ConfigError, match="--algo sync on threads, whose real steps are one SPMD program"):

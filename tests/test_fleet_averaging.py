@@ -189,12 +189,12 @@ def test_an_adaptive_deadline_leaves_out_a_replica_slow_from_round_three():
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (dict(algo="dasgd", quorum=3, simulate=False), "not implemented for --algo dasgd on threads"),
+        (dict(algo="dasgd", quorum=3, simulate=False, merge="eager"), "--algo dasgd on threads takes no --merge eager"),
         (
             dict(algo="dasgd", quorum=3, fragments=2, merge="eager", average_opt_state=True),
             "--merge eager with --average-opt-state and --fragments 2",
         ),
-        (dict(quorum=3, simulate=False), "not implemented for --algo local on threads"),
+        (dict(quorum=3, simulate=False, average_opt_state=True), "--algo local on threads takes no --average-opt"),
     ],
 )
 def test_what_local_sgd_does_not_cover_yet_is_refused_by_name(overrides, match):

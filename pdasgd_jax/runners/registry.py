@@ -6,13 +6,31 @@ Every runner has the signature ``runner(exp, metrics, checkpointer) -> RunResult
 
 from __future__ import annotations
 
+from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import ALGORITHMS, Config
+from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.averaging import run_dasgd, run_local
-from pdasgd_jax.runners.result import Runner
+from pdasgd_jax.runners.result import Runner, RunResult
 from pdasgd_jax.runners.sync import run_sgd, run_sync
 from pdasgd_jax.runtime.async_local import run_async_local
+from pdasgd_jax.runtime.local_rounds_threads import run_local_rounds_threads, threaded_rounds
 from pdasgd_jax.runtime.lpp import run_lpp_runtime
 from pdasgd_jax.runtime.replicas import run_threads
+
+
+def _run_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
+    """Local SGD: the SPMD round program, or with ``--quorum``, ``--deadline adaptive`` or
+    ``--fleet`` the threaded rounds (``runtime.local_rounds_threads``)."""
+    runner = run_local_rounds_threads if threaded_rounds(exp.config) else run_local
+    return runner(exp, metrics, checkpointer)
+
+
+def _run_dasgd(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
+    """DaSGD: the SPMD round program, or the threaded rounds as ``_run_local``'s."""
+    runner = run_local_rounds_threads if threaded_rounds(exp.config) else run_dasgd
+    return runner(exp, metrics, checkpointer)
+
 
 # Real execution: one device, an SPMD mesh, or the threaded runtime.
 RUNNERS: dict[str, Runner] = {
@@ -21,8 +39,8 @@ RUNNERS: dict[str, Runner] = {
     "asgd": run_threads,
     "pdasgd": run_threads,
     "pdasgd-block": run_threads,
-    "local": run_local,
-    "dasgd": run_dasgd,
+    "local": _run_local,
+    "dasgd": _run_dasgd,
     "lpp": run_lpp_runtime,
     "async-local": run_async_local,
 }

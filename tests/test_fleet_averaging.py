@@ -4,12 +4,12 @@
 import jax
 import numpy as np
 import pytest
+from fleet_reference import hand_averages
 
 from pdasgd_jax.config import Config
 from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
 from pdasgd_jax.delays.fleet import FleetTimeline, parse_fleet
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.fleet_rounds import plan_local_rounds
@@ -36,41 +36,6 @@ def _schedule(spec: str, rounds: int, horizon: float = 100.0, **kw):
 
 def _landed(schedule):
     return [sorted((u.worker, u.base) for u in units) for units in schedule.lands]
-
-
-def _reference(exp, schedule, rounds):
-    """The averages by hand: each unit's H steps one replica at a time from the average it
-    begins from (with its replica's optimizer state, or a joiner's: the mean of the last landed
-    units'), then A_j = A_{j-1} + the mean of the landed units' model minus their base."""
-    config = exp.config
-    step = jax.jit(make_train_step(exp.model, exp.tx))
-    v = exp.variables
-    averages = {0: (jax.device_get(v.params), jax.device_get(v.states))}
-    opt = dict.fromkeys(range(4), init_opt_states(exp.tx, v.params))
-    opt_mean, landed_last = opt[0], set()
-    streams = [exp.train_stream(config.batch_size, shard_index=w, num_shards=4) for w in range(4)]
-    after = {}
-    for j in range(1, rounds + 1):
-        for u in schedule.starts[j - 1]:
-            if u.dropped:
-                continue
-            own = opt[u.worker] if j == 1 or u.worker in landed_last else opt_mean
-            ts = TrainState(*averages[j - 1], own)
-            for _ in range(config.period):
-                ts, _ = step(ts, *next(streams[u.worker]))
-            after[u.worker] = ts
-        landed = schedule.lands[j - 1]
-        moved = [jax.tree.map(lambda a, b: a - b, after[u.worker][:2], averages[u.base]) for u in landed]
-        mean = jax.tree.map(lambda *xs: sum(xs[1:], xs[0]) / len(xs), *moved)
-        averages[j] = jax.tree.map(lambda a, d: a + d, averages[j - 1], mean)
-        if landed:
-            opt_mean = jax.tree.map(
-                lambda *xs: sum(xs[1:], xs[0]) / len(xs), *[after[u.worker].opt_states for u in landed]
-            )
-        for u in landed:
-            opt[u.worker] = after[u.worker].opt_states
-        landed_last = {u.worker for u in landed}
-    return averages[rounds]
 
 
 def test_the_adaptive_deadline_is_median_plus_mads_of_arrivals_by_the_start():
@@ -137,7 +102,7 @@ def test_a_fleet_run_trains_the_hand_computed_model_and_counts_what_it_dropped()
     assert report["dropped_steps"] == {"leave": 1, "crash": 4}
     assert report["merged_steps"] == 4 * (4 + 3 + 2 + 3 * (rounds - 3))
     assert report["late_units"] == 0 and report["unmerged_steps_at_end"] == 0
-    params, states = _reference(exp, schedule, rounds)
+    params, states = hand_averages(exp, schedule, rounds)
     for a, b in zip(jax.tree.leaves((result.params, result.states)), jax.tree.leaves((params, states)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -173,7 +138,7 @@ def test_a_quorum_run_ends_sooner_and_merges_the_slow_replica_a_round_later():
     assert report["late_units"] == 1 and report["quorum"] == 3
     schedule, _ = plan_local_rounds(exp, TIMING, DelayModel(), 4)
     assert (3, 0) in _landed(schedule)[1]
-    params, states = _reference(exp, schedule, rounds)
+    params, states = hand_averages(exp, schedule, rounds)
     for a, b in zip(jax.tree.leaves((quorum.params, quorum.states)), jax.tree.leaves((params, states)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 

@@ -8,6 +8,7 @@ import itertools
 import jax
 import numpy as np
 import pytest
+from fleet_reference import hand_averages
 
 from pdasgd_jax import Config, train_and_evaluate
 from pdasgd_jax.checkpoint import RunCheckpointer
@@ -16,7 +17,6 @@ from pdasgd_jax.delays.fleet import FleetSpec, FleetTimeline, churn_events, pars
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.eventlog import read_arrivals
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.replay import replay_run
 from pdasgd_jax.simulate import async_local, run_simulated
@@ -447,51 +447,6 @@ def test_an_adaptive_deadline_leaves_out_a_dasgd_replica_slow_from_round_three()
     np.testing.assert_allclose(schedule.closes, [4.0, 8.0, 12.0, 16.0, 20.0, 24.0])
 
 
-def _dasgd_reference(exp, schedule, rounds, d):
-    """DaSGD's averages by hand, one replica and one step at a time: a continuing unit goes on
-    from its replica's snapshot s and after d steps takes A_base + (theta - s); a unit begun
-    from an average takes its replica's optimizer state (a joiner's: the last landed mean)."""
-    h = exp.config.period
-    step = jax.jit(make_train_step(exp.model, exp.tx))
-    v = exp.variables
-    averages = {0: (jax.device_get(v.params), jax.device_get(v.states))}
-    opt = dict.fromkeys(range(4), init_opt_states(exp.tx, v.params))
-    opt_mean, landed_last, snapshot, after = opt[0], set(), {}, {}
-    streams = [exp.train_stream(exp.config.batch_size, shard_index=w, num_shards=4) for w in range(4)]
-
-    def merge(ts, s, base):
-        model = jax.tree.map(lambda a, x, y: a + (x - y), averages[base], (ts.params, ts.states), (s.params, s.states))
-        return TrainState(*model, ts.opt_states)
-
-    for j in range(1, rounds + 1):
-        for u in schedule.starts[j - 1]:
-            if u.dropped:
-                continue
-            if u.continues:
-                ts = s = snapshot[u.worker]
-            else:
-                own = opt[u.worker] if j == 1 or u.worker in landed_last else opt_mean
-                ts = TrainState(*averages[j - 1], own)
-            for i in range(h):
-                if u.continues and i == d:
-                    ts = merge(ts, s, u.base)
-                ts, _ = step(ts, *next(streams[u.worker]))
-            after[u.worker] = ts
-        landed = schedule.lands[j - 1]
-        moved = [jax.tree.map(lambda a, b: a - b, after[u.worker][:2], averages[u.base]) for u in landed]
-        mean = jax.tree.map(lambda *xs: sum(xs[1:], xs[0]) / len(xs), *moved)
-        averages[j] = jax.tree.map(lambda a, m: a + m, averages[j - 1], mean)
-        if landed:
-            opt_mean = jax.tree.map(
-                lambda *xs: sum(xs[1:], xs[0]) / len(xs), *[after[u.worker].opt_states for u in landed]
-            )
-        for u in landed:
-            opt[u.worker] = after[u.worker].opt_states
-            snapshot[u.worker] = after[u.worker]
-        landed_last = {u.worker for u in landed}
-    return averages[rounds]
-
-
 def test_a_dasgd_fleet_run_with_a_late_replica_a_leave_and_a_join_trains_the_hand_computed_model():
     spec = "slow:3x10@0-0.05,leave:1@0.3,join:1@0.5"
     exp, _, result = _dasgd_run(fleet=spec, quorum=3, optimizer="momentum")
@@ -501,6 +456,6 @@ def test_a_dasgd_fleet_run_with_a_late_replica_a_leave_and_a_join_trains_the_han
     report = result.extra["local_rounds"]
     assert report["late_units"] >= 1 and report["dropped_steps"]["leave"] > 0
     rounds = len(schedule.lands)
-    params, states = _dasgd_reference(exp, schedule, rounds, exp.config.averaging_delay)
+    params, states = hand_averages(exp, schedule, rounds, exp.config.averaging_delay)
     for a, b in zip(_leaves((result.params, result.states)), _leaves((params, states)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -3,6 +3,7 @@ update's time, stage, job, the version its job read and the version it replaced)
 without the numerics, its report, and what it refuses before any work."""
 
 import dataclasses
+import hashlib
 import json
 
 import numpy as np
@@ -102,6 +103,34 @@ def test_live_weights_are_planned_as_the_run_that_computes(base):
     np.testing.assert_array_equal(plan.updates, _logged_updates(log.events))
     assert plan.virtual_time == result.extra["virtual_time"] and plan.jobs == result.step
     assert [s["max"] for s in plan.staleness] == [s["max"] for s in result.extra["staleness"]["per_stage"]]
+
+
+# Digests of planned schedules (every update's time, stage, job, version read and version
+# replaced; the virtual time, the jobs, the utilisation), as the planner computed them before its
+# clock, devices, bookings and delay draws were made faster: a faster planner plans the same.
+PLANS = [
+    ("d190530f689f7c48", "pdasgd", 64, "exponential", TIMING, {}),
+    ("d9a69df492c57806", "asgd", 64, "exponential", UNEVEN, {"straggler_devices": 8}),
+    ("194f22cde7d4cc68", "pdasgd-block", 24, "lognormal", UNEVEN, {"delay_per": "job"}),
+    (
+        "f353049a6d7462a7",
+        "pdasgd",
+        12,
+        "straggler",
+        CONCURRENT,
+        {"backward_weights": "live", "forward_workers": 2, "queue": 2},
+    ),
+]
+
+
+@pytest.mark.parametrize("digest, algo, devices, delay, timing, extra", PLANS)
+def test_planned_schedules_are_unchanged(base, digest, algo, devices, delay, timing, extra):
+    exp = base.with_config(
+        algo=algo, devices=devices, epochs=8.0, delay_model=delay, delay_mean=1.0, straggler_factor=3.0, **extra
+    )
+    plan = plan_schedule(exp, timing, trace=True)
+    record = repr([plan.updates.tobytes().hex(), plan.virtual_time.hex(), plan.jobs, plan.utilisation])
+    assert hashlib.sha256(record.encode()).hexdigest()[:16] == digest
 
 
 def test_a_fleet_of_thousands_of_devices_is_planned(base):

@@ -3,14 +3,15 @@ order scheduled) order whether they waited in the heap or were scheduled at that
 ``Countdown`` resumes its worker exactly where a channel of ``n`` items would; a zero-length
 ``Sleep`` with a read at its start resumes its worker where its wake-up event would have; a
 lazy delay stream draws bitwise what its generator draws, also once its methods are kept,
-and also when its seed was derived with its family's."""
+also when its seed was derived with its family's, and also when its draws are taken in
+blocks (``LazyStream.draw``), whatever else uses its generator between them."""
 
 import random
 
 import numpy as np
 import pytest
 
-from pdasgd_jax.delays import rng_for
+from pdasgd_jax.delays import DelayModel, rng_for
 from pdasgd_jax.delays import streams as streams_module
 from pdasgd_jax.delays.streams import LazyStream, StreamFamily
 from pdasgd_jax.simulate.scheduler import AVERAGE, END, START, Channel, Countdown, Get, Put, Scheduler, Sleep
@@ -165,3 +166,61 @@ def test_a_stream_family_whose_hashing_disagrees_with_numpys_seeds_each_stream_a
     streams = [family.stream(f"w{i}") for i in range(4)]
     assert [s.random() for s in streams] == [rng_for(3, "delay", f"w{i}").random() for i in range(4)]
     assert all(s._state is None for s in streams)
+
+
+# Each delay model's one scalar draw (``DelayModel._scalar_call``), as ``LazyStream.draw`` takes it.
+DRAWS = [("exponential", (0.37,)), ("uniform", (0.0, 0.74)), ("lognormal", (-1.3, 1.5)), ("random", ())]
+
+
+@pytest.mark.parametrize("method, args", DRAWS)
+def test_a_block_of_draws_is_the_scalar_draws_and_leaves_the_generator_alike(method, args):
+    """What ``LazyStream.draw`` relies on: ``method(*args, size=n)`` draws the values of ``n``
+    scalar calls, in order, and leaves the generator in their state."""
+    for seed in range(5):
+        scalar, block = rng_for(seed, "delay", "w0"), rng_for(seed, "delay", "w0")
+        one_by_one = [getattr(scalar, method)(*args) for _ in range(200)]
+        blocks = [getattr(block, method)(*args, n) for n in (1, 8, 64, 127)]
+        assert [float(x) for x in np.concatenate(blocks)] == one_by_one
+        assert block.bit_generator.state == scalar.bit_generator.state
+
+
+@pytest.mark.parametrize("method, args", DRAWS)
+def test_a_lazy_streams_block_draws_are_its_scalar_draws_whatever_comes_between(method, args):
+    lazy, eager = LazyStream(11, "delay", "d2/backward0"), rng_for(11, "delay", "d2/backward0")
+    other = ("exponential", (2.0,)) if method != "exponential" else ("random", ())
+    drawn, expected = [], []
+    for step in range(300):
+        if step % 97 == 5:  # the generator used directly, mid-block: the block's rest is given back
+            drawn.append(lazy.normal(0.0, 1.0))
+            expected.append(eager.normal(0.0, 1.0))
+        elif step % 53 == 7:  # another call through ``draw``
+            drawn.append(lazy.draw(other))
+            expected.append(getattr(eager, other[0])(*other[1]))
+        else:
+            drawn.append(lazy.draw((method, args)))  # equal, not the same object: still one block
+            expected.append(getattr(eager, method)(*args))
+    assert drawn == expected and all(type(x) is float for x in drawn)
+    assert lazy.generator.bit_generator.state == eager.bit_generator.state  # given back at the end too
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        DelayModel("exponential", 0.3),
+        DelayModel("uniform", 0.2, per="job"),
+        DelayModel("lognormal", 0.3, sigma=1.5),
+        DelayModel("straggler", 0.1, prob=0.3, factor=2.0),
+        DelayModel("constant", 0.2),
+        DelayModel("exponential", 0.0),
+        DelayModel(),
+    ],
+)
+def test_a_simulated_workers_delays_are_those_its_generator_draws(model):
+    """``DelayModel.job_idle`` on a ``LazyStream`` (a simulated worker's) takes its draw from a
+    block: bitwise the idle times and draws of the same calls on ``rng_for``'s generator."""
+    lazy, eager = LazyStream(4, "delay", "d0/forward0"), rng_for(4, "delay", "d0/forward0")
+    carried = [None, 0.25]
+    got = [model.job_idle(lazy, 0.5 + i / 7, (i % 3) / 2, carried[i % 2]) for i in range(150)]
+    want = [model.job_idle(eager, 0.5 + i / 7, (i % 3) / 2, carried[i % 2]) for i in range(150)]
+    assert got == want
+    assert lazy.generator.bit_generator.state == eager.bit_generator.state

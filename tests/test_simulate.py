@@ -140,8 +140,7 @@ def _random_schedule(seed, *, general, stop_after=None):
     devices = [Device(sched, i, timing) for i in range(2)]
     if general:  # drop the one-kernel-at-a-time fast path: the shared-rate code at concurrency 1
         for dev in devices:
-            for name in ("_admit", "request"):
-                delattr(dev, name)
+            dev._admit, dev.request = dev._admit_shared, dev._request_shared
     trace, works = [], {}
 
     def draws(name, choices, n):

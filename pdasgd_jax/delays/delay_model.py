@@ -13,6 +13,7 @@ worker (``DelayModel.job_idle``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 
 from pdasgd_jax.choices import DELAY_MODELS, DELAY_PER
 from pdasgd_jax.delays._checks import _finite_non_negative, _require
+from pdasgd_jax.delays.streams import LazyStream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,13 +118,11 @@ class DelayModel:
     def sample(self, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> float | np.ndarray:
         """Additive delays ``>= 0``: a float when ``size`` is None, else an array of that shape."""
         # size=None draws a Python float, consuming the stream as a 0-d draw would, at a
-        # fraction of the cost (the simulator draws once per worker per job).
-        if self.name == "uniform" and self.mean:
-            return rng.uniform(0.0, 2.0 * self.mean, size)
-        if self.name == "exponential" and self.mean:
-            return rng.exponential(self.mean, size)
-        if self.name == "lognormal" and self.mean:
-            return rng.lognormal(math.log(self.mean) - self.sigma**2 / 2, self.sigma, size)
+        # fraction of the cost (the runtime draws once per worker per job).
+        call = self._scalar_call
+        if call is not None and self.name != "straggler":
+            method, args = call
+            return getattr(rng, method)(*args, size)
         return float(self.mean) if size is None else np.full(size, float(self.mean))  # none, constant, straggler
 
     def slowdown(self, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> float | np.ndarray:
@@ -183,7 +183,37 @@ class DelayModel:
         _finite_non_negative("operation duration", duration)
         if not 0 <= share <= 1:
             raise ValueError(f"delay share {share!r} is outside [0, 1]")
-        slowed = duration * (self.slowdown(rng) - 1.0)
-        own = self.sample(rng)
+        if type(rng) is LazyStream:  # a simulated worker's stream: its one draw from a block
+            slowdown, own = self._drawn(rng)
+        else:
+            slowdown, own = self.slowdown(rng), self.sample(rng)
+        slowed = duration * (slowdown - 1.0)
         draw = carried if carried is not None and self.per == "job" else own
         return slowed + share * draw, draw
+
+    @functools.cached_property
+    def _scalar_call(self) -> tuple[str, tuple[float, ...]] | None:
+        """The one draw ``slowdown`` and ``sample`` take from a stream between them, as the
+        ``Generator`` method and its arguments before ``size`` (``LazyStream.draw``'s ``call``;
+        None: they draw nothing)."""
+        if self.name == "straggler":
+            return "random", ()
+        if not self.mean:
+            return None
+        if self.name == "uniform":
+            return "uniform", (0.0, 2.0 * self.mean)
+        if self.name == "exponential":
+            return "exponential", (self.mean,)
+        if self.name == "lognormal":
+            return "lognormal", (math.log(self.mean) - self.sigma**2 / 2, self.sigma)
+        return None  # constant
+
+    def _drawn(self, rng: LazyStream) -> tuple[float, float]:
+        """``(slowdown(rng), sample(rng))``, bitwise, their draw taken with ``LazyStream.draw``."""
+        call = self._scalar_call
+        if call is None:
+            return 1.0, float(self.mean)
+        value = rng.draw(call)
+        if self.name == "straggler":
+            return (float(self.factor) if value < self.prob else 1.0), float(self.mean)
+        return 1.0, value

@@ -1,7 +1,8 @@
 """``rng_for``: one independent random stream per (seed, purpose, worker), so that the same
 seed gives bitwise the same delays in the simulator and in the runtime; ``LazyStream``: the
-same stream, its generator made on its first draw; ``StreamFamily``: many such streams (one
-per worker of a simulation), their seeds derived together."""
+same stream, its generator made on its first draw, its scalar draws taken in blocks
+(``LazyStream.draw``); ``StreamFamily``: many such streams (one per worker of a
+simulation), their seeds derived together."""
 
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ def rng_for(seed: int, *stream_ids: int | str) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=_spawn_key(seed, stream_ids)))
 
 
+# ``LazyStream.draw``'s blocks: the first of a call, and the largest, in draws.
+_FIRST_BLOCK, _MAX_BLOCK = 8, 64
+_NO_BLOCK = np.empty(0)
+
+
 class LazyStream:
     """``rng_for(seed, *stream_ids)``'s stream, whose generator is made on its first use.
 
@@ -50,7 +56,18 @@ class LazyStream:
 
     # An instance dict besides the slots: each attribute forwarded once is kept there, so a
     # worker's later draws find it without ``__getattr__`` (one per job of every worker).
-    __slots__ = ("__dict__", "_family", "_generator", "_key", "_seed", "_state")
+    __slots__ = (
+        "__dict__",
+        "_before",
+        "_block",
+        "_call",
+        "_family",
+        "_generator",
+        "_key",
+        "_next",
+        "_seed",
+        "_state",
+    )
 
     def __init__(self, seed: int, *stream_ids: int | str):
         self._seed = seed
@@ -58,10 +75,22 @@ class LazyStream:
         self._generator: np.random.Generator | None = None
         self._family: StreamFamily | None = None  # derives this stream's seed with its others'
         self._state: np.ndarray | None = None  # the seed's words, once its family derived them
+        # ``draw``'s block: the call it repeats, its values, the next one's index, and the
+        # generator's state before the block (to give back the values not taken).
+        self._call: tuple[str, tuple[float, ...]] | None = None
+        self._block: np.ndarray = _NO_BLOCK
+        self._next = 0
+        self._before: dict[str, Any] | None = None
 
     @property
     def generator(self) -> np.random.Generator:
-        """The stream's generator (made on the first call)."""
+        """The stream's generator (made on the first call), where scalar draws alone would
+        have left it (``draw``'s values not taken yet are given back)."""
+        if self._call is not None:
+            self._settle()
+        return self._made()
+
+    def _made(self) -> np.random.Generator:
         if self._generator is None:
             if self._state is None and self._family is not None:
                 self._family.derive()
@@ -75,6 +104,57 @@ class LazyStream:
         value = getattr(self.generator, name)
         self.__dict__[name] = value  # a generator's methods and attributes never change
         return value
+
+    def draw(self, call: tuple[str, tuple[float, ...]]) -> float:
+        """The stream's next scalar draw ``generator.<method>(*args)``, ``call`` being
+        ``(method, args)``, bitwise: a NumPy ``Generator``'s ``method(*args, size=n)`` draws
+        the values, and leaves the generator in the state, of ``n`` scalar calls (checked in
+        the tests for the methods the delay models draw with). The values are drawn in blocks
+        ahead, a worker's draws being many and its generator's memory cold by its next one.
+
+        A use of the generator other than this ``call`` first gives back the values not
+        taken (``_settle``), so the stream's draws stay those of its scalar calls in order.
+        Forwarded attributes are kept (``__getattr__``) only while no block is held.
+        """
+        i = self._next
+        if call is self._call and i < len(self._block):
+            self._next = i + 1
+            return self._block.item(i)  # a Python float, as a scalar call returns
+        return self._refill(call)
+
+    def _refill(self, call: tuple[str, tuple[float, ...]]) -> float:
+        block, i = self._block, self._next
+        if call == self._call:
+            self._call = call  # the same object from now on: ``draw``'s first test
+            if i < len(block):
+                self._next = i + 1
+                return block.item(i)
+            size = min(2 * len(block), _MAX_BLOCK)
+        else:
+            if self._call is not None:
+                self._settle()
+            size = _FIRST_BLOCK  # small first: most workers of a large simulation draw a few times
+        generator = self._made()
+        self._before = generator.bit_generator.state
+        method, args = call
+        # Kept as an array: 8 bytes a value (a list of floats takes four times that, for each of
+        # many thousands of workers, far from the processor's caches by a worker's next draw).
+        self._block = getattr(generator, method)(*args, size)
+        self._call, self._next = call, 1
+        self.__dict__.clear()  # the generator's methods: through ``__getattr__``, which settles
+        return self._block.item(0)
+
+    def _settle(self) -> None:
+        """Puts the generator where scalar draws would have left it: the block's values not
+        taken are given back (its state before the block, then as many draws as were taken)."""
+        call, taken = self._call, self._next
+        self._call = None
+        if taken < len(self._block):
+            generator = self._generator
+            generator.bit_generator.state = self._before
+            method, args = call
+            getattr(generator, method)(*args, taken)
+        self._block, self._before = _NO_BLOCK, None
 
 
 class StreamFamily:

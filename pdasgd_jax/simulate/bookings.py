@@ -26,6 +26,7 @@ import collections
 
 from pdasgd_jax.executor import Job, StageExecutor
 from pdasgd_jax.simulate.scheduler import Gate, Scheduler
+from pdasgd_jax.simulate.version_executor import VersionStore
 from pdasgd_jax.simulate.worker_requests import Channel, Get, Process, Put, Worker
 
 
@@ -62,9 +63,14 @@ class Bookings:
         self._open: list[collections.deque[Booking]] = [collections.deque() for _ in range(executor.store.num_stages)]
         # job id -> (stage, gate) of each version it pulled that its kernels have not waited for yet
         self._waits: dict[int, list[tuple[int, Gate]]] = {}
+        # A ``VersionStore``'s own list of stage versions (read at every pull), else None.
+        store = executor.store
+        self._versions: list[int] | None = store.versions if isinstance(store, VersionStore) else None
 
     def newest(self, m: int) -> int:
         """The newest version of stage ``m`` booked (the store's, when none is pending)."""
+        if self._versions is not None:
+            return self._versions[m] + len(self._open[m])
         return self.executor.store.read_params(m).version + len(self._open[m])
 
     def book(self, m: int, ticket: int | None) -> Booking:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from heapq import heappush
 from typing import Any, NamedTuple
 
 from pdasgd_jax.delays import TimingModel
@@ -82,6 +81,24 @@ class Device:
     algorithms.md §5).
     """
 
+    # Slots: a simulation holds thousands of devices, each touched at every kernel's request,
+    # start and end; fixed places keep what one kernel touches of its device small.
+    __slots__ = (
+        "_admit",
+        "_admit_pending",
+        "_generation",
+        "_last",
+        "_rate",
+        "_running",
+        "_solo_busy",
+        "_waiting",
+        "busy",
+        "index",
+        "request",
+        "scheduler",
+        "slots",
+    )
+
     # ``scheduler``: the ``scheduler.Scheduler`` whose events run its admissions and kernel
     # ends (typed loosely: that module imports this one).
     def __init__(self, scheduler: Any, index: int, timing: TimingModel):
@@ -97,13 +114,16 @@ class Device:
         self._solo_busy = False
         self.busy = 0.0  # virtual time with at least one kernel running
         scheduler.devices.append(self)
+        # ``request(proc, kernel)``: a worker's kernel, to run in dispatch order; ``_admit()``:
+        # the admission event. One kernel at a time (the default): each runs to its end at full
+        # speed, so the shared-rate bookkeeping reduces to one end event per kernel; the solo
+        # path computes the same times with much less bookkeeping per kernel.
         if self.slots == 1:
-            # One kernel at a time (the default): each runs to its end at full speed, so the
-            # shared-rate bookkeeping below reduces to one end event per kernel; this path
-            # computes the same times with much less bookkeeping per kernel.
             self._admit, self.request = self._admit_solo, self._request_solo
+        else:
+            self._admit, self.request = self._admit_shared, self._request_shared
 
-    def request(self, proc: Process, kernel: Kernel) -> None:
+    def _request_shared(self, proc: Process, kernel: Kernel) -> None:
         self._enqueue(proc, kernel)
         if not self._admit_pending and len(self._running) < self.slots:
             self._admit_pending = True
@@ -152,7 +172,7 @@ class Device:
         now = sched.now
         end = now + kernel.work
         if end > now:
-            heappush(sched._heap, (end, END, next(sched._seq), self._finish_solo, (proc, now)))
+            sched._call_later(end, END, self._finish_solo, (proc, now))
         else:
             sched._ends.append((self._finish_solo, (proc, now)))
 
@@ -203,7 +223,7 @@ class Device:
             end = self.scheduler.now + max(first, 0.0) / self._rate(len(self._running))
             self.scheduler.call_at(end, END, self._finish, self._generation)
 
-    def _admit(self) -> None:
+    def _admit_shared(self) -> None:
         self._admit_pending = False
         self._advance()
         while self._waiting and len(self._running) < self.slots and not self._blocked():

@@ -83,16 +83,18 @@ def _update(
     """Stage ``m``'s ``booking``: the update of ``job`` on its home device, once the updates
     booked before it are written (the stage's lock, taken in booking order) and its gradient
     has arrived (at ``arrival``); tells ``applied`` when written."""
-    home, (acquire, release) = sim.homes[m], sim.lock_requests[m]
+    home, (acquire, release), scheduler = sim.homes[m], sim.lock_requests[m], sim.scheduler
     yield acquire if booking.held is None else Get(booking.held)
-    if arrival > sim.scheduler.now:
-        yield Sleep(arrival - sim.scheduler.now)
-    start: list[float] = []
-    at_start = None if sim.on_update is None else lambda: start.append(sim.scheduler.now)
-    yield Kernel(home, sim.update_costs[m], at_start, ticket)
+    if arrival > scheduler.now:
+        yield Sleep(arrival - scheduler.now)
+    if sim.on_update is None:
+        yield Kernel(home, sim.update_costs[m], None, ticket)
+    else:
+        start: list[float] = []
+        yield Kernel(home, sim.update_costs[m], lambda: start.append(scheduler.now), ticket)
     sim.executor.update_stage(job, m, worker=worker)
     sim.bookings.write(booking)
     if sim.on_update is not None:
-        sim.on_update(UpdateSpan(m, home.index, job.id, start[0], sim.scheduler.now))
+        sim.on_update(UpdateSpan(m, home.index, job.id, start[0], scheduler.now))
     yield release
     applied.arrive()

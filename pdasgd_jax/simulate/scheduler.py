@@ -63,19 +63,24 @@ from pdasgd_jax.simulate.worker_requests import tokens as tokens
 class Scheduler:
     """The virtual clock and its events; drives worker generators (see module docstring).
 
-    Events of a later instant wait in a heap ordered by ``(time, phase, sequence number)``.
-    Those of the current instant wait in one first-in first-out queue per phase: the clock
-    moves every event of an instant from the heap to its phase's queue (in heap order) when it
-    reaches that instant, and an event scheduled at the current instant joins its phase's
-    queue behind them, as its sequence number would order it. Most events are scheduled at
-    the instant they run at (wake-ups, admissions, hand-overs), so they cost no heap operation.
+    Events of a later instant wait by their time: the distinct times in a heap of floats, and
+    per time its events in the order they were scheduled (``_later``: one event as ``(phase,
+    fn, args)``, several as a list of them). Those of the current instant wait in one first-in
+    first-out queue per phase: the clock moves every event of an instant to its phase's queue,
+    in the order scheduled, when it reaches that instant, and an event scheduled at the
+    current instant joins its phase's queue behind them. So events run in ``(time, phase,
+    order scheduled)`` order. Most events are scheduled at the instant they run at (wake-ups,
+    admissions, hand-overs), so they cost no heap operation; and the heap compares bare
+    floats, not tuples: with thousands of devices it holds thousands of times, each push and
+    pop comparing a dozen of them, mostly far from the processor's caches.
     """
 
     def __init__(self):
         self.now = 0.0
         self.processes: list[Process] = []
         self.devices: list[Device] = []
-        self._heap: list[tuple[float, int, int, Callable, tuple]] = []
+        self._heap: list[float] = []
+        self._later: dict[float, Any] = {}
         # The current instant's events, per phase, in the order they run: (fn, args).
         self._ends: collections.deque[tuple[Callable, tuple]] = collections.deque()
         self._averages: collections.deque[tuple[Callable, tuple]] = collections.deque()
@@ -87,9 +92,22 @@ class Scheduler:
     def call_at(self, time: float, phase: int, fn: Callable, *args: Any) -> None:
         """Runs ``fn(*args)`` at virtual time ``time`` (not before ``now``), in ``phase``."""
         if time > self.now:
-            heappush(self._heap, (time, phase, next(self._seq), fn, args))
+            self._call_later(time, phase, fn, args)
         else:
             self._queues[phase].append((fn, args))
+
+    def _call_later(self, time: float, phase: int, fn: Callable, args: tuple) -> None:
+        """``call_at`` of a ``time`` later than ``now``."""
+        later = self._later
+        event = (phase, fn, args)
+        events = later.get(time)
+        if events is None:
+            later[time] = event
+            heappush(self._heap, time)
+        elif type(events) is list:
+            events.append(event)
+        else:
+            later[time] = [events, event]
 
     def call(self, phase: int, fn: Callable, *args: Any) -> None:
         """Runs ``fn(*args)`` at the current instant, in ``phase``, after the events already there."""
@@ -127,7 +145,7 @@ class Scheduler:
 
         Returns the virtual time of the last event.
         """
-        heap, pop = self._heap, heapq.heappop
+        heap, pop, later = self._heap, heapq.heappop, self._later
         ends, averages, starts = queues = self._queues
         while not self._stopped:
             if ends:
@@ -137,14 +155,13 @@ class Scheduler:
             elif starts:
                 fn, args = starts.popleft()
             elif heap:
-                self.now, phase, _, fn, args = pop(heap)
-                now = self.now
-                if heap and heap[0][0] == now:  # more at this instant: all to their queues, in order
-                    queues[phase].append((fn, args))
-                    while heap and heap[0][0] == now:
-                        _, phase, _, fn, args = pop(heap)
+                self.now = now = pop(heap)
+                events = later.pop(now)
+                if type(events) is list:  # more at this instant: all to their queues, in order
+                    for phase, fn, args in events:
                         queues[phase].append((fn, args))
                     continue
+                _, fn, args = events
             else:
                 break
             fn(*args)
@@ -167,7 +184,7 @@ class Scheduler:
 
         Requests are told apart by their exact type (a subclass is handled as its base): this
         loop runs once per request of every worker, the simulator's innermost one."""
-        send, ends = proc.gen.send, self._ends
+        send, ends = proc.send, self._ends
         while True:
             try:
                 req = send(value)
@@ -188,13 +205,13 @@ class Scheduler:
                     # ``call_at`` inlined: an idle time or a transfer ends most jobs' parts.
                     wake = self.now + req.duration
                     if wake > self.now:
-                        heappush(self._heap, (wake, END, next(self._seq), self.resume, (proc,)))
+                        self._call_later(wake, END, self.resume, (proc,))
                     else:
                         ends.append((self.resume, (proc,)))
                     return
             elif kind is Get:
                 ch = req.channel
-                if ch.empty():
+                if not ch._items:  # ``empty()``, inlined: a lock or a queue is taken once per job part
                     ch.wait_get(proc)
                     return
                 value, putter = ch.take()
@@ -202,9 +219,8 @@ class Scheduler:
                     ends.append((self.resume, (putter, None)))
             elif kind is Put:
                 ch = req.channel
-                getter = ch.next_getter()
-                if getter is not None:
-                    ends.append((self.resume, (getter, req.item)))
+                if ch._getters:  # ``next_getter()``, inlined
+                    ends.append((self.resume, (ch._getters.popleft(), req.item)))
                 elif not ch.offer(req.item):
                     ch.wait_put(proc, req.item)
                     return

@@ -99,11 +99,25 @@ class VersionExecutor:
         self.updates: list[tuple[float, int, int, int, int]] = []
         self.staleness_counts: list[list[int]] = [[] for _ in range(self.store.num_stages)]
         self._versions = self.store.versions  # the store's own list: updates bump it in place
+        self._num_stages = self.store.num_stages
 
-    def start_job(self, job_id: int, batch_id: int, x: Any, labels: Any, **_: Any) -> VersionJob:
-        return VersionJob(job_id, batch_id, self.store.num_stages)
+    # The methods take ``StageExecutor``'s keyword arguments by name and ignore them: named, not
+    # collected in ``**kwargs``, a call builds no dict (several calls per job).
+    def start_job(
+        self, job_id: int, batch_id: int, x: Any, labels: Any, *, device: Any = None, worker: str = ""
+    ) -> VersionJob:
+        return VersionJob(job_id, batch_id, self._num_stages)
 
-    def forward_stage(self, job: VersionJob, m: int, **_: Any) -> None:
+    def forward_stage(
+        self,
+        job: VersionJob,
+        m: int,
+        *,
+        version: int | None = None,
+        state_version: int | None = None,
+        commit_state: bool = True,
+        worker: str = "",
+    ) -> None:
         """Stage ``m``'s forward: reads the current version, unless a pull read it ahead."""
         if job.pulled[m] is None:
             job.read_versions[m] = self._versions[m]
@@ -111,7 +125,7 @@ class VersionExecutor:
             job.pulled[m] = None
 
     def pull_stage(
-        self, job: VersionJob, m: int, *, backward: bool = False, version: int | None = None, **_: Any
+        self, job: VersionJob, m: int, *, backward: bool = False, version: int | None = None, worker: str = ""
     ) -> None:
         """Reads stage ``m`` ahead of its kernel: the current version, or ``version``, booked
         and not yet written. A stashed backward reads nothing."""
@@ -127,13 +141,13 @@ class VersionExecutor:
     def fill_pull(self, job: VersionJob, m: int) -> None:
         """The version a pull waited for was just written: a forward's read takes its number
         as written (``StageExecutor.fill_pull``)."""
-        if job.pulled[m] == FORWARD_PULL:
+        if job.pulled[m] is FORWARD_PULL:
             job.read_versions[m] = self._versions[m]
 
-    def backward_stage(self, job: VersionJob, m: int, **_: Any) -> None:
+    def backward_stage(self, job: VersionJob, m: int, *, live_version: int | None = None, worker: str = "") -> None:
         job.pulled[m] = None
 
-    def update_stage(self, job: VersionJob, m: int, **_: Any) -> int:
+    def update_stage(self, job: VersionJob, m: int, *, expect: int | None = None, worker: str = "") -> int:
         """Replaces stage ``m``'s current version; returns and counts the update's staleness."""
         before = self._versions[m]
         self._versions[m] = before + 1
@@ -149,10 +163,10 @@ class VersionExecutor:
             self.updates.append((self.clock(), m, job.id, read, before))
         return tau
 
-    def loss(self, job: VersionJob, **_: Any) -> None:
+    def loss(self, job: VersionJob, *, worker: str = "") -> None:
         return None
 
-    def commit_state(self, job: VersionJob, m: int, **_: Any) -> None:
+    def commit_state(self, job: VersionJob, m: int, *, expect: int | None = None, worker: str = "") -> None:
         """Non-trainable state changes no read or update version: nothing to keep."""
 
     def staleness(self) -> list[np.ndarray]:

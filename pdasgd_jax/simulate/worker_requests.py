@@ -56,11 +56,14 @@ class Process:
     """A running worker generator and its accounting (busy = time inside its kernels, and
     inside the kernels of the processes it launched: ``account`` is who is charged)."""
 
-    __slots__ = ("account", "busy", "gen", "name")
+    __slots__ = ("account", "busy", "gen", "name", "send")
 
     def __init__(self, name: str, gen: Worker, account: Process | None = None):
         self.name = name
         self.gen = gen
+        # ``gen.send``, bound once: the scheduler resumes a worker many times (a process that
+        # only accounts for others' device time holds a plain iterator, never resumed).
+        self.send = getattr(gen, "send", None)
         self.busy = 0.0
         self.account = self if account is None else account
 

@@ -59,7 +59,7 @@ class Outcome(NamedTuple):
     previous_eval_time: float = 0.0
 
 
-DIVERGED = Outcome(math.inf, math.nan, math.nan)
+DIVERGED = Outcome(math.inf, math.nan, math.nan, previous_eval_time=math.nan)
 
 
 def time_to_target(
@@ -202,13 +202,17 @@ def _simulate(
 
 
 def _previous_evaluation(rows: list[dict[str, Any]], target: float) -> float:
-    """The virtual time of the evaluation before the first of ``rows`` at ``target`` or above
-    (0: none before it, the run's start)."""
+    """The virtual time of the last of ``rows`` at a strictly earlier virtual time than the first
+    row at ``target`` or above (0: none before it, the run's start). Evaluations at the crossing's
+    own instant are passed over: a run evaluated after every job can finish several jobs at one
+    instant, and the model changed between the last earlier evaluation and that instant."""
+    crossing = next((i for i, row in enumerate(rows) if row["test_accuracy"] >= target), len(rows))
+    at = rows[crossing].get("virtual_time", math.inf) if crossing < len(rows) else math.inf
     previous = 0.0
-    for row in rows:
-        if row["test_accuracy"] >= target:
-            break
-        previous = row.get("virtual_time", previous)
+    for row in rows[:crossing]:
+        t = row.get("virtual_time", previous)
+        if t < at:
+            previous = t
     return float(previous)
 
 

@@ -661,3 +661,19 @@ def test_events_before_the_target_are_counted_on_the_runs_own_clock(monkeypatch)
     assert ", ".join(f"{k} {v:g}" for k, v in medians.items()) + f" ({len(own)} seeds)" in text
     # a file without run times shows none
     assert report.events_to_target({k: v for k, v in c.items() if k != "run_times"}) is None
+
+
+def test_the_previous_evaluation_is_the_last_at_an_earlier_instant():
+    from benchmarks.delays.simulation import DIVERGED, _previous_evaluation
+
+    rows = [
+        {"test_accuracy": 0.5, "virtual_time": 1.0},
+        {"test_accuracy": 0.8, "virtual_time": 2.0},
+        {"test_accuracy": 0.85, "virtual_time": 2.0},  # same instant as the crossing: passed over
+        {"test_accuracy": 0.95, "virtual_time": 2.0},
+        {"test_accuracy": 0.96, "virtual_time": 3.0},
+    ]
+    assert _previous_evaluation(rows, 0.9) == 1.0
+    assert _previous_evaluation(rows[3:], 0.9) == 0.0  # the first evaluation crossed: the run's start
+    assert _previous_evaluation(rows[:2], 0.9) == 2.0  # never crossed: the last evaluation
+    assert math.isnan(DIVERGED.previous_eval_time)

@@ -201,21 +201,22 @@ class Config:
     )
     backup_workers: int = _field(
         0,
-        "--algo sync with --simulate: backup workers b (Chen et al. 2016): each step keeps the first "
+        "--algo sync (with --simulate, or on threads as --quorum devices - b): backup workers b (Chen et al. "
+        "2016): each step keeps the first "
         "devices - b gradients to arrive and drops the rest, so it waits for the (devices - b)-th fastest "
         "worker, not the slowest (0 <= b < devices; 0: plain sync)",
         group="delays",
     )
     quorum: int = _field(
         0,
-        "--algo sync, local or dasgd with --simulate, local and dasgd on threads: a step proceeds once K of its "
+        "--algo sync, local or dasgd, with --simulate or on threads: a step proceeds once K of its "
         "devices' gradients have arrived, the late ones dropped and counted (local, dasgd: an average closes with "
         "the K earliest replicas, a late one merging into the next) (0 < K <= devices; 0: all)",
         group="delays",
     )
     deadline: str = _field(
         "none",
-        "--algo sync, local or dasgd with --simulate, local and dasgd on threads: adaptive closes each step "
+        "--algo sync, local or dasgd, with --simulate or on threads: adaptive closes each step "
         "(local, dasgd: each average) at "
         "the median plus 3 x 1.4826 median absolute deviations (Hampel's rule: about 3 standard deviations) of "
         "the last 20 arrival times; sync drops the later gradients, local and dasgd merge late replicas into "
@@ -229,7 +230,7 @@ class Config:
         "or a seeded churn model, churn:leave=0.1,join=0.5,slow=0.2x3,seed=7 (docs/algorithms.md, Fleet "
         "events); --algo sync, local, dasgd, async-local, asgd, pdasgd, pdasgd-block or lpp with --simulate; on "
         "threads (positions: fractions of the examples handed out) slow, leave, crash and join for async-local, "
-        "crash for local, dasgd and pdasgd --replication replicas",
+        "crash for sync, local, dasgd and pdasgd --replication replicas",
         group="delays",
     )
     fleet_horizon: float = _field(

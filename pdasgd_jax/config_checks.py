@@ -103,11 +103,6 @@ def check(config: Any) -> None:
         raise ValueError(f"--backup-workers {b!r} must be an integer >= 0")
     if b and config.algo != "sync":
         raise ValueError(f"--backup-workers {b} applies to --algo sync, not to {config.algo}")
-    if b and not config.simulate:
-        raise ValueError(
-            f"--backup-workers {b} needs --simulate: real sync is one SPMD program whose all-reduce waits "
-            f"for every device, so it cannot drop the slowest gradients"
-        )
     check_fleet_and_quorum(config)
     if device_concurrency_curve(config.device_concurrency) != (1.0,) and not config.simulate:
         raise ValueError(

@@ -34,6 +34,11 @@ def _check_sync_clock(config: Any, given: list[str]) -> None:
     devices = config.devices or 1
     _fleet_events(config, devices)
     _quorum_within(config, devices)
+    _one_step_quorum(config)
+
+
+def _one_step_quorum(config: Any) -> None:
+    """``--quorum`` and ``--backup-workers`` both size sync's step: one of them at most."""
     k = config.quorum
     if k and config.backup_workers:
         raise ValueError(
@@ -82,6 +87,30 @@ def _check_local_threads(config: Any, given: list[str]) -> None:
             raise ValueError(
                 f"--quorum {config.quorum} exceeds the run's {replicas} replica(s): use 1..{replicas}, or 0 for all"
             )
+
+
+def _check_sync_threads(config: Any, given: list[str]) -> None:
+    """``--algo sync`` on threads (``runtime.sync_threads``): ``--quorum`` (or ``--backup-workers``,
+    not both), ``--deadline`` and ``crash`` events only, each on a device's replica; no
+    ``--checkpoint-every`` (its steps write no checkpoint yet)."""
+    if config.checkpoint_every:
+        raise ValueError(
+            f"{', '.join(given)}: --algo sync on threads takes no --checkpoint-every {config.checkpoint_every} yet "
+            "(its gradient server writes no checkpoint); --simulate does"
+        )
+    from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
+
+    spec = parse_fleet(config.fleet)
+    named = _not_crashes(spec)
+    if named:
+        raise ValueError(
+            f"--fleet {config.fleet}: --algo sync on threads takes crash:R@POS events only so far (a device's "
+            f"replica that stops mid-gradient), not {named}; --simulate takes every event"
+        )
+    if config.devices:  # 0: every device, which only the run knows
+        _fleet_events(config, config.devices)
+        _quorum_within(config, config.devices)
+    _one_step_quorum(config)
 
 
 def _check_dasgd_clock(config: Any, given: list[str]) -> None:
@@ -203,6 +232,7 @@ def _check_pdasgd_threads(config: Any, given: list[str]) -> None:
 # (algo, simulate) -> the check of a path that takes --fleet, --quorum and --deadline.
 FLEET_PATHS: dict[tuple[str, bool], Callable[[Any, list[str]], None]] = {
     ("sync", True): _check_sync_clock,
+    ("sync", False): _check_sync_threads,
     ("local", True): _check_local_clock,
     ("local", False): _check_local_threads,
     ("dasgd", False): _check_local_threads,
@@ -233,6 +263,7 @@ def check_fleet_and_quorum(config: Any) -> None:
             (f"--fleet {config.fleet}", config.fleet),
             (f"--quorum {k}", k),
             (f"--deadline {config.deadline}", config.deadline != "none"),
+            (f"--backup-workers {config.backup_workers}", config.backup_workers),
         )
         if on
     ]
@@ -249,8 +280,6 @@ def check_fleet_and_quorum(config: Any) -> None:
     check = FLEET_PATHS.get((config.algo, bool(config.simulate)))
     if check is None:
         run = _path_name(config.algo, bool(config.simulate))
-        if config.algo == "sync" and not config.simulate:
-            run += ", whose real steps are one SPMD program with an all-reduce that waits for every device"
         supported = ", ".join(_path_name(a, s) for a, s in FLEET_PATHS)
         raise ValueError(f"{', '.join(given)}: not implemented for {run}; implemented so far for {supported}")
     check(config, given)

@@ -69,11 +69,13 @@ def test_weighted_shards_average_only_the_kept_ones():
             np.testing.assert_allclose(u, w, rtol=1e-5, atol=1e-6)
 
 
-def test_the_flag_is_for_simulated_sync_only_and_keeps_a_gradient():
+def test_the_flag_is_for_sync_only_and_keeps_a_gradient():
     with pytest.raises(ConfigError, match="applies to --algo sync, not to pdasgd"):
         Config(algo="pdasgd", simulate=True, backup_workers=1).validate()
-    with pytest.raises(ConfigError, match="needs --simulate"):
-        Config(algo="sync", backup_workers=1).validate()
+    # Real sync takes it on threads (runtime.sync_threads), with the clock's rule against --quorum.
+    Config(algo="sync", backup_workers=1).validate()
+    with pytest.raises(ConfigError, match="--quorum 2 and --backup-workers 1 both size a step's quorum"):
+        Config(algo="sync", devices=4, quorum=2, backup_workers=1).validate()
     with pytest.raises(ConfigError, match="leaves no gradient to keep on 4 devices"):
         Experiment.from_config(Config(algo="sync", simulate=True, devices=4, batch_size=64, backup_workers=4))
 

@@ -17,6 +17,7 @@ from pdasgd_jax.runtime.async_local import run_async_local
 from pdasgd_jax.runtime.local_rounds_threads import run_local_rounds_threads, threaded_rounds
 from pdasgd_jax.runtime.lpp import run_lpp_runtime
 from pdasgd_jax.runtime.replicas import run_threads
+from pdasgd_jax.runtime.sync_threads import run_sync_threads, threaded_sync
 
 
 def _run_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
@@ -32,10 +33,17 @@ def _run_dasgd(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpoint
     return runner(exp, metrics, checkpointer)
 
 
+def _run_sync(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
+    """Sync: the SPMD step, or with ``--quorum``, ``--backup-workers``, ``--deadline adaptive`` or
+    ``--fleet`` the gradient server on threads (``runtime.sync_threads``)."""
+    runner = run_sync_threads if threaded_sync(exp.config) else run_sync
+    return runner(exp, metrics, checkpointer)
+
+
 # Real execution: one device, an SPMD mesh, or the threaded runtime.
 RUNNERS: dict[str, Runner] = {
     "sgd": run_sgd,
-    "sync": run_sync,
+    "sync": _run_sync,
     "asgd": run_threads,
     "pdasgd": run_threads,
     "pdasgd-block": run_threads,

@@ -97,15 +97,22 @@ def make_train_step(
         elif axis_name is not None:
             grads, loss, new_states = jax.lax.pmean((grads, loss, new_states), axis_name)
         # A synchronous step is never stale: staleness 0, gradients at the current weights.
-        if whole_model:
-            params, opt_states = apply_stage_update(tx, tuple(ts.params), ts.opt_states, tuple(grads))
-            return TrainState(tuple(params), tuple(new_states), opt_states), loss
-        stepped = [apply_stage_update(tx, p, o, g) for p, o, g in zip(ts.params, ts.opt_states, grads)]
-        params = tuple(p for p, _ in stepped)
-        opt_states = tuple(o for _, o in stepped)
-        return TrainState(params, tuple(new_states), opt_states), loss
+        return apply_model_update(tx, ts, grads, new_states, whole_model=whole_model), loss
 
     return step
+
+
+def apply_model_update(
+    tx: optax.GradientTransformation, ts: TrainState, grads: Any, new_states: Any, *, whole_model: bool = False
+) -> TrainState:
+    """``ts`` after ``tx`` applied once to ``grads`` (one per stage), with the model's new
+    non-trainable ``new_states``: per stage, or (``whole_model``) to every stage at once, as
+    ``make_train_step`` applies it."""
+    if whole_model:
+        params, opt_states = apply_stage_update(tx, tuple(ts.params), ts.opt_states, tuple(grads))
+        return TrainState(tuple(params), tuple(new_states), opt_states)
+    stepped = [apply_stage_update(tx, p, o, g) for p, o, g in zip(ts.params, ts.opt_states, grads)]
+    return TrainState(tuple(p for p, _ in stepped), tuple(new_states), tuple(o for _, o in stepped))
 
 
 def make_eval_step(model: StagedModel) -> Callable:

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import optax
 
 from pdasgd_jax.kernels import TrainState
+from pdasgd_jax.model_steps import apply_model_update
 from pdasgd_jax.runtime.local_rounds_units import Units
 from pdasgd_jax.runtime.queue import QueueClosed
-from pdasgd_jax.stage_update import apply_stage_update
 from pdasgd_jax.stages import StagedModel
 
 PyTree = Any
@@ -174,10 +174,6 @@ def make_apply_update(tx: optax.GradientTransformation, *, whole_model: bool = F
     rounds the update differently from sync's step, whose all-reduce ends a program of its own."""
 
     def update(ts: TrainState, grads: PyTree, new_states: PyTree) -> TrainState:
-        if whole_model:
-            params, opt_states = apply_stage_update(tx, tuple(ts.params), ts.opt_states, tuple(grads))
-            return TrainState(tuple(params), tuple(new_states), opt_states)
-        stepped = [apply_stage_update(tx, p, o, g) for p, o, g in zip(ts.params, ts.opt_states, grads)]
-        return TrainState(tuple(p for p, _ in stepped), tuple(new_states), tuple(o for _, o in stepped))
+        return apply_model_update(tx, ts, grads, new_states, whole_model=whole_model)
 
     return update

@@ -10,8 +10,9 @@ import math
 import pathlib
 from typing import Any
 
-from benchmarks.fleets.protocol import CHANCE, LABELS, NAME, ROW_NOTES, WORKERS, threads_text
-from benchmarks.fleets.report import merged, newest_per_workers, open_review, variant_text, which_algorithm, withheld
+from benchmarks.fleets.paragraph import which_algorithm
+from benchmarks.fleets.protocol import DIVERGED_ACCURACY, LABELS, NAME, ROW_NOTES, WORKERS, threads_text
+from benchmarks.fleets.report import merged, newest_per_workers, open_review, variant_text, withheld
 from benchmarks.fleets.verdicts import (
     DIVERGED,
     FAILED,
@@ -24,7 +25,6 @@ from benchmarks.fleets.verdicts import (
     SLOWER,
     diverged,
     judged,
-    one_evaluation,
     untuned,
 )
 from benchmarks.scripts.results_common import MARKS, Sources, finite, fmt, mean_ci95, missed, table
@@ -46,21 +46,19 @@ def _tied(cell: dict[str, Any]) -> list[str]:
 
 def _summary_cell(cell: dict[str, Any], kind: str, text: str) -> str:
     """A compact cell: the reference's time or the ratio with its mark (``MARK``), or why there
-    is none (diverged, untuned, missed: k of n seeds); then the winning b (and the variants tied
-    with it), ‡k (past the horizon on k seeds) and F (a tuning rate failed)."""
+    is none (diverged k/n with missed m/n, the diverged included; untuned; missed: k of n
+    seeds); then the winning b (and the variants tied with it), ‡k (past the horizon on k seeds)
+    and F (a tuning rate failed)."""
     n = len(cell.get("times") or [])
     if kind == REFERENCE:
         value, lo, hi = mean_ci95(cell["times"])
-        figure = (
-            f"{value * 1e3:.2f} (one evaluation)"
-            if one_evaluation(cell["times"])
-            else fmt((value * 1e3, lo * 1e3, hi * 1e3))
-        )
-        out = f"ref: {figure} ms"
+        out = f"ref: {fmt((value * 1e3, lo * 1e3, hi * 1e3))} ms"
     elif kind in MARK:
         out = f"{text.split(': ', 1)[1]} {MARK[kind]}"
     elif kind == DIVERGED:
-        out = f"diverged ({diverged(cell)}/{n})" + ("; untuned" if untuned(cell) else "")
+        out = f"diverged {diverged(cell)}/{n}, missed {missed(cell['times'])}/{n}" + (
+            "; untuned" if untuned(cell) else ""
+        )
     elif kind == MISSED:
         out = "untuned" if untuned(cell) else f"missed ({missed(cell['times'])}/{n})"
     else:
@@ -147,12 +145,14 @@ def results_section(root: pathlib.Path, sources: Sources | None = None) -> str |
     intro = (
         "Time to target (digits MLP, network priced), 3x straggler and seeded churn, one fleet horizon per W: "
         "each row's mean time over the reference row's (ref, picked on the tuning seeds), threads per device. "
-        f"Per-row 95 %, no multiplicity correction; {MARK[SLOWER]} slower than ref, {MARK[FASTER]} faster, "
-        f"{MARK[NOT_SETTLED]} not settled (the interval contains 1; one evaluation: every seed hit the target at the "
-        "same one, its crossing taken anywhere after the evaluation before it, or after 0 where the raw file lacks "
-        "that evaluation); diverged (k/n): k seeds ended at "
-        f"or below chance ({CHANCE:g}) or not finite; untuned: no rate reached the target on the tuning seeds "
-        "(failed rates not counted); ‡k past the horizon on k seeds; F a tuning rate failed. "
+        "Round-based rows (sync, DaSGD, local SGD) are evaluated at round ends, so their crossing is known only "
+        "within a round: each seed's crossing lies after its previous evaluation (after 0 where the raw file lacks "
+        "it), and a ratio's per-row 95 % interval covers both ends, no multiplicity correction; "
+        f"{MARK[SLOWER]} slower than ref, {MARK[FASTER]} faster, {MARK[NOT_SETTLED]} not settled (contains 1); "
+        "diverged k/n: k seeds stopped on divergence or ended not finite or at or below "
+        f"{DIVERGED_ACCURACY:g} accuracy (twice chance), missed m/n: m short of the target, the diverged included; "
+        "untuned: no rate reached the target on the tuning seeds (failed rates not counted); ‡k past the horizon "
+        "on k seeds; F a tuning rate failed. "
         f"Details: [{DETAILS}]({DETAILS})"
         + ("" if keys else f"; raw: {', '.join(raws)}")
         + "."

@@ -21,10 +21,12 @@ meets the same events at the same virtual times; with each run's own no-event le
 row would meet fewer events per second. The horizon exceeds the longest row's run (a row that
 misses the target runs its whole budget, and the straggler stretches it), so no row runs past
 its last event: a replicated PD-ASGD run under the straggler lasts about 1.6 times its no-event
-length, the longest no-event length at each W, so the horizon is above 1.6 times it with a
-margin (W = 64 runs twice the epochs, so about twice as long). A run that still goes past it
-met no churn event after it; the raw file flags such a run (``past_horizon``), and so does the
-report.
+length, so the horizon is above 1.6 times it with a margin (W = 64 runs twice the epochs, so
+about twice as long). Replicated PD-ASGD is not the longest row: the async-local rows (their
+inner rates small, outer SGD applying each arrival whole) and a Delayed Nesterov run that misses
+the target at W = 64 run longer, up to about a quarter of the W = 64 horizon, still under it. A
+run that still goes past it met no churn event after it; the raw file flags such a run
+(``past_horizon``), and so does the report.
 
 **Churn rates** (``CHURN_PER_S``, per device per virtual second; per device per horizon, as
 ``--fleet`` takes them, is that times the horizon): the fastest rows reach the target in one or
@@ -87,6 +89,7 @@ from benchmarks.delays.protocol import (
     TUNING_SEEDS,
 )
 from benchmarks.delays_network import NETWORK
+from pdasgd_jax.config import Config
 from pdasgd_jax.delays.fleet import parse_fleet
 
 NAME = "fleets"
@@ -104,9 +107,12 @@ EPOCHS_BY_W = {16: EPOCHS, 64: 2 * EPOCHS}
 # Per device per virtual second (module docstring); ``churn`` turns them into per horizon.
 CHURN_PER_S = {"leave": 24.0, "crash": 24.0, "join": 750.0, "slow": 25.0, "slowfor_s": 0.002}
 FLEETS = ("straggler", "churn")
-# Test accuracy of a guess on digits (10 classes): a reported run ending at or below it, or not
-# finite, diverged (the report tells it from a row whose grid held no rate reaching the target).
+# Test accuracy of a guess on digits (10 classes).
 CHANCE = 0.1
+# A reported run ending at or below this accuracy, or not finite, diverged (the report tells it
+# from a row whose grid held no rate reaching the target). Twice chance: a collapsed model that
+# predicts one class scores that class's share, a little above chance, never near twice it.
+DIVERGED_ACCURACY = 2 * CHANCE
 
 ASYNC_LOCAL_PERIOD = 4  # local steps per round, the period of the delays protocol's averaging rows
 LOCAL_PERIOD = 4
@@ -159,11 +165,25 @@ _SERVER = "W + 1 devices: one server applies every arrival serially, never fails
 # runners/async_local.py: the inner optimizer runs at the row's own --lr (nothing divides it by
 # W); outer SGD at rate 1 applies each arrival's whole change, only non-trainable state by 1/W.
 _INNER = "inner rate: the row's tuned lr, not scaled with W"
-_WHOLE = "outer SGD at rate 1: each arrival applied whole"
+# Each arrival's whole change is about W times a local SGD round's step, so only small inner
+# rates keep these rows stable: what makes them slow, said beside them.
+_WHOLE = "outer SGD at rate 1: each arrival applied whole, which needs small inner rates: why these rows are slow"
+# Every run keeps Config's device concurrency: a device runs one program at a time.
+_THREADS = (
+    f"{{threads}} threads per device (other rows 1): at device concurrency {Config().device_concurrency} they add "
+    "no compute but can overlap communication with compute"
+)
 # docs/algorithms.md §5a: a crash costs these rows less than it would on real hardware.
 _OPTIMISTIC = (
     "optimistic crashes: an all-reduce in flight keeps a crashed member's part, a rejoining store its optimizer state"
 )
+
+
+def threads(row: str) -> int:
+    """A row's workers per device (``threads_per_device``; PD-ASGD's own forward and backward
+    workers, which the baselines' three threads match)."""
+    config = ROWS[row]
+    return config.get("threads_per_device", THREADS_PER_DEVICE if config["algo"] == "pdasgd" else 1)
 
 
 def _note(row: str) -> str:
@@ -176,6 +196,8 @@ def _note(row: str) -> str:
         parts.append(f"outer lr {DN_OUTER_LR:g} (not tuned)")
     if config["algo"] == "lpp" or config.get("replication") == "replicas":
         parts.append(_OPTIMISTIC)
+    if threads(row) > 1:
+        parts.append(_THREADS.format(threads=threads(row)))
     return "; ".join(parts)
 
 
@@ -208,12 +230,9 @@ LRS_BY_ROW: dict[str, tuple[float, ...]] = {
 
 
 def threads_text(row: str) -> str:
-    """A row's workers per device (``threads_per_device``; PD-ASGD's own forward and backward
-    workers, which the baselines' three threads match), and async-local's server device."""
-    config = ROWS[row]
-    own = THREADS_PER_DEVICE if config["algo"] == "pdasgd" else 1
-    text = f"{config.get('threads_per_device', own)} per device"
-    return text + " + a server device" if config["algo"] == "async-local" else text
+    """A row's workers per device (``threads``) and async-local's server device."""
+    text = f"{threads(row)} per device"
+    return text + " + a server device" if ROWS[row]["algo"] == "async-local" else text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,6 +383,7 @@ __all__ = [
     "CALIBRATION_CACHE",
     "CHANCE",
     "CHURN_PER_S",
+    "DIVERGED_ACCURACY",
     "EPOCHS_BY_W",
     "FLEETS",
     "HORIZON_S",
@@ -388,5 +408,6 @@ __all__ = [
     "overrides",
     "quick_settings",
     "straggler",
+    "threads",
     "threads_text",
 ]

@@ -1,22 +1,18 @@
 """The ``fleets`` benchmark's tables and "which algorithm for which fleet" paragraph from a raw
-file (``render``, on ``verdicts.judged``), the raw files a page shows (``newest_per_workers``,
-``merged``), the review gate (``open_review``) and the detail page (``detail_page``); the
-results page's compact section is ``compact``.
-
-Fleet events before the target (the detail tables' median per row) are recomputed from the raw
-file's per-seed run times and fleet specs (``events_to_target``), on the run's own clock: a run
-that reached the target ends there, without the evaluated model's assembly.
+file (``render``, on ``verdicts.judged``; the paragraph and the fleet events before the target
+are ``paragraph``'s), the raw files a page shows (``newest_per_workers``, ``merged``), the review
+gate (``open_review``) and the detail page (``detail_page``); the results page's compact
+section is ``compact``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import pathlib
-import statistics
 from typing import Any
 
 from benchmarks.delays.protocol import ALGORITHMS
+from benchmarks.fleets.paragraph import OPTIMISTIC, events_text, which_algorithm, whole_arrivals
 from benchmarks.fleets.protocol import (
     FLEETS,
     LABELS,
@@ -25,20 +21,13 @@ from benchmarks.fleets.protocol import (
     ROW_NOTES,
     ROWS,
     WORKERS,
-    event_counts,
     threads_text,
 )
 from benchmarks.fleets.verdicts import (
-    DIVERGED,
     FAILED,
-    FASTER,
     LEGEND,
-    MISSED,
-    NOT_SETTLED,
     ONE_EVALUATION,
-    REFERENCE,
     REFUSED,
-    SLOWER,
     has_run,
     judged,
     one_evaluation,
@@ -46,7 +35,6 @@ from benchmarks.fleets.verdicts import (
     reached_target,
 )
 from benchmarks.scripts.results_common import fmt, mean_ci95, table
-from pdasgd_jax.delays.fleet import parse_fleet
 
 RAW_DIR = pathlib.Path("bench_results") / NAME
 FINDINGS = pathlib.Path("docs/archive/review-findings.md")
@@ -56,8 +44,6 @@ REVIEW_FINDING = "39"
 # The notes under the tables: each refusal (R) and failure (F) once.
 NOTE_PREFIX = {REFUSED: "R", FAILED: "F"}
 NOTE_CHARS = 300
-OPTIMISTIC = "optimistic crashes"
-SLOWER_UNCORRECTED = "slower than it at per-row 95 % with no multiplicity correction"
 
 
 def _note_text(cell: dict[str, Any], kind: str) -> str:
@@ -93,46 +79,11 @@ def _time(cell: dict[str, Any]) -> str:
         rate += f"; past the horizon on {past} seed{'s' if past > 1 else ''}: no churn after it"
     if not reached_target(cell):
         return f"- ({rate})"
+    before = previous_evaluation(cell)
+    after = "previous evaluation not recorded" if before is None else f"previous evaluation {before * 1e3:.2f}"
     if one_evaluation(cell["times"]):
-        before = previous_evaluation(cell)
-        after = f"crossed after {before * 1e3:.2f}" if before > 0 else "previous evaluation not recorded"
         return f"{value * 1e3:.2f} ({ONE_EVALUATION}, {after}; {rate})"
-    return f"{fmt((value * 1e3, lo * 1e3, hi * 1e3))} ({rate})"
-
-
-def _event_counts(cell: dict[str, Any]) -> list[dict[str, int]]:
-    """Per reported seed with a finite end, the fleet events before it (``events_to_target``)."""
-    specs, times = cell.get("fleet_specs"), cell.get("times") or []
-    ends = [
-        min(t, r) if t is not None and math.isfinite(t) else r
-        for t, r in zip(times, cell.get("run_times") or [], strict=False)
-    ]
-    if "horizon_s" not in cell:
-        return []
-    return [
-        event_counts(spec, cell["workers"], cell["horizon_s"], end)
-        for spec, end in zip(specs or [], ends, strict=False)
-        if end is not None and math.isfinite(end)
-    ]
-
-
-def events_to_target(cell: dict[str, Any]) -> dict[str, float] | None:
-    """The median over reported seeds of the fleet events each met before its target (before its
-    end where it missed), by kind, recomputed from the raw file's ``run_times`` and
-    ``fleet_specs`` (``event_counts``) on the run's own clock: a run that reached the target
-    ends at the earlier of its run time and its time to the target, which includes the evaluated
-    model's assembly. None where the file lacks them or no seed has a finite end."""
-    counts = _event_counts(cell)
-    if not counts:
-        return None
-    return {kind: statistics.median(c[kind] for c in counts) for kind in ("leave", "crash", "join", "slow")}
-
-
-def _events_text(cell: dict[str, Any]) -> str:
-    counts = events_to_target(cell) if has_run(cell) else None
-    if counts is None:
-        return "-"
-    return ", ".join(f"{k} {v:g}" for k, v in counts.items()) + f" ({len(_event_counts(cell))} seeds)"
+    return f"{fmt((value * 1e3, lo * 1e3, hi * 1e3))} ({after}; {rate})"
 
 
 def tables(results: dict[str, Any]) -> str:
@@ -162,12 +113,15 @@ def tables(results: dict[str, Any]) -> str:
                     text += f" ({OPTIMISTIC}: Rows)"
                 row[f"{fleet}: verdict"] = text
                 if fleet == "churn":
-                    row[f"{fleet}: events to target (median)"] = _events_text(cell)
+                    row[f"{fleet}: events to target (median)"] = events_text(cell)
         parts.append(f"**W = {workers}**\n\n" + table(list(rows.values())))
     parts.append(LEGEND)
     noted = [r for r in ROWS if r in ROW_NOTES and any(c["row"] == r for c in results["cells"])]
     if noted:
         parts.append("Rows: " + "; ".join(f"{LABELS[r]}: {ROW_NOTES[r]}" for r in noted) + ".")
+    whole = whole_arrivals(verdicts)
+    if whole:
+        parts.append(whole)
     for kind, title in ((REFUSED, "Refusals"), (FAILED, "Failed runs (defects to fix)")):
         if notes[kind]:
             parts.append(
@@ -175,92 +129,6 @@ def tables(results: dict[str, Any]) -> str:
                 + "\n".join(f"- {NOTE_PREFIX[kind]}{i}: {note}" for i, note in enumerate(notes[kind], 1))
             )
     return "\n\n".join(parts)
-
-
-def fleet_text(fleet: str, settings: dict[str, Any], workers: int) -> str:
-    """How the paragraph names ``fleet``, the straggler's factor read from the raw file's own spec."""
-    if fleet == "straggler":
-        [window] = parse_fleet(settings["fleet_specs"][str(workers)]["straggler"]).slow
-        return f"a persistent {window.factor:g}x straggler"
-    return "random churn" if fleet == "churn" else fleet
-
-
-def _names(cells: list[dict[str, Any]]) -> str:
-    labels = [LABELS.get(c["row"], c["row"]) for c in cells]
-    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
-
-
-def _are(cells: list[dict[str, Any]]) -> str:
-    return "is" if len(cells) == 1 else "are"
-
-
-def which_algorithm(results: dict[str, Any], *, brief: bool = False) -> str:
-    """The "which algorithm for which fleet" paragraph, among the rows that ran: one templated
-    sentence per scenario from its verdicts (the reference picked on the tuning seeds, and the
-    rows faster than it on the reported seeds; those slower at per-row 95 % with no
-    multiplicity correction, those that diverged or missed, those not supported yet or failed,
-    unless ``brief``: a table beside it shows them; those not settled; under churn, the rows
-    whose crash rule is optimistic), then, per fleet, a claim across sizes only where one row
-    is the reference at every size judged and every other row is slower at each."""
-    verdicts = judged(results)
-    sentences = []
-    order = {f: i for i, f in enumerate(FLEETS)}
-    for (workers, fleet), entries in sorted(
-        verdicts.items(), key=lambda kv: (order.get(kv[0][1], len(order)), kv[0][0])
-    ):
-        by_kind: dict[str, list[dict[str, Any]]] = {}
-        for cell, kind, _ in entries:
-            by_kind.setdefault(kind, []).append(cell)
-        where = f"Under {fleet_text(fleet, results['settings'], workers)} at W = {workers}" + (
-            "" if brief else ", among the rows that ran"
-        )
-        if REFERENCE not in by_kind:
-            text = f"{where}, no row reached the target on every reported seed"
-        else:
-            text = f"{where}, the reference is {_names(by_kind[REFERENCE])} (picked on the tuning seeds)"
-            if FASTER in by_kind:
-                text += f", and {_names(by_kind[FASTER])} {_are(by_kind[FASTER])} faster than it on the reported seeds"
-            if SLOWER in by_kind and not brief:
-                text += f"; {SLOWER_UNCORRECTED}: {_names(by_kind[SLOWER])}"
-        if REFERENCE in by_kind and NOT_SETTLED in by_kind:
-            text += f"; {_names(by_kind[NOT_SETTLED])} cannot be told from it"
-        if DIVERGED in by_kind and not brief:
-            text += f"; {_names(by_kind[DIVERGED])} diverged"
-        if MISSED in by_kind and not brief:
-            text += f"; {_names(by_kind[MISSED])} missed the target"
-        if REFUSED in by_kind and not brief:
-            text += f"; {_names(by_kind[REFUSED])} {_are(by_kind[REFUSED])} not supported yet"
-        if FAILED in by_kind and not brief:
-            text += f"; {_names(by_kind[FAILED])} failed to run"
-        optimistic = [c for c, kind, _ in entries if c["row"] in OPTIMISTIC_CRASHES and kind not in (REFUSED, FAILED)]
-        if fleet == "churn" and optimistic:
-            text += f"; {_names(optimistic)} ran with {OPTIMISTIC} (docs/algorithms.md §5a)"
-        sentences.append(text + ".")
-    for fleet in sorted({f for _, f in verdicts}, key=lambda f: order.get(f, len(order))):
-        sizes = {w: entries for (w, f), entries in sorted(verdicts.items()) if f == fleet}
-        if len(sizes) < 2:
-            continue
-        best = {
-            w: next((c["row"] for c, kind, _ in entries if kind == REFERENCE), None) for w, entries in sizes.items()
-        }
-        rows = set(best.values())
-        # Every other row that ran, at every size, slower than the reference (or short of the target).
-        ran = [{c["row"] for c, kind, _ in entries if kind not in (REFUSED, FAILED)} for entries in sizes.values()]
-        others_slower = all(
-            kind in (SLOWER, MISSED, DIVERGED)
-            for e in sizes.values()
-            for c, kind, _ in e
-            if c["row"] in ran[0] and c["row"] not in rows
-        )
-        ran_everywhere = all(r == ran[0] for r in ran)
-        if len(rows) == 1 and None not in rows and others_slower and ran_everywhere:
-            named = fleet_text(fleet, results["settings"], min(sizes))
-            label = LABELS.get(next(iter(rows)), next(iter(rows)))
-            sentences.append(
-                f"For {named}, {label} is the reference at every size run, every other row that ran "
-                f"{SLOWER_UNCORRECTED.replace('than it', 'than it at each')}."
-            )
-    return " ".join(sentences)
 
 
 def _churn_text(settings: dict[str, Any], workers: str) -> str:

@@ -11,21 +11,22 @@ reported seeds would favour it on them. Verdicts use the page's words: *slower* 
 the reported seeds* where the ratio's interval lies above or below 1, *not settled* where it
 contains 1 or is undefined; no row is called the fastest on per-row intervals.
 
-Rows evaluated at discrete points (local SGD and DaSGD at round ends) can reach the target at
-the same evaluation on every seed: zero spread, a degenerate interval. Such a time is shown as
-"every seed at one evaluation", and a ratio with such a side is judged (``verdict``) as if that
-side's true crossing lay anywhere after the evaluation before it: each seed's crossing lies in
-``(t_prev, t]``, ``t_prev`` the time the raw file records for the evaluation before the one that
-reached the target (``previous_eval_times``), so the side's mean lies in ``(mean t_prev, t]``
-and the ratio's interval is widened by that factor on its side. A raw file without that field
-keeps the whole time as the spacing, ``(0, t]``: a zero-spread row is then never "slower" than
-the reference and a zero-spread reference never has a row "faster" than it. A ratio that does
-not clear its widened bound is not settled.
+A run is evaluated at discrete points, so its time to the target is known only within
+``(t_prev, t]``: ``t`` the evaluation that reached the target, ``t_prev`` the one before it (the
+raw file's ``previous_eval_times``). Rows evaluated at round ends (sync, DaSGD, local SGD) know
+their crossing only within a round, the others more finely, so every seed of every row is
+censored alike (``crossing_bounds``): the ratio's interval runs from the lower end of the
+interval of the row's ``t_prev`` over the reference's ``t`` to the upper end of the interval of
+the row's ``t`` over the reference's ``t_prev``, about the ratio of the mean times. The bounds move
+continuously with the seeds' times, however many seeds tie. A raw file without ``t_prev`` for
+a row's seeds takes its crossings anywhere in ``(0, t]``: such a row is never "slower" than the
+reference, and no row is "faster" than such a reference.
 
-A row short of the target is told apart: *diverged* where a reported seed ended at or below
-chance accuracy (``CHANCE``) or not finite (a run stopped on divergence records none),
-*untuned* where no rate of its grid reached the target on the tuning seeds (a rate whose run
-failed is not counted: a grid that only failed is a failure), else *missed*.
+A row short of the target is told apart: *diverged* where a reported seed stopped on
+divergence, ended not finite or at or below ``DIVERGED_ACCURACY`` (a run stopped on divergence
+records no accuracy), *untuned* where no rate of its grid reached the target on the tuning seeds
+(a rate whose run failed is not counted: a grid that only failed is a failure), else *missed*;
+a diverged row also gives how many seeds missed the target, the diverged ones included.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import statistics
 from typing import Any
 
 from benchmarks.delays.cells import tuned_time
-from benchmarks.fleets.protocol import CHANCE
+from benchmarks.fleets.protocol import DIVERGED_ACCURACY
 from benchmarks.scripts.results_common import finite, fmt, mean_ci95, missed, ratio_ci95
 
 REFERENCE = "reference"
@@ -49,13 +50,17 @@ UNTUNED = "untuned: no rate of the grid reached the target"
 REFUSED = "not supported yet"
 FAILED = "run failed"
 ONE_EVALUATION = "every seed at one evaluation"
-DIVERGED_TEXT = f"final accuracy at or below chance ({CHANCE:g}) or not finite"
+UNRECORDED = "previous evaluation not recorded: crossing in (0, t]"
+DIVERGED_TEXT = f"stopped on divergence, or final accuracy not finite or at or below {DIVERGED_ACCURACY:g}"
 # The detail tables' legend of their verdict words.
 LEGEND = (
-    f"Verdicts: the row's mean time over the reference's, per-row 95 %: {SLOWER} (above 1), {FASTER} (below 1), "
-    f"{NOT_SETTLED} (contains 1 or undefined; a side with {ONE_EVALUATION} crossed after the evaluation before "
-    f"it, or anywhere after 0 where the raw file lacks it); {DIVERGED}: a seed's {DIVERGED_TEXT}; untuned: no rate "
-    "of the grid reached the target on the tuning seeds (failed rates not counted)."
+    f"Verdicts: the row's mean time over the reference's, per-row 95 %, each seed's crossing taken anywhere "
+    "between its evaluation before the target and the one at it (round-based rows are evaluated at round ends, "
+    "so their crossing is known only within a round): the interval runs from the row's previous evaluations over "
+    "the reference's times to the row's times over the reference's previous evaluations (from 0 where the raw "
+    f"file lacks them); {SLOWER} (above 1), {FASTER} (below 1), {NOT_SETTLED} (contains 1 or undefined); "
+    f"{DIVERGED} k of n: k seeds {DIVERGED_TEXT} (twice chance), with how many missed the target, the diverged "
+    "included; untuned: no rate of the grid reached the target on the tuning seeds (failed rates not counted)."
 )
 
 
@@ -87,19 +92,43 @@ def one_evaluation(times: list[float | None]) -> bool:
     return len(xs) > 1 and min(xs) == max(xs)
 
 
-def previous_evaluation(cell: dict[str, Any]) -> float:
-    """The mean over ``cell``'s reported seeds of the time at the evaluation before the one that
-    reached the target (``previous_eval_times``); 0 where the raw file lacks it for a seed."""
-    before = cell.get("previous_eval_times") or []
-    if len(before) != len(cell["times"]) or len(finite(before)) != len(before):
-        return 0.0
-    return statistics.fmean(finite(before))
+def previous_times(cell: dict[str, Any]) -> list[float] | None:
+    """For each of ``cell``'s reported seeds that reached the target, the virtual time of the
+    evaluation before the one that reached it (``previous_eval_times``); None where the raw file
+    lacks it for any such seed."""
+    before = cell.get("previous_eval_times")
+    if not before or len(before) != len(cell["times"]):
+        return None
+    reached = [b for t, b in zip(cell["times"], before, strict=True) if t is not None and math.isfinite(t)]
+    return [float(b) for b in reached] if len(finite(reached)) == len(reached) else None
+
+
+def previous_evaluation(cell: dict[str, Any]) -> float | None:
+    """The mean of ``previous_times`` over ``cell``'s seeds that reached the target; None where
+    the raw file lacks it."""
+    before = previous_times(cell)
+    return statistics.fmean(before) if before else None
+
+
+def crossing_bounds(cell: dict[str, Any], ref: dict[str, Any]) -> tuple[float, float]:
+    """The 95 % interval of ``cell``'s mean time over ``ref``'s with every seed's crossing
+    censored to ``(t_prev, t]`` (module docstring): the lower end of the row's previous
+    evaluations over the reference's times, the upper end of the row's times over the
+    reference's previous evaluations; a side without them (``previous_times``) from 0 (lower
+    end 0, upper end inf); nan ends below two seeds a side."""
+    times, ref_times = finite(cell["times"]), finite(ref["times"])
+    before, ref_before = previous_times(cell) or [0.0] * len(times), previous_times(ref) or [0.0] * len(ref_times)
+    if min(len(times), len(ref_times)) < 2:
+        return math.nan, math.nan
+    lo = ratio_ci95(before, ref_times)[1] if statistics.fmean(before) > 0 else 0.0
+    hi = ratio_ci95(times, ref_before)[2] if statistics.fmean(ref_before) > 0 else math.inf
+    return lo, hi
 
 
 def diverged(cell: dict[str, Any]) -> int:
-    """How many of ``cell``'s reported seeds diverged: a final accuracy at or below ``CHANCE``,
-    or not finite (a run stopped on divergence records none)."""
-    return sum(1 for a in cell.get("final_accuracy", []) if a is None or not math.isfinite(a) or a <= CHANCE)
+    """How many of ``cell``'s reported seeds diverged: stopped on divergence (no accuracy
+    recorded), a final accuracy not finite or at or below ``DIVERGED_ACCURACY``."""
+    return sum(1 for a in cell.get("final_accuracy", []) if a is None or not math.isfinite(a) or a <= DIVERGED_ACCURACY)
 
 
 def no_rate_reached(tables: dict[str | None, dict[Any, float | None]], failed_rates: list[dict[str, Any]]) -> bool:
@@ -120,44 +149,49 @@ def untuned(cell: dict[str, Any]) -> bool:
     return no_rate_reached(tables, cell.get("failed_rates", []))
 
 
-def _bounds(cell: dict[str, Any], ref: dict[str, Any], lo: float, hi: float) -> tuple[float, float]:
-    """The ratio's interval widened for a side at one evaluation (module docstring): the cell's
-    mean may lie down to its previous evaluation's, the reference's likewise."""
-    if one_evaluation(cell["times"]):
-        lo *= previous_evaluation(cell) / mean_ci95(cell["times"])[0]
-    if one_evaluation(ref["times"]):
-        before = previous_evaluation(ref)
-        hi = hi * mean_ci95(ref["times"])[0] / before if before > 0 else math.inf
-    return lo, hi
+def _end(bound: float) -> str:
+    """An interval's end to two decimals, three where two would read 1.00 for an end that is not
+    1: the verdict turns on which side of 1 it lies."""
+    text = f"{bound:.2f}"
+    return f"{bound:.3f}" if text == "1.00" and bound != 1 else text
+
+
+def _ratio_text(value: float, lo: float, hi: float, recorded: bool) -> str:
+    """``value x [lo, hi]`` (``[lo, inf)`` without an upper end), and ``UNRECORDED`` where a side
+    lacks its previous evaluations."""
+    if math.isnan(lo) or math.isnan(hi):
+        text = fmt((value, lo, hi), suffix="x")
+    else:
+        text = f"{value:.2f}x [{_end(lo)}, " + (f"{_end(hi)}]" if math.isfinite(hi) else "inf)")
+    return text if recorded else f"{text} ({UNRECORDED})"
 
 
 def verdict(cell: dict[str, Any], ref: dict[str, Any] | None) -> tuple[str, str]:
     """``cell``'s verdict against its scenario's reference ``ref`` (``reference``), as ``(kind,
-    text)``: kind one of ``REFERENCE``, ``SLOWER``, ``FASTER``, ``NOT_SETTLED`` (the interval
-    contains 1 or is undefined with one seed, or a side at one evaluation whose widened bound
-    the ratio does not clear: module docstring), ``NOT_JUDGED`` (no reference), ``DIVERGED``,
-    ``MISSED``, ``REFUSED`` or ``FAILED``."""
+    text)``: kind one of ``REFERENCE``, ``SLOWER``, ``FASTER``, ``NOT_SETTLED`` (the censored
+    interval, ``crossing_bounds``, contains 1 or is undefined with one seed), ``NOT_JUDGED`` (no
+    reference), ``DIVERGED``, ``MISSED``, ``REFUSED`` or ``FAILED``."""
     if "failed" in cell:
         return FAILED, FAILED
     if not has_run(cell):
         return REFUSED, REFUSED
     if not reached_target(cell):
+        n = len(cell["times"])
         tuning = f"{UNTUNED} on the tuning seeds" if untuned(cell) else ""
         count = diverged(cell)
         if count:
-            text = f"{DIVERGED} on {count} of {len(cell['times'])} seeds ({DIVERGED_TEXT})"
+            short = f"{MISSED} on {missed(cell['times'])} of {n}, the diverged included"
+            text = f"{DIVERGED} on {count} of {n} seeds ({DIVERGED_TEXT}); {short}"
             return DIVERGED, text + (f"; {tuning}" if tuning else "")
-        return MISSED, tuning or f"{MISSED} on {missed(cell['times'])} of {len(cell['times'])} seeds"
+        return MISSED, tuning or f"{MISSED} on {missed(cell['times'])} of {n} seeds"
     if ref is None:
         return NOT_JUDGED, f"{NOT_JUDGED}: no row reached the target on every seed"
     if cell is ref:
         return REFERENCE, f"{REFERENCE} (picked on the tuning seeds)"
-    value, lo, hi = ratio_ci95(cell["times"], ref["times"])
-    figure = fmt((value, lo, hi), suffix="x")
-    if one_evaluation(cell["times"]) or one_evaluation(ref["times"]):
-        lo, hi = _bounds(cell, ref, lo, hi)
-        bound = f"[{lo:.2f}, {hi:.2f}]" if math.isfinite(hi) else f"[{lo:.2f}, inf)"
-        figure = f"{value:.2f}x {bound} (one evaluation)"
+    value = ratio_ci95(cell["times"], ref["times"])[0]
+    lo, hi = crossing_bounds(cell, ref)
+    recorded = previous_times(cell) is not None and previous_times(ref) is not None
+    figure = _ratio_text(value, lo, hi, recorded)
     if not (lo > 1 or hi < 1):
         return NOT_SETTLED, f"{NOT_SETTLED}: {figure}"
     return (SLOWER, f"{SLOWER}: {figure}") if lo > 1 else (FASTER, f"{FASTER}: {figure}")

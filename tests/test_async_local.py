@@ -275,5 +275,5 @@ def test_runs_refuse_several_processes_and_rounds_past_the_budget(monkeypatch):
     with pytest.raises(ConfigError, match="--period 64"):
         check_run(exp.with_config(period=64), LossLog(exp), None)
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    with pytest.raises(ConfigError, match="one host"):
+    with pytest.raises(ConfigError, match="async-local over 2 processes does not take --devices 2"):
         check_run(exp, LossLog(exp), None)

@@ -422,8 +422,8 @@ def crash_summary(
 
 
 def check_run(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None) -> None:
-    """Refuses, before any work, what async-local cannot do yet: a multi-process run, or first
-    rounds longer than the budget.
+    """Refuses, before any work, what async-local cannot do yet: over several processes, what
+    ``runtime.async_local_processes`` does not do; first rounds longer than the budget.
 
     Args:
       exp: the experiment.
@@ -437,13 +437,10 @@ def check_run(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointe
 
         check_run(exp, metrics, checkpointer)  # before any thread or program exists
     """
-    del metrics, checkpointer  # both ways of running save checkpoints and resume
-    if jax.process_count() > 1:
-        raise ConfigError(
-            f"--algo async-local runs on one host for now; this run has {jax.process_count()} processes "
-            "(--num-processes, JAX_NUM_PROCESSES): run it as one process"
-        )
+    del metrics  # both ways of running save checkpoints and resume
     c = exp.config
+    if jax.process_count() > 1:
+        _check_processes(exp, checkpointer)
     fragments(exp)  # --fragments against the model's stages
     first = exp.layout.replicas * c.period * c.batch_size
     if first > exp.total_examples:
@@ -451,4 +448,21 @@ def check_run(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointe
         raise ConfigError(
             f"--period {c.period} makes the {exp.layout.replicas} replicas' first rounds {first} examples, more "
             f"than the budget of {exp.total_examples} (--epochs {c.epochs}); use --period <= {most} or train longer"
+        )
+
+
+def _check_processes(exp: Experiment, checkpointer: RunCheckpointer | None) -> None:
+    """What a run over several processes (``runtime.async_local_processes``) refuses."""
+    c, n, every = exp.config, jax.process_count(), jax.device_count()
+    not_yet = [
+        (c.simulate, "--simulate (the clock runs in one process)"),
+        (checkpointer is not None or c.checkpoint_every > 0, "--checkpoint-every (no checkpoints or resume)"),
+        (c.fleet is not None, f"--fleet {c.fleet}"),
+        (c.local_steps == "dynamic", "--local-steps dynamic (DyLU's speeds are measured per process)"),
+        (exp.layout.devices != every, f"--devices {exp.layout.devices} (a replica on every device: --devices {every})"),
+    ]
+    refused = [flag for bad, flag in not_yet if bad]
+    if refused:
+        raise ConfigError(
+            f"--algo async-local over {n} processes does not take {'; '.join(refused)}: drop it, or run as one process"
         )

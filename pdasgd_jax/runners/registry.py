@@ -6,6 +6,8 @@ Every runner has the signature ``runner(exp, metrics, checkpointer) -> RunResult
 
 from __future__ import annotations
 
+import jax
+
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.config import ALGORITHMS, Config
 from pdasgd_jax.experiment import Experiment
@@ -57,6 +59,7 @@ RUNNERS: dict[str, Runner] = {
 def select_runner(config: Config) -> Runner:
     """The runner of ``config.algo``: with ``config.simulate`` the simulator's
     (``run_simulated``; async-local: ``simulate.async_local.run_async_local_simulated``),
+    async-local over several processes ``runtime.async_local_processes.run_async_local_processes``,
     else ``RUNNERS[config.algo]``."""
     if config.algo not in RUNNERS:
         raise ValueError(f"--algo {config.algo!r} is not allowed; choose one of {', '.join(ALGORITHMS)}")
@@ -69,4 +72,8 @@ def select_runner(config: Config) -> Runner:
         from pdasgd_jax.simulate import run_simulated
 
         return run_simulated
+    if config.algo == "async-local" and jax.process_count() > 1:
+        from pdasgd_jax.runtime.async_local_processes import run_async_local_processes
+
+        return run_async_local_processes
     return RUNNERS[config.algo]

@@ -36,7 +36,10 @@ server's current model (``AsyncLocalThreads.latest``) and goes on. Checkpoints a
 the server pauses after an arrival (at an evaluation, or every ``--checkpoint-every``
 examples). What a resume restores, how the batches are handed out and how a departure drops a
 replica's round and a join brings it back: ``runtime.async_local_ledger``.
-Not yet: several processes (refused before any work).
+
+Several processes (``jax.distributed``): the server in process 0, each process running the
+replicas of its own devices, through the coordination service: ``runtime.async_local_processes``
+(``run_async_local_processes``, which ``runners.registry.select_runner`` picks there).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import numpy as np
 from pdasgd_jax import delays
 from pdasgd_jax.affinity import resolve_host_cpus
 from pdasgd_jax.checkpoint import RunCheckpointer
+from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.eventlog import ArrivalLogFile
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState
@@ -118,7 +122,7 @@ class AsyncLocalThreads:
         outer = async_local_outer(exp)
         self.phase = make_local_phase(exp.model, exp.tx, whole_model=whole_model(exp))
         self.update = make_server_update(outer, self.num_replicas)
-        self.server = jax.device_put(init_server(exp, outer), self.devices[0])
+        self.server = self._on_server_device(init_server(exp, outer))
         self.applied = 0
         # What each replica pulled last: the model its round starts from (a reference, no
         # copy) and that model's version, set together so that the log's ``pulled`` is the
@@ -156,6 +160,10 @@ class AsyncLocalThreads:
     def device(self, replica: int) -> jax.Device:
         """Where ``replica`` runs: the run's devices in turn."""
         return self.devices[replica % len(self.devices)]
+
+    def _on_server_device(self, tree: Any) -> Any:
+        """``tree`` on the server's device, ``devices[0]``."""
+        return jax.device_put(tree, self.devices[0])
 
     def run(self, metrics: MetricsLog) -> RunResult:
         """Trains to the budget or the target accuracy; returns the server's final model.
@@ -270,12 +278,15 @@ class AsyncLocalThreads:
         before the threads start: the replicas' first speeds then measure their steps alone."""
         exp, period = self.exp, self.exp.config.period
         x, y = (np.zeros((period, *a.shape), a.dtype) for a in next(exp.train_stream(exp.config.batch_size)))
-        for device in dict.fromkeys(self.device(r) for r in range(self.num_replicas)):
+        here = jax.process_index()
+        local = [d for d in dict.fromkeys(map(self.device, range(self.num_replicas))) if d.process_index == here]
+        for device in local:
             args = jax.device_put((init_replica(exp), x, y), device)
             randomness = (self._replica_key(0, device), jnp.int32(0)) if exp.model.draws_randomness else ()
             self._compiled(("phase", period, device.id), self.phase, *args, *randomness)
-        start = self.pulled[0].params, self.pulled[0].states
-        self._compiled(("update",), self.update, self.server, start, start)
+        if self.devices[0].process_index == here:  # the server's process (of several: process 0)
+            start = self.pulled[0].params, self.pulled[0].states
+            self._compiled(("update",), self.update, self.server, start, start)
 
     def _replica_key(self, r: int, device: jax.Device) -> jax.Array:
         """Replica ``r``'s key on ``device``: local SGD's worker ``r``'s, ``fold_in(key(seed), r)``."""
@@ -430,7 +441,8 @@ def run_async_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheck
       The ``RunResult``: the server's final model; ``extra`` as the module docstring says.
 
     Raises:
-      ConfigError: several processes, or first rounds longer than the budget
+      ConfigError: several processes (``run_async_local_processes`` runs those), or first
+        rounds longer than the budget
         (``runners.async_local.check_run``), before any work.
       WorkerError: a thread raised.
 
@@ -440,6 +452,11 @@ def run_async_local(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheck
         summary["async_local"]["per_replica"][0]["staleness"]
     """
     check_run(exp, metrics, checkpointer)
+    if jax.process_count() > 1:
+        raise ConfigError(
+            "--algo async-local over several processes runs through runtime.async_local_processes."
+            "run_async_local_processes (the runner select_runner picks there), not run_async_local"
+        )
     path = exp.event_log_path
     with ArrivalLogFile(path) if path else contextlib.nullcontext() as log:
         return AsyncLocalThreads(exp, metrics, log, checkpointer).run(metrics)

@@ -175,14 +175,17 @@ def _reference_events(ref: dict[str, Any]) -> str:
     if counts is None:
         return ""
     text = "; before its target the reference met a median of " + ", ".join(f"{k} {v:g}" for k, v in counts.items())
-    barely = counts["leave"] + counts["crash"] <= BARELY and counts["join"] == 0
+    # Per seed, then the median: the median seed's departures, not a sum of per-kind medians.
+    seeds = _event_counts(ref)
+    departures = statistics.median(c["leave"] + c["crash"] for c in seeds)
+    barely = departures <= BARELY and statistics.median(c["join"] for c in seeds) == 0
     return text + (", so this churn barely reached it" if barely else "")
 
 
 def whole_arrivals(verdicts: dict[tuple[int, str], list[tuple[dict[str, Any], str, str]]]) -> str:
     """The detail page's sentence on the rows with outer SGD at rate 1 (``judged``'s
     ``verdicts``): the setup they measure, their tuned inner rates beside Delayed Nesterov's,
-    and, where every one that reached the target is slower than its reference, that this is why;
+    and, where every one that reached the target is slower than its reference, that this is partly why;
     empty where none ran."""
     entries = [(c, kind) for e in verdicts.values() for c, kind, _ in e if has_run(c)]
     whole = [(c, kind) for c, kind in entries if c["row"] in WHOLE_ARRIVALS]
@@ -192,10 +195,10 @@ def whole_arrivals(verdicts: dict[tuple[int, str], list[tuple[dict[str, Any], st
     rows = list(dict.fromkeys(c["row"] for c, _ in whole))
     text = (
         f"The rows with outer SGD at rate 1 ({_names([{'row': r} for r in rows])}) measure that setup: each arrival "
-        "is applied whole, about W times a local SGD round's step, so their tuned inner rate is "
+        "is applied whole, W times its share in a local SGD round's average, so their tuned inner rate is "
         + ", ".join(f"{lr:g}" for lr in sorted({c["lr"] for c, _ in whole}))
         + (f" (with Delayed Nesterov: {', '.join(f'{lr:g}' for lr in nesterov)})" if nesterov else "")
     )
     judged_ = [kind for _, kind in whole if kind not in (DIVERGED, MISSED)]
     slower = judged_ and all(k == SLOWER for k in judged_)
-    return text + (", which is why they are slower than the reference." if slower else ".")
+    return text + (", which is partly why they are slower than the reference." if slower else ".")

@@ -165,9 +165,11 @@ _SERVER = "W + 1 devices: one server applies every arrival serially, never fails
 # runners/async_local.py: the inner optimizer runs at the row's own --lr (nothing divides it by
 # W); outer SGD at rate 1 applies each arrival's whole change, only non-trainable state by 1/W.
 _INNER = "inner rate: the row's tuned lr, not scaled with W"
-# Each arrival's whole change is about W times a local SGD round's step, so only small inner
-# rates keep these rows stable: what makes them slow, said beside them.
-_WHOLE = "outer SGD at rate 1: each arrival applied whole, which needs small inner rates: why these rows are slow"
+# Each arrival's whole change is W times its share in a local SGD round's average, so only small
+# inner rates keep these rows stable: part of what makes them slow, said beside them.
+_WHOLE = (
+    "outer SGD at rate 1: each arrival applied whole, which needs small inner rates: partly why these rows are slow"
+)
 # Every run keeps Config's device concurrency: a device runs one program at a time.
 _THREADS = (
     f"{{threads}} threads per device (other rows 1): at device concurrency {Config().device_concurrency} they add "
@@ -206,7 +208,7 @@ ROW_NOTES: dict[str, str] = {row: note for row in ROWS if (note := _note(row))}
 OPTIMISTIC_CRASHES = tuple(row for row, note in ROW_NOTES.items() if _OPTIMISTIC in note)
 # Rate grids: ``delays``' own where the row is one of its algorithms; local SGD's local steps are
 # DaSGD's plain SGD steps. Async-local with outer SGD applies each replica's whole progress at
-# every arrival, about W times local SGD's step per round, so its inner rates sit a step below the
+# every arrival, W times its share in local SGD's average, so its inner rates sit a step below the
 # asynchronous algorithms' (W = 64 needs the smallest; a grid where no rate reaches the target
 # is not widened). Delayed Nesterov steps by 1/N of an arrival between its momentum steps, so
 # its inner rates are local SGD's.

@@ -230,7 +230,7 @@ class Config:
         "or a seeded churn model, churn:leave=0.1,join=0.5,slow=0.2x3,seed=7 (docs/algorithms.md, Fleet "
         "events); --algo sync, local, dasgd, async-local, asgd, pdasgd, pdasgd-block or lpp with --simulate; on "
         "threads (positions: fractions of the examples handed out) slow, leave, crash and join for async-local, "
-        "crash for sync, local, dasgd and pdasgd --replication replicas",
+        "local and dasgd, crash for sync and pdasgd --replication replicas",
         group="delays",
     )
     fleet_horizon: float = _field(

@@ -57,7 +57,9 @@ def _check_local_clock(config: Any, given: list[str]) -> None:
 
 def _check_local_threads(config: Any, given: list[str]) -> None:
     """``--algo local`` and ``dasgd`` on threads (``runtime.local_rounds_threads``): ``--quorum``,
-    ``--deadline`` and ``crash`` events only, each on a replica; one fragment, no
+    ``--deadline`` and ``slow``, ``leave``, ``crash`` and ``join`` events, each on a replica at
+    ``POS`` of the examples budget handed out (``churn``'s events are drawn on the virtual clock:
+    refused); one fragment, no
     ``--average-opt-state``, no ``--merge eager`` and no ``--checkpoint-every`` (its rounds write
     no checkpoint yet)."""
     refused = [
@@ -74,11 +76,10 @@ def _check_local_threads(config: Any, given: list[str]) -> None:
     from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
 
     spec = parse_fleet(config.fleet)
-    named = _not_crashes(spec)
-    if named:
+    if spec.churn is not None:
         raise ValueError(
-            f"--fleet {config.fleet}: --algo {config.algo} on threads takes crash:R@POS events only so far (a replica "
-            f"that stops mid-unit), not {named}; --simulate takes every event"
+            f"--fleet {config.fleet}: --algo {config.algo} on threads takes slow, leave, crash and join events, not "
+            "churn (its events are drawn on the virtual clock); give the events, or use --simulate"
         )
     replicas = config.replicas or config.devices  # 0: every device, which only the run knows
     if replicas:

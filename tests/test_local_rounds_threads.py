@@ -1,7 +1,8 @@
-"""``--algo local`` and ``dasgd`` on threads with ``--quorum K``, ``--deadline adaptive`` and ``--fleet
-crash:R@POS`` (runtime.local_rounds_threads): waiting for every replica is the SPMD round program; a quorum or
-the deadline closes rounds without a straggler, whose unit lands late or stays in flight; a crash
-drops the unit in flight; every unit started is averaged, dropped or in flight at the end."""
+"""``--algo local`` and ``dasgd`` on threads with ``--quorum K``, ``--deadline adaptive`` and ``--fleet``
+(runtime.local_rounds_threads): waiting for every replica is the SPMD round program; a quorum or
+the deadline closes rounds without a straggler, whose unit lands late or stays in flight; a leave
+or crash drops the unit in flight, a joiner lands units again, a slow window stretches units; every
+unit started is averaged, dropped or in flight at the end."""
 
 import json
 import math
@@ -9,6 +10,7 @@ import os
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -190,6 +192,77 @@ def test_a_crash_drops_the_units_in_flight_and_the_rounds_go_on(tmp_path, algo):
     )
 
 
+@pytest.mark.parametrize("algo", ["local", "dasgd"])
+def test_a_replica_that_leaves_and_joins_drops_its_unit_and_lands_units_again(algo):
+    exp = Experiment.from_config(
+        Config(**{**COMMON, "algo": algo}, replicas=3, devices=3, fleet="leave:1@0.3,join:1@0.6").validate()
+    )
+    metrics = _metrics(exp)
+    runner = LocalRoundsThreads(exp, metrics)
+    claims = []
+    claim = runner.units.claim
+
+    def recorded(r: int, average: int, epoch: int | None = None) -> bool:
+        landed = claim(r, average, epoch)
+        claims.append((r, average, epoch, landed))
+        return landed
+
+    runner.units.claim = recorded
+    result = runner.run(metrics)
+    rounds = result.extra["local_rounds"]
+    units = _counts_add_up(rounds)
+    assert rounds["averages"] == runner.rounds
+    (left,), (joined,) = rounds["departures"], rounds["joins"]
+    assert (left["replica"], left["kind"], joined["replica"]) == (1, "leave", 1) and left["at"] < joined["at"]
+    # A leave drops the unit in flight, counted as a leave (DaSGD: also the snapshot sent, if not landed).
+    assert (
+        left["dropped_rounds"]
+        == units["dropped"]
+        == units["per_replica"][1]["dropped"]
+        <= (1 if algo == "local" else 2)
+    )
+    assert rounds["dropped_steps"] == {"leave": units["dropped"] * exp.config.period, "crash": 0}
+    assert "crashes" not in rounds
+    # Epoch 2: after its join. Its units then land, and none of its first epoch's does after it left.
+    assert any(r == 1 and epoch == 2 and landed for r, _, epoch, landed in claims)
+    assert not any(r == 1 and epoch == 1 for r, _, epoch, _ in claims)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.params))
+
+
+def test_a_joiner_takes_the_latest_average_and_the_landed_units_mean_optimizer_state():
+    exp = Experiment.from_config(Config(**COMMON, replicas=2, devices=2, fleet="leave:1@0.2,join:1@0.5").validate())
+    runner = LocalRoundsThreads(exp, _metrics(exp))
+    runner.averages[3] = (runner.first.params, runner.first.states)
+    runner.landed_opts[3] = [jax.tree.map(lambda a: a + 1, runner.first.opt_states), runner.first.opt_states]
+    runner.units.published(3)
+    # Replica 1 leaves at replica 0's start that hands out 20% of the budget, then joins.
+    while runner.units.begin(0) is not None and not runner.units.crashed(1):
+        pass
+    while runner.units.begin(0) is not None and runner.units.crashed(1):
+        pass
+    epoch, base, ts = runner._join(1, 1)
+    assert (epoch, base) == (2, 3) and _max_diff(ts.params, runner.first.params) == 0.0
+    floats = [a for a in jax.tree.leaves(runner.first.opt_states) if jnp.issubdtype(a.dtype, jnp.inexact)]
+    assert (
+        floats
+        and _max_diff(
+            [a for a in jax.tree.leaves(ts.opt_states) if jnp.issubdtype(a.dtype, jnp.inexact)],
+            [a + 0.5 for a in floats],
+        )
+        == 0.0
+    )
+
+
+def test_a_slow_window_stretches_the_replicas_units_and_the_run_finishes():
+    # Every round waits for both replicas: replica 1 starts units from 20% of the budget on.
+    _, runner, result, rounds = _threads(None, replicas=2, devices=2, fleet="slow:1x3@0.2-1")
+    units = _counts_add_up(rounds)
+    assert rounds["averages"] == runner.rounds and units["dropped"] == 0
+    (slowed,) = rounds["slowed"]
+    assert slowed["replica"] == 1 and slowed["units"] >= 1 and slowed["slept"] > 0
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.params))
+
+
 def test_a_failing_replica_stops_the_run_with_its_traceback():
     def fail(r: int, n: int) -> float:
         if r == 1:
@@ -204,8 +277,10 @@ def test_a_failing_replica_stops_the_run_with_its_traceback():
     "overrides, message",
     [
         (dict(replicas=2, quorum=3), "--quorum 3 exceeds the run's 2 replica"),
-        (dict(replicas=2, fleet="slow:1x4@0.2-0.4"), "crash:R@POS events only"),
+        (dict(replicas=2, fleet="churn:leave=1"), "takes slow, leave, crash and join events, not churn"),
         (dict(replicas=2, fleet="crash:2@0.5"), "crash:2"),
+        (dict(replicas=2, fleet="leave:1@0.3,join:2@0.6"), "join:2"),
+        (dict(replicas=2, fleet="slow:2x4@0.2-0.4"), "slow:2"),
         (dict(replicas=2, quorum=1, average_opt_state=True), "--average-opt-state"),
         (dict(replicas=2, quorum=1, checkpoint_every=64), "--checkpoint-every 64"),
         (dict(replicas=2, fragments=2, deadline="adaptive"), "--fragments 2"),

@@ -1,11 +1,11 @@
 """``--algo local`` and ``dasgd`` on threads under ``--quorum K``, ``--deadline adaptive`` or
-``--fleet crash:R@POS``: their rounds through a server thread (algorithms.md §4 and §5a, "on
-threads").
+``--fleet`` (slow, leave, crash and join events): their rounds through a server thread
+(algorithms.md §4 and §5a, "on threads").
 
 Replica ``r`` runs on ``devices[r % D]``. Its thread loops: wait while the supervisor evaluates,
-start a unit (``Units.start``: none once the run's last average is published, or after its
-crash), run its next ``H = --period`` batches of its own shard (local SGD's worker ``r``'s order)
-as compiled phases (``runners.async_local.make_local_phase``) with its own inner optimizer state,
+start a unit (``Units.begin``: none once the run's last average is published, or after its
+departure, until its join), run its next ``H = --period`` batches of its own shard (local SGD's
+worker ``r``'s order) as compiled phases (``runners.async_local.make_local_phase``) with its own inner optimizer state,
 and send the unit to the server. Local SGD: the unit runs from the average the replica was last
 sent (the initial model first), and the replica waits for the average the unit lands in, which
 it starts its next unit from. DaSGD (``d = --delay-steps``): the replica goes on from the unit it
@@ -24,12 +24,18 @@ step makes of it (``AveragingRule.merge_params``, as the clock's rounds). A late
 the first average that closes after it arrives. What is evaluated, and the run's model, is the
 last landed mean, as the round program evaluates its workers' mean.
 
-``--fleet crash:R@POS``: replica ``R`` crashes at the start of a unit (by whichever replica)
-that brings the examples handed out to ``POS`` of the budget, as async-local's threads do
-(``runners.async_local_fleet.crash_examples``); its units in flight then (started, not yet
-claimed by the server) are dropped and counted, and the rounds go on with the replicas up. The
-crash and the server's claim of a unit happen under one lock, so a unit is averaged or dropped,
-never both. Evaluations, the target accuracy, a failing thread, a non-finite loss and Ctrl-C
+``--fleet`` (``runners.async_local_fleet.thread_fleet``: each event at ``POS`` of the examples
+budget handed out, as async-local's threads): ``leave:R@POS`` or ``crash:R@POS`` happens at the
+start of a unit (by whichever replica) that brings the examples handed out to that count; ``R``'s
+units in flight then (started, not yet claimed by the server) are dropped and counted by kind,
+and the rounds go on with the replicas present. ``join:R@POS``: once the server has answered
+``R``'s last unit sent, ``R`` begins a unit from the latest average published with the mean
+optimizer state of the units landed in it (the clock's joiner; DaSGD's first unit after it
+merges nothing), on its own shard's next batches. ``slow:RxF@A-B``: each phase of a unit of
+``R``'s that starts at examples handed out in ``[A, B)`` of the budget runs ``F`` times as long
+(the thread sleeps ``F - 1`` times the phase's measured time after it). Departures, joins and
+the server's claims happen under one lock (``local_rounds_units.Units``), so a unit is averaged or
+dropped, never both. Evaluations, the target accuracy, a failing thread, a non-finite loss and Ctrl-C
 behave as in ``runtime.async_local``. No checkpoint is written, and a resume is refused.
 """
 
@@ -55,8 +61,8 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
-from pdasgd_jax.runners.async_local import crash_summary, init_replica, make_local_phase, whole_model
-from pdasgd_jax.runners.async_local_fleet import crash_examples
+from pdasgd_jax.runners.async_local import init_replica, make_local_phase, whole_model
+from pdasgd_jax.runners.async_local_fleet import fleet_summary, thread_fleet
 from pdasgd_jax.runners.averaging import outer_optimizer
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.control import Control
@@ -82,7 +88,7 @@ def threaded_rounds(config: Any) -> bool:
 
 
 class LocalRoundsThreads:
-    """One threaded local SGD or DaSGD run of ``exp`` under a straggler policy or a crash (use
+    """One threaded local SGD or DaSGD run of ``exp`` under a straggler policy or a fleet (use
     once; see the module docstring).
 
     Args:
@@ -123,7 +129,11 @@ class LocalRoundsThreads:
         self.first = first
         self.streams = [exp.train_stream(c.batch_size, shard_index=r, num_shards=w) for r in range(w)]
         self.inbox = Inbox()
-        self.units = Units(w, crash_examples(exp), c.period * c.batch_size, crashed_now=self.inbox.wake)
+        self.fleet = thread_fleet(exp)
+        unit_examples = c.period * c.batch_size
+        self.units = Units(w, {}, unit_examples, crashed_now=self.inbox.wake, presence=self.fleet.presence)
+        self.landed_opts = {0: [first.opt_states]}  # each average kept: its landed units' optimizer states
+        self.slow_units = {r: [0, 0.0] for r in self.fleet.slowed}  # units in a slow window, seconds slept
         self.deadline: Callable[[collections.deque, float], float] = lambda history, start: math.inf
         self.history: collections.deque = collections.deque(maxlen=0)  # kept for the deadline only
         if self.adaptive:
@@ -226,48 +236,87 @@ class LocalRoundsThreads:
         control, device, stream, period = self.control, self.device(r), self.streams[r], self.period
         ts = jax.device_put(self.first, device)
         key = self._replica_key(r, device) if self.exp.model.draws_randomness else None
-        base, snapshot = 0, None  # DaSGD: the unit it sent last, whose average it merges d steps in
+        epoch, base = 0, 0  # its presence epoch; the average its unit begins from
+        snapshot = None  # DaSGD: the unit it sent last, whose average it merges d steps in
         for unit in itertools.count():  # a replica's units each land in an average of their own
-            self.gate.wait_for(0)
-            if not self.units.start(r):
-                return  # the run's last average is out, or the replica crashed
+            at = None
+            while at is None:
+                self.gate.wait_for(0)
+                at = self.units.begin(r, epoch)
+                if at is None:  # the run's last average is out, or the replica departed
+                    if snapshot is not None and self.units.epoch(r) != epoch:
+                        self.replies[r].get()  # the server's answer to the snapshot it sent before
+                    joined = self._join(r, epoch)
+                    if joined is None:
+                        return
+                    (epoch, base, ts), snapshot = joined, None
+            slow = self.fleet.factor(r, at)
+            if slow > 1.0:
+                self.slow_units[r][0] += 1
             x, y = _next_unit(stream, period)
             started = control.now()
             merge_at = period if snapshot is None else self.delay  # a unit begun from an average merges none
-            ts, losses = self._steps(r, ts, x[:merge_at], y[:merge_at], key, unit * period)
+            ts, losses = self._steps(r, ts, x[:merge_at], y[:merge_at], key, unit * period, slow)
             if snapshot is not None:
-                reply = self.replies[r].get()
+                reply, sent = self.replies[r].get(), snapshot
+                snapshot = None
                 if reply is None:
-                    return
+                    continue  # the run's end, or its departure: the next start says which
                 base, average = reply[0], jax.device_put(reply[1], device)
-                params, states = self.merge(tuple(ts[:2]), snapshot, average)
+                params, states = self.merge(tuple(ts[:2]), sent, average)
                 ts = TrainState(params, states, ts.opt_states)
-                ts, rest = self._steps(r, ts, x[merge_at:], y[merge_at:], key, unit * period + merge_at)
+                ts, rest = self._steps(r, ts, x[merge_at:], y[merge_at:], key, unit * period + merge_at, slow)
                 losses = jnp.concatenate([losses, rest])
             if self.unit_delay is not None:
                 control.sleep(self.unit_delay(r, unit))
-            self.inbox.put(UnitEnd(r, base, ts.params, ts.states, losses, started, control.now()))
+            end = UnitEnd(r, epoch, base, ts.params, ts.states, ts.opt_states, losses, started, control.now())
+            self.inbox.put(end)
             if self.delay is not None:
                 snapshot = tuple(ts[:2])
                 continue
             reply = self.replies[r].get()
             if reply is None:
-                return
+                continue  # the run's end, or its departure: the next start says which
             base, (params, states) = reply[0], jax.device_put(reply[1], device)
             ts = TrainState(params, states, ts.opt_states)
 
+    def _join(self, r: int, epoch: int) -> tuple[int, int, TrainState] | None:
+        """Replica ``r``, departed from its ``epoch``, once it joins: its new epoch, the latest
+        average published and its ``TrainState`` begun from that average with the mean optimizer
+        state of the units landed in it (the clock's joiner); None once the run is over."""
+        joined = self.units.await_join(r, epoch, lambda: self.control.stopped)
+        if joined is None:
+            return None
+        epoch, base = joined
+        device = self.device(r)
+        params, states = jax.device_put(self.averages[base], device)
+        opt_states = self.mean([jax.device_put(o, device) for o in self.landed_opts[base]])
+        return epoch, base, TrainState(params, states, opt_states)
+
     def _steps(
-        self, r: int, ts: TrainState, x: np.ndarray, y: np.ndarray, key: jax.Array | None, first: int
+        self,
+        r: int,
+        ts: TrainState,
+        x: np.ndarray,
+        y: np.ndarray,
+        key: jax.Array | None,
+        first: int,
+        slow: float = 1.0,
     ) -> tuple[TrainState, jax.Array]:
         """Replica ``r``'s local steps on the rows of ``x`` and ``y`` (none: ``ts`` as it is), its
-        local step ``first`` drawing the first step's randomness; books its busy time."""
+        local step ``first`` drawing the first step's randomness, stretched ``slow`` times (a
+        slow window: it sleeps the rest); books its busy time."""
         if not len(x):
             return ts, jnp.zeros((0,), jnp.float32)
         device = self.device(r)
         randomness = () if key is None else (key, jnp.int32(first))
-        booked = self.control.now()
+        booked, began = self.control.now(), time.perf_counter()
         ts, losses = self._programs[device.id, len(x)](ts, *jax.device_put((x, y), device), *randomness)
         jax.block_until_ready((ts, losses))
+        if slow > 1.0:
+            stretch = (time.perf_counter() - began) * (slow - 1.0)
+            self.control.sleep(stretch)
+            self.slow_units[r][1] += stretch
         self.busy[r] += max(0.0, self.control.now() - booked)
         return ts, losses
 
@@ -284,18 +333,21 @@ class LocalRoundsThreads:
 
     def _close(self, pending: dict[int, UnitEnd], deadline: float, j: int) -> list[UnitEnd]:
         """Waits for average ``j``'s units (see the module docstring) and claims them; a unit of a
-        crashed replica is answered with a stop and never lands."""
+        replica departed since it began is answered with a stop and never lands."""
         while True:
+            for r in [r for r, u in pending.items() if self.units.epoch(r) != u.epoch]:
+                del pending[r]
+                self.replies[r].put(None)
             up = self.units.up()
             if not up:
-                raise RuntimeError(f"--fleet {self.exp.config.fleet}: every replica crashed before average {j}")
+                raise RuntimeError(f"--fleet {self.exp.config.fleet}: every replica left or crashed before average {j}")
             need = min(self.quorum or up, up)
             due = len(pending) >= need or (bool(pending) and self.control.now() >= deadline)
             if due:
                 landed = []
                 for r in sorted(pending):
                     unit = pending.pop(r)
-                    if self.units.claim(r, j):
+                    if self.units.claim(r, j, unit.epoch):
                         landed.append(unit)
                     else:
                         self.replies[r].put(None)
@@ -305,9 +357,6 @@ class LocalRoundsThreads:
             timeout = None if not pending or math.isinf(deadline) else max(0.0, deadline - self.control.now())
             for unit in self.inbox.take(timeout):
                 pending[unit.replica] = unit
-            for r in [r for r in pending if self.units.crashed(r)]:
-                del pending[r]
-                self.replies[r].put(None)
 
     def _publish(self, j: int, landed: list[UnitEnd]) -> None:
         """Average ``j`` of the ``landed`` units: its landed mean (evaluated), ``A_j`` (sent to the
@@ -323,9 +372,12 @@ class LocalRoundsThreads:
             global_params, self.outer = self.outer_step(self.shown[0], self.shown[0], self.shown[0], self.outer)
             average = (global_params, self.shown[1])
         self.averages[j] = average
+        self.landed_opts[j] = [u.opt_states for u in landed]
+        self.units.published(j)  # after A_j is stored: a joiner may begin from it now
         keep = {j, *self.units.bases()}
         for k in [k for k in self.averages if k not in keep]:
             del self.averages[k]
+            del self.landed_opts[k]
         self.history.append([(u.arrived, u.arrived - u.started) for u in landed])
         self.published = j
         self.late += sum(u.base < j - 1 for u in landed)
@@ -380,11 +432,14 @@ class LocalRoundsThreads:
         """``RunResult.extra``: layout, utilisation, throughput and ``local_rounds``."""
         c, total = self.exp.config, max(train_time, 1e-9)
         counts = self.units.summary()
+        departures, joins = self.units.presence(self.period)
         rounds: dict[str, Any] = {
             "averages": self.published,
             "merged_steps": self.merged_steps,
             "late_units": self.late,
-            "dropped_steps": {"crash": counts["dropped"] * self.period},
+            "dropped_steps": {
+                kind: sum(sum(steps) for _, k, _, steps in departures if k == kind) for kind in ("leave", "crash")
+            },
             "unmerged_steps_at_end": counts["in_flight_at_end"] * self.period,
             "units": counts,
         }
@@ -394,8 +449,10 @@ class LocalRoundsThreads:
             rounds["deadline"] = self.deadline_rule
         if c.fleet:
             rounds["fleet"] = c.fleet
-        if self.units.crash_at:
-            rounds["crashes"] = crash_summary(*self.units.crashes(self.period), c.batch_size)
+        if self.fleet.presence:
+            rounds.update(fleet_summary(departures, joins, c.batch_size))
+        if self.slow_units:
+            rounds["slowed"] = [{"replica": r, "units": n, "slept": t} for r, (n, t) in self.slow_units.items()]
         workers = {f"r{r}": b / total for r, b in enumerate(self.busy[:-1])}
         return {
             "runtime": "threads",
@@ -423,7 +480,7 @@ def _next_unit(stream: Iterator[tuple[np.ndarray, np.ndarray]], period: int) -> 
 
 def check_local_rounds_threads(exp: Experiment, checkpointer: RunCheckpointer | None) -> None:
     """Refuses, before any work, what the threaded rounds cannot do: several processes,
-    ``--quorum`` above the run's replicas, a crash of a replica it does not have, a resume.
+    ``--quorum`` above the run's replicas, a fleet event of a replica it does not have, a resume.
 
     Args:
       exp: the experiment.
@@ -452,7 +509,8 @@ def run_local_rounds_threads(
     exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None
 ) -> RunResult:
     """Trains ``exp`` (``--algo local`` or ``dasgd`` with ``--quorum``, ``--deadline adaptive`` or
-    ``--fleet crash:R@POS``) with a thread per replica and a server thread on this host's devices.
+    ``--fleet``'s slow, leave, crash and join events) with a thread per replica and a server
+    thread on this host's devices.
 
     Args:
       exp: the experiment.
@@ -461,7 +519,8 @@ def run_local_rounds_threads(
 
     Returns:
       The ``RunResult``: the last landed mean; ``extra["local_rounds"]`` counts the units started,
-      averaged, dropped by a crash and in flight at the end (``units``), and ``crashes``.
+      averaged, dropped by a leave or crash and in flight at the end (``units``), and with
+      ``--fleet`` its ``departures``, ``joins``, ``crashes`` and ``slowed``.
 
     Raises:
       ConfigError: what ``check_local_rounds_threads`` refuses, before any work.

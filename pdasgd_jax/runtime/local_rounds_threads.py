@@ -177,8 +177,20 @@ class LocalRoundsThreads:
           NonFiniteLossError: a training loss was NaN or infinite.
           KeyboardInterrupt: after every thread has stopped.
         """
+        train_time, wall = self._run_threads(metrics, "local rounds'", self._compile_phases)
+        self.units.finish()  # a run stopped early (target accuracy): what is in flight now
+        steps, examples = self.published * self.period, self.examples
+        params, states = jax.device_get(self.shown)
+        if not metrics.rows or metrics.rows[-1]["examples"] != examples:
+            metrics.evaluate(step=steps, examples=examples, params=params, states=states)
+        return RunResult(params, states, steps, examples, self._extra(train_time, wall, examples))
+
+    def _run_threads(self, metrics: MetricsLog, what: str, compile_first: Callable[[], None]) -> tuple[float, float]:
+        """Compiles (``compile_first``, off the training clock), starts every thread, supervises
+        the run to its end and stops them all; re-raises a thread's failure. Returns the training
+        clock's seconds and the wall clock at the start."""
         with metrics.clock.paused():
-            self._compile_phases()
+            compile_first()
         wall, start = time.perf_counter(), metrics.clock.elapsed
         try:
             for t in self.threads:
@@ -188,19 +200,14 @@ class LocalRoundsThreads:
         except BaseException as exc:
             stuck = self._shutdown()
             if stuck:
-                exc.add_note(f"local rounds' threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
+                exc.add_note(f"{what} threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
             raise
         train_time = metrics.clock.elapsed - start
         stuck = self._shutdown()
         self.control.raise_failure()
         if stuck:
-            raise RuntimeError(f"local rounds' threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
-        self.units.finish()  # a run stopped early (target accuracy): what is in flight now
-        steps, examples = self.published * self.period, self.examples
-        params, states = jax.device_get(self.shown)
-        if not metrics.rows or metrics.rows[-1]["examples"] != examples:
-            metrics.evaluate(step=steps, examples=examples, params=params, states=states)
-        return RunResult(params, states, steps, examples, self._extra(train_time, wall, examples))
+            raise RuntimeError(f"{what} threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
+        return train_time, wall
 
     def _guarded(self, name: str, body: Callable[..., None], *args: Any) -> None:
         """Runs a thread's ``body``: a stop ends it quietly, an exception stops the run."""

@@ -52,7 +52,7 @@ from pdasgd_jax.runners.async_local_fleet import crash_examples
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.feed import Gate
-from pdasgd_jax.runtime.lifecycle import JOIN_TIMEOUT_S, POLL_S
+from pdasgd_jax.runtime.lifecycle import POLL_S
 from pdasgd_jax.runtime.local_rounds_threads import LocalRoundsThreads, check_local_rounds_threads
 from pdasgd_jax.runtime.local_rounds_units import Inbox
 from pdasgd_jax.runtime.sync_gradients import (
@@ -151,6 +151,7 @@ class SyncThreads:
         self.threads.append(threading.Thread(target=self._guarded, args=("server", self._serve), daemon=True))
 
     # The threaded local rounds' lifecycle: a thread's body run under the control, and the stop.
+    _run_threads = LocalRoundsThreads._run_threads
     _guarded = LocalRoundsThreads._guarded
     _shutdown = LocalRoundsThreads._shutdown
 
@@ -162,24 +163,7 @@ class SyncThreads:
           NonFiniteLossError: a training loss was NaN or infinite.
           KeyboardInterrupt: after every thread has stopped.
         """
-        with metrics.clock.paused():
-            self._compile()
-        wall, start = time.perf_counter(), metrics.clock.elapsed
-        try:
-            for t in self.threads:
-                self.control.thread_started()
-                t.start()
-            self._supervise(metrics)
-        except BaseException as exc:
-            stuck = self._shutdown()
-            if stuck:
-                exc.add_note(f"sync's threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
-            raise
-        train_time = metrics.clock.elapsed - start
-        stuck = self._shutdown()
-        self.control.raise_failure()
-        if stuck:
-            raise RuntimeError(f"sync's threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
+        train_time, wall = self._run_threads(metrics, "sync's", self._compile)
         self.book.finish()  # a run stopped early (target accuracy): what is in flight now
         params, states = jax.device_get((self.ts.params, self.ts.states))
         if not metrics.rows or metrics.rows[-1]["examples"] != self.examples:

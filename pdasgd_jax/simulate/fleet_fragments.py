@@ -23,7 +23,7 @@ from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary, outer_optimizer
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.averaging_clock import Fragment, averaging_work, peak_in_flight
-from pdasgd_jax.simulate.fleet_round_inputs import fleet_timeline, policy_args, state_nbytes
+from pdasgd_jax.simulate.fleet_round_inputs import fleet_timeline, mean_of, policy_args, state_nbytes
 from pdasgd_jax.simulate.fragment_schedule import FragmentSchedule, FragmentUnit, fragment_rounds_schedule
 from pdasgd_jax.simulate.straggler_policy import DEADLINE_MADS, DEADLINE_WINDOW
 from pdasgd_jax.simulate.sync import VirtualTimeMetrics, fresh_updates
@@ -83,17 +83,6 @@ def _check(config: Any, whole_model: bool) -> None:
             f"--fragments {config.fragments} with --average-opt-state needs one optimizer state per stage; "
             "this optimizer steps the whole model at once"
         )
-
-
-def _mean(trees: list[Any]) -> Any:
-    """The elementwise mean of ``trees`` (integer leaves: the first tree's)."""
-
-    def mean(*xs):
-        if not jnp.issubdtype(jnp.asarray(xs[0]).dtype, jnp.inexact):
-            return xs[0]
-        return (sum(xs[1:], xs[0]) / len(xs)).astype(xs[0].dtype)
-
-    return jax.tree.map(mean, *trees)
 
 
 def _piece(tree: tuple, lo: int, hi: int) -> tuple:
@@ -179,15 +168,15 @@ def run_fragment_rounds(
         p = schedule.averages[i].fragment
         lo, hi = frags[p].stages
         moved = [jax.tree.map(jnp.subtract, contribution(u), average_of(p, u.base)) for u in landed]
-        mean = jax.device_get(jax.tree.map(lambda a, m: (a + m).astype(a.dtype), prev, _mean(moved)))
+        mean = jax.device_get(jax.tree.map(lambda a, m: (a + m).astype(a.dtype), prev, mean_of(moved)))
         averages[i + 1] = mean
         if rule.outer is not None:
             global_p, outer[p] = outer_step(mean[0], mean[0], mean[0], outer[p])
             averages[i + 1] = (jax.device_get(global_p), mean[1])
-        opts = _mean([snapshots[u.id][0].opt_states for u in landed])
+        opts = mean_of([snapshots[u.id][0].opt_states for u in landed])
         if config.average_opt_state:
             opt_averages[i + 1] = _piece(opts, lo, hi)
-        whole = _mean([tuple(snapshots[u.id][0][:2]) for u in landed])
+        whole = mean_of([tuple(snapshots[u.id][0][:2]) for u in landed])
         return opts, (_put(whole[0], mean[0], lo, hi), _put(whole[1], mean[1], lo, hi))
 
     for n, op in enumerate(schedule.ops):

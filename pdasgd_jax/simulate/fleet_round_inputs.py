@@ -1,12 +1,15 @@
 """What the virtual clock's local SGD and DaSGD rounds under a fleet or a straggler policy take
 from the experiment, for the whole-model schedule (``simulate.fleet_rounds``) and the streamed
-one (``simulate.fleet_fragments``) alike: the policy's arguments, the fleet's timeline and the
-bytes a joining replica receives."""
+one (``simulate.fleet_fragments``) alike: the policy's arguments, the fleet's timeline, the
+bytes a joining replica receives, and the mean of the landed units."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+import jax
+import jax.numpy as jnp
 
 from pdasgd_jax.delays import tree_nbytes
 from pdasgd_jax.delays.fleet import FleetTimeline, parse_fleet
@@ -46,3 +49,14 @@ def state_nbytes(exp: Experiment) -> int:
     v = exp.variables
     opt = init_opt_states(exp.tx, v.params, whole_model=exp.whole_model_updates)
     return tree_nbytes(TrainState(v.params, v.states, opt))
+
+
+def mean_of(trees: list[Any]) -> Any:
+    """The elementwise mean of ``trees`` (integer leaves: the first tree's)."""
+
+    def mean(*xs):
+        if not jnp.issubdtype(jnp.asarray(xs[0]).dtype, jnp.inexact):
+            return xs[0]
+        return (sum(xs[1:], xs[0]) / len(xs)).astype(xs[0].dtype)
+
+    return jax.tree.map(mean, *trees)

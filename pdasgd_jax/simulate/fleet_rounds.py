@@ -27,7 +27,7 @@ from pdasgd_jax.runners.averaging import outer_optimizer
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.averaging_clock import averaging_work
 from pdasgd_jax.simulate.fleet_fragments import run_fragment_rounds
-from pdasgd_jax.simulate.fleet_round_inputs import fleet_timeline, policy_args, state_nbytes
+from pdasgd_jax.simulate.fleet_round_inputs import fleet_timeline, mean_of, policy_args, state_nbytes
 from pdasgd_jax.simulate.straggler_policy import (
     DEADLINE_MADS,
     DEADLINE_WINDOW,
@@ -78,17 +78,6 @@ def _check_local_rounds(config: Any, checkpointer: RunCheckpointer | None) -> No
             raise ConfigError(f"{given}: not implemented for {what}")
     if checkpointer is not None and checkpointer.latest_step() is not None:
         raise ConfigError(f"{given}: a local SGD run under a fleet or a straggler policy cannot resume")
-
-
-def _mean(trees: list[Any]) -> Any:
-    """The elementwise mean of ``trees`` (integer leaves: the first tree's)."""
-
-    def mean(*xs):
-        if not jnp.issubdtype(jnp.asarray(xs[0]).dtype, jnp.inexact):
-            return xs[0]
-        return (sum(xs[1:], xs[0]) / len(xs)).astype(xs[0].dtype)
-
-    return jax.tree.map(mean, *trees)
 
 
 def run_local_rounds(
@@ -204,12 +193,12 @@ def run_local_rounds(
             given = {u.worker: _contribution(running[u.worker], carries.pop(u.worker, None), rule) for u in landed}
             moved = [jax.tree.map(jnp.subtract, given[u.worker][:2], averages[u.base]) for u in landed]
             prev = averages[j - 1]
-            shown = jax.device_get(jax.tree.map(lambda a, d: (a + d).astype(a.dtype), prev, _mean(moved)))
+            shown = jax.device_get(jax.tree.map(lambda a, d: (a + d).astype(a.dtype), prev, mean_of(moved)))
             averages[j] = shown
             if rule.outer is not None:
                 global_p, outer = outer_step(shown[0], shown[0], shown[0], outer)
                 averages[j] = (jax.device_get(global_p), shown[1])
-            opt_mean = _mean([given[u.worker].opt_states for u in landed])
+            opt_mean = mean_of([given[u.worker].opt_states for u in landed])
             if dasgd and config.average_opt_state:
                 opt_averages[j] = opt_mean
             for u in landed:

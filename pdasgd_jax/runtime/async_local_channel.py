@@ -9,18 +9,16 @@ megabytes, and no production parameter server.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pdasgd_jax.runtime.heartbeat import Heartbeat, exit_for_silent_peer
-from pdasgd_jax.runtime.processes import PeerWatch, announce_failure, kv_store
+from pdasgd_jax.runtime.processes import kv_store
 from pdasgd_jax.runtime.queue import QueueClosed
 
 PyTree = Any
@@ -111,32 +109,3 @@ class Channel:
             if not keep:
                 self._kv.key_value_delete(key)
             return unpack(data)
-
-
-@contextlib.contextmanager
-def watched(keys: str, peer_timeout: float) -> Iterator[None]:
-    """Runs the block under the watch for other processes' failures and silence; a failure of
-    its own is announced to them before it propagates (as ``ReplicatedRuntime.run`` does)."""
-    watch = PeerWatch(keys)
-    beat = Heartbeat(
-        keys,
-        peer_timeout,
-        exit_for_silent_peer,
-        kv=kv_store(),
-        process=jax.process_index(),
-        processes=jax.process_count(),
-    )
-    watch.start()
-    beat.start()
-    try:
-        yield
-    except BaseException as exc:
-        watch.stop()  # the heartbeat goes on while the others read this failure: it is no silence
-        try:
-            announce_failure(exc, keys)
-        except Exception as unreachable:  # the coordinator is gone: the others learn it from XLA
-            exc.add_note(f"could not tell the other processes about this failure: {unreachable}")
-        raise
-    finally:
-        watch.stop()
-        beat.stop()

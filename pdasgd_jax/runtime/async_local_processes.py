@@ -55,10 +55,10 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.async_local import check_run, run_stream
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.async_local import AsyncLocalThreads
-from pdasgd_jax.runtime.async_local_channel import Channel, watched
+from pdasgd_jax.runtime.async_local_channel import Channel
 from pdasgd_jax.runtime.async_local_messages import Pulled, RoundEnd
 from pdasgd_jax.runtime.lifecycle import JOIN_TIMEOUT_S, POLL_S
-from pdasgd_jax.runtime.processes import run_keys
+from pdasgd_jax.runtime.processes import run_keys, watched
 from pdasgd_jax.runtime.queue import QueueClosed
 
 PyTree = Any

@@ -35,6 +35,7 @@ The key-value store is the one ``jax.distributed.initialize`` connects every pro
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -49,6 +50,7 @@ import jax
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.runtime.feed import Batch, numbered_batches
+from pdasgd_jax.runtime.heartbeat import Heartbeat, exit_for_silent_peer
 from pdasgd_jax.runtime.settings import RuntimeSettings
 
 PREFIX = "pdasgd/replicas"
@@ -310,3 +312,33 @@ class PeerWatch:
                 self._kv.key_value_set(f"{self._keys}/seen/{peer}/{self.process}", "1")
                 _leave()
                 os._exit(1)
+
+
+@contextlib.contextmanager
+def watched(keys: str, peer_timeout: float) -> Iterator[None]:
+    """Runs the block under the watch for other processes' failures and silence; a failure of
+    its own is announced to them before it propagates (replicated runs and async-local across
+    processes)."""
+    watch = PeerWatch(keys)
+    beat = Heartbeat(
+        keys,
+        peer_timeout,
+        exit_for_silent_peer,
+        kv=kv_store(),
+        process=jax.process_index(),
+        processes=jax.process_count(),
+    )
+    watch.start()
+    beat.start()
+    try:
+        yield
+    except BaseException as exc:
+        watch.stop()  # the heartbeat goes on while the others read this failure: it is no silence
+        try:
+            announce_failure(exc, keys)
+        except Exception as unreachable:  # the coordinator is gone: the others learn it from XLA
+            exc.add_note(f"could not tell the other processes about this failure: {unreachable}")
+        raise
+    finally:
+        watch.stop()
+        beat.stop()

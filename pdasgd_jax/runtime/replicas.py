@@ -63,17 +63,15 @@ from pdasgd_jax.runners.async_local_fleet import crash_examples
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.group_checkpoints import group_checkpoint, resume_groups, save_groups
 from pdasgd_jax.runtime.groups import GroupControl, GroupCrashes, GroupGate, LockedRounds
-from pdasgd_jax.runtime.heartbeat import Heartbeat, exit_for_silent_peer
 from pdasgd_jax.runtime.lifecycle import POLL_S, WorkerPlace, run_runtime
 from pdasgd_jax.runtime.lpp import DeviceStoresRuntime
 from pdasgd_jax.runtime.processes import (
-    PeerWatch,
     ProcessRounds,
-    announce_failure,
     kv_store,
     process_batches,
     process_share,
     run_keys,
+    watched,
 )
 from pdasgd_jax.runtime.queue import BoundedQueue
 from pdasgd_jax.runtime.round_checkpoints import RoundCheckpoints, agree_on_resume
@@ -225,31 +223,10 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         other processes' failures, and announces its own failure to them."""
         if self.processes is None:
             return super().run(metrics, checkpointer)
-        watch = PeerWatch(self.keys)
-        heartbeat = Heartbeat(
-            self.keys,
-            self.exp.config.peer_timeout,
-            exit_for_silent_peer,
-            kv=kv_store(),
-            process=self.processes.process,
-            processes=self.processes.processes,
-        )
         if checkpointer is not None:
             self.checkpoint_rounds.align(checkpointer, metrics.eval_every)
-        watch.start()
-        heartbeat.start()
-        try:
+        with watched(self.keys, self.exp.config.peer_timeout):
             result = super().run(metrics, checkpointer)
-        except BaseException as exc:
-            watch.stop()  # the heartbeat goes on while the others read this failure: it is no silence
-            try:
-                announce_failure(exc, self.keys)
-            except Exception as unreachable:  # the coordinator is gone: the others learn it from XLA
-                exc.add_note(f"could not tell the other processes about this failure: {unreachable}")
-            raise
-        finally:
-            watch.stop()
-            heartbeat.stop()
         # Every process's jobs: what the run as a whole trained on.
         total = self.processes.total_jobs or self.completed
         return result._replace(step=total, examples=total * self.settings.batch_size)

@@ -67,9 +67,10 @@ from pdasgd_jax.runners.averaging import outer_optimizer
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.feed import Gate
-from pdasgd_jax.runtime.lifecycle import JOIN_TIMEOUT_S, POLL_S
+from pdasgd_jax.runtime.lifecycle import POLL_S
 from pdasgd_jax.runtime.local_rounds_units import Inbox, Published, UnitEnd, Units, carried_over, landed_mean
-from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed
+from pdasgd_jax.runtime.queue import BoundedQueue
+from pdasgd_jax.runtime.server_threads import ServerThreads
 
 PyTree = Any
 _OPEN, _SHUT = 1, 0  # the gate's limits: Gate.wait_for(0) passes while it is open
@@ -87,7 +88,7 @@ def threaded_rounds(config: Any) -> bool:
     return bool(config.quorum or config.deadline != "none" or config.fleet)
 
 
-class LocalRoundsThreads:
+class LocalRoundsThreads(ServerThreads):
     """One threaded local SGD or DaSGD run of ``exp`` under a straggler policy or a fleet (use
     once; see the module docstring).
 
@@ -184,42 +185,6 @@ class LocalRoundsThreads:
         if not metrics.rows or metrics.rows[-1]["examples"] != examples:
             metrics.evaluate(step=steps, examples=examples, params=params, states=states)
         return RunResult(params, states, steps, examples, self._extra(train_time, wall, examples))
-
-    def _run_threads(self, metrics: MetricsLog, what: str, compile_first: Callable[[], None]) -> tuple[float, float]:
-        """Compiles (``compile_first``, off the training clock), starts every thread, supervises
-        the run to its end and stops them all; re-raises a thread's failure. Returns the training
-        clock's seconds and the wall clock at the start."""
-        with metrics.clock.paused():
-            compile_first()
-        wall, start = time.perf_counter(), metrics.clock.elapsed
-        try:
-            for t in self.threads:
-                self.control.thread_started()
-                t.start()
-            self._supervise(metrics)
-        except BaseException as exc:
-            stuck = self._shutdown()
-            if stuck:
-                exc.add_note(f"{what} threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
-            raise
-        train_time = metrics.clock.elapsed - start
-        stuck = self._shutdown()
-        self.control.raise_failure()
-        if stuck:
-            raise RuntimeError(f"{what} threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
-        return train_time, wall
-
-    def _guarded(self, name: str, body: Callable[..., None], *args: Any) -> None:
-        """Runs a thread's ``body``: a stop ends it quietly, an exception stops the run."""
-        try:
-            self.control.thread_running(name)
-            body(*args)
-        except QueueClosed:
-            pass  # the run stopped
-        except BaseException as exc:  # reported to the supervisor, which re-raises it
-            self.control.fail(name, exc)
-        finally:
-            self.control.thread_exited()
 
     def _compile_phases(self) -> None:
         """The phases (``H`` steps; DaSGD's ``d`` and ``H - d`` too) compiled once per replica
@@ -425,15 +390,6 @@ class LocalRoundsThreads:
                 self.gate.open_until(_OPEN)
             if exited:
                 return
-
-    def _shutdown(self) -> list[str]:
-        """Stops and joins every thread; returns the names of those still alive after the timeout."""
-        self.control.stop()
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        started = [t for t in self.threads if t.ident is not None]
-        for t in started:
-            t.join(max(0.0, deadline - time.monotonic()))
-        return [t.name for t in started if t.is_alive()]
 
     def _extra(self, train_time: float, wall_start: float, examples: int) -> dict[str, Any]:
         """``RunResult.extra``: layout, utilisation, throughput and ``local_rounds``."""

@@ -53,8 +53,9 @@ from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.control import Control
 from pdasgd_jax.runtime.feed import Gate
 from pdasgd_jax.runtime.lifecycle import POLL_S
-from pdasgd_jax.runtime.local_rounds_threads import LocalRoundsThreads, check_local_rounds_threads
+from pdasgd_jax.runtime.local_rounds_threads import check_local_rounds_threads
 from pdasgd_jax.runtime.local_rounds_units import Inbox
+from pdasgd_jax.runtime.server_threads import ServerThreads
 from pdasgd_jax.runtime.sync_gradients import (
     Board,
     Gradient,
@@ -81,7 +82,7 @@ def threaded_sync(config: Any) -> bool:
     return bool(config.quorum or config.backup_workers or config.deadline != "none" or config.fleet)
 
 
-class SyncThreads:
+class SyncThreads(ServerThreads):
     """One threaded sync run of ``exp`` under a straggler policy or a crash (use once; see the
     module docstring).
 
@@ -149,11 +150,6 @@ class SyncThreads:
             threading.Thread(target=self._guarded, args=(f"r{r}", self._replica, r), daemon=True) for r in range(w)
         ]
         self.threads.append(threading.Thread(target=self._guarded, args=("server", self._serve), daemon=True))
-
-    # The threaded local rounds' lifecycle: a thread's body run under the control, and the stop.
-    _run_threads = LocalRoundsThreads._run_threads
-    _guarded = LocalRoundsThreads._guarded
-    _shutdown = LocalRoundsThreads._shutdown
 
     def run(self, metrics: MetricsLog) -> RunResult:
         """Trains sync's steps, or to the target accuracy; returns the server's last parameters.

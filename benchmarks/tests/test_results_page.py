@@ -384,20 +384,19 @@ def test_the_simulator_speed_tables_judge_every_round_against_the_target(raw_cop
     assert "| 1.10 [0.90, 1.20] | not settled |" in new and "after: M jobs/min" in new
 
 
-def test_the_fleets_table_fits_the_page_with_its_sources_once_its_review_is_closed(raw_copy, page):
-    fleets = _section(page, "Heterogeneous and unreliable fleets")
-    assert "withheld" in fleets  # the committed page: its review finding open
-    raws = re.findall(r"`bench_results/(fleets/[\w/-]+\.json)` \((S\d+)\)", fleets)
-    sources = page.split("## Sources")[1]
-    assert raws and all(f"| {key} | `{raw}` |" in sources for raw, key in raws)
-    path = raw_copy / make_results_page.FINDINGS
-    path.write_text(re.sub(r"^(\| 39 \|.*\| )open[^|]*\|", r"\1fixed |", path.read_text(), flags=re.MULTILINE))
-    opened = make_results_page.render(raw_copy)
-    assert len(opened.encode()) <= make_results_page.PAGE_LIMIT
-    table = _section(opened, "Heterogeneous and unreliable fleets")
+def test_the_fleets_table_fits_the_page_with_its_sources_and_is_withheld_while_its_review_is_open(raw_copy, page):
+    assert len(page.encode()) <= make_results_page.PAGE_LIMIT
+    table = _section(page, "Heterogeneous and unreliable fleets")  # the committed page: its review closed
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| algorithm")]
-    keys = ", ".join(key for _, key in raws)
-    assert "withheld" not in table and rows and all(line.endswith(f"| {keys} |") for line in rows)
+    assert "withheld" not in table and rows
+    keys = set(rows[0].rstrip(" |").rsplit("| ", 1)[1].split(", "))
+    sources = page.split("## Sources")[1]
+    cited = {key for key in keys if re.search(rf"^\| {key} \| `fleets/[\w/-]+\.json` \|", sources, re.MULTILINE)}
+    assert keys and cited == keys and all(line.endswith(f"| {', '.join(sorted(keys))} |") for line in rows)
+    path = raw_copy / make_results_page.FINDINGS
+    path.write_text(re.sub(r"^(\| 39 \|.*\| )fixed[^|]*\|", r"\1open |", path.read_text(), flags=re.MULTILINE))
+    withheld = _section(make_results_page.render(raw_copy), "Heterogeneous and unreliable fleets")
+    assert "withheld" in withheld and not [line for line in withheld.splitlines() if line.startswith("| ")]
 
 
 def test_the_page_makes_room_the_staleness_tables_and_the_accelerator_on_their_own_pages(pages, page):

@@ -41,10 +41,8 @@ behave as in ``runtime.async_local``. No checkpoint is written, and a resume is 
 
 from __future__ import annotations
 
-import collections
 import itertools
 import math
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -53,7 +51,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pdasgd_jax.affinity import resolve_host_cpus
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays.fleet import parse_fleet
 from pdasgd_jax.errors import ConfigError
@@ -65,15 +62,11 @@ from pdasgd_jax.runners.async_local import init_replica, make_local_phase, whole
 from pdasgd_jax.runners.async_local_fleet import fleet_summary, thread_fleet
 from pdasgd_jax.runners.averaging import outer_optimizer
 from pdasgd_jax.runners.result import RunResult
-from pdasgd_jax.runtime.control import Control
-from pdasgd_jax.runtime.feed import Gate
-from pdasgd_jax.runtime.lifecycle import POLL_S
 from pdasgd_jax.runtime.local_rounds_units import Inbox, Published, UnitEnd, Units, carried_over, landed_mean
 from pdasgd_jax.runtime.queue import BoundedQueue
-from pdasgd_jax.runtime.server_threads import ServerThreads
+from pdasgd_jax.runtime.server_threads import SHUT, ServerThreads
 
 PyTree = Any
-_OPEN, _SHUT = 1, 0  # the gate's limits: Gate.wait_for(0) passes while it is open
 
 
 def threaded_rounds(config: Any) -> bool:
@@ -113,7 +106,6 @@ class LocalRoundsThreads(ServerThreads):
         self.period = c.period
         self.rounds = math.ceil(exp.total_examples / (w * c.batch_size * c.period))
         self.quorum = c.quorum if c.quorum < w else 0
-        self.adaptive = c.deadline == "adaptive"
         self.unit_delay = unit_delay
         self.phase = make_local_phase(exp.model, exp.tx, whole_model=whole_model(exp))
         self.rule = AveragingRule(c.period, 0, "overwrite", outer_optimizer(c.outer_optimizer, c.outer_lr))
@@ -135,36 +127,13 @@ class LocalRoundsThreads(ServerThreads):
         self.units = Units(w, {}, unit_examples, crashed_now=self.inbox.wake, presence=self.fleet.presence)
         self.landed_opts = {0: [first.opt_states]}  # each average kept: its landed units' optimizer states
         self.slow_units = {r: [0, 0.0] for r in self.fleet.slowed}  # units in a slow window, seconds slept
-        self.deadline: Callable[[collections.deque, float], float] = lambda history, start: math.inf
-        self.history: collections.deque = collections.deque(maxlen=0)  # kept for the deadline only
-        if self.adaptive:
-            # Imported here: the clock's rule and constants, without loading the simulator otherwise.
-            from pdasgd_jax.simulate import straggler_policy
-
-            self.deadline = straggler_policy.adaptive_deadline
-            self.history = collections.deque(maxlen=straggler_policy.DEADLINE_WINDOW)
-            self.deadline_rule = {
-                "rule": "adaptive",
-                "mads": straggler_policy.DEADLINE_MADS,
-                "window": straggler_policy.DEADLINE_WINDOW,
-            }
         self.published = self.examples = self.late = self.merged_steps = 0
         # (j, A_j): the average a replica's unit landed in; None: stop (the run's last average is
         # out, or the replica's unit was dropped).
         self.replies: list[BoundedQueue[tuple[int, PyTree] | None]] = [BoundedQueue(1) for _ in range(w)]
-        self.gate = Gate(_OPEN)
-        self.control = Control(
-            [self.gate, self.inbox, *self.replies],
-            host_cpus=resolve_host_cpus(c.host_cpus, server.platform),
-            now=lambda: metrics.clock.elapsed,
-        )
-        self.busy = [0.0] * (w + 1)  # each replica's, then the server's
-        self.pause_at = metrics.next_eval
+        self._setup(exp, metrics, [self.inbox, *self.replies])
         self._programs: dict[tuple[int, int], Callable] = {}  # (device id, steps) -> phase
-        self.threads = [
-            threading.Thread(target=self._guarded, args=(f"r{r}", self._replica, r), daemon=True) for r in range(w)
-        ]
-        self.threads.append(threading.Thread(target=self._guarded, args=("server", self._serve), daemon=True))
+        self._make_threads(self._replica, self._serve)
 
     def device(self, replica: int) -> jax.Device:
         """Where ``replica`` runs: the run's devices in turn."""
@@ -359,41 +328,22 @@ class LocalRoundsThreads(ServerThreads):
         if last:
             self.units.finish()
         elif self.examples >= self.pause_at:  # shut before the replies: the replicas wait too
-            self.gate.open_until(_SHUT)
+            self.gate.open_until(SHUT)
         losses = jnp.stack([jax.device_put(u.losses, server) for u in landed]).mean(0)
         for u in landed:
             self.replies[u.replica].put(None if last else (j, average))
         self.control.job_finished(Published(j, losses, self.examples, *self.shown))
 
-    def _supervise(self, metrics: MetricsLog) -> None:
-        """Feeds the metrics log each average's losses, evaluates where the server paused and
-        lets it go on; returns after the last average, a stop due or every thread's exit."""
-        while True:
-            records, exited = self.control.wait(POLL_S)
-            self.control.raise_failure()
-            for record in records:
-                step = (record.average - 1) * self.period
-                for i in range(self.period):
-                    metrics.add_loss(step + i + 1, record.losses[i])
-                metrics.progress(record.examples)
-                if record.average == self.rounds:
-                    return
-                if record.examples < self.pause_at:
-                    continue
-                if metrics.eval_due(record.examples):
-                    metrics.evaluate(
-                        step=step + self.period, examples=record.examples, params=record.params, states=record.states
-                    )
-                if metrics.stop_due:
-                    return
-                self.pause_at = metrics.next_eval
-                self.gate.open_until(_OPEN)
-            if exited:
-                return
+    def _feed(self, metrics: MetricsLog, record: Published) -> tuple[int, bool]:
+        """A published average's ``H`` step losses into the metrics log."""
+        step = (record.average - 1) * self.period
+        for i in range(self.period):
+            metrics.add_loss(step + i + 1, record.losses[i])
+        return step + self.period, record.average == self.rounds
 
     def _extra(self, train_time: float, wall_start: float, examples: int) -> dict[str, Any]:
         """``RunResult.extra``: layout, utilisation, throughput and ``local_rounds``."""
-        c, total = self.exp.config, max(train_time, 1e-9)
+        c = self.exp.config
         counts = self.units.summary()
         departures, joins = self.units.presence(self.period)
         rounds: dict[str, Any] = {
@@ -416,21 +366,11 @@ class LocalRoundsThreads(ServerThreads):
             rounds.update(fleet_summary(departures, joins, c.batch_size))
         if self.slow_units:
             rounds["slowed"] = [{"replica": r, "units": n, "slept": t} for r, (n, t) in self.slow_units.items()]
-        workers = {f"r{r}": b / total for r, b in enumerate(self.busy[:-1])}
+        replica_devices = [str(self.device(r)) for r in range(self.num_replicas)]
         return {
-            "runtime": "threads",
-            "devices": len(self.devices),
-            "replicas": self.num_replicas,
-            "placement": "threads",
+            **self._runtime_extra(train_time, wall_start, examples, replica_devices),
             "effective_algorithm": "dasgd" if self.delay else "local",
             "delay_steps": self.delay or 0,
-            "device_kind": self.devices[0].device_kind,
-            "replica_devices": [str(self.device(r)) for r in range(self.num_replicas)],
-            "server_device": str(self.devices[0]),
-            "utilisation": {"workers": {**workers, "server": self.busy[-1] / total}},
-            "train_time": train_time,
-            "run_wall_time": time.perf_counter() - wall_start,
-            "throughput_examples_per_s": examples / total,
             "local_rounds": rounds,
         }
 

@@ -5,25 +5,114 @@ and re-raise a thread's failure with its traceback (``runtime.control.Control``)
 
 from __future__ import annotations
 
+import collections
+import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from pdasgd_jax.affinity import resolve_host_cpus
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.runtime.lifecycle import JOIN_TIMEOUT_S
+from pdasgd_jax.runtime.control import Control
+from pdasgd_jax.runtime.feed import Gate
+from pdasgd_jax.runtime.lifecycle import JOIN_TIMEOUT_S, POLL_S
 from pdasgd_jax.runtime.queue import QueueClosed
+
+OPEN, SHUT = 1, 0  # the gate's limits: Gate.wait_for(0) passes while it is open
 
 
 class ServerThreads:
-    """A run's ``threads`` under its ``control``; a subclass builds them and supervises the run
-    (``_supervise``)."""
+    """A run's replica threads and its server thread under one ``control``; a subclass builds
+    its own state, then calls ``_setup`` and ``_make_threads``, and says what each record the
+    server hands the supervisor means (``_feed``)."""
 
     threads: list[Any]
     control: Any
+    devices: tuple[Any, ...]
+    num_replicas: int
+
+    def _setup(self, exp: Any, metrics: MetricsLog, waiters: list[Any]) -> None:
+        """The parts every server run shares: ``--deadline adaptive``'s rule and history, the
+        gate the supervisor shuts around an evaluation, the ``control`` that wakes ``waiters``
+        (and the gate) on a stop, the busy times (each replica's, then the server's) and the
+        first evaluation's pause."""
+        c = exp.config
+        self.adaptive = c.deadline == "adaptive"
+        self.deadline: Callable[[collections.deque, float], float] = lambda history, start: math.inf
+        self.history: collections.deque = collections.deque(maxlen=0)  # kept for the deadline only
+        if self.adaptive:
+            # Imported here: the clock's rule and constants, without loading the simulator otherwise.
+            from pdasgd_jax.simulate import straggler_policy
+
+            self.deadline = straggler_policy.adaptive_deadline
+            self.history = collections.deque(maxlen=straggler_policy.DEADLINE_WINDOW)
+            self.deadline_rule = {
+                "rule": "adaptive",
+                "mads": straggler_policy.DEADLINE_MADS,
+                "window": straggler_policy.DEADLINE_WINDOW,
+            }
+        self.gate = Gate(OPEN)
+        self.control = Control(
+            [self.gate, *waiters],
+            host_cpus=resolve_host_cpus(c.host_cpus, self.devices[0].platform),
+            now=lambda: metrics.clock.elapsed,
+        )
+        self.busy = [0.0] * (self.num_replicas + 1)
+        self.pause_at = metrics.next_eval
+
+    def _make_threads(self, replica: Callable[[int], None], serve: Callable[[], None]) -> None:
+        """One guarded thread per replica running ``replica(r)``, and the server's."""
+        self.threads = [
+            threading.Thread(target=self._guarded, args=(f"r{r}", replica, r), daemon=True)
+            for r in range(self.num_replicas)
+        ]
+        self.threads.append(threading.Thread(target=self._guarded, args=("server", serve), daemon=True))
+
+    def _feed(self, metrics: MetricsLog, record: Any) -> tuple[int, bool]:
+        """Hands ``record``'s losses to the metrics log (the subclass's); returns the step it
+        ends at and whether it is the run's last."""
+        raise NotImplementedError
 
     def _supervise(self, metrics: MetricsLog) -> None:
-        """Feeds the metrics log and evaluates until the run's end (the subclass's)."""
-        raise NotImplementedError
+        """Feeds the metrics log each record's losses, evaluates where the server paused and
+        lets it go on; returns after the last record, a stop due or every thread's exit."""
+        while True:
+            records, exited = self.control.wait(POLL_S)
+            self.control.raise_failure()
+            for record in records:
+                step, last = self._feed(metrics, record)
+                metrics.progress(record.examples)
+                if last:
+                    return
+                if record.examples < self.pause_at:
+                    continue
+                if metrics.eval_due(record.examples):
+                    metrics.evaluate(step=step, examples=record.examples, params=record.params, states=record.states)
+                if metrics.stop_due:
+                    return
+                self.pause_at = metrics.next_eval
+                self.gate.open_until(OPEN)
+            if exited:
+                return
+
+    def _runtime_extra(self, train_time: float, wall_start: float, examples: int, replica_devices: list[str]) -> dict:
+        """``RunResult.extra``'s entries every server run reports: layout, utilisation, throughput."""
+        total = max(train_time, 1e-9)
+        workers = {f"r{r}": b / total for r, b in enumerate(self.busy[:-1])}
+        return {
+            "runtime": "threads",
+            "devices": len(self.devices),
+            "replicas": self.num_replicas,
+            "placement": "threads",
+            "device_kind": self.devices[0].device_kind,
+            "replica_devices": replica_devices,
+            "server_device": str(self.devices[0]),
+            "utilisation": {"workers": {**workers, "server": self.busy[-1] / total}},
+            "train_time": train_time,
+            "run_wall_time": time.perf_counter() - wall_start,
+            "throughput_examples_per_s": examples / total,
+        }
 
     def _run_threads(self, metrics: MetricsLog, what: str, compile_first: Callable[[], None]) -> tuple[float, float]:
         """Compiles (``compile_first``, off the training clock), starts every thread, supervises

@@ -32,17 +32,13 @@ checkpoint is written, and a resume is refused.
 
 from __future__ import annotations
 
-import collections
 import math
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from pdasgd_jax.affinity import resolve_host_cpus
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states
@@ -50,12 +46,9 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.async_local import crash_summary
 from pdasgd_jax.runners.async_local_fleet import crash_examples
 from pdasgd_jax.runners.result import RunResult
-from pdasgd_jax.runtime.control import Control
-from pdasgd_jax.runtime.feed import Gate
-from pdasgd_jax.runtime.lifecycle import POLL_S
 from pdasgd_jax.runtime.local_rounds_threads import check_local_rounds_threads
 from pdasgd_jax.runtime.local_rounds_units import Inbox
-from pdasgd_jax.runtime.server_threads import ServerThreads
+from pdasgd_jax.runtime.server_threads import SHUT, ServerThreads
 from pdasgd_jax.runtime.sync_gradients import (
     Board,
     Gradient,
@@ -67,7 +60,6 @@ from pdasgd_jax.runtime.sync_gradients import (
 )
 
 PyTree = Any
-_OPEN, _SHUT = 1, 0  # the gate's limits: Gate.wait_for(0) passes while it is open
 
 
 def threaded_sync(config: Any) -> bool:
@@ -108,7 +100,6 @@ class SyncThreads(ServerThreads):
         self.shard_size = c.batch_size // w
         quorum = c.quorum or (w - c.backup_workers if c.backup_workers else 0)
         self.quorum = quorum if quorum < w else 0
-        self.adaptive = c.deadline == "adaptive"
         self.step_delay = step_delay
         self.keyed = exp.model.draws_randomness
         server = self.devices[0]
@@ -121,35 +112,12 @@ class SyncThreads(ServerThreads):
         self.inbox = Inbox()
         self.book = Gradients(w, crash_examples(exp), self.shard_size, crashed_now=self.inbox.wake)
         self.board = Board(0, (self.ts.params, self.ts.states))
-        self.deadline: Callable[[collections.deque, float], float] = lambda history, start: math.inf
-        self.history: collections.deque = collections.deque(maxlen=0)  # kept for the deadline only
         self.arrivals: dict[int, list[tuple[float, float]]] = {}  # step -> its history entry
         self.starts: dict[int, float] = {}  # step -> when it was published (on the training clock)
-        if self.adaptive:
-            # Imported here: the clock's rule and constants, without loading the simulator otherwise.
-            from pdasgd_jax.simulate import straggler_policy
-
-            self.deadline = straggler_policy.adaptive_deadline
-            self.history = collections.deque(maxlen=straggler_policy.DEADLINE_WINDOW)
-            self.deadline_rule = {
-                "rule": "adaptive",
-                "mads": straggler_policy.DEADLINE_MADS,
-                "window": straggler_policy.DEADLINE_WINDOW,
-            }
         self.closed = self.examples = 0
         self.short_steps = 0  # steps closed with fewer gradients than replicas up
-        self.gate = Gate(_OPEN)
-        self.control = Control(
-            [self.gate, self.inbox, self.board],
-            host_cpus=resolve_host_cpus(c.host_cpus, server.platform),
-            now=lambda: metrics.clock.elapsed,
-        )
-        self.busy = [0.0] * (w + 1)  # each replica's, then the server's
-        self.pause_at = metrics.next_eval
-        self.threads = [
-            threading.Thread(target=self._guarded, args=(f"r{r}", self._replica, r), daemon=True) for r in range(w)
-        ]
-        self.threads.append(threading.Thread(target=self._guarded, args=("server", self._serve), daemon=True))
+        self._setup(exp, metrics, [self.inbox, self.board])
+        self._make_threads(self._replica, self._serve)
 
     def run(self, metrics: MetricsLog) -> RunResult:
         """Trains sync's steps, or to the target accuracy; returns the server's last parameters.
@@ -285,37 +253,18 @@ class SyncThreads(ServerThreads):
             self.board.end()
         else:
             if self.examples >= self.pause_at:  # shut before publishing: the replicas wait too
-                self.gate.open_until(_SHUT)
+                self.gate.open_until(SHUT)
             self.board.publish(self.closed, (self.ts.params, self.ts.states))
         self.control.job_finished(Stepped(self.closed, loss, self.examples, self.ts.params, self.ts.states))
 
-    def _supervise(self, metrics: MetricsLog) -> None:
-        """Feeds the metrics log each step's loss, evaluates where the server paused and lets it
-        go on; returns after the last step, a stop due or every thread's exit."""
-        while True:
-            records, exited = self.control.wait(POLL_S)
-            self.control.raise_failure()
-            for record in records:
-                metrics.add_loss(record.step, record.loss)
-                metrics.progress(record.examples)
-                if record.step == self.steps:
-                    return
-                if record.examples < self.pause_at:
-                    continue
-                if metrics.eval_due(record.examples):
-                    metrics.evaluate(
-                        step=record.step, examples=record.examples, params=record.params, states=record.states
-                    )
-                if metrics.stop_due:
-                    return
-                self.pause_at = metrics.next_eval
-                self.gate.open_until(_OPEN)
-            if exited:
-                return
+    def _feed(self, metrics: MetricsLog, record: Stepped) -> tuple[int, bool]:
+        """A closed step's loss into the metrics log."""
+        metrics.add_loss(record.step, record.loss)
+        return record.step, record.step == self.steps
 
     def _extra(self, train_time: float, wall_start: float) -> dict[str, Any]:
         """``RunResult.extra``: layout, utilisation, throughput and ``sync_threads``."""
-        c, total = self.exp.config, max(train_time, 1e-9)
+        c = self.exp.config
         report: dict[str, Any] = {
             "steps": self.closed,
             "steps_short": self.short_steps,
@@ -331,20 +280,9 @@ class SyncThreads(ServerThreads):
             report["fleet"] = c.fleet
         if self.book.crash_at:
             report["crashes"] = crash_summary(*self.book.crashes(1), self.shard_size)
-        workers = {f"r{r}": b / total for r, b in enumerate(self.busy[:-1])}
         return {
-            "runtime": "threads",
-            "devices": len(self.devices),
-            "replicas": self.num_replicas,
-            "placement": "threads",
+            **self._runtime_extra(train_time, wall_start, self.examples, [str(d) for d in self.devices]),
             "effective_algorithm": "sync",
-            "device_kind": self.devices[0].device_kind,
-            "replica_devices": [str(d) for d in self.devices],
-            "server_device": str(self.devices[0]),
-            "utilisation": {"workers": {**workers, "server": self.busy[-1] / total}},
-            "train_time": train_time,
-            "run_wall_time": time.perf_counter() - wall_start,
-            "throughput_examples_per_s": self.examples / total,
             "sync_threads": report,
         }
 

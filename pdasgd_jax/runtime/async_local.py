@@ -56,7 +56,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from pdasgd_jax import delays
-from pdasgd_jax.affinity import resolve_host_cpus
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.eventlog import ArrivalLogFile
@@ -78,15 +77,12 @@ from pdasgd_jax.runners.async_local import (
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.async_local_ledger import Ledger
 from pdasgd_jax.runtime.async_local_messages import Applied, Pulled, RoundEnd, arrival_line
-from pdasgd_jax.runtime.control import Control
-from pdasgd_jax.runtime.feed import Gate
-from pdasgd_jax.runtime.lifecycle import JOIN_TIMEOUT_S, POLL_S
-from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed
-
-_OPEN, _SHUT = 1, 0  # the gate's limits: Gate.wait_for(0) passes while it is open
+from pdasgd_jax.runtime.lifecycle import POLL_S
+from pdasgd_jax.runtime.queue import BoundedQueue
+from pdasgd_jax.runtime.server_threads import OPEN, SHUT, ServerThreads
 
 
-class AsyncLocalThreads:
+class AsyncLocalThreads(ServerThreads):
     """One threaded async-local run of ``exp`` (use once; see the module docstring).
 
     Args:
@@ -135,13 +131,7 @@ class AsyncLocalThreads:
         self.arrivals: BoundedQueue[RoundEnd] = BoundedQueue(self.num_replicas, producers=self.num_replicas)
         # None: the replica's round was dropped (it crashed), it stops.
         self.replies: list[BoundedQueue[Pulled | None]] = [BoundedQueue(1) for _ in range(self.num_replicas)]
-        self.gate = Gate(_OPEN)
-        self.control = Control(
-            [self.gate, self.arrivals, *self.replies],
-            host_cpus=resolve_host_cpus(config.host_cpus, self.devices[0].platform),
-            now=lambda: metrics.clock.elapsed,
-        )
-        self.busy = [0.0] * (self.num_replicas + 1)  # each replica's, then the server's
+        self._setup_control(exp, metrics, [self.arrivals, *self.replies])
         self._examples = 0  # examples of the arrivals applied (the server's count)
         self._lock = threading.Lock()
         self.ledger = Ledger(exp, init_replica(exp).opt_states)
@@ -151,11 +141,8 @@ class AsyncLocalThreads:
         self.pause_at = self._next_pause(metrics)  # examples at which the server pauses
         self.first_epochs = list(self.ledger.epoch)  # each replica's epoch as its thread starts
         self._programs: dict[tuple, Callable] = {}
-        self.threads = [
-            threading.Thread(target=self._guarded, args=(f"r{r}", self._replica, r), daemon=True)
-            for r in range(self.num_replicas)
-        ]
-        self.threads.append(threading.Thread(target=self._guarded, args=("server", self._serve), daemon=True))
+        self.steps_done = self.resumed_steps  # local steps applied, as the supervisor counts them
+        self._make_threads(self._replica, self._serve)
 
     def device(self, replica: int) -> jax.Device:
         """Where ``replica`` runs: the run's devices in turn."""
@@ -173,42 +160,13 @@ class AsyncLocalThreads:
           NonFiniteLossError: a training loss was NaN or infinite.
           KeyboardInterrupt: after every thread has stopped.
         """
-        with metrics.clock.paused():
-            self._compile_first_programs()
-        wall = time.perf_counter()
-        start = metrics.clock.elapsed
-        try:
-            for t in self.threads:
-                self.control.thread_started()
-                t.start()
-            steps = self._supervise(metrics)
-        except BaseException as exc:
-            stuck = self._shutdown()
-            if stuck:
-                exc.add_note(f"async-local threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
-            raise
-        train_time = metrics.clock.elapsed - start
-        stuck = self._shutdown()
-        self.control.raise_failure()
-        if stuck:
-            raise RuntimeError(f"async-local threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
+        train_time, wall = self._run_threads(metrics, "async-local", self._compile_first_programs)
+        steps = self.steps_done
         examples = steps * self.exp.config.batch_size
         server = jax.device_get(self.server)
         if not metrics.rows or metrics.rows[-1]["examples"] != examples:
             metrics.evaluate(step=steps, examples=examples, params=server.params, states=server.states)
         return RunResult(server.params, server.states, steps, examples, self._extra(train_time, wall, examples))
-
-    def _guarded(self, name: str, body: Callable[..., None], *args: Any) -> None:
-        """Runs a thread's ``body``: a stop ends it quietly, an exception stops the run."""
-        try:
-            self.control.thread_running(name)
-            body(*args)
-        except QueueClosed:
-            pass  # the run stopped
-        except BaseException as exc:  # reported to the supervisor, which re-raises it
-            self.control.fail(name, exc)
-        finally:
-            self.control.thread_exited()
 
     def _replica(self, r: int) -> None:
         try:
@@ -327,25 +285,25 @@ class AsyncLocalThreads:
             self.ledger.book(r, arrival.opt_states, arrival.steps)
             self._examples += arrival.steps * batch_size
             if self._examples >= self.pause_at:  # shut before the reply: the replica waits too
-                self.gate.open_until(_SHUT)
+                self.gate.open_until(SHUT)
             self.replies[r].put(self.pulled[r])
             self.report.arrived(r, staleness=staleness)
             control.job_finished(Applied(arrival.steps, arrival.losses, self.server.params, self.server.states))
 
-    def _supervise(self, metrics: MetricsLog) -> int:
+    def _supervise(self, metrics: MetricsLog) -> None:
         """Feeds the metrics log each arrival's losses, evaluates where the server paused and
-        lets it go on; returns the local steps applied when every thread is done or the run
-        should stop."""
-        steps, batch_size = self.resumed_steps, self.exp.config.batch_size
+        lets it go on (``steps_done``: the local steps applied); returns when every thread is done
+        or the run should stop."""
+        batch_size = self.exp.config.batch_size
         if metrics.stop_due:  # resumed from the checkpoint the run stopped at
-            return steps
+            return
         while True:
             records, exited = self.control.wait(POLL_S)
             self.control.raise_failure()
             for record in records:
                 for j in range(record.steps):
-                    metrics.add_loss(steps + j + 1, record.losses[j])
-                steps += record.steps
+                    metrics.add_loss(self.steps_done + j + 1, record.losses[j])
+                self.steps_done = steps = self.steps_done + record.steps
                 examples = steps * batch_size
                 metrics.progress(examples)
                 if examples < self.pause_at:
@@ -357,11 +315,11 @@ class AsyncLocalThreads:
                 if self.checkpointer is not None and self.checkpointer.due(examples, evaluated=evaluated):
                     self._save(metrics, steps, examples)
                 if metrics.stop_due:
-                    return steps
+                    return
                 self.pause_at = self._next_pause(metrics)
-                self.gate.open_until(_OPEN)
+                self.gate.open_until(OPEN)
             if exited:
-                return steps
+                return
 
     def _next_pause(self, metrics: MetricsLog) -> float:
         """The examples at which the server pauses next: an evaluation or a checkpoint due."""
@@ -388,32 +346,14 @@ class AsyncLocalThreads:
         """Every replica's first pull: the server's model now, at its version."""
         return [Pulled(self.server.params, self.server.states, self.applied)] * self.num_replicas
 
-    def _shutdown(self) -> list[str]:
-        """Stops and joins every thread; returns the names of those still alive after the timeout."""
-        self.control.stop()
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        started = [t for t in self.threads if t.ident is not None]
-        for t in started:
-            t.join(max(0.0, deadline - time.monotonic()))
-        return [t.name for t in started if t.is_alive()]
-
     def _extra(self, train_time: float, wall_start: float, examples: int) -> dict[str, Any]:
         """``RunResult.extra``: layout, staleness, utilisation, throughput and ``async_local``."""
         c = self.exp.config
         total = max(train_time, 1e-9)
-        workers = {f"r{r}": b / total for r, b in enumerate(self.busy[:-1])}
+        replica_devices = [str(self.device(r)) for r in range(self.num_replicas)]
         return {
-            "runtime": "threads",
-            "devices": len(self.devices),
-            "replicas": self.num_replicas,
-            "device_kind": self.devices[0].device_kind,
-            "replica_devices": [str(self.device(r)) for r in range(self.num_replicas)],
-            "server_device": str(self.devices[0]),
+            **self._runtime_extra(train_time, wall_start, examples, replica_devices),
             "staleness": self.report.staleness.summary(),
-            "utilisation": {"workers": {**workers, "server": self.busy[-1] / total}},
-            "train_time": train_time,
-            "run_wall_time": time.perf_counter() - wall_start,
-            "throughput_examples_per_s": examples / total,
             "delay": {"model": self.delay.name, "mean_s": self.delay.mean, "per": self.delay.per},
             "host_cpus": self.control.host_cpus and list(self.control.host_cpus),
             "async_local": {

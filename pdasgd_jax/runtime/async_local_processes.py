@@ -57,7 +57,7 @@ from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.async_local import AsyncLocalThreads
 from pdasgd_jax.runtime.async_local_channel import Channel
 from pdasgd_jax.runtime.async_local_messages import Pulled, RoundEnd
-from pdasgd_jax.runtime.lifecycle import JOIN_TIMEOUT_S, POLL_S
+from pdasgd_jax.runtime.lifecycle import POLL_S
 from pdasgd_jax.runtime.processes import run_keys, watched
 from pdasgd_jax.runtime.queue import QueueClosed
 
@@ -243,27 +243,20 @@ class ReplicaProcess(AsyncLocalThreads):
     def run(self, metrics: MetricsLog) -> RunResult:
         """Runs this process's replicas until process 0's final model is there; returns it."""
         with watched(self.keys, self.exp.config.peer_timeout):
-            with metrics.clock.paused():
-                self._compile_first_programs()
-            try:
-                for t in self.threads:
-                    self.control.thread_started()
-                    t.start()
-                while True:
-                    _, exited = self.control.wait(POLL_S)
-                    self.control.raise_failure()
-                    if exited or self.channel.has("final"):
-                        break
-            finally:
-                stuck = self._shutdown()
-            self.control.raise_failure()
-            if stuck:
-                raise RuntimeError(f"async-local threads still running {JOIN_TIMEOUT_S} s after the stop: {stuck}")
+            self._run_threads(metrics, "async-local", self._compile_first_programs)
             final, leaves = Channel(self.keys, lambda: False).receive("final", keep=True)
         params, states = _model(leaves, (self.server.params, self.server.states))
         if not metrics.rows or metrics.rows[-1]["examples"] != final["examples"]:
             metrics.evaluate(step=final["step"], examples=final["examples"], params=params, states=states)
         return RunResult(params, states, final["step"], final["examples"], final["extra"])
+
+    def _supervise(self, metrics: MetricsLog) -> None:
+        """Waits until this process's threads are done or process 0's final model is there."""
+        while True:
+            _, exited = self.control.wait(POLL_S)
+            self.control.raise_failure()
+            if exited or self.channel.has("final"):
+                return
 
     def _feed(self, mine: Sequence[int]) -> None:
         """Reads this process's takes in the order process 0 numbered them and hands each

@@ -334,7 +334,7 @@ class LocalRoundsThreads(ServerThreads):
             self.replies[u.replica].put(None if last else (j, average))
         self.control.job_finished(Published(j, losses, self.examples, *self.shown))
 
-    def _feed(self, metrics: MetricsLog, record: Published) -> tuple[int, bool]:
+    def _log_record(self, metrics: MetricsLog, record: Published) -> tuple[int, bool]:
         """A published average's ``H`` step losses into the metrics log."""
         step = (record.average - 1) * self.period
         for i in range(self.period):

@@ -25,7 +25,7 @@ OPEN, SHUT = 1, 0  # the gate's limits: Gate.wait_for(0) passes while it is open
 class ServerThreads:
     """A run's replica threads and its server thread under one ``control``; a subclass builds
     its own state, then calls ``_setup`` and ``_make_threads``, and says what each record the
-    server hands the supervisor means (``_feed``)."""
+    server hands the supervisor means (``_log_record``)."""
 
     threads: list[Any]
     control: Any
@@ -33,12 +33,9 @@ class ServerThreads:
     num_replicas: int
 
     def _setup(self, exp: Any, metrics: MetricsLog, waiters: list[Any]) -> None:
-        """The parts every server run shares: ``--deadline adaptive``'s rule and history, the
-        gate the supervisor shuts around an evaluation, the ``control`` that wakes ``waiters``
-        (and the gate) on a stop, the busy times (each replica's, then the server's) and the
-        first evaluation's pause."""
-        c = exp.config
-        self.adaptive = c.deadline == "adaptive"
+        """The parts every server run with a synchronous close shares: ``--deadline adaptive``'s
+        rule and history, then ``_setup_control``."""
+        self.adaptive = exp.config.deadline == "adaptive"
         self.deadline: Callable[[collections.deque, float], float] = lambda history, start: math.inf
         self.history: collections.deque = collections.deque(maxlen=0)  # kept for the deadline only
         if self.adaptive:
@@ -52,14 +49,20 @@ class ServerThreads:
                 "mads": straggler_policy.DEADLINE_MADS,
                 "window": straggler_policy.DEADLINE_WINDOW,
             }
+        self._setup_control(exp, metrics, waiters)
+        self.pause_at = metrics.next_eval
+
+    def _setup_control(self, exp: Any, metrics: MetricsLog, waiters: list[Any]) -> None:
+        """The gate the supervisor shuts around an evaluation, the ``control`` that wakes
+        ``waiters`` (and the gate) on a stop, on the training clock, and the busy times (each
+        replica's, then the server's)."""
         self.gate = Gate(OPEN)
         self.control = Control(
             [self.gate, *waiters],
-            host_cpus=resolve_host_cpus(c.host_cpus, self.devices[0].platform),
+            host_cpus=resolve_host_cpus(exp.config.host_cpus, self.devices[0].platform),
             now=lambda: metrics.clock.elapsed,
         )
         self.busy = [0.0] * (self.num_replicas + 1)
-        self.pause_at = metrics.next_eval
 
     def _make_threads(self, replica: Callable[[int], None], serve: Callable[[], None]) -> None:
         """One guarded thread per replica running ``replica(r)``, and the server's."""
@@ -69,7 +72,7 @@ class ServerThreads:
         ]
         self.threads.append(threading.Thread(target=self._guarded, args=("server", serve), daemon=True))
 
-    def _feed(self, metrics: MetricsLog, record: Any) -> tuple[int, bool]:
+    def _log_record(self, metrics: MetricsLog, record: Any) -> tuple[int, bool]:
         """Hands ``record``'s losses to the metrics log (the subclass's); returns the step it
         ends at and whether it is the run's last."""
         raise NotImplementedError
@@ -81,7 +84,7 @@ class ServerThreads:
             records, exited = self.control.wait(POLL_S)
             self.control.raise_failure()
             for record in records:
-                step, last = self._feed(metrics, record)
+                step, last = self._log_record(metrics, record)
                 metrics.progress(record.examples)
                 if last:
                     return

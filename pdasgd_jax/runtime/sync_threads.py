@@ -257,7 +257,7 @@ class SyncThreads(ServerThreads):
             self.board.publish(self.closed, (self.ts.params, self.ts.states))
         self.control.job_finished(Stepped(self.closed, loss, self.examples, self.ts.params, self.ts.states))
 
-    def _feed(self, metrics: MetricsLog, record: Stepped) -> tuple[int, bool]:
+    def _log_record(self, metrics: MetricsLog, record: Stepped) -> tuple[int, bool]:
         """A closed step's loss into the metrics log."""
         metrics.add_loss(record.step, record.loss)
         return record.step, record.step == self.steps

@@ -48,10 +48,33 @@ suggestion, outer rate 0.7 as in the guide, not tuned), DyLU, and both; replicat
 (``delays``' default H = 4, d = 2, not tuned) and LPP-SGD as ``delays`` runs them (three
 threads per device). Async-local runs on W + 1 devices: one server applies every arrival serially, never
 fails and its link is not shared; its inner rate is the row's tuned rate, not scaled with W
-(``ROW_NOTES``). Each row's rate is tuned on ``TUNING_SEEDS``
-(``delays.tuning.tune``, the grid widened while its best sits on an edge) and then run on
-``SEEDS``, which alone are reported. A row whose config ``Config.validate`` refuses is recorded
-with the refusal's message and runs as soon as the path takes it.
+(``ROW_NOTES``).
+
+**Threads per device** (``threads``): LPP-SGD and replicated PD-ASGD run ``THREADS_PER_DEVICE``
+(PD-ASGD's F + B), every other row one. Sync keeps one: a synchronous step's threads would only
+split its batch. The other averaging rows (local SGD, DaSGD, async-local, each with its
+variants) would get a three-thread variant tuned beside their own, as ``delays`` gives ASGD
+``asgd-3t``, but their clocks give each replica a device of its own: local SGD's and DaSGD's
+(``simulate/fleet_rounds.py``, every run here has a fleet) run each replica on its own timeline
+and the layout refuses more replicas than devices on the simulator (at run time, not in
+``Config.validate``), async-local's clock refuses them in ``Config.validate``. Three replicas per
+device is not expressible there without a simulator that shares a device between them, and 3W
+devices would triple their compute, so these rows run one thread; a harness test pins the
+refusal, so the variant is added when the simulator takes it.
+
+**Fleet events hit devices.** Every row's ``--fleet`` names devices 0..W-1 and its churn is
+drawn for W of them (``numpy.random.default_rng([seed, W])``), the same draw in every row: sync
+indexes devices; local SGD, DaSGD and async-local index replicas and run one replica per device
+(async-local's server is device W, outside the fleet); LPP-SGD and replicated PD-ASGD run on the
+event-driven clock, which indexes devices (``exp.layout.devices``), stretches every kernel a
+slowed device runs, whichever of its threads runs it, and takes all its threads and its store
+out on a leave or crash. The straggler ``slow:{W-1}x3@0-1`` thus slows the last device, all its
+threads (a harness test checks it).
+
+Each row's rate is tuned on ``TUNING_SEEDS`` (``delays.tuning.tune``, the grid widened while its
+best sits on an edge) and then run on ``SEEDS``, which alone are reported. A row whose config
+``Config.validate`` refuses is recorded with the refusal's message and runs as soon as the path
+takes it.
 
 Budget (``EPOCHS_BY_W``): twice the epochs at W = 64, where the slowest rows reach the target
 near the end of ``delays``' 30 epochs, so no row's target lies past about half the budget.

@@ -208,7 +208,8 @@ class Arrival(NamedTuple):
       version: the server version it produced (``seq + 1``).
       fragment: the streaming fragment it sends (0: the whole model, with one fragment).
       pulled_fragment: the fragment whose pull the stretch started from (``-1``: none, the
-        replica's first stretch; with one fragment, ``0`` after its first round).
+        replica's first stretch; with one fragment, ``0`` after its first round; ``-2``: the
+        whole model, a joiner's pull with several fragments).
       opens: ``H_r`` if the stretch opens a round of the replica, else 0.
       time: the run's clock when it was applied (virtual seconds on the clock).
     """

@@ -136,19 +136,13 @@ def _no_step_policy(config: Any, given: list[str]) -> None:
 
 
 def _check_async_local_clock(config: Any, given: list[str]) -> None:
-    """``--algo async-local --simulate``: every event, each on a replica (a join with one
-    fragment); ``--quorum`` and ``--deadline`` have no step to act on."""
+    """``--algo async-local --simulate``: every event, each on a replica, with every
+    ``--fragments`` (a joiner pulls the whole model); ``--quorum`` and ``--deadline`` have no
+    step to act on."""
     _no_step_policy(config, given)
     from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
 
-    replicas = config.replicas or config.devices or 1
-    _, presence = parse_fleet(config.fleet).events(replicas)
-    joins = [f"join:{e.device}@{e.at:g}" for e in presence if e.kind == "join"]
-    if joins and config.fragments > 1:
-        raise ValueError(
-            f"--fleet {config.fleet}: a replica that joins pulls the whole model, which --fragments "
-            f"{config.fragments}'s streamed exchanges do not do yet: drop {', '.join(joins)} or use --fragments 1"
-        )
+    parse_fleet(config.fleet).events(config.replicas or config.devices or 1)
 
 
 def _check_async_local(config: Any, given: list[str]) -> None:

@@ -235,9 +235,9 @@ def test_a_clock_run_with_a_fleet_resumes_bitwise(tmp_path, monkeypatch):
     assert resumed["async_local"]["departures"] == whole["async_local"]["departures"]
 
 
-def test_a_join_with_streamed_fragments_is_refused_by_name():
-    with pytest.raises(ConfigError, match=r"join:1@0\.5.*--fragments 1"):
-        Config(**ASYNC_LOCAL, fragments=2, fleet="leave:1@0.2,join:1@0.5").validate()
+def test_a_join_with_streamed_fragments_is_taken():
+    # A joiner pulls the whole model (tests/test_async_local_fragments_fleet.py).
+    assert Config(**ASYNC_LOCAL, fragments=2, fleet="leave:1@0.2,join:1@0.5").validate().fragments == 2
 
 
 def _in_pull_order(schedule):

@@ -19,7 +19,10 @@ Checkpoints (``--checkpoint-every``, or at evaluations) are taken after an arriv
 ``--fleet`` (``runners.async_local_fleet.fleet_timeline``) plans the schedule again with its
 slow windows, leaves, crashes and joins; a dropped round is never computed, so a replica that
 joins again starts from the server's model with the inner optimizer state of its last round
-the server applied (its initial one if none).
+the server applied (its initial one if none). With ``--fragments K > 1`` a joiner pulls every
+fragment at once (``async_local_clock.WHOLE_MODEL``) and opens a new round; a departure drops
+the one stretch its replica has in flight, which the summary's ``dropped_rounds`` counts
+(``dropped_per``: ``"stretch"``; the round's earlier stretches stay applied).
 
 Not yet: several processes (refused before any work: ``runners.async_local.check_run``).
 """
@@ -39,6 +42,7 @@ import jax
 from pdasgd_jax import calibration
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import CommModel, TimingModel, tree_nbytes
+from pdasgd_jax.delays.fleet import FleetSpec, FleetTimeline
 from pdasgd_jax.eventlog import Arrival, ArrivalLogFile
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState
@@ -160,7 +164,6 @@ def run_async_local_simulated(
         metrics.evaluate(
             step=run.steps, examples=examples, params=server.params, states=server.states, virtual_time=run.now
         )
-    dropped = [(rnd.replica, rnd.steps, by) for rnd, by in zip(schedule.dropped, schedule.dropped_by, strict=True)]
     target = config.target_accuracy
     at_target = next((r for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None)
     utilisation = _utilisation(schedule, run)
@@ -184,7 +187,7 @@ def run_async_local_simulated(
                 "busy": utilisation["workers"]["server"],
             },
             **run.report.summary(),
-            **({} if fleet is None else departure_summary(*fleet, dropped, config.batch_size)),
+            **({} if fleet is None else _departures(exp, schedule, *fleet)),
         },
     }
     return RunResult(run.server.params, run.server.states, run.steps, examples, extra)
@@ -317,6 +320,15 @@ def replay_arrivals(exp: Experiment, arrivals: Sequence[Arrival]) -> AsyncLocalR
         run.server.params  # the run's final_variables, bitwise
     """
     return simulate_rounds(exp, None, schedule_of(arrivals, exp.layout.replicas))
+
+
+def _departures(exp: Experiment, schedule: Schedule, timeline: FleetTimeline, spec: FleetSpec) -> dict[str, Any]:
+    """What the summary says of the fleet's events; with K > 1 fragments a departure's
+    ``dropped_rounds`` counts the stretch in flight it dropped (``dropped_per``), at most one
+    per departure since a replica's stretches go one at a time."""
+    dropped = [(rnd.replica, rnd.steps, by) for rnd, by in zip(schedule.dropped, schedule.dropped_by, strict=True)]
+    out = departure_summary(timeline, spec, dropped, exp.config.batch_size)
+    return out if len(schedule.fragment_bytes) == 1 else {**out, "dropped_per": "stretch"}
 
 
 def _peak(schedule: Schedule, run: AsyncLocalRun) -> int:

@@ -51,7 +51,12 @@ its pull in flight is void. One that joins at ``t`` pulls the server's model at 
 updates that ended by then, one transfer of the model) and starts a round from it; when its last
 arrival reached the server before its departure but is still queued there at ``t``, the pull
 waits until that arrival is applied, so a replica never has two rounds in flight and each of its
-rounds starts from a model that holds its previous one.
+rounds starts from a model that holds its previous one. With K fragments the rule is the same: a
+replica has at most one stretch in flight (each waits for the previous one's pull), so once the
+last stretch that reached the server is applied the joiner pulls every fragment at once, priced
+as one transfer of the whole model's bytes as with one fragment (its ``Round.pulled``:
+``WHOLE_MODEL``), and opens a new round from it: the rest of the round its departure cut is
+never run, and its fragment offsets ``floor(p H_r / K)`` count from the join.
 """
 
 from __future__ import annotations
@@ -69,6 +74,9 @@ from pdasgd_jax.runners.async_local import deal, dylu_steps
 # server, a replica pulls, replicas start rounds.
 _DEPART, _JOIN, _END, _ARRIVE, _PULL, _START = range(-2, 4)
 _DEPARTURES = ("leave", "crash")
+# ``Round.pulled`` of a joiner's first stretch with K > 1 fragments: it pulled every fragment
+# (with one fragment every pull is of the whole model, ``0``).
+WHOLE_MODEL = -2
 
 
 class Round(NamedTuple):
@@ -85,7 +93,8 @@ class Round(NamedTuple):
       order: server updates applied before its own (its arrival's place in the server's order).
       compute: its device's busy time (the steps' compute, without host time or idle time).
       fragment: the streaming fragment it sends (0: the whole model, with one fragment).
-      pulled: the fragment whose pull it started from (``-1``: none, the replica's first).
+      pulled: the fragment whose pull it started from (``-1``: none, the replica's first;
+        ``WHOLE_MODEL``: every fragment, a joiner's first with K > 1).
       opens: ``H_r`` if it opens a round of the replica (always, with one fragment), else 0.
     """
 
@@ -164,8 +173,7 @@ def plan_rounds(
       seed: the delay streams' seed.
       fragment_nbytes: each streaming fragment's bytes (``None``: one, the whole model of
         ``model_nbytes``); a fragment's transfers and server update cost its share.
-      fleet: the fleet's events in virtual seconds (None: every replica, at full speed); a
-        join needs one fragment.
+      fleet: the fleet's events in virtual seconds (None: every replica, at full speed).
       spec: the parsed specification ``fleet`` was built from (its leaves, crashes and joins).
 
     Returns:
@@ -208,8 +216,6 @@ def plan_rounds(
     departed: list[list[tuple[str, float]]] = [[] for _ in range(num_replicas)]  # per epoch ended
     if fleet is not None and spec is not None:
         for e in spec.events(num_replicas)[1]:
-            if e.kind == "join" and k > 1:
-                raise ValueError(f"--fleet join:{e.device}@{e.at:g} needs one fragment, not {k}")
             departure = _DEPARTURES.index(e.kind) if e.kind in _DEPARTURES else -1
             events.append((e.at * fleet.horizon, _JOIN if e.kind == "join" else _DEPART, e.device, departure, 0))
     heapq.heapify(events)
@@ -248,10 +254,15 @@ def plan_rounds(
             heapq.heappush(events, (server_free, _PULL, r, i, e))
         elif kind == _PULL:
             pulled[r] = bisect.bisect_right(ends, t)
-            p = rounds[i].fragment if i >= 0 else 0  # a joiner pulls the whole model
-            last[r] = p
-            network.append((t, t + transfers[p], sizes[p]))
-            heapq.heappush(events, (t + transfers[p], _START, r, -1, e))
+            if i >= 0:
+                p = last[r] = rounds[i].fragment
+                took, nbytes = transfers[p], sizes[p]
+            else:  # a joiner pulls the whole model and opens a new round from it
+                last[r] = 0 if k == 1 else WHOLE_MODEL
+                took, nbytes = transfer, model_nbytes
+                ahead[r], flush[r] = [], None
+            network.append((t, t + took, nbytes))
+            heapq.heappush(events, (t + took, _START, r, -1, e))
         else:
             group = [r]
             while events and events[0][0] == t and events[0][1] == _START:

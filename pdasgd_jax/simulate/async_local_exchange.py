@@ -13,6 +13,7 @@ from typing import Any
 
 from pdasgd_jax.kernels import TrainState
 from pdasgd_jax.runners.async_local import ServerState
+from pdasgd_jax.simulate.async_local_clock import WHOLE_MODEL
 
 
 class Exchange:
@@ -36,9 +37,10 @@ class Exchange:
         self, server: ServerState, replica: TrainState, start: tuple[Any, Any], fragment: int
     ) -> tuple[TrainState, tuple[Any, Any]]:
         """The state a replica's stretch starts from and the ``(params, states)`` it measures its
-        pseudo-gradients from: the server's model (the whole model's exchange), or the
-        replica's own with ``fragment``'s stages pulled (``-1``: none, its first stretch)."""
-        if self._whole:
+        pseudo-gradients from: the server's model (the whole model's exchange, or a joiner's
+        pull of every fragment: ``WHOLE_MODEL``), or the replica's own with ``fragment``'s
+        stages pulled (``-1``: none, its first stretch)."""
+        if self._whole or fragment == WHOLE_MODEL:
             return TrainState(server.params, server.states, replica.opt_states), (server.params, server.states)
         if fragment < 0:
             return replica, start

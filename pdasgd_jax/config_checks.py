@@ -270,10 +270,11 @@ def _check_async_local(config: Any) -> None:
             f"--device-concurrency {config.device_concurrency}: on async-local's clock every device runs one "
             "program at a time (a replica its own steps, the server one arrival after another); drop the flag"
         )
-    if config.simulate and config.devices and config.replicas and config.devices != config.replicas:
+    if config.simulate and config.devices and config.replicas > config.devices and config.replicas % config.devices:
         raise ValueError(
-            f"the simulator gives each of the {config.replicas} async-local replicas a device of its own "
-            f"(and the server one more); drop --devices {config.devices} or set it to {config.replicas}"
+            f"--replicas {config.replicas} cannot be spread evenly over --devices {config.devices}: the simulator "
+            f"places async-local's replicas round-robin (replica r on device r mod {config.devices}); use a multiple "
+            f"of {config.devices} replicas"
         )
 
 

@@ -136,13 +136,13 @@ def _no_step_policy(config: Any, given: list[str]) -> None:
 
 
 def _check_async_local_clock(config: Any, given: list[str]) -> None:
-    """``--algo async-local --simulate``: every event, each on a replica, with every
-    ``--fragments`` (a joiner pulls the whole model); ``--quorum`` and ``--deadline`` have no
-    step to act on."""
+    """``--algo async-local --simulate``: every event, each on a device and every replica on it,
+    with every ``--fragments`` (a joiner pulls the whole model); ``--quorum`` and ``--deadline``
+    have no step to act on."""
     _no_step_policy(config, given)
     from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
 
-    parse_fleet(config.fleet).events(config.replicas or config.devices or 1)
+    parse_fleet(config.fleet).events(config.devices or config.replicas or 1)
 
 
 def _check_async_local(config: Any, given: list[str]) -> None:

@@ -261,7 +261,7 @@ def test_the_registry_runs_async_local_on_threads_and_on_the_clock():
         (dict(algo="async-local", lr_schedule="cosine"), "constant"),
         (dict(algo="async-local", simulate=True, numerics="compiled"), "compiled program"),
         (dict(algo="async-local", simulate=True, device_concurrency="1,1.5"), "one program"),
-        (dict(algo="async-local", simulate=True, replicas=4, devices=2), "device of its own"),
+        (dict(algo="async-local", simulate=True, replicas=6, devices=4), "spread evenly over --devices 4"),
         (dict(algo="async-local", local_steps="sometimes"), "fixed, dynamic"),
     ],
 )

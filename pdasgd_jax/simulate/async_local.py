@@ -16,8 +16,10 @@ clock or of the threads, with the same programs, and lands on the run's model bi
 Checkpoints (``--checkpoint-every``, or at evaluations) are taken after an arrival
 (``async_local_checkpoints.Progress``): a resume plans the schedule again with the run's
 ``timing.json`` and continues from the next arrival, bitwise equal to the uninterrupted run.
-``--fleet`` (``runners.async_local_fleet.fleet_timeline``) plans the schedule again with its
-slow windows, leaves, crashes and joins; a dropped round is never computed, so a replica that
+``--fleet`` (``async_local_fleet.device_fleet``, over the ``--devices`` D) plans the
+schedule again with its slow windows, leaves, crashes and joins, each on a device and every
+replica on it (with ``--replicas`` a multiple of D, replica ``r`` runs on device ``r mod D``:
+``async_local_clock``); a dropped round is never computed, so a replica that
 joins again starts from the server's model with the inner optimizer state of its last round
 the server applied (its initial one if none). With ``--fragments K > 1`` a joiner pulls every
 fragment at once (``async_local_clock.WHOLE_MODEL``) and opens a new round; a departure drops
@@ -42,7 +44,6 @@ import jax
 from pdasgd_jax import calibration
 from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.delays import CommModel, TimingModel, tree_nbytes
-from pdasgd_jax.delays.fleet import FleetSpec, FleetTimeline
 from pdasgd_jax.eventlog import Arrival, ArrivalLogFile
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState
@@ -60,13 +61,13 @@ from pdasgd_jax.runners.async_local import (
     run_stream,
     whole_model,
 )
-from pdasgd_jax.runners.async_local_fleet import departure_summary, fleet_timeline
 from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.async_local_checkpoints import Progress
 from pdasgd_jax.simulate.async_local_clock import Schedule, plan_rounds
 from pdasgd_jax.simulate.async_local_eventlog import arrival_line, schedule_of
 from pdasgd_jax.simulate.async_local_exchange import Exchange
+from pdasgd_jax.simulate.async_local_fleet import departures, device_fleet
 from pdasgd_jax.simulate.averaging_clock import peak_in_flight
 from pdasgd_jax.simulate.configured_timing import configured_timing
 
@@ -101,7 +102,8 @@ def run_async_local_simulated(
     """Runs ``--algo async-local`` on the virtual clock with the real kernels.
 
     Args:
-      exp: the experiment (``--replicas`` W, each on a simulated device of its own).
+      exp: the experiment (``--replicas`` W on ``--devices`` D simulated devices, W a multiple
+        of D, replica ``r`` on device ``r mod D``; the server on one more).
       metrics: the run's metrics log; every row carries its ``virtual_time``.
       checkpointer: saves the run's progress after an arrival when due (every
         ``--checkpoint-every`` examples, or at evaluations); a run with a checkpoint continues
@@ -143,6 +145,7 @@ def run_async_local_simulated(
         timing,
         exp.delay_model(timing.step_compute_time()),
         num_replicas=exp.layout.replicas,
+        num_devices=exp.layout.devices,
         period=config.period,
         dynamic=config.local_steps == "dynamic",
         batch_size=config.batch_size,
@@ -152,7 +155,7 @@ def run_async_local_simulated(
         fragment_nbytes=None if config.fragments == 1 else tuple(fragment_nbytes(exp)),
     )
     schedule = plan()
-    fleet = fleet_timeline(exp, max((rnd.applied for rnd in schedule.rounds), default=0.0))
+    fleet = device_fleet(exp, max((rnd.applied for rnd in schedule.rounds), default=0.0))
     if fleet is not None:
         schedule = plan(fleet=fleet[0], spec=fleet[1])
     path = exp.event_log_path
@@ -166,7 +169,7 @@ def run_async_local_simulated(
         )
     target = config.target_accuracy
     at_target = next((r for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None)
-    utilisation = _utilisation(schedule, run)
+    utilisation = _utilisation(schedule, run, exp.layout.devices)
     extra = {
         "simulated": True,
         "devices": exp.layout.devices,
@@ -187,7 +190,7 @@ def run_async_local_simulated(
                 "busy": utilisation["workers"]["server"],
             },
             **run.report.summary(),
-            **({} if fleet is None else _departures(exp, schedule, *fleet)),
+            **({} if fleet is None else departures(exp, schedule, *fleet)),
         },
     }
     return RunResult(run.server.params, run.server.states, run.steps, examples, extra)
@@ -322,15 +325,6 @@ def replay_arrivals(exp: Experiment, arrivals: Sequence[Arrival]) -> AsyncLocalR
     return simulate_rounds(exp, None, schedule_of(arrivals, exp.layout.replicas))
 
 
-def _departures(exp: Experiment, schedule: Schedule, timeline: FleetTimeline, spec: FleetSpec) -> dict[str, Any]:
-    """What the summary says of the fleet's events; with K > 1 fragments a departure's
-    ``dropped_rounds`` counts the stretch in flight it dropped (``dropped_per``), at most one
-    per departure since a replica's stretches go one at a time."""
-    dropped = [(rnd.replica, rnd.steps, by) for rnd, by in zip(schedule.dropped, schedule.dropped_by, strict=True)]
-    out = departure_summary(timeline, spec, dropped, exp.config.batch_size)
-    return out if len(schedule.fragment_bytes) == 1 else {**out, "dropped_per": "stretch"}
-
-
 def _peak(schedule: Schedule, run: AsyncLocalRun) -> int:
     """The most bytes in flight on the network at once, up to the last arrival applied."""
     return peak_in_flight([t for t in schedule.network if t[0] <= run.now])
@@ -364,9 +358,9 @@ def _settings(exp: Experiment) -> dict[str, Any]:
     }
 
 
-def _utilisation(schedule: Schedule, run: AsyncLocalRun) -> dict[str, Any]:
-    """Each replica's device and the server's busy fraction of the virtual time, over the
-    rounds whose arrivals were applied."""
+def _utilisation(schedule: Schedule, run: AsyncLocalRun, devices: int) -> dict[str, Any]:
+    """Each replica's and the server's busy fraction of the virtual time, over the rounds whose
+    arrivals were applied, and each device's (the sum of its replicas'; then the server's)."""
     total = max(run.now, 1e-30)
     busy = [0.0] * len(run.replicas)
     for i in schedule.arrivals[: run.applied]:
@@ -378,4 +372,7 @@ def _utilisation(schedule: Schedule, run: AsyncLocalRun) -> dict[str, Any]:
     else:
         server = run.applied * schedule.apply_cost / total
     workers = {f"r{r}": b / total for r, b in enumerate(busy)}
-    return {"workers": {**workers, "server": server}, "devices": [*workers.values(), server]}
+    per_device = list(workers.values())
+    if devices != len(busy):
+        per_device = [sum(busy[d::devices]) / total for d in range(devices)]
+    return {"workers": {**workers, "server": server}, "devices": [*per_device, server]}

@@ -6,31 +6,42 @@ arrivals, the model each round pulls and the rounds' lengths ``H_r``, so the who
 is computed first (``plan_rounds``) and the local phases then run as compiled programs
 (``simulate.async_local``). The rules:
 
-* Replica ``r`` runs on device ``r`` (its speed factor, ``--straggler-devices``' slow-down
-  included): each local step costs ``host_step + train_step_time(r)`` plus the injected idle
-  time the delay model draws for it (``DelayModel.idle_time``, from the replica's stream
-  ``rng_for(seed, "step-delays", r)``, local SGD's).
+* Replica ``r`` runs on device ``d = r mod D`` of ``D`` (``num_devices``; ``W`` a multiple of it,
+  placed round-robin as the threaded runtime places them; ``D = W``: a device each), at that
+  device's speed factor (``--straggler-devices``' slow-down included): each local step costs
+  ``host_step + train_step_time(d)`` plus the injected idle time the delay model draws for it
+  (``DelayModel.idle_time``, from the replica's stream ``rng_for(seed, "step-delays", r)``,
+  local SGD's).
+* A device runs one local phase at a time: a replica's stretch of steps, host and injected idle
+  time included (the clock interleaves them with the steps, so the phase holds the device
+  whole), starts when its pull is in and its device is free. A device's stretches run first
+  come, first served in the order they became ready (ties: replica id), so its busy time is
+  the sum of its replicas' phases; a stretch of no steps runs nothing and waits for nothing.
 * Its pseudo-gradient reaches the server one transfer of the model's bytes later
-  (``CommModel.transfer_time``); the server, a device of its own (device ``W``, factor 1
-  unless the timing lists one), applies the arrivals one at a time in arrival order (ties:
-  replica id), each costing ``TimingModel.update_all_time``: every stage's optimizer step as
-  one program, the closest calibrated program to the server's step (an elementwise outer
-  optimizer step over the whole model).
+  (``CommModel.transfer_time``) over its device's link, which the device's replicas share: a
+  link carries one transfer (push or pull) at a time, first come, first served (ties: pushes
+  before pulls, then replica id), so a transfer may wait for the link. The server, a device of
+  its own (device ``D``, factor 1 unless the timing lists one; its side of the network is not
+  modelled: a transfer waits for its device's link alone), applies the arrivals one at a time in
+  arrival order (ties: replica id), each costing ``TimingModel.update_all_time``: every stage's
+  optimizer step as one program, the closest calibrated program to the server's step (an
+  elementwise outer optimizer step over the whole model).
 * Right after its arrival is applied the server sends the replica its model, one transfer
-  more; the replica's next round starts when it has it. A pull at time ``t`` reads the model
+  more (the model as it is when the pull is sent, however long it waits for the link); the
+  replica's next round is ready when it has it. A pull at time ``t`` reads the model
   after every update that ends at or before ``t``: its own arrival's, the ones before it,
   and those of other arrivals at the same instant that a free server applies at once. So
   equally fast replicas with a free server and network all pull the model after every
   arrival of their instant, as local SGD's workers all start from one average.
-* Replicas that start at the same instant start as one, in replica order: they start only if
+* Replicas ready at the same instant start as one, in replica order: they start only if
   the batches handed out so far fall short of the budget, and take their batches dealt step
   by step (``runners.async_local.deal``). A replica that does not start is done; every
   round started is applied.
 * ``--local-steps dynamic``: ``H_r`` from the speeds measured when each round's steps end
-  (steps over the round's duration, its injected idle time included); a replica's first
-  round runs ``H``.
+  (steps over the round's duration from when it was ready, its injected idle time and its
+  wait for a device shared with other replicas included); a replica's first round runs ``H``.
 
-All replicas start at time 0 from the initial model (no pull), as local SGD's workers do.
+All replicas are ready at time 0 with the initial model (no pull), as local SGD's workers are.
 
 With streaming fragments (``fragment_nbytes``: K of them, algorithms.md §4) a round of ``H_r``
 steps is cut at ``floor(p H_r / K)``, ``p = 1 .. K - 1``: the replica exchanges fragment ``p``
@@ -42,13 +53,15 @@ its round), and DyLU measures a replica's speed over its whole round. A replica 
 budget handed out) first sends every other fragment, with no steps between, so that no local
 step it took is left off the server's model.
 
-Under ``--fleet`` (``fleet``: its ``FleetTimeline``; algorithms.md §5a) a slow window stretches
-the compute of each local step it overlaps (``FleetTimeline.elapsed``; the host time and the
-idle draw are not), so DyLU measures the slower speed. A replica that leaves or crashes at
-``t`` does nothing from ``t`` on: a stretch of its whose arrival has not reached the server by
-then is dropped with its batches (local SGD's rule: a unit that has not landed is dropped), and
-its pull in flight is void. One that joins at ``t`` pulls the server's model at ``t`` (the
-updates that ended by then, one transfer of the model) and starts a round from it; when its last
+Under ``--fleet`` (``fleet``: its ``FleetTimeline`` over the ``D`` devices; algorithms.md §5a) an
+event's index is a device and applies to every replica on it. A slow window stretches the
+compute of each local step it overlaps (``FleetTimeline.elapsed``; the host time and the idle
+draw are not), so DyLU measures the slower speed. A replica that leaves or crashes at ``t``
+(its device does) does nothing from ``t`` on: a stretch of its whose arrival has not reached the
+server by then is dropped with its batches (local SGD's rule: a unit that has not landed is
+dropped), and its pull in flight is void (the device's queue and link are emptied). One that
+joins at ``t`` pulls the server's model at ``t`` (the updates that ended by then, one transfer
+of the model over its device's link) and starts a round from it; when its last
 arrival reached the server before its departure but is still queued there at ``t``, the pull
 waits until that arrival is applied, so a replica never has two rounds in flight and each of its
 rounds starts from a model that holds its previous one. With K fragments the rule is the same: a
@@ -86,7 +99,7 @@ class Round(NamedTuple):
       replica: ``r``.
       steps: its local steps ``H_r``.
       positions: the stream positions of its batches, one per step.
-      start: when its first step starts (its pull received).
+      start: when its first step starts (its pull received and its device free).
       end: when its last step ends.
       applied: when the server finished applying its pseudo-gradient.
       pull_version: server updates applied before the model it started from was read.
@@ -149,6 +162,7 @@ def plan_rounds(
     delays: DelayModel,
     *,
     num_replicas: int,
+    num_devices: int | None = None,
     period: int,
     dynamic: bool,
     batch_size: int,
@@ -165,6 +179,7 @@ def plan_rounds(
       timing: the clock's costs (stragglers applied: ``configured_timing``).
       delays: injected idle time per local step.
       num_replicas: ``W``.
+      num_devices: ``D``, the replicas' devices (``W`` a multiple of it; None: ``W``, one each).
       period: ``H``.
       dynamic: ``--local-steps dynamic`` (DyLU).
       batch_size: examples per local step.
@@ -173,11 +188,15 @@ def plan_rounds(
       seed: the delay streams' seed.
       fragment_nbytes: each streaming fragment's bytes (``None``: one, the whole model of
         ``model_nbytes``); a fragment's transfers and server update cost its share.
-      fleet: the fleet's events in virtual seconds (None: every replica, at full speed).
+      fleet: the fleet's events in virtual seconds, over the ``D`` devices (None: every device
+        present, at full speed).
       spec: the parsed specification ``fleet`` was built from (its leaves, crashes and joins).
 
     Returns:
       The ``Schedule``.
+
+    Raises:
+      ValueError: ``num_devices`` is not a divisor of ``num_replicas`` of at least 1.
 
     Examples:
         >>> timing = TimingModel(forward=(1.0,), backward=(1.0,), update=(0.0,), update_all=0.0)
@@ -186,8 +205,14 @@ def plan_rounds(
         >>> [(r.replica, r.start, r.staleness) for r in s.rounds]
         [(0, 0.0, 0), (1, 0.0, 1), (0, 4.0, 0), (1, 4.0, 1)]
     """
+    devices = num_replicas if num_devices is None else num_devices
+    if not (1 <= devices <= num_replicas and num_replicas % devices == 0):
+        raise ValueError(
+            f"async-local's clock places its {num_replicas} replicas round-robin on {devices} devices: "
+            f"use a divisor of {num_replicas} devices"
+        )
     transfer = timing.comm.transfer_time(model_nbytes)
-    apply_cost = timing.update_all_time(num_replicas)
+    apply_cost = timing.update_all_time(devices)
     sizes = (model_nbytes,) if fragment_nbytes is None else tuple(fragment_nbytes)
     k = len(sizes)
     total = sum(sizes)
@@ -200,7 +225,9 @@ def plan_rounds(
     last = [-1] * num_replicas  # the fragment each replica exchanged last
     flush: list[list[int] | None] = [None] * num_replicas  # the fragments a done replica has still to send
     rngs = [rng_for(seed, "step-delays", r) for r in range(num_replicas)]
-    compute = [timing.train_step_time(r) for r in range(num_replicas)]
+    compute = [timing.train_step_time(r % devices) for r in range(num_replicas)]
+    # When each device's last phase and its link's last transfer end: one at a time on each.
+    device_free, link_free = [0.0] * devices, [0.0] * devices
     host = timing.host_step
     rounds: list[Round] = []
     arrivals: list[int] = []
@@ -215,7 +242,7 @@ def plan_rounds(
     events = [(0.0, _START, r, -1, 0) for r in range(num_replicas)]
     departed: list[list[tuple[str, float]]] = [[] for _ in range(num_replicas)]  # per epoch ended
     if fleet is not None and spec is not None:
-        for e in spec.events(num_replicas)[1]:
+        for e in spec.events(devices)[1]:
             departure = _DEPARTURES.index(e.kind) if e.kind in _DEPARTURES else -1
             events.append((e.at * fleet.horizon, _JOIN if e.kind == "join" else _DEPART, e.device, departure, 0))
     heapq.heapify(events)
@@ -225,25 +252,27 @@ def plan_rounds(
     dropped: list[tuple[int, tuple[str, float]]] = []
     while events:
         t, kind, r, i, e = heapq.heappop(events)
-        if kind == _DEPART:
-            departed[r].append((_DEPARTURES[i], t))
-            epoch[r] += 1
+        if kind == _DEPART:  # ``r`` is a device: every replica on it departs, its queue and link empty
+            device_free[r] = link_free[r] = t
+            for g in range(r, num_replicas, devices):
+                departed[g].append((_DEPARTURES[i], t))
+                epoch[g] += 1
             continue
-        if kind == _JOIN:  # it pulls the server's model now (after its own arrival), as after an arrival
-            heapq.heappush(events, (max(t, queued[r]), _PULL, r, -1, epoch[r]))
+        if kind == _JOIN:  # each of the device's replicas pulls the server's model now, as after an arrival
+            for g in range(r, num_replicas, devices):
+                heapq.heappush(events, (max(t, queued[g]), _PULL, g, -1, epoch[g]))
             continue
+        d = r % devices
         if e != epoch[r]:  # its replica departed since
             if kind in (_END, _ARRIVE):
                 dropped.append((i, departed[r][e]))
             continue
         if kind == _END:
             p = rounds[i].fragment
-            if not ahead[r]:  # the round's last stretch: its speed is known
-                rnd = rounds[i]
-                steps, began = (rnd.steps, rnd.start) if k == 1 else (round_steps[r], opened[r])
-                speeds[r] = steps / max(t - began, 1e-300)
-            network.append((t, t + transfers[p], sizes[p]))
-            heapq.heappush(events, (t + transfers[p], _ARRIVE, r, i, e))
+            if not ahead[r]:  # the round's last stretch: its speed is known, from when it was ready
+                speeds[r] = round_steps[r] / max(t - opened[r], 1e-300)
+            sent = _send(link_free, d, t, transfers[p], sizes[p], network)
+            heapq.heappush(events, (sent, _ARRIVE, r, i, e))
         elif kind == _ARRIVE:
             begin = max(t, server_free)
             server_free = begin + apply_costs[rounds[i].fragment]
@@ -261,8 +290,7 @@ def plan_rounds(
                 last[r] = 0 if k == 1 else WHOLE_MODEL
                 took, nbytes = transfer, model_nbytes
                 ahead[r], flush[r] = [], None
-            network.append((t, t + took, nbytes))
-            heapq.heappush(events, (t + took, _START, r, -1, e))
+            heapq.heappush(events, (_send(link_free, d, t, took, nbytes, network), _START, r, -1, e))
         else:
             group = [r]
             while events and events[0][0] == t and events[0][1] == _START:
@@ -288,14 +316,18 @@ def plan_rounds(
             stretch = [ahead[r].pop(0) for r in group]
             steps = [n for n, _ in stretch]
             for j, (r, (n, p), positions) in enumerate(zip(group, stretch, deal(handed, steps))):
+                d = r % devices
+                begin = max(t, device_free[d]) if n else t
                 costs, busy = [], []
                 for _ in range(n):
-                    c = compute[r] if fleet is None else fleet.elapsed(r, t + sum(costs) + host, compute[r])
+                    c = compute[r] if fleet is None else fleet.elapsed(d, begin + sum(costs) + host, compute[r])
                     costs.append(host + c + delays.idle_time(rngs[r], compute[r]))
                     busy.append(c)
-                end = t + sum(costs)
+                end = begin + sum(costs)
+                if n:
+                    device_free[d] = end
                 work = n * compute[r] if fleet is None else sum(busy)
-                rnd = Round(r, n, tuple(positions), t, end, float("nan"), pulled[r], -1, work, p, last[r], opens[j])
+                rnd = Round(r, n, tuple(positions), begin, end, float("nan"), pulled[r], -1, work, p, last[r], opens[j])
                 rounds.append(rnd)
                 heapq.heappush(events, (end, _END, r, len(rounds) - 1, epoch[r]))
             handed += sum(steps)
@@ -336,6 +368,17 @@ def stretches(steps: int, fragments: int) -> list[tuple[int, int]]:
     cuts = [p * steps // fragments for p in range(1, fragments)] + [steps]
     starts = [0, *cuts[:-1]]
     return [(end - start, p % fragments) for p, (start, end) in enumerate(zip(starts, cuts), start=1)]
+
+
+def _send(
+    link_free: list[float], device: int, t: float, took: float, nbytes: int, network: list[tuple[float, float, int]]
+) -> float:
+    """A transfer of ``nbytes`` over ``device``'s link asked for at ``t``: it starts when the
+    link is free, is recorded in ``network`` and holds the link until it ends; returns its end."""
+    start = max(t, link_free[device])
+    link_free[device] = end = start + took
+    network.append((start, end, nbytes))
+    return end
 
 
 def _steps(replica: int, speeds: dict[int, float], period: int, dynamic: bool) -> int:

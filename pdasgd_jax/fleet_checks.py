@@ -23,10 +23,10 @@ def _fleet_events(config: Any, devices: int) -> None:
         parse_fleet(config.fleet).events(devices)
 
 
-def _quorum_within(config: Any, devices: int) -> None:
+def _quorum_within(config: Any, members: int, what: str = "device") -> None:
     k = config.quorum
-    if k > devices:
-        raise ValueError(f"--quorum {k} exceeds the run's {devices} device(s): use 1..{devices}, or 0 for all")
+    if k > members:
+        raise ValueError(f"--quorum {k} exceeds the run's {members} {what}(s): use 1..{members}, or 0 for all")
 
 
 def _check_sync_clock(config: Any, given: list[str]) -> None:
@@ -48,11 +48,19 @@ def _one_step_quorum(config: Any) -> None:
 
 
 def _check_local_clock(config: Any, given: list[str]) -> None:
-    """Simulated local SGD: every event, ``--quorum`` and ``--deadline``, every ``--fragments``
-    (each fragment's average closed by the same rules)."""
-    devices = config.replicas or config.devices or 1
+    """Simulated local SGD: every event (on a device: every replica on it), ``--quorum`` (of the
+    replicas) and ``--deadline``, every ``--fragments`` (each fragment's average closed by the
+    same rules) with a device per replica, one with several replicas per device."""
+    replicas = config.replicas or config.devices or 1
+    devices = config.devices or replicas
     _fleet_events(config, devices)
-    _quorum_within(config, devices)
+    _quorum_within(config, replicas, "replica" if devices < replicas else "device")
+    if config.fragments > 1 and devices < replicas:
+        raise ValueError(
+            f"{', '.join(given)}: --fragments {config.fragments} with {replicas // devices} replicas per device "
+            f"(--replicas {replicas} --devices {devices}) is not implemented; use --fragments 1, or --devices "
+            f"{replicas}"
+        )
 
 
 def _check_local_threads(config: Any, given: list[str]) -> None:

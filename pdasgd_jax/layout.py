@@ -14,6 +14,8 @@ One rule per algorithm, resolved once per experiment, before any work:
   round-robin; none may be left without one (``R >= D``), and ``local``/``dasgd``/``lpp``
   spread them evenly (``R`` a multiple of ``D``: lpp runs ``R / D`` threads per device
   replica; so does ``--replication replicas``), refusing rather than silently running on fewer.
+  The simulator's ``local``/``dasgd`` clock runs a device's replicas one program at a time, so
+  it refuses ``--device-concurrency`` there when ``R > D``.
 
 ``--straggler-devices N`` must leave a device at full speed: ``N < D``.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pdasgd_jax.config import Config
+from pdasgd_jax.config_checks import device_concurrency_curve
 from pdasgd_jax.errors import ConfigError
 
 # Algorithms whose replicas must spread evenly over the devices.
@@ -91,17 +94,25 @@ def _resolve(config: Config, available: int) -> Layout:
             f"--replicas {replicas} on --devices {devices} leaves {devices - replicas} device(s) "
             f"idle; use at most {replicas} devices"
         )
-    if config.simulate and algo in ("local", "dasgd") and devices != replicas:
-        raise ConfigError(
-            f"the simulator gives each of the {replicas} local/dasgd replicas a device of its own; "
-            f"drop --devices {devices} or set it to {replicas}"
-        )
     if (algo in EVEN_SPREAD or config.replication == "replicas") and replicas % devices:
         raise ConfigError(
             f"--replicas {replicas} cannot be spread evenly over {devices} devices; use a multiple of "
             f"{devices} replicas or a --devices that divides {replicas}"
         )
+    if config.simulate and algo in ("local", "dasgd") and devices != replicas:
+        _check_shared_devices(config, devices, replicas)
     return Layout(devices, replicas)
+
+
+def _check_shared_devices(config: Config, devices: int, replicas: int) -> None:
+    """Simulated ``local``/``dasgd`` with several replicas per device: its clock runs a device's
+    replicas one after another (algorithms.md §4), so it takes no concurrency curve."""
+    if device_concurrency_curve(config.device_concurrency) != (1.0,):
+        raise ConfigError(
+            f"--device-concurrency {config.device_concurrency}: the local/dasgd clock runs the "
+            f"{replicas // devices} replicas of each of --devices {devices} one program at a time; drop the flag "
+            f"or set --devices {replicas}"
+        )
 
 
 def _fits(devices: int, available: int, config: Config) -> None:

@@ -76,7 +76,11 @@ BAD_FLAGS = [
     (["--algo", "sync", "--devices", "100"], "--devices 100 exceeds the 8 device(s) this run has", None),
     (["--algo", "pdasgd", "--simulate", "--replicas", "2", "--devices", "3"], "leaves 1 device(s) idle", None),
     (["--algo", "dasgd", "--replicas", "3", "--devices", "2"], "cannot be spread evenly over 2 devices", None),
-    (["--algo", "local", "--simulate", "--replicas", "4", "--devices", "2"], "a device of its own", None),
+    (
+        ["--algo", "local", "--simulate", "--replicas", "4", "--devices", "2", "--device-concurrency", "1,1.5"],
+        "the local/dasgd clock runs the 2 replicas of each of --devices 2 one program at a time",
+        None,
+    ),
     (["--algo", "pdasgd", "--workers", "2"], "--workers is ambiguous for --algo pdasgd", None),
     (["--algo", "asgd", "--workers", "2", "--replicas", "3"], "--workers 2 and --replicas 3 disagree", None),
     (["--devices", "-1"], "--devices -1 must be >= 0", None),

@@ -13,6 +13,11 @@ all-reduce is charged on its own (its bytes, at its offset) and the summary repo
 program's own, ``eager``'s carries included (``optim.AveragingRule``), so a simulated run
 trains exactly the model a real one does.
 
+With ``--devices D`` below ``--replicas R`` (``R`` a multiple of ``D``) the replicas share the
+devices round-robin: each device runs its replicas' steps and averaging work one after another
+and the all-reduce spans the ``D`` devices (``averaging_clock``); the arithmetic is the same
+round program's, whatever the placement. The summary then reports ``replicas_per_device``.
+
 ``local`` and ``dasgd`` under ``--fleet``, ``--quorum K`` or ``--deadline adaptive`` run
 ``simulate.fleet_rounds.run_local_rounds`` instead (algorithms.md §5a); with an empty fleet and
 a quorum of every replica (or none) the run is the round program's, to the last bit.
@@ -22,6 +27,8 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+import numpy as np
 
 from pdasgd_jax import spmd
 from pdasgd_jax.checkpoint import RunCheckpointer
@@ -33,7 +40,14 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary, run_rounds
 from pdasgd_jax.runners.result import RunResult
-from pdasgd_jax.simulate.averaging_clock import Fragment, averaging_schedule, averaging_work, peak_in_flight
+from pdasgd_jax.simulate.averaging_clock import (
+    Fragment,
+    averaging_schedule,
+    averaging_work,
+    on_devices,
+    peak_in_flight,
+    placement,
+)
 from pdasgd_jax.simulate.fleet_rounds import run_local_rounds
 from pdasgd_jax.simulate.sync import VirtualTimeMetrics, busy_fractions, fresh_updates
 
@@ -46,11 +60,13 @@ def run_averaging(
     delay: DelayModel,
     num_workers: int,
 ) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
-    """Runs ``local`` or ``dasgd`` with ``num_workers`` simulated workers of ``--batch-size`` each.
+    """Runs ``local`` or ``dasgd`` with ``num_workers`` simulated workers of ``--batch-size`` each,
+    on ``exp.layout.devices`` simulated devices (worker ``w`` on device ``w % devices``).
 
     Returns ``(RunResult, virtual_time, utilisation, staleness)`` like the other simulated runners.
     """
     config = exp.config
+    devices = exp.layout.devices
     if straggling(config, num_workers):
         return run_local_rounds(exp, metrics, checkpointer, timing, delay, num_workers)
     delay_steps = config.averaging_delay
@@ -66,6 +82,7 @@ def run_averaging(
         model_nbytes=sum(f.nbytes for f in fragments),
         seed=config.seed,
         fragments=fragments,
+        devices=devices,
     )
     ends = schedule.ends
     # The real round program, placed wherever it runs fastest here (the devices are virtual).
@@ -74,20 +91,19 @@ def run_averaging(
     )
     now = float(ends[result.step - 1])
     # Every round (one per H steps) also runs each fragment's mean program and merge on each worker's device.
-    work = [averaging_work(timing, num_workers, f.stages, f.share) for f in fragments]
+    work = [averaging_work(timing, num_workers, f.stages, f.share, devices) for f in fragments]
     average, merge = sum(a for a, _ in work), sum(m for _, m in work)
     rounds_run = math.ceil(result.step / config.period)
-    busy = [
-        b + rounds_run * (a + m) / now
-        for b, a, m in zip(busy_fractions(timing, result.step, now, num_workers), average, merge)
-    ]
+    steps_busy = busy_fractions(timing, result.step, now, devices)  # a worker computes at its device's speed
+    busy = [steps_busy[w % devices] + rounds_run * (a + m) / now for w, (a, m) in enumerate(zip(average, merge))]
     result.extra["average_delay_steps"] = delay_steps
     sent = [t for t in schedule.transfers if t[0] <= now]
     result.extra.update(network_summary([f.nbytes for f in fragments], peak_in_flight(sent)))
+    result.extra.update(placement(num_workers, devices))
     return (
         result,
         now,
-        {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy},
+        {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": on_devices(np.array(busy), devices).tolist()},
         fresh_updates(len(exp.variables.params), result.step * num_workers),
     )  # every worker updates each step
 

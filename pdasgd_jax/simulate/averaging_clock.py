@@ -22,6 +22,16 @@ worker runs per step, scaled by its speed factor) plus injected idle time. Then:
   the all-reduce, no wait at all, but the mean's and the merge's device work always
   lengthen the round: only communication can be hidden.
 
+With ``R = k D`` replicas on ``D`` devices (``devices``; replica ``r`` on device ``r % D``, as the
+threaded runtime places them) the clock runs per device, not per replica: a device runs one
+program at a time, so each step it runs its ``k`` replicas' steps one after another (its clock
+advances by the sum of their costs, each at the device's speed factor with the replica's own
+injected idle time), and likewise their averaging work. The replicas of a device reduce
+locally first, priced as that device work (each replica's share of the mean's program and its
+merge, summed on the device; nothing more), and the all-reduce runs across the ``D`` devices,
+priced on ``D`` (the ring's cost depends on the devices it spans). ``k = 1`` is the clock above,
+to the last bit.
+
 The SPMD round program (``local_rounds.make_round``) runs the ``pmean`` of the snapshot and the merge
 inside the round's one compiled program, so they are device work in the step stream without
 launches of their own: a calibration times exactly that arithmetic on one worker's device
@@ -40,13 +50,17 @@ import numpy as np
 from pdasgd_jax.delays import DelayModel, TimingModel, rng_for
 
 
-def _step_costs(timing: TimingModel, delays: DelayModel, num_workers: int, steps: int, seed: int) -> np.ndarray:
+def _step_costs(
+    timing: TimingModel, delays: DelayModel, num_workers: int, steps: int, seed: int, devices: int | None = None
+) -> np.ndarray:
     """``(steps, workers)`` durations: the host's batch transfer (``host_step``), compute at
-    each worker's speed, and its injected idle time."""
+    the speed of each worker's device (worker ``w`` on device ``w % devices``; None: a device
+    each), and its injected idle time from its own stream."""
+    devices = devices or num_workers
     costs = np.empty((steps, num_workers))
     for w in range(num_workers):
         rng = rng_for(seed, "step-delays", w)
-        compute = timing.train_step_time(w)
+        compute = timing.train_step_time(w % devices)
         costs[:, w] = [timing.host_step + compute + delays.idle_time(rng, compute) for _ in range(steps)]
     return costs
 
@@ -199,6 +213,7 @@ def averaging_schedule(
     model_nbytes: int,
     seed: int,
     fragments: Sequence[Fragment] | None = None,
+    devices: int | None = None,
 ) -> AveragingSchedule:
     """When each local step of ``local``/``dasgd`` ends, and the all-reduces on the network.
 
@@ -214,19 +229,26 @@ def averaging_schedule(
       fragments: streaming fragments (``None``: the whole model, one fragment at offset 0):
         fragment ``p``'s snapshot is taken at steps ``t`` with ``t % H == offset``, its
         all-reduce of ``nbytes`` is charged on its own, and it merges ``d`` steps later.
+      devices: ``D``, the devices the ``W`` workers share round-robin (``W`` a multiple of
+        ``D``; None: ``W``, a device each): each device runs its workers' steps and averaging
+        work one after another, and the all-reduce spans the ``D`` devices.
 
     Returns:
       The ``AveragingSchedule``.
     """
     if not 0 <= delay <= period:
         raise ValueError(f"delay {delay} must be in [0, period={period}]")
+    devices = _devices(num_workers, devices)
     if fragments is None:
         fragments = [Fragment(0, (0, timing.num_stages), model_nbytes)]
-    costs = _step_costs(timing, delays, num_workers, steps, seed)
-    allreduce = [timing.comm.allreduce_time(f.nbytes, num_workers) for f in fragments]
-    work = [averaging_work(timing, num_workers, f.stages, f.share) for f in fragments]
+    costs = on_devices(_step_costs(timing, delays, num_workers, steps, seed, devices), devices)
+    allreduce = [timing.comm.allreduce_time(f.nbytes, devices) for f in fragments]
+    work = [
+        tuple(on_devices(w, devices) for w in averaging_work(timing, num_workers, f.stages, f.share, devices))
+        for f in fragments
+    ]
     snapshot_first = delay == 0
-    clock = np.zeros(num_workers)
+    clock = np.zeros(devices)
     ends = np.empty(steps)
     average_done: list[float | None] = [None] * len(fragments)
     transfers: list[tuple[float, float, int]] = []
@@ -267,6 +289,7 @@ def averaging_step_end_times(
     model_nbytes: int,
     seed: int,
     fragments: Sequence[Fragment] | None = None,
+    devices: int | None = None,
 ) -> np.ndarray:
     """Virtual time at which each local step of ``local``/``dasgd`` ends (the slowest worker's):
     ``averaging_schedule``'s ``ends``.
@@ -276,6 +299,7 @@ def averaging_step_end_times(
       delay: ``d``, steps between a snapshot and its merge (``0 <= d <= H``).
       model_nbytes: bytes all-reduced per average (parameters and non-trainable state).
       fragments: streaming fragments, as ``averaging_schedule``'s.
+      devices: the devices the workers share, as ``averaging_schedule``'s.
     """
     return averaging_schedule(
         timing,
@@ -287,22 +311,79 @@ def averaging_step_end_times(
         model_nbytes=model_nbytes,
         seed=seed,
         fragments=fragments,
+        devices=devices,
     ).ends
 
 
 def averaging_work(
-    timing: TimingModel, num_workers: int, stages: tuple[int, int] | None = None, share: float = 1.0
+    timing: TimingModel,
+    num_workers: int,
+    stages: tuple[int, int] | None = None,
+    share: float = 1.0,
+    devices: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per worker, the device seconds a round of ``local``/``dasgd`` charges at its snapshot step
     and at its merge step: the calibrated in-program averaging (``round_average``: the mean and
     the merge as the round program computes them) all at the merge, or else the threaded
     runtime's programs, the mean's (``average``) at the snapshot and every stage's merge then.
     A streaming fragment charges its ``stages``' merges and its ``share`` of the whole-model
-    programs (default: every stage, all of it)."""
-    workers = range(num_workers)
+    programs (default: every stage, all of it). Each worker's work runs at the speed of its
+    device, ``w % devices`` (None: a device each); a device running several workers runs all
+    their work (``on_devices`` sums it), which prices the local reduce of its workers."""
+    devices = devices or num_workers
+    workers = [w % devices for w in range(num_workers)]
     lo, hi = (0, timing.num_stages) if stages is None else stages
     if timing.round_average is not None:
         return np.zeros(num_workers), np.array([timing.round_average_time(w) * share for w in workers])
     average = np.array([timing.average_time(w) * share for w in workers])
     merge = np.array([sum(timing.merge_time(m, w) for m in range(lo, hi)) for w in workers])
     return average, merge
+
+
+def on_devices(per_worker: np.ndarray, devices: int) -> np.ndarray:
+    """Per-worker seconds summed per device, worker ``w`` on device ``w % devices``: what each
+    device runs, one program after another.
+
+    Args:
+      per_worker: seconds, the last axis over the ``W`` workers (``W`` a multiple of ``devices``).
+      devices: ``D``.
+
+    Returns:
+      The sums, the last axis over the ``D`` devices; with one worker per device, the values
+      themselves.
+
+    Examples:
+        >>> on_devices(np.array([1.0, 2.0, 3.0, 4.0]), 2).tolist()
+        [4.0, 6.0]
+    """
+    *lead, workers = per_worker.shape
+    return per_worker.reshape(*lead, workers // devices, devices).sum(axis=-2)
+
+
+def placement(num_workers: int, devices: int) -> dict[str, int]:
+    """What a run's summary says of its replicas' placement.
+
+    Args:
+      num_workers: ``R`` replicas.
+      devices: ``D`` devices they share.
+
+    Returns:
+      ``{"replicas_per_device": R / D}`` where they share devices; nothing with a device each
+      (such a run's summary stays as it was).
+
+    Examples:
+        >>> placement(6, 2), placement(4, 4)
+        ({'replicas_per_device': 3}, {})
+    """
+    return {"replicas_per_device": num_workers // devices} if num_workers > devices else {}
+
+
+def _devices(num_workers: int, devices: int | None) -> int:
+    """``devices`` (None: ``num_workers``), checked to spread the workers evenly."""
+    devices = devices or num_workers
+    if devices < 1 or num_workers % devices:
+        raise ValueError(
+            f"{num_workers} workers cannot share {devices} devices evenly: use a number of devices that divides "
+            f"{num_workers}"
+        )
+    return devices

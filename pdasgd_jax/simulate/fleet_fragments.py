@@ -68,7 +68,7 @@ def plan_fragment_rounds(
         fragments=frags, work=[averaging_work(timing, num_workers, f.stages, f.share) for f in frags]
     )
     plain = fragment_rounds_schedule(timing, delay, **args)
-    fleet = fleet_timeline(exp, num_workers, plain.averages[-1].end)
+    fleet = fleet_timeline(exp, plain.averages[-1].end)
     if fleet is None:
         return plain, None, frags
     nbytes = state_nbytes(exp)

@@ -32,16 +32,18 @@ def policy_args(exp: Experiment, num_workers: int) -> dict[str, Any]:
     )
 
 
-def fleet_timeline(exp: Experiment, num_workers: int, horizon: float) -> dict[str, Any] | None:
+def fleet_timeline(exp: Experiment, horizon: float) -> dict[str, Any] | None:
     """``--fleet``'s events (checked before any step) as the schedule's ``fleet`` and ``spec``
-    arguments, positions over ``--fleet-horizon`` or else ``horizon`` (the run's length
-    without events); None without events."""
+    arguments, indexed by the run's ``exp.layout.devices`` devices (each event hits every
+    replica on its device), positions over ``--fleet-horizon`` or else ``horizon`` (the run's
+    length without events); None without events."""
     config = exp.config
+    devices = exp.layout.devices
     spec = parse_fleet(config.fleet)
-    spec.events(num_workers)  # a FleetError names a bad token, before any step
+    spec.events(devices)  # a FleetError names a bad token, before any step
     if spec.empty:
         return None
-    return dict(fleet=FleetTimeline(spec, num_workers, config.fleet_horizon or horizon), spec=spec)
+    return dict(fleet=FleetTimeline(spec, devices, config.fleet_horizon or horizon), spec=spec)
 
 
 def state_nbytes(exp: Experiment) -> int:

@@ -4,6 +4,11 @@ and lands it in the average ``straggler_policy.local_rounds_schedule`` says (DaS
 on from their snapshots and merge the average ``d`` steps later), with an outer optimizer's step
 on each landed mean. With ``--fragments K > 1`` it hands the run to
 ``simulate.fleet_fragments.run_fragment_rounds`` (each fragment's averages on their own schedule).
+
+With fewer devices than replicas (``--devices D``, ``--replicas R``, ``R`` a multiple of ``D``)
+the schedule runs a device's replicas one unit at a time, and the fleet's events hit devices,
+each every replica on it (``local_rounds_schedule``); ``--fragments K > 1`` is refused there
+(``fleet_checks``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.runners.averaging import outer_optimizer
 from pdasgd_jax.runners.result import RunResult
-from pdasgd_jax.simulate.averaging_clock import averaging_work
+from pdasgd_jax.simulate.averaging_clock import averaging_work, on_devices, placement
 from pdasgd_jax.simulate.fleet_fragments import run_fragment_rounds
 from pdasgd_jax.simulate.fleet_round_inputs import fleet_timeline, mean_of, policy_args, state_nbytes
 from pdasgd_jax.simulate.straggler_policy import (
@@ -41,9 +46,9 @@ def plan_local_rounds(
     exp: Experiment, timing: TimingModel, delay: DelayModel, num_workers: int
 ) -> tuple[LocalRoundsSchedule, FleetTimeline | None]:
     """The schedule of a ``local`` or ``dasgd`` run under its fleet and straggler policy, and the fleet's
-    timeline (None without events). Positions are fractions of the same run's virtual length
-    without fleet events; a joining replica receives its whole ``TrainState`` over the network
-    (``CommModel.transfer_time``).
+    timeline (None without events) over the run's ``exp.layout.devices`` devices. Positions are
+    fractions of the same run's virtual length without fleet events; a joining replica receives
+    its whole ``TrainState`` over the network (``CommModel.transfer_time``).
 
     Args:
       exp: the experiment.
@@ -55,12 +60,16 @@ def plan_local_rounds(
       ``(schedule, fleet timeline or None)``.
     """
     v = exp.variables
-    average, merge = averaging_work(timing, num_workers)
+    devices = exp.layout.devices
+    average, merge = averaging_work(timing, num_workers, devices=devices)
     args = policy_args(exp, num_workers) | dict(
-        model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states), average_work=average, merge_work=merge
+        model_nbytes=tree_nbytes(v.params) + tree_nbytes(v.states),
+        average_work=average,
+        merge_work=merge,
+        devices=devices,
     )
     plain = local_rounds_schedule(timing, delay, **args)
-    fleet = fleet_timeline(exp, num_workers, float(plain.ends[-1]))
+    fleet = fleet_timeline(exp, float(plain.ends[-1]))
     if fleet is None:
         return plain, None
     transfer = timing.comm.transfer_time(state_nbytes(exp))
@@ -117,6 +126,7 @@ def run_local_rounds(
     """
     config = exp.config
     _check_local_rounds(config, checkpointer)
+    devices = exp.layout.devices
     if config.fragments > 1:
         return run_fragment_rounds(exp, metrics, timing, delay, num_workers)
     schedule, fleet = plan_local_rounds(exp, timing, delay, num_workers)
@@ -202,7 +212,7 @@ def run_local_rounds(
             if dasgd and config.average_opt_state:
                 opt_averages[j] = opt_mean
             for u in landed:
-                if fleet is None or fleet.present(u.worker, float(schedule.ends[j - 1])):
+                if fleet is None or fleet.present(u.worker % devices, float(schedule.ends[j - 1])):
                     opt[u.worker] = opt_mean if config.average_opt_state else running[u.worker].opt_states
                     merged_before.add(u.worker)
                 if dasgd:
@@ -233,9 +243,13 @@ def run_local_rounds(
             "delay_steps": config.averaging_delay,
             "average_delay_steps": config.averaging_delay,
             "local_rounds": _rounds_report(schedule, rounds_run, h, config, fleet is not None),
+            **placement(num_workers, devices),
         },
     )
-    utilisation = {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy}
+    utilisation = {
+        "workers": {f"w{w}": b for w, b in enumerate(busy)},
+        "devices": on_devices(np.array(busy), devices).tolist(),
+    }
     return result, now, utilisation, fresh_updates(len(params), computed)
 
 

@@ -88,7 +88,11 @@ def close_time(arrivals: list[float], quorum: int, adaptive: bool, history: Hist
 
 
 def allreduce_with_crashes(
-    landing: list[Any], close: float, allreduce: Callable[[int], float], departure: Departure
+    landing: list[Any],
+    close: float,
+    allreduce: Callable[[int], float],
+    departure: Departure,
+    members: Callable[[list[Any]], int] = len,
 ) -> tuple[list[Any], list[tuple[float, float]]]:
     """An average's all-reduce over the ``landing`` units (each with a ``worker``) from
     ``close``: a landed replica that crashes before it completes is taken out, and it starts
@@ -99,12 +103,14 @@ def allreduce_with_crashes(
       close: when it starts.
       allreduce: its seconds over ``n`` members.
       departure: the fleet's departures (``departures``).
+      members: the all-reduce's members among units (default: one per unit; with replicas
+        sharing devices, the devices they run on).
 
     Returns:
       ``(merged, attempts)``: the units left, and each attempt's ``(start, end)`` on the network
       (the last one's end completes the average).
     """
-    end = close + allreduce(len(landing))
+    end = close + allreduce(members(landing))
     merged = list(landing)
     attempts = [(close, end)]
     while True:
@@ -115,7 +121,7 @@ def allreduce_with_crashes(
             merged.remove(u)
         start = max(t for t, _ in crashed)
         attempts[-1] = (attempts[-1][0], start)
-        end = start + allreduce(max(len(merged), 1))
+        end = start + allreduce(max(members(merged), 1))
         attempts.append((start, end))
 
 
@@ -125,7 +131,7 @@ class Unit(NamedTuple):
     Attributes:
       worker: the replica.
       base: the index of the average it starts from (0: the initial model).
-      start: virtual time its first step begins.
+      start: virtual time its first step begins (on a shared device, once the device is free).
       arrival: when its work is ready to be averaged (its steps and its share of the mean's
         program done); for a dropped unit, when it was dropped.
       steps: local steps it computed on the clock (``H``, or fewer for a dropped unit).
@@ -153,7 +159,7 @@ class LocalRoundsSchedule(NamedTuple):
       closes: ``(R,)`` when each average's all-reduce started.
       ends: ``(R,)`` when each average was complete on the replicas that merge it.
       unmerged: units still in flight after the last average (their steps counted, not merged).
-      busy: ``(W,)`` device seconds each replica computed.
+      busy: ``(W,)`` device seconds each replica computed (a device's: the sum of its replicas').
     """
 
     starts: list[list[Unit]]
@@ -200,6 +206,7 @@ def local_rounds_schedule(
     average_work: np.ndarray | None = None,
     merge_work: np.ndarray | None = None,
     delay: int | None = None,
+    devices: int | None = None,
 ) -> LocalRoundsSchedule:
     """Local SGD's ``rounds`` averages under a straggler policy and a fleet (algorithms.md §5a).
 
@@ -227,6 +234,14 @@ def local_rounds_schedule(
     departure in that time drops the unit. Only a joiner starts from an average, as local SGD's
     replicas do. After the last average no unit begins.
 
+    Replicas sharing devices (``devices`` D below W; replica ``w`` on device ``w % D``): a device
+    runs one unit at a time, in the order they begin, from its first step to its arrival (DaSGD's
+    wait for its merge included), so its busy time is the sum of its replicas'; a unit whose
+    device leaves or crashes before it is free is dropped with no step. The fleet's indices are
+    devices: a slow window stretches every replica on the device, a leave or crash drops all of
+    their units, a join brings them all back. An average's all-reduce is priced on the devices
+    its landed units run on.
+
     Args:
       timing: the clock's costs.
       delays: injected idle time per local step.
@@ -243,26 +258,47 @@ def local_rounds_schedule(
       average_work: per replica, device seconds of the mean's program per unit (default 0).
       merge_work: per replica, device seconds of a merge (default 0).
       delay: DaSGD's ``d`` (``0 <= d <= H``; None: local SGD).
+      devices: D, the devices the replicas share round-robin (None: W, one each).
 
     Returns:
       The ``LocalRoundsSchedule``.
     """
     w_all = range(num_workers)
+    n_devices = devices or num_workers
+
+    def dev(w: int) -> int:
+        return w % n_devices
+
     zeros = np.zeros(num_workers)
     average_work = zeros if average_work is None else average_work
     merge_work = zeros if merge_work is None else merge_work
     host = timing.host_step
-    compute = [timing.train_step_time(w) for w in w_all]
+    compute = [timing.train_step_time(dev(w)) for w in w_all]
     # Each replica's idle times in step order from its own stream, drawn as its steps come: a
     # replica whose unit is dropped by a leave or crash and that rejoins takes more than
     # rounds x period steps.
     draws = [idle_draws(delays, rng_for(seed, "step-delays", w), compute[w]) for w in w_all]
-    departure = departures(fleet, spec, num_workers)
-    busy = np.zeros(num_workers)
+    device_departure = departures(fleet, spec, n_devices)
 
-    def begin(w: int, base: int, start: float, merged: float | None = None) -> Unit:
-        """``w``'s unit from ``start``; ``merged``: it continues, merging the average complete
-        then after ``delay`` steps."""
+    def departure(w: int, after: float, until: float) -> tuple[float, str] | None:
+        return device_departure(dev(w), after, until)
+
+    busy = np.zeros(num_workers)
+    free = np.full(n_devices, -np.inf)  # when each device ends the last unit begun on it
+
+    def begin(w: int, base: int, start: float, merged: float | None = None, merge: float = 0.0) -> Unit:
+        """``w``'s unit from ``start`` (once its device is free), after a ``merge`` of that many
+        device seconds; ``merged``: it continues, merging the average complete then after
+        ``delay`` steps."""
+        ready = max(start, float(free[dev(w)]))
+        if (gone := departure(w, start, ready)) is not None:  # its device left before it was free
+            return Unit(w, base, gone[0], gone[0], 0, gone[1], merged is not None)
+        unit = _run(w, base, ready + merge, merged)
+        free[dev(w)] = unit.arrival
+        return unit
+
+    def _run(w: int, base: int, start: float, merged: float | None) -> Unit:
+        """``w``'s unit on its device, free from ``start``."""
         t = start
         for i in range(period):
             if merged is not None and i == delay:
@@ -270,7 +306,7 @@ def local_rounds_schedule(
                 if (gone := departure(w, t, waited)) is not None:
                     return Unit(w, base, start, gone[0], i, gone[1], True)
                 t = waited
-            c = compute[w] if fleet is None else fleet.elapsed(w, t + host, compute[w])
+            c = compute[w] if fleet is None else fleet.elapsed(dev(w), t + host, compute[w])
             step_end = t + host + c + next(draws[w])
             gone = departure(w, t, step_end)
             if gone is not None:
@@ -299,13 +335,13 @@ def local_rounds_schedule(
         in_flight.pop(u.worker, None)
         starts[u.base] = [v._replace(dropped=kind) if v is u else v for v in starts[u.base]]
 
-    joins = sorted(t + state_transfer for w in w_all for t in (fleet.join_times(w) if fleet is not None else ()))
+    joins = sorted(t + state_transfer for w in w_all for t in (fleet.join_times(dev(w)) if fleet is not None else ()))
     for j in range(1, rounds + 1):
         while True:
             occupied = {*waiting, *in_flight, *(u.worker for u in continuing if not u.dropped)}
             for w in w_all:  # absent replicas that have joined and received the state by now
-                if w not in occupied and fleet is not None and fleet.present(w, published):
-                    joined = fleet.joined_at(w, published)
+                if w not in occupied and fleet is not None and fleet.present(dev(w), published):
+                    joined = fleet.joined_at(dev(w), published)
                     if joined is not None and joined + state_transfer <= published:
                         waiting.add(w)
             if waiting or in_flight or any(not u.dropped for u in continuing):
@@ -316,8 +352,8 @@ def local_rounds_schedule(
             published = later[0]  # nobody is left: the next joiner starts from the last average
         begun = list(continuing)
         for w in sorted(waiting):
-            if fleet is None or fleet.present(w, published):
-                begun.append(begin(w, j - 1, published + (merge_work[w] if j > 1 else 0.0)))
+            if fleet is None or fleet.present(dev(w), published):
+                begun.append(begin(w, j - 1, published, merge=merge_work[w] if j > 1 else 0.0))
         begun.sort(key=lambda u: u.worker)
         for unit in begun:
             if not unit.dropped:
@@ -340,7 +376,11 @@ def local_rounds_schedule(
             if not in_flight:
                 raise ValueError(f"--fleet leaves no replica to take average {j} from virtual time {published:g} on")
         merged, attempts = allreduce_with_crashes(
-            landing, close, lambda n: timing.comm.allreduce_time(model_nbytes, n), departure
+            landing,
+            close,
+            lambda n: timing.comm.allreduce_time(model_nbytes, n),
+            departure,
+            lambda units: len({dev(u.worker) for u in units}),
         )
         for u in landing:
             if u not in merged:

@@ -120,6 +120,24 @@ PLANS = [
         CONCURRENT,
         {"backward_weights": "live", "forward_workers": 2, "queue": 2},
     ),
+    # As the planner computed them before its forward's generator per job and its pulls'
+    # keyword partials were cut: PD-ASGD and ASGD at W = 16 and 64, serial and concurrent
+    # devices, a network, host time and stragglers.
+    ("3845a611cecdea30", "pdasgd", 16, "exponential", TIMING, {}),
+    ("7da2e2681e261f5c", "pdasgd", 16, "exponential", UNEVEN, {"straggler_devices": 2}),
+    (
+        "dc26453f35fc7a87",
+        "pdasgd",
+        64,
+        "exponential",
+        UNEVEN,
+        {"forward_workers": 2, "backward_workers": 2, "queue": 3},
+    ),
+    ("7a2a2990b4024802", "pdasgd", 64, "uniform", CONCURRENT, {}),
+    ("6801bdd25e0b40b7", "asgd", 16, "exponential", TIMING, {}),
+    ("b24309c7ffbdc7b6", "asgd", 16, "lognormal", CONCURRENT, {}),
+    ("ce3bf9f376613935", "asgd", 64, "exponential", TIMING, {}),
+    ("b9aac466c9e9c3bc", "pdasgd-block", 64, "exponential", CONCURRENT, {"straggler_devices": 4}),
 ]
 
 

@@ -79,8 +79,8 @@ class Bookings:
         written after the one it replaces."""
         key = self.scheduler.ticket() if ticket is None else ticket
         pending = self._open[m]
-        if pending:
-            key = max(key, pending[-1].key)
+        if pending and pending[-1].key > key:
+            key = pending[-1].key
         booking = Booking(m, key)
         pending.append(booking)
         return booking
@@ -103,11 +103,12 @@ class Bookings:
             raise RuntimeError(f"stage {booking.stage}: a write out of booking order")
         pending.popleft()
         if booking.pulls is not None:
+            fill, m = self.executor.fill_pull, booking.stage
             for job in booking.pulls:
-                self.executor.fill_pull(job, booking.stage)
+                fill(job, m)
         self.scheduler.open(booking)
 
-    def pull(self, job: Job, m: int, *, backward: bool = False, worker: str = "") -> None:
+    def pull(self, job: Job, m: int, backward: bool = False, worker: str = "") -> None:
         """``StageExecutor.pull_stage`` of the newest version booked: when it is not written
         yet, the job's kernel on stage ``m`` waits for it (``gates``) and gets its weights then."""
         pending = self._open[m]

@@ -127,7 +127,8 @@ def _fetch(sim: Simulation, job: Job, m: int, device: Device, worker: str, *, ba
     transfer = sim.costs[device.index].transfer[m]
     if reads_at_dispatch(sim):
         return Sleep(transfer) if transfer else None
-    return Sleep(transfer, functools.partial(sim.bookings.pull, job, m, backward=backward, worker=worker))
+    # Bound by position: a keyword bound in a partial costs a dict merged at every call.
+    return Sleep(transfer, functools.partial(sim.bookings.pull, job, m, backward, worker))
 
 
 def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Worker:
@@ -135,7 +136,18 @@ def forward_pass(sim: Simulation, job: Job, device: Device, worker: str) -> Work
     runtime's forward worker runs it (``fused_forward``); with ``live`` ones stage by stage,
     each reading the stage current at its start (or at the start of its pull when remote),
     all dispatched at once (one ticket), as the runtime's ``forward_all`` dispatches them.
-    Where reads are taken at dispatch, every stage is read then."""
+    Where reads are taken at dispatch, every stage is read then.
+
+    A stashed forward read at its kernels is ``fused_forward``'s generator itself, not one
+    wrapping it: every job's forward makes one generator fewer, and each of its requests
+    passes through one frame fewer on its way to the clock."""
+    if sim.executor.live or reads_at_dispatch(sim):
+        return _forward_stages(sim, job, device, worker)
+    return fused_forward(sim, job, device, worker, sim.costs[device.index].forward_all)
+
+
+def _forward_stages(sim: Simulation, job: Job, device: Device, worker: str) -> Worker:
+    """``forward_pass`` of ``live`` weights, or where reads are taken at dispatch."""
     ex, c = sim.executor, sim.costs[device.index]
     ticket = None
     if reads_at_dispatch(sim):
@@ -174,19 +186,21 @@ def backward_pass(sim: Simulation, job: Job, device: Device, worker: str, *, lay
     if reads_at_dispatch(sim):
         reads = stages if ex.live else ()
         booked = yield from dispatch(sim, job, worker, ticket, reads=reads, books=stages, backward=True)
+    live, homes, gates = ex.live, sim.homes, sim.bookings.gates
     for m in stages:
-        if layerwise and not ex.live and sim.homes[m] is device:
+        if layerwise and not live and homes[m] is device:
             yield from pushes.backward_and_update(sim, job, m, device, worker, ticket, booked.get(m))
             applied.arrive()
             continue
-        if ex.live and (pull := _fetch(sim, job, m, device, worker, backward=True)) is not None:
+        if live and (pull := _fetch(sim, job, m, device, worker, backward=True)) is not None:
             yield pull  # a live backward re-linearises at the current weights: pulled if remote
         backward = functools.partial(ex.backward_stage, job, m, worker=worker)
-        yield Kernel(device, c.backward[m], backward, ticket, sim.bookings.gates(job, m))
+        yield Kernel(device, c.backward[m], backward, ticket, gates(job, m))
         if layerwise:
-            yield pushes.push(sim, job, m, c.transfer[m], worker, applied, ticket, booked.get(m))
-            if c.transfer[m]:
-                yield Sleep(c.transfer[m])
+            transfer = c.transfer[m]
+            yield pushes.push(sim, job, m, transfer, worker, applied, ticket, booked.get(m))
+            if transfer:
+                yield Sleep(transfer)
     if not layerwise:
         yield from pushes.push_all(sim, job, c.transfer, worker, ticket, booked)
         return
@@ -218,20 +232,28 @@ def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
 def gradient_program(sim: Simulation, job: Job, device: Device, worker: str, ticket: int | None = None) -> Worker:
     """A whole job's gradient as one device program, as an ASGD worker runs it (the runtime's
     fused job, and any Hogwild! step): ``fused_forward`` for the program's calibrated time
-    (not its per-stage kernels' sum: one launch, not one per kernel), its backward inside."""
-    yield from fused_forward(sim, job, device, worker, sim.costs[device.index].job, ticket)
-    for m in reversed(range(sim.num_stages)):
-        sim.executor.backward_stage(job, m, worker=worker)
+    (not its per-stage kernels' sum: one launch, not one per kernel), its backward inside:
+    ``fused_forward``'s own generator, with ``backward``, not one wrapping it (one generator
+    fewer per job, as ``forward_pass``)."""
+    return fused_forward(sim, job, device, worker, sim.costs[device.index].job, ticket, backward=True)
 
 
 def fused_forward(
-    sim: Simulation, job: Job, device: Device, worker: str, cost: float, ticket: int | None = None
+    sim: Simulation,
+    job: Job,
+    device: Device,
+    worker: str,
+    cost: float,
+    ticket: int | None = None,
+    *,
+    backward: bool = False,
 ) -> Worker:
     """A job's forward and loss in one device program of ``cost`` seconds: remote stages are
     pulled first (each read when its pull starts), local stages are read when the program
     starts, and the device runs it without another job's kernel in between. Where reads are
     taken at dispatch, the caller has read every stage (``dispatch``): only the remote
-    stages' transfers are left."""
+    stages' transfers are left. With ``backward`` the program holds the job's backward too
+    (``gradient_program``): its stages' backwards are taken once it ends."""
     ex = sim.executor
     stages = range(sim.num_stages)
     for m in stages:
@@ -246,6 +268,9 @@ def fused_forward(
     yield Kernel(device, cost, read_and_compute, ticket, sim.bookings.gates(job))
     for m in stages:
         ex.commit_state(job, m, worker=worker)
+    if backward:
+        for m in reversed(stages):
+            ex.backward_stage(job, m, worker=worker)
 
 
 def forward_worker(

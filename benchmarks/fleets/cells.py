@@ -10,7 +10,16 @@ from typing import Any
 from benchmarks.delays.protocol import BATCH_SIZE, Protocol, _base_experiment, backup_workers
 from benchmarks.delays.simulation import Outcome, time_to_target
 from benchmarks.delays.tuning import tune
-from benchmarks.fleets.protocol import NETWORK, VARIANTS, Scenario, Settings, event_counts, fleet_spec, overrides
+from benchmarks.fleets.protocol import (
+    NETWORK,
+    THREAD_VARIANTS,
+    VARIANTS,
+    Scenario,
+    Settings,
+    event_counts,
+    fleet_spec,
+    overrides,
+)
 from benchmarks.fleets.verdicts import no_rate_reached
 from pdasgd_jax.config import Config
 
@@ -94,7 +103,8 @@ def run_once(
     """
     check(row, scenario, lr, (seed,), epochs, variant)
     config = overrides(row, scenario, seed, variant)
-    name = variant or row
+    # delays' algorithm name for a sync variant; the row's name otherwise (with its thread variant)
+    name = row if variant is None else (f"{row} {variant}" if variant in THREAD_VARIANTS else variant)
     try:
         return time_to_target(
             name,
@@ -134,10 +144,12 @@ def run_cell(row: str, scenario: Scenario, settings: Settings) -> dict[str, Any]
     Returns:
       ``{"row", "workers", "fleet", "horizon_s", "epochs", "refused": message, "refused_fleet":
       its --fleet}`` for a config ``Config.validate`` refuses (``"failed"``, ``"failed_fleet"``
-      for a reported run that stopped with an error); else also ``variant`` (None: the row's
-      own) and ``variants`` (each variant's tuning), ``lr``, ``tuning`` (rate: mean tuning time;
-      inf, which the raw file writes as null, where the rate is out: it missed the target on a
-      tuning seed, was stopped once it could not win (``cut_short``) or failed),
+      for a reported run that stopped with an error; every variant refused: the first's); else also
+      ``variant`` (None: the row's own), ``variants`` (each variant's tuning) and
+      ``refused_variants`` (a variant the path refuses, with its message; left out), ``lr``,
+      ``tuning`` (rate: mean tuning time; inf, which the raw file writes as null, where the rate
+      is out: it missed the target on a tuning seed, was stopped once it could not win
+      (``cut_short``) or failed),
       ``rates_tried``, ``failed_rates`` (a tuning run that failed: its variant, rate, seed and
       message; the other rates go on), ``edge``, ``cut_short``, ``untuned`` (no rate reached
       the target on the tuning seeds, a failed rate not counted: ``no_rate_reached``), ``seeds``
@@ -160,11 +172,17 @@ def run_cell(row: str, scenario: Scenario, settings: Settings) -> dict[str, Any]
     }
     grid = settings.lrs(row)
     variants: tuple[str | None, ...] = VARIANTS.get(row, (None,))
-    try:
-        for variant in variants:
+    refusals: dict[str | None, Refused] = {}
+    for variant in variants:
+        try:
             check(row, scenario, grid[0], (*settings.tuning_seeds, *settings.seeds), epochs, variant)
-    except Refused as e:
-        return {**out, "refused": str(e), "refused_fleet": e.fleet}
+        except Refused as e:
+            refusals[variant] = e
+    if len(refusals) == len(variants):
+        first = refusals[variants[0]]
+        return {**out, "refused": str(first), "refused_fleet": first.fleet}
+    # A variant the path refuses is left out of the tuning, and said in the raw file.
+    variants = tuple(v for v in variants if v not in refusals)
     cut: list[dict[str, Any]] = []  # tuning runs stopped once they could no longer win
     failed_rates: list[dict[str, Any]] = []
 
@@ -202,6 +220,8 @@ def run_cell(row: str, scenario: Scenario, settings: Settings) -> dict[str, Any]
         "untuned": no_rate_reached({v: tuned[v]["tuning"] for v in variants}, failed_rates),
         "tuning_seeds": list(settings.tuning_seeds),
     }
+    if refusals:
+        recorded["refused_variants"] = {v: str(e) for v, e in refusals.items()}
     try:
         outcomes = [run_once(row, scenario, best["lr"], seed, epochs, None, variant) for seed in settings.seeds]
     except Failed as e:

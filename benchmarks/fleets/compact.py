@@ -93,10 +93,13 @@ def summary(results: dict[str, Any], keys: dict[int, str] | None = None) -> str:
     rows: dict[str, dict[str, str]] = {}
     sizes: dict[str, list[int]] = {}
     for w, fleet, (cell, kind, text) in cells:
-        threads = threads_text(cell["row"]).replace(" per device", "").replace(" a server device", " server")
+        threads = threads_text(cell["row"], cell.get("variant"))
+        threads = threads.replace(" per device", "").replace(" a server device", " server")
         marks = [str(parts[p]) for p in ROW_NOTES.get(cell["row"], "").split("; ") if p in parts]
         label = LABELS.get(cell["row"], cell["row"]) + (f" †{','.join(marks)}" if marks else "")
         row = rows.setdefault(cell["row"], {"algorithm": label, "threads": threads})
+        if threads not in row["threads"].split(" or "):  # its cells' variants differ in threads
+            row["threads"] += f" or {threads}"
         row[f"W = {w} {fleet}"] = _summary_cell(cell, kind, text)
         sizes.setdefault(cell["row"], []).append(w)
     if keys:

@@ -51,25 +51,23 @@ fails and its link is not shared; its inner rate is the row's tuned rate, not sc
 (``ROW_NOTES``).
 
 **Threads per device** (``threads``): LPP-SGD and replicated PD-ASGD run ``THREADS_PER_DEVICE``
-(PD-ASGD's F + B), every other row one. Sync keeps one: a synchronous step's threads would only
-split its batch. The other averaging rows (local SGD, DaSGD, async-local, each with its
-variants) would get a three-thread variant tuned beside their own, as ``delays`` gives ASGD
-``asgd-3t``, but their clocks give each replica a device of its own: local SGD's and DaSGD's
-(``simulate/fleet_rounds.py``, every run here has a fleet) run each replica on its own timeline
-and the layout refuses more replicas than devices on the simulator (at run time, not in
-``Config.validate``), async-local's clock refuses them in ``Config.validate``. Three replicas per
-device is not expressible there without a simulator that shares a device between them, and 3W
-devices would triple their compute, so these rows run one thread; a harness test pins the
-refusal, so the variant is added when the simulator takes it.
+(PD-ASGD's F + B). Sync keeps one: a synchronous step's threads would only split its batch. The
+other averaging rows (``THREADED_ROWS``: local SGD, DaSGD, async-local, each with its variants)
+are tuned at one and at three threads per device (``THREAD_VARIANTS``: ``replicas = 3W`` on W
+devices, as ``delays`` gives ASGD ``asgd-3t``), and the variant faster on the tuning seeds is
+reported, as ``sync-best`` picks its backup workers; the page says which won. Their clocks run a
+device's replicas one program at a time and price the all-reduce on the W devices
+(docs/algorithms.md). A variant ``Config.validate`` refuses is left out of the tuning and kept
+in the raw file (``refused_variants``).
 
 **Fleet events hit devices.** Every row's ``--fleet`` names devices 0..W-1 and its churn is
 drawn for W of them (``numpy.random.default_rng([seed, W])``), the same draw in every row: sync
-indexes devices; local SGD, DaSGD and async-local index replicas and run one replica per device
-(async-local's server is device W, outside the fleet); LPP-SGD and replicated PD-ASGD run on the
-event-driven clock, which indexes devices (``exp.layout.devices``), stretches every kernel a
-slowed device runs, whichever of its threads runs it, and takes all its threads and its store
-out on a leave or crash. The straggler ``slow:{W-1}x3@0-1`` thus slows the last device, all its
-threads (a harness test checks it).
+indexes devices; local SGD, DaSGD and async-local index devices too, and an event hits every
+replica on its device (one at one thread, three at three; async-local's server is device W,
+outside the fleet); LPP-SGD and replicated PD-ASGD run on the event-driven clock, which indexes
+devices (``exp.layout.devices``), stretches every kernel a slowed device runs, whichever of its
+threads runs it, and takes all its threads and its store out on a leave or crash. The straggler
+``slow:{W-1}x3@0-1`` thus slows the last device, all its threads (harness tests check it).
 
 Each row's rate is tuned on ``TUNING_SEEDS`` (``delays.tuning.tune``, the grid widened while its
 best sits on an edge) and then run on ``SEEDS``, which alone are reported. A row whose config
@@ -88,8 +86,9 @@ new (seed, rate). A cell is its grid on two tuning seeds (a tuning run stops onc
 win), up to two widenings, then the reported seeds: 12 to 20 runs, ``sync-best`` four grids.
 Five reported seeds give an interval of four degrees of freedom (three leave it too wide to
 tell rows apart). With 13 rows, 2 fleets and 2 sizes (52 cells, about 550 runs per size) the
-whole benchmark is about 20 minutes at W = 16 and an hour or more at W = 64, one and a half
-to two hours in all on a quiet machine, more beside load.
+whole benchmark was about 20 minutes at W = 16 and an hour or more at W = 64 with one thread
+per row; the nine threaded rows' second grid adds about two thirds to the tuning, and a
+three-thread run costs up to three times a one-thread one.
 """
 
 from __future__ import annotations
@@ -150,8 +149,9 @@ _STREAMING = {"fragments": STREAMING_FRAGMENTS}
 
 SYNC_BEST = "sync-best"
 # Each row's Config overrides (``threads_per_device`` and ``backup_share`` as ``delays``'
-# ``time_to_target`` reads them) and what the page calls it. ``sync-best`` runs one of
-# ``VARIANTS[row]`` (``delays``' algorithms), the one tuned best.
+# ``time_to_target`` reads them) and what the page calls it. A row with ``VARIANTS`` runs the
+# one tuned best: ``sync-best`` one of ``delays``' sync algorithms, a threaded row one of
+# ``THREAD_VARIANTS``.
 ROWS: dict[str, dict[str, Any]] = {
     SYNC_BEST: ALGORITHMS["sync"],
     "sync-deadline": {"algo": "sync", "deadline": "adaptive"},
@@ -167,7 +167,24 @@ ROWS: dict[str, dict[str, Any]] = {
     "pdasgd-rep": ALGORITHMS["pdasgd-rep"],
     "lpp": ALGORITHMS["lpp"],
 }
-VARIANTS: dict[str, tuple[str, ...]] = {SYNC_BEST: SYNC_VARIANTS}
+# A thread variant: the row's own config at that many workers (replicas) per device.
+THREAD_VARIANTS: dict[str, int] = {"1 thread": 1, "3 threads": THREADS_PER_DEVICE}
+# The rows tuned at one and at three threads per device (module docstring, "Threads per device").
+THREADED_ROWS = (
+    "local",
+    "local-streaming",
+    "dasgd",
+    "dasgd-eager",
+    "async-local",
+    "async-local-streaming",
+    "async-local-dn",
+    "async-local-dylu",
+    "async-local-dn-dylu",
+)
+VARIANTS: dict[str, tuple[str, ...]] = {
+    SYNC_BEST: SYNC_VARIANTS,
+    **{row: tuple(THREAD_VARIANTS) for row in THREADED_ROWS},
+}
 LABELS: dict[str, str] = {
     SYNC_BEST: "sync (best b)",
     "sync-deadline": "sync (adaptive deadline)",
@@ -195,8 +212,8 @@ _WHOLE = (
 )
 # Every run keeps Config's device concurrency: a device runs one program at a time.
 _THREADS = (
-    f"{{threads}} threads per device (other rows 1): at device concurrency {Config().device_concurrency} they add "
-    "no compute but can overlap communication with compute"
+    f"{{threads}} threads per device (each row's are in its threads column): at device concurrency "
+    f"{Config().device_concurrency} they add no compute but can overlap communication with compute"
 )
 # docs/algorithms.md §5a: a crash costs these rows less than it would on real hardware.
 _OPTIMISTIC = (
@@ -204,10 +221,24 @@ _OPTIMISTIC = (
 )
 
 
-def threads(row: str) -> int:
-    """A row's workers per device (``threads_per_device``; PD-ASGD's own forward and backward
-    workers, which the baselines' three threads match)."""
-    config = ROWS[row]
+def variant_config(row: str, variant: str | None = None) -> dict[str, Any]:
+    """``row``'s ``Config`` overrides as ``variant`` runs it: the row's own (None), at a thread
+    count (``THREAD_VARIANTS``), or ``delays``' algorithm of that name (``sync-best``'s)."""
+    if variant is None:
+        return ROWS[row]
+    if variant not in VARIANTS.get(row, ()):
+        raise ValueError(
+            f"variant {variant!r} of row {row!r}: choose among {', '.join(VARIANTS.get(row, ())) or 'none'}"
+        )
+    if variant in THREAD_VARIANTS:
+        return {**ROWS[row], "threads_per_device": THREAD_VARIANTS[variant]}
+    return ALGORITHMS[variant]
+
+
+def threads(row: str, variant: str | None = None) -> int:
+    """A row's workers per device as ``variant`` runs it (``threads_per_device``; PD-ASGD's own
+    forward and backward workers, which the baselines' three threads match)."""
+    config = variant_config(row, variant)
     return config.get("threads_per_device", THREADS_PER_DEVICE if config["algo"] == "pdasgd" else 1)
 
 
@@ -254,9 +285,9 @@ LRS_BY_ROW: dict[str, tuple[float, ...]] = {
 }
 
 
-def threads_text(row: str) -> str:
-    """A row's workers per device (``threads``) and async-local's server device."""
-    text = f"{threads(row)} per device"
+def threads_text(row: str, variant: str | None = None) -> str:
+    """A row's workers per device as ``variant`` runs it (``threads``) and async-local's server device."""
+    text = f"{threads(row, variant)} per device"
     return text + " + a server device" if ROWS[row]["algo"] == "async-local" else text
 
 
@@ -388,14 +419,9 @@ def fleet_spec(fleet: str, seed: int, workers: int) -> str:
 def overrides(row: str, scenario: Scenario, seed: int, variant: str | None = None) -> dict[str, Any]:
     """``row``'s ``Config`` overrides for one run of ``scenario`` with ``seed`` (its fleet on the
     scenario's horizon and, for Delayed Nesterov, momentum every ``W`` arrivals); ``variant``:
-    one of ``VARIANTS[row]`` (``delays``' algorithm) in place of the row's own."""
-    if variant is not None and variant not in VARIANTS.get(row, ()):
-        raise ValueError(
-            f"variant {variant!r} of row {row!r}: choose among {', '.join(VARIANTS.get(row, ())) or 'none'}"
-        )
-    base = ALGORITHMS[variant] if variant is not None else ROWS[row]
+    one of ``VARIANTS[row]`` (``variant_config``) in place of the row's own."""
     out = {
-        **base,
+        **variant_config(row, variant),
         "fleet": fleet_spec(scenario.fleet, seed, scenario.workers),
         "fleet_horizon": scenario.horizon,
     }
@@ -422,7 +448,9 @@ __all__ = [
     "SEEDS",
     "SYNC_BEST",
     "TARGET",
+    "THREADED_ROWS",
     "THREADS_PER_DEVICE",
+    "THREAD_VARIANTS",
     "VARIANTS",
     "WORKERS",
     "Scenario",
@@ -435,4 +463,5 @@ __all__ = [
     "straggler",
     "threads",
     "threads_text",
+    "variant_config",
 ]

@@ -20,6 +20,7 @@ from benchmarks.fleets.protocol import (
     OPTIMISTIC_CRASHES,
     ROW_NOTES,
     ROWS,
+    THREAD_VARIANTS,
     WORKERS,
     threads_text,
 )
@@ -57,9 +58,12 @@ def _note_text(cell: dict[str, Any], kind: str) -> str:
 
 
 def variant_text(variant: str | None) -> str:
-    """A sync variant (``delays``' algorithm) as its backup workers: ``b = W/4``, ``b = 0``."""
+    """A variant as the page names it: a thread variant as itself (``3 threads``), a sync variant
+    (``delays``' algorithm) as its backup workers (``b = W/4``, ``b = 0``)."""
     if variant is None:
         return ""
+    if variant in THREAD_VARIANTS:
+        return variant
     share = ALGORITHMS[variant].get("backup_share", 0.0)
     return f"b = W/{1 / share:g}" if share else "b = 0"
 
@@ -106,7 +110,10 @@ def tables(results: dict[str, Any]) -> str:
                     text = f"{kind} ({NOTE_PREFIX[kind]}{listed.index(note) + 1})"
                 row = rows.setdefault(
                     cell["row"],
-                    {"algorithm": LABELS.get(cell["row"], cell["row"]), "threads": threads_text(cell["row"])},
+                    {
+                        "algorithm": LABELS.get(cell["row"], cell["row"]),
+                        "threads": threads_text(cell["row"], cell.get("variant")),
+                    },
                 )
                 row[f"{fleet}: ms to target [95 %]"] = _time(cell)
                 if fleet == "churn" and cell["row"] in OPTIMISTIC_CRASHES:

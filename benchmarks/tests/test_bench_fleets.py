@@ -51,7 +51,11 @@ def test_the_protocol_cells_are_the_issues():
         "lpp",
     }
     assert set(protocol.LABELS) == set(protocol.LRS_BY_ROW) == set(rows)
-    assert protocol.VARIANTS == {"sync-best": SYNC_VARIANTS} and rows["sync-deadline"]["deadline"] == "adaptive"
+    # sync-best tunes delays' sync variants; every averaging row but sync's at one and three threads
+    averaging = ("local", "dasgd", "async-local")
+    threaded = {row: ("1 thread", "3 threads") for row in rows if rows[row]["algo"] in averaging}
+    assert {"sync-best": SYNC_VARIANTS, **threaded} == protocol.VARIANTS
+    assert rows["sync-deadline"]["deadline"] == "adaptive"
     assert rows["async-local-streaming"]["fragments"] == 3 and rows["async-local-streaming"]["algo"] == "async-local"
     assert rows["dasgd-eager"]["merge"] == "eager" and rows["dasgd"]["algo"] == "dasgd"
     assert rows["local-streaming"]["fragments"] > 1 and rows["local"].get("fragments", 1) == 1
@@ -133,7 +137,12 @@ def _fake_runs(monkeypatch, fail=lambda algo, lr, seed: False):
         if fail(algo, lr, seed):
             raise ValueError("operands could not be broadcast")
         assert comm is NETWORK and k == 0.0 and not straggler
-        time = float(seed) + lr + (0.0 if config.get("backup_share") == 0.25 else 1.0) * (algo != "local")
+        # the fastest: sync at b = W/4, local SGD at three threads per device (one thread: 0.5 more)
+        if config["algo"] == "local":
+            penalty = 0.0 if config.get("threads_per_device") == protocol.THREADS_PER_DEVICE else 0.5
+        else:
+            penalty = 0.0 if config.get("backup_share") == 0.25 else 1.0
+        time = float(seed) + lr + penalty
         return Outcome(time, 0.0, 1.0, 0.95, run_time=time, examples_to_target=100.0, previous_eval_time=time / 2)
 
     monkeypatch.setattr(cells, "time_to_target", fake)
@@ -148,7 +157,8 @@ def test_tuning_seeds_never_appear_in_the_reported_values(monkeypatch):
     c = cells.run_cell("local", scenario, settings)
     # time = seed + lr: the smallest rate wins, the grid widened down from its edge
     assert c["lr"] == min(c["tuning"]) < min(protocol.LRS_BY_ROW["local"]) and c["edge"]
-    assert c["rates_tried"] == sorted(c["tuning"]) and c["variant"] is None and not c["untuned"]
+    assert c["rates_tried"] == sorted(c["tuning"]) and c["variant"] == "3 threads" and not c["untuned"]
+    assert set(c["variants"]) == set(protocol.THREAD_VARIANTS)  # both tuned; three threads the faster
     assert c["seeds"] == list(protocol.SEEDS) and c["tuning_seeds"] == list(protocol.TUNING_SEEDS)
     assert c["times"] == [s + c["lr"] for s in protocol.SEEDS]
     assert c["previous_eval_times"] == [t / 2 for t in c["times"]]  # each seed's evaluation before its target
@@ -207,8 +217,10 @@ def test_an_error_once_a_run_started_is_a_failure_of_that_rate_only(monkeypatch)
     settings = protocol.Settings(rows=("local",), workers=(16,), fleets=("churn",))
     c = cells.run_cell("local", protocol.Scenario(16, "churn"), settings)
     assert "failed" not in c and "refused" not in c and len(c["times"]) == len(protocol.SEEDS)
-    [failure] = c["failed_rates"]
-    assert failure["lr"] == top and failure["failed"].startswith("ValueError: operands could not be broadcast")
+    # each thread variant's top rate failed on its first tuning seed; the other rates went on
+    assert [f["variant"] for f in c["failed_rates"]] == list(protocol.THREAD_VARIANTS)
+    for failure in c["failed_rates"]:
+        assert failure["lr"] == top and failure["failed"].startswith("ValueError: operands could not be broadcast")
     assert c["tuning"][top] == math.inf
     assert f"failed at lr {top:g}" in report.render({"settings": _settings(), "cells": [c]})
 
@@ -598,10 +610,10 @@ def test_the_compact_table_keeps_what_a_reader_needs():
     # each note once, numbered in row order, under the table
     assert text.endswith(
         "Rows: †1 optimistic crashes: an all-reduce in flight keeps a crashed member's part, a rejoining store its "
-        "optimizer state; †2 3 threads per device (other rows 1): at device concurrency 1 they add no compute but "
-        "can overlap communication with compute; †3 W + 1 devices: one server applies every arrival serially, never "
-        "fails, and its link is not shared; †4 inner rate: the row's tuned lr, not scaled with W; †5 outer lr 0.7 "
-        "(not tuned)."
+        "optimizer state; †2 3 threads per device (each row's are in its threads column): at device concurrency 1 "
+        "they add no compute but can overlap communication with compute; †3 W + 1 devices: one server applies "
+        "every arrival serially, never fails, and its link is not shared; †4 inner rate: the row's tuned lr, not "
+        "scaled with W; †5 outer lr 0.7 (not tuned)."
     )
     assert "| source |" not in text  # no keys without the page's sources
     assert "‡" not in cell["LPP-SGD †1,2"] and " F" not in cell["LPP-SGD †1,2"]
@@ -700,9 +712,18 @@ def test_the_rows_with_three_threads_say_what_the_threads_add():
     noted = [row for row, note in protocol.ROW_NOTES.items() if "threads per device" in note]
     assert sorted(noted) == ["lpp", "pdasgd-rep"] == sorted(r for r in protocol.ROWS if protocol.threads(r) > 1)
     assert protocol.ROW_NOTES["lpp"].endswith(
-        "; 3 threads per device (other rows 1): at device concurrency 1 they add no compute but can overlap "
-        "communication with compute"
+        "; 3 threads per device (each row's are in its threads column): at device concurrency 1 they add no "
+        "compute but can overlap communication with compute"
     )
+    # the rows tuned at one and three threads: their threads as the winning variant runs them
+    for row in protocol.THREADED_ROWS:
+        assert protocol.threads(row) == protocol.threads(row, "1 thread") == 1
+        assert protocol.threads(row, "3 threads") == 3 and report.variant_text("3 threads") == "3 threads"
+        config = protocol.overrides(row, protocol.Scenario(16, "straggler"), 0, "3 threads")
+        assert config == {**protocol.overrides(row, protocol.Scenario(16, "straggler"), 0), "threads_per_device": 3}
+    assert protocol.threads_text("async-local", "3 threads") == "3 per device + a server device"
+    with pytest.raises(ValueError, match="variant '3 threads' of row 'lpp': choose among none"):
+        protocol.overrides("lpp", protocol.Scenario(16, "straggler"), 0, "3 threads")
 
 
 def test_the_detail_page_says_why_the_rows_applying_each_arrival_whole_are_slow():
@@ -822,3 +843,24 @@ def test_the_previous_evaluation_is_the_last_at_an_earlier_instant():
     assert _previous_evaluation(rows[3:], 0.9) == 0.0  # the first evaluation crossed: the run's start
     assert _previous_evaluation(rows[:2], 0.9) == 2.0  # never crossed: the last evaluation
     assert math.isnan(DIVERGED.previous_eval_time)
+
+
+def test_a_variant_the_path_refuses_is_left_out_of_the_tuning_and_kept_in_the_raw_file(monkeypatch):
+    calls = _fake_runs(monkeypatch)
+    real = cells.check
+
+    def check(row, scenario, lr, seeds, epochs, variant):
+        if variant == "3 threads":
+            raise cells.Refused("--replicas 48: not on this clock", "FLEET")
+        real(row, scenario, lr, seeds, epochs, variant)
+
+    monkeypatch.setattr(cells, "check", check)
+    settings = protocol.Settings(rows=("local",), workers=(16,), fleets=("churn",))
+    c = cells.run_cell("local", protocol.Scenario(16, "churn"), settings)
+    assert "refused" not in c and c["variant"] == "1 thread" and set(c["variants"]) == {"1 thread"}
+    assert c["refused_variants"] == {"3 threads": "--replicas 48: not on this clock"}
+    assert {algo for algo, *_ in calls} == {"local 1 thread"}
+    # every variant refused: the row is, with the first variant's message
+    monkeypatch.setattr(cells, "check", lambda *a: (_ for _ in ()).throw(cells.Refused(f"no {a[-1]}", "FLEET")))
+    refused = cells.run_cell("local", protocol.Scenario(16, "churn"), settings)
+    assert refused["refused"] == "no 1 thread" and "times" not in refused

@@ -207,27 +207,33 @@ def _not_crashes(spec: Any) -> str:
 
 
 def _check_pdasgd_threads(config: Any, given: list[str]) -> None:
-    """``--algo pdasgd`` on threads: ``crash:G@POS`` events only, ``G`` a group (one per device)
-    of ``--replication replicas``, with a ``correct`` or ``overwrite`` merge and no event log;
-    ``--quorum`` and ``--deadline`` have no synchronous step to act on."""
+    """``--algo pdasgd`` on threads: ``slow``, ``leave``, ``crash`` and ``join`` events, each on a
+    group ``G`` (one per device) of ``--replication replicas`` at ``POS`` of the examples budget
+    handed out (``churn``'s events are drawn on the virtual clock: refused); a leave, crash or
+    join with a ``correct`` or ``overwrite`` merge and no event log; ``--quorum`` and
+    ``--deadline`` have no synchronous step to act on."""
     if config.replication != "replicas" or config.quorum or config.deadline != "none":
         raise ValueError(
-            f"{', '.join(given)}: --algo pdasgd on threads takes --fleet crash:G@POS with --replication replicas "
-            f"only so far (a device's group that stops; the rounds go on with the others), not --replication "
-            f"{config.replication}, --quorum or --deadline"
+            f"{', '.join(given)}: --algo pdasgd on threads takes --fleet with --replication replicas only so far "
+            f"(slow, leave, crash and join events of a device's group), not --replication {config.replication}, "
+            "--quorum or --deadline"
         )
     from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
 
     spec = parse_fleet(config.fleet)
-    named = _not_crashes(spec)
-    if named:
+    if spec.churn is not None:
         raise ValueError(
-            f"--fleet {config.fleet}: --algo pdasgd on threads takes crash:G@POS events only so far, not {named}"
+            f"--fleet {config.fleet}: --algo pdasgd on threads takes slow, leave, crash and join events, not churn "
+            "(its events are drawn on the virtual clock); give the events, or use --simulate"
         )
-    if config.merge == "eager" or config.event_log:
-        what = "--merge eager (its carries assume every group in every mean)" if config.merge == "eager" else ""
-        what = what or "--event-log (its replay would need the crash)"
-        raise ValueError(f"--fleet {config.fleet}: a replicated run with a crash takes no {what} yet")
+    if spec.presence and (config.merge == "eager" or config.event_log):
+        presence = ", ".join(f"{e.kind}:{e.device}@{e.at:g}" for e in spec.presence)
+        what = (
+            "--merge eager (its carries assume every group in every mean): use --merge correct or overwrite"
+            if config.merge == "eager"
+            else "--event-log (its replay does not run a joining store's mean or a group's dropped jobs): drop it"
+        )
+        raise ValueError(f"--fleet {config.fleet}: {presence} takes no {what}, or keep slow windows only")
     # One group per device: at most one per replica (the run checks its real devices again).
     spec.events(config.devices or config.replicas or 1)
 

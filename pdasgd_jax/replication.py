@@ -30,7 +30,7 @@ write under that stage's lock after the merge program's time on the group's devi
 calls ``done()`` at the end); the group is paused meanwhile and its due actions (a snapshot
 after a merge with d = H) wait for ``done``.
 
-A group that crashes (``crash(g)``, ``--fleet crash:G@POS`` on threads) snapshots and merges
+A group that crashes or leaves (``crash(g)``, ``--fleet crash:G@POS`` or ``leave:G@POS``) snapshots and merges
 nothing more; every round whose all-reduce has not started averages the groups still up (its
 snapshot, if it took one, is left out: its device takes part in no collective after the
 crash), and starts at once if it waited only for the crashed group. Rounds averaged before
@@ -40,7 +40,7 @@ is out before its mean arrives (those that snapshotted it left, the others joine
 skipped: its mean, if its all-reduce started, is dropped on arrival, no group merges it, and
 the summary counts it in ``skipped_rounds``, not in ``averaging_rounds``.
 
-A group that is back (``join(g)``, ``--fleet join:G@POS`` on the virtual clock) takes part from
+A group that is back (``join(g)``, ``--fleet join:G@POS``, on the clock and on threads) takes part from
 the first round past every group up's count of jobs and every round in flight: it snapshots it at
 once (its store holds what it received on joining) and merges it ``d`` jobs later; earlier
 rounds count it as done with them.

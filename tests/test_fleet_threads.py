@@ -50,8 +50,7 @@ def test_a_group_that_crashes_mid_run_drops_only_its_unfinished_jobs(tmp_path):
     "changes, named",
     [
         (dict(replication="shared"), "--replication shared"),
-        (dict(fleet="crash:1@0.4,slow:0x2@0.1-0.2"), "slow:0x2@0.1-0.2"),
-        (dict(fleet="leave:1@0.5"), "leave:1@0.5"),
+        (dict(fleet="churn:crash=0.5"), "not churn"),
         (dict(merge="eager"), "--merge eager"),
         (dict(event_log=True, out="unused"), "--event-log"),
         (dict(fleet="crash:3@0.5"), "crash:3@0.5"),

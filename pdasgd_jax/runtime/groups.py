@@ -3,26 +3,24 @@
 ``GroupGate`` is a group's view of the data feed, paused while the group waits for a mean to
 merge (or, across processes, held at the next checkpoint's round); ``LockedRounds`` is the
 ``GroupRounds`` schedule the workers book their finished jobs with, under one lock, and
-``GroupControl`` the run's ``Control`` as a group's workers see it.
+``GroupControl`` the run's ``Control`` as a group's workers see it in one presence epoch.
+``Aborts`` holds the waits a stop must wake, which grow as groups rejoin.
 
-``GroupCrashes`` is ``--fleet crash:G@POS``: group (device) ``G`` crashes at the take (by
-whichever group) that brings the examples taken to ``POS`` of the budget. Under
-the rounds' lock its gate and its replicas' job queues are aborted, so its workers stop (each
-finishing at most the program it is running), and ``GroupRounds.crash`` lets the rounds go
-on without it. Every job it took and had not reported finished by then is dropped: a report
-that comes after the crash is refused (``LockedRounds.applied`` is False), so a job is either
-applied (booked with the rounds, its loss counted) or dropped, never both. Its store is read
-no more (the run's evaluations and result are the mean of the groups still up).
+Under ``--fleet`` (``runtime.group_fleet``) a group that leaves or crashes starts a new presence
+epoch (``LockedRounds.epochs``): a job its workers report from then on is refused, so a job is
+either applied (booked with the rounds, its loss counted) or dropped, never both; a group that
+joins gets a new gate, new job queues and new workers, whose ``GroupControl`` carries the new
+epoch.
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pdasgd_jax.replication import GroupRounds
+from pdasgd_jax.runtime.control import Abortable, Control
 from pdasgd_jax.runtime.feed import Batch
 from pdasgd_jax.runtime.lpp import DeviceControl
 from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, WouldBlock
@@ -31,9 +29,10 @@ from pdasgd_jax.runtime.queue import BoundedQueue, QueueClosed, WouldBlock
 class GroupGate:
     """Group ``g``'s view of the data feed: ``get`` as the feed's, except while the group is
     paused for a merge, when it waits (or raises ``WouldBlock`` when asked not to block).
-    ``abort`` (``Control.stop``) wakes it. A worker settles (reports) its pending job before
-    it takes from a gate (``settle_first``): that job may be the one that pauses the group,
-    as in the simulator, where a worker asks for its next job only after its last is done."""
+    ``abort`` (``Control.stop``, or the group's departure) wakes it. A worker settles (reports)
+    its pending job before it takes from a gate (``settle_first``): that job may be the one that
+    pauses the group, as in the simulator, where a worker asks for its next job only after its
+    last is done."""
 
     settle_first = True
 
@@ -46,6 +45,14 @@ class GroupGate:
         self._limit: int | None = None
         self.got = 0  # batches this group's workers received (``taken`` counts a take in progress)
         self.on_take: Callable[[], None] | None = None  # called after each batch taken
+
+    def successor(self) -> GroupGate:
+        """A new gate of the same feed for the group's next workers (a group that rejoins),
+        paused as this one is: the rounds pause and unpause the group, not a gate."""
+        gate = GroupGate(self._feed)
+        with self._cond:
+            gate._paused = self._paused
+        return gate
 
     def limit(self, taken: int | None) -> None:
         """Lets the group take batches only until it has ``taken`` (``None``: no limit): a
@@ -96,16 +103,19 @@ class GroupGate:
 
 class LockedRounds:
     """``GroupRounds`` as the workers' ``DeviceControl`` books with it: ``applied`` and
-    ``worker_exited``, under one lock (the merges it triggers run in the booking thread)."""
+    ``worker_exited``, under one lock (the merges it triggers run in the booking thread).
+    ``epochs[g]``: group ``g``'s presence changes so far (``runtime.group_fleet``)."""
 
     def __init__(self, rounds: GroupRounds):
         self.rounds = rounds
         self.lock = threading.Lock()
+        self.epochs = [0] * len(rounds.stores)
 
-    def applied(self, group: int) -> bool:
-        """Books one more finished job of ``group``; False (nothing booked) once it crashed."""
+    def applied(self, group: int, epoch: int = 0) -> bool:
+        """Books one more finished job of ``group`` taken in its presence ``epoch``; False
+        (nothing booked) once the group left or crashed since."""
         with self.lock:
-            if group in self.rounds.crashed:
+            if group in self.rounds.crashed or epoch != self.epochs[group]:
                 return False
             self.rounds.applied(group)
             return True
@@ -115,75 +125,72 @@ class LockedRounds:
 
 
 class GroupControl(DeviceControl):
-    """``DeviceControl`` of a replicated run's group: a job is reported finished only if the
-    rounds booked it (a crashed group's is dropped, see the module docstring)."""
+    """``DeviceControl`` of a replicated run's group in its presence ``epoch``: a job is
+    reported finished only if the rounds booked it (a job of a group that departed since is
+    dropped, see the module docstring). It counts its workers running and calls ``on_quiet``,
+    if set, once the last has exited (before the run's ``Control`` hears of it): a group that
+    left may then rejoin with new workers."""
+
+    def __init__(self, control: Control, booking: LockedRounds, group: int, epoch: int = 0):
+        super().__init__(control, booking, group)
+        self.group, self.epoch = group, epoch
+        self.running = 0
+        self.on_quiet: Callable[[], None] | None = None
+        self._lock = threading.Lock()
 
     def job_finished(self, loss: Any) -> None:
-        if self._averager.applied(self._device):
+        if self._averager.applied(self._device, self.epoch):
             self._control.job_finished(loss)
 
+    def thread_started(self) -> None:
+        with self._lock:
+            self.running += 1
+        self._control.thread_started()
 
-class GroupCrashes:
-    """``--fleet crash:G@POS`` on a replicated run's threads (see the module docstring).
+    def thread_exited(self) -> None:
+        with self._lock:
+            self.running -= 1
+            quiet = self.running == 0
+        try:
+            if quiet and self.on_quiet is not None:
+                self.on_quiet()
+        except BaseException as exc:  # reported to the supervisor, which re-raises it
+            self._control.fail(f"group {self.group}'s rejoin", exc)
+        finally:
+            self._control.thread_exited()
 
-    Args:
-      at: group -> the examples taken at which it crashes (``POS`` times the budget).
-      batch_size: examples per batch.
-      booking: the rounds, under their lock.
-      gates: each group's gate (their ``on_take`` is set here).
-      job_queues: each group's replicas' job queues (none for ASGD threads).
+
+class Aborts:
+    """Waits a stop must wake (one of ``Control``'s ``queues``) that may grow after the run's
+    ``Control`` is made: ``abort`` aborts every one added, and one added after it at once.
+
+    Examples:
+        >>> class Wait:
+        ...     def abort(self):
+        ...         print("woken")
+        >>> waits = Aborts([Wait()])
+        >>> waits.abort()
+        woken
+        >>> waits.add(Wait())
+        woken
     """
 
-    def __init__(
-        self,
-        at: dict[int, float],
-        batch_size: int,
-        booking: LockedRounds,
-        gates: Sequence[GroupGate],
-        job_queues: Sequence[Sequence[BoundedQueue[Any]]],
-    ):
-        self.batch_size = batch_size
-        # The batches taken at the crash point: the first count whose examples reach it.
-        self.at_batches = {g: math.ceil(examples / batch_size) for g, examples in at.items()}
-        self.booking, self.gates, self.job_queues = booking, list(gates), list(job_queues)
-        self.crashed: dict[int, int] = {}  # group -> the batches taken at its crash
-        self._taken = 0
-        self._count_lock = threading.Lock()
-        for gate in self.gates:
-            gate.on_take = self.taken
+    def __init__(self, waits: Iterable[Abortable]):
+        self._waits = list(waits)
+        self._aborted = False
+        self._lock = threading.Lock()
 
-    def taken(self) -> None:
-        """A worker took a batch: crashes every group whose point the batches taken reached."""
-        with self._count_lock:
-            self._taken += 1
-            taken = self._taken
-        if not any(taken >= n and g not in self.crashed for g, n in self.at_batches.items()):
-            return
-        with self.booking.lock:
-            for g, n in sorted(self.at_batches.items()):
-                if taken >= n and g not in self.crashed:
-                    self.crashed[g] = n
-                    self.gates[g].abort()
-                    for q in self.job_queues[g]:
-                        q.abort()
-                    self.booking.rounds.crash(g)
+    def add(self, *waits: Abortable) -> None:
+        with self._lock:
+            self._waits.extend(waits)
+            aborted = self._aborted
+        if aborted:
+            for wait in waits:
+                wait.abort()
 
-    def dropped(self) -> int:
-        """Jobs the crashed groups took and never finished (exact once their workers exited)."""
-        counts = self.booking.rounds.counts
-        return sum(self.gates[g].got - counts[g] for g in list(self.crashed))  # a worker may add one
-
-    def summary(self) -> list[dict[str, Any]]:
-        """Each crashed group: ``group``, ``at`` (the examples taken at its crash),
-        ``taken_jobs``, ``applied_jobs`` (booked before the crash) and ``dropped_jobs``."""
-        counts = self.booking.rounds.counts
-        return [
-            {
-                "group": g,
-                "at": n * self.batch_size,
-                "taken_jobs": self.gates[g].got,
-                "applied_jobs": counts[g],
-                "dropped_jobs": self.gates[g].got - counts[g],
-            }
-            for g, n in sorted(self.crashed.items())
-        ]
+    def abort(self) -> None:
+        with self._lock:
+            self._aborted = True
+            waits = list(self._waits)
+        for wait in waits:
+            wait.abort()

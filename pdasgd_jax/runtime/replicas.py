@@ -29,11 +29,13 @@ Checkpoints are taken at the supervisor's pauses, where every group is between j
 group's store, the rounds in flight and the schedule (``runtime.group_checkpoints``), at batch
 ``step`` of the feed. A resumed run goes on from exactly that state (the threads' timing,
 hence the schedule after it, is not reproducible; the store versions restart from 0).
-``--fleet crash:G@POS`` (one process; ``runtime.groups.GroupCrashes``): device ``G``'s group
-stops at the take that brings the examples taken to ``POS`` of the budget (whichever group's);
-its jobs not yet finished are dropped and counted, the rounds average the groups still up,
-the evaluations and the result are their mean, and the supervisor counts the dropped jobs
-as done with, so the run ends once every batch of the budget is applied or dropped. Such a
+``--fleet`` (one process; ``runtime.group_fleet.GroupFleet``): device ``G``'s group slows down
+(``slow:GxF@A-B``), leaves, crashes or joins at the take that brings the examples taken to
+``POS`` of the budget (whichever group's). A group that leaves or crashes stops: its jobs not
+yet finished are dropped and counted, the rounds average the groups still up, the evaluations
+and the result are their mean, and the supervisor counts the dropped jobs as done with, so the
+run ends once every batch of the budget is applied or dropped. A group that joins receives the
+mean of the stores up and takes part in the rounds from the next one, with new workers. Such a
 run writes no checkpoints (a resume is refused).
 Across processes each process checkpoints its own groups (``checkpoints/process{p}``), only
 at a round ``K`` every group of every process stops at (``runtime.round_checkpoints``): each
@@ -59,10 +61,10 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
 from pdasgd_jax.replication import GroupRounds
-from pdasgd_jax.runners.async_local_fleet import crash_examples
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.group_checkpoints import group_checkpoint, resume_groups, save_groups
-from pdasgd_jax.runtime.groups import GroupControl, GroupCrashes, GroupGate, LockedRounds
+from pdasgd_jax.runtime.group_fleet import GroupEpoch, GroupFleet, group_events
+from pdasgd_jax.runtime.groups import Aborts, GroupControl, GroupGate, LockedRounds
 from pdasgd_jax.runtime.lifecycle import POLL_S, WorkerPlace, run_runtime
 from pdasgd_jax.runtime.lpp import DeviceStoresRuntime
 from pdasgd_jax.runtime.processes import (
@@ -76,6 +78,7 @@ from pdasgd_jax.runtime.processes import (
 from pdasgd_jax.runtime.queue import BoundedQueue
 from pdasgd_jax.runtime.round_checkpoints import RoundCheckpoints, agree_on_resume
 from pdasgd_jax.runtime.settings import RuntimeSettings
+from pdasgd_jax.runtime.workers import Worker
 
 
 class ReplicatedRuntime(DeviceStoresRuntime):
@@ -106,8 +109,8 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             # array still being computed, which the merge's own dispatch waits for on the device.
             # Across processes one thread per process dispatches them, in round order.
             start_allreduce=lambda k: self.processes.start_round(k) if self.processes else self.rounds.arrive(k),
-            # Over the groups still up (all of them but after a crash).
-            mean=lambda snapshots: allreduce_mean(snapshots, tuple(devices[g] for g in self._live())),
+            # Over the groups that snapshotted the round: under --fleet not always those up now.
+            mean=lambda snapshots: allreduce_mean(snapshots, _devices_of(snapshots)),
             pause=lambda g: self.gates[g].pause(),
             unpause=lambda g: self.gates[g].unpause(),
             clock=lambda: time.perf_counter() - self._clock_start,
@@ -128,24 +131,62 @@ class ReplicatedRuntime(DeviceStoresRuntime):
         if not first_batch:  # a resumed run's rounds are restored (``_restore``)
             self.rounds.start()
         job_queues = [BoundedQueue(s.queue_capacity, producers=s.forward_workers) for _ in range(s.groups)]
+        self.waits = Aborts([*self.gates, *job_queues])  # a rejoined group's gate and queues join it
         self._control_and_feed(
             first_batch,
             feed_queue,
-            [*self.gates, *job_queues, *([self.processes] if self.processes else [])],
+            [self.waits, *([self.processes] if self.processes else [])],
             batches=process_batches(self.exp, s.batch_size, start=first_batch) if multi else None,
         )
-        crash_at = crash_examples(self.exp, len(devices))
-        self.crashes = None
-        if crash_at:
-            device_queues = [[job_queues[r] for r in placement.device_groups(d)] for d in range(len(devices))]
-            self.crashes = GroupCrashes(crash_at, s.batch_size, self.booking, self.gates, device_queues)
         controls = [GroupControl(self.control, self.booking, d) for d in range(len(devices))]
+        self.fleet: GroupFleet | None = None
+        if self.exp.config.fleet:
+            if multi:
+                raise ConfigError(f"--fleet {self.exp.config.fleet}: a multi-process replicated run takes no fleet yet")
+            epochs = [
+                GroupEpoch(self.gates[d], [job_queues[r] for r in placement.device_groups(d)], controls[d])
+                for d in range(len(devices))
+            ]
+            self.fleet = GroupFleet(
+                group_events(self.exp, len(devices)),
+                s.batch_size,
+                self.booking,
+                epochs,
+                devices,
+                self.control,
+                self.waits,
+                self._rejoin_workers,
+            )
         self.workers = []
         for r in range(s.groups):
             d = placement.group_device(r)
             place = WorkerPlace(devices[d], self.executors[d], controls[d], s.device_factor(d))
             self._add_group(r, place, feed=self.gates[d], jobs=job_queues[r], asgd_name=lpp.worker_name(r))
         self.merge_lock = self.booking.lock  # merges run under it
+
+    def _add(self, cls: type[Worker], name: str, place: WorkerPlace, **kwargs: Any) -> None:
+        """``Runtime._add``; under ``--fleet`` a worker takes its group's slow windows and a
+        rejoined group's epoch in its name (``GroupFleet.worker``)."""
+        if self.fleet is not None:
+            cls, name, options = self.fleet.worker(cls, name, place.control)
+            kwargs.update(options)
+        super()._add(cls, name, place, **kwargs)
+
+    def _rejoin_workers(
+        self, d: int, gate: GroupGate, control: GroupControl
+    ) -> tuple[list[BoundedQueue[Any]], list[Worker]]:
+        """Device ``d``'s group rejoining (``GroupFleet``): its replicas' new job queues and new
+        workers (not started), taking batches through ``gate`` (the group's from now on: the
+        rounds pause and unpause it) and reporting to ``control``."""
+        s = self.settings
+        self.gates[d] = gate
+        first = len(self.workers)
+        queues = []
+        for r in s.placement(self.executors[0].store.num_stages).device_groups(d):
+            queues.append(BoundedQueue(s.queue_capacity, producers=s.forward_workers))
+            place = WorkerPlace(s.devices[d], self.executors[d], control, s.device_factor(d))
+            self._add_group(r, place, feed=gate, jobs=queues[-1], asgd_name=lpp.worker_name(r))
+        return queues, self.workers[first:]
 
     def _process_rounds(self) -> ProcessRounds:
         """The rounds across processes (with ``checkpoint_rounds``, where they checkpoint)."""
@@ -270,7 +311,7 @@ class ReplicatedRuntime(DeviceStoresRuntime):
 
     def _gather(self) -> tuple[Any, Any]:
         """The mean of every group's params and states: across processes once the rounds are
-        over (before: this process's groups only); after a crash, of the groups still up."""
+        over (before: this process's groups only); under ``--fleet``, of the groups up."""
         if self.processes is not None and self.processes.final is not None:
             return self.processes.final
         if not self.rounds.crashed:
@@ -279,11 +320,11 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             return lpp.mean_variables([self.stores[g] for g in self._live()], self.settings.devices[0])
 
     def _live(self) -> list[int]:
-        """The groups not crashed."""
-        return [g for g in range(len(self.stores)) if g not in self.rounds.crashed]
+        """The groups up (not left or crashed, or joined since)."""
+        return self.rounds.live()
 
     def _dropped(self) -> int:
-        return self.crashes.dropped() if self.crashes is not None else 0
+        return self.fleet.dropped() if self.fleet is not None else 0
 
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
@@ -292,11 +333,19 @@ class ReplicatedRuntime(DeviceStoresRuntime):
             group_devices=[str(d) for d in self.settings.devices],
             **self.rounds.summary(),
         )
-        if self.crashes is not None:
-            out["crashes"] = self.crashes.summary()
+        if self.fleet is not None:
+            out["fleet"] = self.fleet.summary()
+            crashes = self.fleet.crashes()
+            if crashes:
+                out["crashes"] = crashes
         if self.processes is not None:
             out.update(processes=self.processes.processes, rounds_joined_after_data=self.processes.joined)
         return out
+
+
+def _devices_of(snapshots: list[Any]) -> tuple[jax.Device, ...]:
+    """The device each group's snapshot lives on (its group's)."""
+    return tuple(next(iter(jax.tree.leaves(snapshot)[0].devices())) for snapshot in snapshots)
 
 
 def run_threads(
@@ -320,8 +369,8 @@ def run_threads(
     if exp.config.fleet and checkpointer is not None:
         if checkpointer.latest_step() is not None:
             raise ConfigError(
-                f"--fleet {exp.config.fleet}: a replicated run with a crash cannot resume a run yet (its checkpoints "
-                "would need the crashed groups and the jobs they dropped); start it in a new --out"
+                f"--fleet {exp.config.fleet}: a replicated run with fleet events cannot resume a run yet (its "
+                "checkpoints would need the groups out and the jobs they dropped); start it in a new --out"
             )
         checkpointer = None  # such a run writes none (see the module docstring)
     return ReplicatedRuntime(exp, settings).run(metrics, checkpointer)

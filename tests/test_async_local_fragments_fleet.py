@@ -10,14 +10,14 @@ import itertools
 import jax
 import numpy as np
 import pytest
+from async_local_clock_run import run_planned
 
 from pdasgd_jax import Config, train_and_evaluate
 from pdasgd_jax.checkpoint import RunCheckpointer
-from pdasgd_jax.delays import CommModel, DelayModel, TimingModel, from_flops
+from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
 from pdasgd_jax.delays.fleet import FleetTimeline, parse_fleet
 from pdasgd_jax.eventlog import read_arrivals
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate import async_local
 from pdasgd_jax.simulate.async_local_clock import WHOLE_MODEL, plan_rounds, stretches
 
@@ -158,43 +158,17 @@ def _same(a, b):
 
 
 def test_a_clock_run_with_fragments_a_leave_and_a_join_completes_and_replays_bitwise(tmp_path, monkeypatch):
-    planned, exchanges = [], []
-
-    def spy(*args, **kwargs):
-        planned.append(plan_rounds(*args, **kwargs))
-        return planned[-1]
+    exchanges = []
 
     def recording(*args):
         exchanges.append(_Recording(*args))
         return exchanges[-1]
 
-    monkeypatch.setattr(async_local, "plan_rounds", spy)
-    monkeypatch.setattr(async_local, "Exchange", recording)
-    # 1 ms of compute per stage and step, stages of unequal bytes on a 1 MB/s network.
-    timing = dataclasses.replace(
-        from_flops([1e6] * 3, rate_flops_per_s=1e9, backward_factor=0.0), comm=CommModel(1e-4, 1e6)
+    fleet = "leave:1@0.2,join:1@0.5,crash:2@0.6"
+    result, schedule, exp, config = run_planned(
+        monkeypatch, tmp_path, recording, replicas=3, optimizer="momentum", fleet=fleet
     )
-    (tmp_path / "run").mkdir()
-    config = Config(
-        algo="async-local",
-        simulate=True,
-        replicas=3,
-        period=4,
-        batch_size=8,
-        epochs=0.25,
-        seed=0,
-        optimizer="momentum",
-        fragments=3,
-        fleet="leave:1@0.2,join:1@0.5,crash:2@0.6",
-        event_log=True,
-        out=str(tmp_path / "run"),
-        eval_every=10**9,
-        progress=False,
-    ).validate()
-    exp = Experiment.from_config(config)
-    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every, progress=False)
-    result = async_local.run_async_local_simulated(exp, metrics, timing=timing)
-    schedule, (exchange,) = planned[-1], exchanges
+    (exchange,) = exchanges
     summary = result.extra["async_local"]
     # The joiner's first stretch starts from the server's model of the version it pulled, bitwise.
     (joiner,) = _joiners(schedule)

@@ -8,11 +8,12 @@ import itertools
 import jax
 import numpy as np
 import pytest
+from async_local_clock_run import run_planned
 from fleet_reference import hand_averages
 
 from pdasgd_jax import Config, train_and_evaluate
 from pdasgd_jax.checkpoint import RunCheckpointer
-from pdasgd_jax.delays import CommModel, DelayModel, TimingModel, from_flops
+from pdasgd_jax.delays import CommModel, DelayModel, TimingModel
 from pdasgd_jax.delays.fleet import FleetSpec, FleetTimeline, churn_events, parse_fleet
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.eventlog import read_arrivals
@@ -273,37 +274,7 @@ def test_streamed_fragments_under_a_slow_window_plan_their_rounds_in_pull_order(
 def test_an_async_local_clock_run_with_fragments_under_a_slow_window_completes_and_replays_bitwise(
     tmp_path, monkeypatch
 ):
-    planned = []
-
-    def spy(*args, **kwargs):
-        planned.append(plan_rounds(*args, **kwargs))
-        return planned[-1]
-
-    monkeypatch.setattr(async_local, "plan_rounds", spy)
-    # 1 ms of compute per stage and step, stages of unequal bytes on a 1 MB/s network.
-    timing = dataclasses.replace(
-        from_flops([1e6] * 3, rate_flops_per_s=1e9, backward_factor=0.0), comm=CommModel(1e-4, 1e6)
-    )
-    (tmp_path / "run").mkdir()
-    config = Config(
-        algo="async-local",
-        simulate=True,
-        replicas=4,
-        period=4,
-        batch_size=8,
-        epochs=0.25,
-        seed=0,
-        fragments=3,
-        fleet="slow:0x3@0-1",
-        event_log=True,
-        out=str(tmp_path / "run"),
-        eval_every=10**9,
-        progress=False,
-    ).validate()
-    exp = Experiment.from_config(config)
-    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=config.eval_every, progress=False)
-    result = async_local.run_async_local_simulated(exp, metrics, timing=timing)
-    schedule = planned[-1]
+    result, schedule, exp, config = run_planned(monkeypatch, tmp_path, replicas=4, fleet="slow:0x3@0-1")
     _in_pull_order(schedule)
     assert any(a.start > b.start for a, b in zip(schedule.rounds, schedule.rounds[1:])), "start order differs"
     assert result.step * config.batch_size >= exp.total_examples  # every round started is applied

@@ -19,11 +19,12 @@ from pdasgd_jax.experiment import Experiment
 
 
 def fleet_timeline(exp: Experiment, horizon: float) -> tuple[FleetTimeline, FleetSpec] | None:
-    """``--fleet`` on the clock, position ``p`` being ``p`` times ``horizon``, the virtual length
-    of the same run without fleet events; None without events.
+    """``--fleet`` on async-local's clock over the run's ``--devices`` D (an event hits every
+    replica on its device), position ``p`` being ``p`` times ``horizon``, the virtual length of
+    the same run without fleet events; None without events.
 
     Args:
-      exp: the experiment (``--replicas`` W).
+      exp: the experiment (``--replicas`` W on ``--devices`` D).
       horizon: the virtual seconds of position 1 (0: an empty run, taken as 1).
 
     Returns:
@@ -32,7 +33,7 @@ def fleet_timeline(exp: Experiment, horizon: float) -> tuple[FleetTimeline, Flee
     spec = parse_fleet(exp.config.fleet)
     if spec.empty:
         return None
-    return FleetTimeline(spec, exp.layout.replicas, exp.config.fleet_horizon or horizon or 1.0), spec
+    return FleetTimeline(spec, exp.layout.devices, exp.config.fleet_horizon or horizon or 1.0), spec
 
 
 def departure_summary(

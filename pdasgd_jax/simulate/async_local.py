@@ -16,7 +16,7 @@ clock or of the threads, with the same programs, and lands on the run's model bi
 Checkpoints (``--checkpoint-every``, or at evaluations) are taken after an arrival
 (``async_local_checkpoints.Progress``): a resume plans the schedule again with the run's
 ``timing.json`` and continues from the next arrival, bitwise equal to the uninterrupted run.
-``--fleet`` (``async_local_fleet.device_fleet``, over the ``--devices`` D) plans the
+``--fleet`` (``runners.async_local_fleet.fleet_timeline``, over the ``--devices`` D) plans the
 schedule again with its slow windows, leaves, crashes and joins, each on a device and every
 replica on it (with ``--replicas`` a multiple of D, replica ``r`` runs on device ``r mod D``:
 ``async_local_clock``); a dropped round is never computed, so a replica that
@@ -61,13 +61,14 @@ from pdasgd_jax.runners.async_local import (
     run_stream,
     whole_model,
 )
+from pdasgd_jax.runners.async_local_fleet import fleet_timeline
 from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.async_local_checkpoints import Progress
 from pdasgd_jax.simulate.async_local_clock import Schedule, plan_rounds
 from pdasgd_jax.simulate.async_local_eventlog import arrival_line, schedule_of
 from pdasgd_jax.simulate.async_local_exchange import Exchange
-from pdasgd_jax.simulate.async_local_fleet import departures, device_fleet
+from pdasgd_jax.simulate.async_local_fleet import departures
 from pdasgd_jax.simulate.averaging_clock import peak_in_flight
 from pdasgd_jax.simulate.configured_timing import configured_timing
 
@@ -155,7 +156,7 @@ def run_async_local_simulated(
         fragment_nbytes=None if config.fragments == 1 else tuple(fragment_nbytes(exp)),
     )
     schedule = plan()
-    fleet = device_fleet(exp, max((rnd.applied for rnd in schedule.rounds), default=0.0))
+    fleet = fleet_timeline(exp, max((rnd.applied for rnd in schedule.rounds), default=0.0))
     if fleet is not None:
         schedule = plan(fleet=fleet[0], spec=fleet[1])
     path = exp.event_log_path

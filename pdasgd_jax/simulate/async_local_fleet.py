@@ -1,5 +1,5 @@
-"""``--fleet`` on async-local's clock: its events over the run's devices, and what the summary
-says of them.
+"""``--fleet`` on async-local's clock: what the summary says of its events, over the run's
+devices (``runners.async_local_fleet.fleet_timeline``).
 
 An event's index is a device (``--devices`` D) and applies to every replica on it: replica ``r``
 runs on device ``r mod D`` (``simulate.async_local_clock``). With one replica per device, a
@@ -13,26 +13,8 @@ from typing import Any
 
 from pdasgd_jax.delays.fleet import FleetSpec, FleetTimeline
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.runners.async_local_fleet import departure_summary, fleet_timeline
+from pdasgd_jax.runners.async_local_fleet import departure_summary
 from pdasgd_jax.simulate.async_local_clock import Schedule
-
-
-def device_fleet(exp: Experiment, horizon: float) -> tuple[FleetTimeline, FleetSpec] | None:
-    """``--fleet``'s events on the clock over the run's devices.
-
-    Args:
-      exp: the experiment (``--replicas`` W on ``--devices`` D).
-      horizon: the virtual seconds of position 1 (``fleet_timeline``'s).
-
-    Returns:
-      ``(timeline over the D devices, parsed specification)``, or None without events.
-    """
-    found = fleet_timeline(exp, horizon)
-    layout = exp.layout
-    if found is None or layout.devices == layout.replicas:
-        return found
-    timeline, spec = found  # ``fleet_timeline`` counts replicas: the same events over the devices
-    return FleetTimeline(spec, layout.devices, timeline.horizon), spec
 
 
 def departures(exp: Experiment, schedule: Schedule, timeline: FleetTimeline, spec: FleetSpec) -> dict[str, Any]:
@@ -46,7 +28,7 @@ def departures(exp: Experiment, schedule: Schedule, timeline: FleetTimeline, spe
     Args:
       exp: the experiment.
       schedule: the run's schedule (its ``dropped`` rounds and the departures that dropped them).
-      timeline: ``device_fleet``'s timeline.
+      timeline: ``fleet_timeline``'s timeline.
       spec: its specification.
 
     Returns:

@@ -1,4 +1,4 @@
-"""Schedule first, numerics compiled: a simulated ASGD or PD-ASGD run as compiled loop segments.
+"""Schedule first, numerics compiled: a simulated ASGD, PD-ASGD or LPP-SGD run as compiled loop segments.
 
 The event-by-event simulator (``run_simulated``) dispatches every job's kernels from Python
 as its virtual clock reaches them. Its schedule never depends on parameter values, so it can
@@ -18,10 +18,19 @@ bitwise where XLA compiles each kernel inside the loop as it compiles it alone (
 layers, dropout, BatchNorm on CPU); a convolution it compiles otherwise, so a
 convolutional model lands within float rounding of the simulator's parameters.
 
+LPP-SGD keeps one ring per replica and stage (``lpp_plan``, ``compiled_lpp``): each job's
+gradient from its device's versions, its update on its device's replica with that
+replica's optimizer state, each averaging round's snapshots (and their mean) and each
+replica's correction as steps placed where the event path applies them; its segments end
+at evaluations, and a last one holds the rounds that end after the last job.
+
 Covered: shared-store ``asgd``, ``pdasgd`` and ``pdasgd-block`` with ``stashed`` or ``live``
-weights (``stashed`` only with non-trainable state), any timing and delay model. Not
-covered (refused): ``live`` weights with BatchNorm, replicated runs, LPP-SGD, sync, local
-SGD and DaSGD.
+weights (``stashed`` only with non-trainable state), any timing and delay model; LPP-SGD
+(free or calibrated averaging costs) on serial devices, on a model without non-trainable
+state, run to its end, without checkpoints (as the event path). Not covered (refused):
+``live`` weights with BatchNorm, replicated runs, sync, local SGD and DaSGD; LPP-SGD under
+``--fleet`` or a concurrency curve above 1, with BatchNorm, with an event log, resumed, or
+a run that may stop early (it runs event by event, ``run_simulated``'s summary saying why).
 
 ``Segments`` runs the plan from its start or from any segment's end, given the carry there
 (a checkpoint's: ``compiled_run``), so a resumed run goes on compiled.
@@ -45,9 +54,11 @@ import numpy as np
 
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.simulate.compiled_live import LIVE
+from pdasgd_jax.simulate.compiled_lpp import LPP
 from pdasgd_jax.simulate.compiled_stateful import STATEFUL
-from pdasgd_jax.simulate.compiled_steps import STASHED, Batches, Carry, loop_program, ring_at
+from pdasgd_jax.simulate.compiled_steps import STASHED, Batches, Carry, loop_program
 from pdasgd_jax.simulate.live_plan import LivePlan, has_live_backwards, plan_live_steps
+from pdasgd_jax.simulate.lpp_plan import LppPlan, plan_lpp_steps
 from pdasgd_jax.simulate.schedule_plan import Plan, plan_steps
 from pdasgd_jax.simulate.stateful_plan import StatefulPlan, has_state_commits, plan_stateful_steps
 from pdasgd_jax.simulate.step_plan import Schedule, StepPlan
@@ -106,9 +117,12 @@ def chunk_capacity(longest: int) -> int:
 
 
 def make_plan(schedule: Schedule, cuts: Sequence[int] = ()) -> StepPlan:
-    """``schedule`` packed into steps with segments ending at ``cuts``: a ``LivePlan`` where its
+    """``schedule`` packed into steps with segments ending at ``cuts``: an ``LppPlan`` where it
+    keeps one store per device (``lpp_plan``), a ``LivePlan`` where its
     backwards re-read their stage (``live_plan``), a ``StatefulPlan`` where its jobs commit
     non-trainable state (``stateful_plan``), else a ``Plan`` (``schedule_plan``)."""
+    if schedule.stores:
+        return plan_lpp_steps(schedule, cuts)
     if has_live_backwards(schedule):
         return plan_live_steps(schedule, cuts)
     return (plan_stateful_steps if has_state_commits(schedule) else plan_steps)(schedule, cuts)
@@ -143,7 +157,7 @@ class Segments:
     ):
         self.exp, self.schedule = exp, schedule
         self.plan = plan = make_plan(schedule, cuts)
-        self.numerics = {Plan: STASHED, LivePlan: LIVE, StatefulPlan: STATEFUL}[type(plan)]
+        self.numerics = {Plan: STASHED, LivePlan: LIVE, StatefulPlan: STATEFUL, LppPlan: LPP}[type(plan)]
         needed = self.numerics.carry_bytes(exp, plan)
         if needed > memory_limit_bytes:
             raise RingBudgetError(
@@ -176,11 +190,9 @@ class Segments:
         return later[later < plan.bounds[k + 1]]
 
     def current(self, carry: Carry, k: int) -> tuple[PyTree, ...]:
-        """Every stage's current version at the end of segment ``k``."""
-        plan = self.plan
-        return tuple(
-            ring_at(ring, int(n) % size) for ring, n, size in zip(carry.rings, plan.versions[k], plan.ring_sizes)
-        )
+        """Every stage's current version at the end of segment ``k`` (of an LPP-SGD run: the
+        mean of the replicas', the model it evaluates)."""
+        return self.numerics.current(self.exp, self.plan, carry, k)
 
     def current_states(self, carry: Carry, k: int) -> tuple[PyTree, ...]:
         """Every stage's current non-trainable state at the end of segment ``k``."""

@@ -32,6 +32,7 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.compiled import DEFAULT_MEMORY_LIMIT_BYTES, CompiledRun, SegmentEnd, Segments
 from pdasgd_jax.simulate.compiled_steps import Carry
+from pdasgd_jax.simulate.lpp_plan import record_lpp_schedule
 from pdasgd_jax.simulate.schedule_plan import record_schedule
 from pdasgd_jax.simulate.simulation import num_jobs
 from pdasgd_jax.simulate.step_plan import Schedule
@@ -217,3 +218,50 @@ def simulate_compiled(
         utilisation, started = schedule.stops.get(run.done, (utilisation, started))
     result = RunResult(run.params, run.states, run.done, examples, {"jobs_started": started})
     return result, now, utilisation, staleness
+
+
+def simulate_lpp_compiled(
+    exp: Experiment,
+    metrics: MetricsLog,
+    timing: TimingModel,
+    *,
+    memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
+    """``simulate.lpp.run_lpp`` on the compiled path: the schedule first
+    (``lpp_plan.record_lpp_schedule``), then the numerics in segments ending at ``metrics``'s
+    evaluations, reported as the event path reports them; like it, it writes no checkpoints.
+
+    Args:
+      exp: an ``--algo lpp`` run the compiled path covers (``lpp_plan.unsupported``).
+      metrics: the run's metrics log.
+      timing: the timing model, as ``run_simulated`` takes it.
+      memory_limit_bytes: the most the rings may take.
+
+    Returns:
+      ``(result, virtual_time, utilisation, staleness)``, as ``run_lpp`` returns them.
+
+    Raises:
+      RingBudgetError: the rings would need more than ``memory_limit_bytes``.
+    """
+    batch = exp.config.batch_size
+    schedule, extra = record_lpp_schedule(exp, timing)
+    evaluations = evaluation_jobs(metrics, batch, num_jobs(exp.total_examples, batch))
+    segments = Segments(exp, schedule, cuts=evaluations, memory_limit_bytes=memory_limit_bytes)
+    tail = len(segments.plan.cuts) - 1  # the merges after the last job: no evaluation there
+
+    def report(end: SegmentEnd) -> None:
+        if end.index == tail:
+            return
+        for i, loss in enumerate(end.losses, start=end.done - len(end.losses) + 1):
+            metrics.add_loss(i, loss)
+        examples = end.done * batch
+        metrics.observe(
+            step=end.done, examples=examples, params=end.params, states=end.states, virtual_time=end.virtual_time
+        )
+
+    run = segments.run(segments.initial_carry(), on_segment=report)
+    now, examples = schedule.virtual_time, run.done * batch
+    if not metrics.rows or metrics.rows[-1]["examples"] != examples:
+        metrics.evaluate(step=run.done, examples=examples, params=run.params, states=run.states, virtual_time=now)
+    result = RunResult(run.params, run.states, run.done, examples, {"jobs_started": schedule.started, **extra})
+    return result, now, schedule.utilisation, schedule.staleness

@@ -89,17 +89,24 @@ def ring_reads(rings: Sequence[PyTree], slots: Any) -> tuple[PyTree, ...]:
 
 def _step(kernels: StageKernels, states: tuple, carry: Carry, inp: StepInputs) -> tuple[Carry, jax.Array]:
     """One step: the job's gradient (to its gradient slot), then each stage's update."""
-    job = inp.job
+    loss, grad_rings = job_gradient(kernels, states, carry.rings, carry.grads, inp.job)
+    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp.updates)
+    return Carry(rings, opt_states, grad_rings), loss
+
+
+def job_gradient(
+    kernels: StageKernels, states: tuple, rings: tuple, grad_rings: tuple, job: JobInputs
+) -> tuple[jax.Array, tuple]:
+    """A step's job's gradient, from the versions at its ``read_slot``, written to its slot of
+    ``grad_rings``: ``(loss, grad_rings)``; skipped where the step has none (the schedule's
+    gradients come at most one a step)."""
 
     def gradients(grad_rings: tuple) -> tuple[jax.Array, tuple]:
-        read = ring_reads(carry.rings, job.read_slot)
+        read = ring_reads(rings, job.read_slot)
         loss, grads = kernels.job_gradients(read, states, job.x, job.labels, job.key)
         return loss, tuple(ring_put(b, g, job.slot) for b, g in zip(grad_rings, grads))
 
-    # A step without a gradient (the schedule's gradients come at most one a step) skips it.
-    loss, grad_rings = skippable(job.runs, gradients, carry.grads)
-    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp.updates)
-    return Carry(rings, opt_states, grad_rings), loss
+    return skippable(job.runs, gradients, grad_rings)
 
 
 def skippable(run: jax.Array, fn: Callable[[PyTree], tuple[jax.Array, PyTree]], buffers: PyTree) -> tuple:
@@ -256,14 +263,21 @@ def _stashed_inputs(plan: Plan, lo: int, hi: int, length: int, batches: Batches,
 class Numerics(NamedTuple):
     """What runs a kind of plan: its ``step``, its initial carry (``init_carry(exp, plan)``),
     its steps' inputs (``inputs(plan, lo, hi, length, batches, key)``), the memory its carry
-    takes (``carry_bytes(exp, plan)``) and the non-trainable states at a segment's end
-    (``current_states(exp, plan, carry, k)``)."""
+    takes (``carry_bytes(exp, plan)``), the non-trainable states at a segment's end
+    (``current_states(exp, plan, carry, k)``) and the parameters there
+    (``current(exp, plan, carry, k)``: each stage's current version)."""
 
     step: Callable
     init_carry: Callable
     inputs: Callable
     carry_bytes: Callable
     current_states: Callable = lambda exp, plan, carry, k: tuple(exp.variables.states)
+    current: Callable = lambda exp, plan, carry, k: current_versions(plan, carry, k)
+
+
+def current_versions(plan: StepPlan, carry: Any, k: int) -> tuple[PyTree, ...]:
+    """Every stage's current version at the end of segment ``k`` of ``plan`` (one shared store)."""
+    return tuple(ring_at(ring, int(n) % size) for ring, n, size in zip(carry.rings, plan.versions[k], plan.ring_sizes))
 
 
 STASHED = Numerics(_step, init_carry, _stashed_inputs, lambda exp, plan: ring_bytes(plan, exp.variables.params))

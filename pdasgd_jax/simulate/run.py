@@ -130,8 +130,11 @@ def run_simulated(
         fleet = _fleet_clock(exp, checkpointer, timing, delay)
         with EventLogFile(path) if path else contextlib.nullcontext(log) as log:
             if config.algo == "lpp" or config.replication == "replicas":
+                compiled = None
+                if config.algo == "lpp" and config.numerics == "compiled":
+                    compiled, numerics = _compiled_lpp(exp, metrics, checkpointer, log, given_timing, fleet)
                 run = run_lpp if config.algo == "lpp" else run_replicated
-                result, now, utilisation, staleness = run(
+                result, now, utilisation, staleness = compiled or run(
                     exp, metrics, checkpointer, timing, delay, devices, workers, log=log, fleet=fleet
                 )
             else:
@@ -146,11 +149,10 @@ def run_simulated(
             if fleet is not None:
                 result.extra["fleet"] = fleet.summary()
     if config.numerics != "event" and numerics is None:  # the algorithms it does not cover run event by event
-        one_store_each = config.algo == "lpp" or config.replication == "replicas"
         numerics = {
             "path": "event",
-            "why": "the compiled path runs one shared store, not one store per device"
-            if one_store_each
+            "why": "the compiled path runs one shared store or LPP-SGD, not replicated stores"
+            if config.replication == "replicas"
             else f"the compiled path does not run --algo {config.algo}",
         }
     target = config.target_accuracy
@@ -215,6 +217,34 @@ def _compiled(
             why = str(e)
     if resumes_compiled:
         raise ValueError(f"the run resumes a checkpoint of the compiled path, which cannot run it now: {why}")
+    return None, {"path": "event", "why": why}
+
+
+def _compiled_lpp(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None,
+    log: EventLog | None,
+    timing: TimingModel,
+    fleet: FleetClock | None,
+) -> tuple[tuple[RunResult, float, dict[str, Any], StalenessStats] | None, dict[str, Any]]:
+    """An LPP-SGD run on the compiled path (``compiled_run.simulate_lpp_compiled``), or None
+    where it does not cover it; and what the summary says of it (``_compiled``'s)."""
+    from pdasgd_jax.simulate import compiled, compiled_run, lpp_plan  # only a run that asks for it compiles them
+
+    if fleet is not None:
+        why = "a run under --fleet runs on the event-by-event path"
+    elif checkpointer is not None and checkpointer.latest_step() is not None:
+        why = "the event-by-event path refuses to resume an LPP-SGD run"
+    elif log is not None:
+        why = "the event log is written by the event-by-event path"
+    else:
+        why = lpp_plan.unsupported(exp, timing, metrics)
+    if why is None:
+        try:
+            return compiled_run.simulate_lpp_compiled(exp, metrics, timing), {"path": "compiled", "checkpoints": "none"}
+        except compiled.RingBudgetError as e:
+            why = str(e)
     return None, {"path": "event", "why": why}
 
 

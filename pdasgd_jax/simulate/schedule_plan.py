@@ -69,10 +69,11 @@ def check_supported(exp: Experiment) -> None:
 
 class NoNumerics:
     """The kernels a simulation of fused jobs (``FusedJobExecutor``: a job's gradients, a
-    stage's update), of ``live`` backwards (``LiveExecutor``: a stage's forward, the loss, a
-    stage's backward) or of a model with state (``StashedExecutor``) calls, computing
-    nothing: the schedule needs no value, not even a shape. No key is drawn either
-    (``draws_randomness``): the schedule does not depend on the masks."""
+    stage's update, every stage's update of an LPP-SGD thread), of ``live`` backwards
+    (``LiveExecutor``: a stage's forward, the loss, a stage's backward) or of a model with
+    state (``StashedExecutor``) calls, computing nothing: the schedule needs no value, not
+    even a shape. No key is drawn either (``draws_randomness``): the schedule does not
+    depend on the masks."""
 
     draws_randomness = False
 
@@ -101,6 +102,11 @@ class NoNumerics:
         self, m: int, params: Any, opt_state: Any, grads: Any, staleness: int = 0, old_params: Any = None
     ) -> tuple[Any, Any]:
         return params, opt_state
+
+    def update_all(
+        self, params: tuple, opt_states: tuple, grads: tuple, stalenesses: Any = None, old_params: Any = None
+    ) -> tuple[tuple, tuple]:
+        return params, opt_states
 
 
 def _nothing(*args: Any) -> tuple[None, None]:

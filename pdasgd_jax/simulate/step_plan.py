@@ -47,6 +47,8 @@ class Schedule:
       started: jobs started.
       stops: per done count the run may stop at (``record_schedule``'s ``stops_at``), the
         ``(utilisation, started)`` of a run stopped there.
+      stores: the replicas of a run with one store per device (LPP-SGD: ``lpp_plan``); 0:
+        one shared store.
     """
 
     events: list[Event]
@@ -57,6 +59,7 @@ class Schedule:
     utilisation: dict[str, Any]
     started: int
     stops: dict[int, tuple[dict[str, Any], int]] = dataclasses.field(default_factory=dict)
+    stores: int = 0
 
     @property
     def virtual_time(self) -> float:

@@ -11,7 +11,15 @@ import pathlib
 from typing import Any
 
 from benchmarks.fleets.paragraph import which_algorithm
-from benchmarks.fleets.protocol import DIVERGED_ACCURACY, LABELS, NAME, ROW_NOTES, WORKERS, threads_text
+from benchmarks.fleets.protocol import (
+    DIVERGED_ACCURACY,
+    LABELS,
+    NAME,
+    ONE_THREAD,
+    ROW_NOTES,
+    WORKERS,
+    threads_text,
+)
 from benchmarks.fleets.report import merged, newest_per_workers, open_review, variant_text, withheld
 from benchmarks.fleets.verdicts import (
     DIVERGED,
@@ -47,7 +55,7 @@ def _tied(cell: dict[str, Any]) -> list[str]:
 def _summary_cell(cell: dict[str, Any], kind: str, text: str) -> str:
     """A compact cell: the reference's time or the ratio with its mark (``MARK``), or why there
     is none (diverged k/n with missed m/n, the diverged included; untuned; missed: k of n
-    seeds); then the winning b (and the variants tied with it), ‡k (past the horizon on k seeds)
+    seeds); then the winning b or three threads (and the variants tied with it), ‡k (past the horizon on k seeds)
     and F (a tuning rate failed)."""
     n = len(cell.get("times") or [])
     if kind == REFERENCE:
@@ -65,7 +73,8 @@ def _summary_cell(cell: dict[str, Any], kind: str, text: str) -> str:
         out = {REFUSED: "not supported yet", FAILED: "failed", NOT_JUDGED: NOT_JUDGED}.get(kind, text)
     if kind in (REFUSED, FAILED):
         return out
-    if cell.get("variant"):
+    # A thread variant is said where it is not one thread (the threads column says the rest).
+    if cell.get("variant") and cell["variant"] != ONE_THREAD:
         tied = [variant_text(v).removeprefix("b = ") for v in _tied(cell)]
         out += f"; {variant_text(cell['variant'])}" + (f" tied with {', '.join(tied)}" if tied else "")
     past = sum(cell.get("past_horizon", []))

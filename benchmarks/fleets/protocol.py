@@ -168,7 +168,8 @@ ROWS: dict[str, dict[str, Any]] = {
     "lpp": ALGORITHMS["lpp"],
 }
 # A thread variant: the row's own config at that many workers (replicas) per device.
-THREAD_VARIANTS: dict[str, int] = {"1 thread": 1, "3 threads": THREADS_PER_DEVICE}
+ONE_THREAD = "1 thread"
+THREAD_VARIANTS: dict[str, int] = {ONE_THREAD: 1, "3 threads": THREADS_PER_DEVICE}
 # The rows tuned at one and at three threads per device (module docstring, "Threads per device").
 THREADED_ROWS = (
     "local",
@@ -442,6 +443,7 @@ __all__ = [
     "LRS_BY_ROW",
     "NAME",
     "NETWORK",
+    "ONE_THREAD",
     "OPTIMISTIC_CRASHES",
     "ROWS",
     "ROW_NOTES",

@@ -76,6 +76,8 @@ def _time(cell: dict[str, Any]) -> str:
     rate = f"lr {cell['lr']:g} of {tried}" + (", edge" if cell.get("edge") else "")
     if cell.get("variant"):
         rate += f", {variant_text(cell['variant'])} won"
+    if cell.get("refused_variants"):  # left out of the tuning: the path refuses them
+        rate += ", " + ", ".join(f"{variant_text(v)} not supported yet" for v in cell["refused_variants"])
     if cell.get("failed_rates"):
         rate += ", failed at lr " + ", ".join(sorted({f"{f['lr']:g}" for f in cell["failed_rates"]}))
     past = sum(cell.get("past_horizon", []))

@@ -860,6 +860,9 @@ def test_a_variant_the_path_refuses_is_left_out_of_the_tuning_and_kept_in_the_ra
     assert "refused" not in c and c["variant"] == "1 thread" and set(c["variants"]) == {"1 thread"}
     assert c["refused_variants"] == {"3 threads": "--replicas 48: not on this clock"}
     assert {algo for algo, *_ in calls} == {"local 1 thread"}
+    assert "1 thread won, 3 threads not supported yet" in report.render({"settings": _settings(), "cells": [c]})
+    # the compact table's threads column says one thread; its cell does not repeat it
+    assert "1 thread" not in compact._summary_cell(c, verdicts.REFERENCE, "")
     # every variant refused: the row is, with the first variant's message
     monkeypatch.setattr(cells, "check", lambda *a: (_ for _ in ()).throw(cells.Refused(f"no {a[-1]}", "FLEET")))
     refused = cells.run_cell("local", protocol.Scenario(16, "churn"), settings)

@@ -1,4 +1,5 @@
-# `make train` runs the main job, `make test` the test suite; each creates .venv on first use.
+# `make train` runs the main job, `make test` the test suite (`make test-harness` the study
+# harness's slow tests); each creates .venv on first use.
 # `make floors` runs a smoke subset of the tests in a new .venv-floor holding the oldest
 # versions pyproject.toml allows (requirements-floor.txt); `make wheel-check` installs a wheel
 # of the repo into a new environment outside it and runs the README's examples there.
@@ -8,7 +9,7 @@ FLOOR_VENV := .venv-floor
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test lint bench floors wheel-check docs clean device-check
+.PHONY: train test test-harness lint bench floors wheel-check docs clean device-check
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +23,10 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The study harness's slow tests (marked `harness`), which `make test` leaves out.
+test-harness: $(STAMP)
+	$(PY) -m pytest -q -m harness
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

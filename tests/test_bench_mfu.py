@@ -61,6 +61,7 @@ def test_counted_program_multiplies_cost_analysis_by_calls():
     assert program.calls == 1 and program.flops() == 0
 
 
+@pytest.mark.harness
 def test_mfu_quick_counts_flops_of_every_algorithm(tmp_path):
     out = str(tmp_path)
     table = run_benchmark("mfu", out, quick=True)

@@ -6,6 +6,7 @@ import math
 import os
 
 import jax
+import pytest
 
 from pdasgd_jax import affinity
 from pdasgd_jax.bench import interleaved_seconds, json_ready, rate_summary, throughput
@@ -52,6 +53,7 @@ def test_unknown_benchmark_is_refused(capsys):
     assert "unknown benchmark 'speed'; choose from mfu, throughput, sim-speed" in capsys.readouterr().err
 
 
+@pytest.mark.harness
 def test_throughput_quick_times_every_layout_against_the_sequential_loop(tmp_path, monkeypatch):
     # One device here; the harness's runtime benchmark times the same table on all eight.
     monkeypatch.setattr(throughput, "device_placements", lambda: {"1 device": tuple(jax.devices())[:1]})

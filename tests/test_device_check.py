@@ -23,6 +23,7 @@ def _script():
 
 # 35 to 50 s on two CPU cores: the quick mfu's ResNet-18 compiles are over half of it; the
 # prediction calibrates the digits MLP where this machine has no cached calibration (10 s).
+@pytest.mark.harness
 @pytest.mark.timeout(400)
 def test_quick_check_writes_every_part_and_a_summary_of_it(tmp_path):
     dc = _script()

@@ -104,7 +104,8 @@ def test_a_log_cut_short_replays_its_prefix_and_says_the_run_did_not_finish(thre
     copy = _copy(threaded_run, tmp_path)
     text = (copy / EVENT_LOG).read_text()
     (copy / FINAL_VARIABLES).unlink()  # a killed run writes none (with them, a cut log is damage: exit 2)
-    (copy / EVENT_LOG).write_text(text[: len(text) // 2 + 7])  # mid-line, as a killed run leaves it
+    middle = text.index("\n", len(text) // 2) + 1  # the start of a line past the middle
+    (copy / EVENT_LOG).write_text(text[: middle + 7])  # mid-line, as a killed run leaves it
     assert main(["replay", str(copy)]) == 1
     assert capsys.readouterr().out.startswith(f"replay incomplete: the run did not finish ({copy / EVENT_LOG} line ")
     (copy / EVENT_LOG).write_text(text)  # a run that crashed after its last event

@@ -95,6 +95,7 @@ def test_overlap_quick_shows_dasgd_hiding_what_sync_pays(tmp_path):
         assert 0 < span["step_s_min"] <= span["step_s_median"] <= span["step_s_max"]
 
 
+@pytest.mark.harness
 def test_runtime_quick_reports_every_layout_and_the_prediction(tmp_path):
     out = str(tmp_path)
     cpus_before = affinity.current_thread_cpus()
@@ -327,6 +328,7 @@ def test_replicated_schedule_is_tuned_like_the_rate(monkeypatch):
     assert result["times"] == [1.0, 1.0]
 
 
+@pytest.mark.harness
 def test_stability_quick_default_pdasgd_collapses_on_no_seed(tmp_path):
     """The default rate's regression test (the full benchmark runs 30 seeds of 40 epochs): three
     threaded runs with every flag at its default but the budget all learn; at a rate that does

@@ -33,6 +33,7 @@ def _independent_staleness(events) -> list[list[int]]:
     return [taus[m] for m in sorted(taus)]
 
 
+@pytest.mark.harness
 def test_staleness_cell_reports_the_simulators_count(monkeypatch):
     """Every variant's per-stage staleness is the count of its run's reads and updates (recounted
     here from the event log) after the warm-up (each stage's first 2 M W updates: exactly those

@@ -312,6 +312,7 @@ def test_no_raw_file_no_section(tmp_path):
     assert compact.results_section(tmp_path) is None
 
 
+@pytest.mark.harness
 @pytest.mark.timeout(240)
 def test_quick_command_writes_a_raw_file_whose_section_renders(tmp_path):
     out = tmp_path / report.RAW_DIR

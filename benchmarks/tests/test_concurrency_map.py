@@ -251,6 +251,7 @@ def test_rates_are_warm_started_from_the_previous_gain_on_the_grid_lattice(monke
     )
 
 
+@pytest.mark.harness
 @pytest.mark.timeout(240)
 def test_quick_command_writes_the_raw_fields(tmp_path):
     out = str(tmp_path)

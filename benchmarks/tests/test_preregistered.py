@@ -122,6 +122,7 @@ def test_verdict_rules_on_synthetic_rows():
     assert verdicts.claim_verdict([]) == verdicts.NOT_JUDGED
 
 
+@pytest.mark.harness
 def test_the_run_cache_keys_each_run_on_its_device_curve(monkeypatch, tmp_path):
     """Precondition (2): a run on one curve is never read back for another; the same curve is."""
     calls = []
@@ -203,6 +204,7 @@ def test_the_runner_runs_every_algorithm_on_every_curve_as_registered(monkeypatc
     assert "No accelerator-measured device curve is committed" in prereg.markdown(unjudged)
 
 
+@pytest.mark.harness
 def test_the_quick_study_writes_its_json_jsonl_and_markdown(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(delays, "cell", _stub_cell(calls, {"pdasgd": 0.5}))

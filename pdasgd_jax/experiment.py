@@ -115,6 +115,20 @@ def _check_budget(config: Config, dataset: data.Dataset) -> None:
 ROUND_INPUT_LIMIT_BYTES = 4 * 2**30
 
 
+# The algorithms whose replicas each train on their own shard of the training set.
+SHARDED = ("local", "dasgd", "async-local")
+
+
+def _check_shards(config: Config, replicas: int, dataset: data.Dataset) -> None:
+    """Refuses replicas whose shards of the training set hold less than one batch each."""
+    if config.algo in SHARDED and data.batches_per_epoch(dataset.train, config.batch_size, replicas) == 0:
+        raise ConfigError(
+            f"--batch-size {config.batch_size} x {replicas} replicas exceeds the {len(dataset.train)} training "
+            f"examples of {dataset.name}: each replica trains on its own shard, which must hold one batch; use "
+            f"at most {len(dataset.train) // config.batch_size} replicas or a smaller --batch-size"
+        )
+
+
 def _check_rounds(config: Config, replicas: int, train: data.Split, total_examples: int) -> None:
     """Refuses a ``local``/``dasgd`` round longer than the budget, or too large to hold in memory.
 
@@ -161,6 +175,7 @@ def check_against_dataset(config: Config, dataset: data.Dataset) -> layout_lib.L
     the layout it resolved, which the experiment then keeps."""
     _check_budget(config, dataset)
     layout = layout_lib.resolve(config, jax.device_count())
+    _check_shards(config, layout.replicas, dataset)
     _check_rounds(config, layout.replicas, dataset.train, round(config.epochs * len(dataset.train)))
     return layout
 

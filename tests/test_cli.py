@@ -90,6 +90,12 @@ BAD_FLAGS = [
     (["--simulate", "--delay-mean", "3"], "--delay-mean 3.0 has no effect with --delay-model none", None),
     (["--epochs", "1e-9"], "--epochs 1e-09 is less than one example", None),
     (["--batch-size", "5000"], "--batch-size 5000 exceeds the 1438 training examples of digits", None),
+    (
+        ["--algo", "async-local", "--simulate", "--replicas", "96", "--batch-size", "16"],
+        "--batch-size 16 x 96 replicas exceeds the 1438 training examples of digits: each replica trains on its "
+        "own shard",
+        None,
+    ),
     (["--algo", "local", "--replicas", "2", "--period", "1000"], "--period 1000 makes one averaging round", None),
     (
         ["--algo", "local", "--replicas", "1", "--period", "600000", "--epochs", "20000"],

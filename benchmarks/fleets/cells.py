@@ -22,6 +22,7 @@ from benchmarks.fleets.protocol import (
 )
 from benchmarks.fleets.verdicts import no_rate_reached
 from pdasgd_jax.config import Config
+from pdasgd_jax.experiment import check_against_dataset
 
 
 class Stopped(Exception):
@@ -71,7 +72,9 @@ def run_config(run: dict[str, Any], workers: int, lr: float, seed: int, epochs: 
 
 
 def check(row: str, scenario: Scenario, lr: float, seeds: tuple[int, ...], epochs: float, variant: str | None) -> None:
-    """``Config.validate`` on every run ``row`` would make with ``seeds`` (their fleets differ).
+    """``Config.validate`` on every run ``row`` would make with ``seeds`` (their fleets differ),
+    and the checks against the dataset (``experiment.check_against_dataset``: a replica's shard
+    holding less than a batch, a round longer than the budget), before any run.
 
     Raises:
       Refused: the library's refusal, with its message.
@@ -79,7 +82,8 @@ def check(row: str, scenario: Scenario, lr: float, seeds: tuple[int, ...], epoch
     for seed in seeds:
         run = overrides(row, scenario, seed, variant)
         try:
-            run_config(run, scenario.workers, lr, seed, epochs).validate()
+            config = run_config(run, scenario.workers, lr, seed, epochs).validate()
+            check_against_dataset(config, _base_experiment(seed, lr).dataset)
         except ValueError as e:
             raise Refused(str(e), run["fleet"]) from e
 

@@ -68,6 +68,23 @@ def variant_text(variant: str | None) -> str:
     return f"b = W/{1 / share:g}" if share else "b = 0"
 
 
+def _failed_text(failed_rates: list[dict[str, Any]]) -> str:
+    """The tuning rates that failed: ``failed at lr a, b``, for a thread variant with the
+    variant and its first message (the rate and seed cut off)."""
+    by_variant: dict[str | None, list[dict[str, Any]]] = {}
+    for f in failed_rates:
+        by_variant.setdefault(f.get("variant") if f.get("variant") in THREAD_VARIANTS else None, []).append(f)
+    parts = []
+    for variant, failures in by_variant.items():
+        rates = ", ".join(sorted({f"{f['lr']:g}" for f in failures}, key=float))
+        if variant is None:
+            parts.append(f"failed at lr {rates}")
+        else:
+            message = failures[0]["failed"].split(" (lr ")[0]
+            parts.append(f"{variant} failed at lr {rates} ({message})")
+    return ", ".join(parts)
+
+
 def _time(cell: dict[str, Any]) -> str:
     if not has_run(cell):
         return "-"
@@ -79,7 +96,7 @@ def _time(cell: dict[str, Any]) -> str:
     if cell.get("refused_variants"):  # left out of the tuning: the path refuses them
         rate += ", " + ", ".join(f"{variant_text(v)} not supported yet" for v in cell["refused_variants"])
     if cell.get("failed_rates"):
-        rate += ", failed at lr " + ", ".join(sorted({f"{f['lr']:g}" for f in cell["failed_rates"]}))
+        rate += ", " + _failed_text(cell["failed_rates"])
     past = sum(cell.get("past_horizon", []))
     if past:
         rate += f"; past the horizon on {past} seed{'s' if past > 1 else ''}: no churn after it"

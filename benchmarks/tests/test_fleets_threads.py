@@ -81,3 +81,12 @@ def test_the_straggler_of_a_three_thread_row_slows_exactly_the_last_devices_thre
     assert all(busy[name] > 0 for name in on_last[:-1])
     device_busy = sum(busy[name] for name in on_last) * extra["virtual_time"]
     assert math.isclose(stretch[W - 1], (STRAGGLER_FACTOR - 1) / STRAGGLER_FACTOR * device_busy, rel_tol=1e-6)
+
+
+def test_at_w64_three_threads_leave_a_shard_under_a_batch_and_are_refused_before_any_run():
+    # 192 replicas' shards of digits' 1438 training examples hold 7 each, less than a batch of 16.
+    scenario = protocol.Scenario(64, "straggler")
+    for row in ("local", "async-local"):
+        with pytest.raises(cells.Refused, match="16 x 192 replicas exceeds the 1438 training examples"):
+            cells.check(row, scenario, 0.2, protocol.TUNING_SEEDS[:1], 60.0, "3 threads")
+        cells.check(row, scenario, 0.2, protocol.TUNING_SEEDS[:1], 60.0, "1 thread")

@@ -50,15 +50,23 @@ threads per device). Async-local runs on W + 1 devices: one server applies every
 fails and its link is not shared; its inner rate is the row's tuned rate, not scaled with W
 (``ROW_NOTES``).
 
-**Threads per device** (``threads``): LPP-SGD and replicated PD-ASGD run ``THREADS_PER_DEVICE``
-(PD-ASGD's F + B). Sync keeps one: a synchronous step's threads would only split its batch. The
-other averaging rows (``THREADED_ROWS``: local SGD, DaSGD, async-local, each with its variants)
-are tuned at one and at three threads per device (``THREAD_VARIANTS``: ``replicas = 3W`` on W
-devices, as ``delays`` gives ASGD ``asgd-3t``), and the variant faster on the tuning seeds is
-reported, as ``sync-best`` picks its backup workers; the page says which won. Their clocks run a
-device's replicas one program at a time and price the all-reduce on the W devices
-(docs/algorithms.md). A variant ``Config.validate`` refuses is left out of the tuning and kept
-in the raw file (``refused_variants``).
+**Threads per device** (``threads``): replicated PD-ASGD runs ``THREADS_PER_DEVICE`` (PD-ASGD's
+F + B). Sync keeps one: a synchronous step's threads would only split its batch. LPP-SGD and the
+averaging rows (``THREADED_ROWS``: LPP-SGD, local SGD, DaSGD, async-local, each with its
+variants) are tuned at one and at three threads per device (``THREAD_VARIANTS``: ``replicas =
+3W`` on W devices, as ``delays`` gives ASGD ``asgd-3t``; LPP-SGD's threads are Hogwild threads on
+one replica per device, the others' separate replicas), and the variant faster on the tuning
+seeds is reported, as ``sync-best`` picks its backup workers; the page says which ran and what
+became of the other. Their clocks run a device's replicas one program at a time and price the
+all-reduce on the W devices (docs/algorithms.md), so three replicas per device triple a round's
+compute without cutting the rounds to the target. A replica trains on its own shard of the
+1438 training examples: at three threads and W = 16 each of the 48 shards holds one batch of 16
+(an epoch trains 768 examples, 1280 at one thread: the budget in epochs is then about 60 % of
+one thread's in examples), and at W = 64 the 192 shards hold 7 each, less than a batch, so the
+library refuses the three-thread variant there before any run (recorded in
+``refused_variants``, as any variant the path refuses: local SGD's streaming merges with three
+threads under a fleet). Delayed Nesterov's momentum comes every N arrivals with N the replicas
+(``W`` times the threads), the paper's suggestion.
 
 **Fleet events hit devices.** Every row's ``--fleet`` names devices 0..W-1 and its churn is
 drawn for W of them (``numpy.random.default_rng([seed, W])``), the same draw in every row: sync
@@ -140,7 +148,8 @@ ASYNC_LOCAL_PERIOD = 4  # local steps per round, the period of the delays protoc
 LOCAL_PERIOD = 4
 STREAMING_FRAGMENTS = 3  # the digits MLP's stages, one fragment each
 DN_OUTER_LR = 0.7
-WORKERS_PER_MOMENTUM = "W"  # --outer-momentum-every: filled in with the run's W (``overrides``)
+# --outer-momentum-every: filled in with the run's replicas, W times its threads (``overrides``)
+WORKERS_PER_MOMENTUM = "W"
 
 _ASYNC_LOCAL = {"algo": "async-local", "period": ASYNC_LOCAL_PERIOD}
 _DN = {"outer_optimizer": "delayed-nesterov", "outer_lr": DN_OUTER_LR, "outer_momentum_every": WORKERS_PER_MOMENTUM}
@@ -172,6 +181,7 @@ ONE_THREAD = "1 thread"
 THREAD_VARIANTS: dict[str, int] = {ONE_THREAD: 1, "3 threads": THREADS_PER_DEVICE}
 # The rows tuned at one and at three threads per device (module docstring, "Threads per device").
 THREADED_ROWS = (
+    "lpp",
     "local",
     "local-streaming",
     "dasgd",
@@ -253,7 +263,7 @@ def _note(row: str) -> str:
         parts.append(f"outer lr {DN_OUTER_LR:g} (not tuned)")
     if config["algo"] == "lpp" or config.get("replication") == "replicas":
         parts.append(_OPTIMISTIC)
-    if threads(row) > 1:
+    if threads(row) > 1 and row not in THREADED_ROWS:  # a threaded row's threads are its cells'
         parts.append(_THREADS.format(threads=threads(row)))
     return "; ".join(parts)
 
@@ -419,15 +429,16 @@ def fleet_spec(fleet: str, seed: int, workers: int) -> str:
 
 def overrides(row: str, scenario: Scenario, seed: int, variant: str | None = None) -> dict[str, Any]:
     """``row``'s ``Config`` overrides for one run of ``scenario`` with ``seed`` (its fleet on the
-    scenario's horizon and, for Delayed Nesterov, momentum every ``W`` arrivals); ``variant``:
+    scenario's horizon and, for Delayed Nesterov, momentum every replica's arrival, ``W`` times
+    the threads per device); ``variant``:
     one of ``VARIANTS[row]`` (``variant_config``) in place of the row's own."""
     out = {
         **variant_config(row, variant),
         "fleet": fleet_spec(scenario.fleet, seed, scenario.workers),
         "fleet_horizon": scenario.horizon,
     }
-    if out.get("outer_momentum_every") == WORKERS_PER_MOMENTUM:
-        out["outer_momentum_every"] = scenario.workers
+    if out.get("outer_momentum_every") == WORKERS_PER_MOMENTUM:  # the paper's N: the replicas
+        out["outer_momentum_every"] = scenario.workers * threads(row, variant)
     return out
 
 

@@ -8,6 +8,7 @@ section is ``compact``.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 from typing import Any
 
@@ -68,6 +69,20 @@ def variant_text(variant: str | None) -> str:
     return f"b = W/{1 / share:g}" if share else "b = 0"
 
 
+def _variant_text(cell: dict[str, Any]) -> str:
+    """The variant a cell reports: ``b = W/8 won`` where another variant reached the target on the
+    tuning seeds; else the variant alone, each other one said: ``3 threads: no rate reached the
+    target`` (its failures and refusals are said apart)."""
+    chosen = variant_text(cell["variant"])
+    others = {v: t for v, t in (cell.get("variants") or {}).items() if v != cell["variant"]}
+    reached = [v for v, t in others.items() if any(x is not None and math.isfinite(x) for x in t.values())]
+    if reached or not others:
+        return f"{chosen} won" if reached else chosen
+    failed = {f.get("variant") for f in cell.get("failed_rates", [])}
+    missed = [variant_text(v) for v in others if v not in failed]
+    return chosen + "".join(f", {v}: no rate reached the target" for v in missed)
+
+
 def _failed_text(failed_rates: list[dict[str, Any]]) -> str:
     """The tuning rates that failed: ``failed at lr a, b``, for a thread variant with the
     variant and its first message (the rate and seed cut off)."""
@@ -92,7 +107,7 @@ def _time(cell: dict[str, Any]) -> str:
     tried = ", ".join(f"{float(r):g}" for r in cell.get("rates_tried", cell.get("tuning", {})))
     rate = f"lr {cell['lr']:g} of {tried}" + (", edge" if cell.get("edge") else "")
     if cell.get("variant"):
-        rate += f", {variant_text(cell['variant'])} won"
+        rate += ", " + _variant_text(cell)
     if cell.get("refused_variants"):  # left out of the tuning: the path refuses them
         rate += ", " + ", ".join(f"{variant_text(v)} not supported yet" for v in cell["refused_variants"])
     if cell.get("failed_rates"):

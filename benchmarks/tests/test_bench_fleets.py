@@ -52,7 +52,7 @@ def test_the_protocol_cells_are_the_issues():
     }
     assert set(protocol.LABELS) == set(protocol.LRS_BY_ROW) == set(rows)
     # sync-best tunes delays' sync variants; every averaging row but sync's at one and three threads
-    averaging = ("local", "dasgd", "async-local")
+    averaging = ("lpp", "local", "dasgd", "async-local")
     threaded = {row: ("1 thread", "3 threads") for row in rows if rows[row]["algo"] in averaging}
     assert {"sync-best": SYNC_VARIANTS, **threaded} == protocol.VARIANTS
     assert rows["sync-deadline"]["deadline"] == "adaptive"
@@ -607,17 +607,15 @@ def test_the_compact_table_keeps_what_a_reader_needs():
     cell = {parts[1].strip(): parts[3].strip() for line in text.splitlines() if len(parts := line.split("|")) > 3}
     assert cell["sync (best b)"].endswith("▼; b = W/8 tied with W/4 ‡2 F")
     assert cell["local SGD"] == "missed (2/3)" and cell["DaSGD"] == "untuned"
-    assert cell["LPP-SGD †1,2"].startswith("ref: 1000.00 [") and cell["async-local + DN †3,4,5"].endswith("▼")
+    assert cell["LPP-SGD †1"].startswith("ref: 1000.00 [") and cell["async-local + DN †2,3,4"].endswith("▼")
     # each note once, numbered in row order, under the table
     assert text.endswith(
         "Rows: †1 optimistic crashes: an all-reduce in flight keeps a crashed member's part, a rejoining store its "
-        "optimizer state; †2 3 threads per device (each row's are in its threads column): at device concurrency 1 "
-        "they add no compute but can overlap communication with compute; †3 W + 1 devices: one server applies "
-        "every arrival serially, never fails, and its link is not shared; †4 inner rate: the row's tuned lr, not "
-        "scaled with W; †5 outer lr 0.7 (not tuned)."
+        "optimizer state; †2 W + 1 devices: one server applies every arrival serially, never fails, and its link "
+        "is not shared; †3 inner rate: the row's tuned lr, not scaled with W; †4 outer lr 0.7 (not tuned)."
     )
     assert "| source |" not in text  # no keys without the page's sources
-    assert "‡" not in cell["LPP-SGD †1,2"] and " F" not in cell["LPP-SGD †1,2"]
+    assert "‡" not in cell["LPP-SGD †1"] and " F" not in cell["LPP-SGD †1"]
     # no exact tie: the winner alone
     sync["variants"]["sync-backup"] = {"0.1": 2.5}
     assert "b = W/8 ‡2 F" in _compact([ref, sync]) and "tied" not in _compact([ref, sync])
@@ -685,8 +683,8 @@ def test_a_diverged_row_is_told_from_an_untuned_one_in_both_tables():
     text = _compact([ref, blown, both, slow, broken])
     cell = {parts[1].strip(): parts[3].strip() for line in text.splitlines() if len(parts := line.split("|")) > 3}
     assert (
-        cell["async-local †3,4,5"] == "diverged 2/3, missed 2/3"
-        and cell["async-local + DyLU †3,4,5"] == "diverged 1/3, missed 3/3; untuned"
+        cell["async-local †2,3,4"] == "diverged 2/3, missed 2/3"
+        and cell["async-local + DyLU †2,3,4"] == "diverged 1/3, missed 3/3; untuned"
     )
     assert cell["local SGD"] == "missed (1/3)" and cell["DaSGD"] == "missed (3/3) F"
     detail = report.render({"settings": _settings(), "cells": [ref, blown, both, slow, broken]})
@@ -711,20 +709,29 @@ def test_a_seed_ending_at_or_below_twice_chance_diverged():
 
 def test_the_rows_with_three_threads_say_what_the_threads_add():
     noted = [row for row, note in protocol.ROW_NOTES.items() if "threads per device" in note]
-    assert sorted(noted) == ["lpp", "pdasgd-rep"] == sorted(r for r in protocol.ROWS if protocol.threads(r) > 1)
-    assert protocol.ROW_NOTES["lpp"].endswith(
+    # LPP-SGD is tuned at one and three threads: its cells' threads column says which ran
+    assert noted == ["pdasgd-rep"]
+    assert sorted(r for r in protocol.ROWS if protocol.threads(r) > 1) == ["lpp", "pdasgd-rep"]
+    assert protocol.ROW_NOTES["pdasgd-rep"].endswith(
         "; 3 threads per device (each row's are in its threads column): at device concurrency 1 they add no "
         "compute but can overlap communication with compute"
     )
     # the rows tuned at one and three threads: their threads as the winning variant runs them
     for row in protocol.THREADED_ROWS:
-        assert protocol.threads(row) == protocol.threads(row, "1 thread") == 1
+        assert protocol.threads(row, "1 thread") == 1 and protocol.threads(row) == (3 if row == "lpp" else 1)
         assert protocol.threads(row, "3 threads") == 3 and report.variant_text("3 threads") == "3 threads"
         config = protocol.overrides(row, protocol.Scenario(16, "straggler"), 0, "3 threads")
-        assert config == {**protocol.overrides(row, protocol.Scenario(16, "straggler"), 0), "threads_per_device": 3}
+        own = protocol.overrides(row, protocol.Scenario(16, "straggler"), 0, "1 thread")
+        assert config == {**own, "threads_per_device": 3} | (
+            {"outer_momentum_every": 48} if "outer_momentum_every" in own else {}
+        )
     assert protocol.threads_text("async-local", "3 threads") == "3 per device + a server device"
-    with pytest.raises(ValueError, match="variant '3 threads' of row 'lpp': choose among none"):
-        protocol.overrides("lpp", protocol.Scenario(16, "straggler"), 0, "3 threads")
+    with pytest.raises(ValueError, match="variant '3 threads' of row 'pdasgd-rep': choose among none"):
+        protocol.overrides("pdasgd-rep", protocol.Scenario(16, "straggler"), 0, "3 threads")
+    # Delayed Nesterov's momentum every N arrivals, N the replicas: W times the threads
+    dn = protocol.Scenario(16, "straggler")
+    assert protocol.overrides("async-local-dn", dn, 0, "3 threads")["outer_momentum_every"] == 48
+    assert protocol.overrides("async-local-dn", dn, 0, "1 thread")["outer_momentum_every"] == 16
 
 
 def test_the_detail_page_says_why_the_rows_applying_each_arrival_whole_are_slow():
@@ -861,7 +868,8 @@ def test_a_variant_the_path_refuses_is_left_out_of_the_tuning_and_kept_in_the_ra
     assert "refused" not in c and c["variant"] == "1 thread" and set(c["variants"]) == {"1 thread"}
     assert c["refused_variants"] == {"3 threads": "--replicas 48: not on this clock"}
     assert {algo for algo, *_ in calls} == {"local 1 thread"}
-    assert "1 thread won, 3 threads not supported yet" in report.render({"settings": _settings(), "cells": [c]})
+    # nothing to win against: the variant alone, and why the other did not run
+    assert ", 1 thread, 3 threads not supported yet" in report.render({"settings": _settings(), "cells": [c]})
     # the compact table's threads column says one thread; its cell does not repeat it
     assert "1 thread" not in compact._summary_cell(c, verdicts.REFERENCE, "")
     # every variant refused: the row is, with the first variant's message

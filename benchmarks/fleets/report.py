@@ -74,10 +74,16 @@ def _variant_text(cell: dict[str, Any]) -> str:
     tuning seeds; else the variant alone, each other one said: ``3 threads: no rate reached the
     target`` (its failures and refusals are said apart)."""
     chosen = variant_text(cell["variant"])
-    others = {v: t for v, t in (cell.get("variants") or {}).items() if v != cell["variant"]}
-    reached = [v for v, t in others.items() if any(x is not None and math.isfinite(x) for x in t.values())]
+    best = {
+        v: min((x for x in t.values() if x is not None and math.isfinite(x)), default=math.inf)
+        for v, t in (cell.get("variants") or {}).items()
+    }
+    won = best.get(cell["variant"], math.inf)
+    others = {v: t for v, t in best.items() if v != cell["variant"]}
+    reached = [v for v, t in others.items() if math.isfinite(t)]
     if reached or not others:
-        return f"{chosen} won" if reached else chosen
+        tied = [variant_text(v) for v in reached if others[v] == won]
+        return f"{chosen} tied with {', '.join(tied)}" if tied else (f"{chosen} won" if reached else chosen)
     failed = {f.get("variant") for f in cell.get("failed_rates", [])}
     missed = [variant_text(v) for v in others if v not in failed]
     return chosen + "".join(f", {v}: no rate reached the target" for v in missed)
@@ -108,8 +114,11 @@ def _time(cell: dict[str, Any]) -> str:
     rate = f"lr {cell['lr']:g} of {tried}" + (", edge" if cell.get("edge") else "")
     if cell.get("variant"):
         rate += ", " + _variant_text(cell)
-    if cell.get("refused_variants"):  # left out of the tuning: the path refuses them
-        rate += ", " + ", ".join(f"{variant_text(v)} not supported yet" for v in cell["refused_variants"])
+    if cell.get("refused_variants"):  # left out of the tuning: the library refuses them before any run
+        rate += ", " + ", ".join(
+            f"{variant_text(v)} refused before any run (the library's message in the raw file)"
+            for v in cell["refused_variants"]
+        )
     if cell.get("failed_rates"):
         rate += ", " + _failed_text(cell["failed_rates"])
     past = sum(cell.get("past_horizon", []))

@@ -869,7 +869,7 @@ def test_a_variant_the_path_refuses_is_left_out_of_the_tuning_and_kept_in_the_ra
     assert c["refused_variants"] == {"3 threads": "--replicas 48: not on this clock"}
     assert {algo for algo, *_ in calls} == {"local 1 thread"}
     # nothing to win against: the variant alone, and why the other did not run
-    assert ", 1 thread, 3 threads not supported yet" in report.render({"settings": _settings(), "cells": [c]})
+    assert ", 1 thread, 3 threads refused before any run" in report.render({"settings": _settings(), "cells": [c]})
     # the compact table's threads column says one thread; its cell does not repeat it
     assert "1 thread" not in compact._summary_cell(c, verdicts.REFERENCE, "")
     # every variant refused: the row is, with the first variant's message

@@ -79,11 +79,12 @@ def check(row: str, scenario: Scenario, lr: float, seeds: tuple[int, ...], epoch
     Raises:
       Refused: the library's refusal, with its message.
     """
+    dataset = _base_experiment(seeds[0], lr).dataset  # the same split whatever the seed
     for seed in seeds:
         run = overrides(row, scenario, seed, variant)
         try:
             config = run_config(run, scenario.workers, lr, seed, epochs).validate()
-            check_against_dataset(config, _base_experiment(seed, lr).dataset)
+            check_against_dataset(config, dataset)
         except ValueError as e:
             raise Refused(str(e), run["fleet"]) from e
 

@@ -11,7 +11,10 @@ from benchmarks.delays.protocol import MAX_WIDENINGS
 
 
 def tune(
-    evaluate: Callable[[float, float], float], lrs: tuple[float, ...], max_widenings: int = MAX_WIDENINGS
+    evaluate: Callable[[float, float], float],
+    lrs: tuple[float, ...],
+    max_widenings: int = MAX_WIDENINGS,
+    refine: bool = False,
 ) -> dict[str, Any]:
     """The rate of ``lrs`` with the smallest ``evaluate(lr, bound)``, the grid widened by its own
     spacing (the largest ratio of neighbouring rates: 4x for a grid 4x apart, 2x for one 2x apart;
@@ -24,8 +27,15 @@ def tune(
     down: on these protocols a stable large rate reaches the target soonest, which makes
     the bound tight early.
 
-    Returns ``{"lr", "tuning": {lr: value}, "edge": still on the edge}``; a grid where no
-    rate reaches the target is not widened (there is no best to follow).
+    With ``refine``, once the widening stops, the rates halfway (geometrically) between the
+    best and its grid neighbours are tried too (``best / sqrt(spacing)`` and ``best x
+    sqrt(spacing)``: 2x for a 4x grid), and the best of all is returned; a grid 2x apart or
+    finer, or one where no rate reached the target, is not refined. ``edge`` is the coarse
+    grid's: whether its best sat on an edge it could no longer widen past.
+
+    Returns ``{"lr", "tuning": {lr: value}, "edge": still on the edge, "refined": the rates
+    the refinement added}``; a grid where no rate reaches the target is not widened (there is
+    no best to follow).
     """
     tuning: dict[float, float] = {}
     ordered = sorted(lrs)
@@ -42,13 +52,19 @@ def tune(
     while True:
         grid = sorted(tuning)
         best = min(grid, key=tuning.get)
-        if not math.isfinite(tuning[best]):
-            return {"lr": best, "tuning": tuning, "edge": False}
         side = "low" if best == grid[0] else "high" if best == grid[-1] else None
-        if side is None or len(grid) == 1:
-            return {"lr": best, "tuning": tuning, "edge": side is not None}
-        if widened[side] == max_widenings:
-            return {"lr": best, "tuning": tuning, "edge": True}
+        if not math.isfinite(tuning[best]) or side is None or len(grid) == 1 or widened[side] == max_widenings:
+            break
         widened[side] += 1
         lr = best / spacing if side == "low" else best * spacing
         tuning[lr] = evaluate(lr, best_value())
+    edge = math.isfinite(tuning[best]) and side is not None
+    refined: list[float] = []
+    if refine and math.isfinite(tuning[best]) and spacing > 2.0 + 1e-9:
+        step = math.sqrt(spacing)
+        for lr in (best * step, best / step):  # the larger first, as the grid runs
+            if lr not in tuning:
+                tuning[lr] = evaluate(lr, best_value())
+                refined.append(lr)
+        best = min(sorted(tuning), key=tuning.get)
+    return {"lr": best, "tuning": tuning, "edge": edge, "refined": refined}

@@ -91,6 +91,7 @@ def collect(settings: Settings) -> dict[str, Any]:
             "seeds": list(settings.seeds),
             "tuning_seeds": list(settings.tuning_seeds),
             "max_widenings": settings.max_widenings,
+            "refine": settings.refine,
             "workers": list(settings.workers),
             "fleets": list(settings.fleets),
             "rows": {row: dict(ROWS[row]) for row in settings.rows},

@@ -209,7 +209,10 @@ def run_cell(row: str, scenario: Scenario, settings: Settings) -> dict[str, Any]
                 return math.inf
         return total / len(settings.tuning_seeds)
 
-    tuned = {v: tune(lambda lr, bound, v=v: mean_time(v, lr, bound), grid, settings.max_widenings) for v in variants}
+    tuned = {
+        v: tune(lambda lr, bound, v=v: mean_time(v, lr, bound), grid, settings.max_widenings, settings.refine)
+        for v in variants
+    }
     variant = min(variants, key=lambda v: tuned[v]["tuning"][tuned[v]["lr"]])
     best = tuned[variant]
     recorded = {
@@ -221,6 +224,7 @@ def run_cell(row: str, scenario: Scenario, settings: Settings) -> dict[str, Any]
         "rates_tried": sorted(best["tuning"]),
         "failed_rates": failed_rates,
         "edge": best["edge"],
+        "refined": best["refined"],
         "cut_short": cut,
         "untuned": no_rate_reached({v: tuned[v]["tuning"] for v in variants}, failed_rates),
         "tuning_seeds": list(settings.tuning_seeds),

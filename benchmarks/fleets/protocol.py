@@ -78,7 +78,8 @@ threads runs it, and takes all its threads and its store out on a leave or crash
 ``slow:{W-1}x3@0-1`` thus slows the last device, all its threads (harness tests check it).
 
 Each row's rate is tuned on ``TUNING_SEEDS`` (``delays.tuning.tune``, the grid widened while its
-best sits on an edge) and then run on ``SEEDS``, which alone are reported. A row whose config
+best sits on an edge, then refined halfway, geometrically, to each side of its best: 2x on a 4x
+grid) and then run on ``SEEDS``, which alone are reported. A row whose config
 ``Config.validate`` refuses is recorded with the refusal's message and runs as soon as the path
 takes it.
 
@@ -336,6 +337,7 @@ class Settings:
     seeds: tuple[int, ...] = SEEDS
     tuning_seeds: tuple[int, ...] = TUNING_SEEDS
     max_widenings: int = MAX_WIDENINGS
+    refine: bool = True
     rows: tuple[str, ...] = tuple(ROWS)
     workers: tuple[int, ...] = WORKERS
     fleets: tuple[str, ...] = FLEETS
@@ -381,6 +383,7 @@ def quick_settings(**changes: Any) -> Settings:
         seeds=QUICK_SEEDS,
         tuning_seeds=TUNING_SEEDS[:1],
         max_widenings=0,
+        refine=False,
         workers=QUICK_WORKERS,
         quick=True,
     )

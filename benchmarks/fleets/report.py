@@ -208,7 +208,9 @@ def header(results: dict[str, Any], raw: str | None = None) -> str:
     calibration = results.get("calibration", {})
     text = (
         f"Virtual time to {settings['target']:.0%} test accuracy (digits MLP, network priced as `delays-network`), "
-        f"rates tuned on seeds {settings['tuning_seeds']}, reported seeds {settings['seeds']}; {fleets} (churn seed "
+        f"rates tuned on seeds {settings['tuning_seeds']}"
+        + (" (a grid 4x apart refined 2x around its best)" if settings.get("refine") else "")
+        + f", reported seeds {settings['seeds']}; {fleets} (churn seed "
         "= the run's; every run of a cell places its fleet events on the same horizon). Intervals: per row, 95 %, "
         f"no multiplicity correction. Command `{prefix}python -m benchmarks {NAME} {command}`, calibration "
         f"{calibration.get('fingerprint', 'not recorded')[:24]}, commit {record.get('commit') or 'not recorded'}"

@@ -277,7 +277,24 @@ def test_rate_tuning_widens_the_grid_until_its_best_rate_is_interior():
         "lr": 0.1,
         "tuning": {0.1: math.inf, 0.4: math.inf},
         "edge": False,
+        "refined": [],
     }
+
+
+def test_rate_tuning_refines_halfway_around_the_best_rate():
+    # A 4x grid around a best at 0.1: the refinement tries 0.2 and 0.05 (halfway, geometrically)
+    # and keeps the better of all; the coarse grid's edge flag is unchanged by it.
+    def cost(lr, bound=math.inf):
+        return abs(math.log(lr / 0.07))
+
+    coarse = delays.tune(cost, (0.025, 0.1, 0.4))
+    tuned = delays.tune(cost, (0.025, 0.1, 0.4), refine=True)
+    assert coarse["lr"] == pytest.approx(0.1) and coarse["refined"] == []
+    assert tuned["refined"] == pytest.approx([0.2, 0.05]) and tuned["lr"] == pytest.approx(0.05)
+    assert not tuned["edge"] and set(coarse["tuning"]) < set(tuned["tuning"])
+    # A grid 2x apart is already fine: nothing to refine; nor where no rate reached the target.
+    assert delays.tune(cost, (0.05, 0.1, 0.2), refine=True)["refined"] == []
+    assert delays.tune(lambda lr, bound: math.inf, (0.1, 0.4), refine=True)["refined"] == []
 
 
 def test_rate_tuning_cut_short_picks_what_exhaustive_tuning_picks():
@@ -296,8 +313,9 @@ def test_rate_tuning_cut_short_picks_what_exhaustive_tuning_picks():
             return math.inf if cost(lr) > bound else cost(lr)
 
         lrs = tuple(0.05 * 4.0**i for i in range(int(rng.integers(1, 5))))
-        full = delays.tune(lambda lr, bound, cost=cost: cost(lr), lrs, max_widenings=2)
-        cut = delays.tune(bounded, lrs, max_widenings=2)
+        refine = bool(rng.integers(2))
+        full = delays.tune(lambda lr, bound, cost=cost: cost(lr), lrs, max_widenings=2, refine=refine)
+        cut = delays.tune(bounded, lrs, max_widenings=2, refine=refine)
         assert (cut["lr"], cut["edge"]) == (full["lr"], full["edge"])
         assert sorted(cut["tuning"]) == sorted(full["tuning"])
 

@@ -157,6 +157,8 @@ def test_tuning_seeds_never_appear_in_the_reported_values(monkeypatch):
     c = cells.run_cell("local", scenario, settings)
     # time = seed + lr: the smallest rate wins, the grid widened down from its edge
     assert c["lr"] == min(c["tuning"]) < min(protocol.LRS_BY_ROW["local"]) and c["edge"]
+    # then refined 2x to each side of the 4x grid's best: the lower half-step wins here
+    assert c["refined"] == pytest.approx([c["lr"] * 4, c["lr"]])
     assert c["rates_tried"] == sorted(c["tuning"]) and c["variant"] == "3 threads" and not c["untuned"]
     assert set(c["variants"]) == set(protocol.THREAD_VARIANTS)  # both tuned; three threads the faster
     assert c["seeds"] == list(protocol.SEEDS) and c["tuning_seeds"] == list(protocol.TUNING_SEEDS)

@@ -229,8 +229,8 @@ class Config:
         "fleet events at fractions of the run, e.g. slow:2x4@0.2-0.4,leave:3@0.3,join:3@0.6,crash:5@0.5, "
         "or a seeded churn model, churn:leave=0.1,join=0.5,slow=0.2x3,seed=7 (docs/algorithms.md, Fleet "
         "events); --algo sync, local, dasgd, async-local, asgd, pdasgd, pdasgd-block or lpp with --simulate; on "
-        "threads (positions: fractions of the examples handed out) slow, leave, crash and join for async-local, "
-        "local and dasgd, crash for sync and pdasgd --replication replicas",
+        "threads (positions: fractions of the examples handed out) slow, leave, crash and join for sync, "
+        "async-local, local, dasgd and pdasgd --replication replicas (churn: --simulate only)",
         group="delays",
     )
     fleet_horizon: float = _field(

@@ -100,8 +100,9 @@ def _check_local_threads(config: Any, given: list[str]) -> None:
 
 def _check_sync_threads(config: Any, given: list[str]) -> None:
     """``--algo sync`` on threads (``runtime.sync_threads``): ``--quorum`` (or ``--backup-workers``,
-    not both), ``--deadline`` and ``crash`` events only, each on a device's replica; no
-    ``--checkpoint-every`` (its steps write no checkpoint yet)."""
+    not both), ``--deadline`` and ``slow``, ``leave``, ``crash`` and ``join`` events, each on a
+    device's replica at ``POS`` of the examples budget handed out (``churn``'s events are drawn on
+    the virtual clock: refused); no ``--checkpoint-every`` (its steps write no checkpoint yet)."""
     if config.checkpoint_every:
         raise ValueError(
             f"{', '.join(given)}: --algo sync on threads takes no --checkpoint-every {config.checkpoint_every} yet "
@@ -109,12 +110,10 @@ def _check_sync_threads(config: Any, given: list[str]) -> None:
         )
     from pdasgd_jax.delays.fleet import parse_fleet  # loads the delay models only where a fleet is given
 
-    spec = parse_fleet(config.fleet)
-    named = _not_crashes(spec)
-    if named:
+    if parse_fleet(config.fleet).churn is not None:
         raise ValueError(
-            f"--fleet {config.fleet}: --algo sync on threads takes crash:R@POS events only so far (a device's "
-            f"replica that stops mid-gradient), not {named}; --simulate takes every event"
+            f"--fleet {config.fleet}: --algo sync on threads takes slow, leave, crash and join events, not churn "
+            "(its events are drawn on the virtual clock); give the events, or use --simulate"
         )
     if config.devices:  # 0: every device, which only the run knows
         _fleet_events(config, config.devices)
@@ -196,14 +195,6 @@ def _check_event_clock(config: Any, given: list[str]) -> None:
             raise ValueError(f"--fleet {config.fleet}: {named} takes no {what}, or keep slow windows only")
     if config.devices:
         spec.events(config.devices)
-
-
-def _not_crashes(spec: Any) -> str:
-    """The events of a parsed ``--fleet`` other than crashes, named (``churn`` for a churn)."""
-    if spec.churn is not None:
-        return "churn"
-    others = [f"slow:{w.device}x{w.factor:g}@{w.start:g}-{w.end:g}" for w in spec.slow]
-    return ", ".join(others + [f"{e.kind}:{e.device}@{e.at:g}" for e in spec.presence if e.kind != "crash"])
 
 
 def _check_pdasgd_threads(config: Any, given: list[str]) -> None:

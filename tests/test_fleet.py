@@ -94,9 +94,10 @@ def test_the_flags_are_taken_where_implemented_and_refused_elsewhere_by_name():
     for algo in ("asgd", "lpp"):
         with pytest.raises(ConfigError, match=f"not implemented for --algo {algo} on threads; implemented so far"):
             Config(algo=algo, devices=2, replicas=2, fleet="crash:1@0.5").validate()
-    # Sync on threads takes crashes only (runtime.sync_threads), naming the event it refuses.
-    with pytest.raises(ConfigError, match=r"--algo sync on threads takes crash:R@POS events only so far.*leave:1@0.5"):
-        Config(algo="sync", devices=4, fleet="leave:1@0.5").validate()
+    # Sync on threads takes the given events, not churn (drawn on the virtual clock), and says so.
+    Config(algo="sync", devices=4, fleet="leave:1@0.5").validate()
+    with pytest.raises(ConfigError, match=r"--algo sync on threads takes slow, leave, crash and join .* not churn"):
+        Config(algo="sync", devices=4, fleet="churn:leave=1").validate()
 
 
 @pytest.mark.parametrize(

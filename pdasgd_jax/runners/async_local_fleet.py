@@ -144,13 +144,3 @@ def thread_fleet(exp: Experiment) -> ThreadFleet:
     events = tuple(sorted((e.at * budget, e.device, e.kind) for e in presence))
     timeline = FleetTimeline(spec, exp.layout.replicas, budget) if slow else None
     return ThreadFleet(events, timeline, tuple(sorted({w.device for w in slow})))
-
-
-def crash_examples(exp: Experiment, devices: int | None = None) -> dict[int, float]:
-    """``--fleet``'s crashes on threads: replica (or, with ``devices``, a replicated run's
-    group of that many) -> the examples handed out at which it crashes, position ``p`` being
-    ``p`` times the training examples budget."""
-    if not exp.config.fleet:
-        return {}
-    _, presence = parse_fleet(exp.config.fleet).events(exp.layout.replicas if devices is None else devices)
-    return {e.device: e.at * exp.total_examples for e in presence if e.kind == "crash"}

@@ -4,9 +4,10 @@ gradients, and the two halves of sync's step (a shard's gradient; the server's w
 update).
 
 ``Gradients`` books each replica's gradients as ``local_rounds_units.Units`` books units (one
-gradient a unit): started, used (claimed by the server), dropped late (its step closed without
-it), lost in the replica's crash, or in flight when the last step is out; crash, claim and late
-drop happen under one lock, so every gradient started is counted once.
+gradient a unit, each in its replica's presence epoch): started, used (claimed by the server),
+dropped late (its step closed without it), dropped in the replica's leave, lost in its crash, or
+in flight when the last step is out; departure, join, claim and late drop happen under one lock,
+so every gradient started is counted once.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Gradient(NamedTuple):
 
     replica: int
     step: int
+    epoch: int  # the replica's presence epoch it began in (``Units.begin``)
     grads: PyTree
     states: PyTree  # the shard's new non-trainable states (BatchNorm statistics)
     loss: jax.Array
@@ -65,34 +67,38 @@ class Gradients(Units):
         super().__init__(*args, **kwargs)
         self._late = [0] * len(self._base)
 
-    def drop_late(self, r: int) -> bool:
-        """Drops replica ``r``'s gradient in flight, late for its step; False when its crash
-        dropped it already."""
+    def drop_late(self, r: int, epoch: int | None = None) -> bool:
+        """Drops replica ``r``'s gradient in flight, begun in its presence ``epoch`` (None: any),
+        late for its step; False when its leave or crash dropped it already."""
         with self._lock:
-            if r in self._crashed or not self._in_flight[r]:
+            if r in self._crashed or not self._in_flight[r] or epoch not in (None, self._epoch[r]):
                 return False
             self._in_flight[r] -= 1
             self._late[r] += 1
             return True
 
     def summary(self) -> dict[str, Any]:
-        """Gradients ``started``, ``used`` (averaged), ``dropped_late``, ``lost_in_crashes`` and
-        ``in_flight_at_end`` (each the sum of ``per_replica``'s)."""
+        """Gradients ``started``, ``used`` (averaged), ``dropped_late``, ``dropped_in_leaves``,
+        ``lost_in_crashes`` and ``in_flight_at_end`` (each the sum of ``per_replica``'s)."""
         counts = super().summary()
         with self._lock:
             late = list(self._late)
+            departed = {kind: [0] * len(late) for kind in ("leave", "crash")}
+            for r, kind, _, n in self._departures:
+                departed[kind][r] += n
         per_replica = [
             {
-                "replica": p["replica"],
+                "replica": r,
                 "started": p["started"],
                 "used": p["averaged"],
-                "dropped_late": late[p["replica"]],
-                "lost_in_crashes": p["dropped"],
+                "dropped_late": late[r],
+                "dropped_in_leaves": departed["leave"][r],
+                "lost_in_crashes": departed["crash"][r],
                 "in_flight_at_end": p["in_flight_at_end"],
             }
-            for p in counts["per_replica"]
+            for r, p in enumerate(counts["per_replica"])
         ]
-        keys = ("started", "used", "dropped_late", "lost_in_crashes", "in_flight_at_end")
+        keys = ("started", "used", "dropped_late", "dropped_in_leaves", "lost_in_crashes", "in_flight_at_end")
         return {**{k: sum(p[k] for p in per_replica) for k in keys}, "per_replica": per_replica}
 
 

@@ -1,10 +1,10 @@
 """``--algo sync`` on threads under ``--quorum K``, ``--backup-workers B``, ``--deadline adaptive``
-or ``--fleet crash:R@POS``: synchronous SGD through a gradient server (algorithms.md §1 and §5a,
-"on threads"; Chen et al. 2016's backup workers).
+or ``--fleet`` (slow, leave, crash and join events): synchronous SGD through a gradient server
+(algorithms.md §1 and §5a, "on threads"; Chen et al. 2016's backup workers).
 
 Replica ``r`` (sync's shard ``r``, one per device) runs on ``devices[r]``. Its thread loops: take
 the newest parameters the server has published (step ``t``), wait while the supervisor evaluates,
-start a gradient (``Units.start``: none once the last step is out, or after its crash), compute the
+start a gradient (``Units.begin``: none once the last step is out, or while it is absent), compute the
 gradient of step ``t`` on its shard of step ``t``'s global batch (rows ``r B/W .. (r+1) B/W``, as
 real sync's device ``r`` and the clock's shard ``r`` see it) with step ``t``'s key folded with
 ``r`` (sync's Dropout keys), and send it, with its loss and its BatchNorm statistics, to the server.
@@ -21,18 +21,28 @@ step), applies the run's optax optimizer once (``make_apply_update``) and publis
 as the clock drops it (never carried into a later step). A replica starts its next gradient from
 the newest parameters, so a late replica skips the steps closed without it.
 
-``--fleet crash:R@POS``: replica ``R`` crashes at the start of a gradient (by whichever replica)
-that brings the examples handed out (``B/W`` per gradient started) to ``POS`` of the budget, as
-the threaded local rounds do (``runtime.local_rounds_units.Units``); its gradient in flight is
-dropped and counted, and the steps go on with the replicas up. Every gradient started is used,
-dropped late, dropped by a crash, or in flight at the end. Evaluations, the target accuracy, a
-failing thread, a non-finite loss and Ctrl-C behave as in ``runtime.local_rounds_threads``. No
-checkpoint is written, and a resume is refused.
+``--fleet`` (``runners.async_local_fleet.thread_fleet``, the threaded local rounds' rules):
+``leave:R@POS`` or ``crash:R@POS`` happens at the start of a gradient (by whichever replica) that
+brings the examples handed out (``B/W`` per gradient started) to ``POS`` of the budget
+(``runtime.local_rounds_units.Units``); ``R``'s gradients in flight then (started, not yet
+claimed by the server) are dropped and counted by kind, and the steps go on with the replicas
+present, the step open waiting for them alone (its quorum capped at them). ``join:R@POS``: ``R``
+is present again from that start on, the step open waiting for it too, and computes the newest
+step published from that step's parameters (the server's one optimizer state is every replica's),
+on its shard of that step's batch. A gradient is claimed only in the presence epoch it began in,
+so it is used or dropped, never both; what the server applied stays. ``slow:RxF@A-B``: a gradient
+of ``R``'s started at examples handed out in ``[A, B)`` of the budget takes ``F`` times as long
+(the thread sleeps ``F - 1`` times its measured time after it); waiting for every replica, the
+model is the one without the window. Every gradient started is used, dropped late, dropped in a
+leave, lost in a crash, or in flight at the end. Evaluations, the target accuracy, a failing
+thread, a non-finite loss and Ctrl-C behave as in ``runtime.local_rounds_threads``. No checkpoint
+is written, and a resume is refused.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,8 +53,7 @@ from pdasgd_jax.checkpoint import RunCheckpointer
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.runners.async_local import crash_summary
-from pdasgd_jax.runners.async_local_fleet import crash_examples
+from pdasgd_jax.runners.async_local_fleet import fleet_summary, thread_fleet
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.runtime.local_rounds_threads import check_local_rounds_threads
 from pdasgd_jax.runtime.local_rounds_units import Inbox
@@ -75,7 +84,7 @@ def threaded_sync(config: Any) -> bool:
 
 
 class SyncThreads(ServerThreads):
-    """One threaded sync run of ``exp`` under a straggler policy or a crash (use once; see the
+    """One threaded sync run of ``exp`` under a straggler policy or a fleet (use once; see the
     module docstring).
 
     Args:
@@ -83,6 +92,10 @@ class SyncThreads(ServerThreads):
       metrics: its metrics log, whose training clock the threads time their gradients on.
       step_delay: ``(replica, step) -> seconds`` the replica sleeps after computing that step's
         gradient (tests: a straggler); the sleep ends when the run stops.
+
+    Attributes:
+      kept: the replicas whose gradients each closed step averaged, in step order (what a replay
+        of the run needs).
 
     Example::
 
@@ -110,7 +123,10 @@ class SyncThreads(ServerThreads):
         self.mean = jax.jit(weighted_mean)
         self.update = jax.jit(make_apply_update(exp.tx, whole_model=exp.whole_model_updates))
         self.inbox = Inbox()
-        self.book = Gradients(w, crash_examples(exp), self.shard_size, crashed_now=self.inbox.wake)
+        self.fleet = thread_fleet(exp)
+        self.book = Gradients(w, {}, self.shard_size, crashed_now=self.inbox.wake, presence=self.fleet.presence)
+        self.slowed = {r: [0, 0.0] for r in self.fleet.slowed}  # gradients in a slow window, seconds slept
+        self.kept: list[tuple[int, ...]] = []
         self.board = Board(0, (self.ts.params, self.ts.states))
         self.arrivals: dict[int, list[tuple[float, float]]] = {}  # step -> its history entry
         self.starts: dict[int, float] = {}  # step -> when it was published (on the training clock)
@@ -158,28 +174,40 @@ class SyncThreads(ServerThreads):
     def _replica(self, r: int) -> None:
         device, b = self.devices[r], self.shard_size
         stream = self.exp.train_stream(self.exp.config.batch_size)
-        position, last = 0, -1  # the stream's next global batch; the last step computed
+        position, last, epoch = 0, -1, 0  # the stream's next global batch; the last step computed; its epoch
+        batch = None
         while True:
             latest = self.board.newer_than(last)
             if latest is None:
                 return  # the last step is out
             step, (params, states) = latest
             self.gate.wait_for(0)
-            if not self.book.start(r):
-                return  # the last step is out, or the replica crashed
-            while position < step:  # the steps closed without this replica
-                next(stream)
+            at = self.book.begin(r, epoch)
+            if at is None:  # the last step is out, or the replica left or crashed
+                joined = self.book.await_join(r, epoch, lambda: self.control.stopped)
+                if joined is None:
+                    return
+                # Back: the newest step, even one whose gradient its departure dropped.
+                epoch, last = joined[0], -1
+                continue
+            while position <= step:  # the steps closed without this replica skipped
+                batch = next(stream)
                 position += 1
-            x, y = next(stream)
-            position += 1
-            booked = self.control.now()
+            x, y = batch
+            booked, began = self.control.now(), time.perf_counter()
             args = jax.device_put((params, states, x[r * b : (r + 1) * b], y[r * b : (r + 1) * b]), device)
             grads, new_states, loss = self.gradient(*args, *self._randomness(r, step, device))
             jax.block_until_ready((grads, new_states, loss))
+            slow = self.fleet.factor(r, at)
+            if slow > 1.0:
+                stretch = (time.perf_counter() - began) * (slow - 1.0)
+                self.control.sleep(stretch)
+                self.slowed[r][0] += 1
+                self.slowed[r][1] += stretch
             self.busy[r] += max(0.0, self.control.now() - booked)
             if self.step_delay is not None:
                 self.control.sleep(self.step_delay(r, step))
-            self.inbox.put(Gradient(r, step, grads, new_states, loss, self.control.now()))
+            self.inbox.put(Gradient(r, step, epoch, grads, new_states, loss, self.control.now()))
             last = step
 
     def _serve(self) -> None:
@@ -194,15 +222,18 @@ class SyncThreads(ServerThreads):
 
     def _take(self, pending: dict[int, Gradient], step: int, timeout: float | None) -> None:
         """Sorts what has arrived: ``step``'s gradients pending, an older step's dropped late
-        (its arrival kept for the deadline), a crashed replica's ignored (its crash counted it)."""
+        (its arrival kept for the deadline), one begun before its replica's last leave, crash or
+        join ignored (the departure counted it)."""
         for g in self.inbox.take(timeout):
+            if g.epoch != self.book.epoch(g.replica):
+                continue
             if g.step == step:
                 pending[g.replica] = g
                 continue
-            self.book.drop_late(g.replica)
+            self.book.drop_late(g.replica, g.epoch)
             if g.step in self.arrivals:
                 self.arrivals[g.step].append((g.arrived, g.arrived - self.starts[g.step]))
-        for r in [r for r in pending if self.book.crashed(r)]:
+        for r in [r for r, g in pending.items() if self.book.epoch(r) != g.epoch]:
             del pending[r]
 
     def _close(self, pending: dict[int, Gradient], deadline: float, step: int) -> tuple[list[Gradient], list[Gradient]]:
@@ -211,14 +242,16 @@ class SyncThreads(ServerThreads):
         while True:
             up = self.book.up()
             if not up:
-                raise RuntimeError(f"--fleet {self.exp.config.fleet}: every replica crashed before step {step + 1}")
+                raise RuntimeError(
+                    f"--fleet {self.exp.config.fleet}: every replica left or crashed before step {step + 1}"
+                )
             need = min(self.quorum or up, up)
             if len(pending) >= need or (pending and self.control.now() >= deadline):
                 # The clock's rule: at most ``need``, the earliest; the others are late.
                 order = sorted(pending.values(), key=lambda g: (g.arrived, g.replica))
-                arrived = [g for g in order[:need] if self.book.claim(g.replica, step + 1)]
+                arrived = [g for g in order[:need] if self.book.claim(g.replica, step + 1, g.epoch)]
                 for g in order[need:]:
-                    self.book.drop_late(g.replica)
+                    self.book.drop_late(g.replica, g.epoch)
                 pending.clear()
                 if arrived:
                     self.short_steps += len(arrived) < up
@@ -239,6 +272,7 @@ class SyncThreads(ServerThreads):
         weights = jnp.asarray([float(s is not None) for s in slots], jnp.float32)
         grads, states, loss = self.mean([zeros if s is None else s for s in slots], weights)
         self.ts = self.update(self.ts, grads, states)
+        self.kept.append(tuple(sorted(g.replica for g in arrived)))
         entry = [(g.arrived, g.arrived - self.starts[step]) for g in arrived + beyond]
         self.history.append(entry)
         self.arrivals[step] = entry
@@ -278,8 +312,10 @@ class SyncThreads(ServerThreads):
             report["deadline"] = self.deadline_rule
         if c.fleet:
             report["fleet"] = c.fleet
-        if self.book.crash_at:
-            report["crashes"] = crash_summary(*self.book.crashes(1), self.shard_size)
+        if self.fleet.presence:
+            report.update(fleet_summary(*self.book.presence(1), self.shard_size))
+        if self.slowed:
+            report["slowed"] = [{"replica": r, "gradients": n, "slept": t} for r, (n, t) in self.slowed.items()]
         return {
             **self._runtime_extra(train_time, wall_start, self.examples, [str(d) for d in self.devices]),
             "effective_algorithm": "sync",
@@ -290,8 +326,8 @@ class SyncThreads(ServerThreads):
 def check_sync_threads(exp: Experiment, checkpointer: RunCheckpointer | None) -> None:
     """Refuses, before any work, what threaded sync cannot do: the threaded local rounds'
     limits (several processes, ``--quorum`` above the replicas, a crash of a replica it does not
-    have, a resume); ``--checkpoint-every`` and fleet events other than crashes are refused
-    with the flags (``fleet_checks``).
+    have, a resume); ``--checkpoint-every`` and ``churn`` are refused with the flags
+    (``fleet_checks``).
 
     Raises:
       ConfigError: naming the flag and what to do instead.
@@ -301,7 +337,8 @@ def check_sync_threads(exp: Experiment, checkpointer: RunCheckpointer | None) ->
 
 def run_sync_threads(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
     """Trains ``exp`` (``--algo sync`` with ``--quorum``, ``--backup-workers``, ``--deadline
-    adaptive`` or ``--fleet crash:R@POS``) with a thread per replica and a gradient server.
+    adaptive`` or ``--fleet``'s slow, leave, crash and join events) with a thread per replica and
+    a gradient server.
 
     Args:
       exp: the experiment.
@@ -310,8 +347,9 @@ def run_sync_threads(exp: Experiment, metrics: MetricsLog, checkpointer: RunChec
 
     Returns:
       The ``RunResult``: the server's last parameters; ``extra["sync_threads"]["gradients"]``
-      counts the gradients ``started``, ``used``, ``dropped_late``, ``lost_in_crashes`` and
-      ``in_flight_at_end`` (per replica too).
+      counts the gradients ``started``, ``used``, ``dropped_late``, ``dropped_in_leaves``,
+      ``lost_in_crashes`` and ``in_flight_at_end`` (per replica too); with ``--fleet`` its
+      ``departures``, ``joins``, ``crashes`` and ``slowed``.
 
     Raises:
       ConfigError: what ``check_sync_threads`` refuses, before any work.

@@ -1,7 +1,8 @@
 """Local SGD's and DaSGD's streaming merges (``--fragments K > 1``) on the virtual clock under
 ``--fleet``, ``--quorum K`` or ``--deadline adaptive`` (algorithms.md §5a): ``run_fragment_rounds``
 replays ``fragment_schedule.fragment_rounds_schedule``'s order of local steps, snapshots,
-averages, merges and joins on each replica's own state.
+averages, merges and joins on each replica's own state, each computed as
+``simulate.fleet_replay`` says for the whole-model path too.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from pdasgd_jax.delays import DelayModel, TimingModel
@@ -17,16 +17,16 @@ from pdasgd_jax.delays.fleet import FleetTimeline
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
+from pdasgd_jax.kernels import TrainState
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.optim import AveragingRule
-from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary, outer_optimizer
+from pdasgd_jax.runners.averaging import fragment_nbytes, fragments, network_summary
 from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.averaging_clock import Fragment, averaging_work, peak_in_flight
-from pdasgd_jax.simulate.fleet_round_inputs import fleet_timeline, mean_of, policy_args, state_nbytes
+from pdasgd_jax.simulate.fleet_replay import Replay, policy_report, replay_outcome, units_report
+from pdasgd_jax.simulate.fleet_round_inputs import mean_of, policy_args, with_fleet
 from pdasgd_jax.simulate.fragment_schedule import FragmentSchedule, FragmentUnit, fragment_rounds_schedule
-from pdasgd_jax.simulate.straggler_policy import DEADLINE_MADS, DEADLINE_WINDOW
-from pdasgd_jax.simulate.sync import VirtualTimeMetrics, fresh_updates
+from pdasgd_jax.simulate.sync import VirtualTimeMetrics
 
 
 def fragment_plan(exp: Experiment) -> list[Fragment]:
@@ -67,14 +67,10 @@ def plan_fragment_rounds(
     args = policy_args(exp, num_workers) | dict(
         fragments=frags, work=[averaging_work(timing, num_workers, f.stages, f.share) for f in frags]
     )
-    plain = fragment_rounds_schedule(timing, delay, **args)
-    fleet = fleet_timeline(exp, plain.averages[-1].end)
-    if fleet is None:
-        return plain, None, frags
-    nbytes = state_nbytes(exp)
-    transfer = timing.comm.transfer_time(nbytes)
-    schedule = fragment_rounds_schedule(timing, delay, **fleet, state_transfer=transfer, state_nbytes=nbytes, **args)
-    return schedule, fleet["fleet"], frags
+    schedule, fleet = with_fleet(
+        exp, timing, lambda **kw: fragment_rounds_schedule(timing, delay, **kw, **args), lambda s: s.averages[-1].end
+    )
+    return schedule, fleet, frags
 
 
 def _check(config: Any, whole_model: bool) -> None:
@@ -126,18 +122,11 @@ def run_fragment_rounds(
     _check(config, exp.whole_model_updates)
     schedule, fleet, frags = plan_fragment_rounds(exp, timing, delay, num_workers)
     h, batch = config.period, config.batch_size
-    d = config.averaging_delay if config.algo == "dasgd" else 0
-    v = exp.variables
-    params, states = jax.device_get(v.params), jax.device_get(v.states)
-    init_opt = jax.device_get(init_opt_states(exp.tx, params, whole_model=exp.whole_model_updates))
-    rule = AveragingRule(h, d, config.merge, outer_optimizer(config.outer_optimizer, config.outer_lr))
-    carries = rule.carries and d > 0
+    replay = Replay.of(exp, num_workers)
+    rule, params, states, init_opt = replay.rule, replay.params, replay.states, replay.init_opt
     outer = [rule.init_outer(_piece(params, *f.stages)) for f in frags]
-    outer_step = jax.jit(AveragingRule(h, 0, "overwrite", rule.outer).merge_params)
-    step_fn = make_train_step(exp.model, exp.tx, whole_model=exp.whole_model_updates)
+    step_fn = replay.step_fn
     scan = jax.jit(lambda ts, *rows: jax.lax.scan(lambda t, r: step_fn(t, *r), ts, rows))
-    key = jax.random.key(config.seed) if exp.model.draws_randomness else None
-    streams = [exp.train_stream(batch, shard_index=w, num_shards=num_workers) for w in range(num_workers)]
     initial = [(_piece(params, *f.stages), _piece(states, *f.stages)) for f in frags]
     averages: dict[int, tuple] = {}  # average index + 1 -> its fragment's (params, states) pieces
     opt_averages: dict[int, tuple] = {}  # with --average-opt-state: its landed units' optimizer states
@@ -158,8 +147,7 @@ def run_fragment_rounds(
     def contribution(u: FragmentUnit) -> tuple:
         lo, hi = frags[u.fragment].stages
         state, carry = snapshots[u.id]
-        given = (_piece(state.params, lo, hi), _piece(state.states, lo, hi))
-        return given if carry is None else rule.contribution(given, carry[0])
+        return replay.given((_piece(state.params, lo, hi), _piece(state.states, lo, hi)), carry)
 
     def average(i: int, landed: tuple[FragmentUnit, ...], prev: tuple) -> tuple[Any, tuple]:
         """Average ``i`` of the ``landed`` units (``prev``: its fragment's last one): stored with
@@ -167,12 +155,8 @@ def run_fragment_rounds(
         (the landed units' mean, fragment ``p``'s stages as averaged)."""
         p = schedule.averages[i].fragment
         lo, hi = frags[p].stages
-        moved = [jax.tree.map(jnp.subtract, contribution(u), average_of(p, u.base)) for u in landed]
-        mean = jax.device_get(jax.tree.map(lambda a, m: (a + m).astype(a.dtype), prev, mean_of(moved)))
-        averages[i + 1] = mean
-        if rule.outer is not None:
-            global_p, outer[p] = outer_step(mean[0], mean[0], mean[0], outer[p])
-            averages[i + 1] = (jax.device_get(global_p), mean[1])
+        given = [contribution(u) for u in landed]
+        mean, averages[i + 1], outer[p] = replay.average(prev, given, [average_of(p, u.base) for u in landed], outer[p])
         opts = mean_of([snapshots[u.id][0].opt_states for u in landed])
         if config.average_opt_state:
             opt_averages[i + 1] = _piece(opts, lo, hi)
@@ -183,12 +167,7 @@ def run_fragment_rounds(
         kind = op[0]
         if kind == "steps":
             _, w, first, count = op
-            rows = [next(streams[w]) for _ in range(count)]
-            inputs = [np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])]
-            if key is not None:
-                worker_key = jax.random.fold_in(key, w)
-                inputs.append(jnp.stack([jax.random.fold_in(worker_key, first + s) for s in range(count)]))
-            out, loss = jax.device_get(scan(replicas[w], *inputs))
+            out, loss = jax.device_get(scan(replicas[w], *replay.inputs(w, first, count)))
             replicas[w] = out
             for s, value in enumerate(loss):
                 losses.setdefault(first + s + 1, []).append(value)
@@ -223,9 +202,9 @@ def run_fragment_rounds(
             count = len(schedule.averages[i - 1].landed) if rule.carries else None
             mine = (_piece(now.params, lo, hi), _piece(now.states, lo, hi))
             taken = (_piece(state.params, lo, hi), _piece(state.states, lo, hi))
-            if carries:
-                held[(w, p)] = (rule.carry(mine, taken, count), None)
-            merged = rule.merge_tree(mine, taken, averages[i], count)
+            merged, carry = replay.merge(mine, taken, averages[i], count)
+            if carry is not None:
+                held[(w, p)] = carry
             opt = now.opt_states
             if config.average_opt_state:
                 merged_opt = rule.merge_tree(
@@ -245,26 +224,10 @@ def run_fragment_rounds(
             averages.pop(i, None)
             opt_averages.pop(i, None)
     now = max(float(a.end) for a in schedule.averages if a.position <= observed)
-    busy = [float(b) / now for b in schedule.busy]
     sent = [t for t in schedule.transfers if t[0] <= now]
-    result = RunResult(
-        shown[0],
-        shown[1],
-        observed,
-        examples,
-        {
-            "devices": 1,
-            "replicas": num_workers,
-            "placement": "vmap",
-            "effective_algorithm": "dasgd" if d else "local",
-            "delay_steps": config.averaging_delay,
-            "average_delay_steps": config.averaging_delay,
-            "local_rounds": _report(schedule, observed, config, fleet is not None),
-            **network_summary([f.nbytes for f in frags], peak_in_flight(sent)),
-        },
-    )
-    utilisation = {"workers": {f"w{w}": b for w, b in enumerate(busy)}, "devices": busy}
-    return result, now, utilisation, fresh_updates(len(params), computed)
+    report = _report(schedule, observed, config, fleet is not None)
+    network = network_summary([f.nbytes for f in frags], peak_in_flight(sent))
+    return replay_outcome(exp, shown, observed, examples, report, schedule.busy, now, computed, **network)
 
 
 def _last_uses(schedule: FragmentSchedule) -> dict[int, list[int]]:
@@ -302,21 +265,12 @@ def _report(schedule: FragmentSchedule, position: int, config: Any, fleet: bool)
     for p in range(config.fragments):
         units = [u for u in schedule.units if u.fragment == p]
         landed = [u for u in units if u.landed_in]
+        late = sum(schedule.late(u) for u in landed)
         per.append(
             {
                 "averages": sum(1 for a in schedule.averages if a.fragment == p),
                 "empty_averages": sum(1 for a in schedule.averages if a.fragment == p and not a.landed),
-                "merged_steps": sum(u.steps for u in landed),
-                "late_units": sum(schedule.late(u) for u in landed),
-                "dropped_steps": {k: sum(u.steps for u in units if u.dropped == k) for k in ("leave", "crash")},
-                "unmerged_steps_at_end": sum(u.steps for u in units if not u.dropped and not u.landed_in),
+                **units_report(landed, late, units, [u for u in units if not u.dropped and not u.landed_in]),
             }
         )
-    out: dict[str, Any] = {"averages": len(schedule.averages), "fragments": per}
-    if config.quorum:
-        out["quorum"] = config.quorum
-    if config.deadline == "adaptive":
-        out["deadline"] = {"rule": "adaptive", "mads": DEADLINE_MADS, "window": DEADLINE_WINDOW}
-    if fleet:
-        out["fleet"] = config.fleet
-    return out
+    return {"averages": len(schedule.averages), "fragments": per} | policy_report(config, fleet)

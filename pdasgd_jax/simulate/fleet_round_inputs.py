@@ -1,20 +1,23 @@
 """What the virtual clock's local SGD and DaSGD rounds under a fleet or a straggler policy take
 from the experiment, for the whole-model schedule (``simulate.fleet_rounds``) and the streamed
-one (``simulate.fleet_fragments``) alike: the policy's arguments, the fleet's timeline, the
-bytes a joining replica receives, and the mean of the landed units."""
+one (``simulate.fleet_fragments``) alike: the policy's arguments, the fleet's timeline and the
+schedule under it, the bytes a joining replica receives, and the mean of the landed units."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 
-from pdasgd_jax.delays import tree_nbytes
+from pdasgd_jax.delays import TimingModel, tree_nbytes
 from pdasgd_jax.delays.fleet import FleetTimeline, parse_fleet
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import TrainState, init_opt_states
+
+S = TypeVar("S")
 
 
 def policy_args(exp: Experiment, num_workers: int) -> dict[str, Any]:
@@ -44,6 +47,32 @@ def fleet_timeline(exp: Experiment, horizon: float) -> dict[str, Any] | None:
     if spec.empty:
         return None
     return dict(fleet=FleetTimeline(spec, devices, config.fleet_horizon or horizon), spec=spec)
+
+
+def with_fleet(
+    exp: Experiment, timing: TimingModel, schedule: Callable[..., S], horizon: Callable[[S], float]
+) -> tuple[S, FleetTimeline | None]:
+    """A run's schedule under its fleet, and the fleet's timeline (None without events).
+
+    Args:
+      exp: the experiment.
+      timing: the clock's costs.
+      schedule: the schedule without fleet events for no arguments; with them for ``fleet``,
+        ``spec`` (``fleet_timeline``'s), ``state_transfer`` (seconds a joiner takes to
+        receive its whole ``TrainState``, ``CommModel.transfer_time``) and ``state_nbytes``
+        (that transfer's bytes).
+      horizon: a schedule's virtual length: the events' positions are fractions of the
+        length without events.
+
+    Returns:
+      ``(schedule, fleet timeline or None)``.
+    """
+    plain = schedule()
+    fleet = fleet_timeline(exp, horizon(plain))
+    if fleet is None:
+        return plain, None
+    nbytes = state_nbytes(exp)
+    return schedule(**fleet, state_transfer=timing.comm.transfer_time(nbytes), state_nbytes=nbytes), fleet["fleet"]
 
 
 def state_nbytes(exp: Experiment) -> int:

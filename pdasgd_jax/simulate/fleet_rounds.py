@@ -4,6 +4,9 @@ and lands it in the average ``straggler_policy.local_rounds_schedule`` says (DaS
 on from their snapshots and merge the average ``d`` steps later), with an outer optimizer's step
 on each landed mean. With ``--fragments K > 1`` it hands the run to
 ``simulate.fleet_fragments.run_fragment_rounds`` (each fragment's averages on their own schedule).
+The two keep their own order of operations (this one runs a round's units in one vmapped
+program, which rounds differently from the other's replica-by-replica steps); what each
+operation computes is ``simulate.fleet_replay``'s, shared by both.
 
 With fewer devices than replicas (``--devices D``, ``--replicas R``, ``R`` a multiple of ``D``)
 the schedule runs a device's replicas one unit at a time, and the fleet's events hit devices,
@@ -25,21 +28,18 @@ from pdasgd_jax.delays.fleet import FleetTimeline
 from pdasgd_jax.errors import ConfigError
 from pdasgd_jax.executor import StalenessStats
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.kernels import TrainState, init_opt_states, make_train_step
+from pdasgd_jax.kernels import TrainState
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.optim import AveragingRule
-from pdasgd_jax.runners.averaging import outer_optimizer
 from pdasgd_jax.runners.result import RunResult
-from pdasgd_jax.simulate.averaging_clock import averaging_work, on_devices, placement
+from pdasgd_jax.simulate.averaging_clock import averaging_work
 from pdasgd_jax.simulate.fleet_fragments import run_fragment_rounds
-from pdasgd_jax.simulate.fleet_round_inputs import fleet_timeline, mean_of, policy_args, state_nbytes
+from pdasgd_jax.simulate.fleet_replay import Replay, policy_report, replay_outcome, units_report
+from pdasgd_jax.simulate.fleet_round_inputs import mean_of, policy_args, with_fleet
 from pdasgd_jax.simulate.straggler_policy import (
-    DEADLINE_MADS,
-    DEADLINE_WINDOW,
     LocalRoundsSchedule,
     local_rounds_schedule,
 )
-from pdasgd_jax.simulate.sync import VirtualTimeMetrics, fresh_updates
+from pdasgd_jax.simulate.sync import VirtualTimeMetrics
 
 
 def plan_local_rounds(
@@ -68,12 +68,12 @@ def plan_local_rounds(
         merge_work=merge,
         devices=devices,
     )
-    plain = local_rounds_schedule(timing, delay, **args)
-    fleet = fleet_timeline(exp, float(plain.ends[-1]))
-    if fleet is None:
-        return plain, None
-    transfer = timing.comm.transfer_time(state_nbytes(exp))
-    return local_rounds_schedule(timing, delay, **fleet, state_transfer=transfer, **args), fleet["fleet"]
+
+    def schedule(state_nbytes: int = 0, **kw: Any) -> LocalRoundsSchedule:
+        # The whole-model clock does not put a joiner's state transfer on the network.
+        return local_rounds_schedule(timing, delay, **kw, **args)
+
+    return with_fleet(exp, timing, schedule, lambda s: float(s.ends[-1]))
 
 
 def _check_local_rounds(config: Any, checkpointer: RunCheckpointer | None) -> None:
@@ -131,30 +131,24 @@ def run_local_rounds(
         return run_fragment_rounds(exp, metrics, timing, delay, num_workers)
     schedule, fleet = plan_local_rounds(exp, timing, delay, num_workers)
     h, batch = config.period, config.batch_size
-    v = exp.variables
-    params, states = jax.device_get(v.params), jax.device_get(v.states)
-    init_opt = jax.device_get(init_opt_states(exp.tx, params, whole_model=exp.whole_model_updates))
-    step_fn = make_train_step(exp.model, exp.tx, whole_model=exp.whole_model_updates)
+    replay = Replay.of(exp, num_workers)
+    rule, params = replay.rule, replay.params
+    step_fn = replay.step_fn
     units = jax.jit(jax.vmap(lambda ts, *rows: jax.lax.scan(lambda t, r: step_fn(t, *r), ts, rows)))
-    key = jax.random.key(config.seed) if exp.model.draws_randomness else None
-    streams = [exp.train_stream(batch, shard_index=w, num_shards=num_workers) for w in range(num_workers)]
-    averages = {0: (params, states)}
+    averages = {0: (params, replay.states)}
     # The model evaluated: the landed mean, before the outer step the replicas merge (the round
     # program evaluates the workers' mean likewise); without an outer optimizer, the average.
     shown = averages[0]
-    opt = dict.fromkeys(range(num_workers), init_opt)
-    opt_mean = init_opt
+    opt = dict.fromkeys(range(num_workers), replay.init_opt)
+    opt_mean = replay.init_opt
     running: dict[int, TrainState] = {}  # each unit in flight: its model after its H steps
     snapshots: dict[int, TrainState] = {}  # DaSGD: each landed replica's state at its snapshot
     opt_averages: dict[int, Any] = {}  # DaSGD with --average-opt-state: each average's landed opt mean
     carries: dict[int, Any] = {}  # DaSGD --merge eager: each running unit's carry, given where it lands
     # DaSGD's units merge their base average after d steps: the steps run in two scans around it.
     dasgd = config.algo == "dasgd"
-    first = config.averaging_delay if dasgd else h
-    rule = AveragingRule(h, first, config.merge, outer_optimizer(config.outer_optimizer, config.outer_lr))
+    first = replay.delay if dasgd else h
     outer = rule.init_outer(params)
-    # The outer step on the landed mean is the round program's (``overwrite``: the new global model).
-    outer_step = jax.jit(AveragingRule(h, 0, "overwrite", rule.outer).merge_params)
     ends = np.repeat(schedule.ends, h)
     timed = VirtualTimeMetrics(metrics, ends)
     merged_before: set[int] = set()
@@ -170,21 +164,14 @@ def run_local_rounds(
                 snapshots.pop(u.worker) if u.continues else TrainState(base_p, base_s, opt[u.worker]) for u in run
             ]
             ts = jax.tree.map(lambda *xs: np.stack(xs), *starts)
-            rows = [[next(streams[u.worker]) for _ in range(h)] for u in run]
-            x = np.stack([np.stack([b[0] for b in r]) for r in rows])
-            y = np.stack([np.stack([b[1] for b in r]) for r in rows])
-            inputs = (x, y)
-            if key is not None:
-                keys = [
-                    jax.random.fold_in(jax.random.fold_in(key, u.worker), (j - 1) * h + i)
-                    for u in run
-                    for i in range(h)
-                ]
-                inputs = (x, y, jnp.stack(keys).reshape(len(run), h))
+            rows = [replay.inputs(u.worker, (j - 1) * h, h) for u in run]
+            inputs = (np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows]))
+            if replay.key is not None:
+                inputs = (*inputs, jnp.stack([r[2] for r in rows]))
             out, loss = units(ts, *(a[:, :first] for a in inputs))
             if dasgd:
                 opts = opt_averages if config.average_opt_state else None
-                out, held = _merge_continuing(jax.device_get(out), run, starts, averages, rule, opts, schedule.lands)
+                out, held = _merge_continuing(jax.device_get(out), run, starts, averages, replay, opts, schedule.lands)
                 carries.update(held)
             if first < h:
                 out, rest = units(out, *(a[:, first:] for a in inputs))
@@ -200,14 +187,10 @@ def run_local_rounds(
         merged_before = set()
         if landed:
             # What each landed unit gives: its model, plus (eager) what its merge held back.
-            given = {u.worker: _contribution(running[u.worker], carries.pop(u.worker, None), rule) for u in landed}
-            moved = [jax.tree.map(jnp.subtract, given[u.worker][:2], averages[u.base]) for u in landed]
-            prev = averages[j - 1]
-            shown = jax.device_get(jax.tree.map(lambda a, d: (a + d).astype(a.dtype), prev, mean_of(moved)))
-            averages[j] = shown
-            if rule.outer is not None:
-                global_p, outer = outer_step(shown[0], shown[0], shown[0], outer)
-                averages[j] = (jax.device_get(global_p), shown[1])
+            given = {u.worker: _contribution(running[u.worker], carries.pop(u.worker, None), replay) for u in landed}
+            shown, averages[j], outer = replay.average(
+                averages[j - 1], [given[u.worker][:2] for u in landed], [averages[u.base] for u in landed], outer
+            )
             opt_mean = mean_of([given[u.worker].opt_states for u in landed])
             if dasgd and config.average_opt_state:
                 opt_averages[j] = opt_mean
@@ -229,28 +212,8 @@ def run_local_rounds(
         if metrics.stop_due:
             break
     now = float(schedule.ends[rounds_run - 1])
-    busy = [float(b) / now for b in schedule.busy]
-    result = RunResult(
-        shown[0],
-        shown[1],
-        step,
-        examples,
-        {
-            "devices": 1,
-            "replicas": num_workers,
-            "placement": "vmap",
-            "effective_algorithm": "dasgd" if dasgd and first else "local",
-            "delay_steps": config.averaging_delay,
-            "average_delay_steps": config.averaging_delay,
-            "local_rounds": _rounds_report(schedule, rounds_run, h, config, fleet is not None),
-            **placement(num_workers, devices),
-        },
-    )
-    utilisation = {
-        "workers": {f"w{w}": b for w, b in enumerate(busy)},
-        "devices": on_devices(np.array(busy), devices).tolist(),
-    }
-    return result, now, utilisation, fresh_updates(len(params), computed)
+    report = _rounds_report(schedule, rounds_run, config, fleet is not None)
+    return replay_outcome(exp, shown, step, examples, report, schedule.busy, now, computed)
 
 
 def _merge_continuing(
@@ -258,67 +221,52 @@ def _merge_continuing(
     run: list[Any],
     starts: list[TrainState],
     averages: dict[int, Any],
-    rule: AveragingRule,
+    replay: Replay,
     opt_averages: dict[int, Any] | None,
     lands: list[list[Any]],
 ) -> tuple[TrainState, dict[int, TrainState]]:
     """DaSGD's merge ``d`` steps into the stacked units ``out``: each continuing unit's model
-    (parameters and states) merges its base average by ``rule`` (``correct``: the average plus
-    its progress since its snapshot; ``overwrite``: the average; ``eager``: the average plus
-    ``1 / n`` of that progress, ``n`` the units landed in that average, per ``lands``), and
-    with ``opt_averages`` (``--average-opt-state``) its optimizer state that average's landed
-    mean alike; the other units are left as they are. Also returns, for ``eager`` with
-    ``d > 0``, each merging unit's carry by replica (``AveragingRule.carry`` over ``n``: of its
-    parameters and states, and of its optimizer state with ``opt_averages``, else None), which
-    its next snapshot adds where it lands."""
+    (parameters and states) merges its base average (``Replay.merge`` over the ``n`` units
+    landed in it, per ``lands``), and with ``opt_averages`` (``--average-opt-state``) its
+    optimizer state that average's landed mean alike; the other units are left as they are.
+    Also returns each merging unit's carry by replica (``eager`` with ``d > 0``: of its
+    parameters and states, and of its optimizer state with ``opt_averages``, else None),
+    which its next snapshot adds where it lands."""
     units = [jax.tree.map(lambda a, i=i: a[i], out) for i in range(len(run))]
     held: dict[int, tuple[Any, Any]] = {}
     for i, u in enumerate(run):
         if u.continues:
             now, snapshot = units[i], starts[i]
-            n = len(lands[u.base - 1]) if rule.carries else None
-            if rule.carries and rule.delay > 0:  # d = 0 merges its snapshot as taken: nothing to hold back
-                opt = rule.carry(now.opt_states, snapshot.opt_states, n) if opt_averages is not None else None
-                held[u.worker] = (rule.carry(tuple(now[:2]), tuple(snapshot[:2]), n), opt)
-            params, states = rule.merge_tree(
-                (now.params, now.states), (snapshot.params, snapshot.states), averages[u.base], n
-            )
-            opt = now.opt_states
+            n = len(lands[u.base - 1]) if replay.rule.carries else None
+            model, carry = replay.merge(tuple(now[:2]), tuple(snapshot[:2]), averages[u.base], n)
+            opt, opt_carry = now.opt_states, None
             if opt_averages is not None:
-                opt = rule.merge_tree(opt, snapshot.opt_states, opt_averages[u.base], n)
-            units[i] = TrainState(params, states, opt)
+                opt, opt_carry = replay.merge(now.opt_states, snapshot.opt_states, opt_averages[u.base], n)
+            if carry is not None:
+                held[u.worker] = (carry, opt_carry)
+            units[i] = TrainState(*model, opt)
     return jax.tree.map(lambda *xs: np.stack(xs), *units), held
 
 
-def _contribution(unit: TrainState, carry: tuple[Any, Any] | None, rule: AveragingRule) -> TrainState:
+def _contribution(unit: TrainState, carry: tuple[Any, Any] | None, replay: Replay) -> TrainState:
     """What a landing unit gives its average: its state, plus its ``eager`` carry (None: none;
     an optimizer-state carry of None: its optimizer state as it is)."""
     if carry is None:
         return unit
     model, opt = carry
-    params, states = rule.contribution(tuple(unit[:2]), model)
-    return TrainState(params, states, unit.opt_states if opt is None else rule.contribution(unit.opt_states, opt))
+    return TrainState(*replay.given(tuple(unit[:2]), model), replay.given(unit.opt_states, opt))
 
 
-def _rounds_report(schedule: LocalRoundsSchedule, rounds: int, period: int, config: Any, fleet: bool) -> dict:
+def _rounds_report(schedule: LocalRoundsSchedule, rounds: int, config: Any, fleet: bool) -> dict:
     """What became of the units of the ``rounds`` averages run: merged (late ones among them),
     dropped by leaves and crashes, in flight at the end, in local steps."""
     begun = [u for units in schedule.starts[:rounds] for u in units]
     landed = [(j, u) for j, units in enumerate(schedule.lands[:rounds], start=1) for u in units]
     landed_workers = {(u.worker, u.base) for _, u in landed}
-    out: dict[str, Any] = {
-        "averages": rounds,
-        "merged_steps": sum(u.steps for _, u in landed),
-        "late_units": sum(j - u.base > 1 for j, u in landed),
-        "dropped_steps": {k: sum(u.steps for u in begun if u.dropped == k) for k in ("leave", "crash")},
-        "unmerged_steps_at_end": sum(
-            u.steps for u in begun if not u.dropped and (u.worker, u.base) not in landed_workers
-        ),
-    }
-    if config.quorum:
-        out["quorum"] = config.quorum
-    if config.deadline == "adaptive":
-        out["deadline"] = {"rule": "adaptive", "mads": DEADLINE_MADS, "window": DEADLINE_WINDOW}
-    if fleet:
-        out["fleet"] = config.fleet
-    return out
+    unmerged = [u for u in begun if not u.dropped and (u.worker, u.base) not in landed_workers]
+    late = sum(j - u.base > 1 for j, u in landed)
+    return (
+        {"averages": rounds}
+        | units_report([u for _, u in landed], late, begun, unmerged)
+        | policy_report(config, fleet)
+    )

@@ -130,7 +130,8 @@ class Config:
     )
     numerics: str = _field(
         "event",
-        "simulator: how shared-store asgd, pdasgd, pdasgd-block and lpp compute: event (each job's kernels "
+        "simulator: how asgd, pdasgd and pdasgd-block (one shared store or --replication replicas) and lpp "
+        "compute: event (each job's kernels "
         "as the clock reaches them) or compiled (the schedule first, then the numerics as compiled "
         "loops between evaluations and checkpoints: bitwise the same run on dense models, within float32 "
         "rounding with convolutions; its checkpoints resume compiled); a run the compiled path does not "

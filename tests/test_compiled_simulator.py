@@ -214,7 +214,10 @@ def test_train_simulate_with_compiled_numerics_is_the_event_run(tmp_path):
     ("changes", "why"),
     [
         (dict(event_log=True), "event log"),
-        (dict(algo="pdasgd", replication="replicas", replicas=2, devices=2), "not replicated stores"),
+        (
+            dict(algo="pdasgd", replication="replicas", replicas=2, devices=2, period=2, fragments=3),
+            "streaming fragments",
+        ),
         (dict(algo="sync", replicas=0, devices=2), "does not run --algo sync"),
     ],
 )

@@ -1,4 +1,4 @@
-"""Schedule first, numerics compiled: a simulated ASGD, PD-ASGD or LPP-SGD run as compiled loop segments.
+"""Schedule first, numerics compiled: a simulated ASGD, PD-ASGD or LPP-SGD run (shared or replicated) as compiled loops.
 
 The event-by-event simulator (``run_simulated``) dispatches every job's kernels from Python
 as its virtual clock reaches them. Its schedule never depends on parameter values, so it can
@@ -22,15 +22,23 @@ LPP-SGD keeps one ring per replica and stage (``lpp_plan``, ``compiled_lpp``): e
 gradient from its device's versions, its update on its device's replica with that
 replica's optimizer state, each averaging round's snapshots (and their mean) and each
 replica's correction as steps placed where the event path applies them; its segments end
-at evaluations, and a last one holds the rounds that end after the last job.
+at evaluations, and a last one holds the rounds that end after the last job. A replicated
+run (``--replication replicas``) keeps one ring per group and stage the same way, and per
+round slot each group's snapshot and the round's mean (``replicated_plan``,
+``compiled_replicated``): each merge a write of its stage in the log's order; its segments
+also end at checkpoints, which resume compiled.
 
 Covered: shared-store ``asgd``, ``pdasgd`` and ``pdasgd-block`` with ``stashed`` or ``live``
 weights (``stashed`` only with non-trainable state), any timing and delay model; LPP-SGD
 (free or calibrated averaging costs) on serial devices, on a model without non-trainable
-state, run to its end, without checkpoints (as the event path). Not covered (refused):
-``live`` weights with BatchNorm, replicated runs, sync, local SGD and DaSGD; LPP-SGD under
-``--fleet`` or a concurrency curve above 1, with BatchNorm, with an event log, resumed, or
-a run that may stop early (it runs event by event, ``run_simulated``'s summary saying why).
+state, run to its end, without checkpoints (as the event path); replicated ``asgd``,
+``pdasgd`` and ``pdasgd-block`` (any merge rule, free or calibrated averaging costs) with
+``stashed`` weights on serial devices, on a model without non-trainable state, averaged
+whole, run to its end. Not covered (refused): ``live`` weights with BatchNorm, sync, local
+SGD and DaSGD; LPP-SGD under ``--fleet`` or a concurrency curve above 1, with BatchNorm,
+with an event log, resumed, or a run that may stop early; replicated runs under the same,
+with ``live`` weights, in streaming fragments (``--fragments``) or resuming an event-path
+checkpoint (they run event by event, ``run_simulated``'s summary saying why).
 
 ``Segments`` runs the plan from its start or from any segment's end, given the carry there
 (a checkpoint's: ``compiled_run``), so a resumed run goes on compiled.
@@ -55,10 +63,12 @@ import numpy as np
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.simulate.compiled_live import LIVE
 from pdasgd_jax.simulate.compiled_lpp import LPP
+from pdasgd_jax.simulate.compiled_replicated import replicated_numerics
 from pdasgd_jax.simulate.compiled_stateful import STATEFUL
 from pdasgd_jax.simulate.compiled_steps import STASHED, Batches, Carry, loop_program
 from pdasgd_jax.simulate.live_plan import LivePlan, has_live_backwards, plan_live_steps
 from pdasgd_jax.simulate.lpp_plan import LppPlan, plan_lpp_steps
+from pdasgd_jax.simulate.replicated_plan import ReplicatedPlan, ReplicatedSchedule, plan_replicated_steps
 from pdasgd_jax.simulate.schedule_plan import Plan, plan_steps
 from pdasgd_jax.simulate.stateful_plan import StatefulPlan, has_state_commits, plan_stateful_steps
 from pdasgd_jax.simulate.step_plan import Schedule, StepPlan
@@ -117,10 +127,13 @@ def chunk_capacity(longest: int) -> int:
 
 
 def make_plan(schedule: Schedule, cuts: Sequence[int] = ()) -> StepPlan:
-    """``schedule`` packed into steps with segments ending at ``cuts``: an ``LppPlan`` where it
-    keeps one store per device (``lpp_plan``), a ``LivePlan`` where its
+    """``schedule`` packed into steps with segments ending at ``cuts``: a ``ReplicatedPlan`` of
+    a replicated run's (``replicated_plan``), an ``LppPlan`` where it keeps one store per
+    device (``lpp_plan``), a ``LivePlan`` where its
     backwards re-read their stage (``live_plan``), a ``StatefulPlan`` where its jobs commit
     non-trainable state (``stateful_plan``), else a ``Plan`` (``schedule_plan``)."""
+    if isinstance(schedule, ReplicatedSchedule):
+        return plan_replicated_steps(schedule, cuts)
     if schedule.stores:
         return plan_lpp_steps(schedule, cuts)
     if has_live_backwards(schedule):
@@ -157,7 +170,10 @@ class Segments:
     ):
         self.exp, self.schedule = exp, schedule
         self.plan = plan = make_plan(schedule, cuts)
-        self.numerics = {Plan: STASHED, LivePlan: LIVE, StatefulPlan: STATEFUL, LppPlan: LPP}[type(plan)]
+        if isinstance(plan, ReplicatedPlan):
+            self.numerics = replicated_numerics(plan)
+        else:
+            self.numerics = {Plan: STASHED, LivePlan: LIVE, StatefulPlan: STATEFUL, LppPlan: LPP}[type(plan)]
         needed = self.numerics.carry_bytes(exp, plan)
         if needed > memory_limit_bytes:
             raise RingBudgetError(

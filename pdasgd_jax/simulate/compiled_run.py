@@ -33,6 +33,7 @@ from pdasgd_jax.runners.result import RunResult
 from pdasgd_jax.simulate.compiled import DEFAULT_MEMORY_LIMIT_BYTES, CompiledRun, SegmentEnd, Segments
 from pdasgd_jax.simulate.compiled_steps import Carry
 from pdasgd_jax.simulate.lpp_plan import record_lpp_schedule
+from pdasgd_jax.simulate.replicated_plan import record_replicated_schedule
 from pdasgd_jax.simulate.schedule_plan import record_schedule
 from pdasgd_jax.simulate.simulation import num_jobs
 from pdasgd_jax.simulate.step_plan import Schedule
@@ -260,6 +261,69 @@ def simulate_lpp_compiled(
         )
 
     run = segments.run(segments.initial_carry(), on_segment=report)
+    now, examples = schedule.virtual_time, run.done * batch
+    if not metrics.rows or metrics.rows[-1]["examples"] != examples:
+        metrics.evaluate(step=run.done, examples=examples, params=run.params, states=run.states, virtual_time=now)
+    result = RunResult(run.params, run.states, run.done, examples, {"jobs_started": schedule.started, **extra})
+    return result, now, schedule.utilisation, schedule.staleness
+
+
+def simulate_replicated_compiled(
+    exp: Experiment,
+    metrics: MetricsLog,
+    timing: TimingModel,
+    *,
+    checkpointer: RunCheckpointer | None = None,
+    memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
+    """``simulate.replicas.run_replicated`` on the compiled path: the schedule first
+    (``replicated_plan.record_replicated_schedule``), then the numerics in segments ending at
+    ``metrics``'s evaluations and ``checkpointer``'s checkpoints, reported and saved as the
+    event path reports them (compiled checkpoints: ``simulate_compiled``'s), resumed compiled
+    from ``checkpointer``'s newest compiled checkpoint; a last segment holds the merges after
+    the last job, which the final parameters include.
+
+    Args:
+      exp: a replicated run the compiled path covers (``replicated_plan.unsupported``).
+      metrics: the run's metrics log.
+      timing: the timing model, as ``run_simulated`` takes it.
+      checkpointer: saves the run when it says a checkpoint is due, and resumes it from its
+        newest checkpoint (``None``: neither).
+      memory_limit_bytes: the most the rings may take.
+
+    Returns:
+      ``(result, virtual_time, utilisation, staleness)``, as ``run_replicated`` returns them.
+
+    Raises:
+      RingBudgetError: the rings would need more than ``memory_limit_bytes``.
+    """
+    batch = exp.config.batch_size
+    max_jobs = num_jobs(exp.total_examples, batch)
+    schedule, extra = record_replicated_schedule(exp, timing)
+    every = checkpointer.every if checkpointer is not None else 0
+    cuts = set(evaluation_jobs(metrics, batch, max_jobs)) | set(checkpoint_jobs(every, batch, max_jobs))
+    segments = Segments(exp, schedule, cuts=sorted(cuts), memory_limit_bytes=memory_limit_bytes)
+    tail = len(segments.plan.cuts) - 1  # the merges after the last job: no evaluation there
+
+    def report(end: SegmentEnd) -> None:
+        if end.index == tail:
+            return
+        for i, loss in enumerate(end.losses, start=end.done - len(end.losses) + 1):
+            metrics.add_loss(i, loss)
+        examples = end.done * batch
+        evaluated = metrics.observe(
+            step=end.done, examples=examples, params=end.params, states=end.states, virtual_time=end.virtual_time
+        )
+        if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
+            meta = {**metrics.position(end.done, examples), **compiled_meta(end)}
+            checkpointer.save(end.done, capture(segments, end), meta)
+
+    resumed = restore(segments, checkpointer, metrics) if is_compiled_checkpoint(checkpointer) else None
+    if resumed is None:
+        run = segments.run(segments.initial_carry(), on_segment=report)
+    else:
+        k, carry, losses = resumed
+        run = segments.run(carry, after=k, losses=losses, on_segment=report)
     now, examples = schedule.virtual_time, run.done * batch
     if not metrics.rows or metrics.rows[-1]["examples"] != examples:
         metrics.evaluate(step=run.done, examples=examples, params=run.params, states=run.states, virtual_time=now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 from pdasgd_jax import calibration
@@ -133,6 +134,8 @@ def run_simulated(
                 compiled = None
                 if config.algo == "lpp" and config.numerics == "compiled":
                     compiled, numerics = _compiled_lpp(exp, metrics, checkpointer, log, given_timing, fleet)
+                elif config.algo != "lpp" and (config.numerics == "compiled" or _resumes_compiled(checkpointer)):
+                    compiled, numerics = _compiled_replicated(exp, metrics, checkpointer, log, given_timing, fleet)
                 run = run_lpp if config.algo == "lpp" else run_replicated
                 result, now, utilisation, staleness = compiled or run(
                     exp, metrics, checkpointer, timing, delay, devices, workers, log=log, fleet=fleet
@@ -149,12 +152,7 @@ def run_simulated(
             if fleet is not None:
                 result.extra["fleet"] = fleet.summary()
     if config.numerics != "event" and numerics is None:  # the algorithms it does not cover run event by event
-        numerics = {
-            "path": "event",
-            "why": "the compiled path runs one shared store or LPP-SGD, not replicated stores"
-            if config.replication == "replicas"
-            else f"the compiled path does not run --algo {config.algo}",
-        }
+        numerics = {"path": "event", "why": f"the compiled path does not run --algo {config.algo}"}
     target = config.target_accuracy
     at_target = next((r for r in metrics.rows if target is not None and r["test_accuracy"] >= target), None)
     result.extra.update(
@@ -184,31 +182,61 @@ def _compiled(
     drain_at_evaluations: bool,
 ) -> tuple[tuple[RunResult, float, dict[str, Any], StalenessStats] | None, dict[str, Any]]:
     """The run on the compiled path (``simulate.compiled_run``), or None where it does not
-    cover it; and what the summary says of it: ``{"path": "compiled", "checkpoints": ...}``
-    (``"resumed_from"``: the step of the compiled checkpoint it resumed), or ``"event"`` and why.
+    cover it; and what the summary says of it (``_on_compiled_path``'s).
 
     Raises:
       ValueError: the run resumes a compiled checkpoint, which the event path cannot load,
         and the compiled path does not cover it.
     """
-    from pdasgd_jax.simulate import compiled, compiled_run, schedule_plan  # only a run that asks for it compiles them
+    from pdasgd_jax.simulate import compiled_run, schedule_plan  # only a run that asks for it compiles them
 
     why = None
     try:
         schedule_plan.check_supported(exp)
     except ValueError as e:
         why = str(e)
+    return _on_compiled_path(
+        metrics,
+        checkpointer,
+        log,
+        why,
+        lambda: compiled_run.simulate_compiled(
+            exp, metrics, timing, checkpointer=checkpointer, drain_at_evaluations=drain_at_evaluations
+        ),
+    )
+
+
+def _on_compiled_path(
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None,
+    log: EventLog | None,
+    why: str | None,
+    simulate: Callable[[], tuple[RunResult, float, dict[str, Any], StalenessStats]],
+    unsupported: Callable[[], str | None] = lambda: None,
+) -> tuple[tuple[RunResult, float, dict[str, Any], StalenessStats] | None, dict[str, Any]]:
+    """``simulate()`` (a run on the compiled path, with checkpoints the compiled path's) unless
+    ``why`` (a reason known before) or, once a resume and an event log are ruled out,
+    ``unsupported()`` says the compiled path cannot run it; and what the summary says of it:
+    ``{"path": "compiled", "checkpoints": ...}`` (``"resumed_from"``: the step of the compiled
+    checkpoint it resumed), or ``"event"`` and why.
+
+    Raises:
+      ValueError: the run resumes a compiled checkpoint, which the event path cannot load,
+        and the compiled path does not cover it.
+    """
+    from pdasgd_jax.simulate import compiled, compiled_run
+
     resumes = checkpointer is not None and checkpointer.latest_step() is not None
     resumes_compiled = resumes and compiled_run.is_compiled_checkpoint(checkpointer)
     if why is None and resumes and not resumes_compiled:
         why = "the checkpoint it resumes was written by the event-by-event path"
     elif why is None and log is not None:
         why = "the event log is written by the event-by-event path"
+    elif why is None:
+        why = unsupported()
     if why is None:
         try:
-            run = compiled_run.simulate_compiled(
-                exp, metrics, timing, checkpointer=checkpointer, drain_at_evaluations=drain_at_evaluations
-            )
+            run = simulate()
             summary = {"path": "compiled", "checkpoints": "compiled" if checkpointer is not None else "none"}
             if resumes_compiled:
                 summary["resumed_from"] = metrics.resumed_from_step
@@ -246,6 +274,33 @@ def _compiled_lpp(
         except compiled.RingBudgetError as e:
             why = str(e)
     return None, {"path": "event", "why": why}
+
+
+def _compiled_replicated(
+    exp: Experiment,
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None,
+    log: EventLog | None,
+    timing: TimingModel,
+    fleet: FleetClock | None,
+) -> tuple[tuple[RunResult, float, dict[str, Any], StalenessStats] | None, dict[str, Any]]:
+    """A replicated run on the compiled path (``compiled_run.simulate_replicated_compiled``),
+    or None where it does not cover it; and what the summary says of it (``_on_compiled_path``'s).
+
+    Raises:
+      ValueError: the run resumes a checkpoint of the compiled path, which the event path
+        cannot load, and the compiled path does not cover it.
+    """
+    from pdasgd_jax.simulate import compiled_run, replicated_plan  # only a run that asks for it compiles them
+
+    return _on_compiled_path(
+        metrics,
+        checkpointer,
+        log,
+        "a run under --fleet runs on the event-by-event path" if fleet is not None else None,
+        lambda: compiled_run.simulate_replicated_compiled(exp, metrics, timing, checkpointer=checkpointer),
+        lambda: replicated_plan.unsupported(exp, timing, metrics),
+    )
 
 
 def _resumes_compiled(checkpointer: RunCheckpointer | None) -> bool:

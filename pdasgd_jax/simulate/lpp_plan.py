@@ -60,7 +60,7 @@ def unsupported(exp: Experiment, timing: TimingModel, metrics: MetricsLog) -> st
     return None
 
 
-class _DoneRecorder:
+class DoneRecorder:
     """The metrics log of a recorded run: it evaluates nothing and keeps, per job done, the
     log's length and the clock."""
 
@@ -97,7 +97,7 @@ def record_lpp_schedule(exp: Experiment, timing: TimingModel) -> tuple[Schedule,
     blank = copy.copy(exp)
     blank.__dict__["kernels"] = NoNumerics(exp.model.num_stages)  # the cached kernels' place
     log = EventLog()
-    recorder = _DoneRecorder(log)
+    recorder = DoneRecorder(log)
     devices, replicas = exp.layout.devices, exp.layout.replicas
     with paused_collector():  # nothing computed, no cycle made: see ``paused_collector``
         result, _, utilisation, staleness = run_lpp(blank, recorder, None, timing, delay, devices, replicas, log=log)
@@ -232,6 +232,13 @@ def plan_lpp_steps(schedule: Schedule, cuts: Any = ()) -> LppPlan:
         version order.
     """
     placer = _Placer(schedule)
+    return _arrays(placer, place_in_segments(placer, schedule, cuts))
+
+
+def place_in_segments(placer: Any, schedule: Schedule, cuts: Any) -> list[int]:
+    """Places every event of ``schedule`` with ``placer`` (``place``, ``end_segment``, ``floor``,
+    ``top`` and ``bounds``, as ``_Placer``'s), a segment ending after each done count in
+    ``cuts``, at the end and after the log's end; the cuts, the last one the run's end."""
     cuts, positions = segment_cuts(schedule, cuts)
     cuts, positions = [*cuts, len(schedule.done)], [*positions, len(schedule.events)]
     next_cut = 0
@@ -243,7 +250,7 @@ def plan_lpp_steps(schedule: Schedule, cuts: Any = ()) -> LppPlan:
         placer.place(e)
     while len(placer.bounds) <= len(cuts):
         placer.end_segment(placer.top + 1)
-    return _arrays(placer, cuts)
+    return cuts
 
 
 def _arrays(p: _Placer, cuts: list[int]) -> LppPlan:

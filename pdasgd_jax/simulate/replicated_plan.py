@@ -39,12 +39,13 @@ from pdasgd_jax.executor import EventKind, EventLog
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate.configured_timing import configured_timing
+from pdasgd_jax.simulate.lpp_plan import DoneRecorder, place_in_segments
 from pdasgd_jax.simulate.plan_slots import FreeSteps, interval_slots
 from pdasgd_jax.simulate.replicas import run_replicated
 from pdasgd_jax.simulate.run_timing import backward_weights
 from pdasgd_jax.simulate.schedule_plan import COMPILED_ALGOS, NoNumerics
 from pdasgd_jax.simulate.simulation import paused_collector
-from pdasgd_jax.simulate.step_plan import Schedule, StepPlan, ring_sizes, segment_cuts
+from pdasgd_jax.simulate.step_plan import Schedule, StepPlan, ring_sizes
 
 # A stashed backward is part of its job's gradient; a round's start and a wait compute nothing.
 _SKIPPED = (EventKind.BACKWARD, EventKind.ROUND, EventKind.WAIT)
@@ -93,29 +94,15 @@ def _batch_ids(batch_size: int, **_: Any) -> Iterator[tuple[np.ndarray, np.ndarr
     return ((np.asarray(i), np.asarray(i)) for i in itertools.count())
 
 
-class _DoneRecorder:
-    """The metrics log of a recorded run: it evaluates nothing and keeps, per job done, its
-    id (its loss: ``_JobIds``), the log's length and the clock."""
+class _DoneRecorder(DoneRecorder):
+    """``lpp_plan.DoneRecorder`` that also keeps each job done's id (its loss: ``_JobIds``)."""
 
     def __init__(self, log: EventLog):
-        self.log, self.rows, self.stop_due = log, [], False
+        super().__init__(log)
         self.jobs: list[int] = []
-        self.positions: list[int] = []
-        self.times: list[float] = []
-
-    def eval_due(self, examples: int) -> bool:
-        return False
 
     def add_loss(self, step: int, loss: Any) -> None:
         self.jobs.append(int(loss))
-
-    def observe(self, *, virtual_time: float, **_: Any) -> bool:
-        self.positions.append(len(self.log))
-        self.times.append(virtual_time)
-        return False
-
-    def evaluate(self, **_: Any) -> dict[str, Any]:
-        return {}
 
 
 def record_replicated_schedule(exp: Experiment, timing: TimingModel) -> tuple[ReplicatedSchedule, dict[str, Any]]:
@@ -306,18 +293,7 @@ def plan_replicated_steps(schedule: ReplicatedSchedule, cuts: Any = ()) -> Repli
         version order.
     """
     placer = _Placer(schedule)
-    cuts, positions = segment_cuts(schedule, cuts)
-    cuts, positions = [*cuts, len(schedule.done)], [*positions, len(schedule.events)]
-    next_cut = 0
-    for i, e in enumerate(schedule.events):
-        while next_cut < len(positions) and positions[next_cut] <= i:
-            placer.floor = placer.top + 1
-            placer.end_segment(placer.floor)
-            next_cut += 1
-        placer.place(e)
-    while len(placer.bounds) <= len(cuts):
-        placer.end_segment(placer.top + 1)
-    return _arrays(placer, cuts)
+    return _arrays(placer, place_in_segments(placer, schedule, cuts))
 
 
 def _arrays(p: _Placer, cuts: list[int]) -> ReplicatedPlan:

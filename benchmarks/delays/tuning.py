@@ -33,6 +33,9 @@ def tune(
     finer, or one where no rate reached the target, is not refined. ``edge`` is the coarse
     grid's: whether its best sat on an edge it could no longer widen past.
 
+    Exact ties go to the smaller rate (on round-quantised clocks two rates can reach the target
+    at the same round end, so a tie says nothing about which is better).
+
     Returns ``{"lr", "tuning": {lr: value}, "edge": still on the edge, "refined": the rates
     the refinement added}``; a grid where no rate reaches the target is not widened (there is
     no best to follow).

@@ -84,7 +84,8 @@ grid) and then run on ``SEEDS``, which alone are reported. A row whose config
 takes it.
 
 Budget (``EPOCHS_BY_W``): twice the epochs at W = 64, where the slowest rows reach the target
-near the end of ``delays``' 30 epochs, so no row's target lies past about half the budget.
+near the end of ``delays``' 30 epochs, so most rows' targets lie before about half the budget
+(a slow row's seed may still take most of it, or miss).
 
 Cost and size (the estimate this protocol is sized by): one run (one algorithm, one scenario,
 one seed) costs about two seconds of wall time at W = 16 and two to eight at W = 64 on the
@@ -92,12 +93,14 @@ one seed) costs about two seconds of wall time at W = 16 and two to eight at W =
 misses the target runs its whole budget: at W = 64 these two take about 20 s each over 60
 epochs; with the horizon given no run plans a first no-event pass), plus compiling for each
 new (seed, rate). A cell is its grid on two tuning seeds (a tuning run stops once it cannot
-win), up to two widenings, then the reported seeds: 12 to 20 runs, ``sync-best`` four grids.
+win), up to two widenings and the two refined rates, per thread variant, then the reported
+seeds: about 16 to 40 runs, ``sync-best`` four grids.
 Five reported seeds give an interval of four degrees of freedom (three leave it too wide to
 tell rows apart). With 13 rows, 2 fleets and 2 sizes (52 cells, about 550 runs per size) the
 whole benchmark was about 20 minutes at W = 16 and an hour or more at W = 64 with one thread
 per row; the nine threaded rows' second grid adds about two thirds to the tuning, and a
-three-thread run costs up to three times a one-thread one.
+three-thread run costs up to three times a one-thread one. With both thread variants and the
+refinement, each size took about an hour (W = 16 and 64 run side by side, 2 cores under load).
 """
 
 from __future__ import annotations

@@ -26,7 +26,11 @@ at evaluations, and a last one holds the rounds that end after the last job. A r
 run (``--replication replicas``) keeps one ring per group and stage the same way, and per
 round slot each group's snapshot and the round's mean (``replicated_plan``,
 ``compiled_replicated``): each merge a write of its stage in the log's order; its segments
-also end at checkpoints, which resume compiled.
+also end at checkpoints, which resume compiled. Their snapshots and means live in the
+rings' last slots, and a replica's optimizer state is written after its update's branch
+(``compiled_steps.stacked_update``), so that each operation on a ring or stack takes the
+previous one's result: XLA then writes them in place, where a read it cannot order before
+an in-place write makes it copy the whole ring or stack every step.
 
 Covered: shared-store ``asgd``, ``pdasgd`` and ``pdasgd-block`` with ``stashed`` or ``live``
 weights (``stashed`` only with non-trainable state), any timing and delay model; LPP-SGD

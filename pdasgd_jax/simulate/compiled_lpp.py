@@ -1,15 +1,19 @@
 """The compiled step of an LPP-SGD plan (``lpp_plan.LppPlan``; ``simulate.compiled``): one ring
 of versions per replica and stage (stacked per stage: ``LppPlan`` says where each version
-lives), each replica's optimizer state stacked per stage, the round's snapshots and mean.
+lives; the round's snapshots and their mean in the ring's last slots), each replica's
+optimizer state stacked per stage.
 
-A step computes its job's gradient from its device's versions (``compiled_steps.job_gradient``),
-then, where a round starts, takes every replica's snapshot and their mean (``lpp.mean_of``),
-then writes each stage at most once: a job's update with ``kernels.update(m)`` and its
-replica's optimizer state (the per-stage arithmetic of the event path's ``update_all``), or
-the round's correction ``lpp.corrected`` (``theta_d + (mean - s_d)``)."""
+A step, where a round starts, takes every replica's snapshot and their mean
+(``lpp.mean_of``), then computes its job's gradient from its device's versions
+(``compiled_steps.job_gradient``), then writes each stage at most once: a job's update with
+``kernels.update(m)`` and its replica's optimizer state (the per-stage arithmetic of the
+event path's ``update_all``), or the round's correction ``lpp.corrected``
+(``theta_d + (mean - s_d)``). A snapshot writes only its own slots, so the job reads the
+versions it would have read before it."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -26,10 +30,10 @@ from pdasgd_jax.simulate.compiled_steps import (
     UpdateInputs,
     chunk_inputs,
     job_gradient,
-    kept,
     ring_at,
     ring_put,
     stacked,
+    stacked_update,
 )
 from pdasgd_jax.simulate.lpp_plan import LppPlan
 
@@ -37,14 +41,20 @@ PyTree = Any
 
 
 class LppCarry(NamedTuple):
-    """What the loop carries: per stage every replica's ring of versions, every replica's
-    optimizer state (stacked), its ring of gradients, the round's snapshots (stacked) and mean."""
+    """What the loop carries: per stage every replica's ring of versions followed by the
+    round's snapshots and their mean (``round_slots``), every replica's optimizer state
+    (stacked) and its ring of gradients."""
 
     rings: tuple[PyTree, ...]
     opt_states: tuple[PyTree, ...]
     grads: tuple[PyTree, ...]
-    snapshots: tuple[PyTree, ...]
-    means: tuple[PyTree, ...]
+
+
+def round_slots(ring: PyTree, devices: int) -> tuple[int, int]:
+    """The slot of replica 0's snapshot in ``ring`` (the others' follow) and of the mean:
+    the last ``devices + 1`` slots."""
+    size = jax.tree.leaves(ring)[0].shape[0]
+    return size - devices - 1, size - 1
 
 
 class LppInputs(NamedTuple):
@@ -60,56 +70,53 @@ class LppInputs(NamedTuple):
 
 
 def _step(kernels: StageKernels, states: tuple, carry: LppCarry, inp: LppInputs) -> tuple[LppCarry, jax.Array]:
-    """One step: the job's gradient, the round's snapshots, then each stage's write."""
-    loss, grad_rings = job_gradient(kernels, states, carry.rings, carry.grads, inp.job)
-    devices = jax.tree.leaves(carry.snapshots)[0].shape[0]
+    """One step: the round's snapshots, the job's gradient, then each stage's write.
 
-    def snapshot(_snapshots: tuple, _means: tuple) -> tuple[tuple, tuple]:
-        taken = [
-            tuple(ring_at(ring, inp.snapshot_slot[d, m]) for m, ring in enumerate(carry.rings)) for d in range(devices)
-        ]
-        stacked_taken = tuple(
-            jax.tree.map(lambda *xs: jnp.stack(xs), *(t[m] for t in taken)) for m in range(len(taken[0]))
-        )
-        return stacked_taken, tuple(lpp.mean_of(taken))
+    The snapshots and mean live in the rings, so that every operation on a ring takes the
+    previous one's result: XLA then orders them and updates the rings in place (a
+    snapshot's reads in a branch of their own would force copies of the whole rings)."""
+    devices = inp.snapshot_slot.shape[0]
 
-    snapshots, means = jax.lax.cond(inp.has_snapshot, snapshot, kept, carry.snapshots, carry.means)
-    upd = inp.updates
-    rings, opt_states = [], []
-    for m, (ring, opt_stack) in enumerate(zip(carry.rings, carry.opt_states)):
-
-        def update(ring: PyTree, opt_stack: PyTree, m: int = m) -> tuple[PyTree, PyTree]:
-            d = inp.device[m]
-            params, opt_state = kernels.update(m)(
-                ring_at(ring, upd.src_slot[m]),
-                ring_at(opt_stack, d),
-                ring_at(grad_rings[m], upd.update_grad_slot[m]),
-                upd.tau[m],
-                ring_at(ring, upd.old_slot[m]),
+    def snapshot(rings: tuple) -> tuple:
+        out = []
+        for m, ring in enumerate(rings):
+            first, _ = round_slots(ring, devices)
+            taken = [ring_at(ring, inp.snapshot_slot[d, m]) for d in range(devices)]
+            # One write of the snapshots and mean (a write per slot, each reading the ring, is copied).
+            block = jax.tree.map(lambda *xs: jnp.stack(xs), *taken, lpp.mean_of(taken))
+            out.append(
+                jax.tree.map(
+                    functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=first, axis=0), ring, block
+                )
             )
-            return ring_put(ring, params, upd.dst_slot[m]), ring_put(opt_stack, opt_state, d)
+        return tuple(out)
+
+    rings = jax.lax.cond(inp.has_snapshot, snapshot, lambda r: r, carry.rings)
+    loss, grad_rings = job_gradient(kernels, states, rings, carry.grads, inp.job)
+    upd = inp.updates
+    new_rings, opt_states = [], []
+    for m, (ring, opt_stack) in enumerate(zip(rings, carry.opt_states)):
+        ring, opt_stack = stacked_update(kernels, m, ring, opt_stack, grad_rings[m], upd, inp.device[m])
 
         def merge(ring: PyTree, m: int = m) -> PyTree:
-            own = ring_at(snapshots[m], inp.device[m])
-            return ring_put(ring, lpp.corrected(ring_at(ring, upd.src_slot[m]), means[m], own), upd.dst_slot[m])
+            first, mean_slot = round_slots(ring, devices)
+            own, mean = ring_at(ring, first + inp.device[m]), ring_at(ring, mean_slot)
+            return ring_put(ring, lpp.corrected(ring_at(ring, upd.src_slot[m]), mean, own), upd.dst_slot[m])
 
-        ring, opt_stack = jax.lax.cond(upd.has_update[m], update, kept, ring, opt_stack)
-        rings.append(jax.lax.cond(inp.has_merge[m], merge, lambda r: r, ring))
+        new_rings.append(jax.lax.cond(inp.has_merge[m], merge, lambda r: r, ring))
         opt_states.append(opt_stack)
-    return LppCarry(tuple(rings), tuple(opt_states), grad_rings, snapshots, means), loss
+    return LppCarry(tuple(new_rings), tuple(opt_states), grad_rings), loss
 
 
 def _init_carry(exp: Experiment, plan: LppPlan) -> LppCarry:
-    """Version 0 in every slot of every replica's ring, each replica's initial optimizer
-    state, zero gradients; the snapshots and mean hold the initial parameters (read only
-    after a round's snapshots are taken)."""
+    """Version 0 in every slot of every replica's ring (and in the snapshots' and mean's,
+    read only after a round's snapshots are taken), each replica's initial optimizer
+    state, zero gradients."""
     params, D = exp.variables.params, plan.devices
-    rings = tuple(stacked(p, D * (k + 1)) for p, k in zip(params, plan.ring_sizes))
+    rings = tuple(stacked(p, D * (k + 1) + D + 1) for p, k in zip(params, plan.ring_sizes))
     opt_states = tuple(stacked(o, D) for o in init_opt_states(exp.tx, params))
     grads = tuple(stacked(p, plan.grad_slots + 1, jnp.zeros_like) for p in params)
-    snapshots = tuple(stacked(p, D) for p in params)
-    means = tuple(jax.tree.map(jnp.array, p) for p in params)
-    return LppCarry(rings, opt_states, grads, snapshots, means)
+    return LppCarry(rings, opt_states, grads)
 
 
 def _inputs(plan: LppPlan, lo: int, hi: int, length: int, batches: Batches, key: jax.Array | None) -> LppInputs:

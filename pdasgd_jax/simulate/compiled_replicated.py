@@ -1,17 +1,19 @@
 """The compiled step of a replicated plan (``replicated_plan.ReplicatedPlan``;
 ``simulate.compiled``): one ring of versions per group and stage (stacked per stage, laid out
-as LPP-SGD's: ``compiled_lpp``), each group's optimizer state stacked per stage, and per round
-slot every group's snapshot (or an ``eager`` merge's carry) and the round's mean.
+as LPP-SGD's: ``compiled_lpp``), followed in the same ring by every round slot's snapshots
+(or an ``eager`` merge's carries) and mean (``RoundSlots``); each group's optimizer state
+stacked per stage.
 
-A step computes its job's gradient from its group's versions
-(``compiled_steps.job_gradient``), then the group's snapshot it may hold, then a round's
-mean (``lpp.mean_of`` of the snapshots, each plus its group's carry of the previous round
-with an ``eager`` merge: ``AveragingRule.contribution``), then writes each stage at most
+A step takes the group's snapshot it may hold, then a round's mean (``lpp.mean_of`` of the
+snapshots, each plus its group's carry of the previous round with an ``eager`` merge:
+``AveragingRule.contribution``), then computes its job's gradient from its group's versions
+(``compiled_steps.job_gradient``; a snapshot and a mean write only their own slots, so the
+job reads the versions it would have read before them), then writes each stage at most
 once: a job's update with ``kernels.update(m)`` and its group's optimizer state, or a merge
 ``AveragingRule.merge_tree`` of the group's stage, its snapshot and the mean (the
 arithmetic of ``replication.merge_program``; an ``eager`` one also keeps its carry,
-``AveragingRule.carry``, in the snapshot's place). The merge rule and the groups are fixed
-per program (``replicated_numerics``)."""
+``AveragingRule.carry``, in the snapshot's place). The merge rule, the groups and the round
+slots are fixed per program (``replicated_numerics``)."""
 
 from __future__ import annotations
 
@@ -34,10 +36,10 @@ from pdasgd_jax.simulate.compiled_steps import (
     UpdateInputs,
     chunk_inputs,
     job_gradient,
-    kept,
     ring_at,
     ring_put,
     stacked,
+    stacked_update,
 )
 from pdasgd_jax.simulate.replicated_plan import ReplicatedPlan
 
@@ -45,15 +47,31 @@ PyTree = Any
 
 
 class ReplicatedCarry(NamedTuple):
-    """What the loop carries: per stage every group's ring of versions, every group's
-    optimizer state (stacked), its ring of gradients, and per round slot every group's
-    snapshot (slot ``r * D + d``) and the round's mean (slot ``r``)."""
+    """What the loop carries: per stage every group's ring of versions followed by every
+    round slot's snapshots and means (``RoundSlots``), every group's optimizer state
+    (stacked) and its ring of gradients."""
 
     rings: tuple[PyTree, ...]
     opt_states: tuple[PyTree, ...]
     grads: tuple[PyTree, ...]
-    snapshots: tuple[PyTree, ...]
-    means: tuple[PyTree, ...]
+
+
+class RoundSlots(NamedTuple):
+    """Where a ring of ``groups`` groups and ``rounds`` round slots keeps the rounds: after
+    the versions, group ``d``'s snapshot of round slot ``r`` (or an ``eager`` merge's carry)
+    at ``snapshot(r, d)``, then the round slot's mean at ``mean(r)``."""
+
+    groups: int
+    rounds: int
+
+    def first(self, ring: PyTree) -> int:
+        return jax.tree.leaves(ring)[0].shape[0] - self.rounds * (self.groups + 1)
+
+    def snapshot(self, ring: PyTree, r: Any, d: Any) -> Any:
+        return self.first(ring) + r * self.groups + d
+
+    def mean(self, ring: PyTree, r: Any) -> Any:
+        return self.first(ring) + self.rounds * self.groups + r
 
 
 class ReplicatedInputs(NamedTuple):
@@ -78,83 +96,74 @@ class ReplicatedInputs(NamedTuple):
 
 def _step(
     rule: AveragingRule,
-    groups: int,
+    slots: RoundSlots,
     kernels: StageKernels,
     states: tuple,
     carry: ReplicatedCarry,
     inp: ReplicatedInputs,
 ) -> tuple[ReplicatedCarry, jax.Array]:
-    """One step: the job's gradient, a group's snapshot, the round's mean, then each stage's write."""
-    loss, grad_rings = job_gradient(kernels, states, carry.rings, carry.grads, inp.job)
-    D, M = groups, len(carry.rings)
+    """One step: a group's snapshot, the round's mean, the job's gradient, then each stage's
+    write (an update, then a merge: a stage has at most one a step).
 
-    def snapshot(snapshots: tuple) -> tuple:
-        at = inp.snapshot_round * D + inp.snapshot_device
-        return tuple(ring_put(snapshots[m], ring_at(carry.rings[m], inp.snapshot_slot[m]), at) for m in range(M))
+    The snapshots and means live in the rings, so that every operation on a ring takes the
+    previous one's result: XLA then orders them and updates the rings in place (a
+    snapshot's reads in a branch of their own would force copies of the whole rings)."""
+    D = slots.groups
 
-    snapshots = jax.lax.cond(inp.has_snapshot, snapshot, lambda s: s, carry.snapshots)
+    def snapshot(rings: tuple) -> tuple:
+        return tuple(
+            ring_put(
+                ring, ring_at(ring, inp.snapshot_slot[m]), slots.snapshot(ring, inp.snapshot_round, inp.snapshot_device)
+            )
+            for m, ring in enumerate(rings)
+        )
 
-    def taken(r: Any) -> list[tuple]:
-        return [tuple(ring_at(snapshots[m], r * D + d) for m in range(M)) for d in range(D)]
+    rings = jax.lax.cond(inp.has_snapshot, snapshot, lambda r: r, carry.rings)
 
-    def mean(means: tuple) -> tuple:
-        parts = taken(inp.mean_round)
+    def taken(rings: tuple, r: Any) -> list[tuple]:
+        return [tuple(ring_at(ring, slots.snapshot(ring, r, d)) for ring in rings) for d in range(D)]
+
+    def mean(rings: tuple) -> tuple:
+        parts = taken(rings, inp.mean_round)
         if rule.carries:  # each group's carry of the previous round rides on its snapshot
-            carries = taken(inp.carry_round)
-            parts = jax.lax.cond(
-                inp.has_carry,
-                lambda: [rule.contribution(p, c) for p, c in zip(parts, carries, strict=True)],
-                lambda: parts,
-            )
+            carries = taken(rings, inp.carry_round)
+            parts = [
+                jax.tree.map(lambda a, b: jnp.where(inp.has_carry, a, b), rule.contribution(p, c), p)
+                for p, c in zip(parts, carries, strict=True)
+            ]
         average = lpp.mean_of(parts)
-        return tuple(ring_put(means[m], average[m], inp.mean_round) for m in range(M))
+        return tuple(ring_put(ring, a, slots.mean(ring, inp.mean_round)) for ring, a in zip(rings, average))
 
-    means = jax.lax.cond(inp.has_mean, mean, lambda m: m, carry.means)
+    rings = jax.lax.cond(inp.has_mean, mean, lambda r: r, rings)
+    loss, grad_rings = job_gradient(kernels, states, rings, carry.grads, inp.job)
     upd = inp.updates
-    rings, opt_states, new_snapshots = [], [], list(snapshots)
-    for m, (ring, opt_stack) in enumerate(zip(carry.rings, carry.opt_states)):
+    new_rings, opt_states = [], []
+    for m, (ring, opt_stack) in enumerate(zip(rings, carry.opt_states)):
+        ring, opt_stack = stacked_update(kernels, m, ring, opt_stack, grad_rings[m], upd, inp.device[m])
 
-        def update(ring: PyTree, opt_stack: PyTree, held: PyTree, m: int = m) -> tuple[PyTree, PyTree, PyTree]:
-            d = inp.device[m]
-            params, opt_state = kernels.update(m)(
-                ring_at(ring, upd.src_slot[m]),
-                ring_at(opt_stack, d),
-                ring_at(grad_rings[m], upd.update_grad_slot[m]),
-                upd.tau[m],
-                ring_at(ring, upd.old_slot[m]),
-            )
-            return ring_put(ring, params, upd.dst_slot[m]), ring_put(opt_stack, opt_state, d), held
-
-        def merge(ring: PyTree, opt_stack: PyTree, held: PyTree, m: int = m) -> tuple[PyTree, PyTree, PyTree]:
-            r, at = inp.merge_round[m], inp.merge_round[m] * D + inp.device[m]
-            local, own = ring_at(ring, upd.src_slot[m]), ring_at(snapshots[m], at)
-            merged = rule.merge_tree(local, own, ring_at(means[m], r), groups)
+        def merge(ring: PyTree, m: int = m) -> PyTree:
+            r, d = inp.merge_round[m], inp.device[m]
+            at = slots.snapshot(ring, r, d)
+            local, own = ring_at(ring, upd.src_slot[m]), ring_at(ring, at)
+            merged = rule.merge_tree(local, own, ring_at(ring, slots.mean(ring, r)), D)
             if rule.carries:  # the snapshot is spent: its slot keeps the carry
-                held = ring_put(held, rule.carry(local, own, groups), at)
-            return ring_put(ring, merged, upd.dst_slot[m]), opt_stack, held
+                ring = ring_put(ring, rule.carry(local, own, D), at)
+            return ring_put(ring, merged, upd.dst_slot[m])
 
-        # One branch a stage: none, an update or a merge; only an eager merge writes its snapshot slot.
-        write = jnp.where(upd.has_update[m], 1, jnp.where(inp.has_merge[m], 2, 0))
-        held = snapshots[m] if rule.carries else ()
-        ring, opt_stack, held = jax.lax.switch(write, (kept, update, merge), ring, opt_stack, held)
-        new_snapshots[m] = held if rule.carries else snapshots[m]
-        rings.append(ring)
+        new_rings.append(jax.lax.cond(inp.has_merge[m], merge, lambda r: r, ring))
         opt_states.append(opt_stack)
-    carry = ReplicatedCarry(tuple(rings), tuple(opt_states), grad_rings, tuple(new_snapshots), means)
-    return carry, loss
+    return ReplicatedCarry(tuple(new_rings), tuple(opt_states), grad_rings), loss
 
 
 def _init_carry(exp: Experiment, plan: ReplicatedPlan) -> ReplicatedCarry:
-    """Version 0 in every slot of every group's ring, each group's initial optimizer state,
-    zero gradients; the snapshots and means hold the initial parameters (read only after a
-    round's snapshots are taken)."""
+    """Version 0 in every slot of every group's ring (and in the rounds' slots, read only
+    after a round's snapshots are taken), each group's initial optimizer state, zero
+    gradients."""
     params, D, R = exp.variables.params, plan.devices, plan.round_slots
-    rings = tuple(stacked(p, D * (k + 1)) for p, k in zip(params, plan.ring_sizes))
+    rings = tuple(stacked(p, D * (k + 1) + R * (D + 1)) for p, k in zip(params, plan.ring_sizes))
     opt_states = tuple(stacked(o, D) for o in init_opt_states(exp.tx, params))
     grads = tuple(stacked(p, plan.grad_slots + 1, jnp.zeros_like) for p in params)
-    snapshots = tuple(stacked(p, R * D) for p in params)
-    means = tuple(stacked(p, R) for p in params)
-    return ReplicatedCarry(rings, opt_states, grads, snapshots, means)
+    return ReplicatedCarry(rings, opt_states, grads)
 
 
 def _inputs(
@@ -188,14 +197,15 @@ def _carry_bytes(exp: Experiment, plan: ReplicatedPlan) -> int:
 
 
 @functools.cache
-def _numerics(merge: str, groups: int) -> Numerics:
+def _numerics(merge: str, groups: int, rounds: int) -> Numerics:
     rule = AveragingRule(period=1, merge=merge)  # only its merge arithmetic is used: the log has the schedule
-    step = functools.partial(_step, rule, groups)
+    step = functools.partial(_step, rule, RoundSlots(groups, rounds))
     # The evaluated model is the groups' mean, as LPP-SGD's replicas' (the same ring layout).
     return Numerics(step, _init_carry, _inputs, _carry_bytes, current=LPP.current)
 
 
 def replicated_numerics(plan: ReplicatedPlan) -> Numerics:
-    """What runs ``plan``: its step, with its merge rule and groups fixed (one compiled
-    program per rule, groups and chunk capacity: ``compiled_steps.loop_program``)."""
-    return _numerics(plan.merge, plan.devices)
+    """What runs ``plan``: its step, with its merge rule, groups and round slots fixed (one
+    compiled program per rule, groups, round slots and chunk capacity:
+    ``compiled_steps.loop_program``)."""
+    return _numerics(plan.merge, plan.devices, plan.round_slots)

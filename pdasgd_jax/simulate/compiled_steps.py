@@ -141,6 +141,38 @@ def apply_updates(
     return tuple(new_rings), tuple(new_states)
 
 
+def stacked_update(
+    kernels: StageKernels,
+    m: int,
+    ring: PyTree,
+    opt_stack: PyTree,
+    grad_ring: PyTree,
+    inp: UpdateInputs,
+    replica: jax.Array,
+) -> tuple[PyTree, PyTree]:
+    """Stage ``m``'s update of a step, where it has one, on one replica of a store kept per
+    replica (LPP-SGD's, a replicated run's): ``(ring, opt_stack)`` after it, the replica's
+    optimizer state in its slot of ``opt_stack``.
+
+    The branch returns the replica's state (as it was where the step has no update) and the
+    stack is written after it: written inside, XLA (which fuses the state's read into the
+    parameters' write) cannot order that read before the in-place write of the stack, and
+    copies the whole ring and stack every step."""
+
+    def update(ring: PyTree) -> tuple[PyTree, PyTree]:
+        params, opt_state = kernels.update(m)(
+            ring_at(ring, inp.src_slot[m]),
+            ring_at(opt_stack, replica),
+            ring_at(grad_ring, inp.update_grad_slot[m]),
+            inp.tau[m],
+            ring_at(ring, inp.old_slot[m]),
+        )
+        return ring_put(ring, params, inp.dst_slot[m]), opt_state
+
+    ring, opt_state = jax.lax.cond(inp.has_update[m], update, lambda r: (r, ring_at(opt_stack, replica)), ring)
+    return ring, ring_put(opt_stack, opt_state, replica)
+
+
 def kept(*trees: PyTree) -> tuple[PyTree, ...]:
     """The branch of a skipped operation: the buffers it would write, unchanged."""
     return trees

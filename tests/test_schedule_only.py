@@ -138,6 +138,14 @@ PLANS = [
     ("b24309c7ffbdc7b6", "asgd", 16, "lognormal", CONCURRENT, {}),
     ("ce3bf9f376613935", "asgd", 64, "exponential", TIMING, {}),
     ("b9aac466c9e9c3bc", "pdasgd-block", 64, "exponential", CONCURRENT, {"straggler_devices": 4}),
+    # As the planner computed them before its reads at a sleep's start ran without their event,
+    # its workers' requests that would not wait were done without the request, and its first
+    # delay block skipped the generator's state: hundreds of devices, a job or two each (many
+    # kernels waiting on one version, many devices' events at one instant).
+    ("6efc44017bf53456", "pdasgd", 512, "exponential", TIMING, {}),
+    ("95d0d4cec659c56f", "pdasgd", 300, "exponential", UNEVEN, {"straggler_devices": 20}),
+    ("cc8bf7d633cad99c", "pdasgd-block", 512, "lognormal", TIMING, {}),
+    ("9ab2bdb7a4a71626", "asgd", 512, "exponential", TIMING, {}),
 ]
 
 

@@ -38,6 +38,7 @@ def rng_for(seed: int, *stream_ids: int | str) -> np.random.Generator:
 # ``LazyStream.draw``'s blocks: the first of a call, and the largest, in draws.
 _FIRST_BLOCK, _MAX_BLOCK = 8, 64
 _NO_BLOCK = np.empty(0)
+_FROM_SEED = object()  # ``LazyStream._before`` of a block drawn first from the seed's state
 
 
 class LazyStream:
@@ -70,8 +71,18 @@ class LazyStream:
     )
 
     def __init__(self, seed: int, *stream_ids: int | str):
+        self._setup(seed, _spawn_key(seed, stream_ids))
+
+    @classmethod
+    def _keyed(cls, seed: int, key: tuple[int, ...]) -> LazyStream:
+        """The stream of a spawn key already checked (``StreamFamily.stream``)."""
+        stream = cls.__new__(cls)
+        stream._setup(seed, key)
+        return stream
+
+    def _setup(self, seed: int, key: tuple[int, ...]) -> None:
         self._seed = seed
-        self._key = _spawn_key(seed, stream_ids)
+        self._key = key
         self._generator: np.random.Generator | None = None
         self._family: StreamFamily | None = None  # derives this stream's seed with its others'
         self._state: np.ndarray | None = None  # the seed's words, once its family derived them
@@ -80,7 +91,7 @@ class LazyStream:
         self._call: tuple[str, tuple[float, ...]] | None = None
         self._block: np.ndarray = _NO_BLOCK
         self._next = 0
-        self._before: dict[str, Any] | None = None
+        self._before: dict[str, Any] | object | None = None  # ``_FROM_SEED``: its seed's state
 
     @property
     def generator(self) -> np.random.Generator:
@@ -134,8 +145,11 @@ class LazyStream:
             if self._call is not None:
                 self._settle()
             size = _FIRST_BLOCK  # small first: most workers of a large simulation draw a few times
+        fresh = self._generator is None
         generator = self._made()
-        self._before = generator.bit_generator.state
+        # A generator fresh from its seed is not asked its state (a dict made, one per worker of
+        # a large simulation): ``_settle`` makes it again from the seed, if it must.
+        self._before = _FROM_SEED if fresh else generator.bit_generator.state
         method, args = call
         # Kept as an array: 8 bytes a value (a list of floats takes four times that, for each of
         # many thousands of workers, far from the processor's caches by a worker's next draw).
@@ -150,8 +164,12 @@ class LazyStream:
         call, taken = self._call, self._next
         self._call = None
         if taken < len(self._block):
-            generator = self._generator
-            generator.bit_generator.state = self._before
+            if self._before is _FROM_SEED:  # the block was its first draw: its seed's state again
+                self._generator = None
+                generator = self._made()
+            else:
+                generator = self._generator
+                generator.bit_generator.state = self._before
             method, args = call
             getattr(generator, method)(*args, taken)
         self._block, self._before = _NO_BLOCK, None
@@ -179,12 +197,15 @@ class StreamFamily:
     def __init__(self, seed: int, *prefix: int | str):
         self._seed = seed
         self._prefix = prefix
-        _spawn_key(seed, prefix)  # checked at once
+        self._prefix_key = _spawn_key(seed, prefix)  # checked at once
         self._pending: list[LazyStream] = []
 
     def stream(self, name: int | str) -> LazyStream:
         """``rng_for(seed, *prefix, name)``'s stream, its generator made on its first draw."""
-        stream = LazyStream(self._seed, *self._prefix, name)
+        if isinstance(name, str):  # its key: the prefix's, checked once, and the name's CRC-32
+            stream = LazyStream._keyed(self._seed, (*self._prefix_key, zlib.crc32(name.encode())))
+        else:
+            stream = LazyStream(self._seed, *self._prefix, name)
         stream._family = self
         self._pending.append(stream)
         return stream
@@ -217,7 +238,8 @@ class _Derived(ISeedSequence):
         self._state = state
 
     def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
-        if n_words != 4 or np.dtype(dtype) != np.uint64:
+        # ``PCG64`` asks with the type itself: tested first, without making a dtype (one per worker).
+        if n_words != 4 or (dtype is not np.uint64 and np.dtype(dtype) != np.uint64):
             raise ValueError(f"a derived seed holds 4 uint64 words, not {n_words} of {np.dtype(dtype)}")
         return self._state.copy()
 

@@ -43,7 +43,10 @@ class Booking(Gate):
     __slots__ = ("held", "pulls", "stage")
 
     def __init__(self, stage: int, key: int):
-        super().__init__(key)
+        # ``Gate.__init__``'s fields, set here (one call fewer per update booked).
+        self.key = key
+        self.is_open = False
+        self.devices = None
         self.stage = stage
         self.pulls: list[Job] | None = None
         self.held: Channel | None = None
@@ -116,13 +119,19 @@ class Bookings:
             self.executor.pull_stage(job, m, backward=backward, worker=worker)
             return
         booking = pending[-1]
-        self.executor.pull_stage(job, m, backward=backward, version=self.newest(m), worker=worker)
+        versions = self._versions  # ``newest(m)``, inlined: most pulls of a busy stage find a booking
+        newest = versions[m] + len(pending) if versions is not None else self.newest(m)
+        self.executor.pull_stage(job, m, backward=backward, version=newest, worker=worker)
         if job.pulled[m] is not None:  # a stashed backward reads nothing
             if booking.pulls is None:
                 booking.pulls = [job]
             else:
                 booking.pulls.append(job)
-            self._waits.setdefault(job.id, []).append((m, booking))
+            waits = self._waits.get(job.id)
+            if waits is None:
+                self._waits[job.id] = [(m, booking)]
+            else:
+                waits.append((m, booking))
 
     def gates(self, job: Job, stage: int | None = None) -> tuple[Gate, ...]:
         """The gates of the versions ``job`` pulled (of ``stage`` only, when given) that no
@@ -135,7 +144,7 @@ class Bookings:
             if rest := [(m, gate) for m, gate in waits if m != stage]:
                 self._waits[job.id] = rest
             waits = [(m, gate) for m, gate in waits if m == stage]
-        return tuple(gate for _, gate in waits)
+        return tuple([gate for _, gate in waits])
 
 
 def _take(lock: Channel, held: Channel) -> Worker:

@@ -185,7 +185,7 @@ class Device:
             self._admit_pending = True
             sched._starts.append((self._admit, ()))
         proc.account.busy += elapsed
-        sched.resume(proc)
+        sched.resume(proc, None, True)  # the last thing its event does
 
     def _blocked(self) -> bool:
         """Whether the next kernel in dispatch order waits for a closed gate; if so the device
@@ -250,4 +250,8 @@ class Device:
 
 
 def _ready(kernel: Kernel) -> bool:
-    return all(gate.is_open for gate in kernel.after)
+    # A loop, not ``all`` over a generator (one object fewer): once per kernel after a pull.
+    for gate in kernel.after:  # noqa: SIM110
+        if not gate.is_open:
+            return False
+    return True

@@ -80,8 +80,13 @@ from pdasgd_jax.executor import Job
 from pdasgd_jax.simulate import pushes
 from pdasgd_jax.simulate.bookings import Booking
 from pdasgd_jax.simulate.fleet_clock import JobDropped
-from pdasgd_jax.simulate.scheduler import Channel, Countdown, Device, Get, Kernel, Put, Sleep, Worker, tokens
-from pdasgd_jax.simulate.simulation import Simulation
+from pdasgd_jax.simulate.scheduler import EMPTY, Channel, Countdown, Device, Get, Kernel, Put, Sleep, Worker, tokens
+from pdasgd_jax.simulate.simulation import WAIT, Simulation
+from pdasgd_jax.simulate.worker_requests import Process
+
+# A request made without its named tuple's ``__new__`` (a Python-level function): several per
+# job part; ``_new(Kernel, (device, work, at_start, dispatched, after))`` is ``Kernel(...)``.
+_new = tuple.__new__
 
 
 def reads_at_dispatch(sim: Simulation) -> bool:
@@ -212,7 +217,12 @@ def asgd_worker(sim: Simulation, device: Device, name: str) -> Worker:
     taken at dispatch, the job's reads and its updates' bookings are taken then."""
     rng = sim.delay_rng(name)
     compute = sim.job_compute(device)
-    while (job := (yield from sim.take_job(name, device))) is not None:
+    while True:
+        job = sim.ready_job(name)
+        if job is WAIT:
+            job = yield from sim.take_job(name, device)
+        if job is None:
+            return
         try:
             yield from sim.host_work()
             ticket = sim.scheduler.ticket()  # the runtime dispatches the job and its updates at once
@@ -279,45 +289,139 @@ def forward_worker(
     """PD-ASGD forward worker: take a batch, reserve a slot of the replica's queue (one of
     ``slots``' tokens), forward, hand the job to the backward workers. As the runtime's
     forward worker, it reads the weights only once its job has a slot: a full queue holds
-    it before its read, not after (algorithms.md §7)."""
+    it before its read, not after (algorithms.md §7).
+
+    A stashed forward read at its kernels (``forward_pass``'s ``fused_forward``) runs here,
+    inline: its steps, one generator fewer per job, and each request one frame nearer the
+    clock."""
     rng = sim.delay_rng(name)
     compute, share = _pipeline_part(sim, device, 0, layerwise)
     take_slot = Get(slots)
-    while (job := (yield from sim.take_job(name, device))) is not None:
-        yield take_slot
+    ex, bookings, homes, scheduler = sim.executor, sim.bookings, sim.homes, sim.scheduler
+    direct = sim.fleet is None  # channel operations that would not wait done without their requests
+    inline = not (ex.live or reads_at_dispatch(sim))  # ``forward_pass`` runs ``fused_forward``
+    host = bool(sim.timing.host_dispatch)
+    cost, transfer = sim.costs[device.index].forward_all, sim.costs[device.index].transfer
+    stages = range(sim.num_stages)
+    remote = tuple(m for m in stages if homes[m] is not device)  # ``_fetch``'s pulls, in stage order
+    commits = getattr(ex, "computes", True)  # (a ``VersionExecutor``'s state commits do nothing)
+    partial = functools.partial
+    while True:
+        job = sim.ready_job(name)
+        if job is WAIT:
+            job = yield from sim.take_job(name, device)
+        if job is None:
+            return
+        if not direct or scheduler.get_now(slots) is EMPTY:
+            yield take_slot
         try:
-            yield from sim.host_work()
-            yield from forward_pass(sim, job, device, name)
+            if host:
+                yield from sim.host_work()
+            if inline:
+                for m in remote:  # a remote read, also when it is free (``_fetch``)
+                    yield _new(Sleep, (transfer[m], partial(bookings.pull, job, m, False, name)))
+                yield _new(Kernel, (device, cost, _forward_reads(ex, job, stages, name), None, bookings.gates(job)))
+                if commits:
+                    for m in stages:
+                        ex.commit_state(job, m, worker=name)
+            else:
+                yield from forward_pass(sim, job, device, name)
         except JobDropped:  # its device crashed (``fleet_clock``): the job and its slot go
             sim.job_dropped(job, "forward")
             yield Put(slots, None)
             continue
         idle = sim.idle(rng, compute, share, job)  # drawn before the job goes on: it carries the draw
         sim.hold(None)  # the queue holds it now
-        yield Put(channel, job)  # never blocks: the slot was reserved
+        if not direct or not scheduler.put_now(channel, job):
+            yield Put(channel, job)  # never blocks: the slot was reserved
         yield idle
 
 
+def _forward_reads(ex: Any, job: Job, stages: range, worker: str) -> Any:
+    """``fused_forward``'s kernel start: every stage's forward read, then the loss."""
+
+    def read_and_compute() -> None:
+        for m in stages:
+            ex.forward_stage(job, m, commit_state=False, worker=worker)
+        ex.loss(job, worker=worker)
+
+    return read_and_compute
+
+
 def backward_worker(
-    sim: Simulation, device: Device, name: str, channel: Channel, slots: Channel, *, layerwise: bool
+    sim: Simulation,
+    device: Device,
+    name: str,
+    channel: Channel,
+    slots: Channel,
+    *,
+    layerwise: bool,
+    process: list[Process] | None = None,
 ) -> Worker:
     """PD-ASGD backward worker: take a job (freeing its slot), backward with (layer-wise)
-    updates; runs until no job will come (it then stays blocked and the simulation ends)."""
+    updates; runs until no job will come (it then stays blocked and the simulation ends).
+
+    A stashed layer-wise backward on a serial device (the default) runs ``backward_pass``'s
+    steps here, inline, as the forward worker runs its forward. Outside a fleet, given its
+    own ``Process`` (``process``, filled once it is spawned), it launches its updates itself,
+    as the clock launches them (``Launch``), and does its channel operations that would not
+    wait without their requests."""
     rng = sim.delay_rng(name)
     compute, share = _pipeline_part(sim, device, 1, layerwise)
     take_job, free_slot = Get(channel), Put(slots, None)
+    ex, homes, scheduler, gates = sim.executor, sim.homes, sim.scheduler, sim.bookings.gates
+    direct = sim.fleet is None and process is not None
+    inline = layerwise and not (ex.live or reads_at_dispatch(sim))
+    host = bool(sim.timing.host_dispatch)
+    c = sim.costs[device.index]
+    num_stages = sim.num_stages
+    stages = range(num_stages - 1, -1, -1)
+    local = tuple(homes[m] is device for m in range(num_stages))
+    reads = getattr(ex, "computes", True)  # (a ``VersionExecutor``'s stashed backward reads nothing)
+    partial = functools.partial
     while True:
-        job = yield take_job
+        job = scheduler.get_now(channel) if direct else EMPTY
+        if job is EMPTY:
+            job = yield take_job
         sim.hold(job)
-        yield free_slot
+        if not direct or not scheduler.put_now(slots, None):
+            yield free_slot
         try:
-            yield from sim.host_work()
-            yield from backward_pass(sim, job, device, name, layerwise=layerwise)
+            if host:
+                yield from sim.host_work()
+            if inline:
+                applied = Countdown(num_stages, scheduler)
+                ticket = scheduler.ticket()
+                for m in stages:
+                    if local[m]:
+                        yield from pushes.backward_and_update(sim, job, m, device, name, ticket)
+                        applied.arrive()
+                        continue
+                    backward = partial(_backward_read, ex, job, m, name) if reads else None
+                    yield _new(Kernel, (device, c.backward[m], backward, ticket, gates(job, m)))
+                    transfer = c.transfer[m]
+                    if direct:  # the clock's ``Launch``: the update runs now, as a process of its own
+                        update = pushes.update(sim, job, m, transfer, name, applied, ticket)
+                        scheduler.resume(Process(name, update, process[0]))
+                    else:
+                        yield pushes.push(sim, job, m, transfer, name, applied, ticket)
+                    if transfer:
+                        yield Sleep(transfer)
+                if applied.left or not direct:  # (none left: the clock would go on at once)
+                    yield applied
+            else:
+                yield from backward_pass(sim, job, device, name, layerwise=layerwise)
         except JobDropped:  # its device crashed (``fleet_clock``): the stage updates it dispatched land
             sim.job_dropped(job, "backward")
             continue
         sim.job_done(job)
         yield sim.idle(rng, compute, share, job)
+
+
+def _backward_read(ex: Any, job: Job, m: int, worker: str) -> None:
+    """A backward kernel's start (bound by position in a partial: a keyword bound in one
+    costs a dict merged at every call)."""
+    ex.backward_stage(job, m, worker=worker)
 
 
 def _pipeline_part(sim: Simulation, device: Device, part: int, layerwise: bool) -> tuple[float, float]:
@@ -354,7 +458,9 @@ def spawn_pdasgd(
             sim.spawn(name, forward_worker(sim, device, name, channel, slots, layerwise=layerwise), device)
         for i in range(backward_workers):
             name = f"d{g}/backward{i}"
-            sim.spawn(name, backward_worker(sim, device, name, channel, slots, layerwise=layerwise), device)
+            process: list[Process] = []
+            worker = backward_worker(sim, device, name, channel, slots, layerwise=layerwise, process=process)
+            process.append(sim.spawn(name, worker, device))
 
 
 def spawn_configured(sim: Simulation, config: Any, replica_ids: Sequence[int] | None = None) -> None:

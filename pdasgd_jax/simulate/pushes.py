@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from pdasgd_jax.executor import Job
 from pdasgd_jax.simulate.bookings import Booking
-from pdasgd_jax.simulate.scheduler import Countdown, Device, Get, Kernel, Launch, Sleep, Worker
+from pdasgd_jax.simulate.scheduler import EMPTY, Countdown, Device, Get, Kernel, Launch, Sleep, Worker
 from pdasgd_jax.simulate.simulation import Simulation, UpdateSpan
+
+_new = tuple.__new__  # ``_new(Kernel, (...))``: a request without its named tuple's Python-level ``__new__``
 
 
 def push_all(
@@ -46,9 +48,25 @@ def push(
     ``booking``), to run on the stage's home once ``g_m`` has arrived there, ``transfer``
     seconds from now: the request to yield, before the worker sends ``g_m`` (a ``Sleep`` of
     ``transfer``, when not 0)."""
+    return Launch(update(sim, job, m, transfer, worker, applied, ticket, booking))
+
+
+def update(
+    sim: Simulation,
+    job: Job,
+    m: int,
+    transfer: float,
+    worker: str,
+    applied: Countdown,
+    ticket: int,
+    booking: Booking | None = None,
+) -> Worker:
+    """``push``'s update, booked now (unless ``booking``), as the worker to launch: for a
+    pushing worker that launches it itself (``Scheduler.resume`` of a ``Process`` charged
+    to it, what the clock does with a ``Launch``), one request fewer."""
     if booking is None:
         booking = sim.bookings.book(m, ticket)
-    return Launch(_update(sim, job, m, worker, applied, ticket, booking, sim.scheduler.now + transfer))
+    return _update(sim, job, m, worker, applied, ticket, booking, sim.scheduler.now + transfer)
 
 
 def backward_and_update(
@@ -62,7 +80,11 @@ def backward_and_update(
     acquire, release = sim.lock_requests[m]
     if booking is None:
         booking = sim.bookings.book(m, ticket)
-    yield acquire if booking.held is None else Get(booking.held)
+    # The lock taken at once when free, without the request, outside a fleet (whose workers'
+    # requests its proxies watch: ``fleet_clock.WorkerProxy``).
+    direct = sim.fleet is None and booking.held is None
+    if not direct or sim.scheduler.get_now(acquire.channel) is EMPTY:
+        yield acquire if booking.held is None else Get(booking.held)
     start: list[float] = []
 
     def backward() -> None:
@@ -74,7 +96,8 @@ def backward_and_update(
     sim.bookings.write(booking)
     if sim.on_update is not None:
         sim.on_update(UpdateSpan(m, device.index, job.id, start[0], sim.scheduler.now))
-    yield release
+    if sim.fleet is not None or not sim.scheduler.put_now(release.channel, None):
+        yield release
 
 
 def _update(
@@ -84,11 +107,16 @@ def _update(
     booked before it are written (the stage's lock, taken in booking order) and its gradient
     has arrived (at ``arrival``); tells ``applied`` when written."""
     home, (acquire, release), scheduler = sim.homes[m], sim.lock_requests[m], sim.scheduler
-    yield acquire if booking.held is None else Get(booking.held)
+    # Its requests that would not wait are done here, without the request (``get_now``,
+    # ``put_now``): an update is a process of its own, which no fleet proxy watches.
+    if booking.held is not None:
+        yield Get(booking.held)
+    elif scheduler.get_now(acquire.channel) is EMPTY:
+        yield acquire
     if arrival > scheduler.now:
         yield Sleep(arrival - scheduler.now)
     if sim.on_update is None:
-        yield Kernel(home, sim.update_costs[m], None, ticket)
+        yield _new(Kernel, (home, sim.update_costs[m], None, ticket, ()))
     else:
         start: list[float] = []
         yield Kernel(home, sim.update_costs[m], lambda: start.append(scheduler.now), ticket)
@@ -96,5 +124,6 @@ def _update(
     sim.bookings.write(booking)
     if sim.on_update is not None:
         sim.on_update(UpdateSpan(m, home.index, job.id, start[0], scheduler.now))
-    yield release
+    if not scheduler.put_now(release.channel, None):
+        yield release
     applied.arrive()

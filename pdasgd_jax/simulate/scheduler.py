@@ -25,7 +25,9 @@ one kernel at a time starts a kernel requested while it is idle at once, inside 
 current event, when no other event is scheduled at that instant: the start event would
 have been the next and only one, so the order is the same. Likewise a zero-length ``Sleep``
 with a read at its start resumes its worker right after the read when no write is queued at
-that instant: its wake-up would have been the next event.)
+that instant: its wake-up would have been the next event; and the read itself is taken at
+once, without its start event, when the worker was resumed as the last thing of an event and
+no other event is scheduled at that instant: ``resume``'s ``tail``.)
 
 Example::
 
@@ -133,7 +135,7 @@ class Scheduler:
         """Starts a worker at the current virtual time."""
         proc = Process(name, gen)
         self.processes.append(proc)
-        self._ends.append((self.resume, (proc,)))
+        self._ends.append((self.resume, (proc, None, True)))
         return proc
 
     def stop(self) -> None:
@@ -176,11 +178,40 @@ class Scheduler:
         while (getter := channel.next_getter()) is not None:
             self._wake(getter)
 
-    def _wake(self, proc: Process, value: Any = None) -> None:
-        self._ends.append((self.resume, (proc, value)))
+    def get_now(self, channel: Channel) -> Any:
+        """What ``yield Get(channel)`` does when an item waits, done by the caller without the
+        yield (a worker's request fewer): takes the oldest item (the longest-blocked putter, if
+        any, resumes among this instant's writes) and returns it; else ``EMPTY`` (then the
+        worker yields ``Get(channel)``, to wait)."""
+        if not channel._items:
+            return EMPTY
+        value, putter = channel.take()
+        if putter is not None:
+            self._ends.append((self.resume, (putter, None, True)))
+        return value
 
-    def resume(self, proc: Process, value: Any = None) -> None:
+    def put_now(self, channel: Channel, item: Any) -> bool:
+        """What ``yield Put(channel, item)`` does when it would not block, done by the caller
+        without the yield: hands ``item`` to the longest-blocked getter (resumed among this
+        instant's writes) or stores it. False: the channel is full and nothing was done (the
+        worker yields ``Put(channel, item)``, to wait)."""
+        getters = channel._getters
+        if getters:
+            self._ends.append((self.resume, (getters.popleft(), item, True)))
+            return True
+        return channel.offer(item)
+
+    def _wake(self, proc: Process, value: Any = None) -> None:
+        self._ends.append((self.resume, (proc, value, True)))
+
+    def resume(self, proc: Process, value: Any = None, tail: bool = False) -> None:
         """Advances ``proc`` until it waits: on a device, a sleep or a channel.
+
+        ``tail``: this call is the last thing its event does (the clock's own wake-ups and
+        hand-overs, a kernel's end), so once ``proc`` asks for a read at a sleep's start while
+        no other event is scheduled at this instant, that start would be the next event: it
+        runs here, without its event (``_start_sleep``). A caller with more to do after it
+        (a ``Launch``, another module's) leaves it False.
 
         Requests are told apart by their exact type (a subclass is handled as its base): this
         loop runs once per request of every worker, the simulator's innermost one."""
@@ -198,16 +229,21 @@ class Scheduler:
                 req.device.request(proc, req)
                 return
             if kind is Sleep:
-                if req.at_start is not None:
-                    self._starts.append((self._start_sleep, (proc, req)))
-                    return
-                if req.duration > 0:
+                at_start = req.at_start
+                if at_start is not None:
+                    if not tail or ends or self._averages or self._starts or self._stopped:
+                        self._starts.append((self._start_sleep, (proc, req)))
+                        return
+                    at_start()  # ``_start_sleep``, the next event, run here (see ``tail``)
+                    if not (req.duration > 0 or ends or self._stopped):
+                        continue
+                if req.duration > 0 or at_start is not None:
                     # ``call_at`` inlined: an idle time or a transfer ends most jobs' parts.
                     wake = self.now + req.duration
                     if wake > self.now:
-                        self._call_later(wake, END, self.resume, (proc,))
+                        self._call_later(wake, END, self.resume, (proc, None, True))
                     else:
-                        ends.append((self.resume, (proc,)))
+                        ends.append((self.resume, (proc, None, True)))
                     return
             elif kind is Get:
                 ch = req.channel
@@ -216,11 +252,11 @@ class Scheduler:
                     return
                 value, putter = ch.take()
                 if putter is not None:
-                    ends.append((self.resume, (putter, None)))
+                    ends.append((self.resume, (putter, None, True)))
             elif kind is Put:
                 ch = req.channel
                 if ch._getters:  # ``next_getter()``, inlined
-                    ends.append((self.resume, (ch._getters.popleft(), req.item)))
+                    ends.append((self.resume, (ch._getters.popleft(), req.item, True)))
                 elif not ch.offer(req.item):
                     ch.wait_put(proc, req.item)
                     return
@@ -237,11 +273,11 @@ class Scheduler:
             # ``call_at`` inlined: a pull's read starts most remote stages' transfers.
             wake = self.now + sleep.duration
             if wake > self.now:
-                self._call_later(wake, END, self.resume, (proc,))
+                self._call_later(wake, END, self.resume, (proc, None, True))
             else:
-                self._ends.append((self.resume, (proc,)))
+                self._ends.append((self.resume, (proc, None, True)))
         else:  # its wake-up, at this instant's writes, would be the next event: run it now
-            self.resume(proc)
+            self.resume(proc, None, True)
 
 
 class Countdown:
@@ -280,8 +316,11 @@ class Countdown:
         self._checking = False
         if not self.left:
             proc, self.waiter = self.waiter, None
-            self._scheduler.resume(proc)
+            self._scheduler.resume(proc, None, True)
 
+
+# ``Scheduler.get_now``'s answer when no item waits.
+EMPTY = object()
 
 _REQUEST_TYPES = (Kernel, Sleep, Get, Put, Countdown, Launch)
 _REQUESTS = frozenset(_REQUEST_TYPES)

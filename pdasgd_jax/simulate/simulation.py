@@ -17,6 +17,10 @@ from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.placement import Placement
 from pdasgd_jax.simulate.bookings import Bookings
 from pdasgd_jax.simulate.scheduler import Channel, Device, Get, Put, Scheduler, Sleep, Worker, mutex
+from pdasgd_jax.simulate.worker_requests import Process
+
+# ``Simulation.ready_job``'s answer when the worker must wait for its job (``take_job``).
+WAIT = object()
 
 
 class DeviceCosts(NamedTuple):
@@ -211,6 +215,19 @@ class Simulation:
             self.fleet.hold(job)
         return job
 
+    def ready_job(self, worker: str) -> Job | object | None:
+        """``take_job``'s job when it would wait for nothing (no generator made: this runs once
+        per job of every worker): ``next_job(worker)``; else ``WAIT``, and the worker takes its
+        job with ``take_job`` (``job = yield from sim.take_job(...)``)."""
+        if (
+            self.fleet is None
+            and not self.paused
+            and (self._drain is None or self.started < self._drain or not self.in_flight)
+            and self.scheduler.now >= self.timing.host_start
+        ):
+            return self.next_job(worker)
+        return WAIT
+
     def host_work(self) -> Iterable[Any]:
         """A worker's host time before it dispatches a part of a job (``yield from
         sim.host_work()``): ``timing.host_dispatch`` seconds holding the simulation's one
@@ -273,12 +290,12 @@ class Simulation:
         if self.fleet is not None:
             self.fleet.hold(job)
 
-    def spawn(self, name: str, gen: Worker, device: Device) -> None:
+    def spawn(self, name: str, gen: Worker, device: Device) -> Process:
         """Starts worker ``gen`` of ``device``; under a fleet whose devices leave, join or crash,
-        wrapped so that a crash can drop its job (``fleet_clock.WorkerProxy``)."""
+        wrapped so that a crash can drop its job (``fleet_clock.WorkerProxy``). Returns its process."""
         if self.fleet is not None and self.fleet.changes_presence:
             gen = self.fleet.proxy(gen, self.fleet_index(device.index), self.host)
-        self.scheduler.spawn(name, gen)
+        return self.scheduler.spawn(name, gen)
 
     def add_queue(self, device: Device, channel: Channel, slots: Channel) -> None:
         """A PD-ASGD replica's queue on ``device``: under a fleet, a crash loses what it holds."""

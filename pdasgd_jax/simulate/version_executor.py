@@ -80,7 +80,12 @@ class VersionExecutor:
     Attributes:
       staleness_counts: per stage, ``counts[tau]``: how many updates had staleness ``tau``.
       updates: the traced updates (empty without ``trace``).
+      computes: False: a stashed backward's kernel start and a forward's state commits change
+        nothing its schedule reads (the workers may skip those calls; a ``StageExecutor``,
+        which has no such attribute, computes there).
     """
+
+    computes = False
 
     def __init__(
         self,

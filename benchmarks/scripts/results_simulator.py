@@ -81,16 +81,20 @@ def compiled_speed_table(root: pathlib.Path, sources: Sources) -> str:
 
 
 def compiled_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str, str]]:
-    """``_compiled``'s rows as overhead rows of the results page: the compiled path's ratio with
-    the event path's beside it, and the compiled path's target verdict."""
+    """``_compiled``'s rows as overhead rows of the results page, one per raw file (its batch
+    sizes side by side): the compiled path's ratio with the event path's beside it, and the
+    compiled path's target verdict."""
+    by_raw: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in _compiled(root, sources)[0]:
+        by_raw.setdefault((row["algo"], row["source"]), []).append(row)
     return [
         {
-            "overhead": f"compiled simulator / SGD loop, {row['algo']}, batch {row['batch']}",
-            "figure": f"{row['compiled / sgd']} (event path {row['event / sgd']})",
-            "verdict": row["target (compiled)"],
-            "source": row["source"],
+            "overhead": f"compiled simulator / SGD loop, {algo}, batch {', '.join(str(r['batch']) for r in rows)}",
+            "figure": "; ".join(f"{r['compiled / sgd']} (event {r['event / sgd']})" for r in rows),
+            "verdict": "; ".join(r["target (compiled)"] for r in rows),
+            "source": source,
         }
-        for row in _compiled(root, sources)[0]
+        for (algo, source), rows in by_raw.items()
     ]
 
 

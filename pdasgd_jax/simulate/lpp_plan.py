@@ -253,75 +253,102 @@ def place_in_segments(placer: Any, schedule: Schedule, cuts: Any) -> list[int]:
     return cuts
 
 
+@dataclasses.dataclass(frozen=True)
+class StoreRings:
+    """The rings of per-device stores (LPP-SGD's and replicated runs' placers ``p``): per stage
+    the ring size ``sizes`` (the largest of its stores'), ``slot(d, m, v)`` (version ``v`` of
+    device ``d``'s stage ``m`` in the stage's stacked rings, a device's ring followed by one
+    spare slot), and each job's gradient slot (``grad_slots`` of ``grads`` in all)."""
+
+    sizes: tuple[int, ...]
+    grad_slot_of: dict[int, int]
+    grads: int
+
+    @staticmethod
+    def of(p: Any, snapshot_reads: list[tuple[int, int, int, int]]) -> StoreRings:
+        """``p``'s rings: its jobs' reads and ``snapshot_reads`` (step, device, stage, version)
+        kept alive, each stage's ring at least as deep as its largest staleness (``p.writes``:
+        ``(step, stage, device, job, version, staleness, ...)``, job -1 for a merge)."""
+        D, M = p.D, p.M
+        jobs = list(p.grad_step)
+        reads: list[tuple[list[int], list[int]]] = [([], []) for _ in range(D * M)]
+        for j in jobs:
+            for m in range(M):
+                reads[p.device_of[j] * M + m][0].append(p.grad_step[j])
+                reads[p.device_of[j] * M + m][1].append(p.reads[j][m])
+        for s, d, m, v in snapshot_reads:
+            reads[d * M + m][0].append(s)
+            reads[d * M + m][1].append(v)
+        least = [0] * (D * M)
+        last_use = dict(p.grad_step)
+        for w in p.writes:
+            s, m, d, j, tau = w[0], w[1], w[2], w[3], w[5]
+            least[d * M + m] = max(least[d * M + m], tau)
+            if j >= 0:
+                last_use[j] = max(last_use[j], s)
+        written = [p.written[d][m] for d in range(D) for m in range(M)]
+        per_store = ring_sizes(written, [(np.asarray(a), np.asarray(b)) for a, b in reads], least)
+        sizes = tuple(max(per_store[d * M + m] for d in range(D)) for m in range(M))
+        steps = np.asarray([p.grad_step[j] for j in jobs], np.int64)
+        slots, grads = interval_slots(steps, np.asarray([last_use[j] for j in jobs], np.int64))
+        return StoreRings(sizes, dict(zip(jobs, slots.tolist())), grads)
+
+    def slot(self, d: Any, m: Any, v: Any) -> Any:
+        k = np.asarray(self.sizes, np.int64)[m]
+        return np.asarray(d) * (k + 1) + np.asarray(v) % k
+
+    def step_arrays(self, p: Any, S: int) -> dict[str, np.ndarray]:
+        """The job and write arrays of ``S`` steps both plans share (``StepPlan``'s fields and
+        ``has_grad``, ``grad_slot``, ``write_device``, ``has_merge``)."""
+        M, G, slot_of = p.M, self.grads, self.grad_slot_of
+        has_grad, batch = np.zeros(S, bool), np.zeros(S, np.int64)
+        grad_slot, read_slot = np.full(S, G, np.int32), np.zeros((S, M), np.int32)
+        for j in p.grad_step:
+            s = p.grad_step[j]
+            has_grad[s], batch[s], grad_slot[s] = True, p.batch_of[j], slot_of[j]
+            read_slot[s] = self.slot(p.device_of[j], np.arange(M), p.reads[j])
+        has_update, has_merge = np.zeros((S, M), bool), np.zeros((S, M), bool)
+        src, old, tau_a, grad, device = (np.zeros((S, M), np.int32) for _ in range(5))
+        dst = np.tile(np.asarray(self.sizes, np.int32), (S, 1))
+        for w in p.writes:
+            s, m, d, j, v, tau = w[:6]
+            (has_update if j >= 0 else has_merge)[s, m] = True
+            src[s, m], old[s, m], dst[s, m] = self.slot(d, m, v), self.slot(d, m, v - tau), self.slot(d, m, v + 1)
+            tau_a[s, m], device[s, m], grad[s, m] = tau, d, slot_of[j] if j >= 0 else 0
+        return dict(
+            ring_sizes=self.sizes,
+            grad_slots=G,
+            batch=batch,
+            read_slot=read_slot,
+            has_update=has_update,
+            src_slot=src,
+            old_slot=old,
+            dst_slot=dst,
+            update_grad_slot=grad,
+            tau=tau_a,
+            has_grad=has_grad,
+            grad_slot=grad_slot,
+            write_device=device,
+            has_merge=has_merge,
+        )
+
+
 def _arrays(p: _Placer, cuts: list[int]) -> LppPlan:
     """The step arrays of the placed operations."""
     D, M, S = p.D, p.M, p.bounds[-1]
-    jobs = list(p.grad_step)
-    steps = np.asarray([p.grad_step[j] for j in jobs], np.int64)
-    reads: list[tuple[list[int], list[int]]] = [([], []) for _ in range(D * M)]
-    for j in jobs:
-        for m in range(M):
-            reads[p.device_of[j] * M + m][0].append(p.grad_step[j])
-            reads[p.device_of[j] * M + m][1].append(p.reads[j][m])
-    for s, versions in p.snapshots:
-        for d in range(D):
-            for m in range(M):
-                reads[d * M + m][0].append(s)
-                reads[d * M + m][1].append(int(versions[d, m]))
-    least = [0] * (D * M)
-    for _, m, d, _, _, tau in p.writes:
-        least[d * M + m] = max(least[d * M + m], tau)
-    written = [p.written[d][m] for d in range(D) for m in range(M)]
-    per_store = ring_sizes(written, [(np.asarray(a), np.asarray(b)) for a, b in reads], least)
-    K = tuple(max(per_store[d * M + m] for d in range(D)) for m in range(M))
-    K_arr = np.asarray(K, np.int64)
-
-    def slot(d: Any, m: Any, v: Any) -> Any:
-        return np.asarray(d) * (K_arr[m] + 1) + np.asarray(v) % K_arr[m]
-
-    last_use = dict(p.grad_step)
-    for s, _, _, j, _, _ in p.writes:
-        if j >= 0:
-            last_use[j] = max(last_use[j], s)
-    slots, G = interval_slots(steps, np.asarray([last_use[j] for j in jobs], np.int64))
-    slot_of = dict(zip(jobs, slots.tolist()))
-    has_grad, batch = np.zeros(S, bool), np.zeros(S, np.int64)
-    grad_slot, read_slot = np.full(S, G, np.int32), np.zeros((S, M), np.int32)
-    for j in jobs:
-        s = p.grad_step[j]
-        has_grad[s], batch[s], grad_slot[s] = True, p.batch_of[j], slot_of[j]
-        read_slot[s] = slot(p.device_of[j], np.arange(M), p.reads[j])
-    has_update, has_merge = np.zeros((S, M), bool), np.zeros((S, M), bool)
-    src, old, tau_a, grad, device = (np.zeros((S, M), np.int32) for _ in range(5))
-    dst = np.tile(np.asarray(K, np.int32), (S, 1))
-    for s, m, d, j, k, tau in p.writes:
-        (has_update if j >= 0 else has_merge)[s, m] = True
-        src[s, m], old[s, m], dst[s, m] = slot(d, m, k), slot(d, m, k - tau), slot(d, m, k + 1)
-        tau_a[s, m], device[s, m], grad[s, m] = tau, d, slot_of[j] if j >= 0 else 0
+    snapshot_reads = [(s, d, m, int(versions[d, m])) for s, versions in p.snapshots for d in range(D) for m in range(M)]
+    rings = StoreRings.of(p, snapshot_reads)
     has_snapshot, snapshot_slot = np.zeros(S, bool), np.zeros((S, D, M), np.int32)
     for s, versions in p.snapshots:
         has_snapshot[s] = True
-        snapshot_slot[s] = slot(np.arange(D)[:, None], np.arange(M)[None, :], versions)
+        snapshot_slot[s] = rings.slot(np.arange(D)[:, None], np.arange(M)[None, :], versions)
     return LppPlan(
-        ring_sizes=K,
-        grad_slots=G,
+        **rings.step_arrays(p, S),
         bounds=np.asarray(p.bounds, np.int64),
         cuts=np.asarray(cuts, np.int64),
         versions=np.asarray(p.versions, np.int64),
-        batch=batch,
-        read_slot=read_slot,
-        has_update=has_update,
-        src_slot=src,
-        old_slot=old,
-        dst_slot=dst,
-        update_grad_slot=grad,
-        tau=tau_a,
         loss_step=np.asarray([p.grad_step[int(j)] for j, _ in p.done], np.int64),
         devices=D,
-        has_grad=has_grad,
-        grad_slot=grad_slot,
-        write_device=device,
-        has_merge=has_merge,
         has_snapshot=has_snapshot,
         snapshot_slot=snapshot_slot,
     )

@@ -39,13 +39,13 @@ from pdasgd_jax.executor import EventKind, EventLog
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate.configured_timing import configured_timing
-from pdasgd_jax.simulate.lpp_plan import DoneRecorder, place_in_segments
+from pdasgd_jax.simulate.lpp_plan import DoneRecorder, StoreRings, place_in_segments
 from pdasgd_jax.simulate.plan_slots import FreeSteps, interval_slots
 from pdasgd_jax.simulate.replicas import run_replicated
 from pdasgd_jax.simulate.run_timing import backward_weights
 from pdasgd_jax.simulate.schedule_plan import COMPILED_ALGOS, NoNumerics
 from pdasgd_jax.simulate.simulation import paused_collector
-from pdasgd_jax.simulate.step_plan import Schedule, StepPlan, ring_sizes
+from pdasgd_jax.simulate.step_plan import Schedule, StepPlan
 
 # A stashed backward is part of its job's gradient; a round's start and a wait compute nothing.
 _SKIPPED = (EventKind.BACKWARD, EventKind.ROUND, EventKind.WAIT)
@@ -299,54 +299,16 @@ def plan_replicated_steps(schedule: ReplicatedSchedule, cuts: Any = ()) -> Repli
 def _arrays(p: _Placer, cuts: list[int]) -> ReplicatedPlan:
     """The step arrays of the placed operations."""
     D, M, S = p.D, p.M, p.bounds[-1]
-    jobs = list(p.grad_step)
-    reads: list[tuple[list[int], list[int]]] = [([], []) for _ in range(D * M)]
-    for j in jobs:
-        for m in range(M):
-            reads[p.device_of[j] * M + m][0].append(p.grad_step[j])
-            reads[p.device_of[j] * M + m][1].append(p.reads[j][m])
-    for s, d, _, versions in p.snapshots:
-        for m in range(M):
-            reads[d * M + m][0].append(s)
-            reads[d * M + m][1].append(versions[m])
-    least = [0] * (D * M)
-    for _, m, d, _, _, tau, _ in p.writes:
-        least[d * M + m] = max(least[d * M + m], tau)
-    written = [p.written[d][m] for d in range(D) for m in range(M)]
-    per_store = ring_sizes(written, [(np.asarray(a), np.asarray(b)) for a, b in reads], least)
-    K = tuple(max(per_store[d * M + m] for d in range(D)) for m in range(M))
-    K_arr = np.asarray(K, np.int64)
-
-    def slot(d: Any, m: Any, v: Any) -> Any:
-        return np.asarray(d) * (K_arr[m] + 1) + np.asarray(v) % K_arr[m]
-
-    last_use = dict(p.grad_step)
-    for s, _, _, j, _, _, _ in p.writes:
-        if j >= 0:
-            last_use[j] = max(last_use[j], s)
-    steps = np.asarray([p.grad_step[j] for j in jobs], np.int64)
-    slots, G = interval_slots(steps, np.asarray([last_use[j] for j in jobs], np.int64))
-    slot_of = dict(zip(jobs, slots.tolist()))
+    rings = StoreRings.of(p, [(s, d, m, versions[m]) for s, d, _, versions in p.snapshots for m in range(M)])
+    slot = rings.slot
     rounds = sorted(p.round_steps)
     round_slots, R = interval_slots(
         np.asarray([min(p.round_steps[k]) for k in rounds], np.int64),
         np.asarray([max(p.round_steps[k]) for k in rounds], np.int64),
     )
     slot_of_round = dict(zip(rounds, round_slots.tolist()))
-
-    has_grad, batch = np.zeros(S, bool), np.zeros(S, np.int64)
-    grad_slot, read_slot = np.full(S, G, np.int32), np.zeros((S, M), np.int32)
-    for j in jobs:
-        s = p.grad_step[j]
-        has_grad[s], batch[s], grad_slot[s] = True, p.batch_of[j], slot_of[j]
-        read_slot[s] = slot(p.device_of[j], np.arange(M), p.reads[j])
-    has_update, has_merge = np.zeros((S, M), bool), np.zeros((S, M), bool)
-    src, old, tau_a, grad, device, merge_round = (np.zeros((S, M), np.int32) for _ in range(6))
-    dst = np.tile(np.asarray(K, np.int32), (S, 1))
-    for s, m, d, j, v, tau, k in p.writes:
-        (has_update if j >= 0 else has_merge)[s, m] = True
-        src[s, m], old[s, m], dst[s, m] = slot(d, m, v), slot(d, m, v - tau), slot(d, m, v + 1)
-        tau_a[s, m], device[s, m], grad[s, m] = tau, d, slot_of[j] if j >= 0 else 0
+    merge_round = np.zeros((S, M), np.int32)
+    for s, m, _, j, _, _, k in p.writes:
         merge_round[s, m] = slot_of_round[k] if j < 0 else 0
     has_snapshot, snapshot_device, snapshot_round = np.zeros(S, bool), np.zeros(S, np.int32), np.zeros(S, np.int32)
     snapshot_slot = np.zeros((S, M), np.int32)
@@ -360,27 +322,14 @@ def _arrays(p: _Placer, cuts: list[int]) -> ReplicatedPlan:
         if p.eager and k:
             has_carry[s], carry_round[s] = True, slot_of_round[k - 1]
     return ReplicatedPlan(
-        ring_sizes=K,
-        grad_slots=G,
+        **rings.step_arrays(p, S),
         bounds=np.asarray(p.bounds, np.int64),
         cuts=np.asarray(cuts, np.int64),
         versions=np.asarray(p.versions, np.int64),
-        batch=batch,
-        read_slot=read_slot,
-        has_update=has_update,
-        src_slot=src,
-        old_slot=old,
-        dst_slot=dst,
-        update_grad_slot=grad,
-        tau=tau_a,
         loss_step=np.asarray([p.grad_step[int(j)] for j, _ in p.done], np.int64),
         devices=D,
         merge=p.merge,
         round_slots=R,
-        has_grad=has_grad,
-        grad_slot=grad_slot,
-        write_device=device,
-        has_merge=has_merge,
         merge_round=merge_round,
         has_snapshot=has_snapshot,
         snapshot_device=snapshot_device,

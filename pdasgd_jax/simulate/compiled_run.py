@@ -244,28 +244,8 @@ def simulate_lpp_compiled(
     Raises:
       RingBudgetError: the rings would need more than ``memory_limit_bytes``.
     """
-    batch = exp.config.batch_size
     schedule, extra = record_lpp_schedule(exp, timing)
-    evaluations = evaluation_jobs(metrics, batch, num_jobs(exp.total_examples, batch))
-    segments = Segments(exp, schedule, cuts=evaluations, memory_limit_bytes=memory_limit_bytes)
-    tail = len(segments.plan.cuts) - 1  # the merges after the last job: no evaluation there
-
-    def report(end: SegmentEnd) -> None:
-        if end.index == tail:
-            return
-        for i, loss in enumerate(end.losses, start=end.done - len(end.losses) + 1):
-            metrics.add_loss(i, loss)
-        examples = end.done * batch
-        metrics.observe(
-            step=end.done, examples=examples, params=end.params, states=end.states, virtual_time=end.virtual_time
-        )
-
-    run = segments.run(segments.initial_carry(), on_segment=report)
-    now, examples = schedule.virtual_time, run.done * batch
-    if not metrics.rows or metrics.rows[-1]["examples"] != examples:
-        metrics.evaluate(step=run.done, examples=examples, params=run.params, states=run.states, virtual_time=now)
-    result = RunResult(run.params, run.states, run.done, examples, {"jobs_started": schedule.started, **extra})
-    return result, now, schedule.utilisation, schedule.staleness
+    return _per_device_stores(exp, metrics, schedule, extra, None, memory_limit_bytes)
 
 
 def simulate_replicated_compiled(
@@ -297,9 +277,24 @@ def simulate_replicated_compiled(
     Raises:
       RingBudgetError: the rings would need more than ``memory_limit_bytes``.
     """
+    schedule, extra = record_replicated_schedule(exp, timing)
+    return _per_device_stores(exp, metrics, schedule, extra, checkpointer, memory_limit_bytes)
+
+
+def _per_device_stores(
+    exp: Experiment,
+    metrics: MetricsLog,
+    schedule: Schedule,
+    extra: dict[str, Any],
+    checkpointer: RunCheckpointer | None,
+    memory_limit_bytes: int,
+) -> tuple[RunResult, float, dict[str, Any], StalenessStats]:
+    """A recorded LPP-SGD or replicated ``schedule`` (its summary's ``extra``) run compiled in
+    segments ending at ``metrics``'s evaluations and ``checkpointer``'s checkpoints (None:
+    none written, none resumed), reported and saved as the event path does; a last segment
+    holds the merges after the last job, which the final parameters include."""
     batch = exp.config.batch_size
     max_jobs = num_jobs(exp.total_examples, batch)
-    schedule, extra = record_replicated_schedule(exp, timing)
     every = checkpointer.every if checkpointer is not None else 0
     cuts = set(evaluation_jobs(metrics, batch, max_jobs)) | set(checkpoint_jobs(every, batch, max_jobs))
     segments = Segments(exp, schedule, cuts=sorted(cuts), memory_limit_bytes=memory_limit_bytes)

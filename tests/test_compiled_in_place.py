@@ -56,10 +56,7 @@ def _loop_text(monkeypatch, config: Config) -> tuple[str, set[str]]:
     [
         dict(algo="lpp", devices=2, replicas=4, period=2),
         dict(algo="pdasgd", replication="replicas", devices=2, replicas=2, period=2),
-        pytest.param(
-            dict(algo="pdasgd", replication="replicas", devices=2, replicas=2, period=2, merge="eager"),
-            marks=pytest.mark.xfail(strict=True, reason="the eager merge's carries still make XLA copy the rings"),
-        ),
+        dict(algo="pdasgd", replication="replicas", devices=2, replicas=2, period=2, merge="eager"),
         dict(algo="pdasgd", replication="replicas", devices=2, replicas=2, period=2, optimizer="adamw"),
     ],
     ids=["lpp", "replicated", "replicated-eager", "replicated-adamw"],

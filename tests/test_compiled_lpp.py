@@ -3,23 +3,26 @@ path: the same schedule, bitwise the same parameters, metrics rows and staleness
 it leaves to the event path, saying why."""
 
 import dataclasses
-import json
 
-import jax
 import numpy as np
 import pytest
+from compiled_stores_checks import (
+    SLOW_ALLREDUCE,
+    TIMING,
+    assert_an_event_log_keeps_it_on_the_event_path,
+    assert_bitwise,
+    assert_lands_bitwise_on_the_event_path,
+    assert_left_to_the_event_path,
+    fields,
+    file_rows,
+    run_on,
+)
 
 from pdasgd_jax import Config, train_and_evaluate
-from pdasgd_jax.delays import CommModel, TimingModel
 from pdasgd_jax.executor import EventLog
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.lpp_plan import plan_lpp_steps, record_lpp_schedule
 
-# Dyadic costs (exact in binary floating point) for the 3-stage digits MLP.
-TIMING = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5)
-STEP = TIMING.step_compute_time()
 RUN = dict(devices=2, replicas=4, epochs=0.25)  # D = 2, T = 2 threads per device
 
 
@@ -28,22 +31,6 @@ def base():
     return Experiment.from_config(Config(algo="lpp", simulate=True, batch_size=16, progress=False))
 
 
-def _run(exp, numerics, timing=TIMING, log=None, **metrics_args):
-    exp = exp.with_config(numerics=numerics)
-    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=64, progress=False, **metrics_args)
-    return run_simulated(exp, metrics, timing=timing, log=log), metrics
-
-
-def _rows(metrics):
-    return [{k: v for k, v in row.items() if k != "wall_time"} for row in metrics.rows]
-
-
-def _assert_bitwise(a, b):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-SLOW_ALLREDUCE = dataclasses.replace(TIMING, comm=CommModel(alpha=3 * STEP))
 CASES = {
     "no delays": (dict(period=2), TIMING),
     "injected delays": (dict(period=3, delay_model="exponential", delay_mean=1.0), TIMING),
@@ -58,20 +45,13 @@ CASES = {
 }
 
 
+EXTRA_KEYS = ("staleness", "virtual_time", "utilisation", "averaging_rounds", "updates_per_device", "jobs_started")
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_lpp_lands_bitwise_on_the_event_path(base, case):
     changes, timing = CASES[case]
-    exp = base.with_config(**RUN, **changes)
-    event, event_metrics = _run(exp, "event", timing)
-    compiled, compiled_metrics = _run(exp, "compiled", timing)
-    assert compiled.extra["numerics"] == {"path": "compiled", "checkpoints": "none"}
-    assert "numerics" not in event.extra or event.extra["numerics"]["path"] == "event"
-    assert event.extra["averaging_rounds"] >= 2
-    _assert_bitwise(compiled.params, event.params)
-    assert _rows(compiled_metrics) == _rows(event_metrics) and len(event_metrics.rows) >= 3
-    for key in ("staleness", "virtual_time", "utilisation", "averaging_rounds", "updates_per_device", "jobs_started"):
-        assert compiled.extra[key] == event.extra[key], key
-    assert compiled.step == event.step and compiled.examples == event.examples
+    assert_lands_bitwise_on_the_event_path(base.with_config(**RUN, **changes), timing, EXTRA_KEYS)
 
 
 def test_train_with_compiled_numerics_is_the_event_run(tmp_path):
@@ -96,28 +76,17 @@ def test_train_with_compiled_numerics_is_the_event_run(tmp_path):
 
     event, compiled = train("event"), train("compiled", numerics="compiled")
     assert compiled["numerics"] == {"path": "compiled", "checkpoints": "none"} and "numerics" not in event
-    rows = [(tmp_path / n / "metrics.jsonl").read_text().splitlines() for n in ("event", "compiled")]
-    assert [_rows_of(r) for r in rows[0]] == [_rows_of(r) for r in rows[1]] and len(rows[0]) >= 3
-    _assert_bitwise(compiled.variables, event.variables)
-
-
-def _rows_of(line):
-    return {k: v for k, v in json.loads(line).items() if k != "wall_time"}
-
-
-def _fields(events):
-    return [
-        (e.kind, e.job, e.replica, e.round, e.stage, e.batch_id, e.params_version, e.replaced_version, e.staleness)
-        for e in events
-    ]
+    rows = [file_rows(tmp_path / n) for n in ("event", "compiled")]
+    assert rows[0] == rows[1] and len(rows[0]) >= 3
+    assert_bitwise(compiled.variables, event.variables)
 
 
 def test_the_recorded_schedule_is_the_event_paths_and_its_plan_places_every_round(base):
     exp = base.with_config(**RUN, period=2, delay_model="exponential", delay_mean=1.0)
     log = EventLog()
-    event, _ = _run(exp, "event", SLOW_ALLREDUCE, log=log)
+    event, _ = run_on(exp, "event", SLOW_ALLREDUCE, log=log)
     schedule, extra = record_lpp_schedule(exp, SLOW_ALLREDUCE)
-    assert _fields(schedule.events) == _fields(log.events)
+    assert fields(schedule.events) == fields(log.events)
     assert schedule.staleness.summary() == event.extra["staleness"]
     assert extra["averaging_rounds"] == event.extra["averaging_rounds"]
     plan = plan_lpp_steps(schedule, cuts=[5, 10])
@@ -139,13 +108,8 @@ def test_the_recorded_schedule_is_the_event_paths_and_its_plan_places_every_roun
 )
 def test_what_it_does_not_cover_runs_on_the_event_path_saying_why(base, changes, timing, metrics_args, why):
     exp = base.with_config(**{**RUN, "epochs": 0.1}, period=2, **changes)
-    compiled, _ = _run(exp, "compiled", timing, **metrics_args)
-    assert compiled.extra["numerics"]["path"] == "event" and why in compiled.extra["numerics"]["why"]
-    event, _ = _run(exp, "event", timing, **metrics_args)
-    _assert_bitwise(compiled.params, event.params)
+    assert_left_to_the_event_path(exp, timing, metrics_args, why)
 
 
 def test_an_event_log_keeps_lpp_on_the_event_path(base):
-    exp = base.with_config(**{**RUN, "epochs": 0.1}, period=2)
-    result, _ = _run(exp, "compiled", log=EventLog())
-    assert result.extra["numerics"] == {"path": "event", "why": "the event log is written by the event-by-event path"}
+    assert_an_event_log_keeps_it_on_the_event_path(base.with_config(**{**RUN, "epochs": 0.1}, period=2))

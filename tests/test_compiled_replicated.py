@@ -4,29 +4,30 @@ parameters, metrics rows and staleness, checkpoints that resume compiled, and th
 leaves to the event path, saying why."""
 
 import dataclasses
-import json
-import os
 
-import jax
 import numpy as np
 import pytest
+from compiled_stores_checks import (
+    SLOW_ALLREDUCE,
+    TIMING,
+    assert_an_event_log_keeps_it_on_the_event_path,
+    assert_bitwise,
+    assert_lands_bitwise_on_the_event_path,
+    assert_left_to_the_event_path,
+    fields,
+    file_rows,
+    run_on,
+)
 
-from pdasgd_jax import Config, calibration, plots, rundir, train_and_evaluate
+from pdasgd_jax import Config, calibration, plots, train_and_evaluate
 from pdasgd_jax import train as train_lib
 from pdasgd_jax.checkpoint import RunCheckpointer
-from pdasgd_jax.delays import CommModel, TimingModel
 from pdasgd_jax.executor import EventLog
 from pdasgd_jax.experiment import Experiment
-from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.simulate import compiled_run, run_simulated
+from pdasgd_jax.simulate import compiled_run
 from pdasgd_jax.simulate.replicated_plan import plan_replicated_steps, record_replicated_schedule
 from pdasgd_jax.train import resume_run
 
-# Dyadic costs (exact in binary floating point) for the 3-stage digits MLP.
-TIMING = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5)
-STEP = TIMING.step_compute_time()
-# An all-reduce longer than d jobs: groups wait, rounds overlap, merges come after the last job.
-SLOW_ALLREDUCE = dataclasses.replace(TIMING, comm=CommModel(alpha=3 * STEP))
 RUN = dict(replication="replicas", devices=2, replicas=2, epochs=0.2, period=2)
 EXPONENTIAL = dict(delay_model="exponential", delay_mean=1.0)
 
@@ -34,21 +35,6 @@ EXPONENTIAL = dict(delay_model="exponential", delay_mean=1.0)
 @pytest.fixture(scope="module")
 def base():
     return Experiment.from_config(Config(algo="pdasgd", simulate=True, batch_size=16, progress=False))
-
-
-def _run(exp, numerics, timing=TIMING, log=None, **metrics_args):
-    exp = exp.with_config(numerics=numerics)
-    metrics = MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=64, progress=False, **metrics_args)
-    return run_simulated(exp, metrics, timing=timing, log=log), metrics
-
-
-def _rows(metrics):
-    return [{k: v for k, v in row.items() if k != "wall_time"} for row in metrics.rows]
-
-
-def _assert_bitwise(a, b):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 CASES = {
@@ -85,32 +71,16 @@ EXTRA_KEYS = (
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_replicated_lands_bitwise_on_the_event_path(base, case):
     changes, timing = CASES[case]
-    exp = base.with_config(**{**RUN, **changes})
-    event, event_metrics = _run(exp, "event", timing)
-    compiled, compiled_metrics = _run(exp, "compiled", timing)
-    assert compiled.extra["numerics"] == {"path": "compiled", "checkpoints": "none"}
+    event = assert_lands_bitwise_on_the_event_path(base.with_config(**{**RUN, **changes}), timing, EXTRA_KEYS)
     assert "numerics" not in event.extra
-    assert event.extra["averaging_rounds"] >= 2
-    _assert_bitwise(compiled.params, event.params)
-    assert _rows(compiled_metrics) == _rows(event_metrics) and len(event_metrics.rows) >= 3
-    for key in EXTRA_KEYS:
-        assert compiled.extra[key] == event.extra[key], key
-    assert compiled.step == event.step and compiled.examples == event.examples
-
-
-def _fields(events):
-    return [
-        (e.kind, e.job, e.replica, e.round, e.stage, e.batch_id, e.params_version, e.replaced_version, e.staleness)
-        for e in events
-    ]
 
 
 def test_the_recorded_schedule_is_the_event_paths_and_its_plan_places_every_round(base):
     exp = base.with_config(**{**RUN, **CASES["eager merge, straggler device"][0]})
     log = EventLog()
-    event, _ = _run(exp, "event", SLOW_ALLREDUCE, log=log)
+    event, _ = run_on(exp, "event", SLOW_ALLREDUCE, log=log)
     schedule, extra = record_replicated_schedule(exp, SLOW_ALLREDUCE)
-    assert _fields(schedule.events) == _fields(log.events)
+    assert fields(schedule.events) == fields(log.events)
     assert schedule.staleness.summary() == event.extra["staleness"]
     assert extra["merge_wait"] == event.extra["merge_wait"]
     plan = plan_replicated_steps(schedule, cuts=[4, 8])
@@ -137,26 +107,15 @@ def test_the_recorded_schedule_is_the_event_paths_and_its_plan_places_every_roun
     ],
 )
 def test_what_it_does_not_cover_runs_on_the_event_path_saying_why(base, changes, timing, metrics_args, why):
-    exp = base.with_config(**{**RUN, "epochs": 0.1, **changes})
-    compiled, _ = _run(exp, "compiled", timing, **metrics_args)
-    assert compiled.extra["numerics"]["path"] == "event" and why in compiled.extra["numerics"]["why"]
-    event, _ = _run(exp, "event", timing, **metrics_args)
-    _assert_bitwise(compiled.params, event.params)
+    assert_left_to_the_event_path(base.with_config(**{**RUN, "epochs": 0.1, **changes}), timing, metrics_args, why)
 
 
 def test_an_event_log_keeps_a_replicated_run_on_the_event_path(base):
-    exp = base.with_config(**{**RUN, "epochs": 0.1})
-    result, _ = _run(exp, "compiled", log=EventLog())
-    assert result.extra["numerics"] == {"path": "event", "why": "the event log is written by the event-by-event path"}
+    assert_an_event_log_keeps_it_on_the_event_path(base.with_config(**{**RUN, "epochs": 0.1}))
 
 
 class Interrupted(Exception):
     pass
-
-
-def _file_rows(run_dir):
-    with open(os.path.join(run_dir, rundir.METRICS_FILE)) as f:
-        return [{k: v for k, v in json.loads(line).items() if k != "wall_time"} for line in f]
 
 
 def test_train_compiled_checkpoints_resume_compiled_bitwise_the_event_run(tmp_path, monkeypatch):
@@ -195,7 +154,7 @@ def test_train_compiled_checkpoints_resume_compiled_bitwise_the_event_run(tmp_pa
     resumed = resume_run(out)
     assert resumed["numerics"] == {"path": "compiled", "checkpoints": "compiled", "resumed_from": saved[-1][0]}
     assert "numerics" not in event and resumed["resumed_from_step"] == saved[-1][0] < resumed["steps"]
-    _assert_bitwise(resumed.variables, event.variables)
-    assert _file_rows(out) == _file_rows(tmp_path / "event") and len(_file_rows(out)) >= 3
+    assert_bitwise(resumed.variables, event.variables)
+    assert file_rows(out) == file_rows(tmp_path / "event") and len(file_rows(out)) >= 3
     for key in ("steps", "examples", "virtual_time", "staleness", "test_accuracy", "averaging_rounds", "merge_wait"):
         assert resumed.get(key) == event.get(key), key

@@ -169,47 +169,14 @@ def simulate_compiled(
     Raises:
       RingBudgetError: the rings would need more than ``memory_limit_bytes``.
     """
-    config = exp.config
-    batch = config.batch_size
-    max_jobs = num_jobs(exp.total_examples, batch)
-    evaluations = evaluation_jobs(metrics, batch, max_jobs)
-    every = checkpointer.every if checkpointer is not None else 0
+    evaluations = _evaluations(exp, metrics)
     if schedule is None:
         drain_at = evaluations if drain_at_evaluations else ()
         schedule = record_schedule(exp, timing, drain_at=drain_at, stops_at=evaluations)
-    segments = Segments(
-        exp,
-        schedule,
-        cuts=sorted(set(evaluations) | set(checkpoint_jobs(every, batch, max_jobs))),
-        memory_limit_bytes=memory_limit_bytes,
-    )
-
-    def report(end: SegmentEnd) -> bool:
-        for i, loss in enumerate(end.losses, start=end.done - len(end.losses) + 1):
-            metrics.add_loss(i, loss)
-        examples = end.done * batch
-        evaluated = metrics.observe(
-            step=end.done, examples=examples, params=end.params, states=end.states, virtual_time=end.virtual_time
-        )
-        if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
-            meta = {**metrics.position(end.done, examples), **compiled_meta(end)}
-            checkpointer.save(end.done, capture(segments, end), meta)
-        return not metrics.stop_due
-
-    resumed = restore(segments, checkpointer, metrics) if is_compiled_checkpoint(checkpointer) else None
-    if resumed is None:
-        run = segments.run(segments.initial_carry(), on_segment=report)
-    elif metrics.stop_due:  # the checkpoint was the run's last: stopped at its target
-        k, carry, _ = resumed
-        params, states = segments.current(carry, k), segments.current_states(carry, k)
-        run = CompiledRun(params, states, carry.opt_states, int(segments.plan.cuts[k]), [], segments.plan)
-    else:
-        k, carry, losses = resumed
-        run = segments.run(carry, after=k, losses=losses, on_segment=report)
+    segments = _segments(exp, schedule, evaluations, checkpointer, memory_limit_bytes)
+    run = _run(segments, metrics, checkpointer)
     now = float(schedule.done_times[run.done - 1]) if run.done else 0.0
-    examples = run.done * batch
-    if not metrics.rows or metrics.rows[-1]["examples"] != examples:
-        metrics.evaluate(step=run.done, examples=examples, params=run.params, states=run.states, virtual_time=now)
+    examples = _evaluate_end(metrics, run, exp.config.batch_size, now)
     staleness, utilisation, started = schedule.staleness, schedule.utilisation, schedule.started
     if run.done < len(schedule.done):  # stopped early: the updates logged until then, the clock's state then
         staleness = StalenessStats(schedule.num_stages)
@@ -293,16 +260,49 @@ def _per_device_stores(
     segments ending at ``metrics``'s evaluations and ``checkpointer``'s checkpoints (None:
     none written, none resumed), reported and saved as the event path does; a last segment
     holds the merges after the last job, which the final parameters include."""
-    batch = exp.config.batch_size
-    max_jobs = num_jobs(exp.total_examples, batch)
-    every = checkpointer.every if checkpointer is not None else 0
-    cuts = set(evaluation_jobs(metrics, batch, max_jobs)) | set(checkpoint_jobs(every, batch, max_jobs))
-    segments = Segments(exp, schedule, cuts=sorted(cuts), memory_limit_bytes=memory_limit_bytes)
-    tail = len(segments.plan.cuts) - 1  # the merges after the last job: no evaluation there
+    segments = _segments(exp, schedule, _evaluations(exp, metrics), checkpointer, memory_limit_bytes)
+    run = _run(segments, metrics, checkpointer, reported=len(segments.plan.cuts) - 1)
+    now = schedule.virtual_time
+    examples = _evaluate_end(metrics, run, exp.config.batch_size, now)
+    result = RunResult(run.params, run.states, run.done, examples, {"jobs_started": schedule.started, **extra})
+    return result, now, schedule.utilisation, schedule.staleness
 
-    def report(end: SegmentEnd) -> None:
-        if end.index == tail:
-            return
+
+def _evaluations(exp: Experiment, metrics: MetricsLog) -> list[int]:
+    """The done counts at which ``metrics`` evaluates ``exp``'s run."""
+    batch = exp.config.batch_size
+    return evaluation_jobs(metrics, batch, num_jobs(exp.total_examples, batch))
+
+
+def _segments(
+    exp: Experiment,
+    schedule: Schedule,
+    evaluations: list[int],
+    checkpointer: RunCheckpointer | None,
+    memory_limit_bytes: int,
+) -> Segments:
+    """``schedule``'s plan in segments ending at the done counts ``evaluations`` and at
+    ``checkpointer``'s checkpoints."""
+    batch = exp.config.batch_size
+    every = checkpointer.every if checkpointer is not None else 0
+    checkpoints = checkpoint_jobs(every, batch, num_jobs(exp.total_examples, batch))
+    return Segments(
+        exp, schedule, cuts=sorted(set(evaluations) | set(checkpoints)), memory_limit_bytes=memory_limit_bytes
+    )
+
+
+def _run(
+    segments: Segments, metrics: MetricsLog, checkpointer: RunCheckpointer | None, reported: int | None = None
+) -> CompiledRun:
+    """Runs ``segments`` from their start, or compiled from ``checkpointer``'s newest checkpoint
+    where it is a compiled one, reporting each of the first ``reported`` segments' ends (None:
+    all) to ``metrics`` (its losses, its evaluation where due) and saving a checkpoint there
+    where ``checkpointer`` says one is due; it stops where ``metrics`` says the run stops."""
+    batch = segments.exp.config.batch_size
+
+    def report(end: SegmentEnd) -> bool:
+        if reported is not None and end.index >= reported:
+            return True
         for i, loss in enumerate(end.losses, start=end.done - len(end.losses) + 1):
             metrics.add_loss(i, loss)
         examples = end.done * batch
@@ -312,15 +312,22 @@ def _per_device_stores(
         if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
             meta = {**metrics.position(end.done, examples), **compiled_meta(end)}
             checkpointer.save(end.done, capture(segments, end), meta)
+        return not metrics.stop_due
 
     resumed = restore(segments, checkpointer, metrics) if is_compiled_checkpoint(checkpointer) else None
     if resumed is None:
-        run = segments.run(segments.initial_carry(), on_segment=report)
-    else:
-        k, carry, losses = resumed
-        run = segments.run(carry, after=k, losses=losses, on_segment=report)
-    now, examples = schedule.virtual_time, run.done * batch
+        return segments.run(segments.initial_carry(), on_segment=report)
+    k, carry, losses = resumed
+    if metrics.stop_due:  # the checkpoint was the run's last: stopped at its target
+        params, states = segments.current(carry, k), segments.current_states(carry, k)
+        return CompiledRun(params, states, carry.opt_states, int(segments.plan.cuts[k]), [], segments.plan)
+    return segments.run(carry, after=k, losses=losses, on_segment=report)
+
+
+def _evaluate_end(metrics: MetricsLog, run: CompiledRun, batch: int, now: float) -> int:
+    """Evaluates ``run``'s final parameters at virtual time ``now`` unless ``metrics`` has
+    just evaluated them; the examples the run trained on."""
+    examples = run.done * batch
     if not metrics.rows or metrics.rows[-1]["examples"] != examples:
         metrics.evaluate(step=run.done, examples=examples, params=run.params, states=run.states, virtual_time=now)
-    result = RunResult(run.params, run.states, run.done, examples, {"jobs_started": schedule.started, **extra})
-    return result, now, schedule.utilisation, schedule.staleness
+    return examples

@@ -25,7 +25,6 @@ do.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 from collections.abc import Iterator
@@ -39,16 +38,12 @@ from pdasgd_jax.executor import EventKind, EventLog
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate.configured_timing import configured_timing
-from pdasgd_jax.simulate.lpp_plan import DoneRecorder, StoreRings, place_in_segments
-from pdasgd_jax.simulate.plan_slots import FreeSteps, interval_slots
+from pdasgd_jax.simulate.plan_slots import interval_slots
 from pdasgd_jax.simulate.replicas import run_replicated
 from pdasgd_jax.simulate.run_timing import backward_weights
 from pdasgd_jax.simulate.schedule_plan import COMPILED_ALGOS, NoNumerics
-from pdasgd_jax.simulate.simulation import paused_collector
-from pdasgd_jax.simulate.step_plan import Schedule, StepPlan
-
-# A stashed backward is part of its job's gradient; a round's start and a wait compute nothing.
-_SKIPPED = (EventKind.BACKWARD, EventKind.ROUND, EventKind.WAIT)
+from pdasgd_jax.simulate.step_plan import Schedule
+from pdasgd_jax.simulate.stores_plan import DoneRecorder, StorePlacer, StoreRings, StoresPlan, record_stores
 
 
 def unsupported(exp: Experiment, timing: TimingModel, metrics: MetricsLog) -> str | None:
@@ -95,7 +90,7 @@ def _batch_ids(batch_size: int, **_: Any) -> Iterator[tuple[np.ndarray, np.ndarr
 
 
 class _DoneRecorder(DoneRecorder):
-    """``lpp_plan.DoneRecorder`` that also keeps each job done's id (its loss: ``_JobIds``)."""
+    """``DoneRecorder`` that also keeps each job done's id (its loss: ``_JobIds``)."""
 
     def __init__(self, log: EventLog):
         super().__init__(log)
@@ -104,56 +99,38 @@ class _DoneRecorder(DoneRecorder):
     def add_loss(self, step: int, loss: Any) -> None:
         self.jobs.append(int(loss))
 
+    def done(self) -> list[tuple[int, int]]:
+        return list(zip(self.jobs, self.positions, strict=True))
+
 
 def record_replicated_schedule(exp: Experiment, timing: TimingModel) -> tuple[ReplicatedSchedule, dict[str, Any]]:
     """Runs ``exp`` (``--replication replicas``) on the virtual clock with kernels that compute
     nothing: the schedule ``run_simulated`` follows with the same ``timing``, and what its
     summary says of the averaging (``run_replicated``'s extra: rounds, waits, network, ...).
     Its stores never change, so its means and merges run on the initial parameters."""
-    timing = configured_timing(exp, timing)
-    delay = exp.delay_model(timing.step_compute_time())
-    blank = copy.copy(exp)
-    blank.__dict__["kernels"] = _JobIds(exp.model.num_stages)  # the cached kernels' place
-    blank.__dict__["train_stream"] = _batch_ids
-    log = EventLog()
-    recorder = _DoneRecorder(log)
-    devices, replicas = exp.layout.devices, exp.layout.replicas
-    with paused_collector():  # nothing computed, no cycle made: see ``paused_collector``
-        result, _, utilisation, staleness = run_replicated(
-            blank, recorder, None, timing, delay, devices, replicas, log=log
-        )
-    events = log.events
-    done = list(zip(recorder.jobs, recorder.positions, strict=True))
-    extra = {k: v for k, v in result.extra.items() if k != "jobs_started"}
-    schedule = ReplicatedSchedule(
-        events,
-        exp.model.num_stages,
-        np.asarray(done, np.int64).reshape(-1, 2),
-        np.asarray(recorder.times),
-        staleness,
-        utilisation,
-        result.extra["jobs_started"],
-        stores=devices,
+    return record_stores(
+        exp,
+        timing,
+        run_replicated,
+        _JobIds(exp.model.num_stages),
+        recorder=_DoneRecorder,
+        schedule=ReplicatedSchedule,
+        stream=_batch_ids,
         merge=exp.config.merge,
     )
-    return schedule, extra
 
 
 @dataclasses.dataclass(frozen=True)
-class ReplicatedPlan(StepPlan):
-    """A replicated schedule as compiled steps (see the module docstring). Stage ``m``'s ring
-    holds every group's: group ``d``'s version ``v`` in slot ``d * (K_m + 1) + v % K_m``, as
-    ``lpp_plan.LppPlan``'s; round slot ``r`` holds group ``d``'s snapshot (or an ``eager``
-    merge's carry) in snapshot slot ``r * D + d`` and the round's mean in mean slot ``r``.
+class ReplicatedPlan(StoresPlan):
+    """A replicated schedule as compiled steps (see the module docstring), one store per
+    group (``StoresPlan``, as ``lpp_plan.LppPlan``'s), each stage's ring followed by the round
+    slots: round slot ``r`` holds group ``d``'s snapshot (or an ``eager`` merge's carry) in
+    snapshot slot ``r * D + d`` and the round's mean in mean slot ``r``.
 
     Attributes:
-      devices: D, the groups.
       merge: the merge rule (``AveragingRule.merge``).
       round_slots: the round slots (rounds whose values are held at once).
-      has_grad, grad_slot: as ``schedule_plan.Plan``'s.
-      write_device: per step and stage, the group its write acts on.
-      has_merge, merge_round: per step and stage, whether its write is a merge (of the version
-        at ``src_slot``), and the round slot it merges.
+      merge_round: per step and stage, the round slot its merge (``has_merge``) merges.
       has_snapshot, snapshot_device, snapshot_round, snapshot_slot: per step, whether it takes
         a group's snapshot (before the step's writes), of which group, into which round slot,
         reading which ring slot per stage.
@@ -163,13 +140,8 @@ class ReplicatedPlan(StepPlan):
         after round 0), and the round slot holding them.
     """
 
-    devices: int
     merge: str
     round_slots: int
-    has_grad: np.ndarray
-    grad_slot: np.ndarray
-    write_device: np.ndarray
-    has_merge: np.ndarray
     merge_round: np.ndarray
     has_snapshot: np.ndarray
     snapshot_device: np.ndarray
@@ -181,28 +153,20 @@ class ReplicatedPlan(StepPlan):
     carry_round: np.ndarray
 
     @property
-    def batch_steps(self) -> np.ndarray:
-        return self.has_grad
+    def round_values(self) -> int:
+        return self.round_slots * (self.devices + 1)
 
 
-class _Placer:
+class _Placer(StorePlacer):
     """Places a replicated log's operations (see the module docstring)."""
 
+    # A stashed backward is part of its job's gradient; a round's start and a wait compute nothing.
+    skipped = (EventKind.BACKWARD, EventKind.ROUND, EventKind.WAIT)
+    runs = "replicated stores'"
+
     def __init__(self, schedule: ReplicatedSchedule):
-        D, M = schedule.stores, schedule.num_stages
-        self.D, self.M, self.done, self.merge = D, M, schedule.done, schedule.merge
-        self.eager = schedule.merge == "eager"
-        self.written = [[[-1] for _ in range(M)] for _ in range(D)]  # step writing each version
-        self.last_write = [-1] * M
-        self.floor, self.top = 0, -1
-        self.bounds, self.versions = [0], []
-        self.reads: dict[int, list[int]] = {}
-        self.device_of: dict[int, int] = {}
-        self.batch_of: dict[int, int] = {}
-        self.release: dict[int, int] = {}
-        self.grad_step: dict[int, int] = {}
-        self.free = FreeSteps()
-        self.writes: list[tuple[int, int, int, int, int, int, int]] = []  # step, stage, device, job, replaced, tau, k
+        super().__init__(schedule)
+        self.merge, self.eager = schedule.merge, schedule.merge == "eager"
         self.snapshots: list[tuple[int, int, int, list[int]]] = []  # step, device, round, versions
         self.means: dict[int, int] = {}  # round -> step
         self.taken: dict[int, list[int]] = {}  # round -> its snapshots' steps
@@ -211,57 +175,28 @@ class _Placer:
         self._last_snapshot = -1
         self._last_mean = -1
 
-    def end_segment(self, step: int) -> None:
-        self.bounds.append(step)
-        self.versions.append([[len(w) - 1 for w in device] for device in self.written])
-
-    def place(self, e: Any) -> None:
-        d, m = e.replica, e.stage
-        if e.kind == EventKind.START:
-            self.reads[e.job], self.device_of[e.job], self.batch_of[e.job] = [-1] * self.M, d, e.batch_id
-        elif e.kind == EventKind.FORWARD:
-            self.reads[e.job][m] = e.params_version
-        elif e.kind == EventKind.LOSS:
-            r = self.reads[e.job]
-            self.release[e.job] = max([0] + [self.written[d][s][r[s]] + 1 for s in range(self.M)])
-        elif e.kind in (EventKind.UPDATE, EventKind.MERGE):
-            self._write(e)
-        elif e.kind == EventKind.SNAPSHOT:
-            taken = self._taken.setdefault((d, e.round), {})
-            taken[m] = e.params_version
+    def place_round(self, e: Any) -> bool:
+        d, k = e.replica, e.round
+        if e.kind == EventKind.SNAPSHOT:
+            taken = self._taken.setdefault((d, k), {})
+            taken[e.stage] = e.params_version
             if len(taken) == self.M:
-                self._snapshot(d, e.round, [taken[s] for s in range(self.M)])
-                del self._taken[(d, e.round)]
+                self._snapshot(d, k, [taken[s] for s in range(self.M)])
+                del self._taken[(d, k)]
         elif e.kind == EventKind.MEAN:
             self._mean(e)
-        elif e.kind not in _SKIPPED or e.live_version >= 0:
-            raise ValueError(
-                f"event {e.seq} ({e.kind}): the compiled path runs replicated stores' jobs and rounds only"
-            )
+        return e.kind in (EventKind.SNAPSHOT, EventKind.MEAN)
+
+    def merge_step(self, e: Any, step: int) -> int:
+        if e.round not in self.means:
+            raise ValueError(f"event {e.seq}: group {e.replica} merges round {e.round} before its mean arrived")
+        s = max(step, self.means[e.round])  # the mean is taken before the step's writes
+        self._use(e.round, s)
+        return s
 
     def _use(self, k: int, step: int) -> None:
         self.round_steps.setdefault(k, []).append(step)
         self.top = max(self.top, step)
-
-    def _write(self, e: Any) -> None:
-        d, m, v = e.replica, e.stage, e.replaced_version
-        update = e.kind == EventKind.UPDATE
-        tau = v - self.reads[e.job][m] if update else 0
-        if v != len(self.written[d][m]) - 1 or (update and e.staleness != tau):
-            raise ValueError(f"event {e.seq}: write of group {d}'s stage {m} out of version order")
-        s = max(self.floor, self.last_write[m] + 1)
-        if update:
-            if e.job not in self.grad_step:
-                self.grad_step[e.job] = self.free.book(self.release.pop(e.job), s)
-            s = max(s, self.grad_step[e.job])
-        else:
-            if e.round not in self.means:
-                raise ValueError(f"event {e.seq}: group {d} merges round {e.round} before its mean arrived")
-            s = max(s, self.means[e.round])  # the mean is taken before the step's writes
-            self._use(e.round, s)
-        self.written[d][m].append(s)
-        self.last_write[m], self.top = s, max(self.top, s)
-        self.writes.append((s, m, d, e.job if update else -1, v, tau, e.round))
 
     def _snapshot(self, d: int, k: int, versions: list[int]) -> None:
         exists = max(self.written[d][m][versions[m]] + 1 for m in range(self.M))
@@ -292,13 +227,9 @@ def plan_replicated_steps(schedule: ReplicatedSchedule, cuts: Any = ()) -> Repli
       ValueError: the log holds what the compiled path does not run, or writes out of
         version order.
     """
-    placer = _Placer(schedule)
-    return _arrays(placer, place_in_segments(placer, schedule, cuts))
-
-
-def _arrays(p: _Placer, cuts: list[int]) -> ReplicatedPlan:
-    """The step arrays of the placed operations."""
-    D, M, S = p.D, p.M, p.bounds[-1]
+    p = _Placer(schedule)
+    cuts = p.walk(schedule, cuts)
+    M, S = p.M, p.bounds[-1]
     rings = StoreRings.of(p, [(s, d, m, versions[m]) for s, d, _, versions in p.snapshots for m in range(M)])
     slot = rings.slot
     rounds = sorted(p.round_steps)
@@ -322,12 +253,7 @@ def _arrays(p: _Placer, cuts: list[int]) -> ReplicatedPlan:
         if p.eager and k:
             has_carry[s], carry_round[s] = True, slot_of_round[k - 1]
     return ReplicatedPlan(
-        **rings.step_arrays(p, S),
-        bounds=np.asarray(p.bounds, np.int64),
-        cuts=np.asarray(cuts, np.int64),
-        versions=np.asarray(p.versions, np.int64),
-        loss_step=np.asarray([p.grad_step[int(j)] for j, _ in p.done], np.int64),
-        devices=D,
+        **rings.fields(p, cuts),
         merge=p.merge,
         round_slots=R,
         merge_round=merge_round,

@@ -53,11 +53,15 @@ class VersionedSlot(Generic[T]):
     def read(self) -> Versioned[T]:
         return self._current
 
-    def update(self, fn: Callable[[T, int], T], on_commit: Callable[[int], None] | None = None) -> int:
+    def update(
+        self, fn: Callable[..., T], on_commit: Callable[[int], None] | None = None, *, spread: bool = False
+    ) -> int:
         """Replaces the value by ``fn(value, version)`` atomically; returns the version it replaced.
 
         ``fn`` sees the version it replaces, so whatever it derives from it (an update's
-        staleness) is exact even when threads race for the slot.
+        staleness) is exact even when threads race for the slot. ``spread``: the value is a
+        tuple, which ``fn`` takes item by item (``fn(*value, version)``), as a stage's
+        ``(params, opt_state)`` slot hands them to an update's step.
 
         ``on_commit(version_before)`` runs inside the lock and before the new version is
         visible, so whatever it records (an event sequence number) is ordered exactly like
@@ -65,7 +69,8 @@ class VersionedSlot(Generic[T]):
         """
         with self._lock:
             before = self._current
-            self._publish(fn(before.value, before.version), on_commit)
+            value = fn(*before.value, before.version) if spread else fn(before.value, before.version)
+            self._publish(value, on_commit)
             return before.version
 
     def _publish(self, value: T, on_commit: Callable[[int], None] | None) -> None:
@@ -150,7 +155,7 @@ class ParameterStore:
         return len(self.slots)
 
     def _home(self, m: int, tree: PyTree) -> PyTree:
-        return place(tree, None if self.home_devices is None else self.home_devices[m])
+        return tree if self.home_devices is None else place(tree, self.home_devices[m])
 
     def read_params(self, m: int) -> Versioned:
         """Latest ``((params_m, opt_state_m), version)`` of stage ``m``, without locking."""
@@ -205,7 +210,7 @@ class ParameterStore:
         uses ``update_rule``: ``step`` is the whole update and must return values placed
         where the stage's values live.
         """
-        return self.slots[m].params.update(lambda po, version: step(*po, version), on_commit)
+        return self.slots[m].params.update(step, on_commit, spread=True)
 
     def update_all(
         self,

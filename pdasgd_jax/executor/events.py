@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -84,15 +86,41 @@ class EventLog:
         self._seq = itertools.count()
 
     def record(self, kind: EventKind, job: int, **fields: Any) -> None:
+        self.record_fields(kind, job, fields)
+
+    def record_fields(self, kind: EventKind, job: int, fields: dict[str, Any]) -> None:
+        """``record(kind, job, **fields)`` without unpacking ``fields`` (``field_recorder``)."""
         # next() on itertools.count and list.append are each atomic under the GIL.
-        self._events.append(Event(next(self._seq), kind, job, **fields))
+        self._events.append(_event(next(self._seq), kind, job, fields))
 
     @property
     def events(self) -> list[Event]:
-        return sorted(self._events, key=lambda e: e.seq)
+        return sorted(self._events, key=_SEQ)
 
     def __len__(self) -> int:
         return len(self._events)
+
+
+# Every field of an event in order, ``seq``, ``kind`` and ``job`` included (``_event`` fills them).
+_TEMPLATE = {f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(Event)}
+_OPTIONAL = frozenset(f.name for f in dataclasses.fields(Event) if f.default is not dataclasses.MISSING)
+_SEQ = operator.attrgetter("seq")
+_new = object.__new__
+
+
+def _event(seq: int, kind: EventKind, job: int, fields: dict[str, Any]) -> Event:
+    """``Event(seq, kind, job, **fields)``, the same object (fields, and their order in its
+    ``__dict__``), built without the frozen dataclass's ``__init__``, which sets each field
+    through ``object.__setattr__``: the log records every operation of a run, and a schedule's
+    recording on kernels that compute nothing is mostly that."""
+    if not fields.keys() <= _OPTIONAL:
+        raise TypeError(f"Event got unexpected fields {sorted(fields.keys() - _OPTIONAL)}")
+    event = _new(Event)
+    values = event.__dict__
+    values.update(_TEMPLATE)
+    values["seq"], values["kind"], values["job"] = seq, kind, job
+    values.update(fields)
+    return event
 
 
 class ReplicaLog:
@@ -101,11 +129,34 @@ class ReplicaLog:
     def __init__(self, log: Any, replica: int):
         self.log, self.replica = log, replica
 
+    @property
+    def log(self) -> Any:
+        """The run's log, which the replica's events go to."""
+        return self._log
+
+    @log.setter
+    def log(self, log: Any) -> None:
+        self._log, self._record_fields = log, field_recorder(log)
+
     def record(self, kind: EventKind, job: int, **fields: Any) -> None:
-        self.log.record(kind, job, replica=self.replica, **fields)
+        self.record_fields(kind, job, fields)
+
+    def record_fields(self, kind: EventKind, job: int, fields: dict[str, Any]) -> None:
+        """``record(kind, job, **fields)`` without unpacking ``fields`` (``field_recorder``)."""
+        self._record_fields(kind, job, {"replica": self.replica, **fields})
 
     def __len__(self) -> int:
         return len(self.log)
+
+
+def field_recorder(log: Any) -> Callable[[EventKind, int, dict[str, Any]], None]:
+    """``log``'s ``record``, taking an event's fields as one dict: its ``record_fields`` where
+    it has one (``EventLog``, ``ReplicaLog``), which spares an executor unpacking the fields
+    it has gathered into keywords that the log packs again, on every event it logs."""
+    record_fields = getattr(log, "record_fields", None)
+    if record_fields is not None:
+        return record_fields
+    return lambda kind, job, fields: log.record(kind, job, **fields)
 
 
 class StalenessStats:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 
-from pdasgd_jax.executor.events import EventKind, EventLog, StalenessStats
+from pdasgd_jax.executor.events import EventKind, EventLog, StalenessStats, field_recorder
 from pdasgd_jax.executor.job import Job, Pull, StageRecord
 from pdasgd_jax.executor.stage_updates import StageUpdates, _check_expected
 from pdasgd_jax.executor.stage_updates import _keeping as _keeping
@@ -137,9 +137,19 @@ class StageExecutor(StageUpdates):
         return self._first_stage_places
 
     # Shared operations.
-    def _record(self, kind: EventKind, job: Job, **fields: Any) -> None:
-        if self.log is not None:
-            self.log.record(kind, job.id, **{"time": self.clock(), **fields})
+    @property
+    def log(self) -> EventLog | None:
+        """The event log (None: nothing is logged)."""
+        return self._log
+
+    @log.setter
+    def log(self, log: EventLog | None) -> None:
+        self._log, self._record_fields = log, None if log is None else field_recorder(log)
+
+    def _record(self, kind: EventKind, job: Job, time: float | None = None, **fields: Any) -> None:
+        """Logs ``kind`` for ``job``, stamped ``time`` (None: now)."""
+        if self._log is not None:
+            self._record_fields(kind, job.id, {"time": self.clock() if time is None else time, **fields})
 
     def start_job(
         self, job_id: int, batch_id: int, x: Any, labels: Any, *, device: jax.Device | None = None, worker: str = ""
@@ -148,9 +158,10 @@ class StageExecutor(StageUpdates):
         # Host batches stay on the host: the first kernel's call copies them to the device of
         # its (committed) parameters, the job's device, in jit's C++ path, several times
         # cheaper than a ``device_put`` per batch.
-        host_batch = all(isinstance(a, np.ndarray) for a in (x, labels))
-        if device is not None and not (host_batch and self._place_with_first_kernel()):
-            x, labels = place((x, labels), device)
+        if device is not None:
+            host_batch = isinstance(x, np.ndarray) and isinstance(labels, np.ndarray)
+            if not (host_batch and self._place_with_first_kernel()):
+                x, labels = place((x, labels), device)
         job = Job(
             job_id,
             batch_id,
@@ -170,7 +181,7 @@ class StageExecutor(StageUpdates):
         return job
 
     def _local(self, job: Job, tree: PyTree) -> PyTree:
-        return place(tree, job.device)
+        return tree if job.device is None else place(tree, job.device)
 
     def _read_stage(
         self, job: Job, m: int, version: int | None = None, state_version: int | None = None
@@ -261,7 +272,7 @@ class StageExecutor(StageUpdates):
             else:
                 params, state, state_version = self._read_stage(job, m)
                 job.pulled[m] = Pull(params, state, job.read_versions[m])
-            if self.log is not None:
+            if self._log is not None:
                 read = dict(params_version=job.read_versions[m], state_version=state_version, time=self.clock())
                 self._unlogged_reads[job.id, m] = read
         elif self.live:

@@ -23,7 +23,7 @@ class StageUpdates:
 
     store: ParameterStore
     kernels: StageKernelsProtocol
-    log: EventLog | None
+    _log: EventLog | None  # ``StageExecutor.log``
     staleness: StalenessStats
     _updates_lock: threading.Lock
     _record: Callable[..., None]
@@ -60,13 +60,13 @@ class StageUpdates:
                 job.updated.extend(zip(params, opt_states))
             return params, opt_states
 
-        log = None if self.log is None else lambda m, v: self._update_event(job, m, worker)(v)
+        log = None if self._log is None else lambda m, v: self._update_event(job, m, worker)(v)
         befores = self.store.update_all(step, log)
         return tuple(self._count_staleness(job, m, before) for m, before in zip(stages, befores))
 
     def _update_event(self, job: Job, m: int, worker: str) -> Callable[[int], None] | None:
         """The store's commit callback that logs stage ``m``'s update of ``job`` (None: no log)."""
-        if self.log is None:
+        if self._log is None:
             return None
         return lambda v: self._record(
             EventKind.UPDATE, job, stage=m, replaced_version=v, staleness=v - job.read_versions[m], worker=worker

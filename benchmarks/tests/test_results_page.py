@@ -377,17 +377,31 @@ def test_the_fleet_section_follows_dasgd_with_the_fleet_reports_table_or_says_th
 def test_the_simulator_speed_tables_judge_every_round_against_the_target(raw_copy):
     folder = raw_copy / "bench_results" / "sim-speed" / "2030-01-01-compiled"
     folder.mkdir(parents=True)
-    runs = [{"sgd": 100.0, "event": 50.0, "compiled": c, "compiled+schedule": 60.0} for c in (130.0, 110.0, 120.0)]
+    runs = [
+        {"sgd": 100.0, "event": 50.0, "compiled": 140.0, "compiled+schedule": 60.0, "pipelined": c}
+        for c in (130.0, 110.0, 120.0)
+    ]
     result = {"batch_size": 256, "runs": runs, "loadavg": {"before": [1.5]}}
     (folder / "asgd.json").write_text(json.dumps({"args": {"algo": "asgd", "repeats": 3}, "results": [result]}))
+    older = [{k: v for k, v in run.items() if k != "pipelined"} for run in runs]  # schedule, then numerics
+    (folder / "pdasgd.json").write_text(
+        json.dumps({"args": {"algo": "pdasgd", "repeats": 3}, "results": [{**result, "runs": older}]})
+    )
     planner = raw_copy / "bench_results" / "schedule-speed" / "2030-01-01"
     planner.mkdir(parents=True)
     point = {"algo": "pdasgd", "devices": 16, "runs": [{"jobs_per_minute": j} for j in (0.9e6, 1.2e6, 1.1e6)]}
     (planner / "schedule_speed.json").write_text(json.dumps({"repeats": 3, "points": [point]}))
     new = _detail(make_results_page.render_pages(raw_copy), "overheads.md")
-    # compiled / sgd per round: 1.3, 1.1, 1.2, so not every round reaches 1.2
-    row = "| asgd | 256 | 0.50x [0.50, 0.50] | 1.20x [1.10, 1.30] | 0.60x [0.60, 0.60] | >= 1.2x: not settled |"
+    # the whole run (pipelined) / sgd per round: 1.3, 1.1, 1.2, so not every round reaches 1.2; the
+    # numerics alone (compiled) reach it in every round, which is not the whole run
+    row = (
+        "| asgd | 256 | 0.50x [0.50, 0.50] | 1.40x [1.40, 1.40] | 0.60x [0.60, 0.60] | 1.20x [1.10, 1.30] "
+        "| >= 1.2x: not settled |"
+    )
     assert row in new
+    assert (
+        "| pdasgd | 256 | 0.50x [0.50, 0.50] | 1.40x [1.40, 1.40] | 0.60x [0.60, 0.60] | - | >= 1.2x: missed |" in new
+    )
     assert "| 1.10 [0.90, 1.20] | not settled |" in new and "after: M jobs/min" in new
 
 

@@ -97,6 +97,11 @@ class EventLog:
     def events(self) -> list[Event]:
         return sorted(self._events, key=_SEQ)
 
+    def tail(self, start: int) -> list[Event]:
+        """The events logged after the first ``start``, in the order logged: ``events[start:]``
+        where one thread logs (a simulation's log)."""
+        return self._events[start:]
+
     def __len__(self) -> int:
         return len(self._events)
 

@@ -45,7 +45,9 @@ with ``live`` weights, in streaming fragments (``--fragments``) or resuming an e
 checkpoint (they run event by event, ``run_simulated``'s summary saying why).
 
 ``Segments`` runs the plan from its start or from any segment's end, given the carry there
-(a checkpoint's: ``compiled_run``), so a resumed run goes on compiled.
+(a checkpoint's: ``compiled_run``), so a resumed run goes on compiled. A shared store with
+``stashed`` weights and no non-trainable state records its schedule while its numerics run
+instead (``pipelined``), a chunk of jobs at a time, on the same steps.
 
 Example::
 
@@ -93,7 +95,9 @@ class SegmentEnd:
     """The run at a segment's end: ``done`` jobs done (at ``virtual_time``), the current
     ``params`` and ``states``, the losses of the jobs done in the segment, in done order;
     the segment's ``index``, the ``carry`` (only while ``on_segment`` runs) and the losses
-    already computed of jobs done later (``Segments.early_losses``)."""
+    already computed of jobs done later (``Segments.early_losses``); ``saved``: what a
+    checkpoint there holds and its metadata adds, where the run says (``pipelined``), else
+    ``compiled_run.capture`` of its plan."""
 
     done: int
     virtual_time: float
@@ -103,18 +107,20 @@ class SegmentEnd:
     index: int = -1
     carry: Carry | None = None
     early_losses: np.ndarray | None = None
+    saved: tuple[dict[str, Any], dict[str, Any]] | None = None
 
 
 @dataclasses.dataclass
 class CompiledRun:
-    """The end of a compiled run: final variables, each segment's end (parameters dropped)."""
+    """The end of a compiled run: final variables, each segment's end (parameters dropped)
+    and its plan (None: planned a chunk at a time, ``pipelined``)."""
 
     params: tuple[PyTree, ...]
     states: tuple[PyTree, ...]
     opt_states: tuple[PyTree, ...]
     done: int
     segments: list[SegmentEnd]
-    plan: StepPlan
+    plan: StepPlan | None
 
 
 def chunk_capacity(longest: int) -> int:

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -30,6 +31,7 @@ from pdasgd_jax.executor import EventKind, StalenessStats
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.runners.result import RunResult
+from pdasgd_jax.simulate import pipelined
 from pdasgd_jax.simulate.compiled import DEFAULT_MEMORY_LIMIT_BYTES, CompiledRun, SegmentEnd, Segments
 from pdasgd_jax.simulate.compiled_steps import Carry
 from pdasgd_jax.simulate.lpp_plan import record_lpp_schedule
@@ -170,15 +172,18 @@ def simulate_compiled(
       RingBudgetError: the rings would need more than ``memory_limit_bytes``.
     """
     evaluations = _evaluations(exp, metrics)
-    if schedule is None:
-        drain_at = evaluations if drain_at_evaluations else ()
-        schedule = record_schedule(exp, timing, drain_at=drain_at, stops_at=evaluations)
-    segments = _segments(exp, schedule, evaluations, checkpointer, memory_limit_bytes)
-    run = _run(segments, metrics, checkpointer)
+    drain_at = evaluations if drain_at_evaluations else ()
+    resumes = is_compiled_checkpoint(checkpointer)
+    if schedule is None and pipelined.covers(exp) and (not resumes or _is_pipelined(checkpointer)):
+        run, schedule = _run_pipelined(exp, metrics, timing, evaluations, drain_at, checkpointer, memory_limit_bytes)
+    else:
+        if schedule is None:
+            schedule = record_schedule(exp, timing, drain_at=drain_at, stops_at=evaluations)
+        run = _run(_segments(exp, schedule, evaluations, checkpointer, memory_limit_bytes), metrics, checkpointer)
     now = float(schedule.done_times[run.done - 1]) if run.done else 0.0
     examples = _evaluate_end(metrics, run, exp.config.batch_size, now)
     staleness, utilisation, started = schedule.staleness, schedule.utilisation, schedule.started
-    if run.done < len(schedule.done):  # stopped early: the updates logged until then, the clock's state then
+    if run.done < num_jobs(exp.total_examples, exp.config.batch_size):  # stopped early: the clock's state then
         staleness = StalenessStats(schedule.num_stages)
         for e in schedule.events[: int(schedule.done[run.done - 1, 1])]:
             if e.kind == EventKind.UPDATE:
@@ -298,7 +303,28 @@ def _run(
     where it is a compiled one, reporting each of the first ``reported`` segments' ends (None:
     all) to ``metrics`` (its losses, its evaluation where due) and saving a checkpoint there
     where ``checkpointer`` says one is due; it stops where ``metrics`` says the run stops."""
-    batch = segments.exp.config.batch_size
+    report = _reporter(metrics, checkpointer, segments.exp.config.batch_size, lambda: segments, reported)
+    resumed = restore(segments, checkpointer, metrics) if is_compiled_checkpoint(checkpointer) else None
+    if resumed is None:
+        return segments.run(segments.initial_carry(), on_segment=report)
+    k, carry, losses = resumed
+    if metrics.stop_due:  # the checkpoint was the run's last: stopped at its target
+        params, states = segments.current(carry, k), segments.current_states(carry, k)
+        return CompiledRun(params, states, carry.opt_states, int(segments.plan.cuts[k]), [], segments.plan)
+    return segments.run(carry, after=k, losses=losses, on_segment=report)
+
+
+def _reporter(
+    metrics: MetricsLog,
+    checkpointer: RunCheckpointer | None,
+    batch: int,
+    segments: Callable[[], Segments | None],
+    reported: int | None = None,
+) -> Callable[[SegmentEnd], bool]:
+    """What a compiled run calls at each segment's end, for each of its first ``reported``
+    segments (None: all): the end's losses and evaluation (where due) to ``metrics``, and a
+    checkpoint where ``checkpointer`` says one is due (of the end's own ``saved`` where it has
+    one, else of ``segments()``'s plan); whether the run goes on."""
 
     def report(end: SegmentEnd) -> bool:
         if reported is not None and end.index >= reported:
@@ -310,18 +336,63 @@ def _run(
             step=end.done, examples=examples, params=end.params, states=end.states, virtual_time=end.virtual_time
         )
         if checkpointer is not None and checkpointer.due(examples, evaluated=evaluated):
-            meta = {**metrics.position(end.done, examples), **compiled_meta(end)}
-            checkpointer.save(end.done, capture(segments, end), meta)
+            state, meta = end.saved if end.saved is not None else (capture(segments(), end), compiled_meta(end))
+            checkpointer.save(end.done, state, {**metrics.position(end.done, examples), NUMERICS_KEY: COMPILED, **meta})
         return not metrics.stop_due
 
-    resumed = restore(segments, checkpointer, metrics) if is_compiled_checkpoint(checkpointer) else None
-    if resumed is None:
-        return segments.run(segments.initial_carry(), on_segment=report)
-    k, carry, losses = resumed
-    if metrics.stop_due:  # the checkpoint was the run's last: stopped at its target
-        params, states = segments.current(carry, k), segments.current_states(carry, k)
-        return CompiledRun(params, states, carry.opt_states, int(segments.plan.cuts[k]), [], segments.plan)
-    return segments.run(carry, after=k, losses=losses, on_segment=report)
+    return report
+
+
+def _run_pipelined(
+    exp: Experiment,
+    metrics: MetricsLog,
+    timing: TimingModel,
+    evaluations: list[int],
+    drain_at: Sequence[int],
+    checkpointer: RunCheckpointer | None,
+    memory_limit_bytes: int,
+) -> tuple[CompiledRun, Schedule]:
+    """``pipelined.run_pipelined`` of ``exp`` with ``simulate_compiled``'s reports and
+    checkpoints, resumed from ``checkpointer``'s newest checkpoint where it holds one (a
+    pipelined one)."""
+    batch = exp.config.batch_size
+    every = checkpointer.every if checkpointer is not None else 0
+    checkpoints = checkpoint_jobs(every, batch, num_jobs(exp.total_examples, batch))
+    whole: list[Segments] = []  # the whole plan's, where a chunk did not fit the rings
+    resume = _pipelined_resume(checkpointer, metrics) if is_compiled_checkpoint(checkpointer) else None
+    return pipelined.run_pipelined(
+        exp,
+        timing,
+        cuts=sorted(set(evaluations) | set(checkpoints)),
+        drain_at=drain_at,
+        on_segment=_reporter(metrics, checkpointer, batch, lambda: whole[0] if whole else None),
+        resume=resume,
+        on_whole_plan=whole.append,
+        memory_limit_bytes=memory_limit_bytes,
+    )
+
+
+def _is_pipelined(checkpointer: RunCheckpointer) -> bool:
+    """Whether ``checkpointer``'s newest checkpoint (a compiled one) was written by a pipelined run."""
+    return checkpointer.latest_meta().get(pipelined.PLAN_KEY) == pipelined.PIPELINED
+
+
+def _pipelined_resume(checkpointer: RunCheckpointer, metrics: MetricsLog) -> pipelined.Resume:
+    """The resume of a pipelined run from ``checkpointer``'s newest checkpoint, rewinding
+    ``metrics`` to it once the run reaches it (``pipelined.Resume``)."""
+
+    def load(like: Carry, digest: np.ndarray) -> tuple[Carry, dict[int, float], bool]:
+        leaves, treedef = jax.tree.flatten(like)
+        restored = checkpointer.resume(like={"schedule": np.zeros_like(digest), "leaves": leaves}, metrics=metrics)
+        if restored is None:
+            raise _diverged("it holds no run")
+        saved, meta = restored
+        if not np.array_equal(saved["schedule"], digest):
+            raise _diverged("its plan's digest differs")
+        early = dict(zip(meta[pipelined.EARLY_JOBS_KEY], meta[pipelined.EARLY_LOSSES_KEY], strict=True))
+        return jax.tree.unflatten(treedef, jax.device_put(list(saved["leaves"]))), early, metrics.stop_due
+
+    return pipelined.Resume(checkpointer.latest_step(), load)
 
 
 def _evaluate_end(metrics: MetricsLog, run: CompiledRun, batch: int, now: float) -> int:

@@ -131,63 +131,103 @@ def record_schedule(
       drain_at: job counts where the run drains (``run_simulated(drain_at_evaluations=True)``).
       stops_at: done counts where the run may stop (its evaluations): ``Schedule.stops``.
     """
-    check_supported(exp)
-    config = exp.config
-    devices = exp.layout.devices
-    timing = configured_timing(exp, timing)
-    delay = exp.delay_model(timing.step_compute_time())
-    kernels = NoNumerics(exp.model.num_stages)
-    v = exp.variables
-    scheduler, log = Scheduler(), EventLog()
-    store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), kernels.apply_update)
-    executor = StageExecutor(
-        kernels,
-        store,
-        log=log,
-        clock=lambda: scheduler.now,
-        backward_weights=backward_weights(config),
-        fuse_jobs=True,
-        seed=config.seed,
-    )
-    done: list[tuple[int, int]] = []
-    times: list[float] = []
-    stops, stop_counts = {}, set(stops_at)
+    recorder = ScheduleRecorder(exp, timing, drain_at=drain_at, stops_at=stops_at)
+    recorder.advance()
+    return recorder.schedule()
 
-    def on_job_done(job: Job) -> None:
-        done.append((job.id, len(log)))
-        times.append(scheduler.now)
-        if len(done) in stop_counts:
-            stops[len(done)] = (_utilisation(scheduler, sim.devices, scheduler.now), sim.started)
 
-    with paused_collector():  # nothing computed, no cycle made: see ``paused_collector``
-        sim = Simulation(
-            scheduler,
-            executor,
-            timing,
-            delay,
+class ScheduleRecorder:
+    """``record_schedule`` in steps: ``advance(done)`` runs the clock until ``done`` jobs are
+    done (or to its end), and ``schedule()`` is what has been recorded so far, so that a
+    caller can plan and compute the first jobs while the clock goes on (``pipelined``). The
+    clock pauses between calls (``Scheduler.pause``) and goes on as if it had not.
+
+    Attributes:
+      done: per job done so far, ``(job id, events logged when it was done)``.
+      times: the virtual time at which each was done.
+      finished: whether the clock has run to its end.
+    """
+
+    def __init__(
+        self, exp: Experiment, timing: TimingModel, *, drain_at: Sequence[int] = (), stops_at: Sequence[int] = ()
+    ):
+        check_supported(exp)
+        config = exp.config
+        timing = configured_timing(exp, timing)
+        kernels = NoNumerics(exp.model.num_stages)
+        v = exp.variables
+        self._scheduler = scheduler = Scheduler()
+        self._log = log = EventLog()
+        self._store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), kernels.apply_update)
+        self._executor = StageExecutor(
+            kernels,
+            self._store,
+            log=log,
+            clock=lambda: scheduler.now,
+            backward_weights=backward_weights(config),
+            fuse_jobs=True,
             seed=config.seed,
-            batches=itertools.repeat(next(exp.train_stream(config.batch_size))),  # shapes are all it needs
-            max_jobs=num_jobs(exp.total_examples, config.batch_size),
-            num_devices=devices,
-            groups=exp.layout.replicas,
-            on_job_done=on_job_done,
-            drain_at=drain_at,
         )
-        if config.algo == "asgd":
-            policies.spawn_asgd(sim)
-        else:
-            policies.spawn_configured(sim, config)
-        scheduler.run()
-    return Schedule(
-        log.events,
-        store.num_stages,
-        np.asarray(done, np.int64).reshape(-1, 2),
-        np.asarray(times),
-        executor.staleness,
-        _utilisation(scheduler, sim.devices, times[-1] if times else 0.0),
-        sim.started,
-        stops,
-    )
+        self.done: list[tuple[int, int]] = []
+        self.times: list[float] = []
+        self._stops: dict[int, tuple[dict[str, Any], int]] = {}
+        self._stop_counts, self._pause_at = set(stops_at), -1
+        self.finished = False
+        with paused_collector():
+            self._sim = Simulation(
+                scheduler,
+                self._executor,
+                timing,
+                exp.delay_model(timing.step_compute_time()),
+                seed=config.seed,
+                batches=itertools.repeat(next(exp.train_stream(config.batch_size))),  # shapes are all it needs
+                max_jobs=num_jobs(exp.total_examples, config.batch_size),
+                num_devices=exp.layout.devices,
+                groups=exp.layout.replicas,
+                on_job_done=self._on_job_done,
+                drain_at=drain_at,
+            )
+            if config.algo == "asgd":
+                policies.spawn_asgd(self._sim)
+            else:
+                policies.spawn_configured(self._sim, config)
+
+    def _on_job_done(self, job: Job) -> None:
+        done, scheduler = self.done, self._scheduler
+        done.append((job.id, len(self._log)))
+        self.times.append(scheduler.now)
+        if len(done) in self._stop_counts:
+            self._stops[len(done)] = (_utilisation(scheduler, self._sim.devices, scheduler.now), self._sim.started)
+        if len(done) == self._pause_at:
+            scheduler.pause()
+
+    def advance(self, done: int | None = None) -> None:
+        """Runs the clock until ``done`` jobs are done (``None``: to its end); at its end, ``finished``."""
+        if self.finished or (done is not None and len(self.done) >= done):
+            return
+        self._pause_at = -1 if done is None else done
+        with paused_collector():  # nothing computed, no cycle made: see ``paused_collector``
+            self._scheduler.run()
+        if len(self.done) != self._pause_at:
+            self.finished = True
+
+    def events(self, start: int) -> list[Event]:
+        """The events logged after the first ``start``, in ``seq`` order."""
+        return self._log.tail(start)
+
+    def schedule(self) -> Schedule:
+        """The schedule recorded so far (the whole run's once ``finished``)."""
+        times = self.times
+        return Schedule(
+            self._log.events,
+            self._store.num_stages,
+            np.asarray(self.done, np.int64).reshape(-1, 2),
+            np.asarray(times),
+            self._executor.staleness,
+            _utilisation(self._scheduler, self._sim.devices, times[-1] if times else 0.0),
+            self._sim.started,
+            dict(self._stops),
+        )
 
 
 def _utilisation(scheduler: Scheduler, devices: Sequence[Any], now: float) -> dict[str, Any]:
@@ -246,18 +286,42 @@ def plan_steps(schedule: Schedule, cuts: Sequence[int] = ()) -> Plan:
         ``live_plan.plan_live_steps``; non-trainable state, averaging, several stores), or
         writes out of version order.
     """
-    placer, free = StepPlacer(schedule, cuts), FreeSteps()
-    release: dict[int, int] = {}  # a computed job's first step that holds every version it read
-    grad_step: dict[int, int] = {}  # in the log's order
+    placer = StepPlacer(schedule, cuts)
+    steps = GradientSteps(placer)
     for e in placer.walk(JOB_KINDS, live=False):
+        steps.place(e)
+    return _arrays(placer, steps.grad_step)
+
+
+class GradientSteps:
+    """``plan_steps``'s placement of a job's gradient and updates, one event at a time: a
+    job's gradient at its first update, on the latest free step between the first that holds
+    every version it read and that update's (``FreeSteps.book``); each update no earlier.
+
+    Attributes:
+      grad_step: per job whose gradient is placed, in the order placed, its step.
+      first_free: no gradient is placed before this step (the steps before it are run
+        already: ``pipelined``); a gradient may otherwise land before its segment's start.
+    """
+
+    def __init__(self, placer: StepPlacer):
+        self.placer, self._free = placer, FreeSteps()
+        self._release: dict[int, int] = {}  # a computed job's first step that holds every version it read
+        self.grad_step: dict[int, int] = {}
+        self.first_free = 0
+
+    def place(self, e: Event) -> None:
+        """Places ``e`` (visited by the placer): a loss notes its job's release, an update is placed."""
+        placer = self.placer
         if e.kind == EventKind.LOSS:  # placed at its first update, when its deadline is known
-            release[e.job] = placer.release(e.job)
+            self._release[e.job] = placer.release(e.job)
         elif e.kind == EventKind.UPDATE:
             s = placer.earliest_update(e)
-            if e.job not in grad_step:
-                grad_step[e.job] = free.book(release.pop(e.job), s)
-            placer.place_update(e, max(s, grad_step[e.job]))
-    return _arrays(placer, grad_step)
+            grad_step = self.grad_step.get(e.job)
+            if grad_step is None:
+                release = max(self._release.pop(e.job), self.first_free)
+                grad_step = self.grad_step[e.job] = self._free.book(release, s)
+            placer.place_update(e, max(s, grad_step))
 
 
 def _arrays(placer: StepPlacer, grad_step: dict[int, int]) -> Plan:

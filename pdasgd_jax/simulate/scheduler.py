@@ -90,6 +90,7 @@ class Scheduler:
         self._queues = (self._ends, self._averages, self._starts)  # indexed by phase
         self._seq = itertools.count()
         self._stopped = False
+        self._paused = False
 
     def call_at(self, time: float, phase: int, fn: Callable, *args: Any) -> None:
         """Runs ``fn(*args)`` at virtual time ``time`` (not before ``now``), in ``phase``."""
@@ -140,13 +141,22 @@ class Scheduler:
 
     def stop(self) -> None:
         """Ends ``run`` after the current event (e.g. once the target accuracy is reached)."""
-        self._stopped = True
+        self._stopped, self._paused = True, False
+
+    def pause(self) -> None:
+        """Returns from ``run`` after the current event; the next ``run`` goes on from there,
+        on the schedule an uninterrupted ``run`` follows (the clock's inline shortcuts are
+        not taken while paused, so nothing runs past the pause; they are equivalent to the
+        events they skip)."""
+        self._stopped, self._paused = True, True
 
     def run(self) -> float:
         """Runs events until none is left (every worker finished or blocked) or ``stop``.
 
         Returns the virtual time of the last event.
         """
+        if self._paused:
+            self._stopped = self._paused = False
         heap, pop, later = self._heap, heapq.heappop, self._later
         ends, averages, starts = queues = self._queues
         while not self._stopped:

@@ -137,42 +137,63 @@ class StepPlacer:
     """
 
     def __init__(self, schedule: Schedule, cuts: Sequence[int]):
-        self.schedule, self.num_stages = schedule, schedule.num_stages
+        self.schedule = schedule
         self.cuts, self._positions = segment_cuts(schedule, cuts)
-        self.version_step: list[list[int]] = [[-1] for _ in range(self.num_stages)]
+        self._start(schedule.num_stages)
+
+    @classmethod
+    def online(cls, num_stages: int) -> StepPlacer:
+        """A placer fed one event at a time (``visit``), whose segments its caller closes
+        (``close_segment``): a schedule planned while it is recorded (``pipelined``)."""
+        placer = cls.__new__(cls)
+        placer.schedule, placer.cuts, placer._positions = None, [], []
+        placer._start(num_stages)
+        return placer
+
+    def _start(self, num_stages: int) -> None:
+        self.num_stages = num_stages
+        self.version_step: list[list[int]] = [[-1] for _ in range(num_stages)]
         self.reads: dict[int, list[int]] = {}
         self.batch_of: dict[int, int] = {}
         self.updates: list[tuple[int, int, int, int, int]] = []
         self.floor, self.top = 0, -1
-        self._last_update = [-1] * self.num_stages
+        self._last_update = [-1] * num_stages
         self.bounds: list[int] = [0]
         self.versions: list[list[int]] = []
 
     def walk(self, kinds: frozenset, live: bool) -> Iterator[Event]:
         """The log's events, each after the boundaries logged before it and with its job's
-        batch and reads recorded; the last boundary is closed once the log is.
+        batch and reads recorded (``visit``); the last boundary is closed once the log is."""
+        positions, next_cut = self._positions, 0
+        for i, e in enumerate(self.schedule.events):
+            while next_cut < len(positions) and positions[next_cut] <= i:
+                self.close_segment()
+                next_cut += 1
+            yield self.visit(e, kinds, live)
+        while len(self.bounds) <= len(self.cuts):  # the final cut (and any at the log's very end)
+            self.end_segment(self.top + 1)
+
+    def visit(self, e: Event, kinds: frozenset, live: bool) -> Event:
+        """Records ``e``'s job's batch (a start) or a stage's read (a forward); returns ``e``.
 
         Raises:
           ValueError: an event of another kind than ``kinds``, of a replica, or a backward
             that is live where ``live`` is false (or the reverse).
         """
-        positions, next_cut = self._positions, 0
-        for i, e in enumerate(self.schedule.events):
-            while next_cut < len(positions) and positions[next_cut] <= i:
-                self.floor = self.top + 1
-                self.end_segment(self.floor)
-                next_cut += 1
-            other_weights = e.kind == EventKind.BACKWARD and (e.live_version >= 0) != live
-            if e.replica >= 0 or e.kind not in kinds or other_weights:
-                weights = "live" if live else "stashed"
-                raise ValueError(f"event {e.seq} ({e.kind}): the compiled simulator runs one shared store, {weights}")
-            if e.kind == EventKind.START:
-                self.batch_of[e.job], self.reads[e.job] = e.batch_id, [-1] * self.num_stages
-            elif e.kind == EventKind.FORWARD:
-                self.reads[e.job][e.stage] = e.params_version
-            yield e
-        while len(self.bounds) <= len(self.cuts):  # the final cut (and any at the log's very end)
-            self.end_segment(self.top + 1)
+        other_weights = e.kind == EventKind.BACKWARD and (e.live_version >= 0) != live
+        if e.replica >= 0 or e.kind not in kinds or other_weights:
+            weights = "live" if live else "stashed"
+            raise ValueError(f"event {e.seq} ({e.kind}): the compiled simulator runs one shared store, {weights}")
+        if e.kind == EventKind.START:
+            self.batch_of[e.job], self.reads[e.job] = e.batch_id, [-1] * self.num_stages
+        elif e.kind == EventKind.FORWARD:
+            self.reads[e.job][e.stage] = e.params_version
+        return e
+
+    def close_segment(self) -> None:
+        """A boundary after everything placed: nothing visited later is placed before it."""
+        self.floor = self.top + 1
+        self.end_segment(self.floor)
 
     def end_segment(self, step: int) -> None:
         """Closes a segment before ``step``, noting each stage's current version."""
@@ -224,15 +245,22 @@ class StepPlacer:
         return dict(zip(job_step, slots.tolist())), count
 
     def job_arrays(
-        self, placed: Sequence[tuple[int, int]], slot_of: Mapping[int, int], K: tuple[int, ...], free: int
+        self,
+        placed: Sequence[tuple[int, int]],
+        slot_of: Mapping[int, int],
+        K: tuple[int, ...],
+        free: int,
+        lo: int = 0,
+        hi: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per step, ``(has_job, batch, slot, read_slot)`` of the jobs ``placed`` (``(step,
-        job)``): whether one is there, its batch, its ``slot_of`` (``free`` where none), the
-        ring slot of each stage's version it read."""
-        S, M = self.bounds[-1], self.num_stages
+        """Per step from ``lo`` to ``hi`` (default: the last segment's end), ``(has_job, batch,
+        slot, read_slot)`` of the jobs ``placed`` (``(step, job)``) there: whether one is there,
+        its batch, its ``slot_of`` (``free`` where none), the ring slot of each stage's version
+        it read."""
+        S, M = (self.bounds[-1] if hi is None else hi) - lo, self.num_stages
         has, batch = np.zeros(S, bool), np.zeros(S, np.int64)
         slot, read_slot = np.full(S, free, np.int32), np.zeros((S, M), np.int32)
-        at = np.asarray([s for s, _ in placed], np.int64)
+        at = np.asarray([s for s, _ in placed], np.int64) - lo
         has[at] = True
         batch[at] = [self.batch_of[j] for _, j in placed]
         slot[at] = [slot_of[j] for _, j in placed]
@@ -250,14 +278,6 @@ class StepPlacer:
     ) -> dict[str, Any]:
         """``StepPlan``'s fields: the updates' arrays (``update_grad_slots[i]``: the gradient
         slot of ``updates[i]``), and each done job's loss step (``loss_step_of`` its job)."""
-        S, M = self.bounds[-1], self.num_stages
-        u_step, u_stage, _, u_replaced, u_tau = np.asarray(self.updates, np.int64).reshape(-1, 5).T
-        has_update = np.zeros((S, M), bool)
-        src, old, tau, grad = (np.zeros((S, M), np.int32) for _ in range(4))
-        dst = np.tile(np.asarray(K, np.int32), (S, 1))
-        at, size = (u_step, u_stage), np.asarray(K, np.int64)[u_stage]
-        has_update[at], tau[at], grad[at] = True, u_tau, np.asarray(update_grad_slots, np.int64)
-        src[at], old[at], dst[at] = u_replaced % size, (u_replaced - u_tau) % size, (u_replaced + 1) % size
         return dict(
             ring_sizes=K,
             grad_slots=G,
@@ -266,14 +286,30 @@ class StepPlacer:
             versions=np.asarray(self.versions, np.int64),
             batch=batch,
             read_slot=read_slot,
-            has_update=has_update,
-            src_slot=src,
-            old_slot=old,
-            dst_slot=dst,
-            update_grad_slot=grad,
-            tau=tau,
+            **self.update_arrays(self.updates, K, update_grad_slots),
             loss_step=np.asarray([loss_step_of[int(j)] for j, _ in self.schedule.done], np.int64),
         )
+
+    def update_arrays(
+        self,
+        updates: Sequence[tuple[int, int, int, int, int]],
+        K: tuple[int, ...],
+        update_grad_slots: Sequence[int],
+        lo: int = 0,
+        hi: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Per step from ``lo`` to ``hi`` (default: the last segment's end), ``StepPlan``'s
+        arrays of each stage's update among ``updates`` (placed there; ``update_grad_slots[i]``:
+        the gradient slot of ``updates[i]``)."""
+        S, M = (self.bounds[-1] if hi is None else hi) - lo, self.num_stages
+        u_step, u_stage, _, u_replaced, u_tau = np.asarray(updates, np.int64).reshape(-1, 5).T
+        has_update = np.zeros((S, M), bool)
+        src, old, tau, grad = (np.zeros((S, M), np.int32) for _ in range(4))
+        dst = np.tile(np.asarray(K, np.int32), (S, 1))
+        at, size = (u_step - lo, u_stage), np.asarray(K, np.int64)[u_stage]
+        has_update[at], tau[at], grad[at] = True, u_tau, np.asarray(update_grad_slots, np.int64)
+        src[at], old[at], dst[at] = u_replaced % size, (u_replaced - u_tau) % size, (u_replaced + 1) % size
+        return dict(has_update=has_update, src_slot=src, old_slot=old, dst_slot=dst, update_grad_slot=grad, tau=tau)
 
 
 def ring_sizes(

@@ -37,7 +37,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from pdasgd_jax.delays import TimingModel, tree_nbytes
@@ -312,7 +311,7 @@ class _Pipeline:
         self.key = jax.random.key(config.seed) if exp.kernels.draws_randomness else None
         self.batches = Batches(exp.train_stream(config.batch_size), np.arange(max_jobs))
         self.program = loop_program(exp.kernels, STASHED.step)
-        self.chunk_losses: list[Any] = []  # per chunk, its steps' losses (on the device until needed)
+        self.chunk_losses: list[Any] = []  # per chunk, its calls' losses and lengths (on the device until read)
         self.host_losses: dict[int, np.ndarray] = {}
         self.known: dict[int, float] = {}  # a resumed checkpoint's losses of jobs done after it
         self.K: tuple[int, ...] = ()
@@ -406,9 +405,9 @@ class _Pipeline:
         for lo in range(0, n, length):
             hi = min(lo + length, n)
             inputs = STASHED.inputs(plan, lo, hi, length, self.batches, self.key)
-            self.carry, piece = self.program(self.states, self.carry, inputs, np.int32(hi - lo))
-            pieces.append(piece[: hi - lo])
-        self.chunk_losses.append(jnp.concatenate(pieces) if pieces else np.zeros(0, np.float32))
+            self.carry, losses = self.program(self.states, self.carry, inputs, np.int32(hi - lo))
+            pieces.append((losses, hi - lo))  # cut on the host when read: no more programs to dispatch
+        self.chunk_losses.append(pieces)
 
     def _current(self, plan: Plan) -> tuple[Any, ...]:
         """Every stage's current version after ``plan``'s chunk."""
@@ -420,7 +419,9 @@ class _Pipeline:
             return self.known[job]
         c, s = self.steps.loss_at[job]
         if c not in self.host_losses:
-            self.host_losses[c] = np.asarray(self.chunk_losses[c])
+            pieces = self.chunk_losses[c]
+            self.host_losses[c] = np.concatenate([np.asarray(a)[:n] for a, n in pieces] or [np.zeros(0, np.float32)])
+            self.chunk_losses[c] = None
         return self.host_losses[c][s]
 
     def _losses(self, jobs: Sequence[int]) -> np.ndarray:

@@ -13,8 +13,9 @@ repeat runs one after another (interleaved, so a noisy machine weighs on all ali
   (``run_pipelined``): the schedule recorded a chunk of jobs at a time while the compiled
   numerics of the chunk before run. This is the whole run, the one the targets are judged on.
 
-Each is timed from its call until its final parameters are computed, with one evaluation
-(the final one), compilation excluded. ``train`` reports examples over its training clock, which stops during
+Each is timed from its call until its final parameters are computed, compilation excluded;
+the ``sgd`` and ``event`` runs evaluate once at their end (about a millisecond), the compiled
+runs not at all. ``train`` reports examples over its training clock, which stops during
 evaluations: work dispatched asynchronously before an evaluation runs while the clock is
 stopped, which favours the event-by-event paths, so that clock is not used here. Both
 simulated paths use this machine's calibrated timing, and every compiled run is checked to
@@ -30,9 +31,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import os
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +45,7 @@ import jax
 import numpy as np
 
 from pdasgd_jax import Config
+from pdasgd_jax.bench import provenance
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog, TrainingClock
 from pdasgd_jax.runners import RUNNERS
@@ -56,8 +61,9 @@ def _metrics(exp: Experiment) -> MetricsLog:
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """Seconds until ``fn()``'s parameters are computed, any compilation excluded (the ``sgd``
-    runner jits its step afresh on every call), and its result."""
+    """Seconds until ``fn()``'s parameters are computed, any compilation excluded, and its
+    result. Every path is warm when timed (the ``sgd`` runner's step is jitted once per
+    experiment, the compiled loops once per chunk size), so nothing is traced again either."""
     clock = TrainingClock()
     with clock.excluding_compilation():
         out = fn()
@@ -65,44 +71,67 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return clock.elapsed, out
 
 
-def _repeat(exp: Experiment, sgd: Experiment, timing: Any) -> dict[str, float]:
-    """One interleaved repeat: every path's examples per second."""
-    sgd_s, _ = _timed(lambda: RUNNERS["sgd"](sgd, _metrics(sgd)))
-    event_s, event = _timed(lambda: run_simulated(exp, _metrics(exp), timing=timing))
-    start = time.perf_counter()
-    schedule = record_schedule(exp, timing)
-    schedule_s = time.perf_counter() - start
-    numerics_s, compiled = _timed(lambda: run_compiled(exp, schedule))
-    pipelined_s, pipelined = _timed(lambda: run_pipelined(exp, timing)[0])
-    for run in (compiled, pipelined):
+MODES = ("sgd", "event", "compiled", "pipelined")
+
+
+def _repeat(exp: Experiment, sgd: Experiment, timing: Any, rotation: int) -> dict[str, Any]:
+    """One interleaved repeat: every path's examples per second, the paths run in ``MODES``
+    order rotated by ``rotation`` (so no path always follows the same one)."""
+    out: dict[str, Any] = {}
+
+    def sgd_run() -> None:
+        seconds, result = _timed(lambda: RUNNERS["sgd"](sgd, _metrics(sgd)))
+        out["sgd"] = result.examples / seconds
+
+    def event_run() -> None:
+        out["event_s"], out["_event"] = _timed(lambda: run_simulated(exp, _metrics(exp), timing=timing))
+
+    def compiled_run() -> None:
+        start = time.perf_counter()
+        schedule = record_schedule(exp, timing)
+        out["schedule_s"] = time.perf_counter() - start
+        out["numerics_s"], out["_compiled"] = _timed(lambda: run_compiled(exp, schedule))
+        out["steps_per_job"] = out["_compiled"].plan.steps / len(schedule.done)
+
+    def pipelined_run() -> None:
+        out["pipelined_s"], out["_pipelined"] = _timed(lambda: run_pipelined(exp, timing)[0])
+
+    runs = dict(zip(MODES, (sgd_run, event_run, compiled_run, pipelined_run), strict=True))
+    order = MODES[rotation % len(MODES) :] + MODES[: rotation % len(MODES)]
+    for mode in order:
+        runs[mode]()
+    event = out.pop("_event")
+    for run in (out.pop("_compiled"), out["_pipelined"]):
         for a, b in zip(jax.tree.leaves(run.params), jax.tree.leaves(event.params), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     examples = event.examples
     return {
-        "sgd": sgd.total_examples / sgd_s,
-        "event": examples / event_s,
-        "compiled": examples / numerics_s,
-        "compiled+schedule": examples / (numerics_s + schedule_s),
-        "pipelined": examples / pipelined_s,
-        "pipelined_chunks": pipelined.plan is None,
-        "schedule_s": schedule_s,
-        "numerics_s": numerics_s,
-        "event_s": event_s,
-        "steps_per_job": compiled.plan.steps / len(schedule.done),
+        "sgd": out["sgd"],
+        "event": examples / out["event_s"],
+        "compiled": examples / out["numerics_s"],
+        "compiled+schedule": examples / (out["numerics_s"] + out["schedule_s"]),
+        "pipelined": examples / out["pipelined_s"],
+        "pipelined_chunks": out.pop("_pipelined").plan is None,
+        "schedule_s": out["schedule_s"],
+        "numerics_s": out["numerics_s"],
+        "event_s": out["event_s"],
+        "pipelined_s": out["pipelined_s"],
+        "steps_per_job": out["steps_per_job"],
+        "order": list(order),
     }
 
 
 def measure(config: Config, repeats: int) -> dict[str, Any]:
-    """A warm-up, then ``repeats`` interleaved repeats of the three runs; medians of rates and ratios."""
+    """A warm-up, then ``repeats`` interleaved repeats of every path (``_repeat``); medians of rates and ratios."""
     exp = Experiment.from_config(config)
     sgd = exp.with_config(algo="sgd", simulate=False, replicas=0, delay_model="none", delay_mean=0.0)
     timing = dataclasses.replace(exp.calibration(config.batch_size).timing, comm=comm_model(config))
     start = time.perf_counter()
-    _repeat(exp, sgd, timing)
+    _repeat(exp, sgd, timing, 0)
     warm_up_s = time.perf_counter() - start
     load_before = os.getloadavg()
-    runs = [_repeat(exp, sgd, timing) for _ in range(repeats)]
-    median = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "pipelined_chunks"}
+    runs = [_repeat(exp, sgd, timing, i) for i in range(repeats)]
+    median = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k not in ("pipelined_chunks", "order")}
     for name in ("event", "compiled", "compiled+schedule", "pipelined"):
         median[f"{name}/sgd"] = statistics.median(r[name] / r["sgd"] for r in runs)
     for name in ("compiled", "compiled+schedule", "pipelined"):
@@ -125,10 +154,12 @@ def main() -> None:
     parser.add_argument("--delay-model", default="exponential")
     parser.add_argument("--backward-weights", default="stashed", choices=("stashed", "live"))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
-    parser.add_argument("--epochs", type=float, nargs="+", default=[20.0, 80.0], help="per batch size")
-    parser.add_argument("--repeats", type=int, default=3)
+    # About 2 s a run on this 2-core machine: long enough for a stable median.
+    parser.add_argument("--epochs", type=float, nargs="+", default=[200.0, 400.0], help="per batch size")
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", help="write the measurements here")
     args = parser.parse_args()
+    started, load_before = time.perf_counter(), provenance.load_average()
     results = []
     for batch, epochs in zip(args.batch_sizes, args.epochs, strict=True):
         config = Config(
@@ -164,7 +195,14 @@ def main() -> None:
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+            record = provenance.run_record(__file__, elapsed_s=time.perf_counter() - started, load_before=load_before)
+            record["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+            command = ["python", "-m", "benchmarks.scripts.compiled_sim_speed", *sys.argv[1:]]
+            json.dump(
+                {"args": vars(args), "command": shlex.join(command), "run_record": record, "results": results},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

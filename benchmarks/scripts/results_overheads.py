@@ -117,7 +117,7 @@ def _sim_speed_rows(root: pathlib.Path, sources: Sources) -> list[dict[str, Any]
     if not raw.exists():
         return []
     data = json.loads(raw.read_text())
-    src = sources.cite(raw, EXPECTED_RAW["sim-speed"][1])
+    src = sources.cite(raw, EXPECTED_RAW["bench sim-speed"][1])
     rows = []
     for batch, r in data.items():
         if not (isinstance(r, dict) and "sgd" in r):

@@ -42,7 +42,7 @@ EXPECTED_RAW: dict[str, tuple[str, str]] = {
         )
         for part in claims.PARTS
     },
-    "sim-speed": (SIM_SPEED, "python -m pdasgd_jax bench sim-speed --out bench_results/sim-speed"),
+    "bench sim-speed": (SIM_SPEED, "python -m pdasgd_jax bench sim-speed --out bench_results/sim-speed"),
     "pre-registered headline cells": (
         "bench_results/preregistered/preregistered.json",
         "python -m benchmarks preregistered --out bench_results/preregistered (after its --calibrate and, on an "

@@ -25,9 +25,10 @@ RATIOS = (
 
 
 def _whole_run(runs: list[dict[str, Any]]) -> str:
-    """The mode that times what ``train`` runs: the schedule recorded while the numerics run
-    (``pipelined``) where the raw file has it, else the schedule then the numerics."""
-    return "pipelined" if all("pipelined" in run for run in runs) else "compiled+schedule"
+    """The mode that times what ``train --simulate --numerics compiled`` runs: the schedule
+    recorded while the numerics run (``pipelined``) where every round has it, else the schedule
+    then the numerics."""
+    return "pipelined" if runs and all("pipelined" in run for run in runs) else "compiled+schedule"
 
 
 def _ratio_range(runs: list[dict[str, Any]], mode: str) -> tuple[float, float, float]:
@@ -55,7 +56,7 @@ def _compiled(root: pathlib.Path, sources: Sources) -> tuple[list[dict[str, Any]
         args = data.get("args") or {}
         if not isinstance(data.get("results"), list):
             continue
-        command = (
+        command = data.get("command") or (
             f"python -m benchmarks.scripts.compiled_sim_speed --algo {args.get('algo')} --repeats "
             f"{args.get('repeats')} --json {sources.rel(raw)}"
         )
@@ -68,6 +69,7 @@ def _compiled(root: pathlib.Path, sources: Sources) -> tuple[list[dict[str, Any]
                 low = _ratio_range(runs, mode)
                 row[f"{name} / sgd"] = "-" if low[0] != low[0] else f"{low[0]:.2f}x [{low[1]:.2f}, {low[2]:.2f}]"
             target, whole = SIM_TARGETS.get(batch), _whole_run(runs)
+            row["whole run"] = whole
             row["target (whole run)"] = (
                 "-" if target is None else f">= {target:.1f}x: {_target_verdict(_ratio_range(runs, whole), target)}"
             )
@@ -88,15 +90,16 @@ def compiled_speed_table(root: pathlib.Path, sources: Sources) -> str:
         'the schedule recorded while the numerics run ("pipelined": what `--numerics compiled` runs) and a plain '
         f"SGD loop on the same examples, interleaved; per-round ratios, median [min, max] over "
         f"{', '.join(map(str, sorted(rounds)))} rounds (a range, not an interval); a target is judged on the whole "
-        "run (pipelined, or compiled + schedule where a raw file predates it): met when every round reaches it, "
-        "missed when none does; "
+        "`--numerics compiled` run (pipelined, or compiled + schedule where a raw file predates it; the default "
+        "`--numerics event` path is shown beside it, not judged): met when every round reaches it, missed when "
+        "none does; "
         f"1-minute load average {min(loads):.1f}-{max(loads):.1f} before the rounds.\n\n" + table(rows)
     )
 
 
 def _whole_label(row: dict[str, Any]) -> str:
-    """The column of ``row``'s whole-run ratio."""
-    return "pipelined / sgd" if row["pipelined / sgd"] != "-" else "compiled + schedule / sgd"
+    """The column of ``row``'s whole-run ratio (``_whole_run``'s mode)."""
+    return dict(RATIOS)[row["whole run"]] + " / sgd"
 
 
 def compiled_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str, str]]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import jax
@@ -80,11 +81,30 @@ def _initial_state(exp: Experiment) -> TrainState:
 
 def run_sgd(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:
     """Plain minibatch SGD on one device with one fused jitted step."""
-    step_fn = jax.jit(make_train_step(exp.model, exp.tx, whole_model=exp.whole_model_updates))
     ts, step, examples = run_synchronous_loop(
-        exp, metrics, checkpointer, step_fn, _initial_state(exp), lambda a: a, jax.device_put, exp.config.batch_size
+        exp,
+        metrics,
+        checkpointer,
+        _sgd_step(exp),
+        _initial_state(exp),
+        lambda a: a,
+        jax.device_put,
+        exp.config.batch_size,
     )
     return RunResult(ts.params, ts.states, step, examples, {"devices": 1})
+
+
+def _sgd_step(exp: Experiment) -> Callable:
+    """``run_sgd``'s jitted step, built once per ``exp.kernels`` (the experiment's model and
+    optimizer): running the same experiment again neither traces nor compiles it again."""
+    steps = _SGD_STEPS.setdefault(exp.kernels, {})
+    whole = exp.whole_model_updates
+    if whole not in steps:
+        steps[whole] = jax.jit(make_train_step(exp.model, exp.tx, whole_model=whole))
+    return steps[whole]
+
+
+_SGD_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def run_sync(exp: Experiment, metrics: MetricsLog, checkpointer: RunCheckpointer | None = None) -> RunResult:

@@ -26,7 +26,7 @@ import collections
 
 from pdasgd_jax.executor import Job, StageExecutor
 from pdasgd_jax.simulate.scheduler import Gate, Scheduler
-from pdasgd_jax.simulate.version_executor import VersionStore
+from pdasgd_jax.simulate.version_executor import VersionExecutor, VersionStore
 from pdasgd_jax.simulate.worker_requests import Channel, Get, Process, Put, Worker
 
 
@@ -34,13 +34,14 @@ class Booking(Gate):
     """One booked update of ``stage``, written when ``gate`` opens; ``pulls``: the jobs whose
     reads wait for its weights (None until the first); ``held``: for a ``reserve``d booking,
     the channel that gets the stage's lock once the bookings before it have released it
-    (else None).
+    (else None); ``number``: on a ``VersionStore``, the version number it was booked as
+    (what its pulls read, unless a write that was never booked came between), else None.
 
     A booking is its own gate: thousands of updates may be booked and unwritten at once, and
     one object apiece (not two, nor an empty list) keeps what the clock touches per update small.
     """
 
-    __slots__ = ("held", "pulls", "stage")
+    __slots__ = ("held", "number", "pulls", "stage")
 
     def __init__(self, stage: int, key: int):
         # ``Gate.__init__``'s fields, set here (one call fewer per update booked).
@@ -50,6 +51,7 @@ class Booking(Gate):
         self.stage = stage
         self.pulls: list[Job] | None = None
         self.held: Channel | None = None
+        self.number: int | None = None
 
     @property
     def gate(self) -> Gate:
@@ -64,11 +66,16 @@ class Bookings:
         self.scheduler = scheduler
         self.executor = executor
         self._open: list[collections.deque[Booking]] = [collections.deque() for _ in range(executor.store.num_stages)]
-        # job id -> (stage, gate) of each version it pulled that its kernels have not waited for yet
-        self._waits: dict[int, list[tuple[int, Gate]]] = {}
+        # job id -> the booking (a gate, of its ``stage``) of each version it pulled that its
+        # kernels have not waited for yet
+        self._waits: dict[int, list[Booking]] = {}
         # A ``VersionStore``'s own list of stage versions (read at every pull), else None.
         store = executor.store
         self._versions: list[int] | None = store.versions if isinstance(store, VersionStore) else None
+        # Whether a pull's fill only gives it the number of the version written (a
+        # ``VersionExecutor``'s): then a write as booked, numbered as its pulls read it, has
+        # nothing to fill, and its pulls (jobs long out of the processor's caches) go untouched.
+        self._fills_number_only = isinstance(executor, VersionExecutor)
 
     def newest(self, m: int) -> int:
         """The newest version of stage ``m`` booked (the store's, when none is pending)."""
@@ -86,6 +93,8 @@ class Bookings:
             key = pending[-1].key
         booking = Booking(m, key)
         pending.append(booking)
+        if self._versions is not None:
+            booking.number = self._versions[m] + len(pending)  # ``newest(m)``, inlined
         return booking
 
     def reserve(self, m: int, ticket: int | None, lock: Channel) -> Booking:
@@ -105,8 +114,11 @@ class Bookings:
         if pending[0] is not booking:
             raise RuntimeError(f"stage {booking.stage}: a write out of booking order")
         pending.popleft()
-        if booking.pulls is not None:
-            fill, m = self.executor.fill_pull, booking.stage
+        m = booking.stage
+        # Written as the number its pulls read (no unbooked write since it was booked, which
+        # would have shifted it): their fills would change nothing (``_fills_number_only``).
+        if booking.pulls is not None and not (self._fills_number_only and self._versions[m] == booking.number):
+            fill = self.executor.fill_pull
             for job in booking.pulls:
                 fill(job, m)
         self.scheduler.open(booking)
@@ -129,9 +141,9 @@ class Bookings:
                 booking.pulls.append(job)
             waits = self._waits.get(job.id)
             if waits is None:
-                self._waits[job.id] = [(m, booking)]
+                self._waits[job.id] = [booking]
             else:
-                waits.append((m, booking))
+                waits.append(booking)
 
     def gates(self, job: Job, stage: int | None = None) -> tuple[Gate, ...]:
         """The gates of the versions ``job`` pulled (of ``stage`` only, when given) that no
@@ -141,10 +153,10 @@ class Bookings:
         if waits is None:
             return ()
         if stage is not None:
-            if rest := [(m, gate) for m, gate in waits if m != stage]:
+            if rest := [booking for booking in waits if booking.stage != stage]:
                 self._waits[job.id] = rest
-            waits = [(m, gate) for m, gate in waits if m == stage]
-        return tuple([gate for _, gate in waits])
+            waits = [booking for booking in waits if booking.stage == stage]
+        return tuple(waits)
 
 
 def _take(lock: Channel, held: Channel) -> Worker:

@@ -6,8 +6,8 @@ events; see its module docstring for the rules.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
+from heapq import heappop, heappush
 from typing import Any, NamedTuple
 
 from pdasgd_jax.delays import TimingModel
@@ -86,6 +86,7 @@ class Device:
     __slots__ = (
         "_admit",
         "_admit_pending",
+        "_end_solo",
         "_generation",
         "_last",
         "_rate",
@@ -120,6 +121,7 @@ class Device:
         # path computes the same times with much less bookkeeping per kernel.
         if self.slots == 1:
             self._admit, self.request = self._admit_solo, self._request_solo
+            self._end_solo = self._finish_solo  # each kernel's end event, bound once
         else:
             self._admit, self.request = self._admit_shared, self._request_shared
 
@@ -155,13 +157,13 @@ class Device:
             # the same ticket ahead of it could wait for it forever).
             if gate.key >= ticket:
                 ticket = gate.key + 0.5
-        heapq.heappush(self._waiting, (ticket, seq, proc, kernel))
+        heappush(self._waiting, (ticket, seq, proc, kernel))
 
     def _admit_solo(self) -> None:
         self._admit_pending = False
         if self._solo_busy or not self._waiting or (self._waiting[0][3].after and self._blocked()):
             return
-        _, _, proc, kernel = heapq.heappop(self._waiting)
+        _, _, proc, kernel = heappop(self._waiting)
         self._start_solo(proc, kernel)
 
     def _start_solo(self, proc: Process, kernel: Kernel) -> None:
@@ -172,9 +174,9 @@ class Device:
         now = sched.now
         end = now + kernel.work
         if end > now:
-            sched._call_later(end, END, self._finish_solo, (proc, now))
+            sched._call_later(end, END, self._end_solo, (proc, now))
         else:
-            sched._ends.append((self._finish_solo, (proc, now)))
+            sched._ends.append((self._end_solo, (proc, now)))
 
     def _finish_solo(self, proc: Process, started: float) -> None:
         self._solo_busy = False
@@ -227,7 +229,7 @@ class Device:
         self._admit_pending = False
         self._advance()
         while self._waiting and len(self._running) < self.slots and not self._blocked():
-            _, _, proc, kernel = heapq.heappop(self._waiting)
+            _, _, proc, kernel = heappop(self._waiting)
             if kernel.at_start is not None:
                 kernel.at_start()
             self._running.append(_Running(kernel.work, proc, self.scheduler.now))

@@ -269,13 +269,9 @@ def fused_forward(
     for m in stages:
         if (pull := _fetch(sim, job, m, device, worker)) is not None:  # a remote read, also when it is free
             yield pull
-
-    def read_and_compute() -> None:
-        for m in stages:
-            ex.forward_stage(job, m, commit_state=False, worker=worker)
-        ex.loss(job, worker=worker)
-
-    yield Kernel(device, cost, read_and_compute, ticket, sim.bookings.gates(job))
+    yield Kernel(
+        device, cost, functools.partial(_forward_reads, ex, job, stages, worker), ticket, sim.bookings.gates(job)
+    )
     for m in stages:
         ex.commit_state(job, m, worker=worker)
     if backward:
@@ -320,7 +316,8 @@ def forward_worker(
             if inline:
                 for m in remote:  # a remote read, also when it is free (``_fetch``)
                     yield _new(Sleep, (transfer[m], partial(bookings.pull, job, m, False, name)))
-                yield _new(Kernel, (device, cost, _forward_reads(ex, job, stages, name), None, bookings.gates(job)))
+                reads = partial(_forward_reads, ex, job, stages, name)
+                yield _new(Kernel, (device, cost, reads, None, bookings.gates(job)))
                 if commits:
                     for m in stages:
                         ex.commit_state(job, m, worker=name)
@@ -331,21 +328,19 @@ def forward_worker(
             yield Put(slots, None)
             continue
         idle = sim.idle(rng, compute, share, job)  # drawn before the job goes on: it carries the draw
-        sim.hold(None)  # the queue holds it now
+        if not direct:
+            sim.hold(None)  # the queue holds it now (``hold`` does nothing outside a fleet)
         if not direct or not scheduler.put_now(channel, job):
             yield Put(channel, job)  # never blocks: the slot was reserved
         yield idle
 
 
-def _forward_reads(ex: Any, job: Job, stages: range, worker: str) -> Any:
-    """``fused_forward``'s kernel start: every stage's forward read, then the loss."""
-
-    def read_and_compute() -> None:
-        for m in stages:
-            ex.forward_stage(job, m, commit_state=False, worker=worker)
-        ex.loss(job, worker=worker)
-
-    return read_and_compute
+def _forward_reads(ex: Any, job: Job, stages: range, worker: str) -> None:
+    """``fused_forward``'s kernel start: every stage's forward read, then the loss (bound by
+    position in a partial: one object per job, where a closure takes a cell per variable)."""
+    for m in stages:
+        ex.forward_stage(job, m, commit_state=False, worker=worker)
+    ex.loss(job, worker=worker)
 
 
 def backward_worker(
@@ -369,8 +364,9 @@ def backward_worker(
     rng = sim.delay_rng(name)
     compute, share = _pipeline_part(sim, device, 1, layerwise)
     take_job, free_slot = Get(channel), Put(slots, None)
-    ex, homes, scheduler, gates = sim.executor, sim.homes, sim.scheduler, sim.bookings.gates
-    direct = sim.fleet is None and process is not None
+    ex, homes, scheduler = sim.executor, sim.homes, sim.scheduler
+    fleet = sim.fleet is not None
+    direct = not fleet and process is not None
     inline = layerwise and not (ex.live or reads_at_dispatch(sim))
     host = bool(sim.timing.host_dispatch)
     c = sim.costs[device.index]
@@ -383,7 +379,8 @@ def backward_worker(
         job = scheduler.get_now(channel) if direct else EMPTY
         if job is EMPTY:
             job = yield take_job
-        sim.hold(job)
+        if fleet:
+            sim.hold(job)  # (``hold`` does nothing outside a fleet)
         if not direct or not scheduler.put_now(slots, None):
             yield free_slot
         try:
@@ -398,7 +395,9 @@ def backward_worker(
                         applied.arrive()
                         continue
                     backward = partial(_backward_read, ex, job, m, name) if reads else None
-                    yield _new(Kernel, (device, c.backward[m], backward, ticket, gates(job, m)))
+                    # No gate: a stashed backward pulls nothing, and the job's forward kernel
+                    # took every gate of its pulls (``bookings.gates(job)``).
+                    yield _new(Kernel, (device, c.backward[m], backward, ticket, ()))
                     transfer = c.transfer[m]
                     if direct:  # the clock's ``Launch``: the update runs now, as a process of its own
                         update = pushes.update(sim, job, m, transfer, name, applied, ticket)

@@ -89,6 +89,9 @@ class Scheduler:
         self._starts: collections.deque[tuple[Callable, tuple]] = collections.deque()
         self._queues = (self._ends, self._averages, self._starts)  # indexed by phase
         self._seq = itertools.count()
+        # ``resume``, bound once: the function of most events (a wake-up, a hand-over), queued
+        # without a bound method made for each.
+        self._resume = self.resume
         self._stopped = False
         self._paused = False
 
@@ -136,7 +139,7 @@ class Scheduler:
         """Starts a worker at the current virtual time."""
         proc = Process(name, gen)
         self.processes.append(proc)
-        self._ends.append((self.resume, (proc, None, True)))
+        self._ends.append((self._resume, (proc, None, True)))
         return proc
 
     def stop(self) -> None:
@@ -197,7 +200,7 @@ class Scheduler:
             return EMPTY
         value, putter = channel.take()
         if putter is not None:
-            self._ends.append((self.resume, (putter, None, True)))
+            self._ends.append((self._resume, (putter, None, True)))
         return value
 
     def put_now(self, channel: Channel, item: Any) -> bool:
@@ -207,12 +210,12 @@ class Scheduler:
         worker yields ``Put(channel, item)``, to wait)."""
         getters = channel._getters
         if getters:
-            self._ends.append((self.resume, (getters.popleft(), item, True)))
+            self._ends.append((self._resume, (getters.popleft(), item, True)))
             return True
         return channel.offer(item)
 
     def _wake(self, proc: Process, value: Any = None) -> None:
-        self._ends.append((self.resume, (proc, value, True)))
+        self._ends.append((self._resume, (proc, value, True)))
 
     def resume(self, proc: Process, value: Any = None, tail: bool = False) -> None:
         """Advances ``proc`` until it waits: on a device, a sleep or a channel.
@@ -251,9 +254,9 @@ class Scheduler:
                     # ``call_at`` inlined: an idle time or a transfer ends most jobs' parts.
                     wake = self.now + req.duration
                     if wake > self.now:
-                        self._call_later(wake, END, self.resume, (proc, None, True))
+                        self._call_later(wake, END, self._resume, (proc, None, True))
                     else:
-                        ends.append((self.resume, (proc, None, True)))
+                        ends.append((self._resume, (proc, None, True)))
                     return
             elif kind is Get:
                 ch = req.channel
@@ -262,11 +265,11 @@ class Scheduler:
                     return
                 value, putter = ch.take()
                 if putter is not None:
-                    ends.append((self.resume, (putter, None, True)))
+                    ends.append((self._resume, (putter, None, True)))
             elif kind is Put:
                 ch = req.channel
                 if ch._getters:  # ``next_getter()``, inlined
-                    ends.append((self.resume, (ch._getters.popleft(), req.item, True)))
+                    ends.append((self._resume, (ch._getters.popleft(), req.item, True)))
                 elif not ch.offer(req.item):
                     ch.wait_put(proc, req.item)
                     return
@@ -283,9 +286,9 @@ class Scheduler:
             # ``call_at`` inlined: a pull's read starts most remote stages' transfers.
             wake = self.now + sleep.duration
             if wake > self.now:
-                self._call_later(wake, END, self.resume, (proc, None, True))
+                self._call_later(wake, END, self._resume, (proc, None, True))
             else:
-                self._ends.append((self.resume, (proc, None, True)))
+                self._ends.append((self._resume, (proc, None, True)))
         else:  # its wake-up, at this instant's writes, would be the next event: run it now
             self.resume(proc, None, True)
 

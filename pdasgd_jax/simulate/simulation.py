@@ -22,6 +22,8 @@ from pdasgd_jax.simulate.worker_requests import Process
 # ``Simulation.ready_job``'s answer when the worker must wait for its job (``take_job``).
 WAIT = object()
 
+_new = tuple.__new__  # ``_new(Sleep, (duration, at_start))``: a request without its named tuple's ``__new__``
+
 
 class DeviceCosts(NamedTuple):
     """Durations on one device, computed once (they are looked up for every kernel)."""
@@ -273,7 +275,8 @@ class Simulation:
         self._on_job_done(job)
         if self.fleet is not None:
             self.fleet.hold(None)
-        self._drained_check()
+        if self._drain is not None:  # (``_drained_check``'s first test, inlined: once per job)
+            self._drained_check()
 
     def retire(self, job: Job) -> None:
         """``job`` will never be done (its device crashed, ``fleet_clock``): it leaves ``in_flight``."""
@@ -359,7 +362,7 @@ class Simulation:
         idle, draw = self.delay.job_idle(rng, compute, share, None if job is None else job.delay_draw)
         if job is not None:
             job.delay_draw = draw
-        return Sleep(idle)
+        return _new(Sleep, (idle, None))  # ``Sleep(idle)`` without its Python-level ``__new__``
 
 
 @contextlib.contextmanager

@@ -140,7 +140,8 @@ def _planner(
     root: pathlib.Path, sources: Sources
 ) -> tuple[dict[tuple[str, int], dict[str, Any]], list[str], dict[str, list[tuple[str, int, float, str, str]]]]:
     """The planner's jobs per minute per algorithm and fleet size, each raw file of
-    ``schedule_speed`` a column group (``..._before.json``: the code before a change), with its
+    ``schedule_speed`` a column group named by its folder (``..._before.json``: the code before a
+    change, "before" added), with its
     verdict against the target over the repeats (met where every repeat reaches it); the notes on
     each file's machine, and per file label its points (algo, W, median, verdict, source)."""
     rows: dict[tuple[str, int], dict[str, Any]] = {}
@@ -150,7 +151,8 @@ def _planner(
         data = json.loads(raw.read_text())
         if not (isinstance(data.get("points"), list) and any("runs" in p for p in data["points"])):
             continue  # not a schedule_speed file (a scale run, an interleaved comparison)
-        label = raw.stem.replace("schedule_speed", "").strip("_") or "after"
+        kind = raw.stem.replace("schedule_speed", "").strip("_")  # "before": the code before a change
+        label = raw.parent.name + (f" {kind}" if kind else "")
         src = sources.cite(raw, f"python -m benchmarks.scripts.schedule_speed {sources.rel(raw.parent)}")
         start, end = data.get("machine_at_start") or {}, data.get("machine_at_end") or {}
         notes.append(
@@ -195,19 +197,17 @@ def planner_speed_table(root: pathlib.Path, sources: Sources) -> str:
 
 def planner_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str, str]]:
     """Overhead rows of the results page: per algorithm, the spread of the planner's median jobs
-    per minute over the fleet sizes of each file, and where the current file's (``after``) meet
-    the target; then one row each for the before/after comparison and the whole-process scale run."""
+    per minute over the fleet sizes of the current file (the last in path order that is not a
+    "before" one; raw folders are named by date first) and where they meet the target, every
+    file cited; then one row each for the before/after comparison and the whole-process scale run."""
     _, _, points = _planner(root, sources)
-    current = "after" if "after" in points else next(iter(points), "")
+    current = next((label for label in reversed(points) if not label.endswith(" before")), "")
     rows = []
     for algo in sorted({p[0] for found in points.values() for p in found}):
-        spreads, keys = [], []
-        for label, found in points.items():
-            medians = [p[2] / 1e6 for p in found if p[0] == algo]
-            if medians:
-                spreads.append(f"{label} {min(medians):.2f}-{max(medians):.2f}")
-                keys += [p[4] for p in found if p[0] == algo]
+        keys = [p[4] for found in points.values() for p in found if p[0] == algo]
         mine = sorted(p for p in points.get(current, []) if p[0] == algo)
+        medians = [p[2] / 1e6 for p in mine]
+        spreads = [f"{current}: {min(medians):.2f}-{max(medians):.2f}"] if medians else []
         verdicts: dict[str, list[str]] = {}
         for _, w, _, verdict, _ in mine:
             verdicts.setdefault(verdict, []).append(str(w))
@@ -215,8 +215,7 @@ def planner_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str
             {
                 "overhead": f"schedule planner, {algo}, W = {mine[0][1]} to {mine[-1][1]}" if mine else algo,
                 "figure": "; ".join(spreads) + " M jobs/min",
-                "verdict": f">= 1M ({current}): "
-                + "; ".join(f"{v} at W = {', '.join(ws)}" for v, ws in verdicts.items()),
+                "verdict": ">= 1M: " + "; ".join(f"{v} at W = {', '.join(ws)}" for v, ws in verdicts.items()),
                 "source": ", ".join(dict.fromkeys(keys)),
             }
         )

@@ -5,9 +5,8 @@ event-by-event run (parameters, metrics rows, summary)."""
 import json
 import os
 
-import jax
-import numpy as np
 import pytest
+from compiled_stores_checks import assert_bitwise, file_rows
 
 from pdasgd_jax import Config, calibration, plots, rundir, train_and_evaluate
 from pdasgd_jax import train as train_lib
@@ -74,16 +73,6 @@ def _killed_after(monkeypatch, config, last):
     return saved
 
 
-def _rows(run_dir):
-    with open(os.path.join(run_dir, rundir.METRICS_FILE)) as f:
-        return [{k: v for k, v in json.loads(line).items() if k != "wall_time"} for line in f]
-
-
-def _assert_bitwise(a, b):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
 @pytest.mark.parametrize(
     "algo, extra, kill_at, early",
     [
@@ -111,8 +100,8 @@ def test_a_compiled_run_resumed_compiled_is_bitwise_the_uninterrupted_event_run(
     resumed = resume_run(out)
     assert resumed["numerics"] == {"path": "compiled", "checkpoints": "compiled", "resumed_from": saved[-1][0]}
     assert resumed["resumed_from_step"] == saved[-1][0] < resumed["steps"]
-    _assert_bitwise(resumed.variables, event.variables)
-    assert _rows(out) == _rows(tmp_path / "event")
+    assert_bitwise(resumed.variables, event.variables)
+    assert file_rows(out) == file_rows(tmp_path / "event")
     for key in SUMMARY_KEYS:
         assert resumed.get(key) == event.get(key), key
 
@@ -125,7 +114,7 @@ def test_a_run_killed_at_its_target_resumes_to_its_end(tmp_path, monkeypatch):
     _killed_after(monkeypatch, Config(**{**config.to_dict(), "out": out}), lambda steps: steps[-1] == whole["steps"])
     resumed = resume_run(out)
     assert resumed["resumed_from_step"] == resumed["steps"] == whole["steps"]
-    _assert_bitwise(resumed.variables, whole.variables)
+    assert_bitwise(resumed.variables, whole.variables)
 
 
 def test_resuming_with_another_schedule_fails_clearly(tmp_path, monkeypatch):
@@ -155,4 +144,4 @@ def test_a_run_stopped_at_its_target_reports_what_the_event_run_reports(tmp_path
     assert event["reached_target"] and event["steps"] < 45
     for key in (*SUMMARY_KEYS, "jobs_started", "virtual_time_to_target", "examples_to_target"):
         assert compiled.get(key) == event.get(key), key
-    _assert_bitwise(compiled.variables, event.variables)
+    assert_bitwise(compiled.variables, event.variables)

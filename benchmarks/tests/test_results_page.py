@@ -382,7 +382,9 @@ def test_the_simulator_speed_tables_judge_every_round_against_the_target(raw_cop
         for c in (130.0, 110.0, 120.0)
     ]
     result = {"batch_size": 256, "runs": runs, "loadavg": {"before": [1.5]}}
-    (folder / "asgd.json").write_text(json.dumps({"args": {"algo": "asgd", "repeats": 3}, "results": [result]}))
+    met = {**result, "batch_size": 32}  # every round at 1.1x or more: the batch-32 target of 1.0x met
+    results = [met, result]
+    (folder / "asgd.json").write_text(json.dumps({"args": {"algo": "asgd", "repeats": 3}, "results": results}))
     older = [{k: v for k, v in run.items() if k != "pipelined"} for run in runs]  # schedule, then numerics
     (folder / "pdasgd.json").write_text(
         json.dumps({"args": {"algo": "pdasgd", "repeats": 3}, "results": [{**result, "runs": older}]})
@@ -399,6 +401,8 @@ def test_the_simulator_speed_tables_judge_every_round_against_the_target(raw_cop
         "| pipelined | >= 1.2x: not settled |"
     )
     assert row in new
+    assert "| asgd | 32 | 0.50x [0.50, 0.50] | 1.40x [1.40, 1.40] | 0.60x [0.60, 0.60] | 1.20x [1.10, 1.30] " in new
+    assert "| pipelined | >= 1.0x: met |" in new
     older = "| pdasgd | 256 | 0.50x [0.50, 0.50] | 1.40x [1.40, 1.40] | 0.60x [0.60, 0.60] | - | compiled+schedule "
     assert older + "| >= 1.2x: missed |" in new
     assert "| 1.10 [0.90, 1.20] | not settled |" in new and "2030-01-01: M jobs/min" in new

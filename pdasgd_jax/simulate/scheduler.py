@@ -154,7 +154,8 @@ class Scheduler:
         self._stopped, self._paused = True, True
 
     def run(self) -> float:
-        """Runs events until none is left (every worker finished or blocked) or ``stop``.
+        """Runs events until none is left (every worker finished or blocked), ``stop`` or
+        ``pause`` (after which the next ``run`` goes on).
 
         Returns the virtual time of the last event.
         """

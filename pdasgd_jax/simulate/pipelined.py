@@ -39,11 +39,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from pdasgd_jax.delays import TimingModel, tree_nbytes
+from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.executor import Event
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.simulate.compiled import DEFAULT_MEMORY_LIMIT_BYTES, CompiledRun, SegmentEnd, Segments, chunk_capacity
-from pdasgd_jax.simulate.compiled_steps import STASHED, Batches, Carry, init_carry, loop_program, ring_at
+from pdasgd_jax.simulate.compiled_steps import STASHED, Batches, Carry, init_carry, loop_program, ring_at, ring_bytes
 from pdasgd_jax.simulate.run_timing import backward_weights
 from pdasgd_jax.simulate.schedule_plan import COMPILED_ALGOS, GradientSteps, Plan, ScheduleRecorder
 from pdasgd_jax.simulate.simulation import num_jobs
@@ -383,9 +383,10 @@ class _Pipeline:
         """The rings' sizes, from the segments recorded so far (``_margin``), and the carry."""
         need, slots = self.steps.needs()
         self.K, self.G = tuple(_margin(n) for n in need), _margin(slots)
-        if _carry_bytes(self.exp.variables.params, self.K, self.G) > self.memory_limit_bytes:
+        sizes = _Sizes(self.K, self.G)
+        if ring_bytes(sizes, self.exp.variables.params) > self.memory_limit_bytes:
             raise ChunkOverflow("the rings of the first chunks' margin exceed the memory limit")
-        self.carry = init_carry(self.exp, _Sizes(self.K, self.G))
+        self.carry = init_carry(self.exp, sizes)
         self.digest.update(repr((self.K, self.G, self.chunk_jobs)).encode())
 
     def _note(self, plan: Plan) -> None:
@@ -462,13 +463,8 @@ class _Pipeline:
         return stop
 
 
-def _carry_bytes(params: Sequence[Any], K: Sequence[int], G: int) -> int:
-    sizes = [tree_nbytes(p) for p in params]
-    return sum((k + 1) * b for k, b in zip(K, sizes)) + (G + 1) * sum(sizes)
-
-
 class _Sizes:
-    """The ring sizes ``init_carry`` reads from a plan."""
+    """The ring sizes ``init_carry`` and ``ring_bytes`` read from a plan."""
 
     def __init__(self, ring_sizes: tuple[int, ...], grad_slots: int):
         self.ring_sizes, self.grad_slots = ring_sizes, grad_slots

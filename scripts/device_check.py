@@ -27,8 +27,9 @@ log's tail, and the next part runs:
   each run to the same number of examples: the runtime's measured seconds (median of the
   repeats, after a compiling run) against the simulator's virtual seconds for the same config
   on this machine's fresh calibration (``--recalibrate``), their ratio, and the mean staleness
-  of both. The simulator's clock has no host time (Python dispatch, thread hand-offs): a ratio
-  below one is what the host adds.
+  of both; predicted twice, on the serial device and on the device's concurrency curve for the
+  job program measured here (as ``--device-concurrency`` states it). The simulator's clock has
+  no host time (Python dispatch, thread hand-offs): a ratio below one is what the host adds.
 * ``concurrency``: the device's concurrency curve, as ``--device-concurrency`` takes it: the
   total throughput of 1, 2 and 3 concurrent calls of the digits MLP's job program
   (``program_timing.measure_concurrency_curve``) at batch 32 and 256.
@@ -227,7 +228,7 @@ def part_prediction(out_dir: str, quick: bool) -> dict[str, Any]:
     from pdasgd_jax.experiment import Experiment
     from pdasgd_jax.metrics import MetricsLog
     from pdasgd_jax.runtime import Runtime, RuntimeSettings
-    from pdasgd_jax.simulate import run_simulated
+    from pdasgd_jax.simulate import run_simulated, run_timing
 
     jobs, repeats = PREDICTION_JOBS[quick], PREDICTION_REPEATS[quick]
     examples = jobs * PREDICTION_BATCH
@@ -237,6 +238,10 @@ def part_prediction(out_dir: str, quick: bool) -> dict[str, Any]:
     )
     epochs = examples / len(base.dataset.train)
     timing = base.calibration(PREDICTION_BATCH).timing  # shared by every run, measured and simulated
+    # The device's own curve for this job program, as --device-concurrency states it: the clock's
+    # second prediction, with the runtime's concurrent workers sharing the device by that curve.
+    curve = run_timing.measured_concurrency(base, PREDICTION_BATCH)
+    stated_curve = ",".join(f"{g:.4f}" for g in curve)
 
     def metrics(exp: Experiment) -> MetricsLog:
         return MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
@@ -268,6 +273,8 @@ def part_prediction(out_dir: str, quick: bool) -> dict[str, Any]:
             runs = [measured(exp) for _ in range(repeats)]
             sim = exp.with_config(simulate=True)
             extra = run_simulated(sim, metrics(sim), timing=timing).extra
+            on_curve = sim.with_config(device_concurrency=stated_curve)
+            extra_curve = run_simulated(on_curve, metrics(on_curve), timing=timing).extra
             seconds = statistics.median(s for s, _ in runs)
             staleness = [st for _, st in runs if st is not None]
             rows.append(
@@ -279,8 +286,11 @@ def part_prediction(out_dir: str, quick: bool) -> dict[str, Any]:
                     "measured_median_s": seconds,
                     "predicted_s": extra["virtual_time"],
                     "predicted_over_measured": extra["virtual_time"] / seconds,
+                    "predicted_on_curve_s": extra_curve["virtual_time"],
+                    "predicted_on_curve_over_measured": extra_curve["virtual_time"] / seconds,
                     "measured_mean_staleness": statistics.median(staleness) if staleness else None,
                     "predicted_mean_staleness": mean_staleness(extra["staleness"]),
+                    "predicted_on_curve_mean_staleness": mean_staleness(extra_curve["staleness"]),
                 }
             )
     return {
@@ -291,6 +301,7 @@ def part_prediction(out_dir: str, quick: bool) -> dict[str, Any]:
         "repeats": repeats,
         "delay_model": "constant, per worker operation",
         "step_compute_s": timing.step_compute_time(),
+        "device_curve": list(curve),
         "cells": rows,
     }
 
@@ -590,7 +601,9 @@ def prediction_section(r: dict[str, Any]) -> list[str]:
         f"{r['model']}, batch {r['batch_size']}, {r['jobs']} jobs ({r['examples']} examples) per run; delays "
         f"{r['delay_model']}, k steps of the calibrated step compute ({fmt(r['step_compute_s'] * 1e3)} ms); "
         f"measured: the runtime's seconds, median of {r['repeats']} run(s) after a compiling one; predicted: "
-        "the simulator's virtual seconds for the same config (no host time on its clock).",
+        "the simulator's virtual seconds for the same config (no host time on its clock), on the serial "
+        "device and on this device's measured curve for the job program "
+        f"(`--device-concurrency {','.join(fmt(g, 3) for g in r.get('device_curve', [1.0]))}`).",
         "",
     ]
     rows = [
@@ -601,11 +614,23 @@ def prediction_section(r: dict[str, Any]) -> list[str]:
             c["measured_median_s"],
             c["predicted_s"],
             f"{c['predicted_over_measured']:.2f}",
+            fmt(c.get("predicted_on_curve_s")),
+            fmt(c.get("predicted_on_curve_over_measured"), 2),
             f"{fmt(c['measured_mean_staleness'], 3)} / {fmt(c['predicted_mean_staleness'], 3)}",
         ]
         for c in r["cells"]
     ]
-    header = ["layout", "k", "delay (ms)", "measured (s)", "predicted (s)", "predicted / measured", "mean staleness"]
+    header = [
+        "layout",
+        "k",
+        "delay (ms)",
+        "measured (s)",
+        "predicted, serial (s)",
+        "serial / measured",
+        "predicted, curve (s)",
+        "curve / measured",
+        "mean staleness",
+    ]
     return lines + table(rows, header)
 
 

@@ -242,6 +242,8 @@ def part_prediction(out_dir: str, quick: bool) -> dict[str, Any]:
     # second prediction, with the runtime's concurrent workers sharing the device by that curve.
     curve = run_timing.measured_concurrency(base, PREDICTION_BATCH)
     stated_curve = ",".join(f"{g:.4f}" for g in curve)
+    started = time.perf_counter()
+    print(f"prediction: calibrated and curve {stated_curve} measured", flush=True)  # the log shows how far it got
 
     def metrics(exp: Experiment) -> MetricsLog:
         return MetricsLog(exp.evaluate, total_examples=exp.total_examples, eval_every=10**9, progress=False)
@@ -277,6 +279,7 @@ def part_prediction(out_dir: str, quick: bool) -> dict[str, Any]:
             extra_curve = run_simulated(on_curve, metrics(on_curve), timing=timing).extra
             seconds = statistics.median(s for s, _ in runs)
             staleness = [st for _, st in runs if st is not None]
+            print(f"prediction: {name} k={k} done at {time.perf_counter() - started:.1f} s", flush=True)
             rows.append(
                 {
                     "layout": name,

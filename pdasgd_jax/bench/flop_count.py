@@ -1,6 +1,6 @@
 """The FLOPs of the jitted programs a run dispatches: each program counts its calls per
 compiled executable (``CountedProgram``), and the FLOPs are XLA's cost analysis of each
-executable (``program_flops``) times its calls. ``count_programs`` wraps every program a
+program as lowered (``program_flops``) times its calls. ``count_programs`` wraps every program a
 ``StageKernels`` holds.
 """
 
@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 
+from pdasgd_jax.delays.flops import lowered_flops
 from pdasgd_jax.kernels import StageKernels
 
 
@@ -85,11 +86,9 @@ class CountedProgram:
 
 
 def program_flops(fn: Any, args: tuple) -> float:
-    """XLA's FLOP count of ``fn``'s program compiled for ``args``."""
-    cost = fn.lower(*args).compile().cost_analysis()
-    if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
-        cost = cost[0]
-    return float(cost["flops"])
+    """XLA's FLOP count of ``fn``'s program lowered for ``args`` (``delays.flops.lowered_flops``:
+    the same count on every backend)."""
+    return lowered_flops(fn.lower(*args))
 
 
 def count_programs(kernels: StageKernels) -> list[CountedProgram]:

@@ -13,9 +13,11 @@ code paths:
 
 **FLOPs** of a run (``flop_count``): a first, untimed run of each layout (same batches)
 counts every jitted program it dispatches per input signature (one compiled executable
-each) and compiles them all; its FLOPs are the sum over programs of XLA's cost analysis
-(``jit(f).lower(*args).compile().cost_analysis()["flops"]``) times the number of times it
-ran. So the work really done is counted: a ``live`` backward's extra stage forward
+each) and compiles them all; its FLOPs are the sum over programs of XLA's cost analysis of
+the program as lowered (``jit(f).lower(*args).cost_analysis()["flops"]``, before a backend
+compiles it, so every backend counts the same program alike: a GPU's compiled program hands its
+convolutions and matrix products to library calls its cost analysis does not count) times the
+number of times it ran. So the work really done is counted: a ``live`` backward's extra stage forward
 included, evaluation excluded (the benchmark's recorder evaluates nothing). On one device
 a layout runs the same programs for every job, so each timed run does the same work; it
 counts its calls of every program (a lock and an add per call; a signature per call would
@@ -286,8 +288,9 @@ def run(out_dir: str, *, quick: bool) -> tuple[dict[str, Any], str]:
     )
     header = (
         f"mfu: ResNet-18 (width {width:g}) on synthetic CIFAR-shaped data, batch {batch_size}, {batches} "
-        f"batches per timed run, one device ({kind}); FLOPs: XLA cost analysis of every program run times its "
-        f"runs; FLOP/s: FLOPs / seconds of each of {repeats} interleaved run(s) after a compiling, counting one; "
+        f"batches per timed run, one device ({kind}); FLOPs: XLA cost analysis of every program run (as "
+        f"lowered) times its runs; FLOP/s: FLOPs / seconds of each of {repeats} interleaved run(s) after a "
+        "compiling, counting one; "
         f"{peak_line}."
     )
     columns = ("algorithm", "GFLOP per run", "seconds (median)", rate_column, "MFU")

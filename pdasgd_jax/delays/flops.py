@@ -1,5 +1,5 @@
 """``from_flops`` and ``stage_forward_flops``: costs from FLOP counts (``pdasgd_jax.calibration``
-measures them instead)."""
+measures them instead); ``lowered_flops``: a program's FLOP count, the same on every backend."""
 
 from __future__ import annotations
 
@@ -41,10 +41,28 @@ def from_flops(
     )
 
 
+def lowered_flops(lowered: Any) -> float:
+    """XLA's FLOP count of a lowered program (``jax.jit(f).lower(*args)``), before a backend
+    compiles it: the count of the program as written, the same on every backend. (A GPU's
+    compiled program hands its convolutions and matrix products to library calls whose FLOPs its
+    cost analysis leaves out.)
+
+    Raises:
+      RuntimeError: the backend's cost analysis reports no FLOP count.
+    """
+    analysis = lowered.cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
+        analysis = analysis[0] if analysis else None
+    if not analysis or analysis.get("flops", -1) < 0:
+        raise RuntimeError(f"XLA's cost analysis on {jax.default_backend()} reports no FLOP count")
+    return float(analysis["flops"])
+
+
 def stage_forward_flops(
     kernels: StageKernels, params: Sequence[PyTree], states: Sequence[PyTree], x: jax.Array
 ) -> tuple[float, ...]:
-    """Per-stage forward FLOPs from XLA's cost analysis of the compiled kernels (no compute).
+    """Per-stage forward FLOPs from XLA's cost analysis of the lowered kernels (``lowered_flops``;
+    no compute).
 
     Raises:
       RuntimeError: the backend's cost analysis reports no FLOP count; measure the kernels
@@ -54,12 +72,11 @@ def stage_forward_flops(
     h = x
     for m in range(kernels.num_stages):
         fn = kernels.forward(m)
-        analysis = jax.jit(fn).lower(params[m], states[m], h).compile().cost_analysis()
-        if not analysis or analysis.get("flops", -1) < 0:
+        try:
+            flops.append(lowered_flops(jax.jit(fn).lower(params[m], states[m], h)))
+        except RuntimeError as e:
             raise RuntimeError(
-                f"XLA's cost analysis on {jax.default_backend()} reports no FLOP count for the "
-                f"forward of stage {m}; measure the kernels with calibration.calibrate instead"
-            )
-        flops.append(float(analysis["flops"]))
+                f"{e} for the forward of stage {m}; measure the kernels with calibration.calibrate instead"
+            ) from None
         h, _ = jax.eval_shape(fn, params[m], states[m], h)
     return tuple(flops)

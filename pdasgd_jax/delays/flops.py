@@ -41,20 +41,35 @@ def from_flops(
     )
 
 
-def lowered_flops(lowered: Any) -> float:
-    """XLA's FLOP count of a lowered program (``jax.jit(f).lower(*args)``), before a backend
-    compiles it: the count of the program as written, the same on every backend. (A GPU's
-    compiled program hands its convolutions and matrix products to library calls whose FLOPs its
-    cost analysis leaves out.)
+def lowered_flops(fn: Any, *args: Any) -> float:
+    """XLA's FLOP count of the jitted ``fn``'s program for ``args`` (arrays, shapes or Python
+    scalars), lowered for the host CPU and counted before any compiling: the count of the program
+    as written, the same whatever device runs it. (A GPU backend's cost analysis reports nothing
+    for a lowered program, and its compiled program hands convolutions and matrix products to
+    library calls whose FLOPs it leaves out.)
+
+    A program tied to other devices (a ``shard_map`` over a mesh of accelerators) is counted on
+    its own devices instead, lowered and else compiled: there the count can leave out library
+    calls.
 
     Raises:
-      RuntimeError: the backend's cost analysis reports no FLOP count.
+      RuntimeError: the cost analysis reports no FLOP count.
     """
-    analysis = lowered.cost_analysis()
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+
+    def on_cpu(x: Any) -> jax.ShapeDtypeStruct:
+        aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
+
+    try:
+        analysis = fn.lower(*jax.tree.map(on_cpu, args)).cost_analysis()
+    except (ValueError, RuntimeError):  # the program's own devices are not the CPU's
+        lowered = fn.lower(*args)
+        analysis = lowered.cost_analysis() or lowered.compile().cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
         analysis = analysis[0] if analysis else None
     if not analysis or analysis.get("flops", -1) < 0:
-        raise RuntimeError(f"XLA's cost analysis on {jax.default_backend()} reports no FLOP count")
+        raise RuntimeError("XLA's cost analysis on the CPU reports no FLOP count")
     return float(analysis["flops"])
 
 
@@ -73,7 +88,7 @@ def stage_forward_flops(
     for m in range(kernels.num_stages):
         fn = kernels.forward(m)
         try:
-            flops.append(lowered_flops(jax.jit(fn).lower(params[m], states[m], h)))
+            flops.append(lowered_flops(jax.jit(fn), params[m], states[m], h))
         except RuntimeError as e:
             raise RuntimeError(
                 f"{e} for the forward of stage {m}; measure the kernels with calibration.calibrate instead"

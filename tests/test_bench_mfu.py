@@ -88,3 +88,6 @@ def test_mfu_quick_counts_flops_of_every_algorithm(tmp_path):
     assert runs["pdasgd F:B=1:1 live"]["flops"] > runs["pdasgd F:B=1:1 stashed"]["flops"]
     # F:B changes who runs the programs, not which: the same FLOPs.
     assert runs["pdasgd F:B=1:2 stashed"]["flops"] == runs["pdasgd F:B=1:1 stashed"]["flops"]
+    # On one device the data parallel step is the whole-model step (its all-reduce over one
+    # device adds next to nothing), counted through its CPU twin.
+    assert runs["sync"]["flops"] == pytest.approx(runs["sgd"]["flops"], rel=0.01)

@@ -83,8 +83,18 @@ def test_quick_check_writes_every_part_and_a_summary_of_it(tmp_path):
         assert c["measured_median_s"] > 0 and c["predicted_s"] > 0
         assert c["predicted_over_measured"] == pytest.approx(c["predicted_s"] / c["measured_median_s"])
         assert c["delay_per_operation_s"] == pytest.approx(c["k"] * prediction["step_compute_s"])
+        assert c["predicted_on_curve_over_measured"] == pytest.approx(
+            c["predicted_on_curve_s"] / c["measured_median_s"]
+        )
         row = f"| {c['layout']} | {c['k']} | {dc.fmt(c['delay_per_operation_s'] * 1e3)} | "
         assert row + f"{dc.fmt(c['measured_median_s'])} | {dc.fmt(c['predicted_s'])} | " in md
+    device_curve = prediction["device_curve"]
+    assert len(device_curve) == 3 and device_curve[0] == 1.0
+    # One worker per stage at a time: F = 1, B = 1 runs no two programs at once, so the curve
+    # cannot change its prediction.
+    for c in cells:
+        if c["layout"] == "pdasgd F=1 B=1 Q=1":
+            assert c["predicted_on_curve_s"] == pytest.approx(c["predicted_s"])
     curves = parts["concurrency"]["result"]["curves"]
     assert set(curves) == {str(bs) for bs in dc.CONCURRENCY_BATCHES}
     for bs, curve in curves.items():
@@ -142,3 +152,29 @@ def test_multi_device_tests_run_only_on_eight_devices():
         path, _, name = test_id.partition("::")
         assert (REPO / path).exists(), test_id
         assert not name or f"def {name}(" in (REPO / path).read_text(), test_id
+
+
+def test_a_rerun_part_replaces_its_record_and_keeps_the_earlier_one_beside_it():
+    dc = _script()
+    failed = {"status": "timeout", "seconds": 60.4, "budget_s": 60, "error": "stopped after 60 s"}
+    report = {
+        "quick": False,
+        "started_utc": "2026-01-01T00:00:00+00:00",
+        "budget_s": dc.TOTAL_BUDGET_S,
+        "wall_s": 100.0,
+        "machine": None,
+        "parts": {"prediction": dict(failed), "concurrency": {"status": "ok", "seconds": 1.0, "budget_s": 30}},
+    }
+    again = {"status": "ok", "seconds": 50.0, "log": "rerun-010203/logs/prediction.log"}
+    dc.merge_rerun(report, "prediction", again, "2026-01-01T01:02:03+00:00")
+    part = report["parts"]["prediction"]
+    assert part["status"] == "ok" and part["budget_s"] == dc.PARTS["prediction"][0]
+    assert part["earlier"] == {k: failed[k] for k in ("status", "seconds", "error")}
+    assert report["reruns"] == [{"part": "prediction", "utc": "2026-01-01T01:02:03+00:00"}]
+    assert list(report["parts"]) == ["prediction", "concurrency"]  # the parts keep their order
+    md = dc.markdown(report)
+    assert "| simulator's prediction of the runtime | ok | 50.0 |" in md
+    assert (
+        "Run again on its own at 2026-01-01T01:02:03+00:00 (`--rerun prediction`); the check's own run of it: "
+        "timeout in 60.4 s." in md
+    )

@@ -46,9 +46,12 @@ class CountedProgram:
     Thread-safe: the runtime's workers call the same kernels concurrently.
     """
 
-    def __init__(self, name: str, fn: Any):
+    def __init__(self, name: str, fn: Any, *, counted_as: Any = None):
+        """``counted_as``: the same program for the host CPU, whose FLOPs are counted in place of
+        ``fn``'s where ``fn`` is tied to other devices (a ``shard_map`` over an accelerator mesh)."""
         self.name = name
         self.fn = fn
+        self.counted_as = counted_as if counted_as is not None else fn
         self.signatures = False
         self._lock = threading.Lock()
         self.calls = 0
@@ -80,7 +83,7 @@ class CountedProgram:
         total = 0.0
         for key, n in list(self._signature_calls.items()):
             if key not in self._flops:
-                self._flops[key] = program_flops(self.fn, self._args[key])
+                self._flops[key] = program_flops(self.counted_as, self._args[key])
             total += n * self._flops[key]
         return total
 

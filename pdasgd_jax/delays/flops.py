@@ -48,12 +48,13 @@ def lowered_flops(fn: Any, *args: Any) -> float:
     for a lowered program, and its compiled program hands convolutions and matrix products to
     library calls whose FLOPs it leaves out.)
 
-    A program tied to other devices (a ``shard_map`` over a mesh of accelerators) is counted on
-    its own devices instead, lowered and else compiled: there the count can leave out library
-    calls.
+    A program tied to other devices (a ``shard_map`` over a mesh of accelerators) cannot be
+    lowered for the CPU: count its twin over a CPU mesh instead (``bench.flop_count.CountedProgram``'s
+    ``counted_as``).
 
     Raises:
       RuntimeError: the cost analysis reports no FLOP count.
+      ValueError: ``fn`` is tied to devices other than the CPU.
     """
     sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
 
@@ -61,11 +62,7 @@ def lowered_flops(fn: Any, *args: Any) -> float:
         aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
 
-    try:
-        analysis = fn.lower(*jax.tree.map(on_cpu, args)).cost_analysis()
-    except (ValueError, RuntimeError):  # the program's own devices are not the CPU's
-        lowered = fn.lower(*args)
-        analysis = lowered.cost_analysis() or lowered.compile().cost_analysis()
+    analysis = fn.lower(*jax.tree.map(on_cpu, args)).cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
         analysis = analysis[0] if analysis else None
     if not analysis or analysis.get("flops", -1) < 0:

@@ -225,6 +225,9 @@ def test_the_quick_study_writes_its_json_jsonl_and_markdown(monkeypatch, tmp_pat
 
 
 def test_committed_inputs_are_required_checked_and_never_remade(monkeypatch, tmp_path, capsys):
+    # The committed calibration (measured at the pre-registered batch) passes the check that
+    # every run makes of it.
+    assert inputs.committed_timing() == inputs.TIMING
     monkeypatch.setattr(inputs, "TIMING", str(tmp_path / "timing.json"))
     with pytest.raises(ConfigError, match="--calibrate"):
         inputs.committed_timing()

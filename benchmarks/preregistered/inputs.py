@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from benchmarks import delays
+from benchmarks.concurrency_map.curves import curve_spec
 from benchmarks.preregistered import settings
 from pdasgd_jax import calibration as calibration_lib
 from pdasgd_jax.bench.provenance import git_commit, load_average, machine
@@ -161,4 +162,5 @@ def measured_curve(path: str | None = None) -> tuple[tuple[float, ...], dict[str
         valid = False
     if not valid:
         raise ConfigError(f"{path}: curve {raw!r} is not (1, g2, g3) with g_n in (0, n]")
-    return curve, record
+    # As the clock takes it (``--device-concurrency``, six significant digits): the curve the runs use.
+    return device_concurrency_curve(curve_spec(curve)), record

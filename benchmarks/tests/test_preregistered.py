@@ -256,6 +256,12 @@ def test_committed_inputs_are_required_checked_and_never_remade(monkeypatch, tmp
         else:
             with pytest.raises(ConfigError, match=message):
                 inputs.measured_curve(str(path))
+    # A measured curve's full floats come back as the clock takes them, which every row accepts.
+    path.write_text(json.dumps(good | {"curve": [1.0, 0.8615849851167092, 0.9445424579859505]}))
+    measured = inputs.measured_curve(str(path))[0]
+    assert measured == (1.0, 0.861585, 0.944542)
+    protocol = settings.row_protocol(settings.setting(quick=True, timing=None).protocol, settings.CELLS[0], measured)
+    assert {o["device_concurrency"] for o in protocol.algorithms.values()} == {"1,0.861585,0.944542"}
     with pytest.raises(RuntimeError, match="accelerator"):
         inputs.measure_curve(str(tmp_path / "new.json"))
     assert cells.curves(None)[0]["kind"] == "serial"

@@ -228,6 +228,8 @@ def test_committed_inputs_are_required_checked_and_never_remade(monkeypatch, tmp
     # The committed calibration (measured at the pre-registered batch) passes the check that
     # every run makes of it.
     assert inputs.committed_timing() == inputs.TIMING
+    full = settings.setting(quick=False, timing=inputs.TIMING).protocol  # and so does every run's experiment
+    delays._base_experiment(settings.SEEDS[0], delays.LRS[settings.PDASGD][0], full.base)
     monkeypatch.setattr(inputs, "TIMING", str(tmp_path / "timing.json"))
     with pytest.raises(ConfigError, match="--calibrate"):
         inputs.committed_timing()

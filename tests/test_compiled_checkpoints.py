@@ -98,7 +98,10 @@ def test_a_compiled_run_resumed_compiled_is_bitwise_the_uninterrupted_event_run(
     if extra.get("checkpoint_every"):  # the checkpoints the event path writes, between evaluations too
         assert [s for s, _, _ in saved] == [2, 4][:kill_at]
     resumed = resume_run(out)
-    assert resumed["numerics"] == {"path": "compiled", "checkpoints": "compiled", "resumed_from": saved[-1][0]}
+    numerics = {"path": "compiled", "checkpoints": "compiled", "resumed_from": saved[-1][0]}
+    live = extra.get("backward_weights") == "live"  # live weights are planned whole, stashed ones pipelined
+    plan = compiled_run.WHOLE_PLAN if live else compiled_run.PIPELINED_PLAN
+    assert resumed["numerics"] == numerics | {"plan": plan}
     assert resumed["resumed_from_step"] == saved[-1][0] < resumed["steps"]
     assert_bitwise(resumed.variables, event.variables)
     assert file_rows(out) == file_rows(tmp_path / "event")

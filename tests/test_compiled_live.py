@@ -14,6 +14,7 @@ from pdasgd_jax import Config, data, train_and_evaluate
 from pdasgd_jax.delays import CommModel
 from pdasgd_jax.executor import EventKind
 from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.simulate import compiled_run
 from pdasgd_jax.simulate.compiled import make_plan, run_compiled
 from pdasgd_jax.simulate.compiled_run import simulate_compiled
 from pdasgd_jax.simulate.live_plan import LivePlan
@@ -113,6 +114,7 @@ def test_train_with_live_weights_runs_compiled(tmp_path):
 
     event, compiled = run("event"), run("compiled", numerics="compiled")
     assert compiled["numerics"]["path"] == "compiled"
+    assert compiled["numerics"]["plan"] == compiled_run.WHOLE_PLAN  # live weights are not pipelined
     rows = [(tmp_path / n / "metrics.jsonl").read_text().splitlines() for n in ("event", "compiled")]
     strip = lambda line: {k: v for k, v in json.loads(line).items() if k != "wall_time"}
     assert [strip(r) for r in rows[0]] == [strip(r) for r in rows[1]]

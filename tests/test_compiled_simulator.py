@@ -16,7 +16,7 @@ from pdasgd_jax.delays import CommModel, TimingModel
 from pdasgd_jax.executor import EventKind, EventLog
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.metrics import MetricsLog
-from pdasgd_jax.simulate import run_simulated
+from pdasgd_jax.simulate import compiled_run, run_simulated
 from pdasgd_jax.simulate.compiled import RingBudgetError, run_compiled
 from pdasgd_jax.simulate.compiled_run import simulate_compiled
 from pdasgd_jax.simulate.live_plan import plan_live_steps
@@ -202,7 +202,8 @@ def test_train_simulate_with_compiled_numerics_is_the_event_run(tmp_path):
     event-by-event run, and the summary says which path ran."""
     event = _summary_run(tmp_path, "event")
     compiled = _summary_run(tmp_path, "compiled", numerics="compiled")
-    assert compiled["numerics"] == {"path": "compiled", "checkpoints": "compiled"} and "numerics" not in event
+    assert compiled["numerics"] == {"path": "compiled", "checkpoints": "compiled", "plan": compiled_run.PIPELINED_PLAN}
+    assert "numerics" not in event
     rows = [(tmp_path / n / "metrics.jsonl").read_text().splitlines() for n in ("event", "compiled")]
     strip = lambda line: {k: v for k, v in json.loads(line).items() if k not in ("wall_time",)}
     assert [strip(r) for r in rows[0]] == [strip(r) for r in rows[1]]

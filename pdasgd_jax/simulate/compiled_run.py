@@ -42,6 +42,11 @@ from pdasgd_jax.simulate.step_plan import Schedule
 
 # The checkpoint metadata's mark of a compiled checkpoint.
 NUMERICS_KEY, COMPILED = "numerics", "compiled"
+# How a shared-store run was planned (``RunResult.extra[PLAN_EXTRA]``, the summary's ``numerics.plan``).
+PLAN_EXTRA = "compiled_plan"
+PIPELINED_PLAN = "pipelined: the schedule recorded a chunk at a time while the numerics ran"
+WHOLE_PLAN = "whole: the schedule recorded first, then the numerics"
+WHOLE_AFTER_PIPELINED = "whole: a pipelined chunk did not fit the rings, so the run was planned whole from the start"
 EARLY_LOSSES_KEY = "early_losses"
 
 
@@ -175,11 +180,15 @@ def simulate_compiled(
     drain_at = evaluations if drain_at_evaluations else ()
     resumes = is_compiled_checkpoint(checkpointer)
     if schedule is None and pipelined.covers(exp) and (not resumes or _is_pipelined(checkpointer)):
-        run, schedule = _run_pipelined(exp, metrics, timing, evaluations, drain_at, checkpointer, memory_limit_bytes)
+        run, schedule, fell_back = _run_pipelined(
+            exp, metrics, timing, evaluations, drain_at, checkpointer, memory_limit_bytes
+        )
+        plan = WHOLE_AFTER_PIPELINED if fell_back else PIPELINED_PLAN
     else:
         if schedule is None:
             schedule = record_schedule(exp, timing, drain_at=drain_at, stops_at=evaluations)
         run = _run(_segments(exp, schedule, evaluations, checkpointer, memory_limit_bytes), metrics, checkpointer)
+        plan = WHOLE_PLAN
     now = float(schedule.done_times[run.done - 1]) if run.done else 0.0
     examples = _evaluate_end(metrics, run, exp.config.batch_size, now)
     staleness, utilisation, started = schedule.staleness, schedule.utilisation, schedule.started
@@ -189,7 +198,7 @@ def simulate_compiled(
             if e.kind == EventKind.UPDATE:
                 staleness.add(e.stage, e.staleness)
         utilisation, started = schedule.stops.get(run.done, (utilisation, started))
-    result = RunResult(run.params, run.states, run.done, examples, {"jobs_started": started})
+    result = RunResult(run.params, run.states, run.done, examples, {"jobs_started": started, PLAN_EXTRA: plan})
     return result, now, utilisation, staleness
 
 
@@ -351,16 +360,16 @@ def _run_pipelined(
     drain_at: Sequence[int],
     checkpointer: RunCheckpointer | None,
     memory_limit_bytes: int,
-) -> tuple[CompiledRun, Schedule]:
+) -> tuple[CompiledRun, Schedule, bool]:
     """``pipelined.run_pipelined`` of ``exp`` with ``simulate_compiled``'s reports and
     checkpoints, resumed from ``checkpointer``'s newest checkpoint where it holds one (a
-    pipelined one)."""
+    pipelined one); and whether a chunk that did not fit the rings made it run the whole plan."""
     batch = exp.config.batch_size
     every = checkpointer.every if checkpointer is not None else 0
     checkpoints = checkpoint_jobs(every, batch, num_jobs(exp.total_examples, batch))
     whole: list[Segments] = []  # the whole plan's, where a chunk did not fit the rings
     resume = _pipelined_resume(checkpointer, metrics) if is_compiled_checkpoint(checkpointer) else None
-    return pipelined.run_pipelined(
+    run, schedule = pipelined.run_pipelined(
         exp,
         timing,
         cuts=sorted(set(evaluations) | set(checkpoints)),
@@ -370,6 +379,7 @@ def _run_pipelined(
         on_whole_plan=whole.append,
         memory_limit_bytes=memory_limit_bytes,
     )
+    return run, schedule, bool(whole)
 
 
 def _is_pipelined(checkpointer: RunCheckpointer) -> bool:

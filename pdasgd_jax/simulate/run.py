@@ -238,6 +238,9 @@ def _on_compiled_path(
         try:
             run = simulate()
             summary = {"path": "compiled", "checkpoints": "compiled" if checkpointer is not None else "none"}
+            plan = run[0].extra.pop(compiled_run.PLAN_EXTRA, None)
+            if plan is not None:
+                summary["plan"] = plan
             if resumes_compiled:
                 summary["resumed_from"] = metrics.resumed_from_step
             return run, summary

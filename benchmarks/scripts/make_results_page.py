@@ -284,9 +284,17 @@ def _main_page(root: pathlib.Path, sources: Sources, grids: list[results_cells.G
             "No raw file.",
         )
     )
-    accelerator = results_runtime.device_check_table(root, sources)
+    accelerator = results_runtime.device_check_table(root, sources, ("mfu",))
     if accelerator:
-        parts.append(_section(ACCELERATOR, f"{DEVICE_CHECK}.", accelerator, ""))
+        intro = f"{DEVICE_CHECK}; its other parts: "
+        parts.append(
+            _section(
+                ACCELERATOR,
+                intro + f"{detail_link('runtime.md#accelerator-device-checks', f'{DETAILS}/runtime.md')}.",
+                accelerator,
+                "",
+            )
+        )
     missing = results_runtime.missing_names(root)
     parts.append(
         _section(
@@ -356,7 +364,9 @@ def render_pages(root: pathlib.Path = REPO) -> dict[str, str]:
         "(those fitting a host model).\n\n"
         + (results_runtime.runtime_table(root, sources) or "No raw file.")
         + "\n\n"
-        + (runs or "No raw file."),
+        + (runs or "No raw file.")
+        + "\n\n## Accelerator device checks\n\n"
+        + (results_runtime.device_check_table(root, sources) or "None yet."),
         "fleets.md": (fleets_report.detail_page(root) if fleets_report is not None else None)
         or "No raw file covers a fleet size yet (`python -m benchmarks fleets` writes one).",
         "sources.md": "Each key's raw file, the command that wrote it and the commit the raw file records.\n\n"

@@ -226,38 +226,63 @@ def _keys(keys: list[str]) -> str:
     return ", ".join(f"S{r[0]}-S{r[-1]}" if len(r) >= 3 else ", ".join(f"S{n}" for n in r) for r in runs)
 
 
-def device_check_table(root: pathlib.Path, sources: Sources) -> str:
-    """Each accelerator check's parts and its MFU per algorithm; empty when none was run."""
+def device_check_table(root: pathlib.Path, sources: Sources, figures: tuple[str, ...] | None = None) -> str:
+    """Each accelerator check's parts and a row per part (MFU per algorithm, runtime throughput,
+    the clock's prediction, concurrency curves), or only the rows of ``figures``; empty when none
+    was run."""
+    shown = tuple(_DEVICE_FIGURES) if figures is None else figures
     rows = []
     for raw in sorted((root / DEVICE_CHECK).glob("*/device_check.json")):
         data = json.loads(raw.read_text())
         machine = data.get("machine") or {}
         src = sources.cite(raw, f"python scripts/device_check.py --out {sources.rel(raw.parent)}")
-        device = f"{machine.get('device_count')} x {machine.get('device_kind')}"
+        check = {"check": raw.parent.name, "device": f"{machine.get('device_count')} x {machine.get('device_kind')}"}
         parts = data.get("parts", {})
-        rows.append(
-            {
-                "check": sources.rel(raw.parent),
-                "device": device,
-                "figure": "parts: " + ", ".join(f"{n} {p.get('status')}" for n, p in parts.items()),
-                "interval": "-",
-                "source": src,
-            }
-        )
-        mfu = (parts.get("mfu") or {}).get("result") or {}
-        for name, a in mfu.get("algorithms", {}).items():
-            value = a.get("mfu")
-            rows.append(
-                {
-                    "check": sources.rel(raw.parent),
-                    "device": device,
-                    "figure": f"{name}: MFU {value:.1%}" if value is not None else f"{name}: no datasheet peak",
-                    "interval": f"median of {mfu.get('repeats')} repeats (no interval: per-repeat values in "
-                    "mfu/mfu.json)",
-                    "source": src,
-                }
-            )
+        status = [("parts: " + ", ".join(f"{n} {p.get('status')}" for n, p in parts.items()), "-")]
+        rows_of = status if figures is None else []
+        rows_of += [
+            _DEVICE_FIGURES[name](part["result"])
+            for name, part in parts.items()
+            if part.get("result") and name in shown
+        ]
+        rows += [{**check, "figure": f, "interval": i, "source": src} for f, i in rows_of]
     return table(rows) if rows else ""
+
+
+def _mfu_figure(r: dict[str, Any]) -> tuple[str, str]:
+    algorithms = sorted(r.get("algorithms", {}).items(), key=lambda a: -(a[1].get("mfu") or 0))
+    shares = [f"{n} {a['mfu']:.1%}" if a.get("mfu") is not None else f"{n} no datasheet peak" for n, a in algorithms]
+    return "MFU (ResNet-18, CIFAR-shaped): " + ", ".join(shares), f"median of {r.get('repeats')} repeats"
+
+
+def _throughput_figure(r: dict[str, Any]) -> tuple[str, str]:
+    per_batch = [
+        f"batch {bs}: " + ", ".join(f"{n} {s['vs_fused']:.2f}x" for n, s in b["examples_per_s"].items() if n != "fused")
+        for bs, b in r.get("batch_sizes", {}).items()
+    ]
+    return "runtime / fused SGD loop, digits MLP: " + "; ".join(per_batch), f"median of {r.get('repeats')} rounds"
+
+
+def _prediction_figure(r: dict[str, Any]) -> tuple[str, str]:
+    cells = [
+        f"{c['layout'].removeprefix('pdasgd ')} k={c['k']} {c['predicted_over_measured']:.2f}"
+        + (f" (curve {c['predicted_on_curve_over_measured']:.2f})" if "predicted_on_curve_over_measured" in c else "")
+        for c in r.get("cells", [])
+    ]
+    return "clock / runtime seconds, digits MLP: " + ", ".join(cells), f"median of {r.get('repeats')} runs"
+
+
+def _concurrency_figure(r: dict[str, Any]) -> tuple[str, str]:
+    curves = ", ".join(f"batch {bs} ({', '.join(f'{g:.2f}' for g in c)})" for bs, c in r.get("curves", {}).items())
+    return f"concurrency curve, digits job program: {curves}", f"medians of {r.get('repeats')}"
+
+
+_DEVICE_FIGURES = {
+    "mfu": _mfu_figure,
+    "throughput": _throughput_figure,
+    "prediction": _prediction_figure,
+    "concurrency": _concurrency_figure,
+}
 
 
 def has_raw(root: pathlib.Path, name: str) -> bool:

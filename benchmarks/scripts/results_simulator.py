@@ -199,7 +199,8 @@ def planner_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str
     """Overhead rows of the results page: per algorithm, the spread of the planner's median jobs
     per minute over the fleet sizes of the current file (the last in path order that is not a
     "before" one; raw folders are named by date first) and where they meet the target, every
-    file cited; then one row each for the before/after comparison and the whole-process scale run."""
+    file cited (the before/after comparisons of its speed-ups too); then a row for the whole-process
+    scale run."""
     _, _, points = _planner(root, sources)
     current = next((label for label in reversed(points) if not label.endswith(" before")), "")
     rows = []
@@ -219,11 +220,18 @@ def planner_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str
                 "source": ", ".join(dict.fromkeys(keys)),
             }
         )
+    # The before/after comparisons of the planner's speed-ups are on the detail page
+    # (``_interleaved``); here the planner's rows cite them.
+    compared = []
     for raw in sorted((root / SCHEDULE_SPEED_DIR).glob("*/*.json")):
-        for parse in (_interleaved_data, _whole_process_data):
-            found = parse(raw, sources)
-            if found:
-                rows.append(found[1])
+        if found := _interleaved_data(raw, sources):
+            compared.append(found[2])
+        elif found := _whole_process_data(raw, sources):
+            rows.append(found[1])
+    if compared:
+        for row in rows:
+            if row["overhead"].startswith("schedule planner,"):
+                row["source"] += f" (before/after: {', '.join(compared)})"
     return rows
 
 

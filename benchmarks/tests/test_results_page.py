@@ -142,8 +142,10 @@ def test_editing_one_raw_time_changes_the_speedups(raw_copy, page):
     assert any(row.startswith("| 5.95x over synchronous SGD | delays | plain sync |") for row in changed)
 
 
-def test_an_accelerator_check_and_a_sim_speed_file_get_their_rows(raw_copy, page):
-    assert "No accelerator run yet" in page
+def test_an_accelerator_check_and_a_sim_speed_file_get_their_rows(raw_copy):
+    for earlier in (raw_copy / "bench_results" / "device_check").glob("*/device_check.json"):
+        earlier.unlink()
+    assert "No accelerator run yet" in make_results_page.render(raw_copy)
     check = raw_copy / "bench_results" / "device_check" / "2030-01-01-0000-h200"
     check.mkdir(parents=True)
     mfu = {"repeats": 3, "algorithms": {"sgd": {"mfu": 0.41}, "pdasgd": {"mfu": None}}}
@@ -162,7 +164,7 @@ def test_an_accelerator_check_and_a_sim_speed_file_get_their_rows(raw_copy, page
     pages = make_results_page.render_pages(raw_copy)
     new = pages[make_results_page.PAGE]
     assert "No accelerator run yet" not in new
-    assert "| 1 x NVIDIA H200 | sgd: MFU 41.0% |" in new and "pdasgd: no datasheet peak" in new
+    assert "| 1 x NVIDIA H200 | MFU (ResNet-18, CIFAR-shaped): sgd 41.0%, pdasgd no datasheet peak |" in new
     assert "| 32 | fastpath | 300 [250, 320] | 100 [90, 110] | 3.00x | faster |" in _detail(pages, "overheads.md")
     assert "| simulator fastpath / SGD loop, batch 32 (`bench sim-speed`) | 3.00x (raw field;" in new
     assert "sim-speed" not in new.split("## Not on this page")[1].split("## Sources")[0]
@@ -429,6 +431,11 @@ def test_the_page_makes_room_the_staleness_tables_and_the_accelerator_on_their_o
     detail = _detail(pages, "staleness.md")
     assert "## layer-wise against block updates" in detail and "| pdasgd / pdasgd-block |" in detail
     assert "sync-backup-w" not in page.split("- **Intervals**")[1] and "▼ b=W/2" in page
-    assert "## Accelerator" not in page and "No accelerator run yet" in _section(
-        page, "Not on this page: no raw file yet"
-    )
+    # The accelerator's MFU on the page, its other parts on the runtime page.
+    accelerator = _section(page, "Accelerator: MFU and device check")
+    assert "| 2026-11-30-0036-h200 | 1 x NVIDIA H200 | MFU (ResNet-18, CIFAR-shaped): " in accelerator
+    assert "runtime / fused SGD loop" not in accelerator and "docs/results/runtime.md" in accelerator
+    runtime = _detail(pages, "runtime.md").split("## Accelerator device checks")[1]
+    for figure in ("parts: machine ok", "MFU (", "runtime / fused SGD loop", "clock / runtime seconds", "concurrency"):
+        assert f"| 2026-11-30-0036-h200 | 1 x NVIDIA H200 | {figure}" in runtime, figure
+    assert "No accelerator run yet" not in page

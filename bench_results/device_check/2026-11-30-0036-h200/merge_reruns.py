@@ -25,31 +25,35 @@ tests = dc.tests_record(
     dc.PARTS["tests"][0],
 )
 tests["note"] = (
-    "Run by hand with the eight-device tests not deselected: the one of them that failed on this one "
+    "Run by hand at commit 7a5faeb with the eight-device tests not deselected: the one of them that failed on this one "
     "device (`test_delayed_averaging_under_shard_map_equals_vmap`) is left out here, as the check leaves it out."
 )
 tests["rerun_how"] = "by hand"
 dc.merge_rerun(report, "tests", tests, "2026-11-30T00:44:00+00:00")
-prediction = {
-    "status": "ok",
-    "seconds": None,
-    "log": "rerun-0044/logs/prediction.log",
-    "result": json.loads((HERE / "rerun-0044/logs/prediction.json").read_text()),
-    "note": "Run by hand as `--part prediction` under a 215 s limit (its seconds not recorded); the check's "
-    "60 s limit was too short on this machine (now 140 s).",
-}
+
+
+def by_hand(part: str, folder: str, note: str) -> dict:
+    """The record of ``part`` run by hand as ``--part`` into ``folder`` (its seconds not recorded)."""
+    result = json.loads((HERE / folder / "logs" / f"{part}.json").read_text())
+    return {"status": "ok", "seconds": None, "log": f"{folder}/logs/{part}.log", "result": result, "note": note}
+
+
+prediction = by_hand(
+    "prediction",
+    "rerun-0044",
+    "Run by hand as `--part prediction` at commit 7a5faeb under a 215 s limit; the check's 60 s limit was too "
+    "short on this machine (now 140 s).",
+)
 prediction["rerun_how"] = "by hand"
 dc.merge_rerun(report, "prediction", prediction, "2026-11-30T00:46:00+00:00")
-mfu = {
-    "status": "ok",
-    "seconds": None,
-    "log": "rerun-0049/logs/mfu.log",
-    "result": json.loads((HERE / "rerun-0049/logs/mfu.json").read_text()),
-    "note": "Run by hand as `--part mfu` at commit ccb3329, FLOPs counted on the programs lowered for the CPU: "
+mfu = by_hand(
+    "mfu",
+    "rerun-0049",
+    "Run by hand as `--part mfu` at commit ccb3329, FLOPs counted on the programs lowered for the CPU: "
     "the check's own run counted the GPU's compiled programs, whose cuDNN and cuBLAS calls XLA's cost analysis "
     "leaves out (1.8 of about 370 GFLOP per batch). The sync row's program is a shard_map over the GPU's mesh, "
     "still counted on the GPU's compiled program: its FLOPs (and MFU) are undercounted.",
-}
+)
 mfu["result"]["files"] = ["rerun-0049/mfu/mfu.json", "rerun-0049/mfu/mfu.md"]
 # The sync row's FLOPs counted again here, on this machine's CPU, through the sync step's CPU twin
 # (CountedProgram.counted_as, as bench mfu now counts it): one counting step of the same model and

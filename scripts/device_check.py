@@ -494,9 +494,12 @@ def run_check(out_dir: pathlib.Path, quick: bool, total_budget_s: float = TOTAL_
     start = time.monotonic()
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     out_dir.mkdir(parents=True, exist_ok=True)
+    from pdasgd_jax.bench.provenance import git_commit  # no JAX: the parent leaves the device free
+
     report: dict[str, Any] = {
         "check": "device_check",
         "quick": quick,
+        "commit": git_commit(str(REPO)),
         "started_utc": started,
         "budget_s": total_budget_s,
         "parts": {},
@@ -567,6 +570,11 @@ def fmt(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
 
 
+def status_text(part: dict[str, Any]) -> str:
+    """A part's status, marked where it was run again after the check (``--rerun``)."""
+    return f"{part['status']} (rerun)" if "rerun_utc" in part else part["status"]
+
+
 def fmt_seconds(x: float | None) -> str:
     """Seconds to a tenth; ``-`` where not measured."""
     return "-" if x is None else f"{x:.1f}"
@@ -588,17 +596,18 @@ def markdown(report: dict[str, Any]) -> str:
         f"{'Quick run' if report['quick'] else 'Run'} started {report['started_utc']}, {report['wall_s']:.0f} s of "
         f"the {report['budget_s']} s allowed. JAX {v.get('jax', '?')} (jaxlib {v.get('jaxlib', '?')}), Flax "
         f"{v.get('flax', '?')}, optax {v.get('optax', '?')}, Python {v.get('python', '?')}, pdasgd_jax "
-        f"{v.get('pdasgd_jax', '?')}; host {m.get('host', {}).get('cpus', '?')} CPUs. Generated from "
-        "device_check.json.",
+        f"{v.get('pdasgd_jax', '?')}; host {m.get('host', {}).get('cpus', '?')} CPUs."
+        + (f" Commit {report['commit']}." if report.get("commit") else "")
+        + " Generated from device_check.json.",
         "",
     ]
     parts = report["parts"]
     lines += table(
-        [[PART_TITLES[n], p["status"], fmt_seconds(p["seconds"]), p["budget_s"]] for n, p in parts.items()],
+        [[PART_TITLES[n], status_text(p), fmt_seconds(p["seconds"]), p["budget_s"]] for n, p in parts.items()],
         ["part", "status", "seconds", "limit (s)"],
     )
     for name, part in parts.items():
-        lines += ["", f"## {PART_TITLES[name]}: {part['status']}", ""]
+        lines += ["", f"## {PART_TITLES[name]}: {status_text(part)}", ""]
         if "rerun_utc" in part:
             before = part["earlier"]
             lines += [
@@ -709,8 +718,9 @@ def concurrency_section(r: dict[str, Any]) -> list[str]:
         "row as `--device-concurrency g1,g2,g3`.",
         "",
     ]
-    rows = [[bs, *(f"{g:.2f}" for g in curve)] for bs, curve in r["curves"].items()]
-    return lines + table(rows, ["batch", *(f"g{n}" for n in range(1, CONCURRENCY_PROGRAMS + 1))])
+    measured = [("this check", r["curves"])] + [(m["when"], m["curves"]) for m in r.get("measured_again", [])]
+    rows = [[bs, when, *(f"{g:.2f}" for g in curve)] for when, curves in measured for bs, curve in curves.items()]
+    return lines + table(rows, ["batch", "measured", *(f"g{n}" for n in range(1, CONCURRENCY_PROGRAMS + 1))])
 
 
 def machine_section(r: dict[str, Any]) -> list[str]:

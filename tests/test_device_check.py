@@ -48,6 +48,7 @@ def test_quick_check_writes_every_part_and_a_summary_of_it(tmp_path):
         assert f"## {dc.PART_TITLES[name]}: ok" in md
     assert report["quick"] and report["wall_s"] <= report["budget_s"]
     assert md == dc.markdown(report)
+    assert report["commit"] and f"Commit {report['commit']}." in md
 
     machine = report["machine"]
     assert (machine["platform"], machine["device_count"]) == ("cpu", 8)
@@ -100,7 +101,7 @@ def test_quick_check_writes_every_part_and_a_summary_of_it(tmp_path):
     for bs, curve in curves.items():
         assert len(curve) == dc.CONCURRENCY_PROGRAMS and curve[0] == 1.0
         assert all(0 < g <= n for n, g in enumerate(curve, 1))
-        assert f"| {bs} | 1.00 | {curve[1]:.2f} | {curve[2]:.2f} |" in md
+        assert f"| {bs} | this check | 1.00 | {curve[1]:.2f} | {curve[2]:.2f} |" in md
     # Delays of 10 steps dominate a run: both clocks take longer than without delays.
     for name in dc.PREDICTION_LAYOUTS:
         by_k = {c["k"]: c for c in cells if c["layout"] == name}
@@ -173,7 +174,7 @@ def test_a_rerun_part_replaces_its_record_and_keeps_the_earlier_one_beside_it():
     assert report["reruns"] == [{"part": "prediction", "utc": "2026-01-01T01:02:03+00:00"}]
     assert list(report["parts"]) == ["prediction", "concurrency"]  # the parts keep their order
     md = dc.markdown(report)
-    assert "| simulator's prediction of the runtime | ok | 50.0 |" in md
+    assert "| simulator's prediction of the runtime | ok (rerun) | 50.0 |" in md
     assert (
         "Run again on its own at 2026-01-01T01:02:03+00:00 (`--rerun prediction`); the check's own run of it: "
         "timeout in 60.4 s." in md

@@ -164,7 +164,7 @@ def test_an_accelerator_check_and_a_sim_speed_file_get_their_rows(raw_copy):
     pages = make_results_page.render_pages(raw_copy)
     new = pages[make_results_page.PAGE]
     assert "No accelerator run yet" not in new
-    assert "| 1 x NVIDIA H200 | MFU (ResNet-18, CIFAR-shaped): sgd 41.0%, pdasgd no datasheet peak |" in new
+    assert "| 1 x NVIDIA H200 | MFU (ResNet-18): pdasgd no datasheet peak, sgd 41.0% |" in new
     assert "| 32 | fastpath | 300 [250, 320] | 100 [90, 110] | 3.00x | faster |" in _detail(pages, "overheads.md")
     assert "| simulator fastpath / SGD loop, batch 32 (`bench sim-speed`) | 3.00x (raw field;" in new
     assert "sim-speed" not in new.split("## Not on this page")[1].split("## Sources")[0]
@@ -433,9 +433,18 @@ def test_the_page_makes_room_the_staleness_tables_and_the_accelerator_on_their_o
     assert "sync-backup-w" not in page.split("- **Intervals**")[1] and "▼ b=W/2" in page
     # The accelerator's MFU on the page, its other parts on the runtime page.
     accelerator = _section(page, "Accelerator: MFU and device check")
-    assert "| 2026-11-30-0036-h200 | 1 x NVIDIA H200 | MFU (ResNet-18, CIFAR-shaped): " in accelerator
+    assert "| 2026-11-30-0036-h200 | 1 x NVIDIA H200 | MFU (ResNet-18): " in accelerator
+    assert "live" not in accelerator  # hardware, not model, FLOPs: on the runtime page, labelled
     assert "runtime / fused SGD loop" not in accelerator and "docs/results/runtime.md" in accelerator
     runtime = _detail(pages, "runtime.md").split("## Accelerator device checks")[1]
-    for figure in ("parts: machine ok", "MFU (", "runtime / fused SGD loop", "clock / runtime seconds", "concurrency"):
+    figures = (
+        "parts: machine ok",
+        "MFU (",
+        "hardware FLOP",
+        "runtime / fused SGD loop",
+        "clock / runtime",
+        "concurrency",
+    )
+    for figure in figures:
         assert f"| 2026-11-30-0036-h200 | 1 x NVIDIA H200 | {figure}" in runtime, figure
     assert "No accelerator run yet" not in page

@@ -14,6 +14,7 @@ dc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(dc)
 
 report = json.loads((HERE / "device_check-0036.json").read_text())
+report["commit"] = "a62caad (the device's copy of .git reported 86d715c plus this commit's change)"
 selected, left_out = dc.tests_to_run(False, report["machine"]["device_count"])
 tests = dc.tests_record(
     HERE / "rerun-0044/logs/tests.log",
@@ -25,11 +26,12 @@ tests = dc.tests_record(
     dc.PARTS["tests"][0],
 )
 tests["note"] = (
-    "Run by hand at commit 7a5faeb with the eight-device tests not deselected: the one of them that failed on this one "
-    "device (`test_delayed_averaging_under_shard_map_equals_vmap`) is left out here, as the check leaves it out."
+    "Run by hand at commit 7a5faeb without the check's deselection of the eight-device tests: one of them ran "
+    "and failed on this one device (`test_delayed_averaging_under_shard_map_equals_vmap`) and is left out here, "
+    "as the check leaves it out."
 )
 tests["rerun_how"] = "by hand"
-dc.merge_rerun(report, "tests", tests, "2026-11-30T00:44:00+00:00")
+dc.merge_rerun(report, "tests", tests, "about 00:44 UTC (within the device call from 00:43)")
 
 
 def by_hand(part: str, folder: str, note: str) -> dict:
@@ -45,7 +47,7 @@ prediction = by_hand(
     "short on this machine (now 140 s).",
 )
 prediction["rerun_how"] = "by hand"
-dc.merge_rerun(report, "prediction", prediction, "2026-11-30T00:46:00+00:00")
+dc.merge_rerun(report, "prediction", prediction, "about 00:45 UTC (within the device call from 00:43)")
 mfu = by_hand(
     "mfu",
     "rerun-0049",
@@ -74,6 +76,27 @@ mfu["note"] = mfu["note"].replace(
     "was counted on the GPU's compiled program (undercounted); its FLOPs here are counted again on this "
     "merge's CPU through its twin over a CPU mesh (merge_reruns.py), its seconds the H200's.",
 )
+# The check's own run (00:36) timed the same programs the same number of times: its medians with
+# the FLOPs counted here give a second MFU per algorithm (the GPU's FLOP count it made is wrong).
+check_run = json.loads((HERE / "mfu/mfu.json").read_text())["algorithms"]
+for name, a in r["algorithms"].items():
+    seconds = sorted(check_run[name]["seconds"])[len(check_run[name]["seconds"]) // 2]
+    a["mfu_check_run"] = a["flops"] / seconds / r["peak_flops_per_s"]
+    a["median_seconds_check_run"] = seconds
+mfu["note"] += (
+    " The sync recount ran under JAX 0.10.2 on this CPU, the other rows' counts under JAX 0.11.2 on the H200's "
+    "host (rerun-0049/mfu/mfu.md still shows the sync row as first counted). `mfu_check_run`: each algorithm's "
+    "MFU from the check's own timings (mfu/mfu.json, 00:36) with these FLOPs. On one device sync computes what "
+    "sgd does. The live rows count the stage forward their backward recomputes (hardware FLOPs, not model FLOPs)."
+)
 mfu["rerun_how"] = "by hand"
-dc.merge_rerun(report, "mfu", mfu, "2026-11-30T00:49:00+00:00")
+dc.merge_rerun(report, "mfu", mfu, "about 00:49 UTC (the device call's start)")
+# The curves measured after the check: the concurrency part again (00:49) and the prediction
+# part's own batch-32 curve; the check's stays its result.
+again = json.loads((HERE / "rerun-0049/logs/concurrency.json").read_text())
+curves = report["parts"]["concurrency"]["result"]
+curves["measured_again"] = [
+    {"when": "about 00:49 UTC, `--part concurrency`", "curves": again["curves"]},
+    {"when": "about 00:45 UTC, the prediction part", "curves": {"32": prediction["result"]["device_curve"]}},
+]
 dc.write_report(report, HERE)

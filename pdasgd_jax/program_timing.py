@@ -186,9 +186,11 @@ def measure_concurrency_curve(
 ) -> tuple[float, ...]:
     """A device's concurrency curve ``(1, g2, ..., g_programs)`` for ``TimingModel.concurrency``.
 
-    Times one call of ``fn(*args)`` alone and ``n`` calls from ``n`` threads at once (medians
-    of ``repeats``); ``g_n = n * alone / together``, clipped to ``n`` (below 1 when concurrent
-    calls slow each other down). Meaningful on an accelerator, whose programs may leave it
+    Times ``n`` calls of ``fn(*args)`` from ``n`` threads of one pool at once, for ``n`` from 1
+    (medians of ``repeats``); ``g_n = n * alone / together``, ``alone`` the one call's time,
+    clipped to ``n`` (below 1 when concurrent calls slow each other down). The call alone goes
+    through the pool too, so its hand-offs between threads weigh on every ``n`` alike rather than
+    lowering ``g_n`` on short programs. Meaningful on an accelerator, whose programs may leave it
     partly idle; on a CPU it measures idle cores and the thread pools' contention.
 
     Args:
@@ -210,18 +212,15 @@ def measure_concurrency_curve(
     if repeats < 1 or programs < 1:
         raise ValueError(f"repeats {repeats!r} and programs {programs!r} must be >= 1")
 
-    curve = [1.0]
     with affinity.pinned_thread(host_cpus):
-        alone = _median_time(fn, *args, repeats=repeats)
         pool = concurrent.futures.ThreadPoolExecutor(
             programs, initializer=affinity.pin_current_thread, initargs=(host_cpus,)
         )
         with pool:
-            for n in range(2, programs + 1):
 
-                def together(n: int = n) -> None:
-                    for future in [pool.submit(fn, *args) for _ in range(n)]:
-                        jax.block_until_ready(future.result())
+            def together(n: int) -> None:
+                for future in [pool.submit(fn, *args) for _ in range(n)]:
+                    jax.block_until_ready(future.result())
 
-                curve.append(min(float(n), n * alone / _median_time(together, repeats=repeats)))
-    return tuple(curve)
+            seconds = [_median_time(together, n, repeats=repeats) for n in range(1, programs + 1)]
+    return tuple(min(float(n), n * seconds[0] / t) for n, t in enumerate(seconds, 1))

@@ -489,6 +489,16 @@ def tests_record(
     return record
 
 
+def run_any_part(
+    name: str, out_dir: pathlib.Path, quick: bool, timeout_s: float, platform: str | None, machine: dict
+) -> dict[str, Any]:
+    """Part ``name``'s record: the tests through pytest (``run_tests``), any other part in its own
+    process (``run_part``)."""
+    if name == "tests":
+        return run_tests(out_dir, quick, timeout_s, subprocess_env(platform, tests=True), machine)
+    return run_part(name, out_dir, quick, timeout_s, subprocess_env(platform))
+
+
 def run_check(out_dir: pathlib.Path, quick: bool, total_budget_s: float = TOTAL_BUDGET_S) -> dict[str, Any]:
     """Every part in turn, each under its own limit and within the total; the report."""
     start = time.monotonic()
@@ -511,11 +521,8 @@ def run_check(out_dir: pathlib.Path, quick: bool, total_budget_s: float = TOTAL_
         timeout = min(budget, left)
         if timeout < 5:
             record: dict[str, Any] = {"status": "skipped", "seconds": 0.0, "error": "the check's time was spent"}
-        elif name == "tests":
-            env = subprocess_env(platform, tests=True)
-            record = run_tests(out_dir, quick, timeout, env, report["parts"]["machine"])
         else:
-            record = run_part(name, out_dir, quick, timeout, subprocess_env(platform))
+            record = run_any_part(name, out_dir, quick, timeout, platform, report["parts"].get("machine", {}))
         record["budget_s"] = budget
         report["parts"][name] = record
         if name == "machine" and record["status"] == "ok":
@@ -547,13 +554,7 @@ def rerun_check(out_dir: pathlib.Path, names: list[str]) -> dict[str, Any]:
     for name in names:
         now = datetime.datetime.now(datetime.UTC)
         part_dir = out_dir / f"rerun-{now:%H%M%S}"
-        budget = PARTS[name][quick]
-        if name == "tests":
-            record = run_tests(
-                part_dir, quick, budget, subprocess_env(platform, tests=True), report["parts"]["machine"]
-            )
-        else:
-            record = run_part(name, part_dir, quick, budget, subprocess_env(platform))
+        record = run_any_part(name, part_dir, quick, PARTS[name][quick], platform, report["parts"]["machine"])
         record["log"] = str((part_dir / record["log"]).relative_to(out_dir))
         merge_rerun(report, name, record, now.isoformat(timespec="seconds"))
         print(f"device check: {name} again: {record['status']} in {record['seconds']:.1f} s", file=sys.stderr)

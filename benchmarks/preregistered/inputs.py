@@ -41,7 +41,7 @@ def _refuse_existing(path: str, what: str) -> None:
 def _experiment(extra: tuple[tuple[str, Any], ...] = ()) -> Any:
     """The pre-registered model's experiment at its batch (seed and rate do not change its
     kernels' costs; the batch does, and a ``timing`` file is checked at the config's batch)."""
-    base = (*settings.setting(quick=False, timing=None).protocol.base, ("batch_size", settings.BATCH_SIZE))
+    base = settings.setting(quick=False, timing=None).protocol.base
     return delays._base_experiment(settings.SEEDS[0], delays.LRS[settings.PDASGD][0], (*base, *extra))
 
 

@@ -99,8 +99,8 @@ def setting(*, quick: bool, timing: str | None) -> Setting:
     """The pre-registered setting (``timing``: the committed calibration every run is timed
     with), or the quick smoke version (``timing`` None: this machine's calibration)."""
     base = common.protocol(QUICK_DEPTH if quick else DEPTH, quick=quick, stop_at_target=True)
-    # A timing file is checked against the base experiment at its config's batch: the pre-registered one.
-    extra = () if timing is None else (("batch_size", BATCH_SIZE), ("timing", timing))
+    # The base experiment at the pre-registered batch, the one a timing file is checked at.
+    extra = (("batch_size", BATCH_SIZE),) + (() if timing is None else (("timing", timing),))
     protocol = dataclasses.replace(
         base,
         base=tuple(sorted((*base.base, *extra))),

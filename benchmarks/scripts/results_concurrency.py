@@ -10,9 +10,9 @@ import re
 from typing import Any
 
 from benchmarks.scripts.results_common import Sources, marked, speedup_verdict, table
+from benchmarks.scripts.results_runtime import DEVICE_CHECK, measured_curves
 
 MAP = "bench_results/concurrency-map/concurrency-map.json"
-DEVICE_CHECK = "bench_results/device_check"
 PREREGISTERED_CURVE = "bench_results/preregistered/device-curve.json"
 ROWS = (("pdasgd", "speedup_best", "shared store"), ("pdasgd-rep", "speedup_rep_best", "one store per device"))
 
@@ -101,8 +101,7 @@ def _accelerators(root: pathlib.Path) -> str:
     for raw in sorted((root / DEVICE_CHECK).glob("*/device_check.json")):
         data = json.loads(raw.read_text())
         result = ((data.get("parts") or {}).get("concurrency") or {}).get("result") or {}
-        measured = [result.get("curves") or {}] + [m["curves"] for m in result.get("measured_again", [])]
-        g3s = [c[2] for curves in measured for c in curves.values() if len(c) > 2]
+        g3s = [c[2] for curves in measured_curves(result) for c in curves.values() if len(c) > 2]
         if g3s:
             kind = (data.get("machine") or {}).get("device_kind")
             found.append(f"an {kind} gave {min(g3s):.2f}-{max(g3s):.2f}")

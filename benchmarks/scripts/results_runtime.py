@@ -242,10 +242,9 @@ def device_check_table(root: pathlib.Path, sources: Sources, figures: tuple[str,
         status = [("parts: " + ", ".join(f"{n} {p.get('status')}{rerun[n]}" for n, p in parts.items()), "-")]
         rows_of = status if figures is None else []
         rows_of += [
-            figure(part["result"])
-            for name, part in parts.items()
-            for key, figure in _DEVICE_FIGURES.items()
-            if part.get("result") and key.split("-")[0] == name and key in shown
+            figure(parts[part]["result"])
+            for key, (part, figure) in _DEVICE_FIGURES.items()
+            if key in shown and (parts.get(part) or {}).get("result")
         ]
         rows += [{**check, "figure": f, "interval": i, "source": src} for f, i in rows_of]
     return table(rows) if rows else ""
@@ -284,22 +283,28 @@ def _prediction_figure(r: dict[str, Any]) -> tuple[str, str]:
     return "clock / runtime seconds, digits MLP: " + ", ".join(cells), f"median of {r.get('repeats')} runs"
 
 
+def measured_curves(r: dict[str, Any]) -> list[dict[str, list[float]]]:
+    """A device check's concurrency part's curves per batch: the check's, then those measured
+    again after it (``measured_again``)."""
+    return [r.get("curves") or {}] + [m["curves"] for m in r.get("measured_again", [])]
+
+
 def _concurrency_figure(r: dict[str, Any]) -> tuple[str, str]:
-    measured = [r.get("curves", {})] + [m["curves"] for m in r.get("measured_again", [])]
     per_batch: dict[str, list[str]] = {}
-    for curves in measured:
+    for curves in measured_curves(r):
         for bs, c in curves.items():
             per_batch.setdefault(bs, []).append(f"({', '.join(f'{g:.2f}' for g in c)})")
     text = "; ".join(f"batch {bs} {', '.join(cs)}" for bs, cs in per_batch.items())
     return f"concurrency curve, digits job program: {text}", f"medians of {r.get('repeats')}, each measurement"
 
 
+# Each figure's row of the device-check table: the part it reads and how.
 _DEVICE_FIGURES = {
-    "mfu": _mfu_figure,
-    "mfu-live": lambda r: _mfu_figure(r, live=True),
-    "throughput": _throughput_figure,
-    "prediction": _prediction_figure,
-    "concurrency": _concurrency_figure,
+    "mfu": ("mfu", _mfu_figure),
+    "mfu-live": ("mfu", lambda r: _mfu_figure(r, live=True)),
+    "throughput": ("throughput", _throughput_figure),
+    "prediction": ("prediction", _prediction_figure),
+    "concurrency": ("concurrency", _concurrency_figure),
 }
 
 

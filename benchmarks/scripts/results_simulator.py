@@ -203,7 +203,7 @@ def planner_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str
     scale run."""
     _, _, points = _planner(root, sources)
     current = next((label for label in reversed(points) if not label.endswith(" before")), "")
-    rows = []
+    planner_rows = []
     for algo in sorted({p[0] for found in points.values() for p in found}):
         keys = [p[4] for found in points.values() for p in found if p[0] == algo]
         mine = sorted(p for p in points.get(current, []) if p[0] == algo)
@@ -212,7 +212,7 @@ def planner_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str
         verdicts: dict[str, list[str]] = {}
         for _, w, _, verdict, _ in mine:
             verdicts.setdefault(verdict, []).append(str(w))
-        rows.append(
+        planner_rows.append(
             {
                 "overhead": f"schedule planner, {algo}, W = {mine[0][1]} to {mine[-1][1]}" if mine else algo,
                 "figure": "; ".join(spreads) + " M jobs/min",
@@ -222,17 +222,15 @@ def planner_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str
         )
     # The before/after comparisons of the planner's speed-ups are on the detail page
     # (``_interleaved``); here the planner's rows cite them.
-    compared = []
+    compared, scale_rows = [], []
     for raw in sorted((root / SCHEDULE_SPEED_DIR).glob("*/*.json")):
         if found := _interleaved_data(raw, sources):
             compared.append(found[2])
         elif found := _whole_process_data(raw, sources):
-            rows.append(found[1])
-    if compared:
-        for row in rows:
-            if row["overhead"].startswith("schedule planner,"):
-                row["source"] += f" (before/after: {', '.join(compared)})"
-    return rows
+            scale_rows.append(found[1])
+    for row in planner_rows if compared else []:
+        row["source"] += f" (before/after: {', '.join(compared)})"
+    return planner_rows + scale_rows
 
 
 def _interleaved_data(raw: pathlib.Path, sources: Sources) -> tuple[list[str], dict[str, str], str, str] | None:

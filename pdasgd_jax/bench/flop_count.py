@@ -24,15 +24,12 @@ def _signature(args: tuple) -> Hashable:
 
 
 def _abstract(args: tuple) -> tuple:
-    """``args`` as shapes, dtypes and shardings only, to lower without holding the buffers.
+    """``args`` as shapes and dtypes only, to count their program's FLOPs later without holding
+    the buffers (``program_flops`` lowers it for the CPU, wherever the call ran)."""
 
-    An uncommitted array (on the default device, free to move) gets no sharding, as jit
-    treats it: the lowering then matches the call's, and compiling it hits jit's cache."""
-
-    def spec(x: Any) -> Any:
-        sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
+    def spec(x: Any) -> jax.ShapeDtypeStruct:
         aval = jax.typeof(x)
-        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
     return jax.tree.map(spec, args)
 

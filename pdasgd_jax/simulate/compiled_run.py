@@ -180,10 +180,8 @@ def simulate_compiled(
     drain_at = evaluations if drain_at_evaluations else ()
     resumes = is_compiled_checkpoint(checkpointer)
     if schedule is None and pipelined.covers(exp) and (not resumes or _is_pipelined(checkpointer)):
-        run, schedule, fell_back = _run_pipelined(
-            exp, metrics, timing, evaluations, drain_at, checkpointer, memory_limit_bytes
-        )
-        plan = WHOLE_AFTER_PIPELINED if fell_back else PIPELINED_PLAN
+        run, schedule = _run_pipelined(exp, metrics, timing, evaluations, drain_at, checkpointer, memory_limit_bytes)
+        plan = PIPELINED_PLAN if run.plan is None else WHOLE_AFTER_PIPELINED  # a plan: it ran the whole one
     else:
         if schedule is None:
             schedule = record_schedule(exp, timing, drain_at=drain_at, stops_at=evaluations)
@@ -360,16 +358,16 @@ def _run_pipelined(
     drain_at: Sequence[int],
     checkpointer: RunCheckpointer | None,
     memory_limit_bytes: int,
-) -> tuple[CompiledRun, Schedule, bool]:
+) -> tuple[CompiledRun, Schedule]:
     """``pipelined.run_pipelined`` of ``exp`` with ``simulate_compiled``'s reports and
     checkpoints, resumed from ``checkpointer``'s newest checkpoint where it holds one (a
-    pipelined one); and whether a chunk that did not fit the rings made it run the whole plan."""
+    pipelined one)."""
     batch = exp.config.batch_size
     every = checkpointer.every if checkpointer is not None else 0
     checkpoints = checkpoint_jobs(every, batch, num_jobs(exp.total_examples, batch))
     whole: list[Segments] = []  # the whole plan's, where a chunk did not fit the rings
     resume = _pipelined_resume(checkpointer, metrics) if is_compiled_checkpoint(checkpointer) else None
-    run, schedule = pipelined.run_pipelined(
+    return pipelined.run_pipelined(
         exp,
         timing,
         cuts=sorted(set(evaluations) | set(checkpoints)),
@@ -379,7 +377,6 @@ def _run_pipelined(
         on_whole_plan=whole.append,
         memory_limit_bytes=memory_limit_bytes,
     )
-    return run, schedule, bool(whole)
 
 
 def _is_pipelined(checkpointer: RunCheckpointer) -> bool:

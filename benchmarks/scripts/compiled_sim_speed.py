@@ -11,7 +11,10 @@ repeat runs one after another (interleaved, so a noisy machine weighs on all ali
   (``run_compiled``); ``compiled+schedule`` counts both;
 * ``pipelined``: what ``train --simulate --numerics compiled`` runs for these runs
   (``run_pipelined``): the schedule recorded a chunk of jobs at a time while the compiled
-  numerics of the chunk before run. This is the whole run, the one the targets are judged on.
+  numerics of the chunk before run. This is the whole run, the one the targets are judged on;
+* ``scan``: plain SGD on the ``sgd`` run's batches as one compiled scan (``fastpath``'s,
+  every lag 0), the batches stacked from the stream inside the timing: the most a simulator
+  whose numerics do at least SGD's work could reach against the ``sgd`` loop.
 
 Each is timed from its call until its final parameters are computed, compilation excluded;
 the ``sgd`` and ``event`` runs evaluate once at their end (about a millisecond), the compiled
@@ -47,10 +50,12 @@ import numpy as np
 from pdasgd_jax import Config
 from pdasgd_jax.bench import provenance
 from pdasgd_jax.experiment import Experiment
+from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.metrics import MetricsLog, TrainingClock
 from pdasgd_jax.runners import RUNNERS
 from pdasgd_jax.simulate import run_simulated
 from pdasgd_jax.simulate.compiled import run_compiled
+from pdasgd_jax.simulate.fastpath import current_params, init_ring_state, make_fixed_staleness_steps
 from pdasgd_jax.simulate.pipelined import run_pipelined
 from pdasgd_jax.simulate.run_timing import comm_model
 from pdasgd_jax.simulate.schedule_plan import record_schedule
@@ -71,10 +76,40 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return clock.elapsed, out
 
 
-MODES = ("sgd", "event", "compiled", "pipelined")
+MODES = ("sgd", "event", "compiled", "pipelined", "scan")
 
 
-def _repeat(exp: Experiment, sgd: Experiment, timing: Any, rotation: int) -> dict[str, Any]:
+class _Scanned:
+    """What ``scan``'s run returns: its final ``params`` (what ``_timed`` waits for)."""
+
+    def __init__(self, params: Any):
+        self.params = params
+
+
+def scan_steps(exp: Experiment) -> int:
+    """The batches of ``exp``'s budget, a last partial one counted whole."""
+    return -(-exp.total_examples // exp.config.batch_size)
+
+
+def sgd_scan(exp: Experiment, steps: int) -> Callable[[], _Scanned]:
+    """``steps`` plain SGD steps on ``exp``'s training stream as one compiled scan (every lag
+    0), its batches stacked inside the call; compiled on the first call."""
+    v = exp.variables
+    sizes = (1,) * exp.model.num_stages
+    scan = make_fixed_staleness_steps(exp.model, exp.tx, sizes)
+    opt_states = init_opt_states(exp.tx, v.params)
+    lags = np.zeros((steps, len(sizes)), np.int32)
+
+    def run() -> _Scanned:
+        stream = exp.train_stream(exp.config.batch_size)
+        xs, ys = (np.stack(a) for a in zip(*(next(stream) for _ in range(steps))))
+        rs, _ = scan(init_ring_state(v.params, v.states, opt_states, sizes), xs, ys, lags)
+        return _Scanned(current_params(rs))
+
+    return run
+
+
+def _repeat(exp: Experiment, sgd: Experiment, timing: Any, rotation: int, scan: Callable) -> dict[str, Any]:
     """One interleaved repeat: every path's examples per second, the paths run in ``MODES``
     order rotated by ``rotation`` (so no path always follows the same one)."""
     out: dict[str, Any] = {}
@@ -96,7 +131,10 @@ def _repeat(exp: Experiment, sgd: Experiment, timing: Any, rotation: int) -> dic
     def pipelined_run() -> None:
         out["pipelined_s"], out["_pipelined"] = _timed(lambda: run_pipelined(exp, timing)[0])
 
-    runs = dict(zip(MODES, (sgd_run, event_run, compiled_run, pipelined_run), strict=True))
+    def scan_run() -> None:
+        out["scan_s"], _ = _timed(scan)
+
+    runs = dict(zip(MODES, (sgd_run, event_run, compiled_run, pipelined_run, scan_run), strict=True))
     order = MODES[rotation % len(MODES) :] + MODES[: rotation % len(MODES)]
     for mode in order:
         runs[mode]()
@@ -105,17 +143,20 @@ def _repeat(exp: Experiment, sgd: Experiment, timing: Any, rotation: int) -> dic
         for a, b in zip(jax.tree.leaves(run.params), jax.tree.leaves(event.params), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     examples = event.examples
+    scan_examples = scan_steps(sgd) * sgd.config.batch_size
     return {
         "sgd": out["sgd"],
         "event": examples / out["event_s"],
         "compiled": examples / out["numerics_s"],
         "compiled+schedule": examples / (out["numerics_s"] + out["schedule_s"]),
         "pipelined": examples / out["pipelined_s"],
+        "scan": scan_examples / out["scan_s"],
         "pipelined_chunks": out.pop("_pipelined").plan is None,
         "schedule_s": out["schedule_s"],
         "numerics_s": out["numerics_s"],
         "event_s": out["event_s"],
         "pipelined_s": out["pipelined_s"],
+        "scan_s": out["scan_s"],
         "steps_per_job": out["steps_per_job"],
         "order": list(order),
     }
@@ -127,13 +168,15 @@ def measure(config: Config, repeats: int) -> dict[str, Any]:
     sgd = exp.with_config(algo="sgd", simulate=False, replicas=0, delay_model="none", delay_mean=0.0)
     timing = dataclasses.replace(exp.calibration(config.batch_size).timing, comm=comm_model(config))
     start = time.perf_counter()
-    _repeat(exp, sgd, timing, 0)
+    scan = sgd_scan(sgd, scan_steps(sgd))
+    _repeat(exp, sgd, timing, 0, scan)
     warm_up_s = time.perf_counter() - start
     load_before = os.getloadavg()
-    runs = [_repeat(exp, sgd, timing, i) for i in range(repeats)]
+    runs = [_repeat(exp, sgd, timing, i, scan) for i in range(repeats)]
     median = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k not in ("pipelined_chunks", "order")}
-    for name in ("event", "compiled", "compiled+schedule", "pipelined"):
+    for name in ("event", "compiled", "compiled+schedule", "pipelined", "scan"):
         median[f"{name}/sgd"] = statistics.median(r[name] / r["sgd"] for r in runs)
+    median["pipelined/scan"] = statistics.median(r["pipelined"] / r["scan"] for r in runs)
     for name in ("compiled", "compiled+schedule", "pipelined"):
         median[f"{name}/event"] = statistics.median(r[name] / r["event"] for r in runs)
     return {
@@ -181,17 +224,17 @@ def main() -> None:
     print(
         "| batch | epochs | sgd ex/s | event ex/s | compiled ex/s | compiled+schedule ex/s | pipelined ex/s | "
         "schedule s | steps/job | event/sgd | compiled/sgd | compiled+schedule/sgd | pipelined/sgd | "
-        "pipelined/event | load (1 min, before/after) |"
+        "pipelined/event | scan/sgd | pipelined/scan | load (1 min, before/after) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         m = r["median"]
         print(
             f"| {r['batch_size']} | {r['epochs']:g} | {m['sgd']:.0f} | {m['event']:.0f} | {m['compiled']:.0f} | "
             f"{m['compiled+schedule']:.0f} | {m['pipelined']:.0f} | {m['schedule_s']:.3f} | {m['steps_per_job']:.2f} | "
             f"{m['event/sgd']:.2f}x | {m['compiled/sgd']:.2f}x | {m['compiled+schedule/sgd']:.2f}x | "
-            f"{m['pipelined/sgd']:.2f}x | {m['pipelined/event']:.2f}x | "
-            f"{r['loadavg']['before'][0]:.2f}/{r['loadavg']['after'][0]:.2f} |"
+            f"{m['pipelined/sgd']:.2f}x | {m['pipelined/event']:.2f}x | {m['scan/sgd']:.2f}x | "
+            f"{m['pipelined/scan']:.2f}x | {r['loadavg']['before'][0]:.2f}/{r['loadavg']['after'][0]:.2f} |"
         )
     if args.json:
         with open(args.json, "w") as f:

@@ -21,6 +21,7 @@ RATIOS = (
     ("compiled", "compiled"),
     ("compiled+schedule", "compiled + schedule"),
     ("pipelined", "pipelined"),
+    ("scan", "fused SGD scan"),
 )
 
 
@@ -87,9 +88,11 @@ def compiled_speed_table(root: pathlib.Path, sources: Sources) -> str:
     return (
         "Simulator speed: examples per second of `train --simulate`'s event-by-event path, its compiled "
         'numerics alone ("compiled"), the schedule recorded first and then the numerics ("compiled + schedule"), '
-        'the schedule recorded while the numerics run ("pipelined": what `--numerics compiled` runs) and a plain '
-        f"SGD loop on the same examples, interleaved; per-round ratios, median [min, max] over "
-        f"{', '.join(map(str, sorted(rounds)))} rounds (a range, not an interval); a target is judged on the whole "
+        'the schedule recorded while the numerics run ("pipelined": what `--numerics compiled` runs), plain SGD '
+        'as one compiled scan ("fused SGD scan", where a raw file has it: the most a simulator doing at least '
+        "SGD's work could reach) and a plain SGD loop on the same examples, interleaved; per-round ratios, "
+        f"median [min, max] over {', '.join(map(str, sorted(rounds)))} rounds (a range, not an interval); a target "
+        "is judged on the whole "
         "`--numerics compiled` run (pipelined, or compiled + schedule where a raw file predates it; the default "
         "`--numerics event` path is shown beside it, not judged): met when every round reaches it, missed when "
         "none does; "
@@ -155,9 +158,12 @@ def _planner(
         label = raw.parent.name + (f" {kind}" if kind else "")
         src = sources.cite(raw, f"python -m benchmarks.scripts.schedule_speed {sources.rel(raw.parent)}")
         start, end = data.get("machine_at_start") or {}, data.get("machine_at_end") or {}
+        resume = start.get("resume_ns") or {}
+        resumes = ", ".join(f"one of {int(n):,} {ns:.0f} ns" for n, ns in resume.items())
         notes.append(
             f"{label} ({src}): {data.get('repeats')} repeats, {start.get('cores', 'unrecorded')} cores, load "
             f"{_load(start)} at the start, {_load(end)} at the end"
+            + (f"; resuming a parked generator picked at random: {resumes}" if resumes else "")
         )
         for point in data["points"]:
             runs = [r["jobs_per_minute"] for r in point.get("runs", []) if r.get("jobs_per_minute")]

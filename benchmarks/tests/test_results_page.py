@@ -380,34 +380,39 @@ def test_the_simulator_speed_tables_judge_every_round_against_the_target(raw_cop
     folder = raw_copy / "bench_results" / "sim-speed" / "2030-01-01-compiled"
     folder.mkdir(parents=True)
     runs = [
-        {"sgd": 100.0, "event": 50.0, "compiled": 140.0, "compiled+schedule": 60.0, "pipelined": c}
+        {"sgd": 100.0, "event": 50.0, "compiled": 140.0, "compiled+schedule": 60.0, "pipelined": c, "scan": 150.0}
         for c in (130.0, 110.0, 120.0)
     ]
     result = {"batch_size": 256, "runs": runs, "loadavg": {"before": [1.5]}}
     met = {**result, "batch_size": 32}  # every round at 1.1x or more: the batch-32 target of 1.0x met
     results = [met, result]
     (folder / "asgd.json").write_text(json.dumps({"args": {"algo": "asgd", "repeats": 3}, "results": results}))
-    older = [{k: v for k, v in run.items() if k != "pipelined"} for run in runs]  # schedule, then numerics
+    older = [
+        {k: v for k, v in run.items() if k not in ("pipelined", "scan")} for run in runs
+    ]  # schedule, then numerics
     (folder / "pdasgd.json").write_text(
         json.dumps({"args": {"algo": "pdasgd", "repeats": 3}, "results": [{**result, "runs": older}]})
     )
     planner = raw_copy / "bench_results" / "schedule-speed" / "2030-01-01"
     planner.mkdir(parents=True)
     point = {"algo": "pdasgd", "devices": 16, "runs": [{"jobs_per_minute": j} for j in (0.9e6, 1.2e6, 1.1e6)]}
-    (planner / "schedule_speed.json").write_text(json.dumps({"repeats": 3, "points": [point]}))
+    machine = {"cores": 2, "load_average": [0.5, 0.5, 0.5], "resume_ns": {"3000": 90.0, "200000": 810.0}}
+    planner_raw = {"repeats": 3, "points": [point], "machine_at_start": machine}
+    (planner / "schedule_speed.json").write_text(json.dumps(planner_raw))
     new = _detail(make_results_page.render_pages(raw_copy), "overheads.md")
     # the whole run (pipelined) / sgd per round: 1.3, 1.1, 1.2, so not every round reaches 1.2; the
     # numerics alone (compiled) reach it in every round, which is not the whole run
     row = (
         "| asgd | 256 | 0.50x [0.50, 0.50] | 1.40x [1.40, 1.40] | 0.60x [0.60, 0.60] | 1.20x [1.10, 1.30] "
-        "| pipelined | >= 1.2x: not settled |"
+        "| 1.50x [1.50, 1.50] | pipelined | >= 1.2x: not settled |"
     )
     assert row in new
     assert "| asgd | 32 | 0.50x [0.50, 0.50] | 1.40x [1.40, 1.40] | 0.60x [0.60, 0.60] | 1.20x [1.10, 1.30] " in new
     assert "| pipelined | >= 1.0x: met |" in new
-    older = "| pdasgd | 256 | 0.50x [0.50, 0.50] | 1.40x [1.40, 1.40] | 0.60x [0.60, 0.60] | - | compiled+schedule "
+    older = "| pdasgd | 256 | 0.50x [0.50, 0.50] | 1.40x [1.40, 1.40] | 0.60x [0.60, 0.60] | - | - | compiled+schedule "
     assert older + "| >= 1.2x: missed |" in new
     assert "| 1.10 [0.90, 1.20] | not settled |" in new and "2030-01-01: M jobs/min" in new
+    assert "resuming a parked generator picked at random: one of 3,000 90 ns, one of 200,000 810 ns" in new
 
 
 def test_the_fleets_table_fits_the_page_with_its_sources_and_is_withheld_while_its_review_is_open(raw_copy, page):

@@ -89,8 +89,9 @@ def compiled_speed_table(root: pathlib.Path, sources: Sources) -> str:
         "Simulator speed: examples per second of `train --simulate`'s event-by-event path, its compiled "
         'numerics alone ("compiled"), the schedule recorded first and then the numerics ("compiled + schedule"), '
         'the schedule recorded while the numerics run ("pipelined": what `--numerics compiled` runs), plain SGD '
-        'as one compiled scan ("fused SGD scan", where a raw file has it: the most a simulator doing at least '
-        "SGD's work could reach) and a plain SGD loop on the same examples, interleaved; per-round ratios, "
+        'as one compiled scan on batches put on the device beforehand ("fused SGD scan", where a raw file has it: '
+        "SGD's numerics with no data pipeline, a floor under any run's time that computes SGD's gradients) and a "
+        "plain SGD loop on the same examples, interleaved; per-round ratios, "
         f"median [min, max] over {', '.join(map(str, sorted(rounds)))} rounds (a range, not an interval); a target "
         "is judged on the whole "
         "`--numerics compiled` run (pipelined, or compiled + schedule where a raw file predates it; the default "

@@ -311,7 +311,12 @@ def _main_page(root: pathlib.Path, sources: Sources, grids: list[results_cells.G
         )
     )
     parts.insert(0, _intro(root, sources))  # last: it names the sources the tables cite
-    parts.append(_section("Sources", "", sources.markdown(commands=False), ""))
+    cited = {int(key) for key in re.findall(r"\bS(\d+)\b", "\n".join(parts))}
+    keys = (
+        f"The keys this page cites; every key, with the command that wrote its raw file: "
+        f"{detail_link('sources.md', f'{DETAILS}/sources.md')}."
+    )
+    parts.append(_section("Sources", keys, sources.markdown(commands=False, only=cited), ""))
     return "\n".join(parts).rstrip() + "\n"
 
 

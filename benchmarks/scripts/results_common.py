@@ -19,7 +19,7 @@ import math
 import pathlib
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from benchmarks import ci95_half_width, log_ratio_ci95
@@ -231,9 +231,10 @@ class Sources:
                 found.setdefault(str(count), []).append(f"S{i}")
         return found
 
-    def markdown(self, commands: bool = True) -> str:
+    def markdown(self, commands: bool = True, only: Collection[int] | None = None) -> str:
         """The sources table: key, raw file, command, commit (without ``commands``: key, raw file
-        under ``bench_results/``, commit, ``-`` where none is recorded);
+        under ``bench_results/``, commit, ``-`` where none is recorded); with ``only``, the rows
+        of those keys alone;
         sources that differ only in the folder of their run (the same command into another
         ``--out``) share one row, the folder written ``<run>`` (the citing table names each run)."""
         groups: dict[tuple[str, str, str], list[int]] = {}
@@ -241,8 +242,10 @@ class Sources:
             groups.setdefault(_run_template(*entry), []).append(i)
         rows = []
         for (raw, command, commit), keys in groups.items():
+            if only is not None and not set(keys) & set(only):
+                continue
             if len(keys) < 3:
-                for i in keys:
+                for i in keys if only is None else [k for k in keys if k in only]:
                     raw, command, commit = self.entries[i - 1]
                     rows.append(
                         {"source": f"S{i}", "raw file": f"`{raw}`", "command": f"`{command}`", "commit": _short(commit)}

@@ -109,14 +109,14 @@ def _whole_label(row: dict[str, Any]) -> str:
 def compiled_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str, str]]:
     """``_compiled``'s rows as overhead rows of the results page: per algorithm its newest raw
     file's (raw folders are named by date first), its batch sizes side by side: the whole
-    compiled run's ratio with the event path's beside it, and its target verdict; the older raw
-    files (their rows on the detail page) cited as earlier."""
+    compiled run's ratio with the event path's beside it, and its target verdict, citing that
+    file only (the older files' rows are on the detail page)."""
     by_algo: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for row in _compiled(root, sources)[0]:
         by_algo.setdefault(row["algo"], {}).setdefault(row["source"], []).append(row)
     summary = []
     for algo, by_raw in by_algo.items():
-        *earlier, newest = by_raw
+        newest = list(by_raw)[-1]
         rows = by_raw[newest]
         summary.append(
             {
@@ -124,7 +124,7 @@ def compiled_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[st
                 + ", ".join(str(r["batch"]) for r in rows),
                 "figure": "; ".join(f"{r[_whole_label(r)]} (event {r['event / sgd']})" for r in rows),
                 "verdict": "; ".join(r["target (whole run)"] for r in rows),
-                "source": newest + (f" (earlier {', '.join(earlier)})" if earlier else ""),
+                "source": newest,
             }
         )
     return summary
@@ -205,14 +205,13 @@ def planner_speed_table(root: pathlib.Path, sources: Sources) -> str:
 def planner_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str, str]]:
     """Overhead rows of the results page: per algorithm, the spread of the planner's median jobs
     per minute over the fleet sizes of the current file (the last in path order that is not a
-    "before" one; raw folders are named by date first) and where they meet the target, every
-    file cited (the before/after comparisons of its speed-ups too); then a row for the whole-process
-    scale run."""
+    "before" one; raw folders are named by date first) and where they meet the target, citing
+    that file only (the earlier files and the before/after comparisons of its speed-ups are on
+    the detail page); then a row for the whole-process scale run."""
     _, _, points = _planner(root, sources)
     current = next((label for label in reversed(points) if not label.endswith(" before")), "")
     planner_rows = []
     for algo in sorted({p[0] for found in points.values() for p in found}):
-        keys = [p[4] for found in points.values() for p in found if p[0] == algo]
         mine = sorted(p for p in points.get(current, []) if p[0] == algo)
         medians = [p[2] / 1e6 for p in mine]
         spreads = [f"{current}: {min(medians):.2f}-{max(medians):.2f}"] if medians else []
@@ -224,19 +223,13 @@ def planner_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str
                 "overhead": f"schedule planner, {algo}, W = {mine[0][1]} to {mine[-1][1]}" if mine else algo,
                 "figure": "; ".join(spreads) + " M jobs/min",
                 "verdict": ">= 1M: " + "; ".join(f"{v} at W = {', '.join(ws)}" for v, ws in verdicts.items()),
-                "source": ", ".join(dict.fromkeys(keys)),
+                "source": ", ".join(dict.fromkeys(p[4] for p in mine)),
             }
         )
-    # The before/after comparisons of the planner's speed-ups are on the detail page
-    # (``_interleaved``); here the planner's rows cite them.
-    compared, scale_rows = [], []
+    scale_rows = []
     for raw in sorted((root / SCHEDULE_SPEED_DIR).glob("*/*.json")):
-        if found := _interleaved_data(raw, sources):
-            compared.append(found[2])
-        elif found := _whole_process_data(raw, sources):
+        if _interleaved_data(raw, sources) is None and (found := _whole_process_data(raw, sources)):
             scale_rows.append(found[1])
-    for row in planner_rows if compared else []:
-        row["source"] += f" (before/after: {', '.join(compared)})"
     return planner_rows + scale_rows
 
 

@@ -13,9 +13,9 @@ repeat runs one after another (interleaved, so a noisy machine weighs on all ali
   (``run_pipelined``): the schedule recorded a chunk of jobs at a time while the compiled
   numerics of the chunk before run. This is the whole run, the one the targets are judged on;
 * ``scan``: plain SGD on the ``sgd`` run's batches as one compiled scan (``fastpath``'s,
-  every lag 0), the batches stacked and put on the device beforehand, untimed: SGD's numerics
-  with no data pipeline and no host work, a floor under the time of any run that computes
-  SGD's gradients (the others take their batches from the stream inside their timing).
+  every lag 0), the batches stacked and put on the device beforehand, untimed: a reference for
+  SGD's numerics alone, with no data pipeline and no host work (the others take their batches
+  from the stream inside their timing). It ends on the ``sgd`` loop's parameters, bitwise.
 
 Each is timed from its call until its final parameters are computed, compilation excluded;
 the ``sgd`` and ``event`` runs evaluate once at their end (about a millisecond), the compiled
@@ -117,8 +117,8 @@ def _repeat(exp: Experiment, sgd: Experiment, timing: Any, rotation: int, scan: 
     out: dict[str, Any] = {}
 
     def sgd_run() -> None:
-        seconds, result = _timed(lambda: RUNNERS["sgd"](sgd, _metrics(sgd)))
-        out["sgd"] = result.examples / seconds
+        seconds, out["_sgd"] = _timed(lambda: RUNNERS["sgd"](sgd, _metrics(sgd)))
+        out["sgd"] = out["_sgd"].examples / seconds
 
     def event_run() -> None:
         out["event_s"], out["_event"] = _timed(lambda: run_simulated(exp, _metrics(exp), timing=timing))
@@ -134,18 +134,21 @@ def _repeat(exp: Experiment, sgd: Experiment, timing: Any, rotation: int, scan: 
         out["pipelined_s"], out["_pipelined"] = _timed(lambda: run_pipelined(exp, timing)[0])
 
     def scan_run() -> None:
-        out["scan_s"], _ = _timed(scan)
+        out["scan_s"], out["_scan"] = _timed(scan)
 
     runs = dict(zip(MODES, (sgd_run, event_run, compiled_run, pipelined_run, scan_run), strict=True))
     order = MODES[rotation % len(MODES) :] + MODES[: rotation % len(MODES)]
     for mode in order:
         runs[mode]()
-    event = out.pop("_event")
-    for run in (out.pop("_compiled"), out["_pipelined"]):
-        for a, b in zip(jax.tree.leaves(run.params), jax.tree.leaves(event.params), strict=True):
+    event, loop = out.pop("_event"), out.pop("_sgd")
+    # The simulated paths end on the event run's parameters, the scan on the SGD loop's.
+    for run, reference in ((out.pop("_compiled"), event), (out["_pipelined"], event), (out.pop("_scan"), loop)):
+        for a, b in zip(jax.tree.leaves(run.params), jax.tree.leaves(reference.params), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     examples = event.examples
     scan_examples = scan_steps(sgd) * sgd.config.batch_size
+    if scan_examples != loop.examples:
+        raise RuntimeError(f"the scan ran {scan_examples} examples, the SGD loop {loop.examples}")
     return {
         "sgd": out["sgd"],
         "event": examples / out["event_s"],

@@ -23,6 +23,11 @@ RATIOS = (
     ("pipelined", "pipelined"),
     ("scan", "fused SGD scan"),
 )
+# The table's ratio columns: (mode, over which mode, heading).
+COLUMNS = (
+    *((mode, "sgd", f"{name} / sgd") for mode, name in RATIOS),
+    ("pipelined", "scan", "pipelined / fused SGD scan"),
+)
 
 
 def _whole_run(runs: list[dict[str, Any]]) -> str:
@@ -32,9 +37,9 @@ def _whole_run(runs: list[dict[str, Any]]) -> str:
     return "pipelined" if runs and all("pipelined" in run for run in runs) else "compiled+schedule"
 
 
-def _ratio_range(runs: list[dict[str, Any]], mode: str) -> tuple[float, float, float]:
-    """Median, min and max over the interleaved rounds of ``mode``'s examples/s over sgd's."""
-    ratios = [run[mode] / run["sgd"] for run in runs if run.get(mode) and run.get("sgd")]
+def _ratio_range(runs: list[dict[str, Any]], mode: str, over: str = "sgd") -> tuple[float, float, float]:
+    """Median, min and max over the interleaved rounds of ``mode``'s examples/s over ``over``'s."""
+    ratios = [run[mode] / run[over] for run in runs if run.get(mode) and run.get(over)]
     if not ratios:
         return (float("nan"),) * 3
     return statistics.median(ratios), min(ratios), max(ratios)
@@ -66,9 +71,9 @@ def _compiled(root: pathlib.Path, sources: Sources) -> tuple[list[dict[str, Any]
             batch = result.get("batch_size")
             runs = result.get("runs") or []
             row: dict[str, Any] = {"algo": args.get("algo"), "batch": batch}
-            for mode, name in RATIOS:
-                low = _ratio_range(runs, mode)
-                row[f"{name} / sgd"] = "-" if low[0] != low[0] else f"{low[0]:.2f}x [{low[1]:.2f}, {low[2]:.2f}]"
+            for mode, over, label in COLUMNS:
+                low = _ratio_range(runs, mode, over)
+                row[label] = "-" if low[0] != low[0] else f"{low[0]:.2f}x [{low[1]:.2f}, {low[2]:.2f}]"
             target, whole = SIM_TARGETS.get(batch), _whole_run(runs)
             row["whole run"] = whole
             row["target (whole run)"] = (
@@ -90,8 +95,8 @@ def compiled_speed_table(root: pathlib.Path, sources: Sources) -> str:
         'numerics alone ("compiled"), the schedule recorded first and then the numerics ("compiled + schedule"), '
         'the schedule recorded while the numerics run ("pipelined": what `--numerics compiled` runs), plain SGD '
         'as one compiled scan on batches put on the device beforehand ("fused SGD scan", where a raw file has it: '
-        "SGD's numerics with no data pipeline, a floor under any run's time that computes SGD's gradients) and a "
-        "plain SGD loop on the same examples, interleaved; per-round ratios, "
+        "a reference for SGD's numerics alone, with no data pipeline) and a plain SGD loop on the same examples, "
+        "interleaved; per-round ratios, "
         f"median [min, max] over {', '.join(map(str, sorted(rounds)))} rounds (a range, not an interval); a target "
         "is judged on the whole "
         "`--numerics compiled` run (pipelined, or compiled + schedule where a raw file predates it; the default "
@@ -160,11 +165,11 @@ def _planner(
         src = sources.cite(raw, f"python -m benchmarks.scripts.schedule_speed {sources.rel(raw.parent)}")
         start, end = data.get("machine_at_start") or {}, data.get("machine_at_end") or {}
         resume = start.get("resume_ns") or {}
-        resumes = ", ".join(f"one of {int(n):,} {ns:.0f} ns" for n, ns in resume.items())
+        resumes = ", ".join(f"among {int(n):,} parked ones {ns:.0f} ns" for n, ns in resume.items())
         notes.append(
             f"{label} ({src}): {data.get('repeats')} repeats, {start.get('cores', 'unrecorded')} cores, load "
             f"{_load(start)} at the start, {_load(end)} at the end"
-            + (f"; resuming a parked generator picked at random: {resumes}" if resumes else "")
+            + (f"; resuming a generator picked at random took, {resumes}" if resumes else "")
         )
         for point in data["points"]:
             runs = [r["jobs_per_minute"] for r in point.get("runs", []) if r.get("jobs_per_minute")]

@@ -46,7 +46,7 @@ from pdasgd_jax.simulate.compiled import DEFAULT_MEMORY_LIMIT_BYTES, CompiledRun
 from pdasgd_jax.simulate.compiled_steps import STASHED, Batches, Carry, init_carry, loop_program, ring_at, ring_bytes
 from pdasgd_jax.simulate.run_timing import backward_weights
 from pdasgd_jax.simulate.schedule_plan import COMPILED_ALGOS, GradientSteps, Plan, ScheduleRecorder
-from pdasgd_jax.simulate.simulation import num_jobs
+from pdasgd_jax.simulate.simulation import num_jobs, paused_collector
 from pdasgd_jax.simulate.step_plan import JOB_KINDS, Schedule, StepPlacer
 
 # Jobs per chunk, by default: small enough that the first chunk (recorded before anything
@@ -280,7 +280,12 @@ def run_pipelined(
     recorder = ScheduleRecorder(exp, timing, drain_at=drain_at, stops_at=reports)
     pipeline = _Pipeline(exp, recorder, max_jobs, chunk_jobs, memory_limit_bytes)
     try:
-        return pipeline.run(reports, on_segment, resume), recorder.schedule()
+        # The recording's log and workers are many objects that make no reference cycles; the
+        # collector, enabled between chunks, would trace them all again at every chunk (what the
+        # run's reports make meanwhile is collected once the run ends).
+        with paused_collector():
+            run = pipeline.run(reports, on_segment, resume)
+        return run, recorder.schedule()
     except ChunkOverflow:
         if resume is not None:
             raise RuntimeError("the checkpoint's chunks do not fit the rings they were saved with") from None

@@ -52,13 +52,19 @@ def _target_verdict(r: tuple[float, float, float], target: float) -> str:
     return "missed" if r[2] < target else "not settled"
 
 
+def _by_date(folder: pathlib.Path) -> list[tuple[pathlib.Path, dict[str, Any]]]:
+    """Each raw file under ``folder``'s run folders with its data, in the order they were run:
+    by the date their run record holds (a file without one first), then by path."""
+    raws = [(raw, json.loads(raw.read_text())) for raw in sorted(folder.glob("*/*.json"))]
+    return sorted(raws, key=lambda found: str((found[1].get("run_record") or {}).get("date") or ""))
+
+
 def _compiled(root: pathlib.Path, sources: Sources) -> tuple[list[dict[str, Any]], list[float], set[int]]:
-    """One row per raw file (in path order) and batch: the simulator's paths against the SGD
+    """One row per raw file (in the order they were run) and batch: the simulator's paths against the SGD
     loop (median [min, max] of per-round ratios) and the whole compiled run's verdict against
     its target; with the load averages before the rounds and the round counts."""
     rows, loads, rounds = [], [], set()
-    for raw in sorted((root / SIM_SPEED_DIR).glob("*/*.json")):
-        data = json.loads(raw.read_text())
+    for raw, data in _by_date(root / SIM_SPEED_DIR):
         args = data.get("args") or {}
         if not isinstance(data.get("results"), list):
             continue
@@ -113,7 +119,7 @@ def _whole_label(row: dict[str, Any]) -> str:
 
 def compiled_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str, str]]:
     """``_compiled``'s rows as overhead rows of the results page: per algorithm its newest raw
-    file's (raw folders are named by date first), its batch sizes side by side: the whole
+    file's (the last run), its batch sizes side by side: the whole
     compiled run's ratio with the event path's beside it, and its target verdict, citing that
     file only (the older files' rows are on the detail page)."""
     by_algo: dict[str, dict[str, list[dict[str, Any]]]] = {}

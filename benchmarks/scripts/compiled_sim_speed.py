@@ -42,6 +42,7 @@ import shlex
 import statistics
 import sys
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +61,7 @@ from pdasgd_jax.simulate.fastpath import current_params, init_ring_state, make_f
 from pdasgd_jax.simulate.pipelined import run_pipelined
 from pdasgd_jax.simulate.run_timing import comm_model
 from pdasgd_jax.simulate.schedule_plan import record_schedule
+from pdasgd_jax.simulate.simulation import num_jobs
 
 
 def _metrics(exp: Experiment) -> MetricsLog:
@@ -80,22 +82,16 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 MODES = ("sgd", "event", "compiled", "pipelined", "scan")
 
 
-class _Scanned:
-    """What ``scan``'s run returns: its final ``params`` (what ``_timed`` waits for)."""
-
-    def __init__(self, params: Any):
-        self.params = params
-
-
 def scan_steps(exp: Experiment) -> int:
     """The batches of ``exp``'s budget, a last partial one counted whole."""
-    return -(-exp.total_examples // exp.config.batch_size)
+    return num_jobs(exp.total_examples, exp.config.batch_size)
 
 
-def sgd_scan(exp: Experiment, steps: int) -> Callable[[], _Scanned]:
+def sgd_scan(exp: Experiment, steps: int) -> Callable[[], types.SimpleNamespace]:
     """``steps`` plain SGD steps on the first ``steps`` batches of ``exp``'s training stream as
     one compiled scan (every lag 0); the batches are stacked on the device now, so a call
-    times the scan alone. Compiled on the first call."""
+    times the scan alone. Compiled on the first call; returns its final ``params`` (what
+    ``_timed`` waits for)."""
     v = exp.variables
     sizes = (1,) * exp.model.num_stages
     scan = make_fixed_staleness_steps(exp.model, exp.tx, sizes)
@@ -104,9 +100,9 @@ def sgd_scan(exp: Experiment, steps: int) -> Callable[[], _Scanned]:
     stream = exp.train_stream(exp.config.batch_size)
     xs, ys = (jax.device_put(np.stack(a)) for a in zip(*(next(stream) for _ in range(steps))))
 
-    def run() -> _Scanned:
+    def run() -> types.SimpleNamespace:
         rs, _ = scan(init_ring_state(v.params, v.states, opt_states, sizes), xs, ys, lags)
-        return _Scanned(current_params(rs))
+        return types.SimpleNamespace(params=current_params(rs))
 
     return run
 

@@ -241,11 +241,12 @@ class Sources:
         for i, entry in enumerate(self.entries, 1):
             groups.setdefault(_run_template(*entry), []).append(i)
         rows = []
+        shown = None if only is None else set(only)
         for (raw, command, commit), keys in groups.items():
-            if only is not None and not set(keys) & set(only):
+            if shown is not None and shown.isdisjoint(keys):
                 continue
             if len(keys) < 3:
-                for i in keys if only is None else [k for k in keys if k in only]:
+                for i in keys if shown is None else [k for k in keys if k in shown]:
                     raw, command, commit = self.entries[i - 1]
                     rows.append(
                         {"source": f"S{i}", "raw file": f"`{raw}`", "command": f"`{command}`", "commit": _short(commit)}

@@ -239,7 +239,7 @@ def planner_speed_summary(root: pathlib.Path, sources: Sources) -> list[dict[str
         )
     scale_rows = []
     for raw in sorted((root / SCHEDULE_SPEED_DIR).glob("*/*.json")):
-        if _interleaved_data(raw, sources) is None and (found := _whole_process_data(raw, sources)):
+        if found := _whole_process_data(raw, sources):
             scale_rows.append(found[1])
     return planner_rows + scale_rows
 

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import resource
 import statistics
 import subprocess
@@ -105,8 +106,6 @@ def resume_cost_ns(counts: tuple[int, ...] = (3_000, 200_000), resumes: int = 1_
     thousand alive they stay in the processor's caches; with a few hundred thousand (a fleet of
     tens of thousands of devices) nearly every resume reaches main memory. The order is drawn
     once, from a fixed seed, and costs the same for every ``n``."""
-    import random
-
     out = {}
     for n in counts:
         sends = []

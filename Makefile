@@ -21,12 +21,17 @@ $(STAMP): requirements.txt pyproject.toml
 train: $(STAMP)
 	$(PY) -m pdasgd_jax train --algo sgd --dataset digits --out runs/quickstart --overwrite
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file in one of them so its
+# module fixtures are built once; TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 # The study harness's slow tests (marked `harness`), which `make test` leaves out.
 test-harness: $(STAMP)
-	$(PY) -m pytest -q -m harness
+	$(PY) -m pytest -q $(XDIST) -m harness
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

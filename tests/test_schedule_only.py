@@ -18,7 +18,7 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.metrics import MetricsLog
 from pdasgd_jax.simulate import plan_schedule, run_simulated
-from pdasgd_jax.simulate.schedule_plan import record_schedule
+from pdasgd_jax.simulate.schedule_plan import ScheduleRecorder, record_schedule
 
 TIMING = TimingModel(forward=(1.0,) * 3, backward=(2.0,) * 3, update=(0.25,) * 3, loss=0.5)
 # Unequal stages, a network, host time and a concurrency curve: ties broken otherwise than above.
@@ -73,7 +73,7 @@ CASES = [
 @pytest.mark.parametrize("algo, devices, replicas, delay, timing, stragglers", CASES)
 def test_the_plan_is_the_event_paths_schedule(base, algo, devices, replicas, delay, timing, stragglers):
     exp = _exp(base, algo, devices, replicas, delay, stragglers)
-    schedule = record_schedule(exp, timing)  # the event path, through the StageExecutor
+    schedule = record_schedule(exp, timing)  # the event path's schedule
     plan = plan_schedule(exp, timing, trace=True)
     np.testing.assert_array_equal(plan.updates, _logged_updates(schedule.events))
     assert plan.jobs == len(schedule.done) == plan.run["jobs_started"] == schedule.started
@@ -90,6 +90,28 @@ def test_the_plan_is_the_event_paths_schedule(base, algo, devices, replicas, del
     assert (devices_busy["min"], devices_busy["max"]) == (busy.min(), busy.max())
     assert devices_busy["median"] == np.median(busy)
     assert [h["busy"] for h in plan.utilisation["homes"]] == [busy[h["device"]] for h in plan.utilisation["homes"]]
+
+
+@pytest.mark.parametrize("algo, devices, replicas, delay, timing, stragglers", CASES)
+def test_the_recorders_log_is_a_stage_executors(base, algo, devices, replicas, delay, timing, stragglers):
+    """``record_schedule``'s ``LoggedVersionExecutor`` logs what a ``StageExecutor`` (on kernels
+    that compute nothing, with its store) logs: every event with every field, the jobs done and
+    when, each update's staleness, the utilisation, with a drain and stops on the way."""
+    exp = _exp(base, algo, devices, replicas, delay, stragglers)
+
+    def recorded(stage_executor):
+        recorder = ScheduleRecorder(exp, timing, drain_at=[9], stops_at=[5, 12], stage_executor=stage_executor)
+        recorder.advance(7)  # in two steps, as a pipelined run records
+        recorder.advance()
+        return recorder.schedule()
+
+    lean, reference = recorded(False), recorded(True)
+    assert lean.events == reference.events and len(lean.events) > 5 * len(lean.done)
+    np.testing.assert_array_equal(lean.done, reference.done)
+    np.testing.assert_array_equal(lean.done_times, reference.done_times)
+    for a, b in zip(lean.staleness.per_stage(), reference.staleness.per_stage(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert (lean.utilisation, lean.started, lean.stops) == (reference.utilisation, reference.started, reference.stops)
 
 
 def test_live_weights_are_planned_as_the_run_that_computes(base):

@@ -3,8 +3,10 @@ executes it as compiled steps (``simulate.compiled``).
 
 A simulated run's schedule (which versions each job reads, the order in which each stage's
 updates land, their staleness) depends on the seed, the config and the timing and delay
-models, never on parameter values. ``record_schedule`` runs the simulation on kernels that
-compute nothing and keeps its event log and the instants at which jobs were done;
+models, never on parameter values. ``record_schedule`` runs the simulation on an executor
+that computes nothing (``logged_versions``; for live weights or a model with non-trainable
+state, a ``StageExecutor`` on kernels that compute nothing) and keeps its event log and the
+instants at which jobs were done;
 ``schedule_from_log`` takes the log of a run that computed.
 
 ``plan_steps`` packs the schedule into a sequence of steps, each of which computes at most
@@ -43,6 +45,7 @@ from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.kernels import init_opt_states
 from pdasgd_jax.simulate import policies
 from pdasgd_jax.simulate.configured_timing import configured_timing
+from pdasgd_jax.simulate.logged_versions import LoggedVersionExecutor
 from pdasgd_jax.simulate.plan_slots import FreeSteps
 from pdasgd_jax.simulate.run_timing import backward_weights
 from pdasgd_jax.simulate.scheduler import Scheduler
@@ -149,25 +152,39 @@ class ScheduleRecorder:
     """
 
     def __init__(
-        self, exp: Experiment, timing: TimingModel, *, drain_at: Sequence[int] = (), stops_at: Sequence[int] = ()
+        self,
+        exp: Experiment,
+        timing: TimingModel,
+        *,
+        drain_at: Sequence[int] = (),
+        stops_at: Sequence[int] = (),
+        stage_executor: bool = False,
     ):
+        """``stage_executor``: record through a ``StageExecutor`` and its store even where a
+        ``LoggedVersionExecutor`` logs the same events (stashed weights, no non-trainable
+        state): the reference the tests compare its log with."""
         check_supported(exp)
         config = exp.config
         timing = configured_timing(exp, timing)
-        kernels = NoNumerics(exp.model.num_stages)
         v = exp.variables
         self._scheduler = scheduler = Scheduler()
         self._log = log = EventLog()
-        self._store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), kernels.apply_update)
-        self._executor = StageExecutor(
-            kernels,
-            self._store,
-            log=log,
-            clock=lambda: scheduler.now,
-            backward_weights=backward_weights(config),
-            fuse_jobs=True,
-            seed=config.seed,
-        )
+        weights = backward_weights(config)
+        if weights == "stashed" and not jax.tree.leaves(v.states) and not stage_executor:
+            self._executor = LoggedVersionExecutor(v.params, log=log, clock=lambda: scheduler.now)
+            self._store = self._executor.store
+        else:
+            kernels = NoNumerics(exp.model.num_stages)
+            self._store = ParameterStore(v.params, v.states, init_opt_states(exp.tx, v.params), kernels.apply_update)
+            self._executor = StageExecutor(
+                kernels,
+                self._store,
+                log=log,
+                clock=lambda: scheduler.now,
+                backward_weights=weights,
+                fuse_jobs=True,
+                seed=config.seed,
+            )
         self.done: list[tuple[int, int]] = []
         self.times: list[float] = []
         self._stops: dict[int, tuple[dict[str, Any], int]] = {}

@@ -13,7 +13,6 @@ from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.simulate import pipelined
 from pdasgd_jax.simulate.compiled import run_compiled
-from pdasgd_jax.simulate.compiled_steps import STASHED, is_dense, loop_program
 from pdasgd_jax.simulate.pipelined import run_pipelined
 from pdasgd_jax.simulate.schedule_plan import record_schedule
 
@@ -93,41 +92,6 @@ def test_a_run_stopped_at_a_cut_stops_there(base):
     for p, q in zip(jax.tree.leaves(run.params), jax.tree.leaves(whole.params), strict=True):
         np.testing.assert_array_equal(np.asarray(p), np.asarray(q))
     assert len(schedule.done) < exp.total_examples // 16  # the clock was not recorded to its end
-
-
-def _chunk_calls(exp, monkeypatch):
-    """A pipelined run of ``exp``'s chunk programs: ``(program, carry before, inputs, steps)`` each."""
-    real, calls = pipelined.chunk_program, []
-
-    def spy(kernels, numerics, inputs, n):
-        program = real(kernels, numerics, inputs, n)
-
-        def call(states, carry, inputs, length):  # the carry is donated: keep a copy first
-            calls.append((program, jax.tree.map(np.array, carry), inputs, length))
-            return program(states, carry, inputs, length)
-
-        return call
-
-    monkeypatch.setattr(pipelined, "chunk_program", spy)
-    run_pipelined(exp, TIMING, chunk_jobs=4)
-    return calls
-
-
-@pytest.mark.parametrize("algo", ["asgd", "pdasgd"])
-def test_dense_chunks_run_without_conds_bitwise_as_with_them(base, monkeypatch, algo):
-    """A chunk whose every step computes a gradient and updates every stage runs the dense
-    program (every chunk of ASGD, none of PD-ASGD with these equal stage times), and on its
-    inputs the program with conds ends on bitwise the same carry and losses."""
-    exp = base.with_config(algo=algo, replicas=4)
-    calls = _chunk_calls(exp, monkeypatch)
-    dense, with_conds = (loop_program(exp.kernels, step) for step in (STASHED.dense_step, STASHED.step))
-    kinds = [program for program, *_ in calls]
-    assert kinds == [dense if is_dense(inputs, int(n)) else with_conds for _, _, inputs, n in calls]
-    assert set(kinds) == ({dense} if algo == "asgd" else {with_conds})
-    for _, carry, inputs, n in [c for c in calls if c[0] is dense][:2]:
-        a, b = (p(tuple(exp.variables.states), jax.tree.map(np.array, carry), inputs, n) for p in (dense, with_conds))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_what_it_runs(base):

@@ -6,14 +6,10 @@ a step's job and updates as inputs, the updates, the loop, batches and keys).
 with non-trainable state.
 
 An operation a step may not run (a job's gradient, a stage's update) runs under a
-``lax.cond`` that writes into the rings in place: a step that skips it costs nothing for it.
-A chunk whose every step computes a gradient and updates every stage runs a dense step
-without any ``cond`` (``chunk_program``): the same operations, bitwise the same values, and
-none of the branches' cost."""
+``lax.cond`` that writes into the rings in place: a step that skips it costs nothing for it."""
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -91,29 +87,26 @@ def ring_reads(rings: Sequence[PyTree], slots: Any) -> tuple[PyTree, ...]:
     return tuple(ring_at(ring, slots[m]) for m, ring in enumerate(rings))
 
 
-def _step(
-    kernels: StageKernels, states: tuple, carry: Carry, inp: StepInputs, dense: bool = False
-) -> tuple[Carry, jax.Array]:
-    """One step: the job's gradient (to its gradient slot), then each stage's update;
-    ``dense``: the step has both, run without a ``cond``."""
-    loss, grad_rings = job_gradient(kernels, states, carry.rings, carry.grads, inp.job, dense)
-    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp.updates, dense)
+def _step(kernels: StageKernels, states: tuple, carry: Carry, inp: StepInputs) -> tuple[Carry, jax.Array]:
+    """One step: the job's gradient (to its gradient slot), then each stage's update."""
+    loss, grad_rings = job_gradient(kernels, states, carry.rings, carry.grads, inp.job)
+    rings, opt_states = apply_updates(kernels, carry.rings, carry.opt_states, grad_rings, inp.updates)
     return Carry(rings, opt_states, grad_rings), loss
 
 
 def job_gradient(
-    kernels: StageKernels, states: tuple, rings: tuple, grad_rings: tuple, job: JobInputs, dense: bool = False
+    kernels: StageKernels, states: tuple, rings: tuple, grad_rings: tuple, job: JobInputs
 ) -> tuple[jax.Array, tuple]:
     """A step's job's gradient, from the versions at its ``read_slot``, written to its slot of
     ``grad_rings``: ``(loss, grad_rings)``; skipped where the step has none (the schedule's
-    gradients come at most one a step), unless ``dense`` (every step has one)."""
+    gradients come at most one a step)."""
 
     def gradients(grad_rings: tuple) -> tuple[jax.Array, tuple]:
         read = ring_reads(rings, job.read_slot)
         loss, grads = kernels.job_gradients(read, states, job.x, job.labels, job.key)
         return loss, tuple(ring_put(b, g, job.slot) for b, g in zip(grad_rings, grads))
 
-    return gradients(grad_rings) if dense else skippable(job.runs, gradients, grad_rings)
+    return skippable(job.runs, gradients, grad_rings)
 
 
 def skippable(run: jax.Array, fn: Callable[[PyTree], tuple[jax.Array, PyTree]], buffers: PyTree) -> tuple:
@@ -125,11 +118,10 @@ def skippable(run: jax.Array, fn: Callable[[PyTree], tuple[jax.Array, PyTree]], 
 
 
 def apply_updates(
-    kernels: StageKernels, rings: tuple, opt_states: tuple, grad_rings: tuple, inp: UpdateInputs, dense: bool = False
+    kernels: StageKernels, rings: tuple, opt_states: tuple, grad_rings: tuple, inp: UpdateInputs
 ) -> tuple[tuple, tuple]:
     """Each stage's update of a step: ``(rings, opt_states)`` after it; a stage the step does
-    not update keeps its ring and optimizer state (the update is skipped); ``dense``: the step
-    updates every stage."""
+    not update keeps its ring and optimizer state (the update is skipped)."""
     new_rings, new_states = [], []
     for m in range(len(rings)):
 
@@ -143,10 +135,7 @@ def apply_updates(
             )
             return ring_put(ring, params, inp.dst_slot[m]), opt_state
 
-        if dense:
-            ring, opt_state = update(rings[m], opt_states[m])
-        else:
-            ring, opt_state = jax.lax.cond(inp.has_update[m], update, kept, rings[m], opt_states[m])
+        ring, opt_state = jax.lax.cond(inp.has_update[m], update, kept, rings[m], opt_states[m])
         new_rings.append(ring)
         new_states.append(opt_state)
     return tuple(new_rings), tuple(new_states)
@@ -211,20 +200,6 @@ def loop_program(kernels: StageKernels, step: Callable) -> Callable[[tuple, Any,
 
 
 _PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def is_dense(inputs: StepInputs, n: int) -> bool:
-    """Whether each of the first ``n`` steps of ``inputs`` computes a job's gradient and updates every stage."""
-    return bool(np.all(inputs.job.runs[:n]) and np.all(inputs.updates.has_update[:n]))
-
-
-def chunk_program(kernels: StageKernels, numerics: Numerics, inputs: Any, n: int) -> Callable:
-    """``loop_program`` of the first ``n`` steps of a chunk's host ``inputs``: of
-    ``numerics.dense_step`` where it has one and ``is_dense(inputs, n)``, else of its ``step``.
-    A run whose chunks are of both kinds compiles both programs, once each."""
-    if numerics.dense_step is not None and is_dense(inputs, n):
-        return loop_program(kernels, numerics.dense_step)
-    return loop_program(kernels, numerics.step)
 
 
 def stacked(tree: PyTree, n: int, fill: Callable = lambda a: a) -> PyTree:
@@ -322,9 +297,7 @@ class Numerics(NamedTuple):
     its steps' inputs (``inputs(plan, lo, hi, length, batches, key)``), the memory its carry
     takes (``carry_bytes(exp, plan)``), the non-trainable states at a segment's end
     (``current_states(exp, plan, carry, k)``) and the parameters there
-    (``current(exp, plan, carry, k)``: each stage's current version), and the step of a chunk
-    whose every step computes a gradient and updates every stage (``dense_step``: None where
-    the kind has none)."""
+    (``current(exp, plan, carry, k)``: each stage's current version)."""
 
     step: Callable
     init_carry: Callable
@@ -332,7 +305,6 @@ class Numerics(NamedTuple):
     carry_bytes: Callable
     current_states: Callable = lambda exp, plan, carry, k: tuple(exp.variables.states)
     current: Callable = lambda exp, plan, carry, k: current_versions(plan, carry, k)
-    dense_step: Callable | None = None
 
 
 def current_versions(plan: StepPlan, carry: Any, k: int) -> tuple[PyTree, ...]:
@@ -340,10 +312,4 @@ def current_versions(plan: StepPlan, carry: Any, k: int) -> tuple[PyTree, ...]:
     return tuple(ring_at(ring, int(n) % size) for ring, n, size in zip(carry.rings, plan.versions[k], plan.ring_sizes))
 
 
-STASHED = Numerics(
-    _step,
-    init_carry,
-    _stashed_inputs,
-    lambda exp, plan: ring_bytes(plan, exp.variables.params),
-    dense_step=functools.partial(_step, dense=True),
-)
+STASHED = Numerics(_step, init_carry, _stashed_inputs, lambda exp, plan: ring_bytes(plan, exp.variables.params))

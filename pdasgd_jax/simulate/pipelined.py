@@ -17,10 +17,6 @@ the rest of the schedule is recorded, and the numerics run again from the start 
 plan's (``compiled.Segments``; the evaluations already reported are not reported again),
 bitwise the same.
 
-A chunk whose every step computes a job's gradient and updates every stage (every chunk of
-an ASGD run, and most of a PD-ASGD run's on calibrated stage times) runs a loop without
-``lax.cond`` (``compiled_steps.chunk_program``); the others the loop with them.
-
 Covered: what the whole plan of a shared store with ``stashed`` weights covers (``Plan``:
 ``asgd``, ``pdasgd``, ``pdasgd-block``, no non-trainable state), without checkpoints.
 
@@ -47,7 +43,7 @@ from pdasgd_jax.delays import TimingModel
 from pdasgd_jax.executor import Event
 from pdasgd_jax.experiment import Experiment
 from pdasgd_jax.simulate.compiled import DEFAULT_MEMORY_LIMIT_BYTES, CompiledRun, SegmentEnd, Segments, chunk_capacity
-from pdasgd_jax.simulate.compiled_steps import STASHED, Batches, Carry, chunk_program, init_carry, ring_at, ring_bytes
+from pdasgd_jax.simulate.compiled_steps import STASHED, Batches, Carry, init_carry, loop_program, ring_at, ring_bytes
 from pdasgd_jax.simulate.run_timing import backward_weights
 from pdasgd_jax.simulate.schedule_plan import COMPILED_ALGOS, GradientSteps, Plan, ScheduleRecorder
 from pdasgd_jax.simulate.simulation import num_jobs, paused_collector
@@ -319,6 +315,7 @@ class _Pipeline:
         self.states = tuple(exp.variables.states)
         self.key = jax.random.key(config.seed) if exp.kernels.draws_randomness else None
         self.batches = Batches(exp.train_stream(config.batch_size), np.arange(max_jobs))
+        self.program = loop_program(exp.kernels, STASHED.step)
         self.chunk_losses: list[Any] = []  # per chunk, its calls' losses and lengths (on the device until read)
         self.host_losses: dict[int, np.ndarray] = {}
         self.known: dict[int, float] = {}  # a resumed checkpoint's losses of jobs done after it
@@ -414,8 +411,7 @@ class _Pipeline:
         for lo in range(0, n, length):
             hi = min(lo + length, n)
             inputs = STASHED.inputs(plan, lo, hi, length, self.batches, self.key)
-            program = chunk_program(self.exp.kernels, STASHED, inputs, hi - lo)
-            self.carry, losses = program(self.states, self.carry, inputs, np.int32(hi - lo))
+            self.carry, losses = self.program(self.states, self.carry, inputs, np.int32(hi - lo))
             pieces.append((losses, hi - lo))  # cut on the host when read: no more programs to dispatch
         self.chunk_losses.append(pieces)
 

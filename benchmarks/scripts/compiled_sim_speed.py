@@ -36,8 +36,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import json
 import os
+import random
 import shlex
 import statistics
 import sys
@@ -107,9 +109,10 @@ def sgd_scan(exp: Experiment, steps: int) -> Callable[[], types.SimpleNamespace]
     return run
 
 
-def _repeat(exp: Experiment, sgd: Experiment, timing: Any, rotation: int, scan: Callable) -> dict[str, Any]:
-    """One interleaved repeat: every path's examples per second, the paths run in ``MODES``
-    order rotated by ``rotation`` (so no path always follows the same one)."""
+def _repeat(exp: Experiment, sgd: Experiment, timing: Any, seed: int, scan: Callable) -> dict[str, Any]:
+    """One interleaved repeat: every path's examples per second, the paths run in an order
+    shuffled by ``seed`` (a rotation would keep each path after the same one in most rounds),
+    each after an untimed garbage collection, so that none pays for what another left."""
     out: dict[str, Any] = {}
 
     def sgd_run() -> None:
@@ -133,8 +136,10 @@ def _repeat(exp: Experiment, sgd: Experiment, timing: Any, rotation: int, scan: 
         out["scan_s"], out["_scan"] = _timed(scan)
 
     runs = dict(zip(MODES, (sgd_run, event_run, compiled_run, pipelined_run, scan_run), strict=True))
-    order = MODES[rotation % len(MODES) :] + MODES[: rotation % len(MODES)]
+    order = list(MODES)
+    random.Random(seed).shuffle(order)
     for mode in order:
+        gc.collect()
         runs[mode]()
     event, loop = out.pop("_event"), out.pop("_sgd")
     # The simulated paths end on the event run's parameters, the scan on the SGD loop's.

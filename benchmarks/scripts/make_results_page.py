@@ -311,13 +311,21 @@ def _main_page(root: pathlib.Path, sources: Sources, grids: list[results_cells.G
         )
     )
     parts.insert(0, _intro(root, sources))  # last: it names the sources the tables cite
-    cited = {int(key) for key in re.findall(r"\bS(\d+)\b", "\n".join(parts))}
+    cited = cited_keys("\n".join(parts))
     keys = (
         f"The keys this page cites; every key, with the command that wrote its raw file: "
         f"{detail_link('sources.md', f'{DETAILS}/sources.md')}."
     )
     parts.append(_section("Sources", keys, sources.markdown(commands=False, only=cited), ""))
     return "\n".join(parts).rstrip() + "\n"
+
+
+def cited_keys(text: str) -> set[int]:
+    """The source keys ``text`` cites, alone (``S7``) or as ranges (``S3-S5``: 3, 4 and 5)."""
+    cited: set[int] = set()
+    for first, last in re.findall(r"\bS(\d+)(?:-S(\d+))?\b", text):
+        cited.update(range(int(first), int(last or first) + 1))
+    return cited
 
 
 def _detail(name: str, body: str) -> str:

@@ -327,6 +327,17 @@ def missing_table(root: pathlib.Path) -> str:
     return table(rows) if rows else ""
 
 
+def key_ranges(keys: list[str]) -> str:
+    """Source keys (``S3``, ``S4``, ``S5``, ``S9``), runs of consecutive ones as ranges (``S3-S5, S9``)."""
+    numbers, runs = sorted(int(k[1:]) for k in keys), []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"S{a}" if a == b else f"S{a}-S{b}" for a, b in runs)
+
+
 def machines(root: pathlib.Path, cores: dict[str, list[str]] | None = None) -> str:
     """The machines the raw files were measured on, as the committed calibration files record them,
     and the core counts the raw files record (``Sources.cores``)."""
@@ -336,7 +347,7 @@ def machines(root: pathlib.Path, cores: dict[str, list[str]] | None = None) -> s
         description = d.get("description", {})
         key = (d.get("host") or "", description.get("device", {}).get("kind"), description.get("jax"))
         seen.setdefault(key, set()).add(path.relative_to(root / "bench_results").parts[0])
-    counts = "; ".join(f"{n} cores ({', '.join(keys)})" for n, keys in (cores or {}).items())
+    counts = "; ".join(f"{n} cores ({key_ranges(keys)})" for n, keys in (cores or {}).items())
     return (
         "; ".join(
             f"{', '.join(f'`{d}`' for d in sorted(dirs))}: "

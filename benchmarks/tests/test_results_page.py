@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from benchmarks.scripts import make_results_page, results_common
+from benchmarks.scripts import make_results_page, results_common, results_runtime
 
 REPO = make_results_page.REPO
 
@@ -455,3 +455,15 @@ def test_the_page_makes_room_the_staleness_tables_and_the_accelerator_on_their_o
     for figure in figures:
         assert f"| 2026-11-30-0036-h200 | 1 x NVIDIA H200 | {figure}" in runtime, figure
     assert "No accelerator run yet" not in page
+
+
+def test_source_keys_are_written_as_ranges_and_read_back():
+    assert results_runtime.key_ranges(["S9", "S3", "S4", "S5"]) == "S3-S5, S9"
+    assert results_runtime.key_ranges(["S1"]) == "S1" and results_runtime.key_ranges([]) == ""
+    assert make_results_page.cited_keys("core count 2 cores (S3-S5, S9); see S12.") == {3, 4, 5, 9, 12}
+
+
+def test_every_key_the_page_cites_has_a_row_in_its_sources_table(page):
+    body, _, sources = page.rpartition("## Sources")
+    rows = make_results_page.cited_keys(" ".join(re.findall(r"^\| (S\d+(?:-S\d+)?) \|", sources, re.MULTILINE)))
+    assert make_results_page.cited_keys(body) == rows

@@ -31,7 +31,9 @@ class LoggedVersionExecutor(VersionExecutor):
     ``StageExecutor`` logs (see the module docstring).
 
     Attributes:
-      staleness: every update's staleness per stage, in the order applied (``StageExecutor.staleness``).
+      staleness: every update's staleness per stage, in the order applied: the
+        ``StalenessStats`` a ``StageExecutor`` keeps, where it stands for ``VersionExecutor``'s
+        method of per-stage counts (which a recorder's schedule does not read).
     """
 
     computes = True  # the workers' calls are a ``StageExecutor``'s: every one logs its event

@@ -1,11 +1,14 @@
 """Probe: a pipelined run whose dense chunks run the loop without ``lax.cond`` (as committed)
-against the same run forced onto the loop with conds; alternating pairs in one process, the
-parameters checked bitwise equal, and the number of chunks of each kind.
+against the same run forced onto the loop with conds; pairs in one process, each side first
+in every other pair, garbage collected (untimed) before each run, the parameters checked
+bitwise equal, and the number of chunks of each kind. It needs the code of commit afae9df
+(``compiled_steps.chunk_program``, ``is_dense``), which the next commits reverted.
 
     PYTHONPATH=. python bench_results/sim-speed/2026-11-30-dense/probes/dense_pairs.py pdasgd 256 400
 """
 
 import dataclasses
+import gc
 import sys
 import time
 
@@ -18,7 +21,17 @@ from pdasgd_jax.simulate import compiled_steps, pipelined
 from pdasgd_jax.simulate.run_timing import comm_model
 
 algo, batch, epochs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-config = Config(algo=algo, batch_size=batch, epochs=epochs, replicas=4, delay_model="exponential", progress=False)
+# The benchmark's own config (``compiled_sim_speed.main``).
+config = Config(
+    algo=algo,
+    simulate=True,
+    replicas=4,
+    delay_model="exponential",
+    delay_mean=1.0,
+    batch_size=batch,
+    epochs=epochs,
+    progress=False,
+)
 exp = Experiment.from_config(config.validate())
 timing = dataclasses.replace(exp.calibration(batch).timing, comm=comm_model(exp.config))
 with_conds = compiled_steps.STASHED._replace(dense_step=None)
@@ -36,8 +49,9 @@ def forced(kernels, numerics, inputs, n):
 
 seconds, params = {"dense": [], "with conds": []}, {}
 for pair in range(6):
-    for mode, pick in (("with conds", forced), ("dense", counted)):
+    for mode, pick in (("with conds", forced), ("dense", counted))[:: 1 if pair % 2 else -1]:
         pipelined.chunk_program = pick
+        gc.collect()  # untimed
         start = time.perf_counter()
         run, _ = pipelined.run_pipelined(exp, timing)
         jax.block_until_ready(run.params)

@@ -16,7 +16,17 @@ from pdasgd_jax.simulate import pipelined
 from pdasgd_jax.simulate.run_timing import comm_model
 
 algo, batch, epochs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-config = Config(algo=algo, batch_size=batch, epochs=epochs, replicas=4, delay_model="exponential", progress=False)
+# The benchmark's own config (``compiled_sim_speed.main``).
+config = Config(
+    algo=algo,
+    simulate=True,
+    replicas=4,
+    delay_model="exponential",
+    delay_mean=1.0,
+    batch_size=batch,
+    epochs=epochs,
+    progress=False,
+)
 exp = Experiment.from_config(config.validate())
 timing = dataclasses.replace(exp.calibration(batch).timing, comm=comm_model(exp.config))
 stamps: list[tuple[float, float]] = []

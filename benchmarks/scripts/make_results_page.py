@@ -316,8 +316,9 @@ def _main_page(root: pathlib.Path, sources: Sources, grids: list[results_cells.G
             "None.",
         )
     )
-    parts.insert(0, _intro(root, sources, cited_keys("\n".join(parts))))  # last: it names the sources the tables cite
+    # Last: the intro names the sources the tables cite (and cites no other).
     cited = cited_keys("\n".join(parts))
+    parts.insert(0, _intro(root, sources, cited))
     keys = (
         f"The keys this page cites; every key, with the command that wrote its raw file: "
         f"{detail_link('sources.md', f'{DETAILS}/sources.md')}."

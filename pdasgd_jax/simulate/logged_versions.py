@@ -22,7 +22,7 @@ from pdasgd_jax.executor import EventKind, EventLog, StalenessStats
 from pdasgd_jax.executor.events import field_recorder
 from pdasgd_jax.simulate.version_executor import FORWARD_PULL, VersionExecutor, VersionJob
 
-# The params version a stage's non-trainable state slot has: a stateless model never writes it.
+# The version of a stage's non-trainable state: a stateless model never writes it.
 _STATE_VERSION = 0
 
 
@@ -61,12 +61,12 @@ class LoggedVersionExecutor(VersionExecutor):
         commit_state: bool = True,
         worker: str = "",
     ) -> None:
-        if job.pulled[m] is None:
-            job.read_versions[m] = version = self._versions[m]
-            read = {"time": self.clock(), "params_version": version, "state_version": _STATE_VERSION}
-        else:
-            job.pulled[m] = None
+        pulled = job.pulled[m] is not None
+        super().forward_stage(job, m, worker=worker)  # reads the current version, unless a pull read it
+        if pulled:
             read = self._unlogged_reads.pop((job.id, m))
+        else:
+            read = {"time": self.clock(), "params_version": job.read_versions[m], "state_version": _STATE_VERSION}
         self._record(EventKind.FORWARD, job.id, {**read, "stage": m, "worker": worker})
 
     def pull_stage(
@@ -81,14 +81,15 @@ class LoggedVersionExecutor(VersionExecutor):
             }
 
     def fill_pull(self, job: VersionJob, m: int) -> None:
-        if job.pulled[m] is FORWARD_PULL:
-            job.read_versions[m] = self._unlogged_reads[job.id, m]["params_version"] = self._versions[m]
+        super().fill_pull(job, m)
+        if job.pulled[m] is FORWARD_PULL:  # its read, not logged yet, takes the number as written
+            self._unlogged_reads[job.id, m]["params_version"] = job.read_versions[m]
 
     def loss(self, job: VersionJob, *, worker: str = "") -> None:
         self._record(EventKind.LOSS, job.id, {"time": self.clock(), "worker": worker})
 
     def backward_stage(self, job: VersionJob, m: int, *, live_version: int | None = None, worker: str = "") -> None:
-        job.pulled[m] = None
+        super().backward_stage(job, m, live_version=live_version, worker=worker)
         self._record(
             EventKind.BACKWARD, job.id, {"time": self.clock(), "stage": m, "live_version": -1, "worker": worker}
         )
